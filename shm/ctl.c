@@ -1,0 +1,167 @@
+/* Control segment: layout planning, initialisation and validation. */
+#include "kvr_ctl.h"
+
+#include <errno.h>
+#include <string.h>
+
+#define ALIGN64(x) (((x) + 63) & ~(size_t)63)
+
+struct plan {
+	size_t actors_off, workers_off, rings_off, stats_off, config_off, ring_area_off, total;
+};
+
+static int plan_layout(unsigned max_actors, unsigned max_workers, const struct kvr_ctl_ring_spec *rings,
+		       unsigned n_rings, size_t config_cap, struct plan *p, size_t *ring_offs)
+{
+	if (!max_actors || max_actors > KVR_CTL_MAX_ACTORS || max_workers > KVR_CTL_MAX_WORKERS ||
+	    n_rings > KVR_CTL_MAX_RINGS || (n_rings && !rings))
+		return -EINVAL;
+	size_t off = ALIGN64(sizeof(struct kvr_ctl));
+	p->actors_off = off;
+	off = ALIGN64(off + max_actors * sizeof(struct kvr_actor_ent));
+	p->workers_off = off;
+	off = ALIGN64(off + max_workers * sizeof(struct kvr_worker_ent));
+	p->rings_off = off;
+	off = ALIGN64(off + KVR_CTL_MAX_RINGS * sizeof(struct kvr_ring_ent));
+	p->stats_off = off;
+	off = ALIGN64(off + max_actors * sizeof(struct kvr_actor_stats));
+	p->config_off = off;
+	off = ALIGN64(off + config_cap);
+	p->ring_area_off = off;
+	for (unsigned i = 0; i < n_rings; i++) {
+		size_t sz = kvr_ring_memsize(rings[i].capacity, KVR_CTL_RING_MSG_SIZE);
+		if (!sz)
+			return -EINVAL;
+		if (ring_offs)
+			ring_offs[i] = off;
+		off = ALIGN64(off + sz);
+	}
+	p->total = off;
+	return 0;
+}
+
+size_t kvr_ctl_memsize(unsigned max_actors, unsigned max_workers, const struct kvr_ctl_ring_spec *rings,
+		       unsigned n_rings, size_t config_cap)
+{
+	struct plan p;
+	return plan_layout(max_actors, max_workers, rings, n_rings, config_cap, &p, NULL) ? 0 : p.total;
+}
+
+int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_workers,
+		 const struct kvr_ctl_ring_spec *rings, unsigned n_rings, const char *config_json)
+{
+	size_t cfg_len = config_json ? strlen(config_json) : 0;
+	size_t ring_offs[KVR_CTL_MAX_RINGS];
+	struct plan p;
+	int rc = plan_layout(max_actors, max_workers, rings, n_rings, cfg_len + 1, &p, ring_offs);
+	if (rc)
+		return rc;
+	if (!seg || !seg->base || seg->size < p.total)
+		return -ENOSPC;
+
+	struct kvr_ctl *c = seg->base;
+	/* keep the segment header written by kvr_segment_create() */
+	memset((uint8_t *)c + sizeof(c->seg), 0, p.ring_area_off - sizeof(c->seg));
+	c->max_actors = max_actors;
+	c->max_workers = max_workers;
+	c->max_rings = KVR_CTL_MAX_RINGS;
+	c->actors_off = p.actors_off;
+	c->workers_off = p.workers_off;
+	c->rings_off = p.rings_off;
+	c->stats_off = p.stats_off;
+	c->config_off = p.config_off;
+	c->ring_area_off = p.ring_area_off;
+	c->config_cap = (uint32_t)(cfg_len + 1);
+	c->config_len = (uint32_t)cfg_len;
+	if (cfg_len)
+		memcpy((uint8_t *)c + p.config_off, config_json, cfg_len + 1);
+	for (unsigned i = 0; i < max_actors; i++)
+		kvr_ctl_actor(c, i)->last_exit_code = -1;
+
+	for (unsigned i = 0; i < n_rings; i++) {
+		struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
+		strncpy(e->name, rings[i].name, KVR_RING_NAME_MAX - 1);
+		e->offset = ring_offs[i];
+		e->bytes = kvr_ring_memsize(rings[i].capacity, KVR_CTL_RING_MSG_SIZE);
+		e->producer = rings[i].producer;
+		e->consumer = rings[i].consumer;
+		rc = kvr_ring_init((uint8_t *)c + e->offset, rings[i].capacity, KVR_CTL_RING_MSG_SIZE, e->name);
+		if (rc)
+			return rc;
+		/* A consumer that reads several rings sleeps once, on its own waiter. */
+		struct kvr_ring *r = kvr_ctl_ring(c, i);
+		int cons = rings[i].consumer;
+		if (cons >= 0 && (unsigned)cons < max_actors)
+			kvr_ring_set_consumer_waiter(r, &kvr_ctl_actor(c, (unsigned)cons)->waiter);
+		else if (KVR_EP_IS_CLIENT(cons) && (unsigned)KVR_EP_CLIENT_SLOT(cons) < max_workers)
+			kvr_ring_set_consumer_waiter(r, &kvr_ctl_worker(c, (unsigned)KVR_EP_CLIENT_SLOT(cons))->waiter);
+	}
+	atomic_store(&c->n_rings, n_rings);
+	return 0;
+}
+
+int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl)
+{
+	if (!seg || !seg->base || seg->size < sizeof(struct kvr_ctl))
+		return -EINVAL;
+	struct kvr_ctl *c = seg->base;
+	if (c->seg.kind != KVR_SEG_CTL)
+		return -EPROTO;
+	size_t size = seg->size;
+	if (c->max_actors > KVR_CTL_MAX_ACTORS || c->max_workers > KVR_CTL_MAX_WORKERS ||
+	    c->max_rings != KVR_CTL_MAX_RINGS || atomic_load(&c->n_rings) > c->max_rings)
+		return -EBADMSG;
+	if (c->actors_off + c->max_actors * sizeof(struct kvr_actor_ent) > size ||
+	    c->workers_off + c->max_workers * sizeof(struct kvr_worker_ent) > size ||
+	    c->rings_off + c->max_rings * sizeof(struct kvr_ring_ent) > size ||
+	    c->stats_off + c->max_actors * sizeof(struct kvr_actor_stats) > size ||
+	    c->config_off + c->config_cap > size || c->config_len >= c->config_cap + (c->config_cap == 0) ||
+	    c->ring_area_off > size)
+		return -EBADMSG;
+	unsigned n = atomic_load(&c->n_rings);
+	for (unsigned i = 0; i < n; i++) {
+		struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
+		struct kvr_ring *r;
+		if (e->offset < c->ring_area_off || e->offset > size || e->bytes > size - e->offset)
+			return -EBADMSG;
+		if (kvr_ring_attach((uint8_t *)c + e->offset, e->bytes, &r))
+			return -EBADMSG;
+		/* waiters must lie inside the segment: a ring is never trusted to point outside */
+		int64_t wo[2] = {r->cons_waiter_off, r->prod_waiter_off};
+		for (int k = 0; k < 2; k++) {
+			int64_t abs = (int64_t)e->offset + wo[k];
+			if (abs < (int64_t)sizeof(struct kvr_ctl) || abs % 8 ||
+			    (uint64_t)abs + sizeof(struct kvr_waiter) > size)
+				return -EBADMSG;
+		}
+	}
+	*ret_ctl = c;
+	return 0;
+}
+
+int kvr_ctl_find_ring(const struct kvr_ctl *c, const char *name)
+{
+	unsigned n = atomic_load(&((struct kvr_ctl *)c)->n_rings);
+	for (unsigned i = 0; i < n; i++)
+		if (strncmp(kvr_ctl_ring_ent(c, i)->name, name, KVR_RING_NAME_MAX) == 0)
+			return (int)i;
+	return -ENOENT;
+}
+
+const char *kvr_inst_state_name(unsigned s)
+{
+	static const char *const n[] = {"?", "starting", "running", "degraded", "draining", "stopped"};
+	return s < sizeof(n) / sizeof(n[0]) ? n[s] : "?";
+}
+
+const char *kvr_actor_state_name(unsigned s)
+{
+	static const char *const n[] = {"unused", "idle", "starting", "ready", "backoff", "failed", "stopping"};
+	return s < sizeof(n) / sizeof(n[0]) ? n[s] : "?";
+}
+
+const char *kvr_actor_kind_name(unsigned k)
+{
+	static const char *const n[] = {"?", "lookup", "loader", "storer", "disk", "gather"};
+	return k < sizeof(n) / sizeof(n[0]) ? n[k] : "?";
+}

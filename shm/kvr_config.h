@@ -1,0 +1,100 @@
+/* kvr_config: kvringd's JSON configuration — one table of keys drives parsing, defaults, checks and docs. */
+#ifndef KVR_CONFIG_H
+#define KVR_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * The effective configuration. Every field has exactly one row in the key table in
+ * config.c (JSON path, type, default, range, one-line doc); parsing, the defaults,
+ * --check-config output and docs/config.md all come from that table.
+ *
+ * Parsing is strict: an unknown key, a wrong type, a value out of range or inconsistent
+ * values fail with the JSON path and the reason, e.g.
+ *   "$.supervisor.restart_backoff_max_ms: out of range: 0 (must be 1..600000)"
+ * Nothing is silently changed or clamped.
+ */
+
+#define KVR_PATH_MAX 108 /* sun_path */
+#define KVR_STR_MAX 128
+#define KVR_L2_MAX_DIRS 8
+
+struct kvr_config {
+	struct {
+		char socket[KVR_PATH_MAX];   /* Unix socket workers attach to */
+		uint32_t socket_mode;        /* permission bits of the socket, default 0600 */
+		uint32_t max_workers;        /* attachable worker slots (one loader+storer each) */
+		char log_level[16];          /* error|warn|info|debug */
+		char actor_dir[KVR_PATH_MAX];/* where the actor executables live ("" = built-in) */
+	} instance;
+	struct {
+		uint32_t capacity;           /* messages per ring, power of two */
+		uint32_t spin_ns;            /* bounded spin before a waiter sleeps on its futex */
+	} rings;
+	struct {
+		uint32_t ready_timeout_ms;       /* an actor that is not ready by then is killed */
+		uint32_t stable_after_ms;        /* ready this long => restarted at once when it dies */
+		uint32_t restart_backoff_initial_ms;
+		uint32_t restart_backoff_max_ms;
+		uint32_t crash_loop_window_s;    /* deaths counted within this window... */
+		uint32_t crash_loop_max_deaths;  /* ...and this many give up on the actor */
+		uint32_t health_interval_ms;     /* ping period */
+		uint32_t drain_timeout_ms;       /* SIGTERM: how long in-flight work may finish */
+	} supervisor;
+	struct {
+		char preset[KVR_STR_MAX];    /* model preset name, "" = explicit geometry below */
+		char model_id[KVR_STR_MAX];  /* goes into the key namespace */
+		uint32_t layers;
+		uint32_t kv_heads;           /* total KV heads (all TP ranks) */
+		uint32_t head_dim;
+		uint32_t dtype_bytes;
+		uint32_t block_tokens;
+		uint32_t tp_size;
+		char attention[8];           /* "mha" (MHA/GQA) or "mla" */
+		char cache_salt[KVR_STR_MAX];
+	} model;
+	struct {
+		uint64_t capacity_bytes;     /* arena bytes; 0 = derive from workload below */
+		uint32_t workload_prompts;   /* derive capacity: prompts x tokens */
+		uint32_t workload_tokens;
+		bool huge_pages;             /* try MFD_HUGETLB for the arena */
+		char eviction[16];           /* "lru" or "s3fifo" */
+	} l1;
+	struct {
+		uint64_t ceiling_bytes;      /* staging ceiling per worker */
+		uint32_t load_percent;       /* share of the ceiling for the load pool */
+		uint64_t buffer_bytes;       /* one staging buffer (lease); 0 = one block */
+	} staging;
+	struct {
+		uint32_t n_dirs;
+		char dirs[KVR_L2_MAX_DIRS][KVR_PATH_MAX];
+		uint64_t capacity_bytes;     /* L2 byte cap across dirs */
+		char mode[16];               /* "write-through" or "write-back" */
+		char durability[16];         /* "none", "block", "batch" */
+		uint32_t queue_depth;
+	} l2;
+	struct {
+		bool enabled;
+		char listen[64];             /* "127.0.0.1:9464" */
+	} metrics;
+};
+
+/* Fill *cfg with every default. */
+void kvr_config_defaults(struct kvr_config *cfg);
+
+/* Parse JSON text over the defaults. Returns 0, or -EINVAL with a one-line reason
+ * ("$.path: why") in err (always NUL-terminated). *cfg is untouched on failure. */
+int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t errlen);
+
+/* Read a file and parse it. -ENOENT/-EACCES/... with the reason in err. */
+int kvr_config_load_file(const char *path, struct kvr_config *cfg, char *err, size_t errlen);
+
+/* The effective config as pretty JSON (every key, defaults filled in). Caller frees. */
+char *kvr_config_to_json(const struct kvr_config *cfg);
+
+/* docs/config.md body generated from the key table (markdown). Caller frees. */
+char *kvr_config_doc_markdown(void);
+
+#endif

@@ -1,0 +1,206 @@
+/* kvr_ctl: layout of the control segment (instance, actors, workers, ring directory, stats, rings). */
+#ifndef KVR_CTL_H
+#define KVR_CTL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvr_ring.h"
+#include "kvr_segment.h"
+
+/*
+ * The control segment is created by kvringd at start and never resized. Layout:
+ *
+ *   struct kvr_ctl                       header, instance state, offsets
+ *   struct kvr_actor_ent [max_actors]    one per actor slot (lookup, loader.N, storer.N, ...)
+ *   struct kvr_worker_ent[max_workers]   one per attachable worker slot
+ *   struct kvr_ring_ent  [max_rings]     the ring directory: name, offset, endpoints
+ *   struct kvr_actor_stats[max_actors]   counters each actor writes and kvringd exports
+ *   char config_json[config_cap]         the effective config, as --check-config prints it
+ *   rings ...                            every ring, 64-byte aligned, at the offsets above
+ *
+ * All references are offsets from the segment base. Writers: kvringd writes the instance
+ * fields, actor/worker table entries and the directory; each actor writes its own
+ * heartbeat, stats and the rings it produces/consumes. Observers (kvring-inspect) map it
+ * read-only.
+ */
+
+#define KVR_CTL_MAX_ACTORS 64
+#define KVR_CTL_MAX_WORKERS 16
+#define KVR_CTL_MAX_RINGS 256
+#define KVR_ACTOR_NAME_MAX 24
+#define KVR_CTL_RING_MSG_SIZE 64 /* every control-segment ring carries struct kvr_msg */
+
+enum kvr_inst_state {
+	KVR_INST_STARTING = 1,
+	KVR_INST_RUNNING = 2,
+	KVR_INST_DEGRADED = 3, /* running, but at least one actor was given up on */
+	KVR_INST_DRAINING = 4, /* SIGTERM received: no new work admitted */
+	KVR_INST_STOPPED = 5,
+};
+
+enum kvr_actor_kind {
+	KVR_ACTOR_LOOKUP = 1,
+	KVR_ACTOR_LOADER = 2,
+	KVR_ACTOR_STORER = 3,
+	KVR_ACTOR_DISK = 4,
+	KVR_ACTOR_GATHER = 5,
+};
+
+enum kvr_actor_state {
+	KVR_ACTOR_UNUSED = 0,   /* slot not in use */
+	KVR_ACTOR_IDLE = 1,     /* configured, not running (e.g. no worker attached) */
+	KVR_ACTOR_STARTING = 2, /* spawned, readiness not yet signalled */
+	KVR_ACTOR_READY = 3,    /* rings attached, serving */
+	KVR_ACTOR_BACKOFF = 4,  /* died; waiting to be restarted */
+	KVR_ACTOR_FAILED = 5,   /* crash loop: given up */
+	KVR_ACTOR_STOPPING = 6, /* asked to stop */
+};
+
+/* Who produces or consumes a ring. */
+#define KVR_EP_SUPERVISOR (-1)
+#define KVR_EP_CLIENT(w) (-2 - (int)(w)) /* worker slot w's client */
+#define KVR_EP_IS_CLIENT(e) ((e) <= -2)
+#define KVR_EP_CLIENT_SLOT(e) (-2 - (e))
+
+struct kvr_actor_ent {
+	char name[KVR_ACTOR_NAME_MAX]; /* "lookup", "loader.0", "disk.1" */
+	uint32_t kind;                 /* enum kvr_actor_kind */
+	uint32_t index;                /* worker slot, disk or gather index */
+	_Atomic uint32_t state;        /* enum kvr_actor_state */
+	_Atomic int32_t pid;           /* 0 when not running */
+	_Atomic uint32_t generation;   /* +1 on every (re)start: clients fail requests of older ones */
+	uint32_t restarts;             /* restarts since the instance started */
+	int32_t last_exit_code;        /* -1 when none */
+	int32_t last_exit_signal;      /* 0 when none */
+	uint64_t started_ns;           /* CLOCK_MONOTONIC of the last spawn */
+	uint64_t ready_ns;             /* CLOCK_MONOTONIC of the last readiness */
+	_Atomic uint64_t heartbeat_ns; /* the actor's loop writes CLOCK_MONOTONIC here */
+	uint16_t ctl_in;               /* ring index: supervisor -> actor */
+	uint16_t ctl_out;              /* ring index: actor -> supervisor */
+	uint32_t reserved0;
+	/* every ring this actor consumes points its consumer waiter here */
+	_Alignas(8) struct kvr_waiter waiter;
+	uint8_t reserved[32];
+};
+_Static_assert(sizeof(struct kvr_actor_ent) == 128, "actor entry");
+
+enum kvr_worker_state {
+	KVR_WORKER_FREE = 0,
+	KVR_WORKER_ATTACHED = 1,
+	KVR_WORKER_DETACHING = 2,
+};
+
+struct kvr_worker_ent {
+	_Atomic uint32_t state; /* enum kvr_worker_state */
+	_Atomic int32_t pid;    /* the worker process (SO_PEERCRED) */
+	uint32_t uid;
+	uint32_t generation;    /* +1 per attach of this slot */
+	uint32_t tp_rank, tp_size;
+	uint32_t dcp_rank, dcp_size;
+	uint64_t attached_ns;
+	/* every ring the client consumes points its consumer waiter here */
+	_Alignas(8) struct kvr_waiter waiter;
+	uint8_t reserved[16];
+};
+_Static_assert(sizeof(struct kvr_worker_ent) == 64, "worker entry");
+
+struct kvr_ring_ent {
+	char name[KVR_RING_NAME_MAX]; /* "lookup.req.0", "ctl.loader.0.in" */
+	uint64_t offset;              /* from the segment base */
+	uint64_t bytes;
+	int16_t producer;             /* actor index, KVR_EP_SUPERVISOR or KVR_EP_CLIENT(w) */
+	int16_t consumer;
+	uint32_t reserved[3];
+};
+_Static_assert(sizeof(struct kvr_ring_ent) == 64, "ring entry");
+
+/* Counter indices of struct kvr_actor_stats. Later stages append; never reorder. */
+enum kvr_stat {
+	KVR_STAT_MSGS_IN = 0,
+	KVR_STAT_MSGS_OUT,
+	KVR_STAT_MALFORMED,   /* messages rejected by a decoder */
+	KVR_STAT_PINGS,
+	KVR_STAT_LOOP_WAKEUPS,
+	KVR_STAT_FIRST_STAGE, /* first index a stage may define for itself */
+	KVR_STAT_MAX = 64,
+};
+
+struct kvr_actor_stats {
+	_Atomic uint64_t c[KVR_STAT_MAX];
+};
+
+#define KVR_CTL_MAGIC 0x4c5443524b564b00ull
+
+struct kvr_ctl {
+	struct kvr_seg_hdr seg;        /* kind KVR_SEG_CTL */
+	/* instance */
+	_Atomic uint32_t state;        /* enum kvr_inst_state */
+	int32_t supervisor_pid;
+	uint32_t generation;           /* bumped on every kvringd start */
+	uint32_t max_actors, max_workers, max_rings;
+	_Atomic uint32_t n_actors, n_rings;
+	uint64_t started_ns;           /* CLOCK_REALTIME */
+	uint64_t actors_off, workers_off, rings_off, stats_off, config_off, ring_area_off;
+	uint32_t config_len, config_cap;
+	char socket_path[108];
+	uint8_t reserved[52];
+};
+_Static_assert(sizeof(struct kvr_ctl) == 320, "ctl header");
+
+static inline struct kvr_actor_ent *kvr_ctl_actor(const struct kvr_ctl *c, unsigned i)
+{
+	return (struct kvr_actor_ent *)((uint8_t *)c + c->actors_off) + i;
+}
+static inline struct kvr_worker_ent *kvr_ctl_worker(const struct kvr_ctl *c, unsigned i)
+{
+	return (struct kvr_worker_ent *)((uint8_t *)c + c->workers_off) + i;
+}
+static inline struct kvr_ring_ent *kvr_ctl_ring_ent(const struct kvr_ctl *c, unsigned i)
+{
+	return (struct kvr_ring_ent *)((uint8_t *)c + c->rings_off) + i;
+}
+static inline struct kvr_ring *kvr_ctl_ring(const struct kvr_ctl *c, unsigned i)
+{
+	return (struct kvr_ring *)((uint8_t *)c + kvr_ctl_ring_ent(c, i)->offset);
+}
+static inline struct kvr_actor_stats *kvr_ctl_stats(const struct kvr_ctl *c, unsigned i)
+{
+	return (struct kvr_actor_stats *)((uint8_t *)c + c->stats_off) + i;
+}
+static inline const char *kvr_ctl_config_json(const struct kvr_ctl *c)
+{
+	return (const char *)c + c->config_off;
+}
+
+/* Layout planning: kvringd describes the rings it wants, then builds the segment. */
+struct kvr_ctl_ring_spec {
+	char name[KVR_RING_NAME_MAX];
+	uint32_t capacity;
+	int16_t producer, consumer;
+};
+
+/* Bytes needed for a control segment with these tables and rings. */
+size_t kvr_ctl_memsize(unsigned max_actors, unsigned max_workers, const struct kvr_ctl_ring_spec *rings,
+		       unsigned n_rings, size_t config_cap);
+
+/* Lay out and initialise a control segment inside seg (created with kvr_ctl_memsize()).
+ * Initialises every ring, the tables (all UNUSED/FREE) and copies the config JSON.
+ * Returns 0 or -EINVAL / -ENOSPC. */
+int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_workers,
+		 const struct kvr_ctl_ring_spec *rings, unsigned n_rings, const char *config_json);
+
+/* Validate a mapped control segment (offsets in bounds, every ring header valid).
+ * Returns 0 and *ret_ctl, or -EPROTO / -EBADMSG. Safe on a read-only mapping. */
+int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl);
+
+/* Find a ring by name; returns its index or -ENOENT. */
+int kvr_ctl_find_ring(const struct kvr_ctl *c, const char *name);
+
+/* Human-readable names. */
+const char *kvr_inst_state_name(unsigned s);
+const char *kvr_actor_state_name(unsigned s);
+const char *kvr_actor_kind_name(unsigned k);
+
+#endif

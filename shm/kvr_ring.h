@@ -1,0 +1,142 @@
+/* kvr_ring: single-producer single-consumer ring of fixed-size messages in shared memory. */
+#ifndef KVR_RING_H
+#define KVR_RING_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/*
+ * Contract
+ * --------
+ * A ring lives in memory someone else owns (a shared-memory segment): size it with
+ * kvr_ring_memsize(), then kvr_ring_init() it in place. It holds no pointers, only
+ * offsets, so every process that maps the segment at any address can use it.
+ *
+ * Exactly one producer process and one consumer process at a time. Capacity is a power
+ * of two; indices are free-running 32-bit counters (tail - head = fill).
+ *
+ * Blocking is the backpressure: kvr_ring_enqueue() on a full ring waits for the consumer,
+ * kvr_ring_dequeue() on an empty ring waits for the producer. Waiting is adaptive: a
+ * bounded spin, then a futex sleep on a kvr_waiter. The side that makes progress makes a
+ * syscall (FUTEX_WAKE) only when the other side announced it sleeps.
+ *
+ * A kvr_waiter can be shared: an actor that consumes several rings points all of them at
+ * one waiter (kvr_ring_set_consumer_waiter()), then sleeps once in kvr_waiter_wait()
+ * until any of them gets work. The waiter must lie in the same mapping as the ring.
+ *
+ * Return values: 0 or a count on success, negative errno on failure:
+ *   -EAGAIN     try-variant and the ring is full (enqueue) or empty (dequeue)
+ *   -ETIMEDOUT  timed variant and the deadline passed
+ *   -EINTR      the wait was interrupted by a signal (the caller re-checks its stop flag)
+ *   -EINVAL     bad arguments or a ring header that does not validate
+ */
+
+#define KVR_RING_MAGIC 0x474e495252564b00ull /* "\0KVRRING" */
+#define KVR_RING_VERSION 1u
+#define KVR_RING_NAME_MAX 32
+#define KVR_CACHELINE 64
+
+/* One futex word plus a sleeper count. seq changes whenever a sleeper must wake. */
+struct kvr_waiter {
+	_Atomic uint32_t seq;
+	_Atomic uint32_t sleepers;
+};
+
+struct kvr_ring {
+	/* line 0: immutable after init */
+	uint64_t magic;
+	uint32_t version;
+	uint32_t capacity; /* messages, power of two */
+	uint32_t msg_size; /* bytes, multiple of 8 */
+	uint32_t spin_ns;  /* how long a waiter spins before it sleeps */
+	int64_t cons_waiter_off; /* offset from the ring to the consumer's waiter */
+	int64_t prod_waiter_off; /* offset from the ring to the producer's waiter */
+	uint32_t data_off;       /* offset from the ring to message 0 */
+	uint32_t reserved0;
+
+	char name[KVR_RING_NAME_MAX];
+
+	/* line 2: producer side, written by the producer only */
+	_Alignas(KVR_CACHELINE) _Atomic uint32_t tail;
+	_Atomic int32_t prod_pid;
+	_Atomic uint64_t enqueued;
+	_Atomic uint64_t full_waits;    /* times the producer found the ring full and waited */
+	_Atomic uint64_t full_wait_ns;  /* total time it waited */
+	_Atomic uint32_t prod_blocked;  /* 1 while the producer waits on a full ring */
+	uint32_t reserved1;
+
+	/* line 3: consumer side, written by the consumer only */
+	_Alignas(KVR_CACHELINE) _Atomic uint32_t head;
+	_Atomic int32_t cons_pid;
+	_Atomic uint64_t dequeued;
+	_Atomic uint64_t empty_sleeps;  /* times the consumer went to sleep on an empty ring */
+	_Atomic uint64_t rejected;      /* malformed messages the consumer rejected */
+	_Atomic uint32_t cons_blocked;  /* 1 while the consumer waits on an empty ring */
+	uint32_t reserved2;
+
+	/* line 4: the ring's own waiters (used unless redirected to a shared one) */
+	_Alignas(KVR_CACHELINE) struct kvr_waiter own_cons_waiter;
+	struct kvr_waiter own_prod_waiter;
+};
+
+_Static_assert(offsetof(struct kvr_ring, tail) == 128, "producer line");
+_Static_assert(offsetof(struct kvr_ring, head) == 192, "consumer line");
+_Static_assert(offsetof(struct kvr_ring, own_cons_waiter) == 256, "waiter line");
+_Static_assert(sizeof(struct kvr_ring) == 320, "ring header size");
+
+/* Bytes needed for a ring of capacity messages of msg_size bytes; 0 if the sizes are
+ * invalid (capacity not a power of two in [2, 2^30], msg_size not a multiple of 8 in
+ * [8, 4096]). */
+size_t kvr_ring_memsize(uint32_t capacity, uint32_t msg_size);
+
+/* Initialise a ring in place at mem (64-byte aligned, kvr_ring_memsize() bytes). */
+int kvr_ring_init(void *mem, uint32_t capacity, uint32_t msg_size, const char *name);
+
+/* Validate a ring header found in a mapping of avail bytes starting at mem.
+ * Returns 0 and sets *ret_ring, or -EINVAL / -EPROTO (wrong magic or version). */
+int kvr_ring_attach(void *mem, size_t avail, struct kvr_ring **ret_ring);
+
+/* Redirect the waiter the consumer (producer) sleeps on. w must lie in the same mapping. */
+void kvr_ring_set_consumer_waiter(struct kvr_ring *r, struct kvr_waiter *w);
+void kvr_ring_set_producer_waiter(struct kvr_ring *r, struct kvr_waiter *w);
+struct kvr_waiter *kvr_ring_consumer_waiter(struct kvr_ring *r);
+struct kvr_waiter *kvr_ring_producer_waiter(struct kvr_ring *r);
+
+/* Record which process produces / consumes (for inspect). */
+void kvr_ring_claim_producer(struct kvr_ring *r, pid_t pid);
+void kvr_ring_claim_consumer(struct kvr_ring *r, pid_t pid);
+
+/* Non-blocking: copy one message in / out. -EAGAIN when full / empty. */
+int kvr_ring_try_enqueue(struct kvr_ring *r, const void *msg);
+int kvr_ring_try_dequeue(struct kvr_ring *r, void *ret_msg);
+
+/* Blocking with a timeout in nanoseconds (< 0: wait forever, 0: same as try).
+ * -ETIMEDOUT when the deadline passes, -EINTR on a signal. */
+int kvr_ring_enqueue(struct kvr_ring *r, const void *msg, int64_t timeout_ns);
+int kvr_ring_dequeue(struct kvr_ring *r, void *ret_msg, int64_t timeout_ns);
+
+/* Bursts: copy up to n messages; return how many (0..n). Never block. */
+unsigned kvr_ring_enqueue_burst(struct kvr_ring *r, const void *msgs, unsigned n);
+unsigned kvr_ring_dequeue_burst(struct kvr_ring *r, void *ret_msgs, unsigned n);
+
+/* Messages currently in the ring (a snapshot; exact for the producer and consumer). */
+uint32_t kvr_ring_count(const struct kvr_ring *r);
+uint32_t kvr_ring_free(const struct kvr_ring *r);
+
+/* Read-only snapshot for observers (inspect): copy the message at head + i without
+ * consuming it. Returns 0, or -ENOENT if i >= fill at the time of the call. A message
+ * copied while the ring moves may be stale; callers decode it like any other input. */
+int kvr_ring_peek(const struct kvr_ring *r, uint32_t i, void *ret_msg);
+
+/* Wait until seq of w differs from seen, or timeout (< 0 forever). Consumers of several
+ * rings use it as: seen = kvr_waiter_prepare(w); re-check rings; kvr_waiter_wait(w, seen, t);
+ * kvr_waiter_finish(w). Returns 0, -ETIMEDOUT or -EINTR. */
+uint32_t kvr_waiter_prepare(struct kvr_waiter *w);
+int kvr_waiter_wait(struct kvr_waiter *w, uint32_t seen, int64_t timeout_ns);
+void kvr_waiter_finish(struct kvr_waiter *w);
+/* Wake every sleeper of w; a syscall only when one sleeps. */
+void kvr_waiter_wake(struct kvr_waiter *w);
+
+#endif

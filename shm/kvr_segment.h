@@ -1,0 +1,71 @@
+/* kvr_segment: fixed-size memfd-backed shared-memory segments with a validated header. */
+#ifndef KVR_SEGMENT_H
+#define KVR_SEGMENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/*
+ * Every segment starts with struct kvr_seg_hdr. kvringd creates segments
+ * (kvr_segment_create); actors and clients receive the fd (inherited or over SCM_RIGHTS)
+ * and map it (kvr_segment_map), which validates magic, layout version, kind and size
+ * before anything else in the segment is read.
+ *
+ * Segments are memfds: anonymous, mode 0600 by construction (no path to open), sealed
+ * against growing or shrinking. Huge pages (MFD_HUGETLB) are tried first when asked and
+ * the size is a multiple of 2 MiB; plain pages otherwise.
+ */
+
+#define KVR_SEG_MAGIC 0x4745534752564b00ull /* "\0KVRSEG" little-endian-ish tag */
+#define KVR_LAYOUT_VERSION 1u
+
+enum kvr_seg_kind {
+	KVR_SEG_CTL = 1,   /* control: instance, actors, ring directory, rings, stats */
+	KVR_SEG_ARENA = 2, /* L1 slots (KV bytes) */
+	KVR_SEG_SLOTS = 3, /* slot table and index */
+	KVR_SEG_KV = 4,    /* a worker's KV memory (host backend), created by the client */
+};
+
+struct kvr_seg_hdr {
+	uint64_t magic;
+	uint32_t layout_version;
+	uint32_t kind;
+	uint64_t size;        /* bytes of the whole segment, header included */
+	int32_t creator_pid;
+	uint32_t generation;  /* kvringd instance generation that created it */
+	uint64_t created_ns;  /* CLOCK_REALTIME */
+	uint8_t reserved[24];
+};
+_Static_assert(sizeof(struct kvr_seg_hdr) == 64, "segment header is one cache line");
+
+struct kvr_segment {
+	int fd;
+	void *base;
+	size_t size;
+	int writable;
+	int huge; /* 1 when backed by huge pages */
+};
+
+/* Create a segment of size bytes (rounded up to the page size) and map it read-write.
+ * flags: KVR_SEG_TRY_HUGE to try huge pages first. Writes the header.
+ * Returns 0 or -errno; *ret untouched on failure. */
+#define KVR_SEG_TRY_HUGE 0x1u
+int kvr_segment_create(const char *name, enum kvr_seg_kind kind, size_t size, uint32_t generation,
+		       unsigned flags, struct kvr_segment *ret);
+
+/* Map an existing segment fd. writable=0 maps it read-only (observers such as inspect).
+ * expect_kind 0 accepts any kind. Validates the header: -EPROTO on wrong magic/version,
+ * -EMEDIUMTYPE on wrong kind, -EBADMSG when the header size disagrees with the fd size.
+ * The fd is dup'ed: the caller keeps its own. */
+int kvr_segment_map(int fd, enum kvr_seg_kind expect_kind, int writable, struct kvr_segment *ret);
+
+/* Unmap and close; accepts a zeroed or already-closed segment. */
+void kvr_segment_close(struct kvr_segment *seg);
+
+static inline struct kvr_seg_hdr *kvr_segment_hdr(const struct kvr_segment *seg)
+{
+	return (struct kvr_seg_hdr *)seg->base;
+}
+
+#endif
