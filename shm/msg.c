@@ -2,6 +2,7 @@
 #include <kvring/msg.h>
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -9,6 +10,20 @@ static const char *const type_names[KVR_MSG_TYPE_MAX] = {
 	[KVR_MSG_PING] = "ping",
 	[KVR_MSG_PONG] = "pong",
 	[KVR_MSG_STOP] = "stop",
+	[KVR_MSG_WORKER_GONE] = "worker_gone",
+	[KVR_MSG_LOOKUP] = "lookup",
+	[KVR_MSG_LOOKUP_REP] = "lookup_rep",
+	[KVR_MSG_SLOTS] = "slots",
+	[KVR_MSG_LOAD] = "load",
+	[KVR_MSG_LOAD_DONE] = "load_done",
+	[KVR_MSG_BLOCKS] = "blocks",
+	[KVR_MSG_STORE] = "store",
+	[KVR_MSG_STORE_DONE] = "store_done",
+	[KVR_MSG_ALLOC] = "alloc",
+	[KVR_MSG_ALLOC_REP] = "alloc_rep",
+	[KVR_MSG_COMMIT] = "commit",
+	[KVR_MSG_COMMIT_REP] = "commit_rep",
+	[KVR_MSG_RESET] = "reset",
 };
 
 const char *kvr_msg_type_name(unsigned type)
@@ -87,4 +102,181 @@ char *kvr_msg_describe(const struct kvr_msg *m, char *buf, size_t len)
 	snprintf(buf, len, "%s req=%llu seq=%u flags=%s len=%u", kvr_msg_type_name(m->hdr.type),
 		 (unsigned long long)m->hdr.req_id, m->hdr.seq, fl, m->hdr.body_len);
 	return buf;
+}
+
+/* ---- lists ---------------------------------------------------------------------------- */
+
+unsigned kvr_msg_list_item_size(unsigned type)
+{
+	switch (type) {
+	case KVR_MSG_LOOKUP:
+	case KVR_MSG_ALLOC:
+		return sizeof(struct kvr_msg_key);
+	case KVR_MSG_SLOTS:
+	case KVR_MSG_ALLOC_REP:
+	case KVR_MSG_COMMIT:
+		return sizeof(struct kvr_msg_slot);
+	case KVR_MSG_LOAD:
+		return sizeof(struct kvr_msg_load_item);
+	case KVR_MSG_STORE:
+		return sizeof(struct kvr_msg_store_item);
+	case KVR_MSG_BLOCKS:
+		return sizeof(uint32_t);
+	default:
+		return 0;
+	}
+}
+
+unsigned kvr_msg_list_per_msg(unsigned type)
+{
+	switch (type) {
+	case KVR_MSG_LOOKUP:
+	case KVR_MSG_ALLOC:
+		return KVR_LIST_KEYS;
+	case KVR_MSG_SLOTS:
+	case KVR_MSG_ALLOC_REP:
+	case KVR_MSG_COMMIT:
+		return KVR_LIST_SLOTS;
+	case KVR_MSG_LOAD:
+		return KVR_LIST_LOAD;
+	case KVR_MSG_STORE:
+		return KVR_LIST_STORE;
+	case KVR_MSG_BLOCKS:
+		return KVR_LIST_BLOCKS;
+	default:
+		return 0;
+	}
+}
+
+unsigned kvr_msg_build_list(struct kvr_msg *m, unsigned type, uint64_t req_id, uint32_t seq, uint8_t lane,
+			    uint8_t flags, const void *items, uint32_t total)
+{
+	unsigned isz = kvr_msg_list_item_size(type), per = kvr_msg_list_per_msg(type);
+	uint64_t first = (uint64_t)seq * per;
+	unsigned count = first >= total ? 0 : (unsigned)(total - first < per ? total - first : per);
+	struct kvr_msg_list_hdr h = {.total = total, .count = (uint16_t)count, .lane = lane, .flags = flags};
+	uint8_t body[KVR_MSG_BODY] = {0};
+	memcpy(body, &h, sizeof(h));
+	if (count)
+		memcpy(body + sizeof(h), (const uint8_t *)items + first * isz, (size_t)count * isz);
+	bool more = first + count < total;
+	kvr_msg_build(m, type, more ? KVR_MSGF_MORE : 0, req_id, seq, body, sizeof(h) + (size_t)count * isz);
+	return count;
+}
+
+int kvr_msg_decode_list(const struct kvr_msg *m, unsigned type, struct kvr_msg_list_hdr *ret_hdr)
+{
+	unsigned isz = kvr_msg_list_item_size(type), per = kvr_msg_list_per_msg(type);
+	struct kvr_msg_list_hdr h;
+	if (!m || !isz || m->hdr.type != type || (m->hdr.flags & ~KVR_MSGF_MORE))
+		return -EBADMSG;
+	if (m->hdr.body_len < sizeof(h))
+		return -EBADMSG;
+	memcpy(&h, m->body, sizeof(h));
+	if (h.total == 0 || h.total > KVR_MSG_MAX_LIST)
+		return -EBADMSG;
+	uint64_t first = (uint64_t)m->hdr.seq * per;
+	if (first >= h.total)
+		return -EBADMSG;
+	uint64_t left = h.total - first;
+	unsigned expect = left < per ? (unsigned)left : per;
+	if (h.count != expect || m->hdr.body_len != sizeof(h) + (size_t)expect * isz)
+		return -EBADMSG;
+	bool more = left > expect;
+	if (more != !!(m->hdr.flags & KVR_MSGF_MORE))
+		return -EBADMSG;
+	if (zero_from(m, m->hdr.body_len))
+		return -EBADMSG;
+	*ret_hdr = h;
+	return 0;
+}
+
+void kvr_msg_list_items(const struct kvr_msg *m, void *items_out)
+{
+	struct kvr_msg_list_hdr h;
+	unsigned isz = kvr_msg_list_item_size(m->hdr.type), per = kvr_msg_list_per_msg(m->hdr.type);
+	memcpy(&h, m->body, sizeof(h));
+	memcpy((uint8_t *)items_out + (size_t)m->hdr.seq * per * isz, m->body + sizeof(h), (size_t)h.count * isz);
+}
+
+/* Result messages: a fixed body, MORE set exactly when a list follows. */
+static int check_result(const struct kvr_msg *m, unsigned type, size_t body_len, bool list_follows)
+{
+	if (check_fixed(m, type, KVR_MSGF_MORE | KVR_MSGF_ERROR, body_len))
+		return -EBADMSG;
+	if (list_follows != !!(m->hdr.flags & KVR_MSGF_MORE))
+		return -EBADMSG;
+	return 0;
+}
+
+static bool status_ok(int32_t status)
+{
+	return status <= 0 && status > -4096;
+}
+
+int kvr_msg_decode_lookup_rep(const struct kvr_msg *m, struct kvr_msg_lookup_rep *ret)
+{
+	struct kvr_msg_lookup_rep r;
+	if (!m || m->hdr.body_len != sizeof(r))
+		return -EBADMSG;
+	memcpy(&r, m->body, sizeof(r));
+	if (check_result(m, KVR_MSG_LOOKUP_REP, sizeof(r), r.matched > 0) || !status_ok(r.status) ||
+	    r.reserved || r.matched > KVR_MSG_MAX_LIST || (r.status < 0 && r.matched))
+		return -EBADMSG;
+	*ret = r;
+	return 0;
+}
+
+int kvr_msg_decode_load_done(const struct kvr_msg *m, struct kvr_msg_load_done *ret)
+{
+	struct kvr_msg_load_done r;
+	if (!m || m->hdr.body_len != sizeof(r))
+		return -EBADMSG;
+	memcpy(&r, m->body, sizeof(r));
+	if (check_result(m, KVR_MSG_LOAD_DONE, sizeof(r), r.n_failed > 0) || !status_ok(r.status) ||
+	    r.n_blocks > KVR_MSG_MAX_LIST || r.n_failed > r.n_blocks)
+		return -EBADMSG;
+	*ret = r;
+	return 0;
+}
+
+int kvr_msg_decode_store_done(const struct kvr_msg *m, struct kvr_msg_store_done *ret)
+{
+	struct kvr_msg_store_done r;
+	if (!m || m->hdr.body_len != sizeof(r))
+		return -EBADMSG;
+	memcpy(&r, m->body, sizeof(r));
+	if (check_result(m, KVR_MSG_STORE_DONE, sizeof(r), r.n_failed > 0) || !status_ok(r.status) ||
+	    r.reserved || r.n_blocks > KVR_MSG_MAX_LIST ||
+	    (uint64_t)r.n_stored + r.n_present + r.n_failed > r.n_blocks)
+		return -EBADMSG;
+	*ret = r;
+	return 0;
+}
+
+int kvr_msg_decode_commit_rep(const struct kvr_msg *m, struct kvr_msg_commit_rep *ret)
+{
+	struct kvr_msg_commit_rep r;
+	if (check_fixed(m, KVR_MSG_COMMIT_REP, KVR_MSGF_ERROR, sizeof(r)))
+		return -EBADMSG;
+	memcpy(&r, m->body, sizeof(r));
+	if (!status_ok(r.status) || r.reserved || r.n_visible > r.n_committed)
+		return -EBADMSG;
+	*ret = r;
+	return 0;
+}
+
+int kvr_msg_decode_worker_gone(const struct kvr_msg *m, struct kvr_msg_worker_gone *ret)
+{
+	struct kvr_msg_worker_gone r;
+	if (check_fixed(m, KVR_MSG_WORKER_GONE, 0, sizeof(r)))
+		return -EBADMSG;
+	memcpy(&r, m->body, sizeof(r));
+	*ret = r;
+	return 0;
+}
+
+int kvr_msg_decode_reset(const struct kvr_msg *m)
+{
+	return check_fixed(m, KVR_MSG_RESET, 0, 0);
 }

@@ -28,7 +28,24 @@ enum kvr_msg_type {
 	KVR_MSG_PING = 1,  /* supervisor -> actor: are you alive */
 	KVR_MSG_PONG = 2,  /* actor -> supervisor: yes, with its stats epoch */
 	KVR_MSG_STOP = 3,  /* supervisor -> actor: finish in-flight work and exit 0 */
-	/* 16..: client <-> lookup, loader, storer (see the L1 data path) */
+	KVR_MSG_WORKER_GONE = 4, /* supervisor -> lookup: worker slot detached or died */
+	/* client <-> lookup */
+	KVR_MSG_LOOKUP = 16,     /* list of block keys (2 per message) */
+	KVR_MSG_LOOKUP_REP = 17, /* result, followed by KVR_MSG_SLOTS when blocks matched */
+	KVR_MSG_SLOTS = 18,      /* list of (slot, epoch), 5 per message */
+	/* client <-> loader */
+	KVR_MSG_LOAD = 20,       /* list of (slot, epoch, block id), 3 per message */
+	KVR_MSG_LOAD_DONE = 21,  /* result and diagnostics, then KVR_MSG_BLOCKS of failed ids */
+	KVR_MSG_BLOCKS = 22,     /* list of engine block ids, 10 per message */
+	/* client <-> storer */
+	KVR_MSG_STORE = 24,      /* list of (key, block id), 2 per message; final request */
+	KVR_MSG_STORE_DONE = 25, /* result, then KVR_MSG_BLOCKS of failed ids */
+	/* storer <-> lookup */
+	KVR_MSG_ALLOC = 28,      /* list of keys to allocate on the storer's lane */
+	KVR_MSG_ALLOC_REP = 29,  /* list of (slot, epoch) per key; slot ~0 = present, ~1 = no room */
+	KVR_MSG_COMMIT = 30,     /* list of (slot, epoch) written */
+	KVR_MSG_COMMIT_REP = 31, /* result */
+	KVR_MSG_RESET = 32,      /* storer -> lookup at start: abort my lane's WRITING slots */
 	KVR_MSG_TYPE_MAX = 64,
 };
 
@@ -67,6 +84,115 @@ struct kvr_msg_pong {
 };
 _Static_assert(sizeof(struct kvr_msg_ping) <= KVR_MSG_BODY, "ping body");
 _Static_assert(sizeof(struct kvr_msg_pong) <= KVR_MSG_BODY, "pong body");
+
+/* ---- L1 data path ------------------------------------------------------------------
+ * Lists (keys, slots, block ids) stream as several messages of one request id: every
+ * message carries the list's total item count and its own count; items are in order, the
+ * first item of message seq is seq * per_message. KVR_MSGF_MORE is set on all but the last.
+ * A result message (LOOKUP_REP, LOAD_DONE, STORE_DONE, COMMIT_REP) comes first in a reply
+ * and is followed by its list (if any). */
+
+#define KVR_MSG_MAX_LIST 65536u /* items per request: 8M tokens at 128-token blocks */
+
+struct kvr_msg_key { uint64_t lo, hi; };
+struct kvr_msg_slot { uint32_t slot, epoch; };
+struct kvr_msg_load_item { uint32_t slot, epoch, block; };
+struct __attribute__((packed, aligned(4))) kvr_msg_store_item { struct kvr_msg_key key; uint32_t block; };
+_Static_assert(sizeof(struct kvr_msg_store_item) == 20, "store item");
+
+#define KVR_SLOT_PRESENT 0xffffffffu /* ALLOC_REP: block already stored on this lane */
+#define KVR_SLOT_NOROOM 0xfffffffeu  /* ALLOC_REP: nothing evictable, block not stored */
+
+/* Common prefix of every list message body. */
+struct kvr_msg_list_hdr {
+	uint32_t total;  /* items in the whole list */
+	uint16_t count;  /* items in this message */
+	uint8_t lane;    /* LOOKUP, ALLOC: TP lane; else 0 */
+	uint8_t flags;   /* type-specific */
+};
+
+#define KVR_LIST_KEYS 2
+#define KVR_LIST_SLOTS 5
+#define KVR_LIST_LOAD 3
+#define KVR_LIST_STORE 2
+#define KVR_LIST_BLOCKS 10
+
+struct kvr_msg_lookup_rep {
+	int32_t status;         /* 0 or -errno */
+	uint32_t matched;       /* leading visible blocks */
+	uint32_t lane;          /* lane the slots below belong to */
+	uint32_t reserved;
+	uint64_t index_ns;      /* time spent in the index */
+};
+
+struct kvr_msg_load_done {
+	int32_t status;         /* 0 all restored, -EIO some failed (list follows), other -errno */
+	uint32_t n_blocks;      /* blocks requested */
+	uint32_t n_failed;      /* block ids that follow in KVR_MSG_BLOCKS */
+	uint32_t copies;        /* copy operations issued */
+	uint64_t bytes;         /* bytes moved into the worker's KV memory */
+	uint64_t copy_ns;       /* time spent copying */
+	uint32_t runs;          /* coalesced copy runs */
+	uint32_t queue_us;      /* time between arrival and first copy, microseconds */
+};
+
+struct kvr_msg_store_done {
+	int32_t status;         /* 0, -EIO some failed (list follows), other -errno */
+	uint32_t n_blocks;      /* blocks in the request */
+	uint32_t n_stored;      /* newly written and committed */
+	uint32_t n_present;     /* already stored on this lane (suffix-only: not copied) */
+	uint32_t n_failed;      /* block ids that follow in KVR_MSG_BLOCKS */
+	uint32_t copies;
+	uint64_t bytes;
+	uint64_t copy_ns;
+	uint32_t queue_us;
+	uint32_t reserved;
+};
+
+struct kvr_msg_commit_rep {
+	int32_t status;
+	uint32_t n_committed;
+	uint32_t n_visible;     /* blocks that became visible (quorum reached) */
+	uint32_t reserved;
+};
+
+struct kvr_msg_worker_gone {
+	uint32_t worker;
+	uint32_t generation;
+};
+
+_Static_assert(sizeof(struct kvr_msg_list_hdr) + KVR_LIST_KEYS * sizeof(struct kvr_msg_key) <= KVR_MSG_BODY, "");
+_Static_assert(sizeof(struct kvr_msg_list_hdr) + KVR_LIST_SLOTS * sizeof(struct kvr_msg_slot) <= KVR_MSG_BODY, "");
+_Static_assert(sizeof(struct kvr_msg_list_hdr) + KVR_LIST_LOAD * sizeof(struct kvr_msg_load_item) <= KVR_MSG_BODY, "");
+_Static_assert(sizeof(struct kvr_msg_list_hdr) + KVR_LIST_STORE * sizeof(struct kvr_msg_store_item) <= KVR_MSG_BODY, "");
+_Static_assert(sizeof(struct kvr_msg_list_hdr) + KVR_LIST_BLOCKS * sizeof(uint32_t) <= KVR_MSG_BODY, "");
+_Static_assert(sizeof(struct kvr_msg_load_done) <= KVR_MSG_BODY, "");
+_Static_assert(sizeof(struct kvr_msg_store_done) <= KVR_MSG_BODY, "");
+
+/* Item size and items per message of a list type; 0 for non-list types. */
+unsigned kvr_msg_list_item_size(unsigned type);
+unsigned kvr_msg_list_per_msg(unsigned type);
+
+/* Build message seq of a list of `total` items of `type` (items points at item 0 of the
+ * whole list). Sets MORE unless it is the last. Returns the items it carries. */
+unsigned kvr_msg_build_list(struct kvr_msg *m, unsigned type, uint64_t req_id, uint32_t seq, uint8_t lane,
+			    uint8_t flags, const void *items, uint32_t total);
+
+/* Validate a list message: known list type, total in 1..KVR_MSG_MAX_LIST, count ==
+ * expected for its seq, MORE set exactly when items remain, unused item bytes zero.
+ * On success copies its items to items_out[first..first+count) where first = seq * per
+ * (items_out must hold `total` items: the caller checks total against its buffer first
+ * through ret_hdr) and returns 0. -EBADMSG otherwise. */
+int kvr_msg_decode_list(const struct kvr_msg *m, unsigned type, struct kvr_msg_list_hdr *ret_hdr);
+/* Copy the items of an already validated list message into the whole-list array. */
+void kvr_msg_list_items(const struct kvr_msg *m, void *items_out);
+
+int kvr_msg_decode_lookup_rep(const struct kvr_msg *m, struct kvr_msg_lookup_rep *ret);
+int kvr_msg_decode_load_done(const struct kvr_msg *m, struct kvr_msg_load_done *ret);
+int kvr_msg_decode_store_done(const struct kvr_msg *m, struct kvr_msg_store_done *ret);
+int kvr_msg_decode_commit_rep(const struct kvr_msg *m, struct kvr_msg_commit_rep *ret);
+int kvr_msg_decode_worker_gone(const struct kvr_msg *m, struct kvr_msg_worker_gone *ret);
+int kvr_msg_decode_reset(const struct kvr_msg *m);
 
 /* Human-readable type name ("ping", ...) or "unknown". */
 const char *kvr_msg_type_name(unsigned type);

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The test command of README.md: install dependencies, build, run the fast and stress
+# suites, then the fast suite again under ASan+UBSan. Prints "N passed, N failed" last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+./tools/install-deps.sh || { echo "install-deps failed"; exit 1; }
+
+pass=0; fail=0; skip=0
+tally() { # $1 = build dir: add up meson's test log
+	local log="$1/meson-logs/testlog.json"
+	[ -f "$log" ] || return 0
+	read -r p f s < <(python3 - "$log" <<'PY'
+import json, sys
+p = f = s = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line).get("result")
+    if r in ("OK", "EXPECTEDFAIL"): p += 1
+    elif r == "SKIP": s += 1
+    else: f += 1
+print(p, f, s)
+PY
+)
+	pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+}
+
+run_suite() { # $1 = build dir, $2.. = meson setup options; runs suites given in SUITES
+	local dir="$1"; shift
+	if [ ! -f "$dir/build.ninja" ]; then
+		meson setup "$dir" "$@" >/dev/null || { echo "meson setup $dir failed"; fail=$((fail + 1)); return; }
+	fi
+	ninja -C "$dir" >/dev/null || { ninja -C "$dir" | tail -40; echo "build $dir failed"; fail=$((fail + 1)); return; }
+	local args=()
+	for s in $SUITES; do args+=(--suite "$s"); done
+	meson test -C "$dir" --print-errorlogs --num-processes 2 "${args[@]}" || true
+	tally "$dir"
+}
+
+SUITES="fast stress" run_suite build
+SUITES="fast" run_suite build-sanitize -Dsanitize=true -Db_lundef=false
+
+echo
+echo "kvring: $pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
