@@ -7,7 +7,7 @@
 #define ALIGN64(x) (((x) + 63) & ~(size_t)63)
 
 struct plan {
-	size_t actors_off, workers_off, rings_off, stats_off, config_off, ring_area_off, total;
+	size_t actors_off, workers_off, rings_off, stats_off, config_off, geom_off, ring_area_off, total;
 };
 
 static int plan_layout(unsigned max_actors, unsigned max_workers, const struct kvr_ctl_ring_spec *rings,
@@ -27,6 +27,8 @@ static int plan_layout(unsigned max_actors, unsigned max_workers, const struct k
 	off = ALIGN64(off + max_actors * sizeof(struct kvr_actor_stats));
 	p->config_off = off;
 	off = ALIGN64(off + config_cap);
+	p->geom_off = off;
+	off = ALIGN64(off + (size_t)max_workers * KVR_CTL_GEOM_BYTES);
 	p->ring_area_off = off;
 	for (unsigned i = 0; i < n_rings; i++) {
 		size_t sz = kvr_ring_memsize(rings[i].capacity, KVR_CTL_RING_MSG_SIZE);
@@ -70,6 +72,7 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
 	c->rings_off = p.rings_off;
 	c->stats_off = p.stats_off;
 	c->config_off = p.config_off;
+	c->geom_off = p.geom_off;
 	c->ring_area_off = p.ring_area_off;
 	c->config_cap = (uint32_t)(cfg_len + 1);
 	c->config_len = (uint32_t)cfg_len;
@@ -116,6 +119,7 @@ int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl)
 	    c->rings_off + c->max_rings * sizeof(struct kvr_ring_ent) > size ||
 	    c->stats_off + c->max_actors * sizeof(struct kvr_actor_stats) > size ||
 	    c->config_off + c->config_cap > size || c->config_len >= c->config_cap + (c->config_cap == 0) ||
+	    c->geom_off + (uint64_t)c->max_workers * KVR_CTL_GEOM_BYTES > size ||
 	    c->ring_area_off > size)
 		return -EBADMSG;
 	unsigned n = atomic_load(&c->n_rings);

@@ -18,6 +18,7 @@
  *   struct kvr_ring_ent  [max_rings]     the ring directory: name, offset, endpoints
  *   struct kvr_actor_stats[max_actors]   counters each actor writes and kvringd exports
  *   char config_json[config_cap]         the effective config, as --check-config prints it
+ *   uint8_t geometry[max_workers][3072]  each attached worker's geometry (loader/storer read it)
  *   rings ...                            every ring, 64-byte aligned, at the offsets above
  *
  * All references are offsets from the segment base. Writers: kvringd writes the instance
@@ -30,6 +31,7 @@
 #define KVR_CTL_MAX_WORKERS 16
 #define KVR_CTL_MAX_RINGS 256
 #define KVR_ACTOR_NAME_MAX 24
+#define KVR_CTL_GEOM_BYTES 3072 /* per worker: the geometry it attached with (kvr_geometry.h) */
 #define KVR_CTL_RING_MSG_SIZE 64 /* every control-segment ring carries struct kvr_msg */
 
 enum kvr_inst_state {
@@ -145,7 +147,8 @@ struct kvr_ctl {
 	uint64_t actors_off, workers_off, rings_off, stats_off, config_off, ring_area_off;
 	uint32_t config_len, config_cap;
 	char socket_path[108];
-	uint8_t reserved[52];
+	uint64_t geom_off;             /* per worker slot: its attach geometry (KVR_CTL_GEOM_BYTES each) */
+	uint8_t reserved[44];
 };
 _Static_assert(sizeof(struct kvr_ctl) == 320, "ctl header");
 
@@ -168,6 +171,10 @@ static inline struct kvr_ring *kvr_ctl_ring(const struct kvr_ctl *c, unsigned i)
 static inline struct kvr_actor_stats *kvr_ctl_stats(const struct kvr_ctl *c, unsigned i)
 {
 	return (struct kvr_actor_stats *)((uint8_t *)c + c->stats_off) + i;
+}
+static inline void *kvr_ctl_worker_geometry(const struct kvr_ctl *c, unsigned w)
+{
+	return (uint8_t *)c + c->geom_off + (size_t)w * KVR_CTL_GEOM_BYTES;
 }
 static inline const char *kvr_ctl_config_json(const struct kvr_ctl *c)
 {

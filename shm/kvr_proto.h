@@ -56,6 +56,24 @@ struct kvr_proto_rep {
 	uint8_t payload[KVR_PROTO_PAYLOAD_MAX];
 };
 
+/* ATTACH: the request payload is the worker's struct kvr_geometry (kvr_geometry.h) and
+ * one fd travels with it: the worker's KV memory (host backend: a memfd). The reply
+ * payload is struct kvr_attach_info and its fds are [ctl, arena, slot table]. */
+struct kvr_attach_info {
+	uint64_t ns_lo, ns_hi;   /* key namespace of the instance */
+	uint32_t lane;           /* this worker's lane (its TP rank) */
+	uint32_t lanes;          /* commit quorum: lanes per block */
+	uint32_t n_slots;
+	uint32_t reserved;
+	uint64_t slot_bytes;     /* bytes per slot (lane bytes rounded up to 4 KiB) */
+	uint64_t lane_bytes;     /* bytes of one lane of one block */
+	uint64_t kv_bytes;       /* the KV memory size kvringd accepted */
+	uint32_t loader_actor;   /* actor indices serving this worker */
+	uint32_t storer_actor;
+	uint32_t lookup_actor;
+	uint32_t reserved2;
+};
+
 /* Send one record with up to KVR_PROTO_MAX_FDS descriptors. 0 or -errno. */
 int kvr_proto_send(int sock, const void *rec, size_t len, const int *fds, unsigned n_fds);
 
