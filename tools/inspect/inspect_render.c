@@ -1,0 +1,709 @@
+/* inspect_render: copy a control segment's observable state (read-only) and print it as text or JSON. */
+#include "inspect_render.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Loads from a segment we may only read. The fields are _Atomic because their writers use
+ * atomics; a relaxed load is enough for a snapshot that is stale by the time it prints. */
+#define LD(p) atomic_load_explicit((p), memory_order_relaxed)
+
+#define PID_MAX_LIMIT 4194304 /* Linux: pids are 1..2^22 */
+#define BAR_WIDTH 20
+
+/* Copy a name of at most srcmax bytes (NUL-terminated or not); non-printable -> '?'. */
+static void copy_name(char *dst, size_t dstsz, const char *src, size_t srcmax)
+{
+	size_t n = 0;
+	for (; n < srcmax && n + 1 < dstsz && src[n]; n++) {
+		unsigned char ch = (unsigned char)src[n];
+		dst[n] = (ch >= 0x20 && ch < 0x7f) ? (char)ch : '?';
+	}
+	dst[n] = '\0';
+}
+
+/* ---- snapshot ------------------------------------------------------------------------- */
+
+static void snap_ring(const struct kvr_ctl *c, unsigned i, struct kvr_insp_snap *s, struct kvr_insp_ring *out)
+{
+	const struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
+	size_t seg_size = c->seg.size;
+
+	out->index = i;
+	copy_name(out->name, sizeof(out->name), e->name, KVR_RING_NAME_MAX);
+	out->producer = e->producer;
+	out->consumer = e->consumer;
+	out->msgs = s->msg_store + (size_t)i * s->max_msgs;
+
+	/* Re-check what kvr_ctl_attach() checked: the directory could have changed since. */
+	if (e->offset < c->ring_area_off || e->offset > seg_size || e->bytes > seg_size - e->offset) {
+		out->error = -EBADMSG;
+		return;
+	}
+	struct kvr_ring *r;
+	int rc = kvr_ring_attach((uint8_t *)c + e->offset, e->bytes, &r); /* only reads */
+	if (rc) {
+		out->error = rc;
+		return;
+	}
+	out->valid = 1;
+	out->capacity = r->capacity;
+	out->msg_size = r->msg_size;
+	/* head before tail: the consumer never passes the tail it will later be read at */
+	out->head = atomic_load_explicit(&r->head, memory_order_acquire);
+	out->tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+	uint32_t fill = out->tail - out->head;
+	out->fill = fill > out->capacity ? out->capacity : fill;
+	out->prod_pid = LD(&r->prod_pid);
+	out->cons_pid = LD(&r->cons_pid);
+	out->prod_blocked = LD(&r->prod_blocked);
+	out->cons_blocked = LD(&r->cons_blocked);
+	out->enqueued = LD(&r->enqueued);
+	out->dequeued = LD(&r->dequeued);
+	out->full_waits = LD(&r->full_waits);
+	out->full_wait_ns = LD(&r->full_wait_ns);
+	out->empty_sleeps = LD(&r->empty_sleeps);
+	out->rejected = LD(&r->rejected);
+
+	/* kvr_ring_peek copies msg_size bytes: only rings of struct kvr_msg are read */
+	if (out->msg_size != sizeof(struct kvr_msg))
+		return;
+	unsigned want = out->fill < s->max_msgs ? out->fill : s->max_msgs;
+	for (unsigned k = 0; k < want; k++) {
+		if (kvr_ring_peek(r, k, &out->msgs[k]) < 0)
+			break; /* consumed meanwhile */
+		out->n_msgs++;
+	}
+}
+
+int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now, unsigned max_msgs,
+		      struct kvr_insp_snap **ret_snap)
+{
+	if (!c || !now || !ret_snap)
+		return -EINVAL;
+	if (max_msgs > KVR_INSP_MAX_MSGS)
+		max_msgs = KVR_INSP_MAX_MSGS;
+	struct kvr_insp_snap *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->msg_store = calloc((size_t)KVR_CTL_MAX_RINGS * max_msgs + 1, sizeof(struct kvr_msg));
+	if (!s->msg_store) {
+		free(s);
+		return -ENOMEM;
+	}
+	s->now = *now;
+	s->max_msgs = max_msgs;
+
+	s->state = LD(&c->state);
+	s->supervisor_pid = c->supervisor_pid;
+	s->generation = c->generation;
+	s->started_ns = c->started_ns;
+	copy_name(s->socket_path, sizeof(s->socket_path), c->socket_path, sizeof(c->socket_path));
+	s->max_actors = c->max_actors > KVR_CTL_MAX_ACTORS ? KVR_CTL_MAX_ACTORS : c->max_actors;
+	s->max_workers = c->max_workers > KVR_CTL_MAX_WORKERS ? KVR_CTL_MAX_WORKERS : c->max_workers;
+
+	for (unsigned i = 0; i < s->max_actors; i++) {
+		const struct kvr_actor_ent *a = kvr_ctl_actor(c, i);
+		uint32_t st = LD(&a->state);
+		if (st == KVR_ACTOR_UNUSED)
+			continue;
+		struct kvr_insp_actor *o = &s->actors[s->n_actors++];
+		o->index = i;
+		copy_name(o->name, sizeof(o->name), a->name, KVR_ACTOR_NAME_MAX);
+		o->kind = a->kind;
+		o->state = st;
+		o->pid = LD(&a->pid);
+		o->generation = LD(&a->generation);
+		o->restarts = a->restarts;
+		o->last_exit_code = a->last_exit_code;
+		o->last_exit_signal = a->last_exit_signal;
+		o->started_ns = a->started_ns;
+		o->ready_ns = a->ready_ns;
+		o->heartbeat_ns = LD(&a->heartbeat_ns);
+	}
+	for (unsigned i = 0; i < s->max_workers; i++) {
+		const struct kvr_worker_ent *w = kvr_ctl_worker(c, i);
+		uint32_t st = LD(&w->state);
+		if (st == KVR_WORKER_FREE)
+			continue;
+		struct kvr_insp_worker *o = &s->workers[s->n_workers++];
+		*o = (struct kvr_insp_worker){.slot = i, .state = st, .uid = w->uid, .generation = w->generation,
+					      .tp_rank = w->tp_rank, .tp_size = w->tp_size, .dcp_rank = w->dcp_rank,
+					      .dcp_size = w->dcp_size, .pid = LD(&w->pid), .attached_ns = w->attached_ns};
+	}
+	unsigned n = LD(&c->n_rings);
+	if (n > KVR_CTL_MAX_RINGS)
+		n = KVR_CTL_MAX_RINGS;
+	s->n_rings = n;
+	for (unsigned i = 0; i < n; i++)
+		snap_ring(c, i, s, &s->rings[i]);
+
+	*ret_snap = s;
+	return 0;
+}
+
+void kvr_insp_snap_free(struct kvr_insp_snap *s)
+{
+	if (!s)
+		return;
+	free(s->msg_store);
+	free(s);
+}
+
+/* ---- shared formatting ------------------------------------------------------------------ */
+
+static const struct kvr_insp_actor *find_actor(const struct kvr_insp_snap *s, int index)
+{
+	for (unsigned i = 0; i < s->n_actors; i++)
+		if ((int)s->actors[i].index == index)
+			return &s->actors[i];
+	return NULL;
+}
+
+char *kvr_insp_endpoint_name(const struct kvr_insp_snap *s, int endpoint, char *buf, size_t len)
+{
+	if (endpoint == KVR_EP_SUPERVISOR) {
+		snprintf(buf, len, "kvringd");
+	} else if (KVR_EP_IS_CLIENT(endpoint)) {
+		snprintf(buf, len, "client.%d", KVR_EP_CLIENT_SLOT(endpoint));
+	} else {
+		const struct kvr_insp_actor *a = find_actor(s, endpoint);
+		if (a && a->name[0])
+			snprintf(buf, len, "%s", a->name);
+		else
+			snprintf(buf, len, "actor.%d", endpoint);
+	}
+	return buf;
+}
+
+char *kvr_insp_fmt_duration(uint64_t ns, char *buf, size_t len)
+{
+	uint64_t s = ns / 1000000000ull;
+	if (ns < 10000000000ull)
+		snprintf(buf, len, "%.2fs", (double)(ns / 10000000ull) / 100.0);
+	else if (s < 60)
+		snprintf(buf, len, "%.1fs", (double)(ns / 100000000ull) / 10.0);
+	else if (s < 3600)
+		snprintf(buf, len, "%um%02us", (unsigned)(s / 60), (unsigned)(s % 60));
+	else if (s < 100 * 3600)
+		snprintf(buf, len, "%uh%02um", (unsigned)(s / 3600), (unsigned)(s / 60 % 60));
+	else
+		snprintf(buf, len, "%" PRIu64 "d", s / 86400);
+	return buf;
+}
+
+static char *fmt_pid(int32_t pid, char *buf, size_t len)
+{
+	if (pid == 0)
+		snprintf(buf, len, "-");
+	else if (pid < 0 || pid > PID_MAX_LIMIT)
+		snprintf(buf, len, "?");
+	else
+		snprintf(buf, len, "%d", pid);
+	return buf;
+}
+
+static char *fmt_exit(int32_t code, int32_t sig, char *buf, size_t len)
+{
+	if (sig > 0 && sig < 128)
+		snprintf(buf, len, "signal %d", sig);
+	else if (sig != 0)
+		snprintf(buf, len, "?");
+	else if (code >= 0 && code <= 255)
+		snprintf(buf, len, "code %d", code);
+	else if (code == -1)
+		snprintf(buf, len, "-");
+	else
+		snprintf(buf, len, "?");
+	return buf;
+}
+
+/* At most 6 characters: "950", "12.3k", "999.9M", "12G", ">999G". */
+static char *fmt_rate(double r, char *buf, size_t len)
+{
+	if (r < 999.5)
+		snprintf(buf, len, "%.0f", r);
+	else if (r < 999950.0)
+		snprintf(buf, len, "%.1fk", r / 1e3);
+	else if (r < 999950000.0)
+		snprintf(buf, len, "%.1fM", r / 1e6);
+	else if (r < 999.5e9)
+		snprintf(buf, len, "%.0fG", r / 1e9);
+	else
+		snprintf(buf, len, ">999G");
+	return buf;
+}
+
+static char *fmt_pair(uint32_t a, uint32_t b, char *buf, size_t len)
+{
+	if (a > 99999 || b > 99999)
+		snprintf(buf, len, "?");
+	else
+		snprintf(buf, len, "%u/%u", a, b);
+	return buf;
+}
+
+static const char *worker_state_name(uint32_t st)
+{
+	switch (st) {
+	case KVR_WORKER_FREE:
+		return "free";
+	case KVR_WORKER_ATTACHED:
+		return "attached";
+	case KVR_WORKER_DETACHING:
+		return "detaching";
+	default:
+		return "?";
+	}
+}
+
+/* The same ring in the previous snapshot, if the directory did not change. */
+static const struct kvr_insp_ring *prev_ring(const struct kvr_insp_snap *prev, const struct kvr_insp_ring *r)
+{
+	if (!prev || r->index >= prev->n_rings)
+		return NULL;
+	const struct kvr_insp_ring *p = &prev->rings[r->index];
+	if (!p->valid || !r->valid || strcmp(p->name, r->name) != 0)
+		return NULL;
+	return p;
+}
+
+/* Messages per second enqueued between prev and cur; < 0 when unknown. */
+static double ring_rate(const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev,
+			const struct kvr_insp_ring *r)
+{
+	const struct kvr_insp_ring *p = prev_ring(prev, r);
+	if (!p || cur->now.mono_ns <= prev->now.mono_ns || r->enqueued < p->enqueued)
+		return -1.0;
+	return (double)(r->enqueued - p->enqueued) * 1e9 / (double)(cur->now.mono_ns - prev->now.mono_ns);
+}
+
+/* Full ring whose consumer dequeued nothing since the previous snapshot. */
+static bool ring_stuck(const struct kvr_insp_snap *prev, const struct kvr_insp_ring *r)
+{
+	const struct kvr_insp_ring *p = prev_ring(prev, r);
+	return p && r->fill == r->capacity && r->dequeued == p->dequeued;
+}
+
+/* ---- text ------------------------------------------------------------------------------- */
+
+/* Print one line: trailing blanks trimmed, cut at KVR_INSP_COLUMNS. */
+__attribute__((format(printf, 2, 3))) static void pline(FILE *out, const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	size_t len = n < 0 ? 0 : (size_t)n >= sizeof(buf) ? sizeof(buf) - 1 : (size_t)n;
+	if (len > KVR_INSP_COLUMNS)
+		len = KVR_INSP_COLUMNS;
+	while (len && buf[len - 1] == ' ')
+		len--;
+	fwrite(buf, 1, len, out);
+	fputc('\n', out);
+}
+
+static void text_instance(FILE *out, const struct kvr_insp_snap *s)
+{
+	char pid[16], up[16];
+	pline(out, "kvring instance: %s", kvr_inst_state_name(s->state));
+	if (s->started_ns && s->started_ns <= s->now.real_ns)
+		kvr_insp_fmt_duration(s->now.real_ns - s->started_ns, up, sizeof(up));
+	else
+		snprintf(up, sizeof(up), "-");
+	pline(out, "  kvringd pid %s  generation %u  uptime %s", fmt_pid(s->supervisor_pid, pid, sizeof(pid)),
+	      s->generation, up);
+	size_t plen = strlen(s->socket_path);
+	if (!plen)
+		pline(out, "  socket -");
+	else if (plen <= KVR_INSP_COLUMNS - 9)
+		pline(out, "  socket %s", s->socket_path);
+	else /* keep the end of a long path, which names the instance */
+		pline(out, "  socket ...%s", s->socket_path + plen - (KVR_INSP_COLUMNS - 12));
+	unsigned attached = 0;
+	for (unsigned i = 0; i < s->n_workers; i++)
+		attached += s->workers[i].state == KVR_WORKER_ATTACHED;
+	pline(out, "  actors %u in use of %u  workers %u of %u attached  rings %u", s->n_actors, s->max_actors,
+	      attached, s->max_workers, s->n_rings);
+}
+
+static void text_actors(FILE *out, const struct kvr_insp_snap *s)
+{
+	pline(out, "actors");
+	if (!s->n_actors) {
+		pline(out, "  (none)");
+		return;
+	}
+	pline(out, "  %-23s %-8s %-7s %8s  %-9s  %s", "NAME", "STATE", "PID", "RESTARTS", "LAST EXIT", "HEARTBEAT");
+	for (unsigned i = 0; i < s->n_actors; i++) {
+		const struct kvr_insp_actor *a = &s->actors[i];
+		char pid[16], ex[24], hb[24], d[16];
+		if (!a->heartbeat_ns)
+			snprintf(hb, sizeof(hb), "-");
+		else
+			snprintf(hb, sizeof(hb), "%s ago",
+				 kvr_insp_fmt_duration(s->now.mono_ns > a->heartbeat_ns ? s->now.mono_ns - a->heartbeat_ns : 0,
+						       d, sizeof(d)));
+		pline(out, "  %-23s %-8s %-7s %8u  %-9s  %s", a->name[0] ? a->name : "?", kvr_actor_state_name(a->state),
+		      fmt_pid(a->pid, pid, sizeof(pid)), a->restarts,
+		      fmt_exit(a->last_exit_code, a->last_exit_signal, ex, sizeof(ex)), hb);
+	}
+}
+
+static void text_workers(FILE *out, const struct kvr_insp_snap *s)
+{
+	if (!s->n_workers) {
+		pline(out, "workers: none attached");
+		return;
+	}
+	pline(out, "workers");
+	for (unsigned i = 0; i < s->n_workers; i++) {
+		const struct kvr_insp_worker *w = &s->workers[i];
+		char pid[16], tp[16], dcp[16];
+		pline(out, "  client.%-3u pid %-7s  %-9s  tp %s  dcp %s", w->slot, fmt_pid(w->pid, pid, sizeof(pid)),
+		      worker_state_name(w->state), fmt_pair(w->tp_rank, w->tp_size, tp, sizeof(tp)),
+		      fmt_pair(w->dcp_rank, w->dcp_size, dcp, sizeof(dcp)));
+	}
+}
+
+static void text_ring(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev,
+		      const struct kvr_insp_ring *r)
+{
+	char a[48], b[16];
+	if (!r->valid) {
+		pline(out, "  %s  INVALID (error %d: not read)", r->name, r->error);
+		return;
+	}
+	bool full = r->fill == r->capacity;
+	double rate = ring_rate(cur, prev, r);
+	if (rate >= 0)
+		snprintf(a, sizeof(a), "  %s msg/s", fmt_rate(rate, b, sizeof(b)));
+	else
+		a[0] = '\0';
+	pline(out, "  %s  capacity %u%s%s", r->name, r->capacity, a, full ? "  FULL" : "");
+
+	char bar[BAR_WIDTH + 1];
+	unsigned nb = r->capacity ? (unsigned)((uint64_t)r->fill * BAR_WIDTH / r->capacity) : 0;
+	if (r->fill && !nb)
+		nb = 1;
+	for (unsigned k = 0; k < BAR_WIDTH; k++)
+		bar[k] = k < nb ? '#' : '.';
+	bar[BAR_WIDTH] = '\0';
+	unsigned pct = r->capacity ? (unsigned)((uint64_t)r->fill * 100 / r->capacity) : 0;
+	pline(out, "    fill %u/%u %3u%% [%s]", r->fill, r->capacity, pct, bar);
+
+	const char *pmark = r->prod_blocked ? "BLOCKED (ring full)" : "";
+	const char *cmark = r->cons_blocked ? "waiting (ring empty)"
+			    : ring_stuck(prev, r) ? "STUCK (ring full, no progress)"
+			    : full		   ? "(ring full)"
+						   : "";
+	pline(out, "    producer %-23s pid %-7s %s", kvr_insp_endpoint_name(cur, r->producer, a, sizeof(a)),
+	      fmt_pid(r->prod_pid, b, sizeof(b)), pmark);
+	pline(out, "    consumer %-23s pid %-7s %s", kvr_insp_endpoint_name(cur, r->consumer, a, sizeof(a)),
+	      fmt_pid(r->cons_pid, b, sizeof(b)), cmark);
+	pline(out, "    head %u  tail %u  rejected %" PRIu64, r->head, r->tail, r->rejected);
+	pline(out, "    enqueued %" PRIu64 "  dequeued %" PRIu64, r->enqueued, r->dequeued);
+	pline(out, "    full waits %" PRIu64 "  waited %.3f s", r->full_waits, (double)r->full_wait_ns / 1e9);
+
+	if (!r->fill || !cur->max_msgs)
+		return;
+	if (r->msg_size != sizeof(struct kvr_msg)) {
+		pline(out, "    in flight: %u (message size %u B: not decoded)", r->fill, r->msg_size);
+		return;
+	}
+	if (r->n_msgs < r->fill)
+		pline(out, "    in flight: %u (first %u)", r->fill, r->n_msgs);
+	else
+		pline(out, "    in flight: %u", r->fill);
+	for (unsigned k = 0; k < r->n_msgs; k++) {
+		char d[128];
+		kvr_msg_describe(&r->msgs[k], d, sizeof(d));
+		pline(out, "      #%u %s", k, d);
+	}
+}
+
+int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev)
+{
+	if (!out || !cur)
+		return -EINVAL;
+	text_instance(out, cur);
+	pline(out, "%s", "");
+	text_actors(out, cur);
+	pline(out, "%s", "");
+	text_workers(out, cur);
+	pline(out, "%s", "");
+	pline(out, cur->n_rings ? "rings" : "rings: none");
+	for (unsigned i = 0; i < cur->n_rings; i++)
+		text_ring(out, cur, prev, &cur->rings[i]);
+	return ferror(out) ? -EIO : 0;
+}
+
+/* ---- JSON ------------------------------------------------------------------------------- */
+
+/* A minimal writer: exact 64-bit integers (cJSON would go through double). */
+struct jw {
+	FILE *f;
+	bool pretty;
+	int depth;
+	bool first[16];
+};
+
+static void jw_sep(struct jw *w, const char *key)
+{
+	if (!w->first[w->depth])
+		fputc(',', w->f);
+	w->first[w->depth] = false;
+	if (w->pretty) {
+		fputc('\n', w->f);
+		for (int i = 0; i < w->depth; i++)
+			fputs("  ", w->f);
+	}
+	if (key) /* keys are literals: nothing to escape */
+		fprintf(w->f, "\"%s\":%s", key, w->pretty ? " " : "");
+}
+
+static void jw_open(struct jw *w, const char *key, char ch)
+{
+	if (w->depth > 0)
+		jw_sep(w, key);
+	fputc(ch, w->f);
+	w->depth++;
+	w->first[w->depth] = true;
+}
+
+static void jw_close(struct jw *w, char ch)
+{
+	bool empty = w->first[w->depth];
+	w->depth--;
+	if (w->pretty && !empty) {
+		fputc('\n', w->f);
+		for (int i = 0; i < w->depth; i++)
+			fputs("  ", w->f);
+	}
+	fputc(ch, w->f);
+}
+
+static void jw_str(struct jw *w, const char *key, const char *v)
+{
+	jw_sep(w, key);
+	fputc('"', w->f);
+	for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(w->f, "\\%c", *p);
+		else if (*p < 0x20 || *p >= 0x7f)
+			fprintf(w->f, "\\u%04x", *p);
+		else
+			fputc(*p, w->f);
+	}
+	fputc('"', w->f);
+}
+
+static void jw_u64(struct jw *w, const char *key, uint64_t v)
+{
+	jw_sep(w, key);
+	fprintf(w->f, "%" PRIu64, v);
+}
+
+static void jw_i64(struct jw *w, const char *key, int64_t v)
+{
+	jw_sep(w, key);
+	fprintf(w->f, "%" PRId64, v);
+}
+
+static void jw_bool(struct jw *w, const char *key, bool v)
+{
+	jw_sep(w, key);
+	fputs(v ? "true" : "false", w->f);
+}
+
+static void jw_null(struct jw *w, const char *key)
+{
+	jw_sep(w, key);
+	fputs("null", w->f);
+}
+
+/* Seconds with nanosecond resolution, exact for any uint64 count of ns. */
+static void jw_secs(struct jw *w, const char *key, uint64_t ns)
+{
+	jw_sep(w, key);
+	fprintf(w->f, "%" PRIu64 ".%09" PRIu64, (uint64_t)(ns / 1000000000u), (uint64_t)(ns % 1000000000u));
+}
+
+static void jw_double(struct jw *w, const char *key, double v)
+{
+	if (!isfinite(v)) {
+		jw_null(w, key);
+		return;
+	}
+	jw_sep(w, key);
+	fprintf(w->f, "%.3f", v);
+}
+
+static void json_endpoint(struct jw *w, const char *key, const struct kvr_insp_snap *s, int ep, int32_t pid,
+			  uint32_t blocked)
+{
+	char name[48];
+	jw_open(w, key, '{');
+	jw_i64(w, "endpoint", ep);
+	jw_str(w, "name", kvr_insp_endpoint_name(s, ep, name, sizeof(name)));
+	jw_i64(w, "pid", pid);
+	jw_bool(w, "blocked", blocked != 0);
+	jw_close(w, '}');
+}
+
+static void json_ring(struct jw *w, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev,
+		      const struct kvr_insp_ring *r)
+{
+	jw_open(w, NULL, '{');
+	jw_u64(w, "index", r->index);
+	jw_str(w, "name", r->name);
+	jw_bool(w, "valid", r->valid);
+	if (!r->valid) {
+		jw_i64(w, "error", r->error);
+		jw_close(w, '}');
+		return;
+	}
+	jw_u64(w, "capacity", r->capacity);
+	jw_u64(w, "msg_size", r->msg_size);
+	jw_u64(w, "head", r->head);
+	jw_u64(w, "tail", r->tail);
+	jw_u64(w, "fill", r->fill);
+	jw_double(w, "fill_percent", r->capacity ? (double)r->fill * 100.0 / r->capacity : 0.0);
+	jw_bool(w, "full", r->fill == r->capacity);
+	json_endpoint(w, "producer", cur, r->producer, r->prod_pid, r->prod_blocked);
+	json_endpoint(w, "consumer", cur, r->consumer, r->cons_pid, r->cons_blocked);
+	jw_u64(w, "enqueued", r->enqueued);
+	jw_u64(w, "dequeued", r->dequeued);
+	jw_u64(w, "rejected", r->rejected);
+	jw_u64(w, "full_waits", r->full_waits);
+	jw_u64(w, "full_wait_ns", r->full_wait_ns);
+	jw_secs(w, "full_wait_s", r->full_wait_ns);
+	jw_u64(w, "empty_sleeps", r->empty_sleeps);
+	double rate = ring_rate(cur, prev, r);
+	if (rate >= 0)
+		jw_double(w, "rate_msgs_per_s", rate);
+	else
+		jw_null(w, "rate_msgs_per_s");
+	jw_bool(w, "stuck", ring_stuck(prev, r));
+	jw_open(w, "messages", '[');
+	for (unsigned k = 0; k < r->n_msgs; k++) {
+		const struct kvr_msg *m = &r->msgs[k];
+		char d[128];
+		jw_open(w, NULL, '{');
+		jw_u64(w, "index", k);
+		jw_u64(w, "type", m->hdr.type);
+		jw_str(w, "type_name", kvr_msg_type_name(m->hdr.type));
+		jw_u64(w, "req_id", m->hdr.req_id);
+		jw_u64(w, "seq", m->hdr.seq);
+		jw_u64(w, "flags", m->hdr.flags);
+		jw_bool(w, "more", m->hdr.flags & KVR_MSGF_MORE);
+		jw_bool(w, "error", m->hdr.flags & KVR_MSGF_ERROR);
+		jw_u64(w, "body_len", m->hdr.body_len);
+		jw_str(w, "text", kvr_msg_describe(m, d, sizeof(d)));
+		jw_close(w, '}');
+	}
+	jw_close(w, ']');
+	jw_close(w, '}');
+}
+
+int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev, bool pretty)
+{
+	if (!out || !cur)
+		return -EINVAL;
+	struct jw w = {.f = out, .pretty = pretty};
+	const struct kvr_insp_snap *s = cur;
+
+	jw_open(&w, NULL, '{');
+	jw_u64(&w, "schema", KVR_INSP_JSON_SCHEMA);
+	jw_u64(&w, "now_mono_ns", s->now.mono_ns);
+	jw_u64(&w, "now_real_ns", s->now.real_ns);
+	if (prev && prev->now.mono_ns < s->now.mono_ns)
+		jw_secs(&w, "interval_s", s->now.mono_ns - prev->now.mono_ns);
+	else
+		jw_null(&w, "interval_s");
+
+	jw_open(&w, "instance", '{');
+	jw_str(&w, "state", kvr_inst_state_name(s->state));
+	jw_u64(&w, "state_code", s->state);
+	jw_i64(&w, "supervisor_pid", s->supervisor_pid);
+	jw_u64(&w, "generation", s->generation);
+	jw_u64(&w, "started_real_ns", s->started_ns);
+	if (s->started_ns && s->started_ns <= s->now.real_ns)
+		jw_secs(&w, "uptime_s", s->now.real_ns - s->started_ns);
+	else
+		jw_null(&w, "uptime_s");
+	jw_str(&w, "socket", s->socket_path);
+	jw_u64(&w, "max_actors", s->max_actors);
+	jw_u64(&w, "max_workers", s->max_workers);
+	jw_close(&w, '}');
+
+	jw_open(&w, "actors", '[');
+	for (unsigned i = 0; i < s->n_actors; i++) {
+		const struct kvr_insp_actor *a = &s->actors[i];
+		jw_open(&w, NULL, '{');
+		jw_u64(&w, "index", a->index);
+		jw_str(&w, "name", a->name);
+		jw_str(&w, "kind", kvr_actor_kind_name(a->kind));
+		jw_str(&w, "state", kvr_actor_state_name(a->state));
+		jw_u64(&w, "state_code", a->state);
+		jw_i64(&w, "pid", a->pid);
+		jw_u64(&w, "generation", a->generation);
+		jw_u64(&w, "restarts", a->restarts);
+		jw_i64(&w, "last_exit_code", a->last_exit_code);
+		jw_i64(&w, "last_exit_signal", a->last_exit_signal);
+		jw_u64(&w, "heartbeat_mono_ns", a->heartbeat_ns);
+		if (a->heartbeat_ns)
+			jw_secs(&w, "heartbeat_age_s", s->now.mono_ns > a->heartbeat_ns ? s->now.mono_ns - a->heartbeat_ns : 0);
+		else
+			jw_null(&w, "heartbeat_age_s");
+		jw_close(&w, '}');
+	}
+	jw_close(&w, ']');
+
+	jw_open(&w, "workers", '[');
+	for (unsigned i = 0; i < s->n_workers; i++) {
+		const struct kvr_insp_worker *k = &s->workers[i];
+		char name[24];
+		snprintf(name, sizeof(name), "client.%u", k->slot);
+		jw_open(&w, NULL, '{');
+		jw_u64(&w, "slot", k->slot);
+		jw_str(&w, "name", name);
+		jw_str(&w, "state", worker_state_name(k->state));
+		jw_i64(&w, "pid", k->pid);
+		jw_u64(&w, "uid", k->uid);
+		jw_u64(&w, "generation", k->generation);
+		jw_u64(&w, "tp_rank", k->tp_rank);
+		jw_u64(&w, "tp_size", k->tp_size);
+		jw_u64(&w, "dcp_rank", k->dcp_rank);
+		jw_u64(&w, "dcp_size", k->dcp_size);
+		jw_close(&w, '}');
+	}
+	jw_close(&w, ']');
+
+	jw_open(&w, "rings", '[');
+	for (unsigned i = 0; i < s->n_rings; i++)
+		json_ring(&w, cur, prev, &s->rings[i]);
+	jw_close(&w, ']');
+	jw_close(&w, '}');
+	fputc('\n', out);
+	return ferror(out) ? -EIO : 0;
+}
+
+int kvr_insp_render(FILE *out, const struct kvr_ctl *c, const struct kvr_insp_clock *now, unsigned max_msgs,
+		    unsigned flags)
+{
+	if (!out)
+		return -EINVAL;
+	struct kvr_insp_snap *s;
+	int rc = kvr_insp_snapshot(c, now, max_msgs, &s);
+	if (rc)
+		return rc;
+	rc = (flags & KVR_INSP_JSON) ? kvr_insp_render_json(out, s, NULL, true) : kvr_insp_render_text(out, s, NULL);
+	kvr_insp_snap_free(s);
+	return rc;
+}

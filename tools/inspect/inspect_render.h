@@ -1,0 +1,124 @@
+/* inspect_render: read-only snapshot of a kvring control segment, rendered as text or JSON. */
+#ifndef KVR_INSPECT_RENDER_H
+#define KVR_INSPECT_RENDER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <kvring/msg.h>
+
+#include "kvr_ctl.h"
+
+/*
+ * Contract
+ * --------
+ * kvr_insp_snapshot() copies everything kvring-inspect shows out of a control segment
+ * into private memory: the instance fields, every actor slot in use, every attached
+ * worker, every ring (indices, counters, endpoints, blocked flags) and up to max_msgs
+ * in-flight messages per ring (kvr_ring_peek). It only loads from the segment: it is
+ * meant for a PROT_READ mapping and never changes a ring, a counter or a waiter.
+ *
+ * The segment is shared memory written by other processes, so nothing read from it is
+ * trusted: names are cut at their field size and non-printable bytes become '?', a ring
+ * whose directory entry or header does not validate is reported as invalid and not read,
+ * messages are only copied from rings of struct kvr_msg size and are described, never
+ * decoded into actions; pids and exit statuses out of range are shown as "?".
+ *
+ * "Now" is a parameter (both clocks), so rendering is deterministic: heartbeat ages use
+ * the monotonic clock (heartbeat_ns is CLOCK_MONOTONIC), the uptime the real-time clock
+ * (kvr_ctl.started_ns is CLOCK_REALTIME).
+ *
+ * Renderers write to a FILE*. The text form fits 80 columns whatever the segment holds;
+ * the JSON form is documented field by field in docs/inspect.md (schema version
+ * KVR_INSP_JSON_SCHEMA). Given the previous snapshot (prev, may be NULL) both add per-ring
+ * rates (delta enqueued / delta monotonic time); without it rates are absent (text) or
+ * null (JSON).
+ *
+ * Return values: 0, or negative errno: -ENOMEM (snapshot), -EINVAL (NULL argument),
+ * -EIO (the FILE* reported a write error).
+ */
+
+#define KVR_INSP_JSON_SCHEMA 1
+#define KVR_INSP_MAX_MSGS 4096u /* upper bound for max_msgs */
+#define KVR_INSP_COLUMNS 80
+
+struct kvr_insp_clock {
+	uint64_t mono_ns; /* CLOCK_MONOTONIC */
+	uint64_t real_ns; /* CLOCK_REALTIME */
+};
+
+struct kvr_insp_actor {
+	unsigned index;
+	char name[KVR_ACTOR_NAME_MAX + 1];
+	uint32_t kind, state, generation, restarts;
+	int32_t pid, last_exit_code, last_exit_signal;
+	uint64_t started_ns, ready_ns, heartbeat_ns; /* CLOCK_MONOTONIC, 0 = never */
+};
+
+struct kvr_insp_worker {
+	unsigned slot;
+	uint32_t state, uid, generation, tp_rank, tp_size, dcp_rank, dcp_size;
+	int32_t pid;
+	uint64_t attached_ns;
+};
+
+struct kvr_insp_ring {
+	unsigned index;
+	char name[KVR_RING_NAME_MAX + 1];
+	int valid;   /* 0: directory entry or ring header did not validate; only name/error set */
+	int error;   /* negative errno when !valid */
+	int16_t producer, consumer; /* endpoints: actor index, KVR_EP_SUPERVISOR, KVR_EP_CLIENT(w) */
+	uint32_t capacity, msg_size;
+	uint32_t head, tail, fill;  /* fill = tail - head, clamped to capacity */
+	int32_t prod_pid, cons_pid;
+	uint32_t prod_blocked, cons_blocked;
+	uint64_t enqueued, dequeued, full_waits, full_wait_ns, empty_sleeps, rejected;
+	unsigned n_msgs;            /* messages copied into msgs (<= max_msgs, <= fill) */
+	struct kvr_msg *msgs;       /* inside the snapshot's own storage */
+};
+
+struct kvr_insp_snap {
+	struct kvr_insp_clock now;
+	unsigned max_msgs;
+	/* instance */
+	uint32_t state, generation;
+	int32_t supervisor_pid;
+	uint64_t started_ns; /* CLOCK_REALTIME, 0 = unknown */
+	char socket_path[sizeof(((struct kvr_ctl *)0)->socket_path) + 1];
+	uint32_t max_actors, max_workers;
+	unsigned n_actors;   /* slots in use (state != UNUSED) */
+	struct kvr_insp_actor actors[KVR_CTL_MAX_ACTORS];
+	unsigned n_workers;  /* slots not FREE */
+	struct kvr_insp_worker workers[KVR_CTL_MAX_WORKERS];
+	unsigned n_rings;
+	struct kvr_insp_ring rings[KVR_CTL_MAX_RINGS];
+	struct kvr_msg *msg_store; /* n_rings * max_msgs messages */
+};
+
+/* Copy the observable state of c (a validated kvr_ctl_attach() result) at time now.
+ * max_msgs in [0, KVR_INSP_MAX_MSGS] (larger is clamped). *ret_snap untouched on failure. */
+int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now, unsigned max_msgs,
+		      struct kvr_insp_snap **ret_snap);
+void kvr_insp_snap_free(struct kvr_insp_snap *s);
+
+/* Human-readable text (<= 80 columns per line). */
+int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev);
+
+/* One JSON document; pretty: indented over several lines, else one line (NDJSON). */
+int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev, bool pretty);
+
+/* Snapshot + render + free, for one-shot callers. */
+#define KVR_INSP_JSON 0x1u
+int kvr_insp_render(FILE *out, const struct kvr_ctl *c, const struct kvr_insp_clock *now, unsigned max_msgs,
+		    unsigned flags);
+
+/* Name of a ring endpoint as inspect prints it: the actor's name, "kvringd", "client.<w>".
+ * Writes at most len bytes (NUL included) and returns buf. */
+char *kvr_insp_endpoint_name(const struct kvr_insp_snap *s, int endpoint, char *buf, size_t len);
+
+/* Durations as inspect prints them, at most 7 characters: "0.25s", "12.3s", "4m05s",
+ * "3h07m", "12d". Returns buf (len >= 8). */
+char *kvr_insp_fmt_duration(uint64_t ns, char *buf, size_t len);
+
+#endif
