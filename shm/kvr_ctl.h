@@ -148,8 +148,9 @@ struct kvr_ctl {
 	uint32_t config_len, config_cap;
 	char socket_path[108];
 	uint64_t geom_off;             /* per worker slot: its attach geometry (KVR_CTL_GEOM_BYTES each) */
-	uint8_t reserved[44];
+	uint8_t reserved[40];
 };
+_Static_assert(offsetof(struct kvr_ctl, geom_off) == 272, "ctl header: 4 bytes of padding after socket_path");
 _Static_assert(sizeof(struct kvr_ctl) == 320, "ctl header");
 
 static inline struct kvr_actor_ent *kvr_ctl_actor(const struct kvr_ctl *c, unsigned i)
