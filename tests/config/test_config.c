@@ -1,0 +1,786 @@
+/* Tests of the config module: exact errors for bad input, parsed values, defaults, round trip, docs/config.md drift. */
+#include <criterion/criterion.h>
+
+#include <cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvr_config.h"
+#include "kvr_geometry.h"
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Every key set to a value other than its default; strings with characters JSON must escape. */
+static const char full_json[] =
+	"{\n"
+	"  \"instance\": {\"socket\": \"/tmp/kvr-rt.sock\", \"socket_mode\": \"0660\", \"max_workers\": 16,\n"
+	"                \"log_level\": \"debug\", \"actor_dir\": \"/opt/kvring/actors\"},\n"
+	"  \"rings\": {\"capacity\": 4096, \"spin_ns\": 0},\n"
+	"  \"supervisor\": {\"ready_timeout_ms\": 1, \"stable_after_ms\": 0, \"restart_backoff_initial_ms\": 7,\n"
+	"                  \"restart_backoff_max_ms\": 7, \"crash_loop_window_s\": 86400,\n"
+	"                  \"crash_loop_max_deaths\": 1,\n"
+	"                  \"health_interval_ms\": 10, \"drain_timeout_ms\": 0},\n"
+	"  \"model\": {\"preset\": \"\", \"model_id\": \"org/M \\\"q\\\" \\\\ \\t \\u00e9\\n\",\n"
+	"             \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 2, \"block_tokens\": 16,\n"
+	"             \"tp_size\": 2, \"attention\": \"mha\",\n"
+	"             \"cache_salt\": \"salt-1\"},\n"
+	"  \"l1\": {\"capacity_bytes\": 0, \"workload_prompts\": 200, \"workload_tokens\": 10000,\n"
+	"          \"huge_pages\": false,\n"
+	"          \"eviction\": \"lru\"},\n"
+	"  \"staging\": {\"ceiling_bytes\": \"1GiB\", \"load_percent\": 25, \"buffer_bytes\": 12345},\n"
+	"  \"l2\": {\"dirs\": [\"/mnt/a\", \"/mnt/b\"], \"capacity_bytes\": \"64GiB\", \"mode\": \"write-back\",\n"
+	"          \"durability\": \"none\", \"queue_depth\": 4096},\n"
+	"  \"metrics\": {\"enabled\": true, \"listen\": \"[::1]:1\"}\n"
+	"}\n";
+
+static void fill_pattern(struct kvr_config *c)
+{
+	memset(c, 0xa5, sizeof(*c));
+}
+
+static bool is_pattern(const struct kvr_config *c)
+{
+	const unsigned char *p = (const unsigned char *)c;
+
+	for (size_t i = 0; i < sizeof(*c); i++)
+		if (p[i] != 0xa5)
+			return false;
+	return true;
+}
+
+TestSuite(config);
+
+Test(config, defaults)
+{
+	struct kvr_config d, p;
+	char err[256] = "junk";
+
+	kvr_config_defaults(&d);
+	cr_assert_str_eq(d.instance.socket, "/tmp/kvring.sock");
+	cr_assert_eq(d.instance.socket_mode, 0600);
+	cr_assert_eq(d.instance.max_workers, 8);
+	cr_assert_str_eq(d.instance.log_level, "info");
+	cr_assert_str_eq(d.instance.actor_dir, "");
+	cr_assert_eq(d.rings.capacity, 1024);
+	cr_assert_eq(d.rings.spin_ns, 10000);
+	cr_assert_eq(d.supervisor.ready_timeout_ms, 5000);
+	cr_assert_eq(d.supervisor.stable_after_ms, 1000);
+	cr_assert_eq(d.supervisor.restart_backoff_initial_ms, 100);
+	cr_assert_eq(d.supervisor.restart_backoff_max_ms, 5000);
+	cr_assert_eq(d.supervisor.crash_loop_window_s, 30);
+	cr_assert_eq(d.supervisor.crash_loop_max_deaths, 5);
+	cr_assert_eq(d.supervisor.health_interval_ms, 1000);
+	cr_assert_eq(d.supervisor.drain_timeout_ms, 30000);
+	cr_assert_str_eq(d.model.preset, "qwen3-8b");
+	cr_assert_str_eq(d.model.model_id, "Qwen/Qwen3-8B");
+	/* Qwen3-8B: 36 layers, 8 KV heads, head_dim 128, bf16 */
+	cr_assert_eq(d.model.layers, 36);
+	cr_assert_eq(d.model.kv_heads, 8);
+	cr_assert_eq(d.model.head_dim, 128);
+	cr_assert_eq(d.model.dtype_bytes, 2);
+	cr_assert_eq(d.model.block_tokens, 128);
+	cr_assert_eq(d.model.tp_size, 1);
+	cr_assert_str_eq(d.model.attention, "mha");
+	cr_assert_str_eq(d.model.cache_salt, "");
+	cr_assert_eq(d.l1.capacity_bytes, 1ull << 30);
+	cr_assert_eq(d.l1.workload_prompts, 0);
+	cr_assert_eq(d.l1.workload_tokens, 0);
+	cr_assert_eq(d.l1.huge_pages, true);
+	cr_assert_str_eq(d.l1.eviction, "s3fifo");
+	cr_assert_eq(d.staging.ceiling_bytes, 256ull << 20);
+	cr_assert_eq(d.staging.load_percent, 50);
+	cr_assert_eq(d.staging.buffer_bytes, 0);
+	cr_assert_eq(d.l2.n_dirs, 0);
+	cr_assert_eq(d.l2.capacity_bytes, 0);
+	cr_assert_str_eq(d.l2.mode, "write-through");
+	cr_assert_str_eq(d.l2.durability, "batch");
+	cr_assert_eq(d.l2.queue_depth, 32);
+	cr_assert_eq(d.metrics.enabled, false);
+	cr_assert_str_eq(d.metrics.listen, "127.0.0.1:9464");
+
+	/* "{}" (and whitespace around it) is exactly the defaults, byte for byte; err is emptied. */
+	fill_pattern(&p);
+	cr_assert_eq(kvr_config_parse("{}", &p, err, sizeof(err)), 0, "%s", err);
+	cr_assert_str_eq(err, "");
+	cr_assert_eq(memcmp(&p, &d, sizeof(d)), 0);
+	fill_pattern(&p);
+	cr_assert_eq(kvr_config_parse(" \n\t{ }\n", &p, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(memcmp(&p, &d, sizeof(d)), 0);
+	/* Empty sections change nothing either. */
+	cr_assert_eq(kvr_config_parse("{\"instance\": {}, \"l2\": {}, \"metrics\": {}}", &p, err, sizeof(err)), 0);
+	cr_assert_eq(memcmp(&p, &d, sizeof(d)), 0);
+}
+
+struct bad_case {
+	const char *json;
+	const char *err;
+};
+
+#define S107 "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \
+	"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define S108 S107 "a"
+#define S64 "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+#define S128 S64 S64
+_Static_assert(sizeof(S107) == 108 && sizeof(S108) == 109 && sizeof(S128) == 129, "test strings");
+
+static const struct bad_case bad_cases[] = {
+	/* unknown and duplicate keys */
+	{ "{\"foo\": {}}", "$.foo: unknown key" },
+	{ "{\"l1\": {\"capacity\": 1}}", "$.l1.capacity: unknown key" },
+	{ "{\"l1\": {\"Eviction\": \"lru\"}}", "$.l1.Eviction: unknown key" },
+	{ "{\"rings\": {\"capacity\": 1024, \"capacity\": 2048}}", "$.rings.capacity: duplicate key" },
+	{ "{\"rings\": {}, \"rings\": {}}", "$.rings: duplicate key" },
+	{ "{\"x\\ny\": 1}", "$.x?y: unknown key" },
+	/* wrong types */
+	{ "[]", "$: wrong type: expected object, got array" },
+	{ "42", "$: wrong type: expected object, got number" },
+	{ "{\"rings\": 5}", "$.rings: wrong type: expected object, got number" },
+	{ "{\"rings\": {\"capacity\": \"1024\"}}",
+	  "$.rings.capacity: wrong type: expected unsigned integer, got string" },
+	{ "{\"instance\": {\"max_workers\": null}}",
+	  "$.instance.max_workers: wrong type: expected unsigned integer, got null" },
+	{ "{\"rings\": {\"capacity\": 1.5}}",
+	  "$.rings.capacity: wrong type: expected unsigned integer, got fractional number 1.5" },
+	{ "{\"l1\": {\"capacity_bytes\": 0.25}}",
+	  "$.l1.capacity_bytes: wrong type: expected unsigned integer, got fractional number 0.25" },
+	{ "{\"l1\": {\"capacity_bytes\": true}}",
+	  "$.l1.capacity_bytes: wrong type: expected unsigned integer or size string, got boolean" },
+	{ "{\"metrics\": {\"enabled\": \"yes\"}}", "$.metrics.enabled: wrong type: expected boolean, got string" },
+	{ "{\"metrics\": {\"enabled\": 1}}", "$.metrics.enabled: wrong type: expected boolean, got number" },
+	{ "{\"l1\": {\"eviction\": [\"lru\"]}}", "$.l1.eviction: wrong type: expected string, got array" },
+	{ "{\"instance\": {\"socket\": {}}}", "$.instance.socket: wrong type: expected string, got object" },
+	{ "{\"instance\": {\"socket_mode\": 384}}",
+	  "$.instance.socket_mode: wrong type: expected octal mode string, got number" },
+	{ "{\"l2\": {\"dirs\": \"/mnt/a\"}}", "$.l2.dirs: wrong type: expected array of strings, got string" },
+	{ "{\"l2\": {\"dirs\": [\"/a\", 5]}}", "$.l2.dirs[1]: wrong type: expected string, got number" },
+	/* out of range: never truncated or clamped */
+	{ "{\"supervisor\": {\"restart_backoff_max_ms\": 0}}",
+	  "$.supervisor.restart_backoff_max_ms: out of range: 0 (must be 1..600000)" },
+	{ "{\"rings\": {\"capacity\": -2}}", "$.rings.capacity: out of range: -2 (must be 2..1048576)" },
+	{ "{\"rings\": {\"capacity\": 4294967296}}",
+	  "$.rings.capacity: out of range: 4294967296 (must be 2..1048576)" },
+	{ "{\"rings\": {\"capacity\": 1e400}}", "$.rings.capacity: out of range: inf (must be 2..1048576)" },
+	{ "{\"instance\": {\"max_workers\": 17}}", "$.instance.max_workers: out of range: 17 (must be 1..16)" },
+	{ "{\"staging\": {\"load_percent\": 100}}", "$.staging.load_percent: out of range: 100 (must be 1..99)" },
+	{ "{\"staging\": {\"load_percent\": 0}}", "$.staging.load_percent: out of range: 0 (must be 1..99)" },
+	{ "{\"staging\": {\"ceiling_bytes\": 4095}}",
+	  "$.staging.ceiling_bytes: out of range: 4095 (must be 4KiB..1PiB)" },
+	{ "{\"l1\": {\"capacity_bytes\": -1}}", "$.l1.capacity_bytes: out of range: -1 (must be 0..1PiB)" },
+	{ "{\"l1\": {\"capacity_bytes\": \"2PiB\"}}", "$.l1.capacity_bytes: out of range: \"2PiB\" (must be 0..1PiB)" },
+	{ "{\"l1\": {\"capacity_bytes\": \"99999999999999999999\"}}",
+	  "$.l1.capacity_bytes: out of range: \"99999999999999999999\" (must be 0..1PiB)" },
+	{ "{\"l1\": {\"capacity_bytes\": \"16777216TiB\"}}",
+	  "$.l1.capacity_bytes: out of range: \"16777216TiB\" (must be 0..1PiB)" },
+	{ "{\"instance\": {\"socket_mode\": \"1777\"}}",
+	  "$.instance.socket_mode: out of range: \"1777\" (must be 0000..0777)" },
+	/* malformed values */
+	{ "{\"l1\": {\"capacity_bytes\": \"1GB\"}}",
+	  "$.l1.capacity_bytes: invalid size \"1GB\" (bytes, or a string like \"512MiB\"; units B, KiB, MiB, GiB, TiB, "
+	  "PiB)" },
+	{ "{\"l1\": {\"capacity_bytes\": \"1.5GiB\"}}",
+	  "$.l1.capacity_bytes: invalid size \"1.5GiB\" (bytes, or a string like \"512MiB\"; units B, KiB, MiB, GiB, "
+	  "TiB, PiB)" },
+	{ "{\"l1\": {\"capacity_bytes\": \"-1\"}}",
+	  "$.l1.capacity_bytes: invalid size \"-1\" (bytes, or a string like \"512MiB\"; units B, KiB, MiB, GiB, TiB, "
+	  "PiB)" },
+	{ "{\"instance\": {\"socket_mode\": \"0800\"}}",
+	  "$.instance.socket_mode: invalid mode \"0800\" (3 or 4 octal digits, like \"0600\")" },
+	{ "{\"instance\": {\"socket_mode\": \"60\"}}",
+	  "$.instance.socket_mode: invalid mode \"60\" (3 or 4 octal digits, like \"0600\")" },
+	/* enums */
+	{ "{\"l1\": {\"eviction\": \"fifo\"}}", "$.l1.eviction: invalid value \"fifo\" (one of: lru, s3fifo)" },
+	{ "{\"l2\": {\"mode\": \"write-around\"}}",
+	  "$.l2.mode: invalid value \"write-around\" (one of: write-through, write-back)" },
+	{ "{\"l2\": {\"durability\": \"fsync\"}}",
+	  "$.l2.durability: invalid value \"fsync\" (one of: none, block, batch)" },
+	{ "{\"instance\": {\"log_level\": \"INFO\"}}",
+	  "$.instance.log_level: invalid value \"INFO\" (one of: error, warn, info, debug)" },
+	{ "{\"model\": {\"attention\": \"gqa\"}}", "$.model.attention: invalid value \"gqa\" (one of: mha, mla)" },
+	{ "{\"model\": {\"dtype_bytes\": 8}}", "$.model.dtype_bytes: out of range: 8 (must be 0..4)" },
+	{ "{\"model\": {\"tp_size\": 17}}", "$.model.tp_size: out of range: 17 (must be 1..16)" },
+	/* not JSON: position of the error */
+	{ "", "config: not valid JSON near line 1 column 1" },
+	{ "{\"rings\": {\"capacity\": 1024,}}", "config: not valid JSON near line 1 column 30" },
+	{ "{\n  \"rings\": {\n    \"capacity\": 1024\n  }\n", "config: not valid JSON near line 5 column 1" },
+	{ "{\n  \"l1\": {\n    \"eviction\": lru\n  }\n}\n", "config: not valid JSON near line 3 column 17" },
+	{ "{} {}", "config: not valid JSON near line 1 column 4" },
+	{ "{\"model\": {\"model_id\": \"a\\u0000b\"}}", "config: \\u0000 in a string near line 1 column 26" },
+	/* too long */
+	{ "{\"instance\": {\"socket\": \"" S108 "\"}}", "$.instance.socket: too long (max 107)" },
+	{ "{\"model\": {\"model_id\": \"" S128 "\"}}", "$.model.model_id: too long (max 127)" },
+	{ "{\"l2\": {\"dirs\": [\"/a\", \"" S108 "\"], \"capacity_bytes\": 1}}", "$.l2.dirs[1]: too long (max 107)" },
+	{ "{\"metrics\": {\"listen\": \"" S128 "\"}}", "$.metrics.listen: too long (max 63)" },
+	/* paths */
+	{ "{\"instance\": {\"socket\": \"kvring.sock\"}}", "$.instance.socket: not an absolute path: \"kvring.sock\"" },
+	{ "{\"instance\": {\"socket\": \"\"}}", "$.instance.socket: not an absolute path: \"\"" },
+	{ "{\"instance\": {\"actor_dir\": \"build/actors\"}}",
+	  "$.instance.actor_dir: not an absolute path: \"build/actors\"" },
+	{ "{\"l2\": {\"dirs\": [\"data\"]}}", "$.l2.dirs[0]: not an absolute path: \"data\"" },
+	{ "{\"l2\": {\"dirs\": [\"/a\", \"/b\", \"/a\"], \"capacity_bytes\": 1}}",
+	  "$.l2.dirs[2]: duplicate of $.l2.dirs[0]" },
+	{ "{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\",\"/i\"], "
+	  "\"capacity_bytes\": 1}}",
+	  "$.l2.dirs: too many entries: 9 (max 8)" },
+	/* checks across keys */
+	{ "{\"rings\": {\"capacity\": 1000}}", "$.rings.capacity: 1000 is not a power of two" },
+	{ "{\"supervisor\": {\"restart_backoff_initial_ms\": 6000}}",
+	  "$.supervisor.restart_backoff_initial_ms: 6000 exceeds supervisor.restart_backoff_max_ms (5000)" },
+	{ "{\"supervisor\": {\"restart_backoff_initial_ms\": 50, \"restart_backoff_max_ms\": 49}}",
+	  "$.supervisor.restart_backoff_initial_ms: 50 exceeds supervisor.restart_backoff_max_ms (49)" },
+	{ "{\"model\": {\"preset\": \"\"}}", "$.model.layers: required when model.preset is empty" },
+	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4}}",
+	  "$.model.head_dim: required when model.preset is empty" },
+	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128}}",
+	  "$.model.dtype_bytes: required when model.preset is empty" },
+	{ "{\"model\": {\"layers\": 40}}", "$.model.layers: 40 conflicts with model.preset \"qwen3-8b\" (36)" },
+	{ "{\"model\": {\"preset\": \"llama-3.1-8b\", \"kv_heads\": 4}}",
+	  "$.model.kv_heads: 4 conflicts with model.preset \"llama-3.1-8b\" (8)" },
+	{ "{\"model\": {\"attention\": \"mla\"}}",
+	  "$.model.attention: \"mla\" conflicts with model.preset \"qwen3-8b\" (mha)" },
+	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 3}}",
+	  "$.model.dtype_bytes: 3 is not 1, 2 or 4" },
+	{ "{\"model\": {\"preset\": \"deepseek-v2-lite\", \"attention\": \"mha\"}}",
+	  "$.model.attention: \"mha\" conflicts with model.preset \"deepseek-v2-lite\" (mla)" },
+	{ "{\"model\": {\"tp_size\": 3}}",
+	  "$.model.tp_size: 3 neither divides model.kv_heads (8) nor is a multiple of it" },
+	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 6, \"head_dim\": 128, \"dtype_bytes\": 2, "
+	  "\"tp_size\": 4}}",
+	  "$.model.tp_size: 4 neither divides model.kv_heads (6) nor is a multiple of it" },
+	{ "{\"l1\": {\"capacity_bytes\": 0}}", "$.l1.workload_prompts: required when l1.capacity_bytes is 0" },
+	{ "{\"l1\": {\"capacity_bytes\": \"0\", \"workload_prompts\": 10}}",
+	  "$.l1.workload_tokens: required when l1.capacity_bytes is 0" },
+	{ "{\"staging\": {\"buffer_bytes\": \"200MiB\"}}",
+	  "$.staging.buffer_bytes: 209715200 does not fit the load pool (134217728 bytes)" },
+	{ "{\"staging\": {\"buffer_bytes\": \"100MiB\", \"load_percent\": 80}}",
+	  "$.staging.buffer_bytes: 104857600 does not fit the store pool (53687092 bytes)" },
+	/* qwen3-8b, one rank: 36 layers x 8 heads x 128 x 2 bytes x 128 tokens x (K, V) = 18874368 */
+	{ "{\"staging\": {\"ceiling_bytes\": \"16MiB\"}}",
+	  "$.staging.ceiling_bytes: the load pool (8388608 bytes) cannot hold one block (18874368 bytes)" },
+	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"]}}", "$.l2.capacity_bytes: required when l2.dirs is not empty" },
+	{ "{\"metrics\": {\"enabled\": true, \"listen\": \"localhost\"}}",
+	  "$.metrics.listen: invalid \"localhost\" (expected host:port, port 1..65535)" },
+	{ "{\"metrics\": {\"enabled\": true, \"listen\": \"127.0.0.1:0\"}}",
+	  "$.metrics.listen: invalid \"127.0.0.1:0\" (expected host:port, port 1..65535)" },
+	{ "{\"metrics\": {\"enabled\": true, \"listen\": \"127.0.0.1:65536\"}}",
+	  "$.metrics.listen: invalid \"127.0.0.1:65536\" (expected host:port, port 1..65535)" },
+	{ "{\"metrics\": {\"enabled\": true, \"listen\": \":9464\"}}",
+	  "$.metrics.listen: invalid \":9464\" (expected host:port, port 1..65535)" },
+	{ "{\"metrics\": {\"enabled\": true, \"listen\": \"::1:9464\"}}",
+	  "$.metrics.listen: invalid \"::1:9464\" (expected host:port, port 1..65535)" },
+};
+
+Test(config, bad_inputs)
+{
+	cr_assert_geq(ARRAY_SIZE(bad_cases), 25);
+	for (size_t i = 0; i < ARRAY_SIZE(bad_cases); i++) {
+		struct kvr_config c;
+		char err[512];
+		int r;
+
+		fill_pattern(&c);
+		memset(err, 'x', sizeof(err));
+		r = kvr_config_parse(bad_cases[i].json, &c, err, sizeof(err));
+		cr_expect_eq(r, -EINVAL, "case %zu %s: returned %d", i, bad_cases[i].json, r);
+		cr_expect_str_eq(err, bad_cases[i].err, "case %zu %s: got\n%s", i, bad_cases[i].json, err);
+		cr_expect(is_pattern(&c), "case %zu %s: *cfg was changed on failure", i, bad_cases[i].json);
+	}
+}
+
+enum vkind { V_U32, V_U64, V_BOOL, V_STR };
+
+struct good_case {
+	const char *json;
+	size_t off;
+	enum vkind kind;
+	uint64_t u;
+	const char *s;
+};
+
+#define GU32(j, f, v) { j, offsetof(struct kvr_config, f), V_U32, v, NULL }
+#define GU64(j, f, v) { j, offsetof(struct kvr_config, f), V_U64, v, NULL }
+#define GBOOL(j, f, v) { j, offsetof(struct kvr_config, f), V_BOOL, v, NULL }
+#define GSTR(j, f, v) { j, offsetof(struct kvr_config, f), V_STR, 0, v }
+
+static const struct good_case good_cases[] = {
+	GU64("{\"l1\": {\"capacity_bytes\": \"512MiB\"}}", l1.capacity_bytes, 512ull << 20),
+	GU64("{\"l1\": {\"capacity_bytes\": \"2GiB\"}}", l1.capacity_bytes, 2ull << 30),
+	GU64("{\"l1\": {\"capacity_bytes\": 1073741824}}", l1.capacity_bytes, 1073741824ull),
+	GU64("{\"l1\": {\"capacity_bytes\": \"64GiB\"}}", l1.capacity_bytes, 64ull << 30),
+	GU64("{\"l1\": {\"capacity_bytes\": \"3TiB\"}}", l1.capacity_bytes, 3ull << 40),
+	GU64("{\"l1\": {\"capacity_bytes\": \"1PiB\"}}", l1.capacity_bytes, 1ull << 50),
+	GU64("{\"l1\": {\"capacity_bytes\": 1125899906842624}}", l1.capacity_bytes, 1ull << 50),
+	GU64("{\"l1\": {\"capacity_bytes\": \"4096\"}}", l1.capacity_bytes, 4096),
+	GU64("{\"l1\": {\"capacity_bytes\": \"4097B\"}}", l1.capacity_bytes, 4097),
+	GU64("{\"l1\": {\"capacity_bytes\": \"8KiB\"}}", l1.capacity_bytes, 8192),
+	GU64("{\"l1\": {\"capacity_bytes\": 1e9}}", l1.capacity_bytes, 1000000000ull),
+	GU64("{\"l1\": {\"capacity_bytes\": 0, \"workload_prompts\": 200, \"workload_tokens\": 10000}}",
+	     l1.capacity_bytes, 0),
+	GU32("{\"l1\": {\"capacity_bytes\": 0, \"workload_prompts\": 200, \"workload_tokens\": 10000}}",
+	     l1.workload_prompts, 200),
+	GU64("{\"staging\": {\"ceiling_bytes\": \"64MiB\", \"buffer_bytes\": \"4MiB\"}}", staging.buffer_bytes,
+	     4ull << 20),
+	GU32("{\"supervisor\": {\"restart_backoff_max_ms\": 600000}}", supervisor.restart_backoff_max_ms, 600000),
+	GU32("{\"supervisor\": {\"restart_backoff_initial_ms\": 5000}}", supervisor.restart_backoff_initial_ms, 5000),
+	GU32("{\"rings\": {\"capacity\": 2}}", rings.capacity, 2),
+	GU32("{\"rings\": {\"capacity\": 1048576}}", rings.capacity, 1048576),
+	GU32("{\"rings\": {\"capacity\": 2048.0}}", rings.capacity, 2048),
+	GU32("{\"rings\": {\"spin_ns\": -0}}", rings.spin_ns, 0),
+	GU32("{\"instance\": {\"socket_mode\": \"0660\"}}", instance.socket_mode, 0660),
+	GU32("{\"instance\": {\"socket_mode\": \"600\"}}", instance.socket_mode, 0600),
+	GU32("{\"instance\": {\"socket_mode\": \"0000\"}}", instance.socket_mode, 0),
+	GU32("{\"instance\": {\"max_workers\": 16}}", instance.max_workers, 16),
+	GSTR("{\"instance\": {\"socket\": \"/run/kvring/k.sock\"}}", instance.socket, "/run/kvring/k.sock"),
+	/* 107 bytes: the longest socket path that fits sun_path */
+	GSTR("{\"instance\": {\"socket\": \"" S107 "\"}}", instance.socket, S107),
+	GSTR("{\"instance\": {\"log_level\": \"debug\"}}", instance.log_level, "debug"),
+	GSTR("{\"instance\": {\"actor_dir\": \"/opt/kvring\"}}", instance.actor_dir, "/opt/kvring"),
+	GSTR("{\"l1\": {\"eviction\": \"lru\"}}", l1.eviction, "lru"),
+	GBOOL("{\"l1\": {\"huge_pages\": false}}", l1.huge_pages, false),
+	GBOOL("{\"metrics\": {\"enabled\": true}}", metrics.enabled, true),
+	GSTR("{\"metrics\": {\"enabled\": true, \"listen\": \"[::1]:9090\"}}", metrics.listen, "[::1]:9090"),
+	GSTR("{\"metrics\": {\"enabled\": true, \"listen\": \"0.0.0.0:65535\"}}", metrics.listen, "0.0.0.0:65535"),
+	/* not checked while disabled */
+	GSTR("{\"metrics\": {\"listen\": \"nonsense\"}}", metrics.listen, "nonsense"),
+	GSTR("{\"l2\": {\"mode\": \"write-back\", \"durability\": \"block\"}}", l2.mode, "write-back"),
+	GSTR("{\"l2\": {\"durability\": \"none\"}}", l2.durability, "none"),
+	GU32("{\"l2\": {\"dirs\": [\"/a\", \"/b\", \"/c\"], \"capacity_bytes\": \"1TiB\"}}", l2.n_dirs, 3),
+	GSTR("{\"l2\": {\"dirs\": [\"/a\", \"/b\", \"/mnt/nvme1/kv\"], \"capacity_bytes\": \"1TiB\"}}", l2.dirs[2],
+	     "/mnt/nvme1/kv"),
+	GU32("{\"l2\": {\"dirs\": [], \"capacity_bytes\": 0}}", l2.n_dirs, 0),
+	GU32("{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\"], \"capacity_bytes\": 1}}",
+	     l2.n_dirs, 8),
+	GU32("{\"l2\": {\"queue_depth\": 1}}", l2.queue_depth, 1),
+	/* model: explicit geometry (GLM-4-9B of DESIGN.md section 4), presets, MLA, values equal to a preset's */
+	GU32("{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 2, "
+	     "\"tp_size\": 2}}", model.kv_heads, 4),
+	GSTR("{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 2}}",
+	     model.model_id, ""),
+	GU32("{\"model\": {\"preset\": \"qwen3-32b\"}}", model.layers, 64),
+	GSTR("{\"model\": {\"preset\": \"qwen3-32b\"}}", model.model_id, "Qwen/Qwen3-32B"),
+	/* TP over more ranks than KV heads: heads replicated, as vLLM does */
+	GU32("{\"model\": {\"preset\": \"glm-4-9b-chat-1m\", \"tp_size\": 8}}", model.tp_size, 8),
+	GU32("{\"model\": {\"preset\": \"glm-4-9b-chat-1m\", \"tp_size\": 2}}", model.kv_heads, 4),
+	/* an MLA preset brings its attention kind; TP does not split the latent */
+	GSTR("{\"model\": {\"preset\": \"deepseek-v2-lite\", \"tp_size\": 16}}", model.attention, "mla"),
+	GU32("{\"model\": {\"preset\": \"deepseek-v2-lite\", \"attention\": \"mla\"}}", model.head_dim, 576),
+	GSTR("{\"model\": {\"preset\": \"qwen3-32b\", \"model_id\": \"Qwen/Qwen3-32B-AWQ\"}}", model.model_id,
+	     "Qwen/Qwen3-32B-AWQ"),
+	GU32("{\"model\": {\"preset\": \"llama-3.1-8b\"}}", model.layers, 32),
+	GU32("{\"model\": {\"preset\": \"qwen3-8b\", \"layers\": 36, \"kv_heads\": 8}}", model.layers, 36),
+	GU32("{\"model\": {\"layers\": 0}}", model.layers, 36),
+	GU32("{\"model\": {\"tp_size\": 8}}", model.tp_size, 8),
+	GU32("{\"model\": {\"block_tokens\": 16}}", model.block_tokens, 16),
+	GSTR("{\"model\": {\"attention\": \"mha\"}}", model.attention, "mha"),
+	GSTR("{\"model\": {\"preset\": \"\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, \"dtype_bytes\": 2, "
+	     "\"tp_size\": 4, \"attention\": \"mla\"}}", model.attention, "mla"),
+	GU32("{\"model\": {\"preset\": \"\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, \"dtype_bytes\": 2, "
+	     "\"tp_size\": 4, \"attention\": \"mla\"}}", model.tp_size, 4),
+	GU32("{\"model\": {\"preset\": \"\", \"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, \"dtype_bytes\": 1}}",
+	     model.dtype_bytes, 1),
+	GU32("{\"model\": {\"preset\": \"\", \"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, \"dtype_bytes\": 4}}",
+	     model.dtype_bytes, 4),
+	GSTR("{\"model\": {\"cache_salt\": \"tenant-7\"}}", model.cache_salt, "tenant-7"),
+	GSTR("{\"model\": {\"model_id\": \"caf\\u00e9 \\\"x\\\"\"}}", model.model_id, "caf\xc3\xa9 \"x\""),
+	GU32("{\"staging\": {\"load_percent\": 99, \"ceiling_bytes\": \"4GiB\"}}", staging.load_percent, 99),
+};
+
+Test(config, good_inputs)
+{
+	for (size_t i = 0; i < ARRAY_SIZE(good_cases); i++) {
+		const struct good_case *g = &good_cases[i];
+		const char *json = g->json;
+		struct kvr_config c;
+		char err[512];
+		int r;
+
+		fill_pattern(&c);
+		r = kvr_config_parse(json, &c, err, sizeof(err));
+		cr_expect_eq(r, 0, "case %zu %s: %d %s", i, json, r, err);
+		if (r)
+			continue;
+		const char *f = (const char *)&c + g->off;
+		uint32_t u32;
+		uint64_t u64;
+		switch (g->kind) {
+		case V_U32:
+			memcpy(&u32, f, sizeof(u32));
+			cr_expect_eq(u32, g->u, "case %zu %s: %" PRIu32 " != %" PRIu64, i, json, u32, g->u);
+			break;
+		case V_U64:
+			memcpy(&u64, f, sizeof(u64));
+			cr_expect_eq(u64, g->u, "case %zu %s: %" PRIu64 " != %" PRIu64, i, json, u64, g->u);
+			break;
+		case V_BOOL:
+			cr_expect_eq(*(const bool *)f, g->u != 0, "case %zu %s", i, json);
+			break;
+		case V_STR:
+			cr_expect_str_eq(f, g->s, "case %zu %s", i, json);
+			break;
+		}
+	}
+}
+
+/* Every preset of shm/presets.c fills the geometry it names; the preset list is the enum's. */
+Test(config, presets)
+{
+	const struct kvr_preset *p;
+	char want[1024], err[1024];
+	struct kvr_config d;
+	unsigned i;
+
+	cr_assert_gt(kvr_preset_count(), 0);
+	for (i = 0; (p = kvr_preset_at(i)); i++) {
+		struct kvr_config c;
+		char json[128];
+
+		snprintf(json, sizeof(json), "{\"model\": {\"preset\": \"%s\"}}", p->name);
+		cr_assert_eq(kvr_config_parse(json, &c, err, sizeof(err)), 0, "%s: %s", json, err);
+		cr_expect_str_eq(c.model.preset, p->name);
+		cr_expect_eq(c.model.layers, p->layers, "%s", p->name);
+		cr_expect_eq(c.model.kv_heads, p->kv_heads_total, "%s", p->name);
+		cr_expect_eq(c.model.head_dim, p->head_dim, "%s", p->name);
+		cr_expect_eq(c.model.dtype_bytes, p->dtype_bytes, "%s", p->name);
+		cr_expect_str_eq(c.model.attention, p->attention == KVR_ATTN_MLA ? "mla" : "mha", "%s", p->name);
+		cr_expect_str_eq(c.model.model_id, p->hf_id, "%s", p->name);
+	}
+	cr_assert_eq(i, kvr_preset_count());
+
+	/* an unknown preset lists "" and every preset */
+	snprintf(want, sizeof(want), "$.model.preset: invalid value \"gpt-5\" (one of: \"\", %s)", kvr_preset_list());
+	cr_assert_eq(kvr_config_parse("{\"model\": {\"preset\": \"gpt-5\"}}", &d, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, want);
+}
+
+Test(config, round_trip)
+{
+	struct kvr_config a, b, d;
+	char err[512];
+	char *j1, *j2;
+
+	cr_assert_eq(kvr_config_parse(full_json, &a, err, sizeof(err)), 0, "%s", err);
+	kvr_config_defaults(&d);
+	/* full_json really sets every key to something else than its default */
+	cr_assert_neq(memcmp(&a, &d, sizeof(a)), 0);
+	cr_assert_str_eq(a.model.model_id, "org/M \"q\" \\ \t \xc3\xa9\n");
+	cr_assert_eq(a.l2.n_dirs, 2);
+	cr_assert_str_eq(a.l2.dirs[1], "/mnt/b");
+	cr_assert_eq(a.l2.capacity_bytes, 64ull << 30);
+	cr_assert_eq(a.staging.ceiling_bytes, 1ull << 30);
+	cr_assert_eq(a.instance.socket_mode, 0660);
+
+	j1 = kvr_config_to_json(&a);
+	cr_assert_not_null(j1);
+	fill_pattern(&b);
+	cr_assert_eq(kvr_config_parse(j1, &b, err, sizeof(err)), 0, "%s\n%s", err, j1);
+	cr_assert_eq(memcmp(&a, &b, sizeof(a)), 0, "parse(to_json(cfg)) differs from cfg:\n%s", j1);
+	j2 = kvr_config_to_json(&b);
+	cr_assert_not_null(j2);
+	cr_assert_str_eq(j1, j2);
+	/* sizes are integers of bytes, modes octal strings, arrays inline */
+	cr_assert_not_null(strstr(j1, "\n    \"capacity_bytes\": 68719476736,\n"), "%s", j1);
+	cr_assert_not_null(strstr(j1, "\n    \"ceiling_bytes\": 1073741824,\n"), "%s", j1);
+	cr_assert_not_null(strstr(j1, "\n    \"socket_mode\": \"0660\",\n"), "%s", j1);
+	cr_assert_not_null(strstr(j1, "\n    \"dirs\": [\"/mnt/a\", \"/mnt/b\"],\n"), "%s", j1);
+	cr_assert_not_null(strstr(j1, "\n    \"model_id\": \"org/M \\\"q\\\" \\\\ \\u0009 \xc3\xa9\\u000a\",\n"), "%s",
+			   j1);
+	free(j1);
+	free(j2);
+
+	/* the defaults round-trip too */
+	j1 = kvr_config_to_json(&d);
+	cr_assert_not_null(j1);
+	cr_assert_eq(kvr_config_parse(j1, &b, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(memcmp(&d, &b, sizeof(d)), 0);
+	cr_assert_not_null(strstr(j1, "\n    \"capacity_bytes\": 1073741824,\n"), "%s", j1);
+	cr_assert_not_null(strstr(j1, "\n    \"dirs\": [],\n"), "%s", j1);
+	cr_assert_eq(strncmp(j1, "{\n  \"instance\": {\n    \"socket\": \"/tmp/kvring.sock\",\n", 50), 0, "%s", j1);
+	const char *tail = "\n    \"listen\": \"127.0.0.1:9464\"\n  }\n}\n";
+	cr_assert_str_eq(j1 + strlen(j1) - strlen(tail), tail);
+	free(j1);
+}
+
+/* The effective JSON has every key exactly once, in table (= docs) order, and nothing else. */
+Test(config, to_json_keys)
+{
+	static const char *const sections[] = { "instance", "rings", "supervisor", "model", "l1", "staging", "l2",
+						"metrics" };
+	struct kvr_config d;
+	char *j, *md;
+	cJSON *root, *sec, *item;
+	size_t s = 0, n = 0;
+	const char *last = NULL;
+
+	kvr_config_defaults(&d);
+	j = kvr_config_to_json(&d);
+	md = kvr_config_doc_markdown();
+	cr_assert_not_null(j);
+	cr_assert_not_null(md);
+	root = cJSON_Parse(j);
+	cr_assert_not_null(root);
+	cJSON_ArrayForEach(sec, root) {
+		cr_assert_lt(s, ARRAY_SIZE(sections));
+		cr_expect_str_eq(sec->string, sections[s], "section %zu", s);
+		s++;
+		cJSON_ArrayForEach(item, sec) {
+			char row[128];
+			const char *at;
+
+			snprintf(row, sizeof(row), "\n| `%s.%s` | ", sec->string, item->string);
+			at = strstr(md, row);
+			cr_expect_not_null(at, "docs have no row for %s.%s", sec->string, item->string);
+			cr_expect(at && (!last || at > last), "docs order differs at %s.%s", sec->string, item->string);
+			if (at)
+				cr_expect_null(strstr(at + 1, row), "two doc rows for %s.%s", sec->string,
+					       item->string);
+			last = at;
+			n++;
+		}
+	}
+	cr_expect_eq(s, ARRAY_SIZE(sections));
+	cr_expect_eq(n, 40, "keys in the effective JSON: %zu", n);
+	cJSON_Delete(root);
+	free(j);
+	free(md);
+}
+
+static char *read_all(const char *path, size_t *ret_len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	size_t len = 0, cap = 0, n;
+
+	if (!f)
+		return NULL;
+	do {
+		if (cap - len < 4096) {
+			cap = cap ? cap * 2 : 65536;
+			buf = realloc(buf, cap + 1);
+			cr_assert_not_null(buf);
+		}
+		n = fread(buf + len, 1, cap - len, f);
+		len += n;
+	} while (n > 0);
+	fclose(f);
+	buf[len] = '\0';
+	*ret_len = len;
+	return buf;
+}
+
+Test(config, doc_drift)
+{
+	const char *src = getenv("KVR_SOURCE_ROOT"), *build = getenv("KVR_BUILD_ROOT");
+	char path[4096], cmd[4200];
+	char *md, *file, *gen;
+	size_t len, glen;
+	FILE *p;
+
+	cr_assert_not_null(src, "KVR_SOURCE_ROOT is not set (run through meson test)");
+	cr_assert_not_null(build, "KVR_BUILD_ROOT is not set (run through meson test)");
+	md = kvr_config_doc_markdown();
+	cr_assert_not_null(md);
+	cr_assert_not_null(strstr(md, "| `l1.eviction` | enum | `\"s3fifo\"` | `lru`, `s3fifo` |"), "%s", md);
+	cr_assert_not_null(strstr(md, "| `l1.capacity_bytes` | size (bytes) | `\"1GiB\"` | 0..1PiB |"), "%s", md);
+	cr_assert_not_null(strstr(md, "| `supervisor.restart_backoff_max_ms` | uint32 (ms) | `5000` | 1..600000 |"));
+	snprintf(path, sizeof(path), "%s/docs/config.md", src);
+	file = read_all(path, &len);
+	cr_assert_not_null(file, "%s is missing: regenerate it with: %s/tests/config/gen-config-doc > docs/config.md",
+			   path, build);
+	cr_assert(len == strlen(md) && !memcmp(file, md, len),
+		  "docs/config.md is out of date with the key table in shm/config.c: regenerate it with: "
+		  "%s/tests/config/gen-config-doc > docs/config.md", build);
+
+	/* the generator prints exactly that */
+	snprintf(cmd, sizeof(cmd), "'%s/tests/config/gen-config-doc'", build);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	gen = malloc(len + 2);
+	cr_assert_not_null(gen);
+	glen = fread(gen, 1, len + 1, p);
+	cr_assert_eq(pclose(p), 0);
+	cr_assert_eq(glen, len);
+	cr_assert_eq(memcmp(gen, md, len), 0);
+	free(gen);
+	free(file);
+	free(md);
+}
+
+/* A fresh directory under /tmp for one test: /tmp/kvr-config-<pid>-<n>. */
+static char tmpdir[128];
+
+static void tmpdir_setup(void)
+{
+	static unsigned n;
+
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvr-config-%d-%u", (int)getpid(), n++);
+	cr_assert_eq(mkdir(tmpdir, 0700), 0, "mkdir %s: %s", tmpdir, strerror(errno));
+}
+
+static void tmpdir_teardown(void)
+{
+	char cmd[256];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+	cr_expect_eq(system(cmd), 0);
+}
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(write(fd, data, len), (ssize_t)len);
+	cr_assert_eq(close(fd), 0);
+}
+
+Test(config, load_file, .init = tmpdir_setup, .fini = tmpdir_teardown)
+{
+	struct kvr_config c, want;
+	char path[256], err[512];
+	char *big;
+
+	snprintf(path, sizeof(path), "%s/kvring.json", tmpdir);
+	write_file(path, full_json, strlen(full_json));
+	fill_pattern(&c);
+	cr_assert_eq(kvr_config_load_file(path, &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(kvr_config_parse(full_json, &want, err, sizeof(err)), 0);
+	cr_assert_eq(memcmp(&c, &want, sizeof(c)), 0);
+
+	/* a missing file */
+	snprintf(path, sizeof(path), "%s/missing.json", tmpdir);
+	fill_pattern(&c);
+	cr_assert_eq(kvr_config_load_file(path, &c, err, sizeof(err)), -ENOENT);
+	char want_err[512];
+	snprintf(want_err, sizeof(want_err), "config %s: No such file or directory", path);
+	cr_assert_str_eq(err, want_err);
+	cr_assert(is_pattern(&c));
+
+	/* a directory */
+	cr_assert_eq(kvr_config_load_file(tmpdir, &c, err, sizeof(err)), -EISDIR);
+	snprintf(want_err, sizeof(want_err), "config %s: Is a directory", tmpdir);
+	cr_assert_str_eq(err, want_err);
+
+	/* parse errors come through unchanged */
+	snprintf(path, sizeof(path), "%s/bad.json", tmpdir);
+	write_file(path, "{\"l1\": {\"eviction\": \"fifo\"}}\n", 29);
+	cr_assert_eq(kvr_config_load_file(path, &c, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, "$.l1.eviction: invalid value \"fifo\" (one of: lru, s3fifo)");
+	cr_assert(is_pattern(&c));
+
+	/* a NUL byte would hide the rest of the file from the parser */
+	write_file(path, "{}\0{\"x\": 1}", 11);
+	cr_assert_eq(kvr_config_load_file(path, &c, err, sizeof(err)), -EINVAL);
+	snprintf(want_err, sizeof(want_err), "config %s: contains a NUL byte", path);
+	cr_assert_str_eq(err, want_err);
+
+	/* exactly 1 MiB is read; one byte more is refused */
+	big = malloc((1u << 20) + 1);
+	cr_assert_not_null(big);
+	memset(big, ' ', (1u << 20) + 1);
+	big[0] = '{';
+	big[(1u << 20) - 1] = '}';
+	write_file(path, big, 1u << 20);
+	cr_assert_eq(kvr_config_load_file(path, &c, err, sizeof(err)), 0, "%s", err);
+	kvr_config_defaults(&want);
+	cr_assert_eq(memcmp(&c, &want, sizeof(c)), 0);
+	write_file(path, big, (1u << 20) + 1);
+	fill_pattern(&c);
+	cr_assert_eq(kvr_config_load_file(path, &c, err, sizeof(err)), -EFBIG);
+	snprintf(want_err, sizeof(want_err), "config %s: larger than 1 MiB", path);
+	cr_assert_str_eq(err, want_err);
+	cr_assert(is_pattern(&c));
+	free(big);
+
+	/* unreadable (not for root, who may read anything) */
+	if (geteuid() != 0) {
+		snprintf(path, sizeof(path), "%s/kvring.json", tmpdir);
+		cr_assert_eq(chmod(path, 0), 0);
+		cr_assert_eq(kvr_config_load_file(path, &c, err, sizeof(err)), -EACCES);
+		snprintf(want_err, sizeof(want_err), "config %s: Permission denied", path);
+		cr_assert_str_eq(err, want_err);
+	}
+}
+
+Test(config, error_buffer)
+{
+	struct kvr_config c;
+	char err[16];
+
+	/* cut to the buffer, always NUL-terminated */
+	memset(err, 'x', sizeof(err));
+	cr_assert_eq(kvr_config_parse("{\"l1\": {\"eviction\": \"fifo\"}}", &c, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, "$.l1.eviction: ");
+	/* no buffer at all */
+	cr_assert_eq(kvr_config_parse("{\"l1\": {\"eviction\": \"fifo\"}}", &c, NULL, 0), -EINVAL);
+	cr_assert_eq(kvr_config_parse("{}", &c, NULL, 0), 0);
+	cr_assert_eq(kvr_config_parse(NULL, &c, err, sizeof(err)), -EINVAL);
+	/* a long unknown key is cut in the message, which stays one line */
+	char json[400], big[512];
+	snprintf(json, sizeof(json), "{\"%s\\n\": 1}", S128);
+	cr_assert_eq(kvr_config_parse(json, &c, big, sizeof(big)), -EINVAL);
+	cr_assert_str_eq(big, "$.bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb...: unknown key");
+}
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+	/* xorshift64* */
+	rng_state ^= rng_state >> 12;
+	rng_state ^= rng_state << 25;
+	rng_state ^= rng_state >> 27;
+	return rng_state * 0x2545f4914f6cdd1dull;
+}
+
+/* Random byte edits of a valid config: every result is a clean accept or a one-line refusal, never a
+ * changed *cfg on failure, and whatever is accepted round-trips. KVR_SEED=<n> replays a run. */
+Test(config, mutations)
+{
+	const char *env = getenv("KVR_SEED");
+	static const char alphabet[] = "{}[]\":,0123456789-.eE \\untrfalse/xMiGB";
+	uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	size_t len = strlen(full_json), accepted = 0, refused = 0;
+	char *text = malloc(len + 1);
+
+	cr_assert_not_null(text);
+	fprintf(stderr, "config mutations: seed %" PRIu64 " (replay with KVR_SEED=%" PRIu64 ")\n", seed, seed);
+	rng_state = seed | 1;
+	for (int it = 0; it < 3000; it++) {
+		struct kvr_config c, c2;
+		char err[512];
+		int edits = 1 + (int)(rng_next() % 3), r;
+
+		memcpy(text, full_json, len + 1);
+		for (int e = 0; e < edits; e++)
+			text[rng_next() % len] = alphabet[rng_next() % (sizeof(alphabet) - 1)];
+		fill_pattern(&c);
+		r = kvr_config_parse(text, &c, err, sizeof(err));
+		if (r == 0) {
+			char *j = kvr_config_to_json(&c);
+
+			accepted++;
+			cr_assert_not_null(j);
+			cr_assert_eq(kvr_config_parse(j, &c2, err, sizeof(err)), 0, "seed %" PRIu64 ": %s\n%s", seed,
+				     err, j);
+			cr_assert_eq(memcmp(&c, &c2, sizeof(c)), 0, "seed %" PRIu64 ": round trip of\n%s", seed, text);
+			free(j);
+		} else {
+			refused++;
+			cr_assert_eq(r, -EINVAL, "seed %" PRIu64 ": %d for\n%s", seed, r, text);
+			cr_assert(!strncmp(err, "$", 1) || !strncmp(err, "config: ", 8), "seed %" PRIu64 ": '%s'", seed,
+				  err);
+			cr_assert_null(strchr(err, '\n'), "seed %" PRIu64 ": multi-line error '%s'", seed, err);
+			cr_assert(is_pattern(&c), "seed %" PRIu64 ": *cfg changed on failure for\n%s", seed, text);
+		}
+	}
+	fprintf(stderr, "config mutations: %zu accepted, %zu refused\n", accepted, refused);
+	cr_expect_gt(refused, 0);
+	free(text);
+}
