@@ -2,6 +2,7 @@
 #include "kvr_ctl.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 #define ALIGN64(x) (((x) + 63) & ~(size_t)63)
@@ -103,6 +104,26 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
 	return 0;
 }
 
+/* Region [off, off + len) of a segment of size bytes: 64-byte aligned, starting at or after
+ * *end (the end of the region before it, in layout order), inside the segment. On success
+ * moves *end past it. No sum can wrap: off and len are each checked against size first. */
+static bool region_ok(uint64_t off, uint64_t len, uint64_t size, uint64_t *end)
+{
+	if (off % 64 || off < *end || off > size || len > size - off)
+		return false;
+	*end = off + len;
+	return true;
+}
+
+/* A waiter at ring_off + wo (wo from a ring header, untrusted) lies after the ctl header,
+ * inside the segment, 8-byte aligned. ring_off <= size was checked by the caller. */
+static bool waiter_ok(uint64_t ring_off, int64_t wo, uint64_t size)
+{
+	int64_t lo = (int64_t)sizeof(struct kvr_ctl) - (int64_t)ring_off;
+	int64_t hi = (int64_t)(size - ring_off) - (int64_t)sizeof(struct kvr_waiter);
+	return wo >= lo && wo <= hi && ((int64_t)ring_off + wo) % 8 == 0;
+}
+
 int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl)
 {
 	if (!seg || !seg->base || seg->size < sizeof(struct kvr_ctl))
@@ -110,34 +131,40 @@ int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl)
 	struct kvr_ctl *c = seg->base;
 	if (c->seg.kind != KVR_SEG_CTL)
 		return -EPROTO;
-	size_t size = seg->size;
-	if (c->max_actors > KVR_CTL_MAX_ACTORS || c->max_workers > KVR_CTL_MAX_WORKERS ||
+	uint64_t size = seg->size;
+	if (!c->max_actors || c->max_actors > KVR_CTL_MAX_ACTORS || c->max_workers > KVR_CTL_MAX_WORKERS ||
 	    c->max_rings != KVR_CTL_MAX_RINGS || atomic_load(&c->n_rings) > c->max_rings)
 		return -EBADMSG;
-	if (c->actors_off + c->max_actors * sizeof(struct kvr_actor_ent) > size ||
-	    c->workers_off + c->max_workers * sizeof(struct kvr_worker_ent) > size ||
-	    c->rings_off + c->max_rings * sizeof(struct kvr_ring_ent) > size ||
-	    c->stats_off + c->max_actors * sizeof(struct kvr_actor_stats) > size ||
-	    c->config_off + c->config_cap > size || c->config_len >= c->config_cap + (c->config_cap == 0) ||
-	    c->geom_off + (uint64_t)c->max_workers * KVR_CTL_GEOM_BYTES > size ||
-	    c->ring_area_off > size)
+	/* The tables lie in kvr_ctl_init()'s order, none overlapping the next: a corrupt count or
+	 * offset must not make one table alias another (or the header). */
+	uint64_t end = sizeof(struct kvr_ctl);
+	if (!region_ok(c->actors_off, (uint64_t)c->max_actors * sizeof(struct kvr_actor_ent), size, &end) ||
+	    !region_ok(c->workers_off, (uint64_t)c->max_workers * sizeof(struct kvr_worker_ent), size, &end) ||
+	    !region_ok(c->rings_off, (uint64_t)c->max_rings * sizeof(struct kvr_ring_ent), size, &end) ||
+	    !region_ok(c->stats_off, (uint64_t)c->max_actors * sizeof(struct kvr_actor_stats), size, &end) ||
+	    !region_ok(c->config_off, c->config_cap, size, &end) ||
+	    !region_ok(c->geom_off, (uint64_t)c->max_workers * KVR_CTL_GEOM_BYTES, size, &end) ||
+	    !region_ok(c->ring_area_off, 0, size, &end))
+		return -EBADMSG;
+	/* readers use the config as a C string */
+	if (!c->config_cap || c->config_len >= c->config_cap || kvr_ctl_config_json(c)[c->config_len] != '\0')
 		return -EBADMSG;
 	unsigned n = atomic_load(&c->n_rings);
 	for (unsigned i = 0; i < n; i++) {
 		struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
 		struct kvr_ring *r;
-		if (e->offset < c->ring_area_off || e->offset > size || e->bytes > size - e->offset)
+		/* rings in directory order, none overlapping another (two names, one ring, would
+		 * give it two producers) */
+		if (!memchr(e->name, '\0', sizeof(e->name)) || !region_ok(e->offset, e->bytes, size, &end))
 			return -EBADMSG;
 		if (kvr_ring_attach((uint8_t *)c + e->offset, e->bytes, &r))
 			return -EBADMSG;
+		/* every user copies struct kvr_msg in and out: another size would overrun it */
+		if (r->msg_size != KVR_CTL_RING_MSG_SIZE)
+			return -EBADMSG;
 		/* waiters must lie inside the segment: a ring is never trusted to point outside */
-		int64_t wo[2] = {r->cons_waiter_off, r->prod_waiter_off};
-		for (int k = 0; k < 2; k++) {
-			int64_t abs = (int64_t)e->offset + wo[k];
-			if (abs < (int64_t)sizeof(struct kvr_ctl) || abs % 8 ||
-			    (uint64_t)abs + sizeof(struct kvr_waiter) > size)
-				return -EBADMSG;
-		}
+		if (!waiter_ok(e->offset, r->cons_waiter_off, size) || !waiter_ok(e->offset, r->prod_waiter_off, size))
+			return -EBADMSG;
 	}
 	*ret_ctl = c;
 	return 0;

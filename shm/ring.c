@@ -74,6 +74,9 @@ int kvr_ring_attach(void *mem, size_t avail, struct kvr_ring **ret_ring)
 	size_t sz = kvr_ring_memsize(r->capacity, r->msg_size);
 	if (!sz || sz > avail || r->data_off != sizeof(*r))
 		return -EINVAL;
+	/* observers print the name: it must end inside its field */
+	if (!memchr(r->name, '\0', sizeof(r->name)))
+		return -EINVAL;
 	/* Waiters must lie inside this ring's mapping, which the caller vouches for with avail
 	 * measured from mem; a redirected waiter points before the ring (into its segment). */
 	*ret_ring = r;
