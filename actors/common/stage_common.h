@@ -1,0 +1,60 @@
+/* stage_common: what the loader and storer stages share — the worker's geometry, its KV memory, chunked copies. */
+#ifndef KVR_STAGE_COMMON_H
+#define KVR_STAGE_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvr_actor.h"
+#include "kvr_geometry.h"
+#include "kvr_slots.h"
+#include "kvr_xfer.h"
+
+/* A reply ring that stays full this long means the client stopped reading: the reply is
+ * dropped and logged (the client's own timeout has long fired by then). */
+#define STAGE_REPLY_TIMEOUT_NS (5ull * 1000000000ull)
+
+/* Stage counters in the actor's stats page (after the runtime's own). */
+enum {
+	STAGE_STAT_BLOCKS = KVR_STAT_FIRST_STAGE, /* blocks copied */
+	STAGE_STAT_BYTES,                         /* bytes copied */
+	STAGE_STAT_FAILED_BLOCKS,                 /* blocks reported failed */
+	STAGE_STAT_PRESENT_BLOCKS,                /* store: already stored, not copied */
+	STAGE_STAT_CHUNKS,                        /* staging leases used */
+	STAGE_STAT_REQUESTS,                      /* requests completed */
+};
+
+struct stage_worker {
+	struct kvr_actor *a;
+	unsigned worker;              /* worker slot served */
+	unsigned lane;                /* its TP lane */
+	struct kvr_geometry geom;     /* as it attached */
+	struct kvr_slot_table *slots;
+	struct kvr_xfer *xfer;
+	struct kvr_xfer_region *regions;
+	struct kvr_xfer_layout layout;
+	struct kvr_xfer_run *runs;
+	size_t cap_runs;
+	uint32_t chunk_blocks;        /* blocks per staging lease */
+	uint32_t pool_leases;         /* leases in this direction's pool */
+	struct kvr_ring *req, *rep;
+};
+
+/* Set up for the worker this actor serves (its actor index's worker slot): read its
+ * geometry from the control segment, open the transfer backend on its KV memory, size the
+ * staging pool from staging.ceiling_bytes * pool_percent / 100 (at least one lease), and
+ * find the request/reply rings (printf patterns taking the worker slot). */
+int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, const char *req_fmt, const char *rep_fmt,
+		      unsigned pool_percent);
+void stage_worker_close(struct stage_worker *sw);
+
+/* Copy n blocks between the worker's blocks and the slots at slot_offs, one staging lease
+ * (chunk_blocks blocks) at a time, waiting for each lease's copies to complete before
+ * reusing it. Sums the stats into *st. 0 or -errno (nothing more is copied after one). */
+int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blocks, const uint64_t *slot_offs,
+		      uint32_t n, struct kvr_xfer_stats *st);
+
+/* Whether a wire request id was addressed to this incarnation of the actor. */
+bool stage_wire_current(const struct kvr_actor *a, uint64_t wire);
+
+#endif

@@ -1,0 +1,312 @@
+/* lookup stage: the prefix index — longest visible prefix, suffix-only slot allocation, commit quorum, eviction. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr_actor.h"
+#include "kvr_index.h"
+#include "kvr_list.h"
+#include "kvr_log.h"
+#include "kvr_time.h"
+
+/*
+ * One lookup actor per instance, the single writer of the slot table. Its index lives in
+ * its heap and is rebuilt from the slot table when it starts, so a restart loses nothing
+ * committed. It serves:
+ *
+ *   lookup.req.w   LOOKUP keys           -> LOOKUP_REP + SLOTS (the lane's slot per block)
+ *   commit.req.w   ALLOC keys            -> ALLOC_REP (slot | PRESENT | NOROOM per key)
+ *                  COMMIT (slot, epoch)  -> COMMIT_REP (committed, became visible)
+ *                  RESET                 -> COMMIT_REP (this worker's WRITING slots aborted)
+ *   ctl.lookup.in  WORKER_GONE w         (pins of w dropped, its WRITING slots aborted)
+ *
+ * A reply ring that stays full for STAGE_REPLY_TIMEOUT means its reader is gone: the
+ * reply is dropped and counted, so one stuck worker cannot stall the others for longer.
+ */
+
+#define REPLY_TIMEOUT_NS (2ull * 1000000000ull)
+
+enum {
+	LK_STAT_LOOKUPS = KVR_STAT_FIRST_STAGE,
+	LK_STAT_KEYS,          /* blocks asked for */
+	LK_STAT_MATCHED,       /* blocks matched */
+	LK_STAT_ALLOCATED,
+	LK_STAT_PRESENT,
+	LK_STAT_NOROOM,
+	LK_STAT_EVICTED,
+	LK_STAT_COMMITTED,
+	LK_STAT_VISIBLE,
+	LK_STAT_ABORTED,
+	LK_STAT_REPLIES_DROPPED,
+	LK_STAT_STALE,
+};
+
+struct lk_worker {
+	struct kvr_ring *lk_req, *lk_rep, *cm_req, *cm_rep;
+	struct kvr_list_asm lookup, alloc, commit;
+};
+
+struct lookup {
+	struct kvr_index *idx;
+	struct kvr_slot_table *slots;
+	unsigned lanes;
+	unsigned n_workers;
+	struct lk_worker *w;
+	struct kvr_index_ref *refs;
+	uint32_t cap_refs;
+};
+
+static struct kvr_ring *ring_fmt(struct kvr_actor *a, const char *fmt, unsigned w)
+{
+	char name[KVR_RING_NAME_MAX];
+	snprintf(name, sizeof(name), fmt, w);
+	return kvr_actor_ring(a, name);
+}
+
+static int lookup_init(struct kvr_actor *a)
+{
+	struct lookup *l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	kvr_actor_set_data(a, l);
+	l->slots = a->slots;
+	if (!l->slots)
+		return -EINVAL;
+	l->lanes = l->slots->quorum;
+	int rc = kvr_index_new(l->slots, a->cfg.l1.eviction, &l->idx);
+	if (rc) {
+		kvr_err("index: %s", strerror(-rc));
+		return rc;
+	}
+	struct kvr_index_stats st;
+	kvr_index_stats(l->idx, &st);
+	kvr_info("index rebuilt from the slot table: %u blocks (%u visible), %u free slots, policy %s", st.blocks,
+		 st.visible, st.free_slots, st.policy);
+	l->n_workers = a->ctl->max_workers;
+	l->w = calloc(l->n_workers, sizeof(*l->w));
+	if (!l->w)
+		return -ENOMEM;
+	for (unsigned i = 0; i < l->n_workers; i++) {
+		struct lk_worker *w = &l->w[i];
+		w->lk_req = ring_fmt(a, "lookup.req.%u", i);
+		w->lk_rep = ring_fmt(a, "lookup.rep.%u", i);
+		w->cm_req = ring_fmt(a, "commit.req.%u", i);
+		w->cm_rep = ring_fmt(a, "commit.rep.%u", i);
+		if (!w->lk_req || !w->lk_rep || !w->cm_req || !w->cm_rep) {
+			kvr_err("rings of worker slot %u missing", i);
+			return -ENOENT;
+		}
+		kvr_list_asm_init(&w->lookup, KVR_MSG_LOOKUP);
+		kvr_list_asm_init(&w->alloc, KVR_MSG_ALLOC);
+		kvr_list_asm_init(&w->commit, KVR_MSG_COMMIT);
+	}
+	return 0;
+}
+
+static void lookup_fini(struct kvr_actor *a)
+{
+	struct lookup *l = a->data;
+	if (!l)
+		return;
+	for (unsigned i = 0; l->w && i < l->n_workers; i++) {
+		kvr_list_asm_free(&l->w[i].lookup);
+		kvr_list_asm_free(&l->w[i].alloc);
+		kvr_list_asm_free(&l->w[i].commit);
+	}
+	free(l->w);
+	free(l->refs);
+	kvr_index_free(l->idx);
+	free(l);
+}
+
+static struct kvr_index_ref *refs(struct lookup *l, uint32_t n)
+{
+	if (n > l->cap_refs) {
+		struct kvr_index_ref *r = realloc(l->refs, n * sizeof(*r));
+		if (!r)
+			return NULL;
+		l->refs = r;
+		l->cap_refs = n;
+	}
+	return l->refs;
+}
+
+static void dropped(struct kvr_actor *a, unsigned w, int rc)
+{
+	kvr_actor_count(a, LK_STAT_REPLIES_DROPPED, 1);
+	kvr_err("worker %u does not read its replies (%s): reply dropped", w, strerror(-rc));
+}
+
+static void send_lookup_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, uint64_t wire, int status,
+			    uint32_t matched, unsigned lane, uint64_t index_ns)
+{
+	struct lk_worker *w = &l->w[wi];
+	struct kvr_msg_lookup_rep r = {.status = status, .matched = matched, .lane = lane, .index_ns = index_ns};
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_LOOKUP_REP, (matched ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0,
+		      &r, sizeof(r));
+	uint64_t deadline = kvr_now_ns() + REPLY_TIMEOUT_NS;
+	_Static_assert(sizeof(struct kvr_index_ref) == sizeof(struct kvr_msg_slot), "slot wire format");
+	int rc = kvr_msg_send(w->lk_rep, &m, deadline);
+	if (!rc && matched)
+		rc = kvr_list_send(w->lk_rep, KVR_MSG_SLOTS, wire, 0, l->refs, matched, deadline);
+	if (rc)
+		dropped(a, wi, rc);
+}
+
+static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
+{
+	struct kvr_list_asm *q = &l->w[wi].lookup;
+	uint64_t wire = q->req_id;
+	unsigned lane = q->lane;
+	if ((uint32_t)(wire >> 48) != (atomic_load(&a->ent->generation) & 0xffff)) {
+		kvr_actor_count(a, LK_STAT_STALE, 1);
+		send_lookup_rep(a, l, wi, wire, -ESTALE, 0, lane, 0);
+		return;
+	}
+	if (lane >= l->lanes) {
+		send_lookup_rep(a, l, wi, wire, -EINVAL, 0, lane, 0);
+		return;
+	}
+	if (!refs(l, q->total)) {
+		send_lookup_rep(a, l, wi, wire, -ENOMEM, 0, lane, 0);
+		return;
+	}
+	uint64_t t0 = kvr_now_ns();
+	int n = kvr_index_match(l->idx, q->items, q->total, lane, l->refs);
+	uint64_t dt = kvr_now_ns() - t0;
+	if (n < 0) {
+		send_lookup_rep(a, l, wi, wire, n, 0, lane, dt);
+		return;
+	}
+	kvr_actor_count(a, LK_STAT_LOOKUPS, 1);
+	kvr_actor_count(a, LK_STAT_KEYS, q->total);
+	kvr_actor_count(a, LK_STAT_MATCHED, (uint64_t)n);
+	send_lookup_rep(a, l, wi, wire, 0, (uint32_t)n, lane, dt);
+}
+
+static void send_commit_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, uint64_t id, int status,
+			    uint32_t committed, uint32_t visible)
+{
+	struct kvr_msg_commit_rep r = {.status = status, .n_committed = committed, .n_visible = visible};
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_COMMIT_REP, status ? KVR_MSGF_ERROR : 0, id, 0, &r, sizeof(r));
+	int rc = kvr_msg_send(l->w[wi].cm_rep, &m, kvr_now_ns() + REPLY_TIMEOUT_NS);
+	if (rc)
+		dropped(a, wi, rc);
+}
+
+static void do_alloc(struct kvr_actor *a, struct lookup *l, unsigned wi)
+{
+	struct kvr_list_asm *q = &l->w[wi].alloc;
+	struct kvr_index_alloc_stats st = {0};
+	int rc = q->lane < l->lanes && refs(l, q->total) ? 0 : -EINVAL;
+	if (!rc)
+		rc = kvr_index_alloc(l->idx, q->items, q->total, q->lane, wi, l->refs, &st);
+	if (rc) {
+		/* every key NOROOM: the storer reports the blocks failed */
+		if (refs(l, q->total))
+			for (uint32_t i = 0; i < q->total; i++)
+				l->refs[i] = (struct kvr_index_ref){.slot = KVR_INDEX_NOROOM};
+		else
+			return; /* out of memory: the storer times out and resets */
+	}
+	kvr_actor_count(a, LK_STAT_ALLOCATED, st.allocated);
+	kvr_actor_count(a, LK_STAT_PRESENT, st.present);
+	kvr_actor_count(a, LK_STAT_NOROOM, st.noroom);
+	kvr_actor_count(a, LK_STAT_EVICTED, st.evicted);
+	int src = kvr_list_send(l->w[wi].cm_rep, KVR_MSG_ALLOC_REP, q->req_id, q->lane, l->refs, q->total,
+				kvr_now_ns() + REPLY_TIMEOUT_NS);
+	if (src)
+		dropped(a, wi, src);
+}
+
+static void do_commit(struct kvr_actor *a, struct lookup *l, unsigned wi)
+{
+	struct kvr_list_asm *q = &l->w[wi].commit;
+	const struct kvr_msg_slot *items = q->items;
+	uint32_t committed = 0, visible = 0;
+	for (uint32_t i = 0; i < q->total; i++) {
+		/* Only the owner's own WRITING slots: another worker cannot commit them. */
+		if (items[i].slot < l->slots->n_slots && kvr_slot_at(l->slots, items[i].slot)->owner != wi)
+			continue;
+		int rc = kvr_index_commit(l->idx, q->lane, items[i].slot, items[i].epoch);
+		if (rc >= 0)
+			committed++;
+		if (rc == 1)
+			visible++;
+	}
+	kvr_actor_count(a, LK_STAT_COMMITTED, committed);
+	kvr_actor_count(a, LK_STAT_VISIBLE, visible);
+	send_commit_rep(a, l, wi, q->req_id, 0, committed, visible);
+}
+
+static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
+{
+	struct lookup *l = a->data;
+	if (ring == a->ctl_in) {
+		struct kvr_msg_worker_gone g;
+		if (kvr_msg_decode_worker_gone(m, &g) || g.worker >= l->n_workers)
+			return -EBADMSG;
+		struct kvr_slots_release rel = {0};
+		kvr_index_release_worker(l->idx, g.worker, &rel);
+		kvr_actor_count(a, LK_STAT_ABORTED, rel.aborted);
+		kvr_info("worker %u gone: %u pins dropped on %u slots, %u unfinished slots reclaimed", g.worker, rel.pins,
+			 rel.unpinned_slots, rel.aborted);
+		return 0;
+	}
+	for (unsigned wi = 0; wi < l->n_workers; wi++) {
+		struct lk_worker *w = &l->w[wi];
+		if (ring == w->lk_req) {
+			int rc = kvr_list_feed(&w->lookup, m);
+			if (rc < 0)
+				return -EBADMSG;
+			if (rc == 1)
+				do_lookup(a, l, wi);
+			return 0;
+		}
+		if (ring != w->cm_req)
+			continue;
+		int rc;
+		switch (m->hdr.type) {
+		case KVR_MSG_ALLOC:
+			if ((rc = kvr_list_feed(&w->alloc, m)) < 0)
+				return -EBADMSG;
+			if (rc == 1)
+				do_alloc(a, l, wi);
+			return 0;
+		case KVR_MSG_COMMIT:
+			if ((rc = kvr_list_feed(&w->commit, m)) < 0)
+				return -EBADMSG;
+			if (rc == 1)
+				do_commit(a, l, wi);
+			return 0;
+		case KVR_MSG_RESET:
+			if (kvr_msg_decode_reset(m))
+				return -EBADMSG;
+			rc = kvr_index_abort_owner(l->idx, wi);
+			kvr_actor_count(a, LK_STAT_ABORTED, rc > 0 ? (uint64_t)rc : 0);
+			if (rc > 0)
+				kvr_info("worker %u storer reset: %d unfinished slots reclaimed", wi, rc);
+			send_commit_rep(a, l, wi, m->hdr.req_id, rc < 0 ? rc : 0, 0, 0);
+			return 0;
+		default:
+			return -EBADMSG;
+		}
+	}
+	return -EBADMSG;
+}
+
+static const struct kvr_stage lookup_stage = {
+	.name = "lookup",
+	.kind = KVR_ACTOR_LOOKUP,
+	.init = lookup_init,
+	.on_msg = lookup_on_msg,
+	.fini = lookup_fini,
+};
+
+int main(int argc, char **argv)
+{
+	return kvr_actor_main(argc, argv, &lookup_stage);
+}

@@ -1,0 +1,778 @@
+/* libkvring: attach to kvringd, hash prompts into block keys, submit lookups/loads/stores over the rings. */
+#include <kvring/kvring.h>
+#include <kvring/msg.h>
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvr_config.h"
+#include "kvr_ctl.h"
+#include "kvr_geometry.h"
+#include "kvr_keys.h"
+#include "kvr_proto.h"
+#include "kvr_ring.h"
+#include "kvr_segment.h"
+#include "kvr_time.h"
+
+/*
+ * Wire request ids carry the generation of the actor the client addressed in their top
+ * 16 bits: an actor answers a request of another generation with -ESTALE and does no work
+ * for it, so a request submitted to an actor that restarted is never executed by its
+ * successor behind the client's back (the client has already failed it).
+ */
+#define WIRE_GEN_SHIFT 48
+#define MEMO_MAX 1024          /* lookups remembered for a following load */
+#define WAIT_SLICE_NS 20000000 /* re-check actor liveness this often while waiting */
+
+struct memo {
+	uint64_t req_id;
+	uint32_t n;
+	struct kvr_msg_slot *slots;
+};
+
+struct pending {
+	uint64_t wire_id;
+	uint64_t req_id;
+	uint32_t op;       /* enum kvr_op */
+	uint32_t actor;    /* actor index it was sent to */
+	uint32_t gen;      /* that actor's generation at submit */
+	uint32_t n_blocks;
+	uint32_t *blocks;  /* engine block ids, to report them all when the actor dies */
+	uint64_t submit_ns;
+	/* reply assembly */
+	bool have_result;
+	struct kvr_completion done;
+	uint32_t *failed;
+	uint32_t failed_total, failed_got;
+};
+
+struct kvr_client {
+	int sock;
+	struct kvr_segment ctl_seg, arena_seg, slots_seg;
+	struct kvr_ctl *ctl;
+	struct kvr_attach_info info;
+	struct kvr_geometry geom;
+	kvr_key ns;
+	unsigned worker;
+	int64_t timeout_ns;
+	struct kvr_ring *lk_req, *lk_rep, *ld_req, *ld_rep, *st_req, *st_rep;
+	struct kvr_waiter *waiter;
+	uint64_t next_wire;
+
+	struct memo memo[MEMO_MAX];
+	unsigned memo_next;
+
+	struct pending *pend;
+	unsigned n_pend, cap_pend;
+
+	struct kvr_completion *done;      /* completed, not yet polled */
+	uint32_t **done_failed;           /* their failed-id arrays (owned) */
+	unsigned n_done, cap_done;
+	uint32_t **handed;                /* failed arrays handed out by the last poll */
+	unsigned n_handed;
+
+	kvr_key *keys;                    /* scratch */
+	size_t cap_keys;
+
+	char err[256];
+};
+
+static int fail(struct kvr_client *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(struct kvr_client *c, int rc, const char *fmt, ...)
+{
+	if (c) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(c->err, sizeof(c->err), fmt, ap);
+		va_end(ap);
+	}
+	return rc;
+}
+
+const char *kvr_last_error(const struct kvr_client *c)
+{
+	return c ? c->err : "no client";
+}
+
+unsigned kvr_worker_slot(const struct kvr_client *c)
+{
+	return c->worker;
+}
+
+unsigned kvr_inflight(const struct kvr_client *c)
+{
+	return c->n_pend;
+}
+
+static struct kvr_ring *ring_named(struct kvr_client *c, const char *fmt)
+{
+	char name[KVR_RING_NAME_MAX];
+	snprintf(name, sizeof(name), fmt, c->worker);
+	int i = kvr_ctl_find_ring(c->ctl, name);
+	return i < 0 ? NULL : kvr_ctl_ring(c->ctl, (unsigned)i);
+}
+
+static uint32_t actor_gen(const struct kvr_client *c, unsigned actor)
+{
+	return atomic_load(&kvr_ctl_actor(c->ctl, actor)->generation);
+}
+
+static bool actor_alive(const struct kvr_client *c, unsigned actor, uint32_t gen)
+{
+	const struct kvr_actor_ent *e = kvr_ctl_actor(c->ctl, actor);
+	return atomic_load(&e->generation) == gen && atomic_load(&e->state) == KVR_ACTOR_READY;
+}
+
+static uint64_t wire_id(struct kvr_client *c, uint32_t gen)
+{
+	return ((uint64_t)(gen & 0xffff) << WIRE_GEN_SHIFT) | (++c->next_wire & ((1ull << WIRE_GEN_SHIFT) - 1));
+}
+
+/* ---- attach ----------------------------------------------------------------------------- */
+
+int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client)
+{
+	if (!opts || !opts->geometry || opts->kv_fd < 0 || !opts->kv_bytes || !ret_client)
+		return -EINVAL;
+	struct kvr_client *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->sock = -1;
+	c->ctl_seg.fd = c->arena_seg.fd = c->slots_seg.fd = -1;
+	c->timeout_ns = (opts->timeout_ms > 0 ? opts->timeout_ms : 10000) * 1000000ll;
+	int rc;
+	char err[KVR_GEOM_ERR_MAX];
+	if (kvr_geometry_validate(opts->geometry, opts->kv_bytes, err, sizeof(err))) {
+		rc = fail(c, -EINVAL, "geometry: %s", err);
+		goto err;
+	}
+	c->geom = *opts->geometry;
+
+	struct kvr_config defaults;
+	kvr_config_defaults(&defaults);
+	const char *path = opts->socket ? opts->socket : defaults.instance.socket;
+	c->sock = kvr_proto_connect(path);
+	if (c->sock < 0) {
+		rc = fail(c, c->sock, "cannot connect to %s: %s", path, strerror(-c->sock));
+		goto err;
+	}
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_ATTACH,
+				    .payload_len = sizeof(struct kvr_geometry)};
+	memcpy(req.payload, opts->geometry, sizeof(struct kvr_geometry));
+	rc = kvr_proto_send(c->sock, &req, sizeof(req), &opts->kv_fd, 1);
+	if (rc) {
+		rc = fail(c, rc, "attach request: %s", strerror(-rc));
+		goto err;
+	}
+	struct kvr_proto_rep rep;
+	int fds[KVR_PROTO_MAX_FDS];
+	unsigned nfds = 0;
+	ssize_t n = kvr_proto_recv(c->sock, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &nfds);
+	if (n <= 0) {
+		rc = fail(c, n ? (int)n : -ECONNRESET, "attach reply: %s", n ? strerror((int)-n) : "connection closed");
+		goto err;
+	}
+	if ((size_t)n < offsetof(struct kvr_proto_rep, payload) || rep.magic != KVR_PROTO_MAGIC ||
+	    rep.version != KVR_PROTO_VERSION) {
+		rc = fail(c, -EPROTO, "attach reply: malformed");
+		goto close_fds;
+	}
+	if (rep.status < 0) {
+		rep.reason[sizeof(rep.reason) - 1] = 0;
+		rc = fail(c, rep.status, "attach refused: %s", rep.reason);
+		goto close_fds;
+	}
+	if (nfds != 3 || rep.payload_len != sizeof(c->info)) {
+		rc = fail(c, -EPROTO, "attach reply: expected 3 fds and attach info, got %u fds", nfds);
+		goto close_fds;
+	}
+	memcpy(&c->info, rep.payload, sizeof(c->info));
+	c->worker = rep.worker;
+	c->ns = (kvr_key){.lo = c->info.ns_lo, .hi = c->info.ns_hi};
+
+	if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 1, &c->ctl_seg)) ||
+	    (rc = kvr_segment_map(fds[1], KVR_SEG_ARENA, 1, &c->arena_seg)) ||
+	    (rc = kvr_segment_map(fds[2], KVR_SEG_SLOTS, 1, &c->slots_seg)) ||
+	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl))) {
+		rc = fail(c, rc, "attach: cannot map the instance's segments: %s", strerror(-rc));
+		goto close_fds;
+	}
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	nfds = 0;
+	if (c->worker >= c->ctl->max_workers) {
+		rc = fail(c, -EPROTO, "attach: worker slot %u out of range", c->worker);
+		goto err;
+	}
+	c->lk_req = ring_named(c, "lookup.req.%u");
+	c->lk_rep = ring_named(c, "lookup.rep.%u");
+	c->ld_req = ring_named(c, "load.req.%u");
+	c->ld_rep = ring_named(c, "load.rep.%u");
+	c->st_req = ring_named(c, "store.req.%u");
+	c->st_rep = ring_named(c, "store.rep.%u");
+	if (!c->lk_req || !c->lk_rep || !c->ld_req || !c->ld_rep || !c->st_req || !c->st_rep) {
+		rc = fail(c, -EPROTO, "attach: the instance has no rings for worker slot %u", c->worker);
+		goto err;
+	}
+	pid_t me = getpid();
+	kvr_ring_claim_producer(c->lk_req, me);
+	kvr_ring_claim_producer(c->ld_req, me);
+	kvr_ring_claim_producer(c->st_req, me);
+	kvr_ring_claim_consumer(c->lk_rep, me);
+	kvr_ring_claim_consumer(c->ld_rep, me);
+	kvr_ring_claim_consumer(c->st_rep, me);
+	c->waiter = &kvr_ctl_worker(c->ctl, c->worker)->waiter;
+	*ret_client = c;
+	return 0;
+
+close_fds:
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+err:
+	kvr_detach(c);
+	return rc;
+}
+
+static void pending_free(struct pending *p)
+{
+	free(p->blocks);
+	free(p->failed);
+}
+
+void kvr_detach(struct kvr_client *c)
+{
+	if (!c)
+		return;
+	if (c->sock >= 0)
+		close(c->sock); /* kvringd sees the close: releases our leases, stops our actors */
+	kvr_segment_close(&c->ctl_seg);
+	kvr_segment_close(&c->arena_seg);
+	kvr_segment_close(&c->slots_seg);
+	for (unsigned i = 0; i < MEMO_MAX; i++)
+		free(c->memo[i].slots);
+	for (unsigned i = 0; i < c->n_pend; i++)
+		pending_free(&c->pend[i]);
+	free(c->pend);
+	for (unsigned i = 0; i < c->n_done; i++)
+		free(c->done_failed[i]);
+	for (unsigned i = 0; i < c->n_handed; i++)
+		free(c->handed[i]);
+	free(c->handed);
+	free(c->done);
+	free(c->done_failed);
+	free(c->keys);
+	free(c);
+}
+
+/* ---- completions ------------------------------------------------------------------------ */
+
+static int push_done(struct kvr_client *c, const struct kvr_completion *d, uint32_t *failed)
+{
+	if (c->n_done == c->cap_done) {
+		unsigned cap = c->cap_done ? c->cap_done * 2 : 64;
+		struct kvr_completion *nd = realloc(c->done, cap * sizeof(*nd));
+		if (!nd)
+			return -ENOMEM;
+		c->done = nd;
+		uint32_t **nf = realloc(c->done_failed, cap * sizeof(*nf));
+		if (!nf)
+			return -ENOMEM;
+		c->done_failed = nf;
+		c->cap_done = cap;
+	}
+	c->done[c->n_done] = *d;
+	c->done_failed[c->n_done] = failed;
+	c->n_done++;
+	return 0;
+}
+
+static void remove_pending(struct kvr_client *c, unsigned i)
+{
+	c->pend[i] = c->pend[--c->n_pend];
+}
+
+static int find_pending(struct kvr_client *c, uint64_t wire_id)
+{
+	for (unsigned i = 0; i < c->n_pend; i++)
+		if (c->pend[i].wire_id == wire_id)
+			return (int)i;
+	return -1;
+}
+
+static void finish_pending(struct kvr_client *c, unsigned i)
+{
+	struct pending *p = &c->pend[i];
+	p->done.diag.total_ns = kvr_now_ns() - p->submit_ns;
+	p->done.n_failed = p->failed_total;
+	p->done.failed = NULL;
+	if (push_done(c, &p->done, p->failed) == 0)
+		p->failed = NULL;
+	free(p->blocks);
+	free(p->failed);
+	remove_pending(c, i);
+}
+
+/* Fail every request addressed to an actor that restarted or died: all their blocks. */
+static void reap_dead(struct kvr_client *c)
+{
+	for (unsigned i = 0; i < c->n_pend;) {
+		struct pending *p = &c->pend[i];
+		if (actor_alive(c, p->actor, p->gen)) {
+			i++;
+			continue;
+		}
+		p->done.status = -EPIPE;
+		p->done.n_blocks = p->n_blocks;
+		free(p->failed);
+		p->failed = p->blocks;
+		p->blocks = NULL;
+		p->failed_total = p->n_blocks;
+		finish_pending(c, i);
+	}
+}
+
+/* One message from a loader or storer reply ring. Unknown wire ids (a request already
+ * failed because its actor restarted) are dropped. */
+static void handle_reply(struct kvr_client *c, struct kvr_ring *ring, const struct kvr_msg *m)
+{
+	int i = find_pending(c, m->hdr.req_id);
+	if (i < 0) {
+		atomic_fetch_add_explicit(&ring->rejected, 1, memory_order_relaxed);
+		return;
+	}
+	struct pending *p = &c->pend[i];
+	if (!p->have_result) {
+		if (p->op == KVR_OP_LOAD_DONE) {
+			struct kvr_msg_load_done r;
+			if (kvr_msg_decode_load_done(m, &r))
+				goto bad;
+			p->done.status = r.status;
+			p->done.n_blocks = r.n_blocks;
+			p->failed_total = r.n_failed;
+			p->done.diag.bytes = r.bytes;
+			p->done.diag.copies = r.copies;
+			p->done.diag.runs = r.runs;
+			p->done.diag.copy_ns = r.copy_ns;
+			p->done.diag.queue_ns = (uint64_t)r.queue_us * 1000;
+			p->done.diag.l1_hits = r.n_blocks - r.n_failed;
+		} else {
+			struct kvr_msg_store_done r;
+			if (kvr_msg_decode_store_done(m, &r))
+				goto bad;
+			p->done.status = r.status;
+			p->done.n_blocks = r.n_blocks;
+			p->done.n_stored = r.n_stored;
+			p->done.n_present = r.n_present;
+			p->failed_total = r.n_failed;
+			p->done.diag.bytes = r.bytes;
+			p->done.diag.copies = r.copies;
+			p->done.diag.copy_ns = r.copy_ns;
+			p->done.diag.queue_ns = (uint64_t)r.queue_us * 1000;
+		}
+		p->have_result = true;
+		if (p->failed_total) {
+			p->failed = calloc(p->failed_total, sizeof(uint32_t));
+			if (!p->failed)
+				p->failed_total = 0;
+		}
+		if (!p->failed_total)
+			finish_pending(c, (unsigned)i);
+		return;
+	}
+	struct kvr_msg_list_hdr h;
+	if (kvr_msg_decode_list(m, KVR_MSG_BLOCKS, &h) || h.total != p->failed_total)
+		goto bad;
+	kvr_msg_list_items(m, p->failed);
+	p->failed_got += h.count;
+	if (!(m->hdr.flags & KVR_MSGF_MORE))
+		finish_pending(c, (unsigned)i);
+	return;
+bad:
+	/* A malformed reply: count it; the request fails as a whole (never trusted). */
+	atomic_fetch_add_explicit(&ring->rejected, 1, memory_order_relaxed);
+	p->done.status = -EPROTO;
+	p->done.n_blocks = p->n_blocks;
+	free(p->failed);
+	p->failed = p->blocks;
+	p->blocks = NULL;
+	p->failed_total = p->n_blocks;
+	finish_pending(c, (unsigned)i);
+}
+
+static void drain_replies(struct kvr_client *c)
+{
+	struct kvr_msg m[32];
+	struct kvr_ring *rings[2] = {c->ld_rep, c->st_rep};
+	for (int r = 0; r < 2; r++) {
+		unsigned n;
+		while ((n = kvr_ring_dequeue_burst(rings[r], m, 32)) > 0)
+			for (unsigned k = 0; k < n; k++)
+				handle_reply(c, rings[r], &m[k]);
+	}
+}
+
+int kvr_poll(struct kvr_client *c, struct kvr_completion *ret, unsigned max)
+{
+	if (!c || (!ret && max))
+		return -EINVAL;
+	for (unsigned i = 0; i < c->n_handed; i++)
+		free(c->handed[i]);
+	c->n_handed = 0;
+	drain_replies(c);
+	reap_dead(c);
+	unsigned n = c->n_done < max ? c->n_done : max;
+	if (n) {
+		uint32_t **h = realloc(c->handed, n * sizeof(*h));
+		if (!h)
+			return -ENOMEM;
+		c->handed = h;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		ret[i] = c->done[i];
+		ret[i].failed = c->done_failed[i];
+		c->handed[c->n_handed++] = c->done_failed[i];
+	}
+	memmove(c->done, c->done + n, (c->n_done - n) * sizeof(*c->done));
+	memmove(c->done_failed, c->done_failed + n, (c->n_done - n) * sizeof(*c->done_failed));
+	c->n_done -= n;
+	return (int)n;
+}
+
+int kvr_wait(struct kvr_client *c, struct kvr_completion *ret, unsigned max, int64_t timeout_ms)
+{
+	uint64_t deadline = kvr_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
+	for (;;) {
+		int n = kvr_poll(c, ret, max);
+		if (n != 0 || !max)
+			return n;
+		uint64_t now = kvr_now_ns();
+		if (now >= deadline)
+			return 0;
+		uint32_t seen = kvr_waiter_prepare(c->waiter);
+		if (kvr_ring_count(c->ld_rep) || kvr_ring_count(c->st_rep)) {
+			kvr_waiter_finish(c->waiter);
+			continue;
+		}
+		uint64_t left = deadline - now;
+		int rc = kvr_waiter_wait(c->waiter, seen, (int64_t)(left < WAIT_SLICE_NS ? left : WAIT_SLICE_NS));
+		kvr_waiter_finish(c->waiter);
+		if (rc == -EINTR)
+			return -EINTR;
+	}
+}
+
+/* ---- sending ----------------------------------------------------------------------------- */
+
+/* Enqueue one message; while the ring is full keep draining our reply rings (a loader
+ * blocked on a full reply ring must not deadlock against us) until the deadline. */
+static int send_msg(struct kvr_client *c, struct kvr_ring *r, const struct kvr_msg *m, uint64_t deadline)
+{
+	for (;;) {
+		int rc = kvr_ring_try_enqueue(r, m);
+		if (rc == 0)
+			return 0;
+		drain_replies(c);
+		uint64_t now = kvr_now_ns();
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		rc = kvr_ring_enqueue(r, m, 1000000);
+		if (rc == 0)
+			return 0;
+		if (rc != -ETIMEDOUT)
+			return rc;
+	}
+}
+
+static int send_list(struct kvr_client *c, struct kvr_ring *r, unsigned type, uint64_t wire, uint8_t lane,
+		     const void *items, uint32_t total, uint64_t deadline)
+{
+	unsigned per = kvr_msg_list_per_msg(type);
+	uint32_t n_msgs = (total + per - 1) / per;
+	for (uint32_t seq = 0; seq < n_msgs; seq++) {
+		struct kvr_msg m;
+		kvr_msg_build_list(&m, type, wire, seq, lane, 0, items, total);
+		int rc = send_msg(c, r, &m, deadline);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int hash_keys(struct kvr_client *c, const uint32_t *tokens, size_t n_tokens, const void *extra,
+		     size_t extra_len, size_t *ret_n)
+{
+	size_t want = n_tokens / c->geom.block_tokens;
+	if (want > KVR_MSG_MAX_LIST)
+		return fail(c, -E2BIG, "prompt of %zu tokens has more than %u blocks", n_tokens, KVR_MSG_MAX_LIST);
+	if (want > c->cap_keys) {
+		kvr_key *k = realloc(c->keys, want * sizeof(*k));
+		if (!k)
+			return fail(c, -ENOMEM, "out of memory");
+		c->keys = k;
+		c->cap_keys = want;
+	}
+	int n = kvr_keys_chain(c->ns, tokens, n_tokens, c->geom.block_tokens, extra, extra_len, c->keys, want);
+	if (n < 0)
+		return fail(c, n, "hashing the prompt: %s", strerror(-n));
+	*ret_n = (size_t)n;
+	return 0;
+}
+
+/* ---- lookup ------------------------------------------------------------------------------ */
+
+static struct memo *memo_find(struct kvr_client *c, uint64_t req_id)
+{
+	for (unsigned i = 0; i < MEMO_MAX; i++)
+		if (c->memo[i].slots && c->memo[i].req_id == req_id)
+			return &c->memo[i];
+	return NULL;
+}
+
+int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+	       size_t extra_len, struct kvr_lookup_result *ret)
+{
+	if (!c || !ret || (!tokens && n_tokens) || (!extra && extra_len))
+		return fail(c, -EINVAL, "lookup: NULL argument");
+	memset(ret, 0, sizeof(*ret));
+	uint64_t t0 = kvr_now_ns();
+	size_t nk;
+	int rc = hash_keys(c, tokens, n_tokens, extra, extra_len, &nk);
+	if (rc)
+		return rc;
+	uint64_t t1 = kvr_now_ns();
+	ret->hash_ns = t1 - t0;
+	struct memo *old = memo_find(c, req_id);
+	if (old) {
+		free(old->slots);
+		old->slots = NULL;
+	}
+	if (nk == 0)
+		return 0;
+
+	unsigned actor = c->info.lookup_actor;
+	uint32_t gen = actor_gen(c, actor);
+	if (!actor_alive(c, actor, gen))
+		return fail(c, -EPIPE, "lookup: the lookup actor is not running (state %s)",
+			    kvr_actor_state_name(atomic_load(&kvr_ctl_actor(c->ctl, actor)->state)));
+	uint64_t wire = wire_id(c, gen), deadline = t1 + (uint64_t)c->timeout_ns;
+	_Static_assert(sizeof(kvr_key) == sizeof(struct kvr_msg_key), "key wire format");
+	rc = send_list(c, c->lk_req, KVR_MSG_LOOKUP, wire, (uint8_t)c->info.lane, c->keys, (uint32_t)nk, deadline);
+	if (rc)
+		return fail(c, rc, "lookup: sending the request: %s", strerror(-rc));
+
+	/* Wait for LOOKUP_REP (+ SLOTS). Stale replies of an earlier, timed-out lookup are skipped. */
+	struct kvr_msg_lookup_rep r = {0};
+	struct kvr_msg_slot *slots = NULL;
+	uint32_t got = 0;
+	bool have = false;
+	for (;;) {
+		struct kvr_msg m;
+		rc = kvr_ring_dequeue(c->lk_rep, &m, WAIT_SLICE_NS);
+		if (rc == -ETIMEDOUT || rc == -EINTR) {
+			if (!actor_alive(c, actor, gen)) {
+				rc = fail(c, -EPIPE, "lookup: the lookup actor restarted; treat as a miss");
+				goto out;
+			}
+			if (kvr_now_ns() >= deadline) {
+				rc = fail(c, -ETIMEDOUT, "lookup: no reply within %lld ms",
+					  (long long)(c->timeout_ns / 1000000));
+				goto out;
+			}
+			continue;
+		}
+		if (rc)
+			goto out;
+		if (m.hdr.req_id != wire)
+			continue;
+		if (!have) {
+			if (kvr_msg_decode_lookup_rep(&m, &r)) {
+				rc = fail(c, -EPROTO, "lookup: malformed reply");
+				goto out;
+			}
+			have = true;
+			if (r.status < 0) {
+				rc = fail(c, r.status, "lookup: %s", strerror(-r.status));
+				goto out;
+			}
+			if (r.matched > nk || r.lane != c->info.lane) {
+				rc = fail(c, -EPROTO, "lookup: reply does not match the request");
+				goto out;
+			}
+			if (!r.matched)
+				break;
+			slots = calloc(r.matched, sizeof(*slots));
+			if (!slots) {
+				rc = fail(c, -ENOMEM, "out of memory");
+				goto out;
+			}
+			continue;
+		}
+		struct kvr_msg_list_hdr h;
+		if (kvr_msg_decode_list(&m, KVR_MSG_SLOTS, &h) || h.total != r.matched) {
+			rc = fail(c, -EPROTO, "lookup: malformed slot list");
+			goto out;
+		}
+		kvr_msg_list_items(&m, slots);
+		got += h.count;
+		if (!(m.hdr.flags & KVR_MSGF_MORE))
+			break;
+	}
+	if (r.matched && got != r.matched) {
+		rc = fail(c, -EPROTO, "lookup: slot list incomplete");
+		goto out;
+	}
+	ret->matched_blocks = r.matched;
+	ret->matched_tokens = r.matched * c->geom.block_tokens;
+	ret->index_ns = r.index_ns;
+	ret->roundtrip_ns = kvr_now_ns() - t1;
+	if (r.matched) {
+		struct memo *mm = &c->memo[c->memo_next++ % MEMO_MAX];
+		free(mm->slots);
+		*mm = (struct memo){.req_id = req_id, .n = r.matched, .slots = slots};
+		slots = NULL;
+	}
+	rc = 0;
+out:
+	free(slots);
+	return rc;
+}
+
+/* ---- load and store ---------------------------------------------------------------------- */
+
+static int add_pending(struct kvr_client *c, const struct pending *p)
+{
+	if (c->n_pend == c->cap_pend) {
+		unsigned cap = c->cap_pend ? c->cap_pend * 2 : 64;
+		struct pending *np = realloc(c->pend, cap * sizeof(*np));
+		if (!np)
+			return -ENOMEM;
+		c->pend = np;
+		c->cap_pend = cap;
+	}
+	c->pend[c->n_pend++] = *p;
+	return 0;
+}
+
+static int check_blocks(struct kvr_client *c, const char *what, const uint32_t *block_ids, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (block_ids[i] >= c->geom.num_blocks)
+			return fail(c, -ERANGE, "%s: block id %u at position %zu out of range (num_blocks %u)", what,
+				    block_ids[i], i, c->geom.num_blocks);
+	return 0;
+}
+
+/* Register a pending request before sending it, so replies that arrive while we send
+ * (we drain replies when a ring is full) find it. */
+static int submit(struct kvr_client *c, uint32_t op, unsigned actor, uint64_t req_id, const uint32_t *block_ids,
+		  size_t n, uint64_t *ret_wire)
+{
+	uint32_t gen = actor_gen(c, actor);
+	if (!actor_alive(c, actor, gen))
+		return fail(c, -EPIPE, "%s actor is not running (state %s)", op == KVR_OP_LOAD_DONE ? "loader" : "storer",
+			    kvr_actor_state_name(atomic_load(&kvr_ctl_actor(c->ctl, actor)->state)));
+	struct pending p = {.wire_id = wire_id(c, gen), .req_id = req_id, .op = op, .actor = actor, .gen = gen,
+			    .n_blocks = (uint32_t)n, .submit_ns = kvr_now_ns()};
+	p.done.req_id = req_id;
+	p.done.op = op;
+	p.blocks = malloc(n * sizeof(uint32_t));
+	if (!p.blocks)
+		return fail(c, -ENOMEM, "out of memory");
+	memcpy(p.blocks, block_ids, n * sizeof(uint32_t));
+	if (add_pending(c, &p)) {
+		free(p.blocks);
+		return fail(c, -ENOMEM, "out of memory");
+	}
+	*ret_wire = p.wire_id;
+	return 0;
+}
+
+/* A request that could not be sent completely fails now, with all its blocks. */
+static void abort_submit(struct kvr_client *c, uint64_t wire)
+{
+	int i = find_pending(c, wire);
+	if (i >= 0) {
+		pending_free(&c->pend[i]);
+		remove_pending(c, (unsigned)i);
+	}
+}
+
+int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks)
+{
+	if (!c || (!block_ids && n_blocks) || !n_blocks)
+		return fail(c, -EINVAL, "load: no blocks");
+	struct memo *mm = memo_find(c, req_id);
+	if (!mm)
+		return fail(c, -ENOENT, "load: request %llu has no matched blocks (lookup first)",
+			    (unsigned long long)req_id);
+	if (n_blocks > mm->n)
+		return fail(c, -ERANGE, "load: %zu blocks requested but only %u matched", n_blocks, mm->n);
+	int rc = check_blocks(c, "load", block_ids, n_blocks);
+	if (rc)
+		return rc;
+	struct kvr_msg_load_item *items = malloc(n_blocks * sizeof(*items));
+	if (!items)
+		return fail(c, -ENOMEM, "out of memory");
+	for (size_t i = 0; i < n_blocks; i++)
+		items[i] = (struct kvr_msg_load_item){.slot = mm->slots[i].slot, .epoch = mm->slots[i].epoch,
+						      .block = block_ids[i]};
+	uint64_t wire;
+	rc = submit(c, KVR_OP_LOAD_DONE, c->info.loader_actor, req_id, block_ids, n_blocks, &wire);
+	if (!rc) {
+		rc = send_list(c, c->ld_req, KVR_MSG_LOAD, wire, 0, items, (uint32_t)n_blocks,
+			       kvr_now_ns() + (uint64_t)c->timeout_ns);
+		if (rc) {
+			abort_submit(c, wire);
+			rc = fail(c, rc, "load: sending the request: %s", strerror(-rc));
+		}
+	}
+	free(items);
+	if (!rc) { /* the slots are consumed: a second load needs a new lookup */
+		free(mm->slots);
+		mm->slots = NULL;
+	}
+	return rc;
+}
+
+int kvr_store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+	      size_t extra_len, const uint32_t *block_ids, size_t n_blocks)
+{
+	if (!c || (!tokens && n_tokens) || (!block_ids && n_blocks) || (!extra && extra_len))
+		return fail(c, -EINVAL, "store: NULL argument");
+	size_t full = n_tokens / c->geom.block_tokens;
+	if (n_blocks != full)
+		return fail(c, -EINVAL, "store: %zu tokens make %zu full blocks of %u but %zu block ids were given",
+			    n_tokens, full, c->geom.block_tokens, n_blocks);
+	if (!n_blocks)
+		return fail(c, -EINVAL, "store: fewer than %u tokens: nothing to store", c->geom.block_tokens);
+	int rc = check_blocks(c, "store", block_ids, n_blocks);
+	if (rc)
+		return rc;
+	size_t nk;
+	if ((rc = hash_keys(c, tokens, n_tokens, extra, extra_len, &nk)))
+		return rc;
+	struct kvr_msg_store_item *items = malloc(nk * sizeof(*items));
+	if (!items)
+		return fail(c, -ENOMEM, "out of memory");
+	for (size_t i = 0; i < nk; i++) {
+		items[i].key = (struct kvr_msg_key){.lo = c->keys[i].lo, .hi = c->keys[i].hi};
+		items[i].block = block_ids[i];
+	}
+	uint64_t wire;
+	rc = submit(c, KVR_OP_STORE_DONE, c->info.storer_actor, req_id, block_ids, n_blocks, &wire);
+	if (!rc) {
+		rc = send_list(c, c->st_req, KVR_MSG_STORE, wire, 0, items, (uint32_t)nk,
+			       kvr_now_ns() + (uint64_t)c->timeout_ns);
+		if (rc) {
+			abort_submit(c, wire);
+			rc = fail(c, rc, "store: sending the request: %s", strerror(-rc));
+		}
+	}
+	free(items);
+	return rc;
+}

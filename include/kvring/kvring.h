@@ -1,0 +1,119 @@
+/* libkvring: what an inference worker links to store and load KV blocks through kvringd. */
+#ifndef KVRING_KVRING_H
+#define KVRING_KVRING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Life of a worker (one per GPU rank):
+ *
+ *   kvr_attach()      connect to kvringd, describe the geometry and share the KV memory;
+ *   kvr_lookup()      tokens -> how many leading tokens are cached (whole blocks);
+ *   kvr_load()        copy the matched blocks into the engine's block ids (asynchronous);
+ *   kvr_store()       copy a finished request's blocks out (asynchronous; call it once the
+ *                     engine reports the blocks final — it is the "final" mark);
+ *   kvr_poll()/kvr_wait()  collect completions;
+ *   kvr_detach()
+ *
+ * Errors: every call returns 0 (or a count) or a negative errno; kvr_last_error() gives a
+ * one-line reason for the last failure on this client. No call blocks longer than the
+ * attach timeout. A dead or restarting actor surfaces as an error completion (-EPIPE for
+ * the requests it had), never a hang.
+ *
+ * Threading: a client is used by one thread at a time (the engine's worker thread).
+ */
+
+struct kvr_client;
+struct kvr_geometry; /* see kvring/geometry.h */
+
+struct kvr_attach_opts {
+	const char *socket;                  /* kvringd socket; NULL = default */
+	const struct kvr_geometry *geometry; /* this rank's KV layout */
+	int kv_fd;                           /* host backend: memfd holding the KV memory */
+	uint64_t kv_bytes;                   /* its size */
+	int64_t timeout_ms;                  /* per-call ceiling; 0 = 10000 */
+};
+
+int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client);
+void kvr_detach(struct kvr_client *c);
+
+/* The reason for the last error on c (never NULL; "" when none). */
+const char *kvr_last_error(const struct kvr_client *c);
+
+/* Worker slot and TP lane assigned at attach. */
+unsigned kvr_worker_slot(const struct kvr_client *c);
+
+struct kvr_lookup_result {
+	uint32_t matched_tokens;  /* leading tokens whose blocks are stored on every rank */
+	uint32_t matched_blocks;
+	uint64_t hash_ns;         /* client-side key hashing */
+	uint64_t index_ns;        /* lookup actor's index work */
+	uint64_t roundtrip_ns;    /* request + reply through the rings */
+};
+
+/*
+ * Synchronous lookup of a prompt: computes the chained block keys from tokens (+ extra
+ * key bytes, e.g. a LoRA id) and asks the lookup actor for the longest visible prefix.
+ * Remembers the matched slots under req_id for a following kvr_load(). Only whole blocks
+ * count. -EINVAL bad arguments, -ETIMEDOUT, -EPIPE lookup actor restarted.
+ */
+int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+	       size_t extra_len, struct kvr_lookup_result *ret);
+
+/*
+ * Load the first n_blocks matched blocks of req_id's last lookup into the engine's
+ * blocks block_ids[0..n). Asynchronous: completes through kvr_poll(). n_blocks must not
+ * exceed the matched blocks (-ERANGE); every block id must be < num_blocks (-ERANGE).
+ */
+int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks);
+
+/*
+ * Store the full blocks of tokens[0..n_tokens) from the engine's blocks block_ids (one per
+ * full block). Blocks already stored on this rank's lane are not copied again. With
+ * require_full, n_tokens must be a multiple of block_tokens (-EINVAL).
+ */
+int kvr_store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+	      size_t extra_len, const uint32_t *block_ids, size_t n_blocks);
+
+enum kvr_op { KVR_OP_LOAD_DONE = 1, KVR_OP_STORE_DONE = 2 };
+
+struct kvr_load_diag {
+	uint64_t bytes;
+	uint32_t copies;
+	uint32_t runs;
+	uint64_t queue_ns;   /* time the request waited in the loader before its first copy */
+	uint64_t copy_ns;
+	uint32_t l1_hits;    /* blocks served from L1 */
+	uint32_t l2_reads;   /* blocks read from L2 first */
+	uint64_t total_ns;   /* submit to completion, measured by the client */
+};
+
+struct kvr_completion {
+	uint64_t req_id;
+	uint32_t op;              /* enum kvr_op */
+	int32_t status;           /* 0, or -errno (-EIO: some blocks failed, listed below) */
+	uint32_t n_blocks;
+	uint32_t n_failed;
+	const uint32_t *failed;   /* engine block ids not restored / not stored; valid until the next poll */
+	uint32_t n_stored;        /* store: newly stored blocks */
+	uint32_t n_present;       /* store: blocks that were already stored */
+	struct kvr_load_diag diag;
+};
+
+/* Collect up to max completions without blocking; returns how many (0..max) or -errno. */
+int kvr_poll(struct kvr_client *c, struct kvr_completion *ret, unsigned max);
+/* As kvr_poll, waiting up to timeout_ms for at least one (0 = return at once). */
+int kvr_wait(struct kvr_client *c, struct kvr_completion *ret, unsigned max, int64_t timeout_ms);
+
+/* Requests submitted and not yet completed. */
+unsigned kvr_inflight(const struct kvr_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
