@@ -25,7 +25,8 @@ int kvr_xfer_layout_check(const struct kvr_xfer_layout *layout, struct kvr_xfer_
 		const struct kvr_xfer_region *g = &layout->regions[r];
 		uint64_t last, end;
 
-		if (g->sem_bytes > g->page_bytes || g->page_bytes == 0 || (layout->num_blocks > 1 && g->page_bytes > g->stride))
+		if (g->sem_bytes > g->page_bytes || g->page_bytes == 0 ||
+		    (layout->num_blocks > 1 && g->page_bytes > g->stride))
 			return fail(err, -EINVAL, KVR_XFER_E_REGION, none, none, r);
 		if (__builtin_mul_overflow((uint64_t)(layout->num_blocks - 1), g->stride, &last) ||
 		    __builtin_add_overflow(last, g->offset, &end) || __builtin_add_overflow(end, g->page_bytes, &end) ||

@@ -86,7 +86,8 @@ static void bench_plan(const char *what, uint32_t nr, uint32_t nb, int cross_lay
 		slots[i] = (uint64_t)i * nr * page;
 	}
 	struct kvr_xfer_layout l = { .regions = g, .n_regions = nr, .num_blocks = total_blocks,
-				     .kv_size = (uint64_t)nr * total_blocks * page, .arena_size = (uint64_t)nb * nr * page };
+				     .kv_size = (uint64_t)nr * total_blocks * page,
+				     .arena_size = (uint64_t)nb * nr * page };
 	for (int rep = 0; rep < 50; rep++) {
 		uint64_t t0 = kvr_now_ns();
 		n = kvr_xfer_plan(&l, ids, slots, nb, runs, (size_t)nr * nb, &bytes, NULL);
@@ -167,8 +168,8 @@ static void bench_request(void)
 					}
 				} else {
 					uint64_t t;
-					if (kvr_xfer_submit(x, dir == 0 ? KVR_XFER_KV_TO_SLOT : KVR_XFER_SLOT_TO_KV, runs,
-							    (size_t)n, NULL, &t) < 0 ||
+					uint32_t d = dir == 0 ? KVR_XFER_KV_TO_SLOT : KVR_XFER_SLOT_TO_KV;
+					if (kvr_xfer_submit(x, d, runs, (size_t)n, NULL, &t) < 0 ||
 					    kvr_xfer_wait(x, t, -1, NULL) < 0)
 						goto fail;
 				}
@@ -180,7 +181,8 @@ static void bench_request(void)
 	}
 	for (uint32_t i = 0; i < nb; i++)
 		for (uint32_t r = 0; r < nr; r += 7)
-			if (memcmp(arena + slots[i] + (uint64_t)r * page, kv + g[r].offset + (uint64_t)ids[i] * page, page))
+			if (memcmp(arena + slots[i] + (uint64_t)r * page, kv + g[r].offset + (uint64_t)ids[i] * page,
+				   page))
 				goto fail;
 	printf("request: %u blocks x %u regions x 64 KiB (layer-major), %d runs, %.0f MiB; GB/s store / load\n", nb,
 	       nr, n, (double)arena_size / (1 << 20));

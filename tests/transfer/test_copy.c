@@ -35,10 +35,10 @@ static void check_width(copy_fn fn, const char *name, size_t w)
 			fn(d, s, w);
 			cr_assert(memcmp(d, s, w) == 0, "%s width %zu src+%zu dst+%zu: bytes differ", name, w, sa, da);
 			for (unsigned char *p = dst; p < d; p++)
-				cr_assert_eq(*p, GUARD_BYTE, "%s width %zu src+%zu dst+%zu: wrote %td bytes before dst", name,
-					     w, sa, da, d - p);
+				cr_assert_eq(*p, GUARD_BYTE, "%s width %zu src+%zu dst+%zu: wrote %td bytes before dst",
+					     name, w, sa, da, d - p);
 			for (unsigned char *p = d + w; p < dst + total; p++)
-				cr_assert_eq(*p, GUARD_BYTE, "%s width %zu src+%zu dst+%zu: wrote byte %td after the end",
+				cr_assert_eq(*p, GUARD_BYTE, "%s width %zu src+%zu dst+%zu: wrote byte %td past end",
 					     name, w, sa, da, p - (d + w));
 		}
 	}
@@ -87,7 +87,8 @@ Test(xfer_copy, every_small_length)
 				copy_fn fn = f == 0 ? kvr_copy : f == 1 ? kvr_copy_nt : kvr_copy_stream;
 				memset(dst, GUARD_BYTE, sizeof(dst));
 				fn(dst + GUARD + a, src + (15 - a), len);
-				cr_assert(memcmp(dst + GUARD + a, src + (15 - a), len) == 0, "len %zu align %zu", len, a);
+				cr_assert(memcmp(dst + GUARD + a, src + (15 - a), len) == 0, "len %zu align %zu", len,
+					  a);
 				for (size_t i = 0; i < GUARD + a; i++)
 					cr_assert_eq(dst[i], GUARD_BYTE);
 				for (size_t i = GUARD + a + len; i < sizeof(dst); i++)

@@ -168,8 +168,10 @@ Test(xfer_host, round_trip_with_opaque_tails)
 		const unsigned char *s = a + slots[i];
 		const unsigned char *k = kv + geo[0].offset + ids[i] * geo[0].stride;
 		cr_assert(memcmp(s, k, SEM) == 0, "block %u: K payload not in its slot", ids[i]);
-		cr_assert(memcmp(s + SEM, k + SEM, TAIL) == 0, "block %u: K page's 37-byte opaque tail not stored", ids[i]);
-		cr_assert(memcmp(s + 4133, kv + geo[1].offset + ids[i] * geo[1].stride, 4133) == 0, "block %u: V", ids[i]);
+		const unsigned char *v = kv + geo[1].offset + ids[i] * geo[1].stride;
+		cr_assert(memcmp(s + SEM, k + SEM, TAIL) == 0, "block %u: K page's 37-byte opaque tail not stored",
+			  ids[i]);
+		cr_assert(memcmp(s + 4133, v, 4133) == 0, "block %u: V", ids[i]);
 		cr_assert(memcmp(s + 8266, kv + geo[2].offset + ids[i] * geo[2].stride, TAIL) == 0,
 			  "block %u: 37-byte tail region not stored", ids[i]);
 		for (size_t b = 8303; b < SLOT_STRIDE; b++)
@@ -415,7 +417,8 @@ Test(xfer_host, kv_segment_with_offset)
 	unsigned char *k = (unsigned char *)seg.base + 4096;
 	fill_random(k, 8 * 512, seed ^ 1);
 
-	struct kvr_xfer_kvmem m = { .kind = KVR_XFER_MEM_HOST, .size = 8 * 512, .u.host = { .fd = seg.fd, .offset = 4096 } };
+	struct kvr_xfer_kvmem m = { .kind = KVR_XFER_MEM_HOST, .size = 8 * 512,
+				    .u.host = { .fd = seg.fd, .offset = 4096 } };
 	cr_assert_eq(kvr_xfer_open(&m, &a, &x), 0);
 	struct kvr_xfer_layout l = { .regions = &g, .n_regions = 1, .num_blocks = 8, .kv_size = 8 * 512,
 				     .arena_size = arena.size };

@@ -58,11 +58,14 @@ static void check_against_oracle(const struct kvr_xfer_layout *l, const uint32_t
 	for (int k = 0; k < n_runs; k++) {
 		const struct kvr_xfer_run *r = &runs[k];
 		cr_assert(r->len > 0, "run %d empty", k);
-		cr_assert(r->kv_off + r->len <= l->kv_size && r->slot_off + r->len <= l->arena_size, "run %d out of range", k);
+		cr_assert(r->kv_off + r->len <= l->kv_size && r->slot_off + r->len <= l->arena_size,
+			  "run %d out of range", k);
 		if (k > 0)
-			cr_assert(runs[k - 1].kv_off + runs[k - 1].len <= r->kv_off, "runs %d,%d not sorted/disjoint", k - 1, k);
+			cr_assert(runs[k - 1].kv_off + runs[k - 1].len <= r->kv_off, "runs %d,%d not sorted/disjoint",
+				  k - 1, k);
 		for (uint64_t b = 0; b < r->len; b++) {
-			cr_assert(!slot_used[r->slot_off + b], "slot byte %lu written twice", (unsigned long)(r->slot_off + b));
+			cr_assert(!slot_used[r->slot_off + b], "slot byte %lu written twice",
+				  (unsigned long)(r->slot_off + b));
 			slot_used[r->slot_off + b] = 1;
 			cr_assert(!kv_used[r->kv_off + b]);
 			kv_used[r->kv_off + b] = 1;
@@ -151,7 +154,8 @@ static struct plan_case cases[] = {
 	{ .name = "region beyond the KV memory", R1(0, 64, 64), .num_blocks = 16, .kv_size = 1000,
 	  .arena_size = 4096, .n = 1, .ids = { 0 }, .slots = { 0 }, .rc = -ERANGE, .what = KVR_XFER_E_REGION_RANGE,
 	  .index = NONE, .block = NONE, .region = 0 },
-	{ .name = "region stride overflows", .n_regions = 2, .regions = { { 0, 64, 64, 0 }, { 0, UINT64_MAX / 2, 64, 0 } },
+	{ .name = "region stride overflows", .n_regions = 2,
+	  .regions = { { 0, 64, 64, 0 }, { 0, UINT64_MAX / 2, 64, 0 } },
 	  .num_blocks = 4, .kv_size = UINT64_MAX, .arena_size = 4096, .n = 1, .ids = { 0 }, .slots = { 0 },
 	  .rc = -ERANGE, .what = KVR_XFER_E_REGION_RANGE, .index = NONE, .block = NONE, .region = 1 },
 	{ .name = "page larger than stride", R1(0, 32, 64), .num_blocks = 16, .kv_size = 1024, .arena_size = 4096,
@@ -245,7 +249,8 @@ Test(xfer_plan, capacity)
 {
 	/* layer-major K,V: 2 blocks -> 4 runs */
 	struct kvr_xfer_region g[2] = { { 0, 64, 64, 0 }, { 1024, 64, 64, 0 } };
-	struct kvr_xfer_layout l = { .regions = g, .n_regions = 2, .num_blocks = 16, .kv_size = 2048, .arena_size = 4096 };
+	struct kvr_xfer_layout l = { .regions = g, .n_regions = 2, .num_blocks = 16, .kv_size = 2048,
+				     .arena_size = 4096 };
 	uint32_t ids[4] = { 0, 1 }, rev[4] = { 3, 2, 1, 0 }, perm[4] = { 2, 0, 3, 1 };
 	uint64_t slots[4] = { 0, 128 }, rslots[4] = { 192, 128, 64, 0 }, pslots[4] = { 128, 0, 192, 64 };
 	struct kvr_xfer_run runs[8];
@@ -301,7 +306,8 @@ static uint64_t test_seed(void)
 Test(xfer_plan, randomised_against_oracle)
 {
 	uint64_t seed = test_seed(), s = seed;
-	fprintf(stderr, "xfer_plan.randomised_against_oracle seed=%#lx (KVR_TEST_SEED to repeat)\n", (unsigned long)seed);
+	fprintf(stderr, "xfer_plan.randomised_against_oracle seed=%#lx (KVR_TEST_SEED to repeat)\n",
+		(unsigned long)seed);
 
 	for (int iter = 0; iter < 300; iter++) {
 		struct kvr_xfer_region g[6];
@@ -363,7 +369,8 @@ Test(xfer_plan, randomised_against_oracle)
 		 * region with stride == page), ids sorted consecutive, slots packed => one run. */
 		int kv_packed = (kind == 1) || (kind == 0 && nr == 1 && g[0].stride == g[0].page_bytes);
 		if (kv_packed && sorted && packed)
-			cr_assert_eq(rc, 1, "iter %d (seed %#lx): contiguous plan gave %d runs", iter, (unsigned long)seed, rc);
+			cr_assert_eq(rc, 1, "iter %d (seed %#lx): contiguous plan gave %d runs", iter,
+				     (unsigned long)seed, rc);
 		if (kind == 1 && !packed)
 			cr_assert_eq((uint32_t)rc, n, "iter %d: cross-layer must merge within each block", iter);
 	}
