@@ -1,0 +1,23 @@
+/* kvring-loader: the L1/L2 -> worker KV copy actor. Placeholder stage: serves health only, rejects data messages. */
+#include <errno.h>
+
+#include "kvr_actor.h"
+
+static int loader_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
+{
+	(void)a;
+	(void)ring;
+	(void)m;
+	return -EBADMSG; /* no data message type is served yet: every one is unknown here */
+}
+
+static const struct kvr_stage loader_stage = {
+	.name = "loader",
+	.kind = KVR_ACTOR_LOADER,
+	.on_msg = loader_on_msg,
+};
+
+int main(int argc, char **argv)
+{
+	return kvr_actor_main(argc, argv, &loader_stage);
+}

@@ -1,0 +1,415 @@
+/* The common actor runtime: argument parsing, segment attach, readiness, control rings, event loop. */
+#include "kvr_actor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvr_log.h"
+#include "kvr_time.h"
+
+#define BURST 32                       /* messages taken from one ring before the next one */
+#define MAX_SLEEP_NS 1000000000ll      /* wake at least once a second to refresh the heartbeat */
+
+/* The signal handler's view: a flag, and the waiter it bumps so a wait that is about to
+ * start returns at once instead of sleeping through the signal. */
+static volatile sig_atomic_t term_flag;
+static struct kvr_waiter *volatile term_waiter;
+
+static void on_term(int sig)
+{
+	(void)sig;
+	term_flag = 1;
+	struct kvr_waiter *w = term_waiter;
+	if (w)
+		atomic_fetch_add_explicit(&w->seq, 1, memory_order_release);
+}
+
+struct actor_args {
+	int ctl_fd, arena_fd, ready_fd;
+	int actor;
+};
+
+static int parse_int(const char *s, int *ret)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < 0 || v > INT_MAX)
+		return -EINVAL;
+	*ret = (int)v;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct actor_args *ret)
+{
+	static const struct option opts[] = {
+		{"ctl-fd", required_argument, NULL, 'c'},
+		{"arena-fd", required_argument, NULL, 'a'},
+		{"actor", required_argument, NULL, 'i'},
+		{"ready-fd", required_argument, NULL, 'r'},
+		{0},
+	};
+	struct actor_args a = {-1, -1, -1, -1};
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		int *dst;
+		switch (c) {
+		case 'c':
+			dst = &a.ctl_fd;
+			break;
+		case 'a':
+			dst = &a.arena_fd;
+			break;
+		case 'i':
+			dst = &a.actor;
+			break;
+		case 'r':
+			dst = &a.ready_fd;
+			break;
+		default:
+			return -EINVAL;
+		}
+		if (parse_int(optarg, dst))
+			return -EINVAL;
+	}
+	if (optind != argc || a.ctl_fd < 0 || a.arena_fd < 0 || a.actor < 0 || a.ready_fd < 0)
+		return -EINVAL;
+	*ret = a;
+	return 0;
+}
+
+struct kvr_ring *kvr_actor_ring(const struct kvr_actor *a, const char *name)
+{
+	int idx = kvr_ctl_find_ring(a->ctl, name);
+	if (idx < 0)
+		return NULL;
+	for (unsigned i = 0; i < a->n_inputs; i++)
+		if (a->inputs[i].index == idx)
+			return a->inputs[i].ring;
+	for (unsigned i = 0; i < a->n_outputs; i++)
+		if (a->outputs[i].index == idx)
+			return a->outputs[i].ring;
+	return NULL;
+}
+
+static void reject(struct kvr_actor *a, struct kvr_ring *r)
+{
+	kvr_actor_count(a, KVR_STAT_MALFORMED, 1);
+	/* rejected lives on the consumer's line: we are its only writer */
+	atomic_fetch_add_explicit(&r->rejected, 1, memory_order_relaxed);
+}
+
+/* Attach every ring the directory assigns to us; the control rings are remembered apart. */
+static int attach_rings(struct kvr_actor *a)
+{
+	unsigned n = atomic_load(&a->ctl->n_rings);
+	pid_t me = getpid();
+	for (unsigned i = 0; i < n; i++) {
+		const struct kvr_ring_ent *e = kvr_ctl_ring_ent(a->ctl, i);
+		struct kvr_ring *r = kvr_ctl_ring(a->ctl, i);
+		if (e->consumer == (int)a->index) {
+			kvr_ring_claim_consumer(r, me);
+			if (i == a->ent->ctl_in) {
+				a->ctl_in = r;
+				continue;
+			}
+			if (a->n_inputs == KVR_ACTOR_MAX_RINGS)
+				return -E2BIG;
+			a->inputs[a->n_inputs++] = (struct kvr_actor_ring){r, (int)i};
+		} else if (e->producer == (int)a->index) {
+			kvr_ring_claim_producer(r, me);
+			if (i == a->ent->ctl_out) {
+				a->ctl_out = r;
+				continue;
+			}
+			if (a->n_outputs == KVR_ACTOR_MAX_RINGS)
+				return -E2BIG;
+			a->outputs[a->n_outputs++] = (struct kvr_actor_ring){r, (int)i};
+		}
+	}
+	return a->ctl_in && a->ctl_out ? 0 : -ENOENT;
+}
+
+static int load_config(struct kvr_actor *a)
+{
+	char err[256];
+	const struct kvr_ctl *c = a->ctl;
+	char *json = strndup(kvr_ctl_config_json(c), c->config_len);
+	if (!json)
+		return -ENOMEM;
+	int rc = kvr_config_parse(json, &a->cfg, err, sizeof(err));
+	free(json);
+	if (rc)
+		kvr_err("embedded config does not parse: %s", err);
+	return rc;
+}
+
+/* Steps 1-3 of the contract. Logs what failed; returns 0 or -errno. */
+static int setup(struct kvr_actor *a, const struct actor_args *args)
+{
+	int rc = kvr_segment_map(args->ctl_fd, KVR_SEG_CTL, 1, &a->ctl_seg);
+	if (rc) {
+		kvr_err("cannot map the control segment (fd %d): %s", args->ctl_fd, strerror(-rc));
+		return rc;
+	}
+	rc = kvr_ctl_attach(&a->ctl_seg, &a->ctl);
+	if (rc) {
+		kvr_err("control segment does not validate: %s", strerror(-rc));
+		return rc;
+	}
+	if ((unsigned)args->actor >= atomic_load(&a->ctl->n_actors)) {
+		kvr_err("actor %d is not in the actor table (%u actors)", args->actor, atomic_load(&a->ctl->n_actors));
+		return -ENOENT;
+	}
+	a->index = (unsigned)args->actor;
+	a->ent = kvr_ctl_actor(a->ctl, a->index);
+	a->stats = kvr_ctl_stats(a->ctl, a->index);
+	if (a->ent->kind != (uint32_t)a->stage->kind) {
+		kvr_err("actor %u is a %s, not a %s", a->index, kvr_actor_kind_name(a->ent->kind), a->stage->name);
+		return -EMEDIUMTYPE;
+	}
+	static char tag[KVR_ACTOR_NAME_MAX + 1];
+	memcpy(tag, a->ent->name, KVR_ACTOR_NAME_MAX);
+	tag[KVR_ACTOR_NAME_MAX] = 0;
+	kvr_log_setup(tag, kvr_log_get_level());
+
+	rc = load_config(a);
+	if (rc)
+		return rc;
+	enum kvr_log_level lvl;
+	if (kvr_log_level_parse(a->cfg.instance.log_level, &lvl) == 0)
+		kvr_log_setup(tag, lvl);
+
+	rc = kvr_segment_map(args->arena_fd, KVR_SEG_ARENA, 1, &a->arena_seg);
+	if (rc) {
+		kvr_err("cannot map the arena (fd %d): %s", args->arena_fd, strerror(-rc));
+		return rc;
+	}
+	rc = attach_rings(a);
+	if (rc) {
+		kvr_err("cannot attach rings: %s", rc == -ENOENT ? "control rings missing" : strerror(-rc));
+		return rc;
+	}
+	return 0;
+}
+
+static void serve_ping(struct kvr_actor *a, const struct kvr_msg *m)
+{
+	struct kvr_msg_ping ping;
+	if (kvr_msg_decode_ping(m, &ping)) {
+		reject(a, a->ctl_in);
+		return;
+	}
+	struct kvr_msg_pong pong = {.sent_ns = ping.sent_ns, .nonce = ping.nonce, .pid = getpid(),
+				    .handled = a->handled};
+	struct kvr_msg rep;
+	kvr_msg_build(&rep, KVR_MSG_PONG, 0, m->hdr.req_id, 0, &pong, sizeof(pong));
+	a->handled++;
+	kvr_actor_count(a, KVR_STAT_PINGS, 1);
+	/* Never block on the supervisor: a full ctl.out only costs it a missed ping. */
+	if (kvr_ring_try_enqueue(a->ctl_out, &rep) == 0)
+		kvr_actor_count(a, KVR_STAT_MSGS_OUT, 1);
+}
+
+/* Drain ctl.in; returns the messages taken. */
+static unsigned serve_ctl(struct kvr_actor *a)
+{
+	struct kvr_msg m;
+	unsigned n = 0;
+	while (!a->stopping && kvr_ring_try_dequeue(a->ctl_in, &m) == 0) {
+		n++;
+		kvr_actor_count(a, KVR_STAT_MSGS_IN, 1);
+		switch (m.hdr.type) {
+		case KVR_MSG_PING:
+			serve_ping(a, &m);
+			break;
+		case KVR_MSG_STOP:
+			if (kvr_msg_decode_stop(&m)) {
+				reject(a, a->ctl_in);
+				break;
+			}
+			kvr_info("stop requested");
+			a->stopping = 1;
+			break;
+		default:
+			if (a->stage->on_msg(a, a->ctl_in, &m) == 0)
+				a->handled++;
+			else
+				reject(a, a->ctl_in);
+		}
+	}
+	return n;
+}
+
+/* One pass over the inputs, at most BURST messages each; returns the messages taken. */
+static unsigned serve_inputs(struct kvr_actor *a)
+{
+	unsigned n = 0;
+	struct kvr_msg m;
+	for (unsigned i = 0; i < a->n_inputs && !a->stopping; i++) {
+		struct kvr_ring *r = a->inputs[i].ring;
+		for (unsigned k = 0; k < BURST && kvr_ring_try_dequeue(r, &m) == 0; k++) {
+			n++;
+			kvr_actor_count(a, KVR_STAT_MSGS_IN, 1);
+			if (a->stage->on_msg(a, r, &m) == 0)
+				a->handled++;
+			else
+				reject(a, r);
+		}
+	}
+	return n;
+}
+
+static int have_work(const struct kvr_actor *a)
+{
+	if (kvr_ring_count(a->ctl_in))
+		return 1;
+	for (unsigned i = 0; i < a->n_inputs; i++)
+		if (kvr_ring_count(a->inputs[i].ring))
+			return 1;
+	return 0;
+}
+
+static void run_loop(struct kvr_actor *a)
+{
+	const struct kvr_stage *st = a->stage;
+	uint64_t next_tick = st->tick_ns ? kvr_now_ns() + st->tick_ns : UINT64_MAX;
+	struct kvr_waiter *w = &a->ent->waiter;
+
+	while (!a->stopping) {
+		if (term_flag) {
+			kvr_info("SIGTERM: stopping");
+			a->stopping = 1;
+			break;
+		}
+		unsigned n = serve_ctl(a);
+		n += serve_inputs(a);
+		uint64_t now = kvr_now_ns();
+		if (now >= next_tick) {
+			st->on_tick(a, now);
+			next_tick += st->tick_ns;
+			if (next_tick <= now) /* we fell behind: do not fire a burst of late ticks */
+				next_tick = now + st->tick_ns;
+		}
+		atomic_store_explicit(&a->ent->heartbeat_ns, now, memory_order_relaxed);
+		if (n || a->stopping)
+			continue;
+
+		uint32_t seen = kvr_waiter_prepare(w);
+		if (have_work(a) || term_flag) {
+			kvr_waiter_finish(w);
+			continue;
+		}
+		int64_t timeout = MAX_SLEEP_NS;
+		now = kvr_now_ns();
+		if (next_tick != UINT64_MAX)
+			timeout = next_tick > now ? (int64_t)(next_tick - now) : 0;
+		if (timeout > MAX_SLEEP_NS)
+			timeout = MAX_SLEEP_NS;
+		(void)kvr_waiter_wait(w, seen, timeout); /* 0, -ETIMEDOUT or -EINTR: all re-check */
+		kvr_waiter_finish(w);
+		kvr_actor_count(a, KVR_STAT_LOOP_WAKEUPS, 1);
+	}
+}
+
+static void release_rings(struct kvr_actor *a)
+{
+	pid_t me = getpid();
+	for (unsigned i = 0; i < a->n_inputs; i++)
+		atomic_compare_exchange_strong(&a->inputs[i].ring->cons_pid, &me, 0);
+	for (unsigned i = 0; i < a->n_outputs; i++)
+		atomic_compare_exchange_strong(&a->outputs[i].ring->prod_pid, &me, 0);
+}
+
+static int install_signals(void)
+{
+	struct sigaction sa = {.sa_handler = on_term}; /* no SA_RESTART: the futex wait returns -EINTR */
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGTERM, &sa, NULL) || sigaction(SIGINT, &sa, NULL))
+		return -errno;
+	struct sigaction ign = {.sa_handler = SIG_IGN};
+	sigemptyset(&ign.sa_mask);
+	if (sigaction(SIGPIPE, &ign, NULL))
+		return -errno;
+	/* kvringd blocks these for its signalfd; exec keeps the mask: unblock ours */
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGCHLD);
+	sigaddset(&set, SIGHUP);
+	return sigprocmask(SIG_UNBLOCK, &set, NULL) ? -errno : 0;
+}
+
+int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
+{
+	struct actor_args args;
+	static struct kvr_actor actor; /* large (ring tables): not on the stack */
+	struct kvr_actor *a = &actor;
+	int rc, exit_code = 1;
+
+	kvr_log_setup(stage->name, KVR_LOG_INFO);
+	*a = (struct kvr_actor){.stage = stage, .ctl_seg = {.fd = -1}, .arena_seg = {.fd = -1}};
+	if (!stage->on_msg || (stage->tick_ns && !stage->on_tick) || stage->wait_fd > 0) {
+		kvr_err("stage %s is incomplete", stage->name);
+		return 1;
+	}
+	if (parse_args(argc, argv, &args)) {
+		kvr_err("usage: kvring-%s --ctl-fd N --arena-fd N --actor I --ready-fd N", stage->name);
+		return 1;
+	}
+	rc = install_signals();
+	if (rc) {
+		kvr_err("cannot install signal handlers: %s", strerror(-rc));
+		goto out;
+	}
+	rc = setup(a, &args);
+	/* kvr_segment_map keeps its own descriptors: the inherited ones are not needed */
+	(void)close(args.ctl_fd);
+	(void)close(args.arena_fd);
+	if (rc)
+		goto out;
+	term_waiter = &a->ent->waiter;
+
+	if (stage->init) {
+		rc = stage->init(a);
+		if (rc) {
+			kvr_err("stage %s init failed: %s", stage->name, strerror(-rc));
+			goto out;
+		}
+	}
+	ssize_t wr;
+	do
+		wr = write(args.ready_fd, "R", 1);
+	while (wr < 0 && errno == EINTR);
+	if (wr != 1) {
+		kvr_err("cannot signal readiness on fd %d: %s", args.ready_fd,
+			wr < 0 ? strerror(errno) : "short write");
+		if (stage->fini)
+			stage->fini(a);
+		goto out;
+	}
+	(void)close(args.ready_fd);
+	args.ready_fd = -1;
+	kvr_debug("ready: %u input rings, %u output rings", a->n_inputs, a->n_outputs);
+
+	run_loop(a);
+	if (stage->fini)
+		stage->fini(a);
+	release_rings(a);
+	exit_code = 0;
+out:
+	term_waiter = NULL;
+	if (args.ready_fd >= 0)
+		(void)close(args.ready_fd);
+	kvr_segment_close(&a->arena_seg);
+	kvr_segment_close(&a->ctl_seg);
+	return exit_code;
+}

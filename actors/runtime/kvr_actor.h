@@ -1,0 +1,117 @@
+/* kvr_actor: the event loop every kvring actor runs around its stage (lookup, loader, storer, ...). */
+#ifndef KVR_ACTOR_H
+#define KVR_ACTOR_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include <kvring/msg.h>
+
+#include "kvr_config.h"
+#include "kvr_ctl.h"
+#include "kvr_ring.h"
+#include "kvr_segment.h"
+
+/*
+ * Contract
+ * --------
+ * An actor executable is a tiny main() that calls kvr_actor_main() with its stage. kvringd
+ * starts it as
+ *
+ *   kvring-<kind> --ctl-fd N --arena-fd N --actor I --ready-fd N
+ *
+ * with the control segment, the arena and the write end of a readiness pipe inherited.
+ * kvr_actor_main():
+ *   1. maps the control segment (read-write) and the arena, validates them, finds actor
+ *      entry I and parses the effective config embedded in the control segment;
+ *   2. attaches every ring the ring directory assigns to this actor: rings it consumes
+ *      (the directory's consumer == I) become its inputs, rings it produces its outputs;
+ *      it claims the consumer / producer pid on each. ctl.<name>.in and ctl.<name>.out are
+ *      the control rings: the runtime serves them itself. The directory (written by
+ *      kvringd's ring-spec builder) is the single place that says which actor uses which
+ *      ring; a stage looks its rings up by name with kvr_actor_ring();
+ *   3. calls stage->init, writes one byte to the readiness fd and closes it;
+ *   4. loops: drains ctl.in (PING -> PONG, STOP -> leave the loop; any other control
+ *      message goes to stage->on_msg with ring == ctl_in), hands every message of every
+ *      input ring to stage->on_msg, calls stage->on_tick every stage->tick_ns, writes its
+ *      heartbeat and counters, then sleeps on its waiter until a ring gets work, the next
+ *      tick is due or a signal arrives. It never busy-polls.
+ *   5. on STOP or SIGTERM (SIGINT too): calls stage->fini and returns 0.
+ *
+ * Return value (the process exit code): 0 clean stop, 1 setup failure (one log line names
+ * what failed). Message accounting: every message taken off a ring counts in
+ * KVR_STAT_MSGS_IN; a message the stage (or the runtime, for control messages) rejects
+ * counts in KVR_STAT_MALFORMED and in the ring's `rejected`.
+ *
+ * TODO(disk, io_uring): a stage that must also wait on a file descriptor (an io_uring
+ * completion eventfd) will set stage->wait_fd; the runtime will then sleep in poll() on
+ * that fd plus an eventfd the rings signal, instead of the futex waiter. Until a stage
+ * needs it, wait_fd must be -1 (or 0 in a zero-initialised struct: both mean none).
+ */
+
+#define KVR_ACTOR_MAX_RINGS 64 /* inputs and outputs per actor */
+
+struct kvr_actor;
+
+struct kvr_stage {
+	const char *name;          /* stage name for logs: "lookup" */
+	enum kvr_actor_kind kind;  /* the actor kind the control segment must list for us */
+	uint64_t tick_ns;          /* on_tick period; 0 = no tick */
+	int wait_fd;               /* reserved (see TODO above): must be <= 0 for now */
+
+	/* Called once after the rings are attached, before readiness. 0 or -errno (the
+	 * actor then exits 1). May store its state with kvr_actor_set_data(). */
+	int (*init)(struct kvr_actor *a);
+	/* One message from an input ring (or a control message other than PING/STOP, then
+	 * ring == a->ctl_in). Return 0 when handled, -EBADMSG to reject it: the runtime then
+	 * counts it (KVR_STAT_MALFORMED, ring->rejected). Must not block for long. */
+	int (*on_msg)(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m);
+	/* Periodic work, every tick_ns (CLOCK_MONOTONIC now passed in). */
+	void (*on_tick)(struct kvr_actor *a, uint64_t now_ns);
+	/* Called once before a clean exit (STOP or SIGTERM); not after a failed init. */
+	void (*fini)(struct kvr_actor *a);
+};
+
+struct kvr_actor_ring {
+	struct kvr_ring *ring;
+	int index;                 /* index in the ring directory */
+};
+
+/* The runtime's state. Stages read these fields; they do not change them. */
+struct kvr_actor {
+	const struct kvr_stage *stage;
+	struct kvr_segment ctl_seg, arena_seg;
+	struct kvr_ctl *ctl;
+	struct kvr_config cfg;         /* the instance's effective config */
+	unsigned index;                /* actor index in the control segment */
+	struct kvr_actor_ent *ent;     /* our actor entry */
+	struct kvr_actor_stats *stats; /* our counters */
+	struct kvr_ring *ctl_in, *ctl_out;
+	struct kvr_actor_ring inputs[KVR_ACTOR_MAX_RINGS];
+	unsigned n_inputs;
+	struct kvr_actor_ring outputs[KVR_ACTOR_MAX_RINGS];
+	unsigned n_outputs;
+	uint64_t handled;              /* messages handled since start (echoed in PONG) */
+	int stopping;                  /* STOP received or SIGTERM seen */
+	void *data;                    /* the stage's own state */
+};
+
+/* Run the actor; returns the process exit code (0 or 1). */
+int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage);
+
+/* Look up one of this actor's rings (input or output) by directory name; NULL if the
+ * directory has no such ring or it does not belong to this actor. */
+struct kvr_ring *kvr_actor_ring(const struct kvr_actor *a, const char *name);
+
+static inline void kvr_actor_set_data(struct kvr_actor *a, void *data)
+{
+	a->data = data;
+}
+
+/* Add to one of our counters (atomic: kvringd also adds to KVR_STAT_MALFORMED for bad PONGs). */
+static inline void kvr_actor_count(struct kvr_actor *a, enum kvr_stat s, uint64_t by)
+{
+	atomic_fetch_add_explicit(&a->stats->c[s], by, memory_order_relaxed);
+}
+
+#endif

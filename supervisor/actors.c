@@ -1,0 +1,540 @@
+/* kvringd actors: spawn with a readiness pipe, the restart state machine, health pings, reaping. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <kvring/msg.h>
+
+#include "kvr_build_config.h"
+#include "kvr_log.h"
+#include "kvr_ring.h"
+#include "kvr_time.h"
+#include "sup.h"
+
+#define MS 1000000ull
+
+/* ---- executables ------------------------------------------------------------------- */
+
+static bool executable(const char *path)
+{
+	return access(path, X_OK) == 0;
+}
+
+int sup_find_executables(struct sup *s, char *err, size_t errlen)
+{
+	static const enum kvr_actor_kind kinds[] = {KVR_ACTOR_LOOKUP, KVR_ACTOR_LOADER, KVR_ACTOR_STORER};
+	char self[PATH_MAX] = "";
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	self[n > 0 ? n : 0] = 0;
+	const char *self_dir = n > 0 ? dirname(self) : NULL;
+
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+		const char *k = kvr_actor_kind_name(kinds[i]);
+		char *dst = s->exe[kinds[i]];
+		int len;
+		if (s->cfg.instance.actor_dir[0]) {
+			len = snprintf(dst, PATH_MAX, "%s/kvring-%s", s->cfg.instance.actor_dir, k);
+			if (len < PATH_MAX && executable(dst))
+				continue;
+			snprintf(err, errlen, "$.instance.actor_dir: no executable kvring-%s in %s", k,
+				 s->cfg.instance.actor_dir);
+			return -ENOENT;
+		}
+		/* the build tree: <build>/supervisor/kvringd next to <build>/actors/<k>/kvring-<k> */
+		if (self_dir) {
+			len = snprintf(dst, PATH_MAX, "%s/../actors/%s/kvring-%s", self_dir, k, k);
+			if (len < PATH_MAX && executable(dst))
+				continue;
+		}
+		len = snprintf(dst, PATH_MAX, "%s/kvring-%s", KVR_LIBEXECDIR, k);
+		if (len < PATH_MAX && executable(dst))
+			continue;
+		snprintf(err, errlen, "cannot find the actor executable kvring-%s (looked in %s/../actors/%s and %s)",
+			 k, 			 self_dir ? self_dir : "?", k, KVR_LIBEXECDIR);
+		return -ENOENT;
+	}
+	return 0;
+}
+
+int sup_actors_init(struct sup *s)
+{
+	s->n_actors = atomic_load(&s->ctl->n_actors);
+	for (unsigned i = 0; i < s->n_actors; i++) {
+		struct sup_actor *a = &s->actors[i];
+		a->index = i;
+		a->ent = kvr_ctl_actor(s->ctl, i);
+		a->ctl_in = kvr_ctl_ring(s->ctl, a->ent->ctl_in);
+		a->ctl_out = kvr_ctl_ring(s->ctl, a->ent->ctl_out);
+		kvr_ring_claim_producer(a->ctl_in, getpid());
+		kvr_ring_claim_consumer(a->ctl_out, getpid());
+		a->exe = s->exe[a->ent->kind];
+		a->ready_fd = -1;
+		a->ready_watch = (struct sup_watch){W_READY, a};
+		a->backoff_ms = s->cfg.supervisor.restart_backoff_initial_ms;
+		a->deaths = calloc(s->cfg.supervisor.crash_loop_max_deaths, sizeof(uint64_t));
+		if (!a->deaths)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+void sup_actors_free(struct sup *s)
+{
+	for (unsigned i = 0; i < s->n_actors; i++) {
+		struct sup_actor *a = &s->actors[i];
+		if (a->ready_fd >= 0)
+			(void)close(a->ready_fd);
+		a->ready_fd = -1;
+		free(a->deaths);
+		a->deaths = NULL;
+	}
+}
+
+static const char *name_of(const struct sup_actor *a)
+{
+	return a->ent->name;
+}
+
+static void set_state(struct sup_actor *a, enum kvr_actor_state st)
+{
+	atomic_store(&a->ent->state, st);
+}
+
+static unsigned state_of(const struct sup_actor *a)
+{
+	return atomic_load(&a->ent->state);
+}
+
+static void close_ready_pipe(struct sup *s, struct sup_actor *a)
+{
+	if (a->ready_fd < 0)
+		return;
+	sup_epoll_del(s, a->ready_fd);
+	(void)close(a->ready_fd);
+	a->ready_fd = -1;
+}
+
+/* ---- spawning ---------------------------------------------------------------------- */
+
+static __attribute__((noreturn)) void child_exec(const char *exe, char *const argv[], const int keep[3], pid_t parent)
+{
+	sigset_t none;
+	sigemptyset(&none);
+	(void)sigprocmask(SIG_SETMASK, &none, NULL);
+	(void)signal(SIGPIPE, SIG_DFL); /* SIG_IGN would survive exec */
+	/* Own process group: a terminal's ^C reaches kvringd, which drains in order. */
+	(void)setpgid(0, 0);
+	/* An actor never outlives its supervisor: a new kvringd must find the memfds free. */
+	(void)prctl(PR_SET_PDEATHSIG, SIGTERM);
+	if (getppid() != parent)
+		_exit(1);
+	for (int i = 0; i < 3; i++)
+		if (fcntl(keep[i], F_SETFD, 0) < 0)
+			_exit(127);
+	execv(exe, argv);
+	_exit(127);
+}
+
+static int spawn(struct sup *s, struct sup_actor *a)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -errno;
+	char a_ctl[16], a_arena[16], a_idx[16], a_ready[16];
+	snprintf(a_ctl, sizeof(a_ctl), "%d", s->ctl_seg.fd);
+	snprintf(a_arena, sizeof(a_arena), "%d", s->arena_seg.fd);
+	snprintf(a_idx, sizeof(a_idx), "%u", a->index);
+	snprintf(a_ready, sizeof(a_ready), "%d", p[1]);
+	char *const argv[] = {(char *)a->exe, "--ctl-fd", a_ctl, "--arena-fd", a_arena, "--actor", a_idx,
+			      "--ready-fd", a_ready, NULL};
+	const int keep[3] = {s->ctl_seg.fd, s->arena_seg.fd, p[1]};
+	pid_t parent = getpid();
+
+	pid_t pid = fork();
+	if (pid < 0) {
+		int rc = -errno;
+		(void)close(p[0]);
+		(void)close(p[1]);
+		return rc;
+	}
+	if (pid == 0)
+		child_exec(a->exe, argv, keep, parent);
+
+	(void)close(p[1]);
+	(void)fcntl(p[0], F_SETFL, O_NONBLOCK);
+	a->ready_fd = p[0];
+	if (sup_epoll_add(s, a->ready_fd, &a->ready_watch, EPOLLIN) < 0)
+		kvr_warn("%s: cannot watch the readiness pipe: the ready timeout will decide", name_of(a));
+	a->pid = pid;
+	/* The dead predecessor may have left its sleeper count raised; nobody else sleeps on
+	 * an actor's waiter, so it is safe to reset before the new process starts using it. */
+	atomic_store(&a->ent->waiter.sleepers, 0);
+	atomic_store(&a->ent->pid, pid);
+	atomic_fetch_add(&a->ent->generation, 1);
+	a->ent->started_ns = kvr_now_ns();
+	a->ping_outstanding = false;
+	a->missed = 0;
+	a->term_sent = false;
+	return 0;
+}
+
+/* ---- the restart state machine ------------------------------------------------------
+ * action[state][event], after s6-supervise: every (state, event) pair has exactly one
+ * action; A_NONE means the event is ignored in that state. */
+
+enum action {
+	A_NONE,
+	A_STARTING, /* spawned: wait for readiness, with a timeout */
+	A_READY,    /* readiness byte arrived */
+	A_DIED,     /* died while starting or serving: restart now, back off, or give up */
+	A_KILL,     /* ready timeout or missed pings: kill -9 (the death follows) */
+	A_STOP,     /* send STOP, escalate later */
+	A_RESTART,  /* backoff over: spawn again */
+	A_ESCALATE, /* still stopping: SIGTERM, then SIGKILL */
+	A_STOPPED,  /* exited after a stop: idle */
+	A_CANCEL,   /* stop while not running: idle */
+};
+
+static const uint8_t fsm[KVR_ACTOR_STOPPING + 1][EV_N] = {
+	[KVR_ACTOR_IDLE] = {[EV_SPAWNED] = A_STARTING},
+	[KVR_ACTOR_STARTING] = {[EV_READY] = A_READY, [EV_DIED] = A_DIED, [EV_TIMER] = A_KILL, [EV_STOP] = A_STOP},
+	[KVR_ACTOR_READY] = {[EV_DIED] = A_DIED, [EV_TIMER] = A_KILL, [EV_STOP] = A_STOP},
+	[KVR_ACTOR_BACKOFF] = {[EV_SPAWNED] = A_STARTING, [EV_TIMER] = A_RESTART, [EV_STOP] = A_CANCEL},
+	[KVR_ACTOR_FAILED] = {[EV_STOP] = A_CANCEL},
+	[KVR_ACTOR_STOPPING] = {[EV_DIED] = A_STOPPED, [EV_TIMER] = A_ESCALATE},
+};
+
+static void refresh_instance_state(struct sup *s)
+{
+	if (s->phase != PH_RUN)
+		return;
+	bool failed = false;
+	for (unsigned i = 0; i < s->n_actors; i++)
+		failed |= state_of(&s->actors[i]) == KVR_ACTOR_FAILED;
+	unsigned cur = atomic_load(&s->ctl->state);
+	unsigned want = failed ? KVR_INST_DEGRADED : cur == KVR_INST_STARTING ? KVR_INST_STARTING : KVR_INST_RUNNING;
+	if (cur != want) {
+		atomic_store(&s->ctl->state, want);
+		kvr_info("instance %s", kvr_inst_state_name(want));
+	}
+}
+
+static void record_exit(struct sup_actor *a, int status)
+{
+	if (WIFSIGNALED(status)) {
+		a->ent->last_exit_code = -1;
+		a->ent->last_exit_signal = WTERMSIG(status);
+	} else {
+		a->ent->last_exit_code = WEXITSTATUS(status);
+		a->ent->last_exit_signal = 0;
+	}
+	a->pid = 0;
+	atomic_store(&a->ent->pid, 0);
+}
+
+static void describe_exit(int status, char *buf, size_t len)
+{
+	if (WIFSIGNALED(status))
+		snprintf(buf, len, "killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+	else
+		snprintf(buf, len, "exited with code %d", WEXITSTATUS(status));
+}
+
+/* Count a death; true when it completes a crash loop. */
+static bool tally_death(struct sup *s, struct sup_actor *a, uint64_t now)
+{
+	unsigned max = s->cfg.supervisor.crash_loop_max_deaths;
+	a->deaths[a->death_pos] = now;
+	a->death_pos = (a->death_pos + 1) % max;
+	if (a->n_deaths < max)
+		a->n_deaths++;
+	if (a->n_deaths < max)
+		return false;
+	/* the ring is full: death_pos now indexes the oldest of the last max deaths */
+	uint64_t oldest = a->deaths[a->death_pos];
+	return now - oldest <= (uint64_t)s->cfg.supervisor.crash_loop_window_s * 1000000000ull;
+}
+
+static void on_died(struct sup *s, struct sup_actor *a, int status, uint64_t now)
+{
+	char how[96];
+	bool was_ready = state_of(a) == KVR_ACTOR_READY;
+	uint64_t up_ms = was_ready ? (now - a->ent->ready_ns) / MS : 0;
+	describe_exit(status, how, sizeof(how));
+	record_exit(a, status);
+	close_ready_pipe(s, a);
+	a->deadline = 0;
+
+	if (s->phase != PH_RUN) {
+		kvr_info("%s %s while shutting down", name_of(a), how);
+		set_state(a, KVR_ACTOR_IDLE);
+		return;
+	}
+	if (tally_death(s, a, now)) {
+		/* instance first: an observer that sees the FAILED actor sees the DEGRADED instance */
+		atomic_store(&s->ctl->state, KVR_INST_DEGRADED);
+		set_state(a, KVR_ACTOR_FAILED);
+		kvr_err("%s %s: crash loop (%u deaths within %u s): giving up; instance degraded", name_of(a), how,
+			s->cfg.supervisor.crash_loop_max_deaths, s->cfg.supervisor.crash_loop_window_s);
+		return;
+	}
+	set_state(a, KVR_ACTOR_BACKOFF);
+	if (was_ready && up_ms > s->cfg.supervisor.stable_after_ms) {
+		a->backoff_ms = s->cfg.supervisor.restart_backoff_initial_ms;
+		a->deadline = now; /* restart at once: the timer fires on the next loop turn */
+		kvr_warn("%s %s after %llu ms up: restarting at once", name_of(a), how, (unsigned long long)up_ms);
+		return;
+	}
+	a->deadline = now + (uint64_t)a->backoff_ms * MS;
+	kvr_warn("%s %s%s: restarting in %u ms", name_of(a), how, was_ready ? " soon after start" : " before ready",
+		 a->backoff_ms);
+	uint64_t next = (uint64_t)a->backoff_ms * 2;
+	uint32_t max = s->cfg.supervisor.restart_backoff_max_ms;
+	a->backoff_ms = next > max ? max : (uint32_t)next;
+}
+
+static void do_spawn(struct sup *s, struct sup_actor *a)
+{
+	int rc = spawn(s, a);
+	if (rc == 0) {
+		sup_actor_event(s, a, EV_SPAWNED, 0);
+		return;
+	}
+	/* A failed fork is a death: the same backoff and crash-loop rules apply. */
+	kvr_err("%s: cannot spawn %s: %s", name_of(a), a->exe, strerror(-rc));
+	set_state(a, KVR_ACTOR_STARTING);
+	sup_actor_event(s, a, EV_DIED, W_EXITCODE(127, 0));
+}
+
+void sup_actor_event(struct sup *s, struct sup_actor *a, enum sup_event ev, int status)
+{
+	unsigned st = state_of(a);
+	enum action act = st <= KVR_ACTOR_STOPPING ? (enum action)fsm[st][ev] : A_NONE;
+	uint64_t now = kvr_now_ns();
+
+	switch (act) {
+	case A_NONE:
+		break;
+	case A_STARTING:
+		set_state(a, KVR_ACTOR_STARTING);
+		a->deadline = now + (uint64_t)s->cfg.supervisor.ready_timeout_ms * MS;
+		kvr_info("%s started (pid %d, generation %u)", name_of(a), (int)a->pid,
+			 atomic_load(&a->ent->generation));
+		break;
+	case A_READY:
+		close_ready_pipe(s, a);
+		a->deadline = 0;
+		a->ent->ready_ns = now;
+		set_state(a, KVR_ACTOR_READY);
+		kvr_info("%s ready (pid %d) after %llu ms", name_of(a), (int)a->pid,
+			 (unsigned long long)((now - a->ent->started_ns) / MS));
+		if (a->index == SUP_ACTOR_LOOKUP && atomic_load(&s->ctl->state) == KVR_INST_STARTING)
+			atomic_store(&s->ctl->state, KVR_INST_RUNNING);
+		break;
+	case A_DIED:
+		on_died(s, a, status, now);
+		break;
+	case A_KILL:
+		a->deadline = 0;
+		a->ping_outstanding = false;
+		a->missed = 0;
+		if (st == KVR_ACTOR_STARTING)
+			kvr_err("%s (pid %d) not ready within %u ms: killing it", name_of(a), (int)a->pid,
+				s->cfg.supervisor.ready_timeout_ms);
+		else
+			kvr_err("%s (pid %d) missed %d pings: killing it", name_of(a), (int)a->pid,
+				SUP_HEALTH_MAX_MISSED);
+		if (a->pid > 0)
+			(void)kill(a->pid, SIGKILL);
+		break;
+	case A_STOP: {
+		struct kvr_msg m;
+		kvr_msg_build(&m, KVR_MSG_STOP, 0, 0, 0, NULL, 0);
+		if (sup_actor_send(a, &m))
+			kvr_warn("%s: ctl ring full, STOP not queued: SIGTERM follows", name_of(a));
+		set_state(a, KVR_ACTOR_STOPPING);
+		a->stop_ns = now;
+		a->term_sent = false;
+		a->deadline = now + SUP_STOP_TERM_NS;
+		kvr_info("%s (pid %d): stopping", name_of(a), (int)a->pid);
+		break;
+	}
+	case A_RESTART:
+		a->deadline = 0;
+		a->ent->restarts++;
+		do_spawn(s, a);
+		break;
+	case A_ESCALATE:
+		if (!a->term_sent) {
+			kvr_warn("%s (pid %d) still running 2 s after STOP: SIGTERM", name_of(a), (int)a->pid);
+			(void)kill(a->pid, SIGTERM);
+			a->term_sent = true;
+			a->deadline = a->stop_ns + SUP_STOP_KILL_NS;
+		} else {
+			kvr_err("%s (pid %d) still running 5 s after STOP: SIGKILL", name_of(a), (int)a->pid);
+			(void)kill(a->pid, SIGKILL);
+			a->deadline = 0;
+		}
+		break;
+	case A_STOPPED: {
+		char how[96];
+		describe_exit(status, how, sizeof(how));
+		record_exit(a, status);
+		close_ready_pipe(s, a);
+		a->deadline = 0;
+		set_state(a, KVR_ACTOR_IDLE);
+		kvr_info("%s stopped (%s)", name_of(a), how);
+		break;
+	}
+	case A_CANCEL:
+		a->deadline = 0;
+		a->n_deaths = 0;
+		a->death_pos = 0;
+		a->backoff_ms = s->cfg.supervisor.restart_backoff_initial_ms;
+		set_state(a, KVR_ACTOR_IDLE);
+		break;
+	}
+	refresh_instance_state(s);
+}
+
+void sup_actor_start(struct sup *s, struct sup_actor *a)
+{
+	if (state_of(a) != KVR_ACTOR_IDLE)
+		return;
+	a->n_deaths = 0;
+	a->death_pos = 0;
+	a->backoff_ms = s->cfg.supervisor.restart_backoff_initial_ms;
+	do_spawn(s, a);
+}
+
+void sup_actor_ready_input(struct sup *s, struct sup_actor *a)
+{
+	char b;
+	ssize_t n = read(a->ready_fd, &b, 1);
+	if (n == 1) {
+		sup_actor_event(s, a, EV_READY, 0);
+		return;
+	}
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	/* EOF without a byte: the child exited (or closed it); SIGCHLD tells the rest */
+	close_ready_pipe(s, a);
+}
+
+void sup_reap(struct sup *s)
+{
+	for (;;) {
+		int status;
+		pid_t pid = waitpid(-1, &status, WNOHANG);
+		if (pid <= 0)
+			return;
+		struct sup_actor *a = NULL;
+		for (unsigned i = 0; i < s->n_actors && !a; i++)
+			if (s->actors[i].pid == pid)
+				a = &s->actors[i];
+		if (!a) {
+			kvr_debug("reaped unknown child %d", (int)pid);
+			continue;
+		}
+		sup_actor_event(s, a, EV_DIED, status);
+	}
+}
+
+/* ---- health ------------------------------------------------------------------------ */
+
+int sup_actor_send(struct sup_actor *a, const void *msg)
+{
+	return kvr_ring_try_enqueue(a->ctl_in, msg);
+}
+
+/* Read every PONG an actor left on ctl.out. A malformed one is counted and ignored. */
+static void drain_pongs(struct sup *s, struct sup_actor *a)
+{
+	struct kvr_msg m;
+	while (kvr_ring_try_dequeue(a->ctl_out, &m) == 0) {
+		struct kvr_msg_pong pong;
+		if (kvr_msg_decode_pong(&m, &pong)) {
+			atomic_fetch_add_explicit(&kvr_ctl_stats(s->ctl, a->index)->c[KVR_STAT_MALFORMED], 1,
+						  memory_order_relaxed);
+			/* we are ctl.out's consumer: rejected is ours to count */
+			atomic_fetch_add_explicit(&a->ctl_out->rejected, 1, memory_order_relaxed);
+			kvr_debug("%s: malformed message on ctl.out rejected", name_of(a));
+			continue;
+		}
+		if (a->pid <= 0 || pong.pid != a->pid)
+			continue; /* from a predecessor that died: no news about this one */
+		a->missed = 0;
+		if (pong.nonce == a->nonce)
+			a->ping_outstanding = false;
+	}
+}
+
+static void health_tick(struct sup *s, uint64_t now)
+{
+	for (unsigned i = 0; i < s->n_actors; i++)
+		drain_pongs(s, &s->actors[i]);
+	if (s->phase != PH_RUN)
+		return;
+	for (unsigned i = 0; i < s->n_actors; i++) {
+		struct sup_actor *a = &s->actors[i];
+		if (state_of(a) != KVR_ACTOR_READY)
+			continue;
+		if (a->ping_outstanding && ++a->missed >= SUP_HEALTH_MAX_MISSED) {
+			sup_actor_event(s, a, EV_TIMER, 0);
+			continue;
+		}
+		struct kvr_msg_ping ping = {.sent_ns = now, .nonce = ++a->nonce};
+		struct kvr_msg m;
+		kvr_msg_build(&m, KVR_MSG_PING, 0, a->nonce, 0, &ping, sizeof(ping));
+		/* A full ctl.in means the actor does not read it: that is a missed ping too. */
+		(void)sup_actor_send(a, &m);
+		a->ping_outstanding = true;
+	}
+}
+
+void sup_actor_timers(struct sup *s, uint64_t now)
+{
+	for (unsigned i = 0; i < s->n_actors; i++) {
+		struct sup_actor *a = &s->actors[i];
+		if (a->deadline && a->deadline <= now) {
+			a->deadline = 0;
+			sup_actor_event(s, a, EV_TIMER, 0);
+		}
+	}
+	if (s->next_health && now >= s->next_health) {
+		uint64_t period = (uint64_t)s->cfg.supervisor.health_interval_ms * MS;
+		health_tick(s, now);
+		s->next_health += period;
+		if (s->next_health <= now)
+			s->next_health = now + period;
+	}
+}
+
+uint64_t sup_actor_next_deadline(const struct sup *s)
+{
+	uint64_t next = 0;
+	for (unsigned i = 0; i < s->n_actors; i++) {
+		uint64_t d = s->actors[i].deadline;
+		if (d && (!next || d < next))
+			next = d;
+	}
+	if (s->next_health && (!next || s->next_health < next))
+		next = s->next_health;
+	return next;
+}
+
+bool sup_actors_all_down(const struct sup *s)
+{
+	for (unsigned i = 0; i < s->n_actors; i++)
+		if (s->actors[i].pid > 0)
+			return false;
+	return true;
+}

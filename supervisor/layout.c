@@ -1,0 +1,203 @@
+/* kvringd layout: which rings and actors an instance has, and the segments that hold them. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvr_log.h"
+#include "kvr_time.h"
+#include "sup.h"
+
+#define ARENA_PLACEHOLDER_BYTES (64ull << 20) /* until the L1 work derives it from geometry */
+
+/* Symbolic endpoints of the per-worker rings, resolved for worker slot w. */
+enum ep { EP_CLIENT, EP_LOOKUP, EP_LOADER, EP_STORER };
+
+static int ep_resolve(enum ep e, unsigned w)
+{
+	switch (e) {
+	case EP_CLIENT:
+		return KVR_EP_CLIENT(w);
+	case EP_LOOKUP:
+		return (int)SUP_ACTOR_LOOKUP;
+	case EP_LOADER:
+		return (int)SUP_ACTOR_LOADER(w);
+	case EP_STORER:
+		return (int)SUP_ACTOR_STORER(w);
+	}
+	return KVR_EP_SUPERVISOR;
+}
+
+/* Per worker slot w: one ring per direction per edge. Add a row to add a ring. */
+static const struct {
+	const char *fmt; /* printf format taking the worker slot */
+	enum ep producer, consumer;
+} worker_rings[] = {
+	{"lookup.req.%u", EP_CLIENT, EP_LOOKUP},
+	{"lookup.rep.%u", EP_LOOKUP, EP_CLIENT},
+	{"load.req.%u", EP_CLIENT, EP_LOADER},
+	{"load.rep.%u", EP_LOADER, EP_CLIENT},
+	{"store.req.%u", EP_CLIENT, EP_STORER},
+	{"store.rep.%u", EP_STORER, EP_CLIENT},
+	{"commit.req.%u", EP_STORER, EP_LOOKUP},
+	{"commit.rep.%u", EP_LOOKUP, EP_STORER},
+};
+
+static void actor_name(unsigned i, char *buf, size_t len)
+{
+	if (i == SUP_ACTOR_LOOKUP)
+		snprintf(buf, len, "lookup");
+	else
+		snprintf(buf, len, "%s.%u", (i - 1) % 2 ? "storer" : "loader", (i - 1) / 2);
+}
+
+static int add_spec(struct kvr_ctl_ring_spec *specs, unsigned cap, unsigned *n, uint32_t capacity, int producer,
+		    int consumer, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+static int add_spec(struct kvr_ctl_ring_spec *specs, unsigned cap, unsigned *n, uint32_t capacity, int producer,
+		    int consumer, const char *fmt, ...)
+{
+	if (*n >= cap)
+		return -ENOSPC;
+	struct kvr_ctl_ring_spec *sp = &specs[*n];
+	memset(sp, 0, sizeof(*sp));
+	va_list ap;
+	va_start(ap, fmt);
+	int len = vsnprintf(sp->name, sizeof(sp->name), fmt, ap);
+	va_end(ap);
+	if (len < 0 || (size_t)len >= sizeof(sp->name))
+		return -ENAMETOOLONG;
+	sp->capacity = capacity;
+	sp->producer = (int16_t)producer;
+	sp->consumer = (int16_t)consumer;
+	(*n)++;
+	return 0;
+}
+
+int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs, unsigned cap)
+{
+	unsigned n = 0, n_actors = SUP_N_ACTORS(cfg->instance.max_workers);
+	uint32_t capacity = cfg->rings.capacity;
+	char name[KVR_ACTOR_NAME_MAX];
+	int rc;
+
+	for (unsigned i = 0; i < n_actors; i++) {
+		actor_name(i, name, sizeof(name));
+		rc = add_spec(specs, cap, &n, capacity, KVR_EP_SUPERVISOR, (int)i, "ctl.%s.in", name);
+		if (rc)
+			return rc;
+		rc = add_spec(specs, cap, &n, capacity, (int)i, KVR_EP_SUPERVISOR, "ctl.%s.out", name);
+		if (rc)
+			return rc;
+	}
+	for (unsigned w = 0; w < cfg->instance.max_workers; w++)
+		for (size_t k = 0; k < sizeof(worker_rings) / sizeof(worker_rings[0]); k++) {
+			rc = add_spec(specs, cap, &n, capacity, ep_resolve(worker_rings[k].producer, w),
+				      ep_resolve(worker_rings[k].consumer, w), worker_rings[k].fmt, w);
+			if (rc)
+				return rc;
+		}
+	return (int)n;
+}
+
+int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen)
+{
+	if (cfg->instance.max_workers < 1 || cfg->instance.max_workers > KVR_CTL_MAX_WORKERS) {
+		snprintf(err, errlen, "$.instance.max_workers: out of range for this build: %u (must be 1..%u)",
+			 cfg->instance.max_workers, KVR_CTL_MAX_WORKERS);
+		return -EINVAL;
+	}
+	if (cfg->supervisor.crash_loop_max_deaths < 1) {
+		snprintf(err, errlen, "$.supervisor.crash_loop_max_deaths: must be >= 1");
+		return -EINVAL;
+	}
+	if (cfg->instance.socket[0] != '/') {
+		snprintf(err, errlen, "$.instance.socket: must be an absolute path");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static void fill_actor_table(struct sup *s)
+{
+	struct kvr_ctl *c = s->ctl;
+	unsigned n_actors = SUP_N_ACTORS(s->cfg.instance.max_workers);
+	char name[KVR_ACTOR_NAME_MAX], ring[KVR_RING_NAME_MAX];
+
+	for (unsigned i = 0; i < n_actors; i++) {
+		struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
+		actor_name(i, name, sizeof(name));
+		memcpy(e->name, name, sizeof(e->name));
+		e->kind = i == SUP_ACTOR_LOOKUP ? KVR_ACTOR_LOOKUP : (i - 1) % 2 ? KVR_ACTOR_STORER : KVR_ACTOR_LOADER;
+		e->index = i == SUP_ACTOR_LOOKUP ? 0 : (i - 1) / 2;
+		atomic_store(&e->state, KVR_ACTOR_IDLE);
+		e->last_exit_code = -1;
+		snprintf(ring, sizeof(ring), "ctl.%s.in", name);
+		e->ctl_in = (uint16_t)kvr_ctl_find_ring(c, ring);
+		snprintf(ring, sizeof(ring), "ctl.%s.out", name);
+		e->ctl_out = (uint16_t)kvr_ctl_find_ring(c, ring);
+	}
+	atomic_store(&c->n_actors, n_actors);
+}
+
+int sup_segments_create(struct sup *s)
+{
+	static struct kvr_ctl_ring_spec specs[KVR_CTL_MAX_RINGS];
+	int n = sup_ring_specs(&s->cfg, specs, KVR_CTL_MAX_RINGS);
+	if (n < 0) {
+		kvr_err("ring list does not fit the control segment (max %u rings): %s", KVR_CTL_MAX_RINGS,
+			strerror(-n));
+		return n;
+	}
+	size_t cfg_len = strlen(s->cfg_json);
+	size_t size = kvr_ctl_memsize(KVR_CTL_MAX_ACTORS, s->cfg.instance.max_workers, specs, (unsigned)n, cfg_len + 1);
+	if (!size) {
+		kvr_err("cannot size the control segment (ring capacity %u)", s->cfg.rings.capacity);
+		return -EINVAL;
+	}
+	int rc = kvr_segment_create("kvring-ctl", KVR_SEG_CTL, size, s->generation, 0, &s->ctl_seg);
+	if (rc) {
+		kvr_err("cannot create the control segment (%zu bytes): %s", size, strerror(-rc));
+		return rc;
+	}
+	rc = kvr_ctl_init(&s->ctl_seg, KVR_CTL_MAX_ACTORS, s->cfg.instance.max_workers, specs, (unsigned)n,
+			  s->cfg_json);
+	if (rc) {
+		kvr_err("cannot initialise the control segment: %s", strerror(-rc));
+		goto fail;
+	}
+	s->ctl = s->ctl_seg.base;
+	for (int i = 0; i < n; i++)
+		kvr_ctl_ring(s->ctl, (unsigned)i)->spin_ns = s->cfg.rings.spin_ns;
+
+	uint64_t arena = s->cfg.l1.capacity_bytes ? s->cfg.l1.capacity_bytes : ARENA_PLACEHOLDER_BYTES;
+	rc = kvr_segment_create("kvring-arena", KVR_SEG_ARENA, arena, s->generation,
+				s->cfg.l1.huge_pages ? KVR_SEG_TRY_HUGE : 0, &s->arena_seg);
+	if (rc) {
+		kvr_err("cannot create the arena (%llu bytes): %s", (unsigned long long)arena, strerror(-rc));
+		goto fail;
+	}
+	kvr_info("arena: %llu bytes%s", (unsigned long long)s->arena_seg.size, s->arena_seg.huge ? ", huge pages" : "");
+
+	struct kvr_ctl *c = s->ctl;
+	atomic_store(&c->state, KVR_INST_STARTING);
+	c->supervisor_pid = getpid();
+	c->generation = s->generation;
+	c->started_ns = kvr_realtime_ns();
+	snprintf(c->socket_path, sizeof(c->socket_path), "%s", s->cfg.instance.socket);
+	fill_actor_table(s);
+	return 0;
+fail:
+	kvr_segment_close(&s->ctl_seg);
+	s->ctl = NULL;
+	return rc;
+}
+
+void sup_segments_close(struct sup *s)
+{
+	kvr_segment_close(&s->arena_seg);
+	kvr_segment_close(&s->ctl_seg);
+	s->ctl = NULL;
+}

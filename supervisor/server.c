@@ -1,0 +1,437 @@
+/* kvringd socket: take-over of the path, peer credentials, INSPECT, ATTACH and worker detach. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <kvring/msg.h>
+
+#include "kvr_log.h"
+#include "kvr_proto.h"
+#include "kvr_time.h"
+#include "sup.h"
+
+/* ---- the socket path ---------------------------------------------------------------- */
+
+/* mkdir -p of the directory part of path; new directories get mode 0700. */
+static int make_parent_dirs(const char *path)
+{
+	char buf[KVR_PATH_MAX];
+	snprintf(buf, sizeof(buf), "%s", path);
+	char *slash = strrchr(buf, '/');
+	if (!slash || slash == buf)
+		return 0;
+	*slash = 0;
+	for (char *p = buf + 1;; p++) {
+		if (*p != '/' && *p)
+			continue;
+		char c = *p;
+		*p = 0;
+		if (mkdir(buf, 0700) < 0 && errno != EEXIST)
+			return -errno;
+		*p = c;
+		if (!c)
+			break;
+	}
+	return 0;
+}
+
+int sup_socket_takeover(struct sup *s)
+{
+	const char *path = s->cfg.instance.socket;
+	struct stat st;
+	if (lstat(path, &st) < 0) {
+		if (errno != ENOENT) {
+			fprintf(stderr, "kvringd: %s: %s\n", path, strerror(errno));
+			return 1;
+		}
+	} else if (!S_ISSOCK(st.st_mode)) {
+		fprintf(stderr, "kvringd: %s exists and is not a socket\n", path);
+		return 1;
+	} else {
+		int fd = kvr_proto_connect(path);
+		if (fd >= 0) {
+			struct ucred cr = {0};
+			socklen_t len = sizeof(cr);
+			(void)getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len);
+			(void)close(fd);
+			fprintf(stderr, "kvringd: another instance is serving %s (pid %d)\n", path, (int)cr.pid);
+			return 1;
+		}
+		if (fd != -ECONNREFUSED) {
+			fprintf(stderr, "kvringd: %s: cannot tell whether another instance serves it: %s\n", path,
+				strerror(-fd));
+			return 1;
+		}
+		/* Nobody listens: a kvringd that was killed left it behind. */
+		kvr_warn("replacing stale socket %s", path);
+		if (unlink(path) < 0 && errno != ENOENT) {
+			fprintf(stderr, "kvringd: cannot remove stale socket %s: %s\n", path, strerror(errno));
+			return 1;
+		}
+	}
+	int rc = make_parent_dirs(path);
+	if (rc) {
+		fprintf(stderr, "kvringd: cannot create the directory of %s: %s\n", path, strerror(-rc));
+		return 1;
+	}
+	return 0;
+}
+
+int sup_socket_listen(struct sup *s)
+{
+	const char *path = s->cfg.instance.socket;
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	/* Never visible with looser bits than asked for, not even between bind and chmod. */
+	mode_t old = umask(0077);
+	int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ? -errno : 0;
+	umask(old);
+	if (rc) {
+		kvr_err("cannot bind %s: %s", path, strerror(-rc));
+		goto fail;
+	}
+	s->socket_bound = true;
+	if (chmod(path, s->cfg.instance.socket_mode) < 0 || listen(fd, 64) < 0) {
+		rc = -errno;
+		kvr_err("cannot set up %s: %s", path, strerror(-rc));
+		goto fail;
+	}
+	s->listen_fd = fd;
+	s->listen_watch = (struct sup_watch){W_LISTEN, NULL};
+	rc = sup_epoll_add(s, fd, &s->listen_watch, EPOLLIN);
+	if (rc)
+		goto fail;
+	kvr_info("listening on %s (mode %04o)", path, s->cfg.instance.socket_mode);
+	return 0;
+fail:
+	s->listen_fd = -1;
+	(void)close(fd);
+	return rc;
+}
+
+void sup_socket_close(struct sup *s)
+{
+	if (s->listen_fd >= 0) {
+		sup_epoll_del(s, s->listen_fd);
+		(void)close(s->listen_fd);
+		s->listen_fd = -1;
+	}
+	if (s->socket_bound) {
+		(void)unlink(s->cfg.instance.socket);
+		s->socket_bound = false;
+	}
+}
+
+/* ---- connections -------------------------------------------------------------------- */
+
+static void rep_init(const struct sup *s, struct kvr_proto_rep *rep, int status, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static void rep_init(const struct sup *s, struct kvr_proto_rep *rep, int status, const char *fmt, ...)
+{
+	memset(rep, 0, offsetof(struct kvr_proto_rep, payload));
+	rep->magic = KVR_PROTO_MAGIC;
+	rep->version = KVR_PROTO_VERSION;
+	rep->status = status;
+	rep->generation = s->generation;
+	if (fmt) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(rep->reason, sizeof(rep->reason), fmt, ap);
+		va_end(ap);
+	}
+}
+
+/* Replies carry no payload yet: send the record up to it. */
+static int send_rep(int fd, const struct kvr_proto_rep *rep, const int *fds, unsigned n_fds)
+{
+	return kvr_proto_send(fd, rep, offsetof(struct kvr_proto_rep, payload) + rep->payload_len, fds, n_fds);
+}
+
+static void conn_close(struct sup *s, struct sup_conn *c);
+
+void sup_accept(struct sup *s)
+{
+	for (;;) {
+		int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				kvr_warn("accept: %s", strerror(errno));
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			return;
+		}
+		struct ucred cr = {0};
+		socklen_t len = sizeof(cr);
+		struct kvr_proto_rep rep;
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+			kvr_warn("SO_PEERCRED: %s: connection refused", strerror(errno));
+			(void)close(fd);
+			continue;
+		}
+		bool refused = cr.uid != geteuid();
+		if (refused) {
+			kvr_warn("refused a connection from pid %d uid %u: not the instance owner", (int)cr.pid,
+				 (unsigned)cr.uid);
+			rep_init(s, &rep, -EACCES, "permission denied: uid %u is not the instance owner",
+				 (unsigned)cr.uid);
+			(void)send_rep(fd, &rep, NULL, 0);
+			/* Closed when the peer sends its request or hangs up, so that the peer's send
+			 * does not fail with EPIPE before it reads the reason. */
+			if (s->n_refused >= SUP_MAX_REFUSED) {
+				(void)close(fd);
+				continue;
+			}
+		}
+		struct sup_conn *c = s->n_conns < SUP_MAX_CONNS ? calloc(1, sizeof(*c)) : NULL;
+		if (!c) {
+			if (refused) {
+				(void)close(fd);
+				continue;
+			}
+			rep_init(s, &rep, -EMFILE, "too many connections (max %d)", SUP_MAX_CONNS);
+			(void)send_rep(fd, &rep, NULL, 0);
+			(void)close(fd);
+			continue;
+		}
+		*c = (struct sup_conn){.fd = fd, .watch = {W_CONN, c}, .pid = cr.pid, .uid = cr.uid, .worker = -1,
+				       .refused = refused, .next = s->conns};
+		if (sup_epoll_add(s, fd, &c->watch, EPOLLIN | EPOLLRDHUP) < 0) {
+			(void)close(fd);
+			free(c);
+			continue;
+		}
+		s->conns = c;
+		s->n_conns++;
+		s->n_refused += refused;
+		kvr_debug("connection from pid %d", (int)c->pid);
+	}
+}
+
+static void handle_inspect(struct sup *s, struct sup_conn *c)
+{
+	struct kvr_proto_rep rep;
+	char p[64];
+	/* Re-opening the memfd through /proc gives a new, read-only open file description:
+	 * the observer cannot map it writable. */
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", s->ctl_seg.fd);
+	int ro = open(p, O_RDONLY | O_CLOEXEC);
+	if (ro < 0) {
+		rep_init(s, &rep, -errno, "cannot open a read-only view of the control segment: %s", strerror(errno));
+		(void)send_rep(c->fd, &rep, NULL, 0);
+		return;
+	}
+	rep_init(s, &rep, 0, NULL);
+	rep.n_fds = 1;
+	int rc = send_rep(c->fd, &rep, &ro, 1);
+	(void)close(ro);
+	kvr_debug("inspect from pid %d%s", (int)c->pid, rc ? ": reply not sent" : "");
+}
+
+/* Validate what an attaching worker sends (nothing yet) and take what it brings.
+ * TODO(L1): the geometry in req->payload (kvr_geometry_validate against the instance's
+ * model) and the worker's KV memfd in fds[0] are checked and adopted here; on failure
+ * fill rep with the status and a reason naming the field. The caller closes every fd this
+ * function did not take (set fds[i] = -1 to take one). */
+static int attach_validate(struct sup *s, struct sup_conn *c, unsigned w, const struct kvr_proto_req *req,
+			   int *fds, unsigned n_fds, struct kvr_proto_rep *rep)
+{
+	(void)s;
+	(void)c;
+	(void)w;
+	(void)req;
+	(void)fds;
+	(void)n_fds;
+	(void)rep;
+	return 0;
+}
+
+static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_proto_req *req, int *fds,
+			  unsigned n_fds)
+{
+	struct kvr_proto_rep rep;
+	unsigned max = s->cfg.instance.max_workers;
+	int w = -1;
+
+	if (s->phase != PH_RUN) {
+		rep_init(s, &rep, -ESHUTDOWN, "instance is shutting down");
+		goto reply;
+	}
+	if (c->worker >= 0) {
+		rep_init(s, &rep, -EALREADY, "already attached as worker %d", c->worker);
+		goto reply;
+	}
+	for (unsigned i = 0; i < max && w < 0; i++)
+		if (atomic_load(&kvr_ctl_worker(s->ctl, i)->state) == KVR_WORKER_FREE)
+			w = (int)i;
+	if (w < 0) {
+		rep_init(s, &rep, -EBUSY, "no free worker slot (max_workers=%u)", max);
+		goto reply;
+	}
+	rep_init(s, &rep, 0, NULL);
+	if (attach_validate(s, c, (unsigned)w, req, fds, n_fds, &rep) || rep.status) {
+		if (!rep.status)
+			rep.status = -EINVAL;
+		goto reply;
+	}
+
+	struct kvr_worker_ent *we = kvr_ctl_worker(s->ctl, (unsigned)w);
+	atomic_store(&we->pid, c->pid);
+	we->uid = c->uid;
+	we->generation++;
+	we->tp_rank = 0;
+	we->tp_size = 1;
+	we->dcp_rank = 0;
+	we->dcp_size = 1;
+	we->attached_ns = kvr_now_ns();
+	atomic_store(&we->waiter.sleepers, 0);
+	atomic_store(&we->state, KVR_WORKER_ATTACHED);
+	c->worker = w;
+	s->worker_conn[w] = c;
+	kvr_info("worker %d attached (pid %d, generation %u)", w, (int)c->pid, we->generation);
+
+	sup_actor_start(s, &s->actors[SUP_ACTOR_LOADER((unsigned)w)]);
+	sup_actor_start(s, &s->actors[SUP_ACTOR_STORER((unsigned)w)]);
+
+	rep.worker = (uint32_t)w;
+	rep.n_fds = 2;
+	int out[2] = {s->ctl_seg.fd, s->arena_seg.fd};
+	if (send_rep(c->fd, &rep, out, 2))
+		kvr_warn("worker %d: attach reply not sent; it detaches when the connection closes", w);
+	return;
+reply:
+	if (rep.status)
+		kvr_info("attach from pid %d refused: %s", (int)c->pid, rep.reason);
+	(void)send_rep(c->fd, &rep, NULL, 0);
+}
+
+/* The worker is gone (connection closed or DETACH): stop its actors, free its slot once
+ * they have exited (sup_workers_update). */
+static void worker_detach(struct sup *s, struct sup_conn *c)
+{
+	unsigned w = (unsigned)c->worker;
+	struct kvr_worker_ent *we = kvr_ctl_worker(s->ctl, w);
+	c->worker = -1;
+	s->worker_conn[w] = NULL;
+	atomic_store(&we->state, KVR_WORKER_DETACHING);
+	kvr_info("worker %u detached (pid %d)", w, (int)c->pid);
+
+	struct kvr_msg m;
+	struct kvr_msg_worker_gone gone = {.worker = w, .generation = we->generation};
+	kvr_msg_build(&m, KVR_MSG_WORKER_GONE, 0, 0, 0, &gone, sizeof(gone));
+	if (sup_actor_send(&s->actors[SUP_ACTOR_LOOKUP], &m))
+		kvr_warn("lookup ctl ring full: worker %u gone not announced", w);
+	/* TODO(L1): release the worker's leases and reclaim its uncommitted slots here. */
+	sup_actor_event(s, &s->actors[SUP_ACTOR_LOADER(w)], EV_STOP, 0);
+	sup_actor_event(s, &s->actors[SUP_ACTOR_STORER(w)], EV_STOP, 0);
+}
+
+void sup_workers_update(struct sup *s)
+{
+	for (unsigned w = 0; w < s->cfg.instance.max_workers; w++) {
+		struct kvr_worker_ent *we = kvr_ctl_worker(s->ctl, w);
+		if (atomic_load(&we->state) != KVR_WORKER_DETACHING)
+			continue;
+		const struct sup_actor *l = &s->actors[SUP_ACTOR_LOADER(w)], *st = &s->actors[SUP_ACTOR_STORER(w)];
+		if (l->pid > 0 || st->pid > 0)
+			continue;
+		atomic_store(&we->pid, 0);
+		atomic_store(&we->state, KVR_WORKER_FREE);
+		kvr_debug("worker slot %u free", w);
+	}
+}
+
+static void conn_close(struct sup *s, struct sup_conn *c)
+{
+	if (c->worker >= 0)
+		worker_detach(s, c);
+	sup_epoll_del(s, c->fd);
+	(void)close(c->fd);
+	for (struct sup_conn **pp = &s->conns; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	s->n_conns--;
+	s->n_refused -= c->refused;
+	free(c);
+}
+
+void sup_conns_close_all(struct sup *s)
+{
+	while (s->conns)
+		conn_close(s, s->conns);
+}
+
+void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events)
+{
+	static struct kvr_proto_req req; /* 3 KiB: kept off the stack; single-threaded */
+	int fds[KVR_PROTO_MAX_FDS];
+	unsigned n_fds = 0;
+	const size_t hdr = offsetof(struct kvr_proto_req, payload);
+
+	if (!(events & EPOLLIN)) {
+		conn_close(s, c);
+		return;
+	}
+	ssize_t n = kvr_proto_recv(c->fd, &req, sizeof(req), fds, KVR_PROTO_MAX_FDS, &n_fds);
+	if (c->refused) {
+		/* Read before closing: closing with unread data resets the connection and the
+		 * peer would lose the reply that says why. */
+		for (unsigned i = 0; n > 0 && i < n_fds; i++)
+			(void)close(fds[i]);
+		if (n != -EAGAIN && n != -EINTR)
+			conn_close(s, c);
+		return;
+	}
+	if (n == -EAGAIN || n == -EINTR)
+		return;
+	if (n <= 0 && n != -EMSGSIZE) {
+		conn_close(s, c); /* orderly close (0) or an error */
+		return;
+	}
+	struct kvr_proto_rep rep;
+	if (n < (ssize_t)hdr || req.magic != KVR_PROTO_MAGIC || req.version != KVR_PROTO_VERSION ||
+	    req.payload_len > KVR_PROTO_PAYLOAD_MAX || (size_t)n < hdr + req.payload_len ||
+	    (req.op != KVR_OP_INSPECT && req.op != KVR_OP_ATTACH && req.op != KVR_OP_DETACH)) {
+		rep_init(s, &rep, -EPROTO, "malformed request");
+		kvr_warn("malformed request from pid %d: closing the connection", (int)c->pid);
+		(void)send_rep(c->fd, &rep, NULL, 0);
+		for (unsigned i = 0; i < n_fds; i++)
+			(void)close(fds[i]);
+		conn_close(s, c);
+		return;
+	}
+	switch (req.op) {
+	case KVR_OP_INSPECT:
+		handle_inspect(s, c);
+		break;
+	case KVR_OP_ATTACH:
+		handle_attach(s, c, &req, fds, n_fds);
+		break;
+	case KVR_OP_DETACH:
+		if (c->worker < 0) {
+			rep_init(s, &rep, -ENOTCONN, "not attached");
+		} else {
+			worker_detach(s, c);
+			rep_init(s, &rep, 0, NULL);
+		}
+		(void)send_rep(c->fd, &rep, NULL, 0);
+		break;
+	}
+	for (unsigned i = 0; i < n_fds; i++)
+		if (fds[i] >= 0)
+			(void)close(fds[i]);
+}

@@ -1,0 +1,172 @@
+/* kvringd internals: the supervisor's state shared by its modules (layout, actors, server, main loop). */
+#ifndef KVR_SUP_H
+#define KVR_SUP_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kvr_config.h"
+#include "kvr_ctl.h"
+#include "kvr_segment.h"
+
+/*
+ * kvringd is single-threaded: one epoll loop (main.c) over a signalfd, the listening
+ * socket, every connected peer, every actor's readiness pipe and one timerfd that is
+ * always armed for the earliest deadline (health tick, ready timeout, restart backoff,
+ * stop escalation, drain). Modules:
+ *   layout.c   the ring list and actor table of an instance, the segments
+ *   actors.c   spawning, the restart state machine, health pings, reaping
+ *   server.c   the socket: take-over, accept, INSPECT, ATTACH, detach
+ *   kvringd.c  command line, startup, the loop, drain and shutdown
+ * Functions return 0 or -errno unless they say otherwise; they log what they do (this is
+ * a program, not a library).
+ */
+
+#define SUP_STOP_TERM_NS (2ull * 1000000000ull) /* STOP, then SIGTERM after 2 s ... */
+#define SUP_STOP_KILL_NS (5ull * 1000000000ull) /* ... and SIGKILL after 5 s */
+#define SUP_HEALTH_MAX_MISSED 5                 /* pings missed in a row before a kill -9 */
+#define SUP_DRAIN_POLL_NS (10ull * 1000000ull)  /* drain: re-check the rings this often */
+#define SUP_MAX_CONNS 128                       /* connected peers (inspect + attached workers) */
+#define SUP_MAX_REFUSED 8                       /* refused peers waiting for their reply to be read */
+
+enum sup_watch_kind { W_SIGNAL, W_LISTEN, W_TIMER, W_CONN, W_READY };
+
+/* What an epoll event points at. */
+struct sup_watch {
+	enum sup_watch_kind kind;
+	void *ptr;
+};
+
+enum sup_phase {
+	PH_RUN,   /* serving */
+	PH_DRAIN, /* SIGTERM: no new work; waiting for the rings to empty */
+	PH_STOP,  /* STOP sent to every actor; waiting for them to exit */
+	PH_DONE,
+};
+
+struct sup_actor {
+	unsigned index;
+	struct kvr_actor_ent *ent;
+	struct kvr_ring *ctl_in, *ctl_out;
+	const char *exe;         /* executable path (one per kind, in struct sup) */
+	pid_t pid;               /* 0 when not running */
+	int ready_fd;            /* read end of the readiness pipe while STARTING, else -1 */
+	struct sup_watch ready_watch;
+	uint64_t deadline;       /* next TIMER event (CLOCK_MONOTONIC ns), 0 = none */
+	uint64_t stop_ns;        /* when STOP was sent */
+	bool term_sent;
+	uint32_t backoff_ms;     /* delay of the next non-immediate restart */
+	uint64_t *deaths;        /* ring of the last crash_loop_max_deaths death times */
+	unsigned n_deaths, death_pos;
+	uint32_t nonce;          /* of the last PING */
+	bool ping_outstanding;
+	unsigned missed;         /* pings missed in a row */
+};
+
+struct sup_conn {
+	int fd;
+	struct sup_watch watch;
+	pid_t pid;
+	uid_t uid;
+	int worker;              /* attached worker slot, -1 if none */
+	bool refused;            /* not the owner: answered -EACCES, closed on its next input */
+	struct sup_conn *next;
+};
+
+struct sup {
+	struct kvr_config cfg;
+	char *cfg_json;          /* effective config, embedded in the control segment */
+	const char *argv0;
+	struct kvr_segment ctl_seg, arena_seg;
+	struct kvr_ctl *ctl;
+	uint32_t generation;
+
+	int epfd, sigfd, tfd, listen_fd;
+	struct sup_watch sig_watch, listen_watch, timer_watch;
+	bool socket_bound;       /* we created cfg.instance.socket: unlink it on exit */
+
+	char exe[KVR_ACTOR_GATHER + 1][PATH_MAX]; /* per actor kind */
+	struct sup_actor actors[KVR_CTL_MAX_ACTORS];
+	unsigned n_actors;
+
+	struct sup_conn *conns;
+	unsigned n_conns, n_refused;
+	struct sup_conn *worker_conn[KVR_CTL_MAX_WORKERS];
+
+	enum sup_phase phase;
+	uint64_t next_health;    /* 0 = not scheduled */
+	uint64_t drain_deadline;
+};
+
+/* ---- layout.c --------------------------------------------------------------------- */
+
+/* Actor indices in the actor table. */
+#define SUP_ACTOR_LOOKUP 0u
+#define SUP_ACTOR_LOADER(w) (1u + 2u * (w))
+#define SUP_ACTOR_STORER(w) (2u + 2u * (w))
+#define SUP_N_ACTORS(max_workers) (1u + 2u * (max_workers))
+
+/* The rings of an instance with max_workers worker slots: every actor's control pair and
+ * every per-worker data ring, with capacity and endpoints. This is the one place that says
+ * which rings exist; the L1 work adds its rings here. Returns the count or -ENOSPC. */
+int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs, unsigned cap);
+
+/* Supervisor-side checks of a parsed config (limits of this build). 0 or -EINVAL with
+ * "$.key: reason" in err. */
+int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen);
+
+/* Create the control segment and the arena, fill the instance header and actor table.
+ * Logs and returns -errno on failure (nothing left behind). */
+int sup_segments_create(struct sup *s);
+void sup_segments_close(struct sup *s);
+
+/* ---- actors.c --------------------------------------------------------------------- */
+
+enum sup_event { EV_SPAWNED, EV_READY, EV_DIED, EV_TIMER, EV_STOP, EV_N };
+
+/* Resolve the executable of every actor kind (instance.actor_dir, the build tree next to
+ * /proc/self/exe, KVR_LIBEXECDIR). -ENOENT with the reason in err. */
+int sup_find_executables(struct sup *s, char *err, size_t errlen);
+int sup_actors_init(struct sup *s);
+void sup_actors_free(struct sup *s);
+/* Start an IDLE actor (spawn it). */
+void sup_actor_start(struct sup *s, struct sup_actor *a);
+/* Feed an event to the state machine. status: the wait status for EV_DIED. */
+void sup_actor_event(struct sup *s, struct sup_actor *a, enum sup_event ev, int status);
+/* The readiness pipe of a became readable. */
+void sup_actor_ready_input(struct sup *s, struct sup_actor *a);
+/* Reap every exited child (SIGCHLD). */
+void sup_reap(struct sup *s);
+/* Fire due actor timers and the health tick. */
+void sup_actor_timers(struct sup *s, uint64_t now);
+/* Earliest actor deadline (0 = none). */
+uint64_t sup_actor_next_deadline(const struct sup *s);
+/* True when no actor process is alive. */
+bool sup_actors_all_down(const struct sup *s);
+/* Send a message to an actor's ctl.in without blocking. 0 or -EAGAIN. */
+int sup_actor_send(struct sup_actor *a, const void *msg);
+
+/* ---- server.c --------------------------------------------------------------------- */
+
+/* Take over cfg.instance.socket: refuse when another instance answers on it (returns 1,
+ * message printed), replace a stale one, create the parent directory. Returns 0 to go
+ * on, or the exit code. Does not bind. */
+int sup_socket_takeover(struct sup *s);
+/* Bind, chmod and listen; adds the socket to epoll. 0 or -errno (logged). */
+int sup_socket_listen(struct sup *s);
+/* Close and unlink the listening socket (drain and exit). */
+void sup_socket_close(struct sup *s);
+void sup_accept(struct sup *s);
+void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events);
+void sup_conns_close_all(struct sup *s);
+/* Free DETACHING worker slots whose loader and storer have exited. */
+void sup_workers_update(struct sup *s);
+
+/* ---- kvringd.c -------------------------------------------------------------------- */
+
+int sup_epoll_add(struct sup *s, int fd, struct sup_watch *w, uint32_t events);
+void sup_epoll_del(struct sup *s, int fd);
+
+#endif

@@ -1,0 +1,343 @@
+/* Test harness for kvringd: temp instances, the real daemon from KVR_BUILD_ROOT, socket requests. */
+#include "sup_harness.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static unsigned inst_counter;
+
+void h_build_path(char *buf, size_t len, const char *rel)
+{
+	const char *root = getenv("KVR_BUILD_ROOT");
+	cr_assert(root, "KVR_BUILD_ROOT is not set (run through meson test)");
+	snprintf(buf, len, "%s/%s", root, rel);
+}
+
+void h_init(struct h_inst *in, unsigned dir_mode)
+{
+	memset(in, 0, sizeof(*in));
+	in->ro.fd = -1;
+	snprintf(in->dir, sizeof(in->dir), "/tmp/kvr-sup-%d-%u", (int)getpid(), inst_counter++);
+	cr_assert(mkdir(in->dir, 0700) == 0, "mkdir %s: %s", in->dir, strerror(errno));
+	cr_assert(chmod(in->dir, dir_mode) == 0);
+	snprintf(in->sock, sizeof(in->sock), "%s/run/kvring.sock", in->dir);
+	snprintf(in->cfg, sizeof(in->cfg), "%s/kvring.json", in->dir);
+	snprintf(in->log, sizeof(in->log), "%s/kvringd.log", in->dir);
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	(void)remove(path);
+	return 0;
+}
+
+void h_fini(struct h_inst *in)
+{
+	h_unmap(in);
+	if (in->pid > 0) {
+		(void)kill(in->pid, SIGKILL);
+		(void)h_wait_exit(in->pid, 2000);
+		in->pid = 0;
+	}
+	if (in->dir[0]) {
+		if (getenv("KVR_KEEP_TEST_DIRS"))
+			return;
+		(void)nftw(in->dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+	}
+}
+
+void h_write_config_raw(struct h_inst *in, const char *json)
+{
+	FILE *f = fopen(in->cfg, "w");
+	cr_assert(f, "cannot write %s", in->cfg);
+	fputs(json, f);
+	fclose(f);
+}
+
+void h_write_config(struct h_inst *in, unsigned max_workers, const char *extra_instance, const char *extra_supervisor)
+{
+	char json[4096];
+	snprintf(json, sizeof(json),
+		 "{\n"
+		 "  \"instance\": {\"socket\": \"%s\", \"max_workers\": %u, \"log_level\": \"info\"%s},\n"
+		 "  \"rings\": {\"capacity\": 64},\n"
+		 "  \"supervisor\": {\"ready_timeout_ms\": 2000, \"stable_after_ms\": 1000,\n"
+		 "    \"restart_backoff_initial_ms\": 50, \"restart_backoff_max_ms\": 400,\n"
+		 "    \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": 3,\n"
+		 "    \"health_interval_ms\": 200, \"drain_timeout_ms\": 3000%s},\n"
+		 "  \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}\n"
+		 "}\n",
+		 in->sock, max_workers, extra_instance ? extra_instance : "", extra_supervisor ? extra_supervisor : "");
+	h_write_config_raw(in, json);
+}
+
+pid_t h_spawn_kvringd(struct h_inst *in, const char *const *args)
+{
+	char exe[512];
+	h_build_path(exe, sizeof(exe), "supervisor/kvringd");
+	const char *argv[16] = {exe};
+	unsigned n = 1;
+	for (; args && *args && n < 15; args++)
+		argv[n++] = *args;
+	argv[n] = NULL;
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		int fd = open(in->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+			_exit(126);
+		execv(exe, (char *const *)argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+int h_wait_exit(pid_t pid, int timeout_ms)
+{
+	for (int t = 0; t <= timeout_ms; t += 5) {
+		int st;
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid)
+			return st;
+		if (r < 0)
+			return -1;
+		usleep(5000);
+	}
+	return -1;
+}
+
+char *h_read_file(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return strdup("");
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *m = open_memstream(&buf, &len);
+	char chunk[4096];
+	size_t n;
+	while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+		fwrite(chunk, 1, n, m);
+	fclose(f);
+	fclose(m);
+	return buf;
+}
+
+bool h_log_contains(const struct h_inst *in, const char *s)
+{
+	char *text = h_read_file(in->log);
+	bool found = strstr(text, s) != NULL;
+	free(text);
+	return found;
+}
+
+int h_inspect_fd(const char *sock)
+{
+	int fd = kvr_proto_connect(sock);
+	if (fd < 0)
+		return fd;
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_INSPECT};
+	int rc = kvr_proto_send(fd, &req, offsetof(struct kvr_proto_req, payload), NULL, 0);
+	static struct kvr_proto_rep rep;
+	int fds[KVR_PROTO_MAX_FDS];
+	unsigned n_fds = 0;
+	if (!rc) {
+		ssize_t n = kvr_proto_recv(fd, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &n_fds);
+		rc = n < 0 ? (int)n : n == 0 ? -ECONNRESET : 0;
+	}
+	close(fd);
+	if (rc)
+		return rc;
+	if (rep.status || n_fds != 1) {
+		for (unsigned i = 0; i < n_fds; i++)
+			close(fds[i]);
+		return rep.status ? rep.status : -EPROTO;
+	}
+	return fds[0];
+}
+
+void h_inspect_map(struct h_inst *in)
+{
+	h_unmap(in);
+	int fd = h_inspect_fd(in->sock);
+	cr_assert(fd >= 0, "INSPECT on %s failed: %s", in->sock, strerror(-fd));
+	struct stat st;
+	cr_assert(fstat(fd, &st) == 0);
+	in->ctl_ino = st.st_ino;
+	in->ctl_dev = st.st_dev;
+	int rc = kvr_segment_map(fd, KVR_SEG_CTL, 0, &in->ro);
+	close(fd);
+	cr_assert(rc == 0, "map ctl read-only: %s", strerror(-rc));
+	rc = kvr_ctl_attach(&in->ro, &in->ctl);
+	cr_assert(rc == 0, "ctl attach: %s", strerror(-rc));
+}
+
+void h_unmap(struct h_inst *in)
+{
+	if (in->ro.base)
+		kvr_segment_close(&in->ro);
+	in->ro.fd = -1;
+	in->ctl = NULL;
+}
+
+void h_start(struct h_inst *in)
+{
+	const char *args[] = {"--config", in->cfg, NULL};
+	in->pid = h_spawn_kvringd(in, args);
+	int fd = -1;
+	bool up = H_WAIT((fd = h_inspect_fd(in->sock)) >= 0 || waitpid(in->pid, NULL, WNOHANG) != 0, 5000);
+	char *log = h_read_file(in->log);
+	cr_assert(up && fd >= 0, "kvringd did not come up on %s; log:\n%s", in->sock, log);
+	free(log);
+	close(fd);
+	h_inspect_map(in);
+	struct kvr_actor_ent *lk = h_actor(in, "lookup");
+	cr_assert(lk);
+	(void)H_WAIT(atomic_load(&lk->state) == KVR_ACTOR_READY || atomic_load(&lk->state) == KVR_ACTOR_FAILED, 3000);
+}
+
+int h_attach(const char *sock, struct h_worker *w)
+{
+	memset(w, 0, sizeof(*w));
+	w->sock = kvr_proto_connect(sock);
+	if (w->sock < 0)
+		return w->sock;
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_ATTACH};
+	int rc = kvr_proto_send(w->sock, &req, offsetof(struct kvr_proto_req, payload), NULL, 0);
+	(void)rc; /* a refused peer may see EPIPE here: its reply is still readable */
+	static struct kvr_proto_rep rep;
+	memset(&rep, 0, sizeof(rep));
+	ssize_t n = kvr_proto_recv(w->sock, &rep, sizeof(rep), w->fds, KVR_PROTO_MAX_FDS, &w->n_fds);
+	if (n <= 0)
+		return n < 0 ? (int)n : -ECONNRESET;
+	if (rep.magic != KVR_PROTO_MAGIC || rep.n_fds != w->n_fds)
+		return -EPROTO;
+	w->status = rep.status;
+	w->worker = rep.worker;
+	snprintf(w->reason, sizeof(w->reason), "%s", rep.reason);
+	return 0;
+}
+
+void h_worker_close(struct h_worker *w)
+{
+	for (unsigned i = 0; i < w->n_fds; i++)
+		close(w->fds[i]);
+	w->n_fds = 0;
+	if (w->sock >= 0)
+		close(w->sock);
+	w->sock = -1;
+}
+
+int h_actor_index(const struct kvr_ctl *c, const char *name)
+{
+	unsigned n = atomic_load(&((struct kvr_ctl *)c)->n_actors);
+	for (unsigned i = 0; i < n; i++)
+		if (strncmp(kvr_ctl_actor(c, i)->name, name, KVR_ACTOR_NAME_MAX) == 0)
+			return (int)i;
+	return -1;
+}
+
+struct kvr_actor_ent *h_actor(const struct h_inst *in, const char *name)
+{
+	int i = h_actor_index(in->ctl, name);
+	return i < 0 ? NULL : kvr_ctl_actor(in->ctl, (unsigned)i);
+}
+
+struct kvr_ring *h_ring(const struct kvr_ctl *c, const char *name)
+{
+	int i = kvr_ctl_find_ring(c, name);
+	cr_assert(i >= 0, "no ring %s", name);
+	return kvr_ctl_ring(c, (unsigned)i);
+}
+
+uint64_t h_stat(const struct h_inst *in, const char *actor, enum kvr_stat s)
+{
+	int i = h_actor_index(in->ctl, actor);
+	cr_assert(i >= 0);
+	return atomic_load(&kvr_ctl_stats(in->ctl, (unsigned)i)->c[s]);
+}
+
+bool h_pid_alive(pid_t pid)
+{
+	char p[64];
+	snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
+	char *st = h_read_file(p);
+	/* "pid (comm) S ...": a zombie (Z) or a missing file is not alive */
+	char *rp = strrchr(st, ')');
+	bool alive = rp && rp[1] == ' ' && rp[2] && rp[2] != 'Z' && rp[2] != 'X';
+	free(st);
+	return alive;
+}
+
+int h_count_segment_users(ino_t ino, dev_t dev, char *who, size_t wholen)
+{
+	int users = 0;
+	size_t off = 0;
+	DIR *proc = opendir("/proc");
+	cr_assert(proc);
+	if (wholen)
+		who[0] = 0;
+	struct dirent *de;
+	while ((de = readdir(proc))) {
+		char *end;
+		long pid = strtol(de->d_name, &end, 10);
+		if (*end || pid <= 0)
+			continue;
+		bool uses = false;
+		char p[300], link[512];
+		snprintf(p, sizeof(p), "/proc/%ld/fd", pid);
+		DIR *fdd = opendir(p);
+		if (fdd) {
+			struct dirent *fe;
+			while (!uses && (fe = readdir(fdd))) {
+				snprintf(p, sizeof(p), "/proc/%ld/fd/%s", pid, fe->d_name);
+				ssize_t n = readlink(p, link, sizeof(link) - 1);
+				if (n <= 0)
+					continue;
+				link[n] = 0;
+				struct stat st;
+				if (strstr(link, "memfd:kvring") && stat(p, &st) == 0 && st.st_ino == ino &&
+				    st.st_dev == dev)
+					uses = true;
+			}
+			closedir(fdd);
+		}
+		if (!uses) {
+			/* a mapping without an fd: maps lines carry the inode */
+			snprintf(p, sizeof(p), "/proc/%ld/maps", pid);
+			char *maps = h_read_file(p);
+			char pat[64];
+			snprintf(pat, sizeof(pat), " %lu ", (unsigned long)ino);
+			for (char *l = maps; l && *l && !uses;) {
+				char *nl = strchr(l, '\n');
+				if (nl)
+					*nl = 0;
+				if (strstr(l, "memfd:kvring") && strstr(l, pat))
+					uses = true;
+				l = nl ? nl + 1 : NULL;
+			}
+			free(maps);
+		}
+		if (uses) {
+			users++;
+			if (off < wholen)
+				off += (size_t)snprintf(who + off, wholen - off, "%ld ", pid);
+		}
+	}
+	closedir(proc);
+	return users;
+}

@@ -1,0 +1,102 @@
+/* Test harness for kvringd: temp instances, the real daemon from KVR_BUILD_ROOT, socket requests. */
+#ifndef SUP_HARNESS_H
+#define SUP_HARNESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <kvring/msg.h>
+
+#include "kvr_ctl.h"
+#include "kvr_proto.h"
+#include "kvr_segment.h"
+
+/*
+ * One kvringd instance under test. h_init() makes a unique directory
+ * /tmp/kvr-sup-<pid>-<n>/ holding the socket, the config and the daemon's log; h_fini()
+ * kills whatever the test started (by pid) and removes the directory. Helpers assert
+ * through Criterion, so a failure ends the test with a message naming what was awaited.
+ */
+
+struct h_inst {
+	char dir[96];
+	char sock[128];
+	char cfg[128];
+	char log[128];
+	pid_t pid;                /* kvringd, 0 when not running */
+	struct kvr_segment ro;    /* read-only INSPECT mapping of the control segment */
+	struct kvr_ctl *ctl;
+	ino_t ctl_ino;
+	dev_t ctl_dev;
+};
+
+/* Attach of a worker: the connection and the segments received. */
+struct h_worker {
+	int sock;
+	int status;
+	unsigned worker;
+	char reason[KVR_PROTO_REASON_MAX];
+	int fds[KVR_PROTO_MAX_FDS];
+	unsigned n_fds;
+};
+
+/* Directory, socket and log paths; mode of the directory (0700 normally). */
+void h_init(struct h_inst *in, unsigned dir_mode);
+void h_fini(struct h_inst *in);
+
+/* Write the test config: short timeouts (ready 2000, backoff 50..400, crash loop 3 in
+ * 10 s, health 200 ms, drain 3000), 64-message rings, a 64 MiB arena without huge pages.
+ * extra_instance / extra_supervisor are spliced into the "instance" / "supervisor"
+ * objects (e.g. ",\"socket_mode\": \"0666\""): only keys the base config does not set. */
+void h_write_config(struct h_inst *in, unsigned max_workers, const char *extra_instance, const char *extra_supervisor);
+void h_write_config_raw(struct h_inst *in, const char *json);
+
+/* Path of a built program under KVR_BUILD_ROOT. */
+void h_build_path(char *buf, size_t len, const char *rel);
+
+/* Start kvringd with extra arguments (NULL-terminated) and its output in in->log. */
+pid_t h_spawn_kvringd(struct h_inst *in, const char *const *args);
+/* Start with --config in->cfg and wait until INSPECT works; maps ctl into in->ro. */
+void h_start(struct h_inst *in);
+/* Wait for a child's exit; returns the wait status or -1 after timeout_ms. */
+int h_wait_exit(pid_t pid, int timeout_ms);
+/* Does the daemon's log contain s? */
+bool h_log_contains(const struct h_inst *in, const char *s);
+char *h_read_file(const char *path);
+
+/* INSPECT: returns the read-only ctl fd, or -errno. */
+int h_inspect_fd(const char *sock);
+void h_inspect_map(struct h_inst *in);
+void h_unmap(struct h_inst *in);
+
+/* ATTACH over a new connection (kept open in w->sock). 0 when a reply arrived. */
+int h_attach(const char *sock, struct h_worker *w);
+void h_worker_close(struct h_worker *w);
+
+/* Poll expr every 5 ms for up to ms milliseconds; true once it holds. */
+#define H_WAIT(expr, ms) \
+	({ \
+		bool _ok = false; \
+		for (int _t = 0; _t <= (ms); _t += 5) { \
+			if ((expr)) { \
+				_ok = true; \
+				break; \
+			} \
+			usleep(5000); \
+		} \
+		_ok; \
+	})
+
+/* Actor table helpers on the read-only mapping. */
+int h_actor_index(const struct kvr_ctl *c, const char *name);
+struct kvr_actor_ent *h_actor(const struct h_inst *in, const char *name);
+struct kvr_ring *h_ring(const struct kvr_ctl *c, const char *name);
+uint64_t h_stat(const struct h_inst *in, const char *actor, enum kvr_stat s);
+
+/* Is pid alive (and not a zombie)? */
+bool h_pid_alive(pid_t pid);
+/* Processes (other than the ones excluded) that have the segment ino/dev open or mapped. */
+int h_count_segment_users(ino_t ino, dev_t dev, char *who, size_t wholen);
+
+#endif

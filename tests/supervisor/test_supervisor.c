@@ -1,0 +1,622 @@
+/* kvringd process tests: layout, attach, restarts, crash loop, health, drain, socket take-over, config. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sup_harness.h"
+
+static struct h_inst inst;
+
+static void setup(void)
+{
+	h_init(&inst, 0700);
+}
+
+static void teardown(void)
+{
+	h_fini(&inst);
+}
+
+TestSuite(supervisor, .init = setup, .fini = teardown, .timeout = 30);
+
+static struct kvr_actor_ent *wait_ready(const char *name, int ms)
+{
+	struct kvr_actor_ent *e = h_actor(&inst, name);
+	cr_assert(e, "no actor %s", name);
+	bool ok = H_WAIT(atomic_load(&e->state) == KVR_ACTOR_READY && atomic_load(&e->pid) > 0, ms);
+	cr_assert(ok, "%s not READY within %d ms (state %s)", name, ms, kvr_actor_state_name(atomic_load(&e->state)));
+	return e;
+}
+
+/* ---- layout and INSPECT ------------------------------------------------------------- */
+
+Test(supervisor, inspect_layout)
+{
+	h_write_config(&inst, 2, NULL, NULL);
+	h_start(&inst);
+	const struct kvr_ctl *c = inst.ctl;
+
+	cr_assert_eq(c->supervisor_pid, inst.pid);
+	cr_assert(H_WAIT(atomic_load(&((struct kvr_ctl *)c)->state) == KVR_INST_RUNNING, 2000));
+	cr_assert_str_eq(c->socket_path, inst.sock);
+	cr_assert_eq(c->max_workers, 2);
+	/* lookup + loader/storer per worker slot */
+	cr_assert_eq(atomic_load(&((struct kvr_ctl *)c)->n_actors), 5);
+	static const char *const names[] = {"lookup", "loader.0", "storer.0", "loader.1", "storer.1"};
+	static const unsigned kinds[] = {KVR_ACTOR_LOOKUP, KVR_ACTOR_LOADER, KVR_ACTOR_STORER, KVR_ACTOR_LOADER,
+					 KVR_ACTOR_STORER};
+	for (unsigned i = 0; i < 5; i++) {
+		struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
+		cr_assert_str_eq(e->name, names[i]);
+		cr_assert_eq(e->kind, kinds[i]);
+		char rn[KVR_RING_NAME_MAX];
+		snprintf(rn, sizeof(rn), "ctl.%s.in", names[i]);
+		cr_assert_eq(e->ctl_in, kvr_ctl_find_ring(c, rn));
+		const struct kvr_ring_ent *re = kvr_ctl_ring_ent(c, e->ctl_in);
+		cr_assert_eq(re->producer, KVR_EP_SUPERVISOR);
+		cr_assert_eq(re->consumer, (int)i);
+		snprintf(rn, sizeof(rn), "ctl.%s.out", names[i]);
+		cr_assert_eq(e->ctl_out, kvr_ctl_find_ring(c, rn));
+		re = kvr_ctl_ring_ent(c, e->ctl_out);
+		cr_assert_eq(re->producer, (int)i);
+		cr_assert_eq(re->consumer, KVR_EP_SUPERVISOR);
+	}
+	wait_ready("lookup", 2000);
+	/* no worker attached: loaders and storers are configured but idle */
+	for (unsigned i = 1; i < 5; i++) {
+		cr_assert_eq(atomic_load(&kvr_ctl_actor(c, i)->state), KVR_ACTOR_IDLE);
+		cr_assert_eq(atomic_load(&kvr_ctl_actor(c, i)->pid), 0);
+	}
+	/* 2 control rings per actor + 8 data rings per worker slot */
+	cr_assert_eq(atomic_load(&((struct kvr_ctl *)c)->n_rings), 2 * 5 + 8 * 2);
+	static const struct {
+		const char *name;
+		int prod, cons;
+	} data[] = {
+		{"lookup.req.1", KVR_EP_CLIENT(1), 0}, {"lookup.rep.1", 0, KVR_EP_CLIENT(1)},
+		{"load.req.1", KVR_EP_CLIENT(1), 3},   {"load.rep.1", 3, KVR_EP_CLIENT(1)},
+		{"store.req.1", KVR_EP_CLIENT(1), 4},  {"store.rep.1", 4, KVR_EP_CLIENT(1)},
+		{"commit.req.1", 4, 0},                {"commit.rep.1", 0, 4},
+		{"commit.req.0", 2, 0},                {"load.req.0", KVR_EP_CLIENT(0), 1},
+	};
+	for (size_t k = 0; k < sizeof(data) / sizeof(data[0]); k++) {
+		int i = kvr_ctl_find_ring(c, data[k].name);
+		cr_assert(i >= 0, "ring %s missing", data[k].name);
+		cr_assert_eq(kvr_ctl_ring_ent(c, (unsigned)i)->producer, data[k].prod, "%s producer", data[k].name);
+		cr_assert_eq(kvr_ctl_ring_ent(c, (unsigned)i)->consumer, data[k].cons, "%s consumer", data[k].name);
+		cr_assert_eq(kvr_ctl_ring(c, (unsigned)i)->capacity, 64);
+	}
+	/* the lookup actor claimed the rings it consumes */
+	pid_t lk = atomic_load(&kvr_ctl_actor(c, 0)->pid);
+	cr_assert_eq(atomic_load(&h_ring(c, "lookup.req.0")->cons_pid), lk);
+	cr_assert_eq(atomic_load(&h_ring(c, "commit.rep.1")->prod_pid), lk);
+	cr_assert_eq(atomic_load(&h_ring(c, "ctl.lookup.in")->prod_pid), inst.pid);
+	/* the effective config is embedded */
+	cr_assert(strstr(kvr_ctl_config_json(c), inst.sock));
+	cr_assert(strstr(kvr_ctl_config_json(c), "\"health_interval_ms\": 200"));
+
+	/* INSPECT hands out a read-only description: it cannot be mapped writable */
+	int fd = h_inspect_fd(inst.sock);
+	cr_assert(fd >= 0);
+	cr_assert_eq(fcntl(fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+	void *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	cr_assert_eq(w, MAP_FAILED);
+	cr_assert_eq(errno, EACCES);
+	close(fd);
+}
+
+/* ---- attach ------------------------------------------------------------------------ */
+
+Test(supervisor, attach_busy_detach_reattach)
+{
+	h_write_config(&inst, 1, NULL, NULL);
+	h_start(&inst);
+	struct h_worker w1, w2;
+	cr_assert_eq(h_attach(inst.sock, &w1), 0);
+	cr_assert_eq(w1.status, 0, "attach: %s", w1.reason);
+	cr_assert_eq(w1.worker, 0);
+	cr_assert_eq(w1.n_fds, 2);
+	/* the fds are the control segment (writable) and the arena */
+	struct kvr_segment ctl, arena;
+	cr_assert_eq(kvr_segment_map(w1.fds[0], KVR_SEG_CTL, 1, &ctl), 0);
+	cr_assert_eq(kvr_segment_map(w1.fds[1], KVR_SEG_ARENA, 1, &arena), 0);
+	cr_assert_eq(arena.size, 64u << 20);
+	kvr_segment_close(&ctl);
+	kvr_segment_close(&arena);
+
+	struct kvr_worker_ent *we = kvr_ctl_worker(inst.ctl, 0);
+	cr_assert_eq(atomic_load(&we->state), KVR_WORKER_ATTACHED);
+	cr_assert_eq(atomic_load(&we->pid), getpid());
+	cr_assert_eq(we->uid, getuid());
+	cr_assert_eq(we->generation, 1);
+	struct kvr_actor_ent *ld = wait_ready("loader.0", 3000);
+	struct kvr_actor_ent *st = wait_ready("storer.0", 3000);
+	pid_t ld_pid = atomic_load(&ld->pid), st_pid = atomic_load(&st->pid);
+	cr_assert_eq(atomic_load(&h_ring(inst.ctl, "load.req.0")->cons_pid), ld_pid);
+	cr_assert_eq(atomic_load(&h_ring(inst.ctl, "store.req.0")->cons_pid), st_pid);
+	cr_assert_eq(atomic_load(&h_ring(inst.ctl, "commit.req.0")->prod_pid), st_pid);
+
+	/* one slot only */
+	cr_assert_eq(h_attach(inst.sock, &w2), 0);
+	cr_assert_eq(w2.status, -EBUSY);
+	cr_assert_str_eq(w2.reason, "no free worker slot (max_workers=1)");
+	cr_assert_eq(w2.n_fds, 0);
+	h_worker_close(&w2);
+
+	/* the worker goes away: its loader and storer stop cleanly, the slot is freed */
+	h_worker_close(&w1);
+	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_FREE, 4000), "slot not freed");
+	cr_assert_eq(atomic_load(&ld->state), KVR_ACTOR_IDLE);
+	cr_assert_eq(atomic_load(&st->state), KVR_ACTOR_IDLE);
+	cr_assert_eq(atomic_load(&ld->pid), 0);
+	cr_assert_eq(ld->last_exit_code, 0);
+	cr_assert_eq(st->last_exit_code, 0);
+	cr_assert_eq(ld->restarts, 0);
+	cr_assert(!h_pid_alive(ld_pid) && !h_pid_alive(st_pid));
+	/* the lookup actor heard about it (WORKER_GONE) and did not count it as malformed */
+	cr_assert(H_WAIT(h_stat(&inst, "lookup", KVR_STAT_FIRST_STAGE) == 1, 1000), "no WORKER_GONE");
+	cr_assert_eq(h_stat(&inst, "lookup", KVR_STAT_MALFORMED), 0);
+
+	/* and the slot can be attached again: a new generation, new actors */
+	cr_assert_eq(h_attach(inst.sock, &w2), 0);
+	cr_assert_eq(w2.status, 0, "re-attach: %s", w2.reason);
+	cr_assert_eq(w2.worker, 0);
+	cr_assert_eq(we->generation, 2);
+	ld = wait_ready("loader.0", 3000);
+	cr_assert_neq(atomic_load(&ld->pid), ld_pid);
+	cr_assert_eq(atomic_load(&ld->generation), 2);
+	h_worker_close(&w2);
+}
+
+/* ---- kill -9 and restart ----------------------------------------------------------- */
+
+static void kill_and_check(const char *name)
+{
+	struct kvr_actor_ent *e = wait_ready(name, 3000);
+	char rin[KVR_RING_NAME_MAX], rout[KVR_RING_NAME_MAX];
+	snprintf(rin, sizeof(rin), "ctl.%s.in", name);
+	snprintf(rout, sizeof(rout), "ctl.%s.out", name);
+	/* a pong has been answered before the kill */
+	cr_assert(H_WAIT(h_stat(&inst, name, KVR_STAT_PINGS) > 0, 2000), "%s never answered a ping", name);
+
+	pid_t pid0 = atomic_load(&e->pid);
+	uint32_t gen0 = atomic_load(&e->generation), restarts0 = e->restarts;
+	cr_assert_eq(kill(pid0, SIGKILL), 0);
+
+	bool back = H_WAIT(atomic_load(&e->pid) > 0 && atomic_load(&e->pid) != pid0 &&
+				   atomic_load(&e->state) == KVR_ACTOR_READY,
+			   3000);
+	cr_assert(back, "%s did not come back (state %s)", name, kvr_actor_state_name(atomic_load(&e->state)));
+	pid_t pid1 = atomic_load(&e->pid);
+	cr_assert_eq(atomic_load(&e->generation), gen0 + 1);
+	cr_assert_eq(e->restarts, restarts0 + 1);
+	cr_assert_eq(e->last_exit_signal, SIGKILL);
+	cr_assert_eq(e->last_exit_code, -1);
+	cr_assert(!h_pid_alive(pid0));
+	/* its control rings are re-attached by the new process ... */
+	cr_assert_eq(atomic_load(&h_ring(inst.ctl, rin)->cons_pid), pid1);
+	cr_assert_eq(atomic_load(&h_ring(inst.ctl, rout)->prod_pid), pid1);
+	/* ... and it answers pings */
+	uint64_t pings = h_stat(&inst, name, KVR_STAT_PINGS);
+	uint64_t out_deq = atomic_load(&h_ring(inst.ctl, rout)->dequeued);
+	cr_assert(H_WAIT(h_stat(&inst, name, KVR_STAT_PINGS) > pings &&
+				 atomic_load(&h_ring(inst.ctl, rout)->dequeued) > out_deq,
+			 2000),
+		  "no pong from the restarted %s", name);
+	cr_assert_eq(atomic_load(&e->pid), pid1, "%s restarted again", name);
+	cr_assert_eq(atomic_load(&((struct kvr_ctl *)inst.ctl)->state), KVR_INST_RUNNING);
+}
+
+Test(supervisor, kill9_lookup)
+{
+	h_write_config(&inst, 2, NULL, NULL);
+	h_start(&inst);
+	kill_and_check("lookup");
+	cr_assert(h_log_contains(&inst, "lookup killed by signal 9"));
+}
+
+Test(supervisor, kill9_loader_and_storer)
+{
+	h_write_config(&inst, 2, NULL, NULL);
+	h_start(&inst);
+	struct h_worker w;
+	cr_assert_eq(h_attach(inst.sock, &w), 0);
+	cr_assert_eq(w.status, 0, "%s", w.reason);
+	kill_and_check("loader.0");
+	kill_and_check("storer.0");
+	/* the other worker slot was never started */
+	cr_assert_eq(atomic_load(&h_actor(&inst, "loader.1")->state), KVR_ACTOR_IDLE);
+	h_worker_close(&w);
+}
+
+/* An actor that stops answering (SIGSTOP) is killed after 5 missed pings and restarted. */
+Test(supervisor, missed_pings_kill)
+{
+	h_write_config(&inst, 1, NULL, NULL);
+	h_start(&inst);
+	struct kvr_actor_ent *e = wait_ready("lookup", 2000);
+	pid_t pid0 = atomic_load(&e->pid);
+	uint32_t gen0 = atomic_load(&e->generation);
+	cr_assert_eq(kill(pid0, SIGSTOP), 0);
+	/* 5 intervals of 200 ms: killed after about 1 s, certainly within 3 s */
+	bool back = H_WAIT(atomic_load(&e->pid) != pid0 && atomic_load(&e->state) == KVR_ACTOR_READY, 3000);
+	cr_assert(back, "stopped lookup not replaced");
+	cr_assert_eq(e->last_exit_signal, SIGKILL);
+	cr_assert_eq(atomic_load(&e->generation), gen0 + 1);
+	cr_assert_eq(e->restarts, 1);
+	cr_assert(h_log_contains(&inst, "missed 5 pings: killing it"));
+}
+
+/* ---- crash loop and ready timeout --------------------------------------------------- */
+
+static void make_actor_dir(const char *dir, const char *lookup_script)
+{
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	char p[256], real[512];
+	snprintf(p, sizeof(p), "%s/kvring-lookup", dir);
+	FILE *f = fopen(p, "w");
+	cr_assert(f);
+	fputs(lookup_script, f);
+	fclose(f);
+	cr_assert_eq(chmod(p, 0755), 0);
+	static const char *const others[] = {"loader", "storer"};
+	for (int i = 0; i < 2; i++) {
+		snprintf(p, sizeof(p), "%s/kvring-%s", dir, others[i]);
+		char rel[64];
+		snprintf(rel, sizeof(rel), "actors/%s/kvring-%s", others[i], others[i]);
+		h_build_path(real, sizeof(real), rel);
+		cr_assert_eq(symlink(real, p), 0);
+	}
+}
+
+Test(supervisor, crash_loop_gives_up)
+{
+	char dir[640], extra[800];
+	snprintf(dir, sizeof(dir), "%s/actors", inst.dir);
+	make_actor_dir(dir, "#!/bin/sh\nexit 3\n");
+	snprintf(extra, sizeof(extra), ", \"actor_dir\": \"%s\"", dir);
+	h_write_config(&inst, 1, extra, NULL);
+	h_start(&inst);
+	struct kvr_actor_ent *e = h_actor(&inst, "lookup");
+	cr_assert(H_WAIT(atomic_load(&e->state) == KVR_ACTOR_FAILED, 5000), "state %s",
+		  kvr_actor_state_name(atomic_load(&e->state)));
+	cr_assert_eq(atomic_load(&((struct kvr_ctl *)inst.ctl)->state), KVR_INST_DEGRADED);
+	cr_assert_eq(e->last_exit_code, 3);
+	cr_assert_eq(e->last_exit_signal, 0);
+	/* 3 deaths within 10 s: started once, restarted twice, then given up */
+	cr_assert_eq(e->restarts, 2);
+	cr_assert_eq(atomic_load(&e->generation), 3);
+	cr_assert_eq(atomic_load(&e->pid), 0);
+	usleep(500 * 1000); /* more than the longest backoff: nothing restarts it */
+	cr_assert_eq(atomic_load(&e->generation), 3);
+	cr_assert_eq(atomic_load(&e->state), KVR_ACTOR_FAILED);
+	cr_assert(h_log_contains(&inst, "crash loop (3 deaths within 10 s): giving up"));
+	/* the supervisor keeps serving */
+	struct h_worker w;
+	cr_assert_eq(h_attach(inst.sock, &w), 0);
+	cr_assert_eq(w.status, 0);
+	wait_ready("loader.0", 3000);
+	h_worker_close(&w);
+}
+
+Test(supervisor, ready_timeout_kills)
+{
+	char dir[640], extra[800];
+	snprintf(dir, sizeof(dir), "%s/actors", inst.dir);
+	/* never writes the readiness byte */
+	make_actor_dir(dir, "#!/bin/sh\nexec sleep 30\n");
+	snprintf(extra, sizeof(extra), ", \"actor_dir\": \"%s\"", dir);
+	char json[2048];
+	snprintf(json, sizeof(json),
+		 "{\"instance\": {\"socket\": \"%s\", \"max_workers\": 1%s},"
+		 " \"supervisor\": {\"ready_timeout_ms\": 200, \"restart_backoff_initial_ms\": 50,"
+		 " \"restart_backoff_max_ms\": 100, \"crash_loop_max_deaths\": 2, \"crash_loop_window_s\": 10},"
+		 " \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}}",
+		 inst.sock, extra);
+	h_write_config_raw(&inst, json);
+	h_start(&inst);
+	struct kvr_actor_ent *e = h_actor(&inst, "lookup");
+	/* 200 ms, kill, 50 ms backoff, 200 ms, kill: FAILED after two deaths */
+	cr_assert(H_WAIT(atomic_load(&e->state) == KVR_ACTOR_FAILED, 3000), "state %s",
+		  kvr_actor_state_name(atomic_load(&e->state)));
+	cr_assert_eq(e->last_exit_signal, SIGKILL);
+	cr_assert_eq(e->restarts, 1);
+	cr_assert(h_log_contains(&inst, "not ready within 200 ms: killing it"));
+}
+
+/* ---- shutdown ---------------------------------------------------------------------- */
+
+Test(supervisor, sigterm_drains_and_cleans_up)
+{
+	h_write_config(&inst, 2, NULL, NULL);
+	h_start(&inst);
+	struct h_worker w;
+	cr_assert_eq(h_attach(inst.sock, &w), 0);
+	cr_assert_eq(w.status, 0);
+	pid_t pids[3];
+	pids[0] = atomic_load(&wait_ready("lookup", 2000)->pid);
+	pids[1] = atomic_load(&wait_ready("loader.0", 3000)->pid);
+	pids[2] = atomic_load(&wait_ready("storer.0", 3000)->pid);
+	ino_t ino = inst.ctl_ino;
+	dev_t dev = inst.ctl_dev;
+	char who[256];
+	cr_assert_geq(h_count_segment_users(ino, dev, who, sizeof(who)), 4, "users: %s", who);
+	/* let go of everything the test holds on the segment, except the attach connection */
+	for (unsigned i = 0; i < w.n_fds; i++)
+		close(w.fds[i]);
+	w.n_fds = 0;
+	h_unmap(&inst);
+
+	cr_assert_eq(kill(inst.pid, SIGTERM), 0);
+	int st = h_wait_exit(inst.pid, 3000 + 1000);
+	char *log = h_read_file(inst.log);
+	cr_assert_neq(st, -1, "kvringd did not exit; log:\n%s", log);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status 0x%x; log:\n%s", st, log);
+	free(log);
+	inst.pid = 0;
+	struct stat sb;
+	cr_assert_eq(stat(inst.sock, &sb), -1, "socket file left behind");
+	cr_assert_eq(errno, ENOENT);
+	for (int i = 0; i < 3; i++)
+		cr_assert(!h_pid_alive(pids[i]), "actor pid %d still alive", (int)pids[i]);
+	int users = h_count_segment_users(ino, dev, who, sizeof(who));
+	cr_assert_eq(users, 0, "control segment still open in: %s", who);
+	cr_assert(h_log_contains(&inst, "draining"));
+	cr_assert(h_log_contains(&inst, "loader.0 stopped (exited with code 0)"));
+	h_worker_close(&w);
+}
+
+/* Drain waits while a live actor still has work queued, and ends once it is taken. */
+Test(supervisor, sigterm_waits_for_rings)
+{
+	h_write_config(&inst, 1, NULL, NULL);
+	h_start(&inst);
+	pid_t lk = atomic_load(&wait_ready("lookup", 2000)->pid);
+	struct h_worker w;
+	cr_assert_eq(h_attach(inst.sock, &w), 0);
+	cr_assert_eq(w.status, 0);
+	struct kvr_segment seg;
+	struct kvr_ctl *c;
+	cr_assert_eq(kvr_segment_map(w.fds[0], KVR_SEG_CTL, 1, &seg), 0);
+	cr_assert_eq(kvr_ctl_attach(&seg, &c), 0);
+	struct kvr_ring *req = h_ring(c, "lookup.req.0");
+
+	cr_assert_eq(kill(lk, SIGSTOP), 0);
+	struct kvr_msg m;
+	kvr_msg_build(&m, 60, 0, 7, 0, NULL, 0);
+	cr_assert_eq(kvr_ring_try_enqueue(req, &m), 0);
+	cr_assert_eq(kill(inst.pid, SIGTERM), 0);
+	struct stat sb;
+	cr_assert(H_WAIT(stat(inst.sock, &sb) < 0, 1000), "socket not removed when draining");
+	cr_assert_eq(atomic_load(&c->state), KVR_INST_DRAINING);
+	usleep(300 * 1000);
+	cr_assert_eq(waitpid(inst.pid, NULL, WNOHANG), 0, "kvringd did not wait for lookup.req.0");
+	cr_assert_eq(kvr_ring_count(req), 1);
+
+	cr_assert_eq(kill(lk, SIGCONT), 0);
+	int st = h_wait_exit(inst.pid, 2000);
+	cr_assert(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+	inst.pid = 0;
+	cr_assert_eq(kvr_ring_count(req), 0);
+	cr_assert_eq(atomic_load(&req->rejected), 1);
+	cr_assert_eq(atomic_load(&c->state), KVR_INST_STOPPED);
+	cr_assert(h_log_contains(&inst, "rings drained: stopping every actor"));
+	kvr_segment_close(&seg);
+	h_worker_close(&w);
+}
+
+/* ---- the socket path --------------------------------------------------------------- */
+
+Test(supervisor, second_instance_refused)
+{
+	h_write_config(&inst, 1, NULL, NULL);
+	h_start(&inst);
+	struct h_inst two;
+	h_init(&two, 0700);
+	const char *args[] = {"--config", inst.cfg, NULL};
+	pid_t p2 = h_spawn_kvringd(&two, args);
+	int st = h_wait_exit(p2, 3000);
+	char *log = h_read_file(two.log);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x; log:\n%s", st, log);
+	char want[256];
+	snprintf(want, sizeof(want), "kvringd: another instance is serving %s (pid %d)\n", inst.sock, (int)inst.pid);
+	cr_assert_str_eq(log, want);
+	free(log);
+	h_fini(&two);
+	/* the first one still serves, from the same socket */
+	h_inspect_map(&inst);
+	cr_assert_eq(inst.ctl->supervisor_pid, inst.pid);
+}
+
+Test(supervisor, stale_socket_replaced)
+{
+	h_write_config(&inst, 1, NULL, NULL);
+	h_start(&inst);
+	pid_t old = inst.pid;
+	pid_t old_lookup = atomic_load(&wait_ready("lookup", 2000)->pid);
+	h_unmap(&inst);
+	cr_assert_eq(kill(old, SIGKILL), 0);
+	cr_assert_neq(h_wait_exit(old, 2000), -1);
+	struct stat sb;
+	cr_assert_eq(stat(inst.sock, &sb), 0, "a killed kvringd leaves its socket file");
+	cr_assert(S_ISSOCK(sb.st_mode));
+	/* its actors follow it (parent-death signal) */
+	cr_assert(H_WAIT(!h_pid_alive(old_lookup), 2000));
+
+	h_start(&inst);
+	cr_assert_neq(inst.pid, old);
+	cr_assert_eq(inst.ctl->supervisor_pid, inst.pid);
+	wait_ready("lookup", 2000);
+	cr_assert(h_log_contains(&inst, "replacing stale socket"));
+	struct h_worker w;
+	cr_assert_eq(h_attach(inst.sock, &w), 0);
+	cr_assert_eq(w.status, 0);
+	h_worker_close(&w);
+}
+
+/* ---- configuration ----------------------------------------------------------------- */
+
+Test(supervisor, bad_config_exit_2)
+{
+	char json[512];
+	snprintf(json, sizeof(json),
+		 "{\"instance\": {\"socket\": \"%s\"}, \"supervisor\": {\"restart_backoff_max_ms\": 0}}", inst.sock);
+	h_write_config_raw(&inst, json);
+	const char *args[] = {"--config", inst.cfg, NULL};
+	pid_t p = h_spawn_kvringd(&inst, args);
+	int st = h_wait_exit(p, 3000);
+	char *log = h_read_file(inst.log);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status 0x%x; log:\n%s", st, log);
+	static const char want[] = "kvringd: $.supervisor.restart_backoff_max_ms: ";
+	cr_assert(strncmp(log, want, strlen(want)) == 0, "got: %s", log);
+	cr_assert_eq(strchr(log, '\n'), log + strlen(log) - 1, "one line only: %s", log);
+	free(log);
+	/* nothing was created */
+	char run[640];
+	snprintf(run, sizeof(run), "%s/run", inst.dir);
+	struct stat sb;
+	cr_assert_eq(stat(run, &sb), -1);
+
+	/* --check-config: the same reason, exit 2, nothing on stdout */
+	cr_assert_eq(truncate(inst.log, 0), 0);
+	const char *chk[] = {"--check-config", inst.cfg, NULL};
+	st = h_wait_exit(h_spawn_kvringd(&inst, chk), 3000);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+	cr_assert(h_log_contains(&inst, "kvringd: $.supervisor.restart_backoff_max_ms: "));
+}
+
+Test(supervisor, check_config_prints_effective)
+{
+	h_write_config(&inst, 3, NULL, NULL);
+	const char *chk[] = {"--check-config", inst.cfg, NULL};
+	int st = h_wait_exit(h_spawn_kvringd(&inst, chk), 3000);
+	char *out = h_read_file(inst.log);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x: %s", st, out);
+	cr_assert(out[0] == '{', "%s", out);
+	cr_assert(strstr(out, "\"max_workers\": 3"));
+	cr_assert(strstr(out, "\"restart_backoff_initial_ms\": 50"));
+	free(out);
+	struct stat sb;
+	cr_assert_eq(stat(inst.sock, &sb), -1, "--check-config started something");
+}
+
+/* ---- malformed messages ------------------------------------------------------------ */
+
+Test(supervisor, malformed_messages_counted)
+{
+	h_write_config(&inst, 1, NULL, NULL);
+	h_start(&inst);
+	struct kvr_actor_ent *lk = wait_ready("lookup", 2000);
+	pid_t lk_pid = atomic_load(&lk->pid);
+	struct h_worker w;
+	cr_assert_eq(h_attach(inst.sock, &w), 0);
+	cr_assert_eq(w.status, 0);
+	struct kvr_segment seg;
+	struct kvr_ctl *c;
+	cr_assert_eq(kvr_segment_map(w.fds[0], KVR_SEG_CTL, 1, &seg), 0);
+	cr_assert_eq(kvr_ctl_attach(&seg, &c), 0);
+	struct kvr_ring *req = h_ring(c, "lookup.req.0");
+	kvr_ring_claim_producer(req, getpid());
+
+	struct kvr_msg bad[3];
+	kvr_msg_build(&bad[0], 60, 0, 1, 0, NULL, 0); /* unknown type */
+	kvr_msg_build(&bad[1], KVR_MSG_LOOKUP, 0, 2, 0, NULL, 0);
+	bad[1].hdr.body_len = 200; /* longer than any body */
+	kvr_msg_build(&bad[2], KVR_MSG_LOOKUP, 0x80, 3, 0, NULL, 0); /* undefined flag */
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(kvr_ring_try_enqueue(req, &bad[i]), 0);
+
+	cr_assert(H_WAIT(atomic_load(&req->rejected) == 3, 2000), "rejected = %llu",
+		  (unsigned long long)atomic_load(&req->rejected));
+	cr_assert_eq(atomic_load(&req->dequeued), 3);
+	cr_assert_eq(kvr_ring_count(req), 0);
+	cr_assert_eq(h_stat(&inst, "lookup", KVR_STAT_MALFORMED), 3);
+	/* the actor keeps serving: a new pong after the bad messages, same process */
+	uint64_t pings = h_stat(&inst, "lookup", KVR_STAT_PINGS);
+	cr_assert(H_WAIT(h_stat(&inst, "lookup", KVR_STAT_PINGS) > pings, 2000));
+	cr_assert_eq(atomic_load(&lk->pid), lk_pid);
+	cr_assert_eq(atomic_load(&lk->state), KVR_ACTOR_READY);
+	cr_assert_eq(lk->restarts, 0);
+	cr_assert_eq(h_stat(&inst, "lookup", KVR_STAT_MALFORMED), 3);
+	kvr_segment_close(&seg);
+	h_worker_close(&w);
+}
+
+/* ---- peer credentials -------------------------------------------------------------- */
+
+/* In a child that drops to uid 65534: attach and report status + reason through a pipe. */
+static void foreign_attach(const char *sock, int *ret_status, char *reason, size_t len)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		close(p[0]);
+		struct {
+			int rc, status;
+			char reason[KVR_PROTO_REASON_MAX];
+		} out = {0};
+		if (setgid(65534) || setuid(65534))
+			_exit(3);
+		struct h_worker w;
+		out.rc = h_attach(sock, &w);
+		out.status = w.status;
+		memcpy(out.reason, w.reason, sizeof(out.reason));
+		(void)!write(p[1], &out, sizeof(out));
+		_exit(0);
+	}
+	close(p[1]);
+	struct {
+		int rc, status;
+		char reason[KVR_PROTO_REASON_MAX];
+	} in = {0};
+	cr_assert_eq(read(p[0], &in, sizeof(in)), (ssize_t)sizeof(in));
+	close(p[0]);
+	cr_assert_neq(h_wait_exit(pid, 2000), -1);
+	*ret_status = in.rc ? in.rc : in.status;
+	snprintf(reason, len, "%s", in.reason);
+}
+
+Test(supervisor, foreign_uid_refused)
+{
+	if (geteuid() != 0)
+		cr_skip_test("needs root to switch to uid 65534");
+	/* socket and its directory open to everyone, so only SO_PEERCRED stands in the way */
+	struct h_inst *in = &inst;
+	cr_assert_eq(chmod(in->dir, 0755), 0);
+	h_write_config(in, 1, ", \"socket_mode\": \"0666\"", NULL);
+	char run[640];
+	snprintf(run, sizeof(run), "%s/run", in->dir);
+	cr_assert_eq(mkdir(run, 0755), 0);
+	h_start(in);
+	struct stat sb;
+	cr_assert_eq(stat(in->sock, &sb), 0);
+	cr_assert_eq(sb.st_mode & 0777, 0666);
+
+	int status;
+	char reason[KVR_PROTO_REASON_MAX];
+	foreign_attach(in->sock, &status, reason, sizeof(reason));
+	cr_assert_eq(status, -EACCES, "status %d (%s), reason '%s'", status, strerror(-status), reason);
+	cr_assert_str_eq(reason, "permission denied: uid 65534 is not the instance owner");
+	cr_assert_eq(atomic_load(&kvr_ctl_worker(in->ctl, 0)->state), KVR_WORKER_FREE);
+	cr_assert_eq(atomic_load(&h_actor(in, "loader.0")->state), KVR_ACTOR_IDLE);
+
+	/* with the default mode 0600 the filesystem already refuses the connection */
+	cr_assert_eq(chmod(in->sock, 0600), 0);
+	foreign_attach(in->sock, &status, reason, sizeof(reason));
+	cr_assert_eq(status, -EACCES);
+	/* the owner still attaches */
+	struct h_worker w;
+	cr_assert_eq(h_attach(in->sock, &w), 0);
+	cr_assert_eq(w.status, 0);
+	h_worker_close(&w);
+}
