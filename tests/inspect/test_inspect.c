@@ -1,7 +1,7 @@
 /* Tests of kvring-inspect: exact rendering of a known control segment from a read-only mapping, JSON, CLI. */
 #include <criterion/criterion.h>
 
-#include <cjson/cJSON.h>
+#include <cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>

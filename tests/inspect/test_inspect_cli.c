@@ -1,7 +1,7 @@
 /* Tests of the kvring-inspect program: INSPECT over a Unix socket, exit codes, --json, --watch and SIGINT. */
 #include <criterion/criterion.h>
 
-#include <cjson/cJSON.h>
+#include <cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
