@@ -1,0 +1,900 @@
+/* Block index: key -> lanes map over the slot table, quorum visibility, suffix-only allocation, LRU and S3-FIFO. */
+#include "kvr_index.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvring/msg.h"
+
+_Static_assert(sizeof(struct kvr_index_ref) == sizeof(struct kvr_msg_slot), "index ref is a message slot item");
+_Static_assert(KVR_INDEX_PRESENT == KVR_SLOT_PRESENT && KVR_INDEX_NOROOM == KVR_SLOT_NOROOM, "alloc sentinels");
+
+#define NONE KVR_SLOT_NONE
+
+/* ==== policies ============================================================================ */
+
+struct policy_ops {
+	const char *name;
+	void (*insert)(struct kvr_policy *p, uint32_t e, kvr_key key, bool warm);
+	void (*hit)(struct kvr_policy *p, uint32_t e);
+	void (*remove)(struct kvr_policy *p, uint32_t e, bool evicted);
+	uint32_t (*victim)(struct kvr_policy *p, kvr_policy_evictable_fn ok, void *ctx);
+};
+
+/* A doubly linked FIFO/LRU list of entry ids through the policy's prev/next arrays;
+ * head is the newest end, tail the eviction end. */
+struct list {
+	uint32_t head, tail, n;
+};
+
+enum { Q_NONE = 0, Q_SMALL = 1, Q_MAIN = 2 };
+
+/* Ghost FIFO of evicted keys' fingerprints: a ring plus a multiset (open addressing with
+ * a count per fingerprint) so "was this key evicted recently" is O(1). */
+struct ghost {
+	uint64_t *ring;
+	uint32_t cap, pos, n;
+	uint64_t *fp;   /* hash set slots: fingerprint (0 = empty) */
+	uint32_t *cnt;
+	uint32_t mask;
+};
+
+struct kvr_policy {
+	const struct policy_ops *ops;
+	uint32_t max_ents, capacity;
+	uint32_t *prev, *next;
+	uint8_t *queue; /* Q_* */
+	uint8_t *freq;  /* s3fifo: 0..3 */
+	struct list lru;         /* lru */
+	struct list small, main; /* s3fifo */
+	uint32_t small_target;
+	struct ghost ghost;
+	kvr_key *keys;  /* s3fifo: each entry's key, for the ghost when it is evicted */
+};
+
+static void list_push_head(struct kvr_policy *p, struct list *l, uint32_t e)
+{
+	p->prev[e] = NONE;
+	p->next[e] = l->head;
+	if (l->head != NONE)
+		p->prev[l->head] = e;
+	l->head = e;
+	if (l->tail == NONE)
+		l->tail = e;
+	l->n++;
+}
+
+static void list_unlink(struct kvr_policy *p, struct list *l, uint32_t e)
+{
+	if (p->prev[e] != NONE)
+		p->next[p->prev[e]] = p->next[e];
+	else
+		l->head = p->next[e];
+	if (p->next[e] != NONE)
+		p->prev[p->next[e]] = p->prev[e];
+	else
+		l->tail = p->prev[e];
+	p->prev[e] = p->next[e] = NONE;
+	l->n--;
+}
+
+static void list_init(struct list *l)
+{
+	*l = (struct list){.head = NONE, .tail = NONE, .n = 0};
+}
+
+/* ---- lru ---- */
+
+static void lru_insert(struct kvr_policy *p, uint32_t e, kvr_key key, bool warm)
+{
+	(void)key;
+	(void)warm;
+	list_push_head(p, &p->lru, e);
+	p->queue[e] = Q_MAIN;
+}
+
+static void lru_hit(struct kvr_policy *p, uint32_t e)
+{
+	if (p->queue[e] == Q_NONE || p->lru.head == e)
+		return;
+	list_unlink(p, &p->lru, e);
+	list_push_head(p, &p->lru, e);
+}
+
+static void lru_remove(struct kvr_policy *p, uint32_t e, bool evicted)
+{
+	(void)evicted;
+	if (p->queue[e] == Q_NONE)
+		return;
+	list_unlink(p, &p->lru, e);
+	p->queue[e] = Q_NONE;
+}
+
+static uint32_t lru_victim(struct kvr_policy *p, kvr_policy_evictable_fn ok, void *ctx)
+{
+	for (uint32_t e = p->lru.tail; e != NONE; e = p->prev[e])
+		if (ok(ctx, e))
+			return e;
+	return NONE;
+}
+
+/* ---- ghost ---- */
+
+static uint64_t fingerprint(kvr_key k)
+{
+	uint64_t f = k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull);
+	return f ? f : 1;
+}
+
+static int ghost_init(struct ghost *g, uint32_t cap)
+{
+	memset(g, 0, sizeof(*g));
+	if (!cap)
+		return 0;
+	uint32_t slots = 4;
+	while (slots < 2 * cap)
+		slots <<= 1;
+	g->ring = calloc(cap, sizeof(*g->ring));
+	g->fp = calloc(slots, sizeof(*g->fp));
+	g->cnt = calloc(slots, sizeof(*g->cnt));
+	if (!g->ring || !g->fp || !g->cnt)
+		return -ENOMEM;
+	g->cap = cap;
+	g->mask = slots - 1;
+	return 0;
+}
+
+static void ghost_free(struct ghost *g)
+{
+	free(g->ring);
+	free(g->fp);
+	free(g->cnt);
+}
+
+static uint32_t ghost_find(const struct ghost *g, uint64_t f)
+{
+	for (uint32_t i = (uint32_t)f & g->mask;; i = (i + 1) & g->mask) {
+		if (!g->fp[i] || g->fp[i] == f)
+			return i;
+	}
+}
+
+static bool ghost_has(const struct ghost *g, kvr_key k)
+{
+	if (!g->cap)
+		return false;
+	return g->fp[ghost_find(g, fingerprint(k))] != 0;
+}
+
+static void ghost_del(struct ghost *g, uint64_t f)
+{
+	uint32_t i = ghost_find(g, f);
+	if (!g->fp[i] || --g->cnt[i])
+		return;
+	/* backward-shift deletion keeps every probe chain unbroken */
+	uint32_t j = i;
+	for (;;) {
+		g->fp[i] = 0;
+		g->cnt[i] = 0;
+		for (;;) {
+			j = (j + 1) & g->mask;
+			if (!g->fp[j])
+				return;
+			uint32_t home = (uint32_t)g->fp[j] & g->mask;
+			/* move j into the hole at i unless its home lies cyclically in (i, j] */
+			if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
+				continue;
+			break;
+		}
+		g->fp[i] = g->fp[j];
+		g->cnt[i] = g->cnt[j];
+		i = j;
+	}
+}
+
+static void ghost_add(struct ghost *g, kvr_key k)
+{
+	if (!g->cap)
+		return;
+	uint64_t f = fingerprint(k);
+	if (g->n == g->cap)
+		ghost_del(g, g->ring[g->pos]);
+	else
+		g->n++;
+	g->ring[g->pos] = f;
+	g->pos = (g->pos + 1) % g->cap;
+	uint32_t i = ghost_find(g, f);
+	g->fp[i] = f;
+	g->cnt[i]++;
+}
+
+/* ---- s3fifo ---- */
+
+static void s3_insert(struct kvr_policy *p, uint32_t e, kvr_key key, bool warm)
+{
+	p->freq[e] = 0;
+	if (warm || ghost_has(&p->ghost, key)) {
+		list_push_head(p, &p->main, e);
+		p->queue[e] = Q_MAIN;
+	} else {
+		list_push_head(p, &p->small, e);
+		p->queue[e] = Q_SMALL;
+	}
+}
+
+static void s3_hit(struct kvr_policy *p, uint32_t e)
+{
+	if (p->queue[e] != Q_NONE && p->freq[e] < 3)
+		p->freq[e]++;
+}
+
+static uint32_t s3_victim(struct kvr_policy *p, kvr_policy_evictable_fn ok, void *ctx)
+{
+	/* Every step promotes (bounded by the small queue), decrements a frequency (bounded
+	 * by 3 per entry) or skips an entry the caller cannot evict; a queue is given up on
+	 * after a full round of consecutive skips, so the loop ends. */
+	uint32_t small_skips = 0, main_skips = 0;
+	bool small_blocked = false, main_blocked = false;
+	for (;;) {
+		bool small_ok = p->small.n && !small_blocked, main_ok = p->main.n && !main_blocked;
+		if (!small_ok && !main_ok)
+			return NONE;
+		bool use_small = small_ok && (p->small.n >= p->small_target || !main_ok);
+		if (use_small) {
+			uint32_t t = p->small.tail;
+			list_unlink(p, &p->small, t);
+			if (p->freq[t]) {
+				/* accessed while in small: promote to main */
+				p->freq[t] = 0;
+				list_push_head(p, &p->main, t);
+				p->queue[t] = Q_MAIN;
+				small_skips = 0;
+				main_blocked = false;
+				main_skips = 0;
+				continue;
+			}
+			list_push_head(p, &p->small, t);
+			if (ok(ctx, t))
+				return t;
+			if (++small_skips >= p->small.n)
+				small_blocked = true;
+		} else {
+			uint32_t t = p->main.tail;
+			list_unlink(p, &p->main, t);
+			list_push_head(p, &p->main, t);
+			if (p->freq[t]) {
+				p->freq[t]--;
+				main_skips = 0;
+				continue;
+			}
+			if (ok(ctx, t))
+				return t;
+			if (++main_skips >= p->main.n)
+				main_blocked = true;
+		}
+	}
+}
+
+/* ---- common ---- */
+
+static const struct policy_ops lru_ops = {"lru", lru_insert, lru_hit, lru_remove, lru_victim};
+
+static void s3_remove(struct kvr_policy *p, uint32_t e, bool evicted)
+{
+	uint8_t q = p->queue[e];
+	if (q == Q_NONE)
+		return;
+	list_unlink(p, q == Q_SMALL ? &p->small : &p->main, e);
+	if (evicted && q == Q_SMALL)
+		ghost_add(&p->ghost, p->keys[e]);
+	p->queue[e] = Q_NONE;
+	p->freq[e] = 0;
+}
+
+static void s3_insert_keyed(struct kvr_policy *p, uint32_t e, kvr_key key, bool warm)
+{
+	p->keys[e] = key;
+	s3_insert(p, e, key, warm);
+}
+
+static const struct policy_ops s3_ops = {"s3fifo", s3_insert_keyed, s3_hit, s3_remove, s3_victim};
+
+static const struct policy_ops *const all_ops[] = {&lru_ops, &s3_ops};
+
+const char *kvr_policy_names(void)
+{
+	return "lru, s3fifo";
+}
+
+int kvr_policy_new(const char *name, uint32_t max_ents, uint32_t capacity, struct kvr_policy **ret)
+{
+	if (!name || !ret || !max_ents || !capacity || max_ents == NONE)
+		return -EINVAL;
+	const struct policy_ops *ops = NULL;
+	for (unsigned i = 0; i < sizeof(all_ops) / sizeof(all_ops[0]); i++)
+		if (!strcmp(all_ops[i]->name, name))
+			ops = all_ops[i];
+	if (!ops)
+		return -EINVAL;
+	bool s3 = ops == &s3_ops;
+	struct kvr_policy *p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	p->ops = ops;
+	p->max_ents = max_ents;
+	p->capacity = capacity;
+	p->prev = malloc((size_t)max_ents * sizeof(*p->prev));
+	p->next = malloc((size_t)max_ents * sizeof(*p->next));
+	p->queue = calloc(max_ents, 1);
+	p->freq = calloc(max_ents, 1);
+	list_init(&p->lru);
+	list_init(&p->small);
+	list_init(&p->main);
+	p->small_target = capacity / 10 ? capacity / 10 : 1;
+	int rc = 0;
+	if (s3) {
+		p->keys = calloc(max_ents, sizeof(*p->keys));
+		rc = p->keys ? ghost_init(&p->ghost, capacity - p->small_target) : -ENOMEM;
+	}
+	if (!p->prev || !p->next || !p->queue || !p->freq || rc) {
+		kvr_policy_free(p);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < max_ents; i++)
+		p->prev[i] = p->next[i] = NONE;
+	*ret = p;
+	return 0;
+}
+
+void kvr_policy_free(struct kvr_policy *p)
+{
+	if (!p)
+		return;
+	free(p->prev);
+	free(p->next);
+	free(p->queue);
+	free(p->freq);
+	ghost_free(&p->ghost);
+	free(p->keys);
+	free(p);
+}
+
+const char *kvr_policy_name(const struct kvr_policy *p)
+{
+	return p->ops->name;
+}
+
+void kvr_policy_insert(struct kvr_policy *p, uint32_t ent, kvr_key key, bool warm)
+{
+	if (ent < p->max_ents && p->queue[ent] == Q_NONE)
+		p->ops->insert(p, ent, key, warm);
+}
+
+void kvr_policy_hit(struct kvr_policy *p, uint32_t ent)
+{
+	if (ent < p->max_ents)
+		p->ops->hit(p, ent);
+}
+
+void kvr_policy_remove(struct kvr_policy *p, uint32_t ent, bool evicted)
+{
+	if (ent < p->max_ents)
+		p->ops->remove(p, ent, evicted);
+}
+
+uint32_t kvr_policy_victim(struct kvr_policy *p, kvr_policy_evictable_fn evictable, void *ctx)
+{
+	return p->ops->victim(p, evictable, ctx);
+}
+
+/* ==== index =============================================================================== */
+
+struct ent {
+	kvr_key key;
+	uint16_t alloc_mask, commit_mask;
+	uint32_t mark;        /* == idx->stamp while an alloc call protects it from eviction */
+	uint64_t last_access; /* rebuild only */
+};
+
+struct kvr_index {
+	struct kvr_slot_table *t;
+	uint32_t n_slots, lanes;
+	uint16_t full_mask;
+	char policy_name[16];
+	struct kvr_policy *pol;
+
+	struct ent *ents;      /* [n_slots]: a block holds at least one slot */
+	uint32_t *ent_slots;   /* [n_slots * lanes]: slot of lane l of entry e, NONE if none */
+	uint32_t *free_ents, n_free_ents;
+	uint32_t *htab, hmask; /* open addressing, linear probing: entry ids, NONE empty */
+	uint32_t *slot_ent;    /* [n_slots]: the entry a tracked slot belongs to, or NONE */
+	uint32_t *free_slots, n_free_slots;
+	uint32_t stamp;
+	uint64_t evictions, noroom;
+};
+
+static inline uint32_t *lane_slot(const struct kvr_index *idx, uint32_t e, unsigned lane)
+{
+	return &idx->ent_slots[(size_t)e * idx->lanes + lane];
+}
+
+static uint32_t h_find(const struct kvr_index *idx, kvr_key k)
+{
+	for (uint32_t i = (uint32_t)k.lo & idx->hmask;; i = (i + 1) & idx->hmask) {
+		uint32_t e = idx->htab[i];
+		if (e == NONE)
+			return NONE;
+		if (kvr_key_eq(idx->ents[e].key, k))
+			return e;
+	}
+}
+
+static void h_insert(struct kvr_index *idx, uint32_t e)
+{
+	uint32_t i = (uint32_t)idx->ents[e].key.lo & idx->hmask;
+	while (idx->htab[i] != NONE)
+		i = (i + 1) & idx->hmask;
+	idx->htab[i] = e;
+}
+
+static void h_delete(struct kvr_index *idx, uint32_t e)
+{
+	uint32_t i = (uint32_t)idx->ents[e].key.lo & idx->hmask;
+	while (idx->htab[i] != e)
+		i = (i + 1) & idx->hmask;
+	/* backward-shift deletion, as in the ghost */
+	uint32_t j = i;
+	for (;;) {
+		idx->htab[i] = NONE;
+		for (;;) {
+			j = (j + 1) & idx->hmask;
+			if (idx->htab[j] == NONE)
+				return;
+			uint32_t home = (uint32_t)idx->ents[idx->htab[j]].key.lo & idx->hmask;
+			if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
+				continue;
+			break;
+		}
+		idx->htab[i] = idx->htab[j];
+		i = j;
+	}
+}
+
+static uint32_t ent_new(struct kvr_index *idx, kvr_key key)
+{
+	if (!idx->n_free_ents)
+		return NONE;
+	uint32_t e = idx->free_ents[--idx->n_free_ents];
+	idx->ents[e] = (struct ent){.key = key};
+	for (unsigned l = 0; l < idx->lanes; l++)
+		*lane_slot(idx, e, l) = NONE;
+	h_insert(idx, e);
+	return e;
+}
+
+/* Forget entry e (its lanes must already be released). */
+static void ent_drop(struct kvr_index *idx, uint32_t e, bool evicted)
+{
+	kvr_policy_remove(idx->pol, e, evicted);
+	h_delete(idx, e);
+	idx->ents[e].alloc_mask = idx->ents[e].commit_mask = 0;
+	idx->free_ents[idx->n_free_ents++] = e;
+}
+
+static void slot_release(struct kvr_index *idx, uint32_t s)
+{
+	idx->slot_ent[s] = NONE;
+	idx->free_slots[idx->n_free_slots++] = s;
+}
+
+static bool block_pinned(const struct kvr_index *idx, uint32_t e)
+{
+	for (unsigned l = 0; l < idx->lanes; l++) {
+		uint32_t s = *lane_slot(idx, e, l);
+		if (s != NONE && kvr_slot_pins(idx->t, s))
+			return true;
+	}
+	return false;
+}
+
+static bool evictable(void *ctx, uint32_t e)
+{
+	struct kvr_index *idx = ctx;
+	const struct ent *en = &idx->ents[e];
+	return en->mark != idx->stamp && en->alloc_mask == en->commit_mask && !block_pinned(idx, e);
+}
+
+/* Evict a block chosen by the policy: all its lanes go back to the free list. */
+static int evict_one(struct kvr_index *idx)
+{
+	uint32_t e = kvr_policy_victim(idx->pol, evictable, idx);
+	if (e == NONE)
+		return -ENOSPC;
+	for (unsigned l = 0; l < idx->lanes; l++) {
+		uint32_t s = *lane_slot(idx, e, l);
+		if (s == NONE)
+			continue;
+		/* cannot fail: the lane is committed and unpinned, and only this actor pins */
+		if (kvr_slot_evict(idx->t, s, kvr_slot_epoch(idx->t, s)) == 0)
+			slot_release(idx, s);
+		else
+			idx->slot_ent[s] = NONE; /* leave it untracked rather than reuse a busy slot */
+		*lane_slot(idx, e, l) = NONE;
+	}
+	ent_drop(idx, e, true);
+	idx->evictions++;
+	return 0;
+}
+
+static int index_alloc_arrays(struct kvr_index *idx, uint32_t n_slots, uint32_t lanes)
+{
+	uint32_t hsize = 4;
+	while (hsize < 2 * n_slots)
+		hsize <<= 1;
+	idx->ents = calloc(n_slots, sizeof(*idx->ents));
+	idx->ent_slots = malloc((size_t)n_slots * lanes * sizeof(*idx->ent_slots));
+	idx->free_ents = malloc((size_t)n_slots * sizeof(*idx->free_ents));
+	idx->htab = malloc((size_t)hsize * sizeof(*idx->htab));
+	idx->slot_ent = malloc((size_t)n_slots * sizeof(*idx->slot_ent));
+	idx->free_slots = malloc((size_t)n_slots * sizeof(*idx->free_slots));
+	if (!idx->ents || !idx->ent_slots || !idx->free_ents || !idx->htab || !idx->slot_ent || !idx->free_slots)
+		return -ENOMEM;
+	idx->hmask = hsize - 1;
+	return 0;
+}
+
+int kvr_index_new(struct kvr_slot_table *t, const char *policy, struct kvr_index **ret)
+{
+	if (!t || !policy || !ret || !t->n_slots || t->n_slots >= NONE - 1 || !t->quorum ||
+	    t->quorum > KVR_INDEX_MAX_LANES || strlen(policy) >= sizeof(((struct kvr_index *)0)->policy_name))
+		return -EINVAL;
+	struct kvr_index *idx = calloc(1, sizeof(*idx));
+	if (!idx)
+		return -ENOMEM;
+	idx->t = t;
+	idx->n_slots = t->n_slots;
+	idx->lanes = t->quorum;
+	idx->full_mask = (uint16_t)((1u << idx->lanes) - 1);
+	strcpy(idx->policy_name, policy);
+	int rc = index_alloc_arrays(idx, idx->n_slots, idx->lanes);
+	if (rc < 0)
+		goto fail;
+	rc = kvr_index_rebuild(idx, t);
+	if (rc < 0)
+		goto fail;
+	*ret = idx;
+	return 0;
+fail:
+	kvr_index_free(idx);
+	return rc;
+}
+
+void kvr_index_free(struct kvr_index *idx)
+{
+	if (!idx)
+		return;
+	kvr_policy_free(idx->pol);
+	free(idx->ents);
+	free(idx->ent_slots);
+	free(idx->free_ents);
+	free(idx->htab);
+	free(idx->slot_ent);
+	free(idx->free_slots);
+	free(idx);
+}
+
+/* Return a slot that cannot belong to a block to FREE, unless pinned or EVICTING. */
+static void release_stray(struct kvr_slot_table *t, uint32_t s)
+{
+	uint32_t st = kvr_slot_state(t, s), ep = kvr_slot_epoch(t, s);
+	if (st == KVR_SLOT_WRITING)
+		(void)kvr_slot_abort(t, s, ep);
+	else if (st == KVR_SLOT_COMMITTED)
+		(void)kvr_slot_evict(t, s, ep); /* -EBUSY when pinned: it stays, untracked */
+}
+
+static int cmp_recency(const void *a, const void *b, void *arg)
+{
+	const struct ent *ents = arg;
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	if (ents[x].last_access != ents[y].last_access)
+		return ents[x].last_access < ents[y].last_access ? -1 : 1;
+	return x < y ? -1 : x > y;
+}
+
+int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t)
+{
+	if (!idx || !t || t->n_slots != idx->n_slots || t->quorum != idx->lanes)
+		return -EINVAL;
+	struct kvr_policy *pol;
+	int rc = kvr_policy_new(idx->policy_name, idx->n_slots, idx->n_slots / idx->lanes ? idx->n_slots / idx->lanes : 1,
+				&pol);
+	if (rc < 0)
+		return rc;
+	kvr_policy_free(idx->pol);
+	idx->pol = pol;
+	idx->t = t;
+	memset(idx->htab, 0xff, (size_t)(idx->hmask + 1) * sizeof(*idx->htab));
+	memset(idx->ents, 0, (size_t)idx->n_slots * sizeof(*idx->ents));
+	idx->n_free_ents = 0;
+	for (uint32_t e = idx->n_slots; e-- > 0;)
+		idx->free_ents[idx->n_free_ents++] = e; /* entry 0 is taken first */
+	idx->n_free_slots = 0;
+	idx->stamp = 0;
+
+	uint32_t blocks = 0;
+	for (uint32_t s = 0; s < idx->n_slots; s++) {
+		idx->slot_ent[s] = NONE;
+		struct kvr_slot *sl = kvr_slot_at(t, s);
+		uint32_t st = kvr_slot_state(t, s);
+		if (st != KVR_SLOT_WRITING && st != KVR_SLOT_COMMITTED)
+			continue;
+		if (sl->lane >= idx->lanes || sl->block_tokens != t->block_tokens) {
+			release_stray(t, s);
+			continue;
+		}
+		uint32_t e = h_find(idx, sl->key);
+		if (e == NONE) {
+			e = ent_new(idx, sl->key);
+			blocks++;
+		} else if (*lane_slot(idx, e, sl->lane) != NONE) {
+			/* a second slot for the same key and lane: keep a committed one */
+			uint32_t prev = *lane_slot(idx, e, sl->lane);
+			if (st != KVR_SLOT_COMMITTED || kvr_slot_state(t, prev) == KVR_SLOT_COMMITTED) {
+				release_stray(t, s);
+				continue;
+			}
+			release_stray(t, prev);
+			idx->slot_ent[prev] = NONE;
+		}
+		struct ent *en = &idx->ents[e];
+		*lane_slot(idx, e, sl->lane) = s;
+		en->alloc_mask |= (uint16_t)(1u << sl->lane);
+		if (st == KVR_SLOT_COMMITTED)
+			en->commit_mask |= (uint16_t)(1u << sl->lane);
+		if (sl->last_access > en->last_access)
+			en->last_access = sl->last_access;
+		idx->slot_ent[s] = e;
+	}
+	/* free list after the strays were released; lowest slot on top */
+	for (uint32_t s = idx->n_slots; s-- > 0;)
+		if (kvr_slot_state(t, s) == KVR_SLOT_FREE)
+			idx->free_slots[idx->n_free_slots++] = s;
+
+	/* policy order: oldest first, so the most recent ends at the head */
+	uint32_t *order = malloc((size_t)(blocks ? blocks : 1) * sizeof(*order));
+	if (!order)
+		return -ENOMEM;
+	uint32_t k = 0;
+	for (uint32_t e = 0; e < idx->n_slots && k < blocks; e++)
+		if (idx->ents[e].alloc_mask)
+			order[k++] = e;
+	qsort_r(order, k, sizeof(*order), cmp_recency, idx->ents);
+	for (uint32_t i = 0; i < k; i++)
+		kvr_policy_insert(idx->pol, order[i], idx->ents[order[i]].key, true);
+	free(order);
+	return (int)blocks;
+}
+
+int kvr_index_match(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane,
+		    struct kvr_index_ref *ret_slots)
+{
+	if (!idx || lane >= idx->lanes || (n && !keys) || n > INT32_MAX)
+		return -EINVAL;
+	uint32_t i;
+	for (i = 0; i < n; i++) {
+		uint32_t e = h_find(idx, keys[i]);
+		if (e == NONE || idx->ents[e].commit_mask != idx->full_mask)
+			break;
+		uint32_t s = *lane_slot(idx, e, lane);
+		(void)kvr_slot_touch(idx->t, s, kvr_slots_tick(idx->t));
+		if (lane == 0)
+			kvr_policy_hit(idx->pol, e);
+		if (ret_slots)
+			ret_slots[i] = (struct kvr_index_ref){.slot = s, .epoch = kvr_slot_epoch(idx->t, s)};
+	}
+	return (int)i;
+}
+
+int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane, unsigned owner,
+		    struct kvr_index_ref *ret_slots, struct kvr_index_alloc_stats *ret_stats)
+{
+	if (!idx || lane >= idx->lanes || owner >= KVR_SLOT_MAX_WORKERS || (n && (!keys || !ret_slots)))
+		return -EINVAL;
+	struct kvr_index_alloc_stats st = {0};
+	const uint16_t bit = (uint16_t)(1u << lane);
+
+	/* protect every block of this request from being chosen as a victim by it */
+	if (++idx->stamp == 0)
+		idx->stamp = 1;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t e = h_find(idx, keys[i]);
+		if (e != NONE)
+			idx->ents[e].mark = idx->stamp;
+	}
+
+	bool gap = false;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t e = h_find(idx, keys[i]);
+		if (e != NONE && (idx->ents[e].alloc_mask & bit)) {
+			ret_slots[i] = (struct kvr_index_ref){KVR_INDEX_PRESENT, 0};
+			st.present++;
+			continue;
+		}
+		uint32_t s = NONE, epoch = 0;
+		while (!gap && s == NONE) {
+			if (!idx->n_free_slots) {
+				if (evict_one(idx) < 0) {
+					gap = true;
+					break;
+				}
+				st.evicted++;
+				continue;
+			}
+			uint32_t c = idx->free_slots[--idx->n_free_slots];
+			if (kvr_slot_alloc(idx->t, c, keys[i], (uint16_t)lane, (uint8_t)owner, &epoch) == 0)
+				s = c; /* else the slot is not FREE in the table: drop it from the free list */
+		}
+		if (s == NONE) {
+			ret_slots[i] = (struct kvr_index_ref){KVR_INDEX_NOROOM, 0};
+			st.noroom++;
+			continue;
+		}
+		if (e == NONE) {
+			/* cannot fail: every entry holds a slot and slot s is not tracked yet */
+			e = ent_new(idx, keys[i]);
+			if (e == NONE) {
+				(void)kvr_slot_abort(idx->t, s, epoch);
+				slot_release(idx, s);
+				ret_slots[i] = (struct kvr_index_ref){KVR_INDEX_NOROOM, 0};
+				st.noroom++;
+				gap = true;
+				continue;
+			}
+			idx->ents[e].mark = idx->stamp;
+			kvr_policy_insert(idx->pol, e, keys[i], false);
+		}
+		*lane_slot(idx, e, lane) = s;
+		idx->ents[e].alloc_mask |= bit;
+		idx->slot_ent[s] = e;
+		ret_slots[i] = (struct kvr_index_ref){s, epoch};
+		st.allocated++;
+	}
+	idx->noroom += st.noroom;
+	if (ret_stats)
+		*ret_stats = st;
+	return 0;
+}
+
+/* The entry and lane of a tracked slot, after checking it against the caller's lane. */
+static int tracked(const struct kvr_index *idx, uint32_t slot, uint32_t *ret_e, unsigned *ret_lane)
+{
+	if (slot >= idx->n_slots)
+		return -EINVAL;
+	uint32_t e = idx->slot_ent[slot];
+	if (e == NONE)
+		return -ESTALE;
+	for (unsigned l = 0; l < idx->lanes; l++)
+		if (*lane_slot(idx, e, l) == slot) {
+			*ret_e = e;
+			*ret_lane = l;
+			return 0;
+		}
+	return -ESTALE;
+}
+
+int kvr_index_commit(struct kvr_index *idx, unsigned lane, uint32_t slot, uint32_t epoch)
+{
+	if (!idx)
+		return -EINVAL;
+	uint32_t e;
+	unsigned l;
+	int rc = tracked(idx, slot, &e, &l);
+	if (rc < 0)
+		return rc;
+	if (l != lane)
+		return -EINVAL;
+	rc = kvr_slot_commit(idx->t, slot, epoch);
+	if (rc < 0)
+		return rc;
+	struct ent *en = &idx->ents[e];
+	bool was = en->commit_mask == idx->full_mask;
+	en->commit_mask |= (uint16_t)(1u << l);
+	return !was && en->commit_mask == idx->full_mask;
+}
+
+int kvr_index_abort(struct kvr_index *idx, uint32_t slot, uint32_t epoch)
+{
+	if (!idx)
+		return -EINVAL;
+	uint32_t e;
+	unsigned l;
+	int rc = tracked(idx, slot, &e, &l);
+	if (rc < 0)
+		return rc;
+	rc = kvr_slot_abort(idx->t, slot, epoch);
+	if (rc < 0)
+		return rc;
+	struct ent *en = &idx->ents[e];
+	en->alloc_mask &= (uint16_t)~(1u << l);
+	en->commit_mask &= (uint16_t)~(1u << l);
+	*lane_slot(idx, e, l) = NONE;
+	slot_release(idx, slot);
+	if (!en->alloc_mask)
+		ent_drop(idx, e, false);
+	return 0;
+}
+
+int kvr_index_abort_owner(struct kvr_index *idx, unsigned w)
+{
+	if (!idx || w >= KVR_SLOT_MAX_WORKERS)
+		return -EINVAL;
+	int n = 0;
+	for (uint32_t s = 0; s < idx->n_slots; s++) {
+		const struct kvr_slot *sl = kvr_slot_at(idx->t, s);
+		if (idx->slot_ent[s] != NONE && kvr_slot_state(idx->t, s) == KVR_SLOT_WRITING && sl->owner == w &&
+		    kvr_index_abort(idx, s, kvr_slot_epoch(idx->t, s)) == 0)
+			n++;
+	}
+	return n;
+}
+
+int kvr_index_release_worker(struct kvr_index *idx, unsigned w, struct kvr_slots_release *ret)
+{
+	if (!idx || w >= KVR_SLOT_MAX_WORKERS)
+		return -EINVAL;
+	int aborted = kvr_index_abort_owner(idx, w);
+	struct kvr_slots_release r;
+	int rc = kvr_slots_release_worker(idx->t, w, &r);
+	if (rc < 0)
+		return rc;
+	/* WRITING slots of w the index did not track were returned to FREE by the table:
+	 * they are free slots now */
+	if (r.aborted) {
+		uint8_t *listed = calloc(idx->n_slots, 1);
+		if (!listed)
+			return -ENOMEM;
+		for (uint32_t k = 0; k < idx->n_free_slots; k++)
+			listed[idx->free_slots[k]] = 1;
+		for (uint32_t s = 0; s < idx->n_slots; s++)
+			if (!listed[s] && idx->slot_ent[s] == NONE && kvr_slot_state(idx->t, s) == KVR_SLOT_FREE)
+				idx->free_slots[idx->n_free_slots++] = s;
+		free(listed);
+	}
+	r.aborted += (uint32_t)aborted;
+	if (ret)
+		*ret = r;
+	return 0;
+}
+
+int kvr_index_get(const struct kvr_index *idx, kvr_key key, struct kvr_index_block *ret)
+{
+	if (!idx || !ret)
+		return -EINVAL;
+	uint32_t e = h_find(idx, key);
+	if (e == NONE)
+		return -ENOENT;
+	const struct ent *en = &idx->ents[e];
+	struct kvr_index_block b = {.key = en->key, .alloc_mask = en->alloc_mask, .commit_mask = en->commit_mask,
+				    .visible = en->commit_mask == idx->full_mask};
+	for (unsigned l = 0; l < KVR_INDEX_MAX_LANES; l++)
+		b.slot[l] = l < idx->lanes ? *lane_slot(idx, e, l) : NONE;
+	*ret = b;
+	return 0;
+}
+
+void kvr_index_stats(const struct kvr_index *idx, struct kvr_index_stats *ret)
+{
+	struct kvr_index_stats s = {0};
+	s.blocks = idx->n_slots - idx->n_free_ents;
+	for (uint32_t e = 0; e < idx->n_slots; e++)
+		if (idx->ents[e].alloc_mask && idx->ents[e].commit_mask == idx->full_mask)
+			s.visible++;
+	s.free_slots = idx->n_free_slots;
+	s.lanes = idx->lanes;
+	s.evictions = idx->evictions;
+	s.noroom = idx->noroom;
+	s.policy = idx->policy_name;
+	*ret = s;
+}

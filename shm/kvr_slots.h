@@ -1,0 +1,195 @@
+/* kvr_slots: the L1 slot table (segment KVR_SEG_SLOTS): per-slot state, key, lane, epoch, pins. */
+#ifndef KVR_SLOTS_H
+#define KVR_SLOTS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvr_keys.h"
+#include "kvr_segment.h"
+
+/*
+ * The slot table is the source of truth for L1. Segment layout (created by kvringd with
+ * kvr_segment_create(KVR_SEG_SLOTS, kvr_slots_memsize(n)), then kvr_slots_init()):
+ *
+ *   struct kvr_slot_table      segment header, geometry summary, clocks     (256 bytes)
+ *   struct kvr_slot [n_slots]  one 64-byte line per slot
+ *
+ * Slot i's bytes live in the arena segment at arena_data_off + i * slot_bytes
+ * (kvr_slot_data()). A slot holds one lane (one TP rank's shard) of one block.
+ *
+ * State machine (FREE -> WRITING -> COMMITTED -> FREE, WRITING -> FREE on abort,
+ * COMMITTED -> EVICTING -> FREE when a copy to L2 must finish first):
+ *
+ *   alloc        FREE -> WRITING          epoch++, key/lane/owner set     else -EBUSY
+ *   commit       WRITING -> COMMITTED     epoch must match                else -ESTALE
+ *   abort        WRITING -> FREE          epoch must match                else -ESTALE
+ *   pin(w)       COMMITTED, pins[w]++     epoch must match, else -ESTALE; -EOVERFLOW at 255
+ *   unpin(w)     pins[w]--                any state; -ENOENT when pins[w] is already 0
+ *   evict_begin  COMMITTED -> EVICTING    all pins 0                      -EBUSY / -ESTALE
+ *   evict        COMMITTED|EVICTING -> FREE, all pins 0: -EBUSY when WRITING or pinned,
+ *                                         -ESTALE when FREE or the epoch differs
+ *
+ * A committed slot with any pin > 0 is "reading" (inspect shows it so).
+ *
+ * Concurrency: the lookup actor is the single writer of state, epoch, key, lane, owner,
+ * last_access and commit_seq, and the only one that increments pins. Any process may
+ * decrement pins (kvr_slot_unpin: the loader when a load completes) and read everything.
+ * state is published with release after the fields it covers are written, and read with
+ * acquire. Functions taking a const table are safe on a read-only mapping.
+ */
+
+enum kvr_slot_state {
+	KVR_SLOT_FREE = 0,
+	KVR_SLOT_WRITING = 1,
+	KVR_SLOT_COMMITTED = 2,
+	KVR_SLOT_EVICTING = 3,
+	KVR_SLOT_STATE_MAX = 4,
+};
+
+#define KVR_SLOT_MAX_WORKERS 16     /* pins[] entries: one per worker slot */
+#define KVR_SLOT_ALIGN 4096u        /* slot_bytes and arena_data_off alignment (O_DIRECT) */
+#define KVR_SLOTS_ARENA_DATA_OFF 4096u /* where slot 0 starts in the arena (after its header) */
+#define KVR_SLOTS_MAGIC 0x53544f4c53524b56ull /* "VKRSLOTS" */
+#define KVR_SLOT_NONE 0xffffffffu
+
+struct kvr_slot {
+	_Atomic uint32_t state;   /* enum kvr_slot_state */
+	uint32_t epoch;           /* +1 per allocation; (slot, epoch) names one allocation */
+	kvr_key key;              /* the block's key (zero when FREE) */
+	uint16_t lane;            /* TP rank whose shard this is */
+	uint8_t owner;            /* worker slot that wrote (or is writing) it */
+	uint8_t flags;            /* reserved, 0 */
+	uint32_t block_tokens;    /* block size it was stored under */
+	uint64_t last_access;     /* table clock at commit / last hit */
+	uint32_t commit_seq;      /* table commit sequence at commit */
+	_Atomic uint8_t pins[KVR_SLOT_MAX_WORKERS]; /* loads of worker w holding it */
+	uint32_t reserved;
+};
+_Static_assert(sizeof(struct kvr_slot) == 64, "a slot is one cache line");
+_Static_assert(offsetof(struct kvr_slot, key) == 8, "slot layout");
+_Static_assert(offsetof(struct kvr_slot, lane) == 24, "slot layout");
+_Static_assert(offsetof(struct kvr_slot, last_access) == 32, "slot layout");
+_Static_assert(offsetof(struct kvr_slot, pins) == 44, "slot layout");
+
+struct kvr_slot_table {
+	struct kvr_seg_hdr seg;   /* kind KVR_SEG_SLOTS */
+	uint64_t magic;           /* KVR_SLOTS_MAGIC, written last by kvr_slots_init */
+	uint32_t n_slots;
+	uint32_t block_tokens;
+	uint64_t slot_bytes;      /* bytes per slot in the arena, multiple of KVR_SLOT_ALIGN */
+	uint64_t arena_data_off;  /* offset of slot 0 in the arena segment */
+	uint64_t slots_off;       /* offset of slot 0's struct kvr_slot from this header */
+	kvr_key ns;               /* key namespace of every block in this table */
+	uint32_t tp_size;
+	uint32_t quorum;          /* lanes that must commit before a block is visible */
+	_Atomic uint64_t clock;   /* logical clock for last_access (kvr_slots_tick) */
+	_Atomic uint32_t commit_seq; /* next commit sequence number */
+	uint32_t reserved0;
+	uint8_t reserved[112];
+};
+_Static_assert(sizeof(struct kvr_slot_table) == 256, "slot table header");
+_Static_assert(offsetof(struct kvr_slot_table, ns) == 104, "slot table layout");
+
+struct kvr_slots_config {
+	uint32_t n_slots;         /* >= 1 */
+	uint64_t lane_bytes;      /* bytes one lane of a block needs; aligned up to KVR_SLOT_ALIGN */
+	uint64_t arena_data_off;  /* 0 = KVR_SLOTS_ARENA_DATA_OFF; else a multiple of KVR_SLOT_ALIGN */
+	kvr_key ns;
+	uint32_t block_tokens;    /* >= 1 */
+	uint32_t tp_size;         /* 1..KVR_SLOT_MAX_WORKERS */
+	uint32_t quorum;          /* 1..tp_size */
+};
+
+/* Bytes of a slot-table segment (header included) with n_slots slots; 0 if n_slots is 0
+ * or too large. */
+size_t kvr_slots_memsize(uint32_t n_slots);
+
+/* lane_bytes aligned up to KVR_SLOT_ALIGN (0 on overflow). */
+uint64_t kvr_slots_slot_bytes(uint64_t lane_bytes);
+
+/* Bytes of the arena segment that holds n_slots slots of lane_bytes (header area
+ * included); 0 on overflow. */
+uint64_t kvr_slots_arena_memsize(uint32_t n_slots, uint64_t lane_bytes);
+
+/* Lay out a table in mem (the base of a KVR_SEG_SLOTS segment of mem_size bytes whose
+ * kvr_seg_hdr kvr_segment_create already wrote; it is left alone). Every slot FREE, epoch
+ * 0. Returns 0 and *ret, or -EINVAL (bad config) / -ENOSPC (mem_size too small). */
+int kvr_slots_init(void *mem, size_t mem_size, const struct kvr_slots_config *cfg, struct kvr_slot_table **ret);
+
+/* Validate a mapped slot-table segment: kind, magic, n_slots and offsets inside the
+ * segment, slot_bytes aligned, 1 <= quorum <= tp_size <= KVR_SLOT_MAX_WORKERS.
+ * Returns 0 and *ret, or -EPROTO (not initialised / bad magic), -EMEDIUMTYPE (other
+ * segment kind), -EBADMSG (fields out of range). Safe on a read-only mapping. */
+int kvr_slots_attach(const struct kvr_segment *seg, struct kvr_slot_table **ret);
+
+static inline struct kvr_slot *kvr_slot_at(const struct kvr_slot_table *t, uint32_t i)
+{
+	return (struct kvr_slot *)((uint8_t *)t + t->slots_off) + i;
+}
+
+/* Slot i's bytes in the arena mapped at arena_base (NULL when i is out of range). */
+void *kvr_slot_data(const struct kvr_slot_table *t, void *arena_base, uint32_t i);
+
+static inline uint32_t kvr_slot_state(const struct kvr_slot_table *t, uint32_t i)
+{
+	return atomic_load_explicit(&kvr_slot_at(t, i)->state, memory_order_acquire);
+}
+
+static inline uint32_t kvr_slot_epoch(const struct kvr_slot_table *t, uint32_t i)
+{
+	return __atomic_load_n(&kvr_slot_at(t, i)->epoch, __ATOMIC_RELAXED);
+}
+
+/* The next value of the table's logical clock (lookup only). */
+uint64_t kvr_slots_tick(struct kvr_slot_table *t);
+
+/* ---- transitions (lookup actor only, except unpin). Every one returns 0 or -errno; all
+ * return -EINVAL for a slot index >= n_slots, a worker >= KVR_SLOT_MAX_WORKERS or a lane
+ * >= tp_size. ---------------------------------------------------------------------------- */
+
+/* FREE -> WRITING for worker `owner` on `lane`; epoch+1 returned in *ret_epoch. */
+int kvr_slot_alloc(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t lane, uint8_t owner,
+		   uint32_t *ret_epoch);
+/* WRITING -> COMMITTED; stamps last_access (clock) and commit_seq. */
+int kvr_slot_commit(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
+/* WRITING -> FREE. */
+int kvr_slot_abort(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
+/* Record a hit: last_access = clock (COMMITTED only; -ESTALE otherwise). */
+int kvr_slot_touch(struct kvr_slot_table *t, uint32_t i, uint64_t clock);
+/* pins[w]++ on a COMMITTED slot of that epoch. */
+int kvr_slot_pin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned w);
+/* pins[w]-- (atomic; any process). -ENOENT when pins[w] is 0. */
+int kvr_slot_unpin(struct kvr_slot_table *t, uint32_t i, unsigned w);
+/* Sum of pins over every worker. */
+unsigned kvr_slot_pins(const struct kvr_slot_table *t, uint32_t i);
+/* COMMITTED -> EVICTING (no pins). */
+int kvr_slot_evict_begin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
+/* COMMITTED or EVICTING -> FREE (no pins). */
+int kvr_slot_evict(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
+
+struct kvr_slots_release {
+	uint32_t unpinned_slots; /* slots on which pins[w] was > 0 */
+	uint32_t pins;           /* pins dropped in total */
+	uint32_t aborted;        /* WRITING slots owned by w returned to FREE */
+};
+
+/* Worker w is gone: zero pins[w] on every slot and abort every WRITING slot it owns.
+ * Counts in *ret (may be NULL). Returns 0 or -EINVAL. */
+int kvr_slots_release_worker(struct kvr_slot_table *t, unsigned w, struct kvr_slots_release *ret);
+
+struct kvr_slot_counts {
+	uint32_t by_state[KVR_SLOT_STATE_MAX]; /* FREE, WRITING, COMMITTED, EVICTING */
+	uint32_t reading;  /* COMMITTED with any pin > 0 */
+	uint32_t invalid;  /* state outside the enum (never expected) */
+	uint64_t pins;     /* sum of all pins */
+};
+
+/* Count slots by state (a snapshot; safe on a read-only mapping). */
+void kvr_slots_counts(const struct kvr_slot_table *t, struct kvr_slot_counts *ret);
+
+/* "free", "writing", "committed", "evicting" or "invalid". */
+const char *kvr_slot_state_name(unsigned s);
+
+#endif
