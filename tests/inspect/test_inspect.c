@@ -175,6 +175,13 @@ static const char expected_text[] =
 	"  socket /tmp/kvring-test.sock\n"
 	"  actors 3 in use of 4  workers 1 of 2 attached  rings 4\n"
 	"\n"
+	"attention\n"
+	"  actor loader.0: failed, 4 restarts, last exit signal 9\n"
+	"  actor storer.0: backoff, 1 restarts, last exit code 1\n"
+	"  ring loader.0.in: FULL, 1 malformed rejected\n"
+	"    producer client.0 (pid 6001) BLOCKED\n"
+	"    consumer loader.0: no process attached\n"
+	"\n"
 	"actors\n"
 	"  NAME                    STATE    PID     RESTARTS  LAST EXIT  HEARTBEAT\n"
 	"  lookup                  ready    5001           0  -          0.25s ago\n"
@@ -427,6 +434,13 @@ Test(inspect, watch_rates_and_stuck_consumer)
 	cr_assert_eq(kvr_insp_snapshot(rctl, &later, 8, &b), 0);
 
 	char *txt = render_snaps(b, a, 0);
+	cr_assert_not_null(strstr(txt, "attention\n"
+					"  actor loader.0: failed, 4 restarts, last exit signal 9\n"
+					"  actor storer.0: backoff, 1 restarts, last exit code 1\n"
+					"  ring loader.0.in: FULL, 1 malformed rejected\n"
+					"    producer client.0 (pid 6001) BLOCKED\n"
+					"    consumer loader.0 (pid -) STUCK (no progress)\n\n"),
+			   "%s", txt);
 	cr_assert_not_null(strstr(txt, "  lookup.req.0  capacity 16  1.0k msg/s\n"), "%s", txt);
 	cr_assert_not_null(strstr(txt, "  ctl.lookup.in  capacity 8  0 msg/s\n"), "%s", txt);
 	cr_assert_not_null(strstr(txt, "  loader.0.in  capacity 4  0 msg/s  FULL\n"

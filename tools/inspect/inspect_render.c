@@ -371,6 +371,55 @@ static void text_workers(FILE *out, const struct kvr_insp_snap *s)
 	}
 }
 
+/* What needs a look, first: actors given up on or waiting to restart, full rings and their
+ * blocked or stuck ends, rings whose consumer rejected messages. Nothing when all is well. */
+static void text_attention(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev)
+{
+	bool any = false;
+	char a[48], b[16];
+	for (unsigned i = 0; i < cur->n_actors; i++) {
+		const struct kvr_insp_actor *x = &cur->actors[i];
+		if (x->state != KVR_ACTOR_FAILED && x->state != KVR_ACTOR_BACKOFF)
+			continue;
+		if (!any)
+			pline(out, "attention");
+		any = true;
+		pline(out, "  actor %s: %s, %u restarts, last exit %s", x->name[0] ? x->name : "?",
+		      kvr_actor_state_name(x->state), x->restarts,
+		      fmt_exit(x->last_exit_code, x->last_exit_signal, a, sizeof(a)));
+	}
+	for (unsigned i = 0; i < cur->n_rings; i++) {
+		const struct kvr_insp_ring *r = &cur->rings[i];
+		if (!r->valid) {
+			if (!any)
+				pline(out, "attention");
+			any = true;
+			pline(out, "  ring %s: INVALID", r->name);
+			continue;
+		}
+		bool full = r->fill == r->capacity, stuck = ring_stuck(prev, r);
+		if (!full && !r->prod_blocked && !r->rejected)
+			continue;
+		if (!any)
+			pline(out, "attention");
+		any = true;
+		char rej[48] = "";
+		if (r->rejected)
+			snprintf(rej, sizeof(rej), "%s%" PRIu64 " malformed rejected", full ? ", " : "", r->rejected);
+		pline(out, "  ring %s: %s%s", r->name, full ? "FULL" : "", rej);
+		if (r->prod_blocked)
+			pline(out, "    producer %s (pid %s) BLOCKED", kvr_insp_endpoint_name(cur, r->producer, a, sizeof(a)),
+			      fmt_pid(r->prod_pid, b, sizeof(b)));
+		if (stuck)
+			pline(out, "    consumer %s (pid %s) STUCK (no progress)",
+			      kvr_insp_endpoint_name(cur, r->consumer, a, sizeof(a)), fmt_pid(r->cons_pid, b, sizeof(b)));
+		else if (full && !r->cons_pid)
+			pline(out, "    consumer %s: no process attached", kvr_insp_endpoint_name(cur, r->consumer, a, sizeof(a)));
+	}
+	if (any)
+		pline(out, "%s", "");
+}
+
 static void text_ring(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev,
 		      const struct kvr_insp_ring *r)
 {
@@ -433,6 +482,7 @@ int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struc
 		return -EINVAL;
 	text_instance(out, cur);
 	pline(out, "%s", "");
+	text_attention(out, cur, prev);
 	text_actors(out, cur);
 	pline(out, "%s", "");
 	text_workers(out, cur);
