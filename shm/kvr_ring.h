@@ -104,7 +104,9 @@ void kvr_ring_set_producer_waiter(struct kvr_ring *r, struct kvr_waiter *w);
 struct kvr_waiter *kvr_ring_consumer_waiter(struct kvr_ring *r);
 struct kvr_waiter *kvr_ring_producer_waiter(struct kvr_ring *r);
 
-/* Record which process produces / consumes (for inspect). */
+/* Record which process produces / consumes (for inspect). Also clears that side's blocked
+ * flag, which a predecessor killed while it waited leaves set. Waiter sleeper counts are not
+ * touched (a waiter may be shared): whoever restarts a dead side resets its waiter. */
 void kvr_ring_claim_producer(struct kvr_ring *r, pid_t pid);
 void kvr_ring_claim_consumer(struct kvr_ring *r, pid_t pid);
 

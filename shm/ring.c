@@ -103,14 +103,17 @@ struct kvr_waiter *kvr_ring_producer_waiter(struct kvr_ring *r)
 	return waiter_at(r, r->prod_waiter_off);
 }
 
+/* A claimant is not waiting, whatever a predecessor killed mid-wait left in the flag. */
 void kvr_ring_claim_producer(struct kvr_ring *r, pid_t pid)
 {
 	atomic_store_explicit(&r->prod_pid, pid, memory_order_relaxed);
+	atomic_store_explicit(&r->prod_blocked, 0, memory_order_relaxed);
 }
 
 void kvr_ring_claim_consumer(struct kvr_ring *r, pid_t pid)
 {
 	atomic_store_explicit(&r->cons_pid, pid, memory_order_relaxed);
+	atomic_store_explicit(&r->cons_blocked, 0, memory_order_relaxed);
 }
 
 /* ---- waiters ------------------------------------------------------------------------ */

@@ -317,7 +317,7 @@ Test(msg, list_geometry)
 Test(msg, list_round_trip)
 {
 	static const uint32_t totals[] = {1, 2, 3, 5, 9, 10, 11, 31, 1000};
-	uint8_t items[1000 * 20], back[1000 * 20];
+	uint8_t items[1000 * 20], back[1000 * 20 + 20];
 	for (size_t i = 0; i < sizeof(items); i++)
 		items[i] = (uint8_t)(i * 7 + 1);
 	for (size_t t = 0; t < N_LIST_TYPES; t++) {
