@@ -159,16 +159,16 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 			return fail(err, errlen, "region %u (%s): sem_bytes %u > page_bytes %u", i, name, r.sem_bytes,
 				    r.page_bytes);
 		if (g->num_blocks > 1 && r.page_bytes > r.stride)
-			return fail(err, errlen, "region %u (%s): page_bytes %u > stride %" PRIu64, i, name, r.page_bytes,
-				    r.stride);
+			return fail(err, errlen, "region %u (%s): page_bytes %u > stride %" PRIu64, i, name,
+				    r.page_bytes, r.stride);
 		unsigned __int128 end = (unsigned __int128)r.offset +
 					(unsigned __int128)(g->num_blocks - 1) * r.stride + r.page_bytes;
 		if (end > kv_bytes) {
 			if (end > UINT64_MAX)
-				return fail(err, errlen, "region %u (%s): block %u ends past 2^64 > kv_bytes %" PRIu64, i,
-					    name, g->num_blocks - 1, kv_bytes);
-			return fail(err, errlen, "region %u (%s): block %u ends at %" PRIu64 " > kv_bytes %" PRIu64, i,
-				    name, g->num_blocks - 1, (uint64_t)end, kv_bytes);
+				return fail(err, errlen, "region %u (%s): block %u ends past 2^64 > kv_bytes %" PRIu64,
+					    i, name, g->num_blocks - 1, kv_bytes);
+			return fail(err, errlen, "region %u (%s): block %u ends at %" PRIu64 " > kv_bytes %" PRIu64,
+				    i, name, g->num_blocks - 1, (uint64_t)end, kv_bytes);
 		}
 	}
 
@@ -182,8 +182,8 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 				continue;
 			uint64_t si = ri.offset + (uint64_t)b * ri.stride, sj = rj.offset + (uint64_t)b * rj.stride;
 			return fail(err, errlen,
-				    "region %u (%s) and region %u (%s) overlap in block %" PRId64 ": [%" PRIu64 ", %" PRIu64
-				    ") and [%" PRIu64 ", %" PRIu64 ")",
+				    "region %u (%s) and region %u (%s) overlap in block %" PRId64 ": [%" PRIu64
+				    ", %" PRIu64 ") and [%" PRIu64 ", %" PRIu64 ")",
 				    i, kvr_geometry_region_name(g, i, name, sizeof(name)), j,
 				    kvr_geometry_region_name(g, j, name2, sizeof(name2)), b, si, si + ri.page_bytes, sj,
 				    sj + rj.page_bytes);

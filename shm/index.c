@@ -608,8 +608,8 @@ int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t)
 	if (!idx || !t || t->n_slots != idx->n_slots || t->quorum != idx->lanes)
 		return -EINVAL;
 	struct kvr_policy *pol;
-	int rc = kvr_policy_new(idx->policy_name, idx->n_slots, idx->n_slots / idx->lanes ? idx->n_slots / idx->lanes : 1,
-				&pol);
+	uint32_t capacity = idx->n_slots / idx->lanes ? idx->n_slots / idx->lanes : 1; /* blocks */
+	int rc = kvr_policy_new(idx->policy_name, idx->n_slots, capacity, &pol);
 	if (rc < 0)
 		return rc;
 	kvr_policy_free(idx->pol);

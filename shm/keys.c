@@ -74,7 +74,8 @@ int kvr_keys_chain(kvr_key ns, const uint32_t *tokens, size_t n_tokens, uint32_t
 
 	const size_t tok_bytes = (size_t)block_tokens * sizeof(uint32_t);
 	kvr_key prev = ns;
-	if (extra_len <= KEYS_STACK_BUF - sizeof(kvr_key) && tok_bytes <= KEYS_STACK_BUF - sizeof(kvr_key) - extra_len) {
+	if (extra_len <= KEYS_STACK_BUF - sizeof(kvr_key) &&
+	    tok_bytes <= KEYS_STACK_BUF - sizeof(kvr_key) - extra_len) {
 		/* One contiguous input per block: prev key, tokens, extra. Only the key and the
 		 * tokens change from block to block; extra is copied once. */
 		_Alignas(64) uint8_t buf[KEYS_STACK_BUF];

@@ -1,4 +1,4 @@
-/* kvr_index: the lookup actor's private block index over the slot table (quorum, suffix allocation, eviction policies). */
+/* kvr_index: the lookup actor's private block index (quorum, suffix-only allocation, LRU / S3-FIFO eviction). */
 #ifndef KVR_INDEX_H
 #define KVR_INDEX_H
 
