@@ -234,7 +234,7 @@ static __attribute__((noreturn)) void child(const struct rb_transport *t, struct
 	if (rc) {
 		s->status = rc;
 		full_write(ready_w, 'E');
-		_exit(1);
+		exit(1); /* see below */
 	}
 	full_write(ready_w, 'R');
 	char go;
@@ -329,23 +329,25 @@ static int run_phase(const struct rb_transport *t, struct rb_env *env, enum phas
 	uint64_t deadline = kvr_now_ns() + (uint64_t)p->timeout_s * 1000000000ull;
 	int left = 2;
 	while (left) {
-		int st;
-		pid_t pid = waitpid(-1, &st, WNOHANG);
-		if (pid > 0) {
-			int r = pid == pids[0] ? 0 : pid == pids[1] ? 1 : -1;
-			if (r < 0)
+		bool reaped = false;
+		/* by pid: the bench has another child (RouDi) this must not reap */
+		for (int r = 0; r < 2; r++) {
+			int st;
+			if (pids[r] <= 0 || waitpid(pids[r], &st, WNOHANG) != pids[r])
 				continue;
 			pids[r] = 0;
 			status[r] = st;
 			left--;
+			reaped = true;
 			if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
 				char d[64];
 				snprintf(why, len, "%s side: %s", r == RB_A ? "sending" : "receiving",
 					 sh->side[r].why[0] ? sh->side[r].why : death(st, d, sizeof(d)));
 				goto out;
 			}
-			continue;
 		}
+		if (reaped)
+			continue;
 		if (kvr_now_ns() > deadline) {
 			snprintf(why, len, "phase did not finish within %u s", p->timeout_s);
 			goto out;
