@@ -10,6 +10,12 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "kvr_ctl.h"
+#include "kvr_proto.h"
+
+_Static_assert(sizeof(struct kvr_geometry) <= KVR_PROTO_PAYLOAD_MAX, "the geometry is the attach payload");
+_Static_assert(sizeof(struct kvr_geometry) <= KVR_CTL_GEOM_BYTES, "the geometry fits its control-segment area");
+
 static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errlen, const char *fmt, ...)
 {

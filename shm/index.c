@@ -213,6 +213,7 @@ static void ghost_add(struct ghost *g, kvr_key k)
 
 static void s3_insert(struct kvr_policy *p, uint32_t e, kvr_key key, bool warm)
 {
+	p->keys[e] = key;
 	p->freq[e] = 0;
 	if (warm || ghost_has(&p->ghost, key)) {
 		list_push_head(p, &p->main, e);
@@ -227,6 +228,19 @@ static void s3_hit(struct kvr_policy *p, uint32_t e)
 {
 	if (p->queue[e] != Q_NONE && p->freq[e] < 3)
 		p->freq[e]++;
+}
+
+/* Only blocks evicted from the small queue enter the ghost (they were never hit). */
+static void s3_remove(struct kvr_policy *p, uint32_t e, bool evicted)
+{
+	uint8_t q = p->queue[e];
+	if (q == Q_NONE)
+		return;
+	list_unlink(p, q == Q_SMALL ? &p->small : &p->main, e);
+	if (evicted && q == Q_SMALL)
+		ghost_add(&p->ghost, p->keys[e]);
+	p->queue[e] = Q_NONE;
+	p->freq[e] = 0;
 }
 
 static uint32_t s3_victim(struct kvr_policy *p, kvr_policy_evictable_fn ok, void *ctx)
@@ -280,25 +294,7 @@ static uint32_t s3_victim(struct kvr_policy *p, kvr_policy_evictable_fn ok, void
 
 static const struct policy_ops lru_ops = {"lru", lru_insert, lru_hit, lru_remove, lru_victim};
 
-static void s3_remove(struct kvr_policy *p, uint32_t e, bool evicted)
-{
-	uint8_t q = p->queue[e];
-	if (q == Q_NONE)
-		return;
-	list_unlink(p, q == Q_SMALL ? &p->small : &p->main, e);
-	if (evicted && q == Q_SMALL)
-		ghost_add(&p->ghost, p->keys[e]);
-	p->queue[e] = Q_NONE;
-	p->freq[e] = 0;
-}
-
-static void s3_insert_keyed(struct kvr_policy *p, uint32_t e, kvr_key key, bool warm)
-{
-	p->keys[e] = key;
-	s3_insert(p, e, key, warm);
-}
-
-static const struct policy_ops s3_ops = {"s3fifo", s3_insert_keyed, s3_hit, s3_remove, s3_victim};
+static const struct policy_ops s3_ops = {"s3fifo", s3_insert, s3_hit, s3_remove, s3_victim};
 
 static const struct policy_ops *const all_ops[] = {&lru_ops, &s3_ops};
 
