@@ -42,7 +42,7 @@ struct ghost {
 
 struct kvr_policy {
 	const struct policy_ops *ops;
-	uint32_t max_ents, capacity;
+	uint32_t max_ents;
 	uint32_t *prev, *next;
 	uint8_t *queue; /* Q_* */
 	uint8_t *freq;  /* s3fifo: 0..3 */
@@ -319,7 +319,6 @@ int kvr_policy_new(const char *name, uint32_t max_ents, uint32_t capacity, struc
 		return -ENOMEM;
 	p->ops = ops;
 	p->max_ents = max_ents;
-	p->capacity = capacity;
 	p->prev = malloc((size_t)max_ents * sizeof(*p->prev));
 	p->next = malloc((size_t)max_ents * sizeof(*p->next));
 	p->queue = calloc(max_ents, 1);

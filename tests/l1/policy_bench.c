@@ -39,9 +39,9 @@ static kvr_key chain(kvr_key prev, uint64_t a, uint64_t b)
 	return kvr_key_hash(in, sizeof(in));
 }
 
-static uint32_t zipf(const double *cdf, uint32_t n, uint64_t *seed)
+static uint32_t zipf(const double *cdf, uint32_t n, struct rng *seed)
 {
-	double u = (double)(l1_rand(seed) >> 11) / (double)(1ull << 53);
+	double u = (double)(rng_next(seed) >> 11) / (double)(1ull << 53);
 	uint32_t lo = 0, hi = n - 1;
 	while (lo < hi) {
 		uint32_t mid = (lo + hi) / 2;
@@ -78,7 +78,7 @@ static uint64_t count_unique(const kvr_key *keys, uint64_t n)
 	return u;
 }
 
-static int make_trace(uint64_t seed, struct trace *tr)
+static int make_trace(struct rng seed, struct trace *tr)
 {
 	double cdf[N_CONV], sum = 0;
 	for (uint32_t i = 0; i < N_CONV; i++)
@@ -92,7 +92,7 @@ static int make_trace(uint64_t seed, struct trace *tr)
 
 	uint32_t conv_len[N_CONV], turns[N_CONV] = {0};
 	for (uint32_t i = 0; i < N_CONV; i++)
-		conv_len[i] = 8 + (uint32_t)(l1_rand(&seed) % 33);
+		conv_len[i] = 8 + (uint32_t)(rng_next(&seed) % 33);
 	size_t cap = (size_t)N_REQ * (SYS_BLOCKS + 40 + 2 * MAX_TURNS + 100);
 	tr->keys = malloc(cap * sizeof(*tr->keys));
 	tr->off = malloc((N_REQ + 1) * sizeof(*tr->off));
@@ -103,14 +103,14 @@ static int make_trace(uint64_t seed, struct trace *tr)
 	for (uint32_t r = 0; r < N_REQ; r++) {
 		tr->off[r] = (uint32_t)k;
 		kvr_key prev = ns;
-		if (l1_rand(&seed) % 100 < 15) {
-			uint32_t n = 60 + (uint32_t)(l1_rand(&seed) % 41);
+		if (rng_next(&seed) % 100 < 15) {
+			uint32_t n = 60 + (uint32_t)(rng_next(&seed) % 41);
 			for (uint32_t i = 0; i < n; i++)
 				tr->keys[k++] = prev = chain(prev, 0x5ca0000000ull + r, i);
 			continue;
 		}
 		uint32_t c = zipf(cdf, N_CONV, &seed);
-		if (turns[c] < MAX_TURNS && l1_rand(&seed) % 100 < 30)
+		if (turns[c] < MAX_TURNS && rng_next(&seed) % 100 < 30)
 			turns[c]++;
 		uint32_t s = c % N_SYS;
 		for (uint32_t i = 0; i < SYS_BLOCKS; i++)
@@ -189,7 +189,7 @@ int main(void)
 	if (env && *env)
 		seed = strtoull(env, NULL, 0);
 	struct trace tr;
-	if (make_trace(seed, &tr)) {
+	if (make_trace((struct rng){seed}, &tr)) {
 		fprintf(stderr, "policy_bench: out of memory\n");
 		return 1;
 	}

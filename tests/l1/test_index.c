@@ -358,7 +358,7 @@ static void snapshot(const kvr_key (*prompts)[16], int n_prompts, struct snap *o
 
 Test(index, rebuild_equals_original)
 {
-	uint64_t seed = l1_seed("index.rebuild_equals_original");
+	struct rng seed = {test_seed("index.rebuild_equals_original")};
 	make(256, 2, 2, "lru");
 	enum { NP = 24 };
 	kvr_key prompts[NP][16];
@@ -370,15 +370,15 @@ Test(index, rebuild_equals_original)
 	}
 	/* random stores: some lanes committed, some aborted, some left writing */
 	for (int round = 0; round < 60; round++) {
-		int p = (int)(l1_rand(&seed) % NP);
-		unsigned lane = (unsigned)(l1_rand(&seed) % 2);
-		uint32_t n = 1 + (uint32_t)(l1_rand(&seed) % 16);
+		int p = (int)(rng_next(&seed) % NP);
+		unsigned lane = (unsigned)(rng_next(&seed) % 2);
+		uint32_t n = 1 + (uint32_t)(rng_next(&seed) % 16);
 		struct kvr_index_ref r[16];
 		cr_assert_eq(kvr_index_alloc(idx, prompts[p], n, lane, lane, r, NULL), 0);
 		for (uint32_t i = 0; i < n; i++) {
 			if (r[i].slot >= KVR_INDEX_NOROOM)
 				continue;
-			uint64_t x = l1_rand(&seed) % 10;
+			uint64_t x = rng_next(&seed) % 10;
 			if (x < 7)
 				cr_assert_geq(kvr_index_commit(idx, lane, r[i].slot, r[i].epoch), 0);
 			else if (x < 9)

@@ -34,22 +34,22 @@ static size_t reference_chain(kvr_key ns, const uint32_t *tok, size_t n_tok, uin
 	return n;
 }
 
-static uint32_t *random_tokens(uint64_t *seed, size_t n)
+static uint32_t *random_tokens(struct rng *seed, size_t n)
 {
 	uint32_t *t = malloc(n * sizeof(*t));
 	cr_assert_not_null(t);
 	for (size_t i = 0; i < n; i++)
-		t[i] = (uint32_t)(l1_rand(seed) % 152064); /* a vocabulary size */
+		t[i] = (uint32_t)(rng_next(seed) % 152064); /* a vocabulary size */
 	return t;
 }
 
 Test(keys, matches_reference)
 {
-	uint64_t seed = l1_seed("keys.matches_reference");
+	struct rng seed = {test_seed("keys.matches_reference")};
 	uint32_t *tok = random_tokens(&seed, 20000);
 	uint8_t extra[9000];
 	for (size_t i = 0; i < sizeof(extra); i++)
-		extra[i] = (uint8_t)l1_rand(&seed);
+		extra[i] = (uint8_t)rng_next(&seed);
 	static const struct {
 		uint32_t bt;
 		size_t n_tok, extra_len;
@@ -73,7 +73,7 @@ Test(keys, matches_reference)
 
 Test(keys, prefix_property)
 {
-	uint64_t seed = l1_seed("keys.prefix_property");
+	struct rng seed = {test_seed("keys.prefix_property")};
 	uint32_t *a = random_tokens(&seed, 10000);
 	uint32_t *b = malloc(10000 * sizeof(*b));
 	memcpy(b, a, 10000 * sizeof(*b));
@@ -170,7 +170,7 @@ Test(keys, format_and_parse)
 
 Test(keys, speed_10k_tokens)
 {
-	uint64_t seed = l1_seed("keys.speed_10k_tokens");
+	struct rng seed = {test_seed("keys.speed_10k_tokens")};
 	uint32_t *tok = random_tokens(&seed, 10000);
 	kvr_key k[78];
 	enum { ROUNDS = 2000 };
