@@ -34,7 +34,9 @@ struct kvr_geometry; /* see kvring/geometry.h */
 struct kvr_attach_opts {
 	const char *socket;                  /* kvringd socket; NULL = default */
 	const struct kvr_geometry *geometry; /* this rank's KV layout */
-	int kv_fd;                           /* host backend: memfd holding the KV memory */
+	int kv_fd;                           /* host backend: memfd holding the KV memory, created
+					      * with MFD_ALLOW_SEALING: kvring seals it against
+					      * shrinking so a truncation cannot fault an actor */
 	uint64_t kv_bytes;                   /* its size */
 	int64_t timeout_ms;                  /* per-call ceiling; 0 = 10000 */
 };
