@@ -500,26 +500,51 @@ static bool evictable(void *ctx, uint32_t e)
 	return en->mark != idx->stamp && en->alloc_mask == en->commit_mask && !block_pinned(idx, e);
 }
 
-/* Evict a block chosen by the policy: all its lanes go back to the free list. */
+/* Evict a block chosen by the policy: all its lanes go back to the free list. A loader
+ * may pin a lane between the policy's check and the eviction (loaders pin in their own
+ * process); then the lanes already moved to EVICTING go back to COMMITTED and the next
+ * victim is tried. */
 static int evict_one(struct kvr_index *idx)
 {
-	uint32_t e = kvr_policy_victim(idx->pol, evictable, idx);
-	if (e == NONE)
-		return -ENOSPC;
-	for (unsigned l = 0; l < idx->lanes; l++) {
-		uint32_t s = *lane_slot(idx, e, l);
-		if (s == NONE)
+	for (int attempt = 0; attempt < 8; attempt++) {
+		uint32_t e = kvr_policy_victim(idx->pol, evictable, idx);
+		if (e == NONE)
+			return -ENOSPC;
+		unsigned begun = 0;
+		bool busy = false;
+		for (unsigned l = 0; l < idx->lanes && !busy; l++) {
+			uint32_t s = *lane_slot(idx, e, l);
+			if (s == NONE)
+				continue;
+			if (kvr_slot_evict_begin(idx->t, s, kvr_slot_epoch(idx->t, s)) == 0)
+				begun |= 1u << l;
+			else
+				busy = true;
+		}
+		if (busy) {
+			for (unsigned l = 0; l < idx->lanes; l++)
+				if (begun & (1u << l)) {
+					uint32_t s = *lane_slot(idx, e, l);
+					(void)kvr_slot_evict_cancel(idx->t, s, kvr_slot_epoch(idx->t, s));
+				}
+			idx->ents[e].mark = idx->stamp; /* not again during this request */
 			continue;
-		/* cannot fail: the lane is committed and unpinned, and only this actor pins */
-		if (kvr_slot_evict(idx->t, s, kvr_slot_epoch(idx->t, s)) == 0)
-			slot_release(idx, s);
-		else
-			idx->slot_ent[s] = NONE; /* leave it untracked rather than reuse a busy slot */
-		*lane_slot(idx, e, l) = NONE;
+		}
+		for (unsigned l = 0; l < idx->lanes; l++) {
+			uint32_t s = *lane_slot(idx, e, l);
+			if (s == NONE)
+				continue;
+			if (kvr_slot_evict(idx->t, s, kvr_slot_epoch(idx->t, s)) == 0)
+				slot_release(idx, s);
+			else
+				idx->slot_ent[s] = NONE; /* never reuse a slot we could not free */
+			*lane_slot(idx, e, l) = NONE;
+		}
+		ent_drop(idx, e, true);
+		idx->evictions++;
+		return 0;
 	}
-	ent_drop(idx, e, true);
-	idx->evictions++;
-	return 0;
+	return -ENOSPC;
 }
 
 static int index_alloc_arrays(struct kvr_index *idx, uint32_t n_slots, uint32_t lanes)

@@ -26,16 +26,20 @@
  *   commit       WRITING -> COMMITTED     epoch must match                else -ESTALE
  *   abort        WRITING -> FREE          epoch must match                else -ESTALE
  *   pin(w)       COMMITTED, pins[w]++     epoch must match, else -ESTALE; -EOVERFLOW at 255
+ *                                         (any process: the loader of worker w pins what it copies)
  *   unpin(w)     pins[w]--                any state; -ENOENT when pins[w] is already 0
  *   evict_begin  COMMITTED -> EVICTING    all pins 0                      -EBUSY / -ESTALE
+ *   evict_cancel EVICTING -> COMMITTED    epoch must match                else -ESTALE
  *   evict        COMMITTED|EVICTING -> FREE, all pins 0: -EBUSY when WRITING or pinned,
  *                                         -ESTALE when FREE or the epoch differs
  *
  * A committed slot with any pin > 0 is "reading" (inspect shows it so).
  *
  * Concurrency: the lookup actor is the single writer of state, epoch, key, lane, owner,
- * last_access and commit_seq, and the only one that increments pins. Any process may
- * decrement pins (kvr_slot_unpin: the loader when a load completes) and read everything.
+ * last_access and commit_seq. Loaders pin and unpin (pins[w] for their worker w) around a
+ * copy out of a slot. Pin and eviction race safely: the pinner increments, fences, then
+ * re-checks state and epoch; the evictor moves the slot to EVICTING, fences, then
+ * re-checks the pins — at least one of them sees the other and backs off.
  * state is published with release after the fields it covers are written, and read with
  * acquire. Functions taking a const table are safe on a read-only mapping.
  */
@@ -166,7 +170,9 @@ int kvr_slot_unpin(struct kvr_slot_table *t, uint32_t i, unsigned w);
 unsigned kvr_slot_pins(const struct kvr_slot_table *t, uint32_t i);
 /* COMMITTED -> EVICTING (no pins). */
 int kvr_slot_evict_begin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
-/* COMMITTED or EVICTING -> FREE (no pins). */
+/* EVICTING -> COMMITTED (an eviction that must not proceed after all). */
+int kvr_slot_evict_cancel(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
+/* COMMITTED or EVICTING -> FREE (no pins; from COMMITTED through evict_begin). */
 int kvr_slot_evict(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
 
 struct kvr_slots_release {

@@ -197,10 +197,19 @@ int kvr_slot_pin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned 
 	struct kvr_slot *s = kvr_slot_at(t, i);
 	if (get_state(s) != KVR_SLOT_COMMITTED || get_epoch(s) != epoch)
 		return -ESTALE;
-	/* Only the lookup increments, others only decrement: a load-then-add cannot overshoot. */
-	if (atomic_load_explicit(&s->pins[w], memory_order_relaxed) == UINT8_MAX)
-		return -EOVERFLOW;
-	atomic_fetch_add_explicit(&s->pins[w], 1, memory_order_acq_rel);
+	uint8_t v = atomic_load_explicit(&s->pins[w], memory_order_relaxed);
+	do {
+		if (v == UINT8_MAX)
+			return -EOVERFLOW;
+	} while (!atomic_compare_exchange_weak_explicit(&s->pins[w], &v, (uint8_t)(v + 1), memory_order_seq_cst,
+							memory_order_relaxed));
+	/* Pairs with the fence in kvr_slot_evict_begin(): either we see the slot leave
+	 * COMMITTED (and back off), or the evictor sees our pin (and backs off). */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (get_state(s) != KVR_SLOT_COMMITTED || get_epoch(s) != epoch) {
+		(void)kvr_slot_unpin(t, i, w);
+		return -ESTALE;
+	}
 	return 0;
 }
 
@@ -243,6 +252,24 @@ int kvr_slot_evict_begin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch)
 	if (any_pin(s))
 		return -EBUSY;
 	set_state(s, KVR_SLOT_EVICTING);
+	/* Pairs with the fence in kvr_slot_pin(): a loader that pinned before it could see
+	 * EVICTING is seen here, and the eviction is called off. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (any_pin(s)) {
+		set_state(s, KVR_SLOT_COMMITTED);
+		return -EBUSY;
+	}
+	return 0;
+}
+
+int kvr_slot_evict_cancel(struct kvr_slot_table *t, uint32_t i, uint32_t epoch)
+{
+	if (!t || i >= t->n_slots)
+		return -EINVAL;
+	struct kvr_slot *s = kvr_slot_at(t, i);
+	if (get_state(s) != KVR_SLOT_EVICTING || get_epoch(s) != epoch)
+		return -ESTALE;
+	set_state(s, KVR_SLOT_COMMITTED);
 	return 0;
 }
 
@@ -256,8 +283,13 @@ int kvr_slot_evict(struct kvr_slot_table *t, uint32_t i, uint32_t epoch)
 		return -EBUSY;
 	if ((st != KVR_SLOT_COMMITTED && st != KVR_SLOT_EVICTING) || get_epoch(s) != epoch)
 		return -ESTALE;
-	if (any_pin(s))
+	if (st == KVR_SLOT_COMMITTED) {
+		int rc = kvr_slot_evict_begin(t, i, epoch);
+		if (rc)
+			return rc;
+	} else if (any_pin(s)) {
 		return -EBUSY;
+	}
 	make_free(s);
 	return 0;
 }
