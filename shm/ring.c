@@ -137,9 +137,12 @@ static int futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
 uint32_t kvr_waiter_prepare(struct kvr_waiter *w)
 {
 	uint32_t seen = atomic_load_explicit(&w->seq, memory_order_acquire);
-	/* seq_cst RMW: a full barrier between announcing the sleep and re-checking the rings.
-	 * Pairs with the seq_cst fence in kvr_waiter_wake(). */
 	atomic_fetch_add_explicit(&w->sleepers, 1, memory_order_seq_cst);
+	/* A full barrier between announcing the sleep and re-checking the rings (whose index
+	 * loads are only acquire). Pairs with the seq_cst fence in kvr_waiter_wake(): of the two
+	 * fences, whichever comes second sees the other side's write. The RMW alone does not
+	 * order the later acquire loads in C11 terms (x86 and arm64 happen to). Slow path only. */
+	atomic_thread_fence(memory_order_seq_cst);
 	return seen;
 }
 
@@ -155,7 +158,7 @@ void kvr_waiter_finish(struct kvr_waiter *w)
 
 void kvr_waiter_wake(struct kvr_waiter *w)
 {
-	/* Pairs with the seq_cst RMW in kvr_waiter_prepare(): either the sleeper sees our
+	/* Pairs with the seq_cst fence in kvr_waiter_prepare(): either the sleeper sees our
 	 * published index, or we see its sleeper count and wake it. */
 	atomic_thread_fence(memory_order_seq_cst);
 	if (atomic_load_explicit(&w->sleepers, memory_order_relaxed) == 0)
