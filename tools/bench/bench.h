@@ -1,0 +1,229 @@
+/* kvring-bench internals: options, the synthetic workload and its byte pattern, statistics, results, report. */
+#ifndef KVR_BENCH_H
+#define KVR_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvr_geometry.h"
+
+/* ---- options (opts.c) ------------------------------------------------------------------ */
+
+enum bench_phase { BENCH_COLD = 1u << 0, BENCH_WARM = 1u << 1 };
+
+struct bench_opts {
+	const char *socket;      /* --socket; NULL with --spawn */
+	bool spawn;              /* --spawn: start kvringd from the build tree */
+	const char *kvringd;     /* --kvringd PATH (spawn); NULL = beside the build tree */
+	const char *model;       /* --model preset name */
+	uint32_t tp;             /* --tp: ranks, one process each */
+	uint32_t block_tokens;
+	uint32_t prompts;
+	uint32_t input_len;      /* tokens per prompt */
+	uint32_t prefix_len;     /* shared prefix tokens (<= input_len) */
+	uint32_t concurrency;    /* prompts in flight per rank */
+	uint64_t seed;
+	unsigned phases;         /* enum bench_phase bits */
+	const char *json;        /* --json FILE ("-" = stdout) */
+	bool quiet;
+	bool dry_run;            /* print the plan, connect to nothing */
+	bool allow_misses;       /* warm misses after a cold phase are not errors */
+	uint64_t l1_bytes;       /* --l1-bytes (spawn): 0 = workload + 25% */
+	int64_t timeout_ms;      /* per-call ceiling and per-batch completion wait */
+	bool evict;              /* --evict: L2 eviction workload (not yet) */
+	bool dcp;                /* --dcp: decode context parallelism (not yet) */
+};
+
+/* Defaults, then argv. Returns 0; 1 when --help was printed to out; -EINVAL with a one-line
+ * reason in err (always NUL-terminated). */
+int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, char *err, size_t errlen);
+
+void bench_usage(FILE *f);
+
+/* Parse "cold,warm" / "warm" / "cold" into enum bench_phase bits. 0 or -EINVAL. */
+int bench_parse_phases(const char *s, unsigned *ret);
+
+/* Parse a byte size: integer with optional K/M/G/T suffix (binary: KiB...). 0 or -EINVAL/-ERANGE. */
+int bench_parse_size(const char *s, uint64_t *ret);
+
+/* ---- workload and pattern (pattern.c) --------------------------------------------------- */
+
+/* What the options make, independent of any server. */
+struct bench_plan {
+	const struct kvr_preset *preset;
+	uint32_t full_blocks;          /* full blocks per prompt: input_len / block_tokens */
+	uint32_t blocks_per_prompt;    /* engine blocks a prompt takes: ceil(input_len / block_tokens) */
+	uint32_t num_blocks;           /* engine blocks per rank: concurrency x blocks_per_prompt */
+	uint32_t prefix_blocks;        /* full blocks made only of shared-prefix tokens */
+	uint32_t lanes;                /* tp (MHA) or 1 (MLA) */
+	uint64_t lane_bytes;           /* bytes of one block on one rank */
+	uint64_t block_bytes;          /* across every lane */
+	uint64_t kv_bytes;             /* one rank's KV memory */
+	uint64_t unique_blocks;        /* distinct full blocks of the workload */
+	uint64_t unique_bytes;         /* unique_blocks x block_bytes: what L1 must hold */
+};
+
+/* Check the options against each other and the preset and derive the plan. -EINVAL with the
+ * reason in err. */
+int bench_plan_make(const struct bench_opts *o, struct bench_plan *ret, char *err, size_t errlen);
+
+/* Geometry of rank `rank` under the plan. 0 or what kvr_preset_geometry returns. */
+int bench_rank_geometry(const struct bench_opts *o, const struct bench_plan *pl, uint32_t rank,
+			struct kvr_geometry *ret);
+
+/* Tokens of prompt p (input_len of them): the shared prefix (prefix_len tokens, a function of
+ * seed only), then tokens that are a function of (seed, p). */
+void bench_prompt_tokens(const struct bench_opts *o, uint32_t p, uint32_t *ret_tokens);
+
+/* Content seeds of the first n full blocks of tokens: s_i = XXH3_64(tokens of block i, seed
+ * s_{i-1}), s_{-1} a constant. Identical prefixes give identical seeds. */
+void bench_content_seeds(const uint32_t *tokens, uint32_t n_blocks, uint32_t block_tokens, uint64_t *ret_seeds);
+
+/* Seed of a block's bytes on one rank (MLA: every rank holds the same bytes: rank ignored). */
+uint64_t bench_block_seed(uint64_t content_seed, uint32_t rank, bool mla);
+
+/* The pattern: byte `pos` of a lane is byte (pos % 8) of splitmix64(seed, pos / 8). Fill
+ * dst[0..len) with lane bytes [pos, pos + len). */
+void bench_pattern_fill(uint64_t seed, uint64_t pos, void *dst, size_t len);
+
+/* Compare src[0..len) with the pattern of lane bytes [pos, pos + len). Returns the offset of the
+ * first differing byte, or -1 when all match. */
+int64_t bench_pattern_check(uint64_t seed, uint64_t pos, const void *src, size_t len);
+
+/* Fill / check engine block `block` of KV memory kv (one lane: its regions in order). */
+void bench_block_fill(const struct kvr_geometry *g, uint8_t *kv, uint32_t block, uint64_t seed);
+bool bench_block_check(const struct kvr_geometry *g, const uint8_t *kv, uint32_t block, uint64_t seed);
+/* Zero engine block `block`; and whether every byte of it is zero. */
+void bench_block_zero(const struct kvr_geometry *g, uint8_t *kv, uint32_t block);
+bool bench_block_is_zero(const struct kvr_geometry *g, const uint8_t *kv, uint32_t block);
+
+/* ---- statistics (stats.c) --------------------------------------------------------------- */
+
+struct bench_dist {
+	uint64_t n;
+	double mean;
+	uint64_t p50, p99, max;
+};
+
+/* Summarise v[0..n) (sorted in place): nearest-rank percentiles. All zero when n is 0. */
+struct bench_dist bench_dist_of(uint64_t *v, size_t n);
+
+/* bytes / ns in GB/s (10^9 bytes per second); 0 when ns is 0. */
+double bench_gbps(uint64_t bytes, uint64_t ns);
+
+/* ---- results (filled by the rank processes in a shared mapping) --------------------------- */
+
+#define BENCH_ERR_MAX 256
+
+struct bench_rank_result {
+	/* cold */
+	uint64_t st_requests, st_tokens, st_blocks, st_stored, st_present;
+	uint64_t st_bytes;          /* newly stored bytes (n_stored x lane_bytes) */
+	uint64_t st_ns;             /* sum of batch windows: first submit -> last completion */
+	uint64_t st_fill_ns;        /* pattern generation, outside the windows */
+	uint64_t st_errors, st_failed_blocks;
+	uint64_t st_memcpy_ns;      /* the same bytes, same pieces, memcpy */
+	/* warm */
+	uint64_t ld_requests, ld_tokens, ld_matched_tokens, ld_matched_blocks;
+	uint64_t ld_bytes;          /* loaded bytes (matched blocks x lane_bytes) */
+	uint64_t ld_ns;             /* sum of batch windows: first lookup -> last completion */
+	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts;
+	uint64_t ld_memcpy_ns;
+	uint64_t ld_verify_ns;
+	uint64_t ld_samples;        /* lookups with samples: entries used in struct bench_samples */
+	char err[BENCH_ERR_MAX];    /* the first error, for the report */
+};
+
+/* Per-request samples of one rank (arrays of `prompts` each, in the shared mapping). */
+struct bench_samples {
+	uint64_t *lat_ns;   /* lookup + load completion */
+	uint64_t *hash_ns;
+	uint64_t *index_ns;
+	uint64_t *rt_ns;
+};
+
+/* The whole run, summarised (report.c). */
+struct bench_summary {
+	bool ran_cold, ran_warm;
+	/* cold */
+	uint64_t st_requests, st_tokens, st_blocks, st_stored, st_present, st_bytes, st_ns, st_fill_ns;
+	uint64_t st_errors, st_failed_blocks, st_memcpy_ns;
+	double st_gbps, st_memcpy_gbps, st_ratio; /* ratio: kvring GB/s / memcpy GB/s */
+	/* warm */
+	uint64_t ld_requests, ld_tokens, ld_matched_tokens, ld_matched_blocks, ld_bytes, ld_ns, ld_memcpy_ns;
+	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts, ld_misses;
+	double hit_rate, ld_gbps, ld_memcpy_gbps, ld_time_ratio; /* ratio: kvring time / memcpy time */
+	struct bench_dist lat, hash, index, rt;
+	uint64_t hash_index_p50_ns;  /* p50 of hash + index per lookup */
+	uint64_t errors;             /* every error of the run, spawn and exit status included */
+	bool exact;                  /* warm phase: every prompt matched exactly */
+	bool ok;                     /* exit 0 */
+};
+
+/* Combine the ranks' results and samples (samples[r] for rank r, sorted in place). */
+void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_rank_result *res,
+		     struct bench_samples *samples, uint64_t extra_errors, struct bench_summary *ret);
+
+/* The readable table (fits 100 columns). */
+void bench_print_header(FILE *f, const struct bench_opts *o, const struct bench_plan *pl);
+void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_plan *pl,
+		       const struct bench_summary *s);
+
+/* The JSON document (keys documented in docs/benchmarks.md). Caller frees. NULL on ENOMEM. */
+char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_summary *s);
+
+/* ---- rank processes (rank.c) ----------------------------------------------------------- */
+
+/* A process-shared barrier in a MAP_SHARED anonymous mapping (futex; no spinning). */
+struct bench_barrier {
+	_Atomic uint32_t arrived;
+	_Atomic uint32_t gen;
+	_Atomic uint32_t abort;
+	uint32_t parties;
+};
+
+void bench_barrier_init(struct bench_barrier *b, uint32_t parties);
+/* Wait for every party. 0, -ECANCELED when aborted, -ETIMEDOUT after timeout_ms. */
+int bench_barrier_wait(struct bench_barrier *b, int64_t timeout_ms);
+/* Make every current and future wait return -ECANCELED. */
+void bench_barrier_abort(struct bench_barrier *b);
+
+/* Everything a rank process needs; the result and samples live in shared memory. */
+struct bench_rank_ctx {
+	const struct bench_opts *o;
+	const struct bench_plan *pl;
+	const char *socket;
+	uint32_t rank;
+	struct bench_barrier *barrier;
+	struct bench_rank_result *res;
+	struct bench_samples samples;
+};
+
+/* Run rank ctx->rank: attach, the phases with their baselines, detach. Returns 0 when the
+ * rank ran every phase (errors inside phases are counted in res), or -errno after recording
+ * the reason in res->err and aborting the barrier. */
+int bench_rank_run(struct bench_rank_ctx *ctx);
+
+/* ---- kvringd (spawn.c) ---------------------------------------------------------------- */
+
+struct bench_server {
+	int pid;
+	char dir[64];         /* temp dir: config, socket, log */
+	char socket[108];
+	char log[128];
+};
+
+/* Write the config and start kvringd; wait until its socket accepts (up to timeout_ms).
+ * 0, or -errno with the reason in err (the log's tail is printed to stderr). */
+int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, struct bench_server *ret, char *err,
+		       size_t errlen);
+/* SIGTERM, wait (up to timeout_ms, then SIGKILL) and remove the temp dir. Returns the exit
+ * status (0..255), or -errno / -EINTR-like negative when it was killed by a signal. */
+int bench_server_stop(struct bench_server *s, int64_t timeout_ms, char *err, size_t errlen);
+
+/* The config JSON --spawn writes (exposed for tests). Caller frees. */
+char *bench_server_config(const struct bench_opts *o, const struct bench_plan *pl, const char *socket);
+
+#endif

@@ -1,0 +1,259 @@
+/* kvring-bench command line: defaults, parsing and checks of single options. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+void bench_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvring-bench [--socket PATH | --spawn] [options]\n"
+		"\n"
+		"Drives kvringd like tp inference workers would (one process per TP rank): a cold phase\n"
+		"stores every prompt's KV blocks, a warm phase looks them up, loads them back and checks\n"
+		"every loaded byte. Each phase is measured against memcpy of the same bytes in the same\n"
+		"pieces, in the same run. Exit 0 only when every loaded block matched and nothing failed.\n"
+		"\n"
+		"  --socket PATH        attach to a running kvringd (default: its default socket)\n"
+		"  --spawn              start kvringd from the build tree on a generated config, stop it\n"
+		"                       with SIGTERM at the end and require exit status 0\n"
+		"  --kvringd PATH       the kvringd to spawn (default: <build>/supervisor/kvringd)\n"
+		"  --l1-bytes SIZE      spawn: L1 capacity (default: the workload's blocks + 25%%)\n"
+		"  --model PRESET       model geometry (default qwen3-8b): %s\n"
+		"  --tp N               tensor-parallel ranks, one process each (default 1)\n"
+		"  --block-tokens N     tokens per block (default 128)\n"
+		"  --prompts N          prompts (default 8)\n"
+		"  --input-len TOKENS   tokens per prompt (default 1024)\n"
+		"  --prefix-len TOKENS  tokens of a prefix every prompt shares (default 512)\n"
+		"  --concurrency N      prompts in flight per rank (default 2)\n"
+		"  --seed N             workload seed (default 1)\n"
+		"  --phases LIST        cold,warm (default), cold or warm\n"
+		"  --allow-misses       warm misses after a cold phase are not errors (L1 smaller than\n"
+		"                       the workload)\n"
+		"  --timeout-ms MS      per-call ceiling and completion wait (default 30000)\n"
+		"  --json FILE          write the results as JSON (\"-\": stdout)\n"
+		"  --quiet              no table\n"
+		"  --dry-run            print the workload plan and exit; connects to nothing\n"
+		"  --evict              L2 eviction workload (not yet: the L2 issue)\n"
+		"  --dcp                decode context parallelism layout (not yet)\n"
+		"  --help               this text\n",
+		kvr_preset_list());
+}
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	if (errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return -EINVAL;
+}
+
+static int parse_u64(const char *s, uint64_t *ret)
+{
+	if (!s || !*s || *s == '-' || *s == '+')
+		return -EINVAL;
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 0);
+	if (errno || *end)
+		return errno == ERANGE ? -ERANGE : -EINVAL;
+	*ret = v;
+	return 0;
+}
+
+static int parse_u32(const char *s, uint32_t min, uint32_t max, uint32_t *ret)
+{
+	uint64_t v;
+	int rc = parse_u64(s, &v);
+	if (rc)
+		return rc;
+	if (v < min || v > max)
+		return -ERANGE;
+	*ret = (uint32_t)v;
+	return 0;
+}
+
+int bench_parse_size(const char *s, uint64_t *ret)
+{
+	if (!s || !*s || *s == '-' || *s == '+')
+		return -EINVAL;
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return errno == ERANGE ? -ERANGE : -EINVAL;
+	unsigned shift = 0;
+	if (*end) {
+		switch (*end) {
+		case 'K': shift = 10; break;
+		case 'M': shift = 20; break;
+		case 'G': shift = 30; break;
+		case 'T': shift = 40; break;
+		default: return -EINVAL;
+		}
+		end++;
+		if (!strcmp(end, "iB") || !strcmp(end, "B"))
+			end += strlen(end);
+		if (*end)
+			return -EINVAL;
+	}
+	if (shift && v > (UINT64_MAX >> shift))
+		return -ERANGE;
+	*ret = (uint64_t)v << shift;
+	return 0;
+}
+
+int bench_parse_phases(const char *s, unsigned *ret)
+{
+	if (!s || !*s)
+		return -EINVAL;
+	unsigned bits = 0;
+	const char *p = s;
+	while (*p) {
+		size_t len = strcspn(p, ",");
+		if (len == 4 && !strncmp(p, "cold", 4))
+			bits |= BENCH_COLD;
+		else if (len == 4 && !strncmp(p, "warm", 4))
+			bits |= BENCH_WARM;
+		else
+			return -EINVAL;
+		p += len;
+		if (*p == ',') {
+			p++;
+			if (!*p)
+				return -EINVAL;
+		}
+	}
+	*ret = bits;
+	return 0;
+}
+
+enum {
+	OPT_SOCKET = 256, OPT_SPAWN, OPT_KVRINGD, OPT_L1_BYTES, OPT_MODEL, OPT_TP, OPT_BLOCK_TOKENS, OPT_PROMPTS,
+	OPT_INPUT_LEN, OPT_PREFIX_LEN, OPT_CONCURRENCY, OPT_SEED, OPT_PHASES, OPT_JSON, OPT_QUIET, OPT_DRY_RUN,
+	OPT_ALLOW_MISSES, OPT_TIMEOUT, OPT_EVICT, OPT_DCP, OPT_HELP,
+};
+
+static const struct option long_opts[] = {
+	{"socket", required_argument, NULL, OPT_SOCKET},
+	{"spawn", no_argument, NULL, OPT_SPAWN},
+	{"kvringd", required_argument, NULL, OPT_KVRINGD},
+	{"l1-bytes", required_argument, NULL, OPT_L1_BYTES},
+	{"model", required_argument, NULL, OPT_MODEL},
+	{"tp", required_argument, NULL, OPT_TP},
+	{"block-tokens", required_argument, NULL, OPT_BLOCK_TOKENS},
+	{"prompts", required_argument, NULL, OPT_PROMPTS},
+	{"input-len", required_argument, NULL, OPT_INPUT_LEN},
+	{"prefix-len", required_argument, NULL, OPT_PREFIX_LEN},
+	{"concurrency", required_argument, NULL, OPT_CONCURRENCY},
+	{"seed", required_argument, NULL, OPT_SEED},
+	{"phases", required_argument, NULL, OPT_PHASES},
+	{"json", required_argument, NULL, OPT_JSON},
+	{"quiet", no_argument, NULL, OPT_QUIET},
+	{"dry-run", no_argument, NULL, OPT_DRY_RUN},
+	{"allow-misses", no_argument, NULL, OPT_ALLOW_MISSES},
+	{"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
+	{"evict", no_argument, NULL, OPT_EVICT},
+	{"dcp", no_argument, NULL, OPT_DCP},
+	{"help", no_argument, NULL, OPT_HELP},
+	{NULL, 0, NULL, 0},
+};
+
+int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, char *err, size_t errlen)
+{
+	struct bench_opts o = {
+		.model = "qwen3-8b",
+		.tp = 1,
+		.block_tokens = 128,
+		.prompts = 8,
+		.input_len = 1024,
+		.prefix_len = 512,
+		.concurrency = 2,
+		.seed = 1,
+		.phases = BENCH_COLD | BENCH_WARM,
+		.timeout_ms = 30000,
+	};
+	if (errlen)
+		err[0] = '\0';
+	optind = 0; /* full re-initialisation: the parser may run more than once (tests) */
+	opterr = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, ":", long_opts, NULL)) != -1) {
+		const char *name = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+		uint64_t v64;
+		int rc = 0;
+		switch (c) {
+		case OPT_SOCKET:
+			if (!*optarg)
+				return fail(err, errlen, "--socket: empty path");
+			o.socket = optarg;
+			break;
+		case OPT_SPAWN: o.spawn = true; break;
+		case OPT_KVRINGD: o.kvringd = optarg; break;
+		case OPT_L1_BYTES:
+			rc = bench_parse_size(optarg, &o.l1_bytes);
+			if (!rc && !o.l1_bytes)
+				rc = -ERANGE;
+			break;
+		case OPT_MODEL:
+			if (!kvr_preset_find(optarg))
+				return fail(err, errlen, "--model: unknown preset \"%s\" (known: %s)", optarg,
+					    kvr_preset_list());
+			o.model = optarg;
+			break;
+		case OPT_TP: rc = parse_u32(optarg, 1, KVR_MAX_TP, &o.tp); break;
+		case OPT_BLOCK_TOKENS: rc = parse_u32(optarg, 1, 4096, &o.block_tokens); break;
+		case OPT_PROMPTS: rc = parse_u32(optarg, 1, 1000000, &o.prompts); break;
+		case OPT_INPUT_LEN: rc = parse_u32(optarg, 1, 16u << 20, &o.input_len); break;
+		case OPT_PREFIX_LEN: rc = parse_u32(optarg, 0, 16u << 20, &o.prefix_len); break;
+		case OPT_CONCURRENCY: rc = parse_u32(optarg, 1, 1024, &o.concurrency); break;
+		case OPT_SEED: rc = parse_u64(optarg, &o.seed); break;
+		case OPT_PHASES:
+			if (bench_parse_phases(optarg, &o.phases))
+				return fail(err, errlen, "--phases: \"%s\": want a comma list of cold and warm", optarg);
+			break;
+		case OPT_JSON: o.json = optarg; break;
+		case OPT_QUIET: o.quiet = true; break;
+		case OPT_DRY_RUN: o.dry_run = true; break;
+		case OPT_ALLOW_MISSES: o.allow_misses = true; break;
+		case OPT_TIMEOUT:
+			rc = parse_u64(optarg, &v64);
+			if (!rc && (v64 < 1 || v64 > 3600000))
+				rc = -ERANGE;
+			if (!rc)
+				o.timeout_ms = (int64_t)v64;
+			break;
+		case OPT_EVICT: o.evict = true; break;
+		case OPT_DCP: o.dcp = true; break;
+		case OPT_HELP:
+			bench_usage(out);
+			return 1;
+		case ':':
+			return fail(err, errlen, "%s: needs a value", name);
+		default:
+			return fail(err, errlen, "%s: unknown option", name);
+		}
+		if (rc)
+			return fail(err, errlen, "%s: %s: \"%s\"", name, rc == -ERANGE ? "out of range" : "not a number",
+				    optarg);
+	}
+	if (optind < argc)
+		return fail(err, errlen, "unexpected argument \"%s\"", argv[optind]);
+	if (o.spawn && o.socket)
+		return fail(err, errlen, "--socket and --spawn exclude each other");
+	if (!o.spawn && (o.kvringd || o.l1_bytes))
+		return fail(err, errlen, "%s needs --spawn", o.kvringd ? "--kvringd" : "--l1-bytes");
+	if (o.prefix_len > o.input_len)
+		return fail(err, errlen, "--prefix-len %u is longer than --input-len %u", o.prefix_len, o.input_len);
+	*ret = o;
+	return 0;
+}

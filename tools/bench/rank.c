@@ -1,0 +1,505 @@
+/* kvring-bench rank process: one emulated TP worker — KV memory, attach, cold/warm phases, memcpy baselines. */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <kvring/kvring.h>
+
+#include "bench.h"
+#include "kvr_time.h"
+
+#define WAIT_BATCH 64
+#define REQ_WARM (1ull << 32)
+
+/* ---- barrier ----------------------------------------------------------------------------- */
+
+static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
+{
+	/* not FUTEX_PRIVATE_FLAG: the word is shared between processes */
+	return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+void bench_barrier_init(struct bench_barrier *b, uint32_t parties)
+{
+	atomic_store(&b->arrived, 0);
+	atomic_store(&b->gen, 0);
+	atomic_store(&b->abort, 0);
+	b->parties = parties;
+}
+
+int bench_barrier_wait(struct bench_barrier *b, int64_t timeout_ms)
+{
+	uint32_t gen = atomic_load(&b->gen);
+	if (atomic_load(&b->abort))
+		return -ECANCELED;
+	if (atomic_fetch_add(&b->arrived, 1) + 1 == b->parties) {
+		/* the last one in: reset before releasing, so a released party cannot arrive early */
+		atomic_store(&b->arrived, 0);
+		atomic_fetch_add(&b->gen, 1);
+		(void)futex(&b->gen, FUTEX_WAKE, INT_MAX, NULL);
+		return atomic_load(&b->abort) ? -ECANCELED : 0;
+	}
+	uint64_t deadline = kvr_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	while (atomic_load(&b->gen) == gen) {
+		uint64_t now = kvr_now_ns();
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		uint64_t left = deadline - now;
+		struct timespec ts = {.tv_sec = (time_t)(left / 1000000000ull), .tv_nsec = (long)(left % 1000000000ull)};
+		(void)futex(&b->gen, FUTEX_WAIT, gen, &ts); /* EAGAIN (gen moved), EINTR, ETIMEDOUT: re-check */
+	}
+	return atomic_load(&b->abort) ? -ECANCELED : 0;
+}
+
+void bench_barrier_abort(struct bench_barrier *b)
+{
+	atomic_store(&b->abort, 1);
+	atomic_fetch_add(&b->gen, 1); /* releases every waiter; they see abort */
+	(void)futex(&b->gen, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+/* ---- one rank ----------------------------------------------------------------------------- */
+
+struct rank {
+	struct bench_rank_ctx *x;
+	const struct bench_opts *o;
+	const struct bench_plan *pl;
+	struct bench_rank_result *res;
+	struct kvr_geometry g;
+	bool mla;
+	int kv_fd;
+	uint8_t *kv;          /* the engine's KV memory (kv_bytes) */
+	uint8_t *scratch;     /* memcpy baseline: num_blocks lane-contiguous blocks */
+	uint64_t scratch_bytes;
+	struct kvr_client *c;
+	uint32_t *tokens;     /* inflight x input_len */
+	uint64_t *seeds;      /* inflight x full_blocks */
+	uint32_t *blocks;     /* inflight x blocks_per_prompt: engine block ids */
+	uint32_t inflight;
+};
+
+static void note(struct rank *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(struct rank *r, const char *fmt, ...)
+{
+	if (r->res->err[0])
+		return;
+	int n = snprintf(r->res->err, BENCH_ERR_MAX, "rank %u: ", r->x->rank);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(r->res->err + n, BENCH_ERR_MAX - (size_t)n, fmt, ap);
+	va_end(ap);
+}
+
+/* Tokens, seeds and engine block ids of batch entry i holding prompt p. */
+static void prepare_prompt(struct rank *r, uint32_t i, uint32_t p)
+{
+	uint32_t *tok = r->tokens + (size_t)i * r->o->input_len;
+	bench_prompt_tokens(r->o, p, tok);
+	bench_content_seeds(tok, r->pl->full_blocks, r->o->block_tokens, r->seeds + (size_t)i * r->pl->full_blocks);
+	for (uint32_t b = 0; b < r->pl->blocks_per_prompt; b++)
+		r->blocks[(size_t)i * r->pl->blocks_per_prompt + b] = i * r->pl->blocks_per_prompt + b;
+}
+
+static uint64_t seed_of(struct rank *r, uint32_t i, uint32_t b)
+{
+	return bench_block_seed(r->seeds[(size_t)i * r->pl->full_blocks + b], r->x->rank, r->mla);
+}
+
+/* Collect completions until `want` have arrived or the deadline passes; on_done is called for
+ * each. Returns 0, or -ETIMEDOUT / the kvr_wait error (the caller gives up on the client). */
+static int collect(struct rank *r, unsigned want, void (*on_done)(struct rank *, const struct kvr_completion *, void *),
+		   void *arg)
+{
+	struct kvr_completion comp[WAIT_BATCH];
+	uint64_t deadline = kvr_now_ns() + (uint64_t)r->o->timeout_ms * 1000000ull;
+	unsigned got = 0;
+	while (got < want) {
+		uint64_t now = kvr_now_ns();
+		if (now >= deadline) {
+			note(r, "%u of %u completions missing after %lld ms", want - got, want, (long long)r->o->timeout_ms);
+			return -ETIMEDOUT;
+		}
+		int n = kvr_wait(r->c, comp, WAIT_BATCH, (int64_t)((deadline - now + 999999) / 1000000));
+		if (n < 0) {
+			note(r, "kvr_wait: %s (%s)", strerror(-n), kvr_last_error(r->c));
+			return n;
+		}
+		for (int k = 0; k < n; k++)
+			on_done(r, &comp[k], arg);
+		got += (unsigned)n;
+	}
+	return 0;
+}
+
+/* ---- cold ---------------------------------------------------------------------------------- */
+
+static void store_done(struct rank *r, const struct kvr_completion *d, void *arg)
+{
+	(void)arg;
+	struct bench_rank_result *res = r->res;
+	if (d->op != KVR_OP_STORE_DONE) {
+		res->st_errors++;
+		note(r, "unexpected completion op %u for request %llu", d->op, (unsigned long long)d->req_id);
+		return;
+	}
+	if (d->status) {
+		res->st_errors++;
+		note(r, "store of request %llu: %s (%u of %u blocks failed)", (unsigned long long)d->req_id,
+		     strerror(-d->status), d->n_failed, d->n_blocks);
+	}
+	res->st_failed_blocks += d->n_failed;
+	res->st_stored += d->n_stored;
+	res->st_present += d->n_present;
+	res->st_bytes += (uint64_t)d->n_stored * r->pl->lane_bytes;
+}
+
+static int phase_cold(struct rank *r)
+{
+	const struct bench_opts *o = r->o;
+	const struct bench_plan *pl = r->pl;
+	struct bench_rank_result *res = r->res;
+	if (r->mla && r->x->rank) /* MLA: every rank holds the same latent; rank 0 stores it */
+		return 0;
+	for (uint32_t base = 0; base < o->prompts; base += r->inflight) {
+		uint32_t k = o->prompts - base < r->inflight ? o->prompts - base : r->inflight;
+		uint64_t t = kvr_now_ns();
+		for (uint32_t i = 0; i < k; i++) {
+			prepare_prompt(r, i, base + i);
+			for (uint32_t b = 0; b < pl->full_blocks; b++)
+				bench_block_fill(&r->g, r->kv, r->blocks[(size_t)i * pl->blocks_per_prompt + b], seed_of(r, i, b));
+		}
+		uint64_t t0 = kvr_now_ns();
+		res->st_fill_ns += t0 - t;
+		unsigned sent = 0;
+		for (uint32_t i = 0; i < k; i++) {
+			int rc = kvr_store(r->c, base + i + 1, r->tokens + (size_t)i * o->input_len, o->input_len, NULL, 0,
+					   r->blocks + (size_t)i * pl->blocks_per_prompt, pl->full_blocks);
+			res->st_requests++;
+			res->st_tokens += o->input_len;
+			res->st_blocks += pl->full_blocks;
+			if (rc) {
+				res->st_errors++;
+				note(r, "kvr_store(prompt %u): %s", base + i, kvr_last_error(r->c));
+				continue;
+			}
+			sent++;
+		}
+		int rc = collect(r, sent, store_done, NULL);
+		res->st_ns += kvr_now_ns() - t0;
+		if (rc) {
+			res->st_errors++;
+			return rc;
+		}
+	}
+	return 0;
+}
+
+/* ---- warm ---------------------------------------------------------------------------------- */
+
+struct warm_batch {
+	uint32_t base, k;
+	uint32_t matched[1024];      /* per batch entry (concurrency <= 1024) */
+	bool looked_up[1024];        /* the lookup succeeded: the entry has samples */
+	int32_t status[1024];        /* load status; 1 = no completion (yet) */
+	uint64_t lat_ns[1024], hash_ns[1024], index_ns[1024], rt_ns[1024];
+	uint8_t *failed;             /* k x blocks_per_prompt: 1 = the loader reported the block failed */
+};
+
+static void load_done(struct rank *r, const struct kvr_completion *d, void *arg)
+{
+	struct warm_batch *wb = arg;
+	struct bench_rank_result *res = r->res;
+	uint64_t i = d->req_id - REQ_WARM - wb->base;
+	if (d->op != KVR_OP_LOAD_DONE || d->req_id < REQ_WARM + wb->base || i >= wb->k || wb->status[i] != 1) {
+		res->ld_errors++;
+		note(r, "unexpected completion op %u for request %llu", d->op, (unsigned long long)d->req_id);
+		return;
+	}
+	wb->status[i] = d->status;
+	if (d->status) {
+		res->ld_errors++;
+		note(r, "load of prompt %llu: %s (%u of %u blocks failed)", (unsigned long long)(wb->base + i),
+		     strerror(-d->status), d->n_failed, d->n_blocks);
+	}
+	uint32_t bpp = r->pl->blocks_per_prompt;
+	for (uint32_t f = 0; f < d->n_failed; f++) {
+		uint32_t id = d->failed[f];
+		if (id / bpp == i)
+			wb->failed[i * bpp + id % bpp] = 1;
+	}
+	res->ld_failed_blocks += d->n_failed;
+	wb->lat_ns[i] += d->diag.total_ns;
+}
+
+/* Lookup and load every entry of the batch; returns how many loads were submitted. */
+static unsigned warm_submit(struct rank *r, struct warm_batch *wb)
+{
+	const struct bench_opts *o = r->o;
+	struct bench_rank_result *res = r->res;
+	unsigned sent = 0;
+	for (uint32_t i = 0; i < wb->k; i++) {
+		uint32_t p = wb->base + i;
+		uint64_t req = REQ_WARM + p, t = kvr_now_ns();
+		struct kvr_lookup_result lr;
+		res->ld_requests++;
+		res->ld_tokens += o->input_len;
+		int rc = kvr_lookup(r->c, req, r->tokens + (size_t)i * o->input_len, o->input_len, NULL, 0, &lr);
+		wb->lat_ns[i] = kvr_now_ns() - t;
+		if (rc) {
+			res->ld_errors++;
+			note(r, "kvr_lookup(prompt %u): %s", p, kvr_last_error(r->c));
+			continue;
+		}
+		if (lr.matched_blocks > r->pl->full_blocks) {
+			res->ld_errors++;
+			note(r, "lookup of prompt %u matched %u blocks of %u", p, lr.matched_blocks, r->pl->full_blocks);
+			continue;
+		}
+		wb->looked_up[i] = true;
+		wb->hash_ns[i] = lr.hash_ns;
+		wb->index_ns[i] = lr.index_ns;
+		wb->rt_ns[i] = lr.roundtrip_ns;
+		res->ld_matched_blocks += lr.matched_blocks;
+		res->ld_matched_tokens += lr.matched_tokens;
+		if (!lr.matched_blocks) {
+			wb->status[i] = 0;
+			continue;
+		}
+		if (kvr_load(r->c, req, r->blocks + (size_t)i * r->pl->blocks_per_prompt, lr.matched_blocks)) {
+			res->ld_errors++;
+			note(r, "kvr_load(prompt %u, %u blocks): %s", p, lr.matched_blocks, kvr_last_error(r->c));
+			continue;
+		}
+		wb->matched[i] = lr.matched_blocks;
+		sent++;
+	}
+	return sent;
+}
+
+/* Every loaded byte against the pattern; blocks that were not loaded must still be zero. */
+static void warm_verify(struct rank *r, struct warm_batch *wb)
+{
+	struct bench_rank_result *res = r->res;
+	uint32_t bpp = r->pl->blocks_per_prompt;
+	for (uint32_t i = 0; i < wb->k; i++) {
+		bool exact = wb->looked_up[i] && wb->status[i] == 0;
+		for (uint32_t b = 0; b < bpp; b++) {
+			uint32_t id = r->blocks[(size_t)i * bpp + b];
+			if (b < wb->matched[i]) {
+				if (wb->failed[(size_t)i * bpp + b] || wb->status[i] == 1) {
+					exact = false;
+					continue;
+				}
+				res->ld_bytes += r->pl->lane_bytes;
+				if (!bench_block_check(&r->g, r->kv, id, seed_of(r, i, b))) {
+					res->ld_mismatch_blocks++;
+					exact = false;
+					note(r, "prompt %u block %u: loaded bytes differ from the stored ones", wb->base + i, b);
+				}
+			} else if (!bench_block_is_zero(&r->g, r->kv, id)) {
+				res->ld_stray_blocks++;
+				exact = false;
+				note(r, "prompt %u block %u: written although it was not loaded", wb->base + i, b);
+			}
+		}
+		res->ld_exact_prompts += exact;
+		if (wb->looked_up[i] && res->ld_samples < r->o->prompts) {
+			uint64_t s = res->ld_samples++;
+			r->x->samples.lat_ns[s] = wb->lat_ns[i];
+			r->x->samples.hash_ns[s] = wb->hash_ns[i];
+			r->x->samples.index_ns[s] = wb->index_ns[i];
+			r->x->samples.rt_ns[s] = wb->rt_ns[i];
+		}
+	}
+}
+
+static int phase_warm(struct rank *r)
+{
+	const struct bench_opts *o = r->o;
+	struct bench_rank_result *res = r->res;
+	uint32_t bpp = r->pl->blocks_per_prompt;
+	struct warm_batch *wb = calloc(1, sizeof(*wb));
+	if (!wb || !(wb->failed = calloc((size_t)r->inflight * bpp, 1))) {
+		free(wb);
+		note(r, "out of memory");
+		return -ENOMEM;
+	}
+	int rc = 0;
+	for (uint32_t base = 0; base < o->prompts && !rc; base += r->inflight) {
+		uint32_t k = o->prompts - base < r->inflight ? o->prompts - base : r->inflight;
+		wb->base = base;
+		wb->k = k;
+		memset(wb->failed, 0, (size_t)k * bpp);
+		for (uint32_t i = 0; i < k; i++) {
+			prepare_prompt(r, i, base + i);
+			for (uint32_t b = 0; b < bpp; b++)
+				bench_block_zero(&r->g, r->kv, r->blocks[(size_t)i * bpp + b]);
+			wb->matched[i] = 0;
+			wb->looked_up[i] = false;
+			wb->status[i] = 1;
+		}
+		uint64_t t0 = kvr_now_ns();
+		unsigned sent = warm_submit(r, wb);
+		rc = collect(r, sent, load_done, wb);
+		res->ld_ns += kvr_now_ns() - t0;
+		if (rc)
+			res->ld_errors++;
+		uint64_t tv = kvr_now_ns();
+		warm_verify(r, wb);
+		res->ld_verify_ns += kvr_now_ns() - tv;
+	}
+	free(wb->failed);
+	free(wb);
+	return rc;
+}
+
+/* ---- memcpy baselines --------------------------------------------------------------------- */
+
+/* Copy n blocks between the engine's KV memory and lane-contiguous scratch blocks, one region
+ * page per memcpy (the pieces kvring copies). to_engine: scratch -> KV (load), else KV ->
+ * scratch (store). Returns the elapsed ns. */
+static uint64_t baseline(struct rank *r, uint64_t n, bool to_engine)
+{
+	uint64_t t0 = kvr_now_ns();
+	for (uint64_t j = 0; j < n; j++) {
+		uint32_t blk = (uint32_t)(j % r->pl->num_blocks);
+		uint8_t *lane = r->scratch + (uint64_t)blk * r->pl->lane_bytes;
+		uint64_t pos = 0;
+		for (unsigned i = 0; i < r->g.n_regions; i++) {
+			struct kvr_region reg = kvr_geometry_region(&r->g, i);
+			uint8_t *page = r->kv + reg.offset + (uint64_t)blk * reg.stride;
+			if (to_engine)
+				memcpy(page, lane + pos, reg.page_bytes);
+			else
+				memcpy(lane + pos, page, reg.page_bytes);
+			pos += reg.page_bytes;
+		}
+	}
+	uint64_t ns = kvr_now_ns() - t0;
+	__asm__ volatile("" : : "r"(r->scratch), "r"(r->kv) : "memory"); /* the copies are observable */
+	return ns;
+}
+
+/* ---- setup ---------------------------------------------------------------------------------- */
+
+static int setup(struct rank *r)
+{
+	const struct bench_opts *o = r->o;
+	const struct bench_plan *pl = r->pl;
+	int rc = bench_rank_geometry(o, pl, r->x->rank, &r->g);
+	if (rc) {
+		note(r, "geometry: %s", strerror(-rc));
+		return rc;
+	}
+	r->mla = r->g.attention == KVR_ATTN_MLA;
+	r->inflight = o->concurrency < o->prompts ? o->concurrency : o->prompts;
+	char name[64];
+	snprintf(name, sizeof(name), "kvring-bench-kv.%u", r->x->rank);
+	r->kv_fd = memfd_create(name, MFD_CLOEXEC);
+	if (r->kv_fd < 0) {
+		rc = -errno;
+		note(r, "memfd_create: %s", strerror(errno));
+		return rc;
+	}
+	if (ftruncate(r->kv_fd, (off_t)pl->kv_bytes) < 0) {
+		rc = -errno;
+		note(r, "KV memory of %llu bytes: %s", (unsigned long long)pl->kv_bytes, strerror(errno));
+		return rc;
+	}
+	void *kv = mmap(NULL, pl->kv_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->kv_fd, 0);
+	if (kv == MAP_FAILED) {
+		rc = -errno;
+		note(r, "mmap of the KV memory: %s", strerror(errno));
+		return rc;
+	}
+	r->kv = kv;
+	r->scratch_bytes = (uint64_t)pl->num_blocks * pl->lane_bytes;
+	void *sc = mmap(NULL, r->scratch_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (sc == MAP_FAILED) {
+		rc = -errno;
+		note(r, "baseline buffer of %llu bytes: %s", (unsigned long long)r->scratch_bytes, strerror(errno));
+		return rc;
+	}
+	r->scratch = sc;
+	/* resident before anything is timed, as an engine's KV memory and a warm arena are */
+	memset(r->kv, 0, pl->kv_bytes);
+	memset(r->scratch, 0x5a, r->scratch_bytes);
+	r->tokens = calloc((size_t)r->inflight * o->input_len, sizeof(*r->tokens));
+	r->seeds = calloc((size_t)r->inflight * pl->full_blocks, sizeof(*r->seeds));
+	r->blocks = calloc((size_t)r->inflight * pl->blocks_per_prompt, sizeof(*r->blocks));
+	if (!r->tokens || !r->seeds || !r->blocks) {
+		note(r, "out of memory");
+		return -ENOMEM;
+	}
+	struct kvr_attach_opts ao = {.socket = r->x->socket, .geometry = &r->g, .kv_fd = r->kv_fd,
+				     .kv_bytes = pl->kv_bytes, .timeout_ms = o->timeout_ms};
+	rc = kvr_attach(&ao, &r->c);
+	if (rc) {
+		note(r, "kvr_attach(%s): %s", r->x->socket ? r->x->socket : "the default socket", strerror(-rc));
+		return rc;
+	}
+	return 0;
+}
+
+static void teardown(struct rank *r)
+{
+	kvr_detach(r->c);
+	if (r->scratch)
+		munmap(r->scratch, r->scratch_bytes);
+	if (r->kv)
+		munmap(r->kv, r->pl->kv_bytes);
+	if (r->kv_fd >= 0)
+		close(r->kv_fd);
+	free(r->tokens);
+	free(r->seeds);
+	free(r->blocks);
+}
+
+static int sync_all(struct rank *r, const char *where)
+{
+	int rc = bench_barrier_wait(r->x->barrier, r->o->timeout_ms * 4);
+	if (rc == -ETIMEDOUT)
+		note(r, "the other ranks did not reach %s", where);
+	else if (rc)
+		note(r, "another rank failed before %s", where);
+	return rc;
+}
+
+int bench_rank_run(struct bench_rank_ctx *x)
+{
+	struct rank r = {.x = x, .o = x->o, .pl = x->pl, .res = x->res, .kv_fd = -1};
+	int rc = setup(&r);
+	if (!rc)
+		rc = sync_all(&r, "the start");
+	if (!rc && (x->o->phases & BENCH_COLD)) {
+		rc = phase_cold(&r);
+		if (!rc)
+			rc = sync_all(&r, "the end of the cold phase");
+		if (!rc)
+			x->res->st_memcpy_ns = baseline(&r, x->res->st_stored, false);
+		if (!rc)
+			rc = sync_all(&r, "the end of the store baseline");
+	}
+	if (!rc && (x->o->phases & BENCH_WARM)) {
+		rc = phase_warm(&r);
+		if (!rc)
+			rc = sync_all(&r, "the end of the warm phase");
+		if (!rc)
+			x->res->ld_memcpy_ns = baseline(&r, x->res->ld_bytes / r.pl->lane_bytes, true);
+		if (!rc)
+			rc = sync_all(&r, "the end of the load baseline");
+	}
+	if (rc)
+		bench_barrier_abort(x->barrier);
+	teardown(&r);
+	return rc;
+}

@@ -1,0 +1,302 @@
+/* kvring-bench report: combine the ranks' results, print the table, build the JSON document. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "bench.h"
+#include "kvr_build_config.h"
+
+#define STORE_GOAL_MIN 0.85 /* kvring store throughput / memcpy throughput */
+#define LOAD_GOAL_MAX 1.10  /* kvring load time / memcpy time */
+#define LOOKUP_GOAL_NS 20000ull /* hash + index for a 10,000-token prompt */
+
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+	return a > b ? a : b;
+}
+
+/* Merge one field of every rank's samples into one array and summarise it. */
+static struct bench_dist merged(const struct bench_opts *o, const struct bench_rank_result *res,
+				struct bench_samples *samples, size_t field)
+{
+	size_t total = 0;
+	for (uint32_t r = 0; r < o->tp; r++)
+		total += res[r].ld_samples;
+	uint64_t *v = total ? malloc(total * sizeof(*v)) : NULL;
+	if (!v)
+		return (struct bench_dist){0};
+	size_t n = 0;
+	for (uint32_t r = 0; r < o->tp; r++) {
+		uint64_t *src = field == 0 ? samples[r].lat_ns : field == 1 ? samples[r].hash_ns
+				: field == 2 ? samples[r].index_ns : samples[r].rt_ns;
+		if (field == 4) { /* hash + index */
+			for (uint64_t i = 0; i < res[r].ld_samples; i++)
+				v[n++] = samples[r].hash_ns[i] + samples[r].index_ns[i];
+			continue;
+		}
+		memcpy(v + n, src, res[r].ld_samples * sizeof(*v));
+		n += res[r].ld_samples;
+	}
+	struct bench_dist d = bench_dist_of(v, n);
+	free(v);
+	return d;
+}
+
+void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_rank_result *res,
+		     struct bench_samples *samples, uint64_t extra_errors, struct bench_summary *ret)
+{
+	struct bench_summary s = {0};
+	s.ran_cold = o->phases & BENCH_COLD;
+	s.ran_warm = o->phases & BENCH_WARM;
+	for (uint32_t r = 0; r < o->tp; r++) {
+		const struct bench_rank_result *x = &res[r];
+		s.st_requests += x->st_requests;
+		s.st_tokens += x->st_tokens;
+		s.st_blocks += x->st_blocks;
+		s.st_stored += x->st_stored;
+		s.st_present += x->st_present;
+		s.st_bytes += x->st_bytes;
+		s.st_ns = max_u64(s.st_ns, x->st_ns);
+		s.st_fill_ns = max_u64(s.st_fill_ns, x->st_fill_ns);
+		s.st_errors += x->st_errors;
+		s.st_failed_blocks += x->st_failed_blocks;
+		s.st_memcpy_ns = max_u64(s.st_memcpy_ns, x->st_memcpy_ns);
+		s.ld_requests += x->ld_requests;
+		s.ld_tokens += x->ld_tokens;
+		s.ld_matched_tokens += x->ld_matched_tokens;
+		s.ld_matched_blocks += x->ld_matched_blocks;
+		s.ld_bytes += x->ld_bytes;
+		s.ld_ns = max_u64(s.ld_ns, x->ld_ns);
+		s.ld_memcpy_ns = max_u64(s.ld_memcpy_ns, x->ld_memcpy_ns);
+		s.ld_errors += x->ld_errors;
+		s.ld_failed_blocks += x->ld_failed_blocks;
+		s.ld_mismatch_blocks += x->ld_mismatch_blocks;
+		s.ld_stray_blocks += x->ld_stray_blocks;
+		s.ld_exact_prompts += x->ld_exact_prompts;
+	}
+	s.st_gbps = bench_gbps(s.st_bytes, s.st_ns);
+	s.st_memcpy_gbps = bench_gbps(s.st_bytes, s.st_memcpy_ns);
+	s.st_ratio = s.st_memcpy_gbps > 0 ? s.st_gbps / s.st_memcpy_gbps : 0;
+	s.hit_rate = s.ld_tokens ? (double)s.ld_matched_tokens / (double)s.ld_tokens : 0;
+	s.ld_gbps = bench_gbps(s.ld_bytes, s.ld_ns);
+	s.ld_memcpy_gbps = bench_gbps(s.ld_bytes, s.ld_memcpy_ns);
+	s.ld_time_ratio = s.ld_memcpy_ns ? (double)s.ld_ns / (double)s.ld_memcpy_ns : 0;
+	uint64_t expect = s.ld_requests * pl->full_blocks;
+	s.ld_misses = expect > s.ld_matched_blocks ? expect - s.ld_matched_blocks : 0;
+	if (s.ran_warm) {
+		s.lat = merged(o, res, samples, 0);
+		s.hash = merged(o, res, samples, 1);
+		s.index = merged(o, res, samples, 2);
+		s.rt = merged(o, res, samples, 3);
+		s.hash_index_p50_ns = merged(o, res, samples, 4).p50;
+	}
+	s.exact = !s.ran_warm || s.ld_exact_prompts == s.ld_requests;
+	s.errors = s.st_errors + s.st_failed_blocks + s.ld_errors + s.ld_failed_blocks + s.ld_mismatch_blocks +
+		   s.ld_stray_blocks + extra_errors;
+	/* after our own cold phase every full block must be found, unless L1 is known to be smaller */
+	if (s.ran_cold && s.ran_warm && !o->allow_misses)
+		s.errors += s.ld_misses;
+	s.ok = s.errors == 0 && s.exact;
+	*ret = s;
+}
+
+/* ---- table ------------------------------------------------------------------------------- */
+
+static const char *fmt_ns(char *buf, size_t len, double ns)
+{
+	if (ns < 1e3)
+		snprintf(buf, len, "%.0f ns", ns);
+	else if (ns < 1e6)
+		snprintf(buf, len, "%.1f us", ns / 1e3);
+	else if (ns < 1e9)
+		snprintf(buf, len, "%.2f ms", ns / 1e6);
+	else
+		snprintf(buf, len, "%.3f s", ns / 1e9);
+	return buf;
+}
+
+static double mib(uint64_t bytes)
+{
+	return (double)bytes / (1024.0 * 1024.0);
+}
+
+void bench_print_header(FILE *f, const struct bench_opts *o, const struct bench_plan *pl)
+{
+	fprintf(f, "kvring-bench %s: model %s (%s)\n", KVR_VERSION, o->model, pl->preset->hf_id);
+	fprintf(f, "geometry: tp %u, %u-token blocks of %.2f MiB per rank, %.2f MiB over %u lane%s\n", o->tp,
+		o->block_tokens, mib(pl->lane_bytes), mib(pl->block_bytes), pl->lanes, pl->lanes == 1 ? "" : "s");
+	fprintf(f, "workload: %u prompts x %u tokens, shared prefix %u tokens, concurrency %u, seed %" PRIu64 "\n",
+		o->prompts, o->input_len, o->prefix_len, o->concurrency, o->seed);
+	fprintf(f, "          %" PRIu64 " distinct blocks = %.1f MiB over all ranks; engine KV memory %.1f MiB per "
+		"rank\n", pl->unique_blocks, mib(pl->unique_bytes), mib(pl->kv_bytes));
+}
+
+void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_plan *pl,
+		       const struct bench_summary *s)
+{
+	char a[32], b[32], c[32], d[32];
+	(void)pl;
+	if (s->ran_cold) {
+		fprintf(f, "\ncold: store                      kvring        memcpy   kvring/memcpy    goal\n");
+		fprintf(f, "  bytes newly stored     %10.1f MiB\n", mib(s->st_bytes));
+		fprintf(f, "  time                   %14s %13s\n", fmt_ns(a, sizeof(a), (double)s->st_ns),
+			fmt_ns(b, sizeof(b), (double)s->st_memcpy_ns));
+		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s %11.2f    >= %.2f %s\n", s->st_gbps,
+			s->st_memcpy_gbps, s->st_ratio, STORE_GOAL_MIN,
+			s->st_bytes ? (s->st_ratio >= STORE_GOAL_MIN ? "met" : "missed") : "-");
+		fprintf(f, "  requests %" PRIu64 ", tokens %" PRIu64 ", blocks %" PRIu64 ": stored %" PRIu64
+			", already present %" PRIu64 ", failed %" PRIu64 ", errors %" PRIu64 "\n",
+			s->st_requests, s->st_tokens, s->st_blocks, s->st_stored, s->st_present, s->st_failed_blocks,
+			s->st_errors);
+		fprintf(f, "  pattern fill (not timed) %s\n", fmt_ns(a, sizeof(a), (double)s->st_fill_ns));
+	}
+	if (s->ran_warm) {
+		fprintf(f, "\nwarm: lookup + load              kvring        memcpy   kvring/memcpy    goal\n");
+		fprintf(f, "  bytes loaded           %10.1f MiB\n", mib(s->ld_bytes));
+		fprintf(f, "  time                   %14s %13s %11.2f    <= %.2f %s\n",
+			fmt_ns(a, sizeof(a), (double)s->ld_ns), fmt_ns(b, sizeof(b), (double)s->ld_memcpy_ns),
+			s->ld_time_ratio, LOAD_GOAL_MAX,
+			s->ld_bytes ? (s->ld_time_ratio <= LOAD_GOAL_MAX ? "met" : "missed") : "-");
+		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s\n", s->ld_gbps, s->ld_memcpy_gbps);
+		fprintf(f, "  hit rate %.2f %% (%" PRIu64 " of %" PRIu64 " tokens), %" PRIu64 " blocks missed\n",
+			100.0 * s->hit_rate, s->ld_matched_tokens, s->ld_tokens, s->ld_misses);
+		fprintf(f, "  latency / request      mean %s  p50 %s  p99 %s  (lookup + load done)\n",
+			fmt_ns(a, sizeof(a), s->lat.mean), fmt_ns(b, sizeof(b), (double)s->lat.p50),
+			fmt_ns(c, sizeof(c), (double)s->lat.p99));
+		fprintf(f, "  lookup hashing         mean %s  p50 %s\n", fmt_ns(a, sizeof(a), s->hash.mean),
+			fmt_ns(b, sizeof(b), (double)s->hash.p50));
+		fprintf(f, "  lookup index           mean %s  p50 %s\n", fmt_ns(a, sizeof(a), s->index.mean),
+			fmt_ns(b, sizeof(b), (double)s->index.p50));
+		fprintf(f, "  lookup round trip      mean %s  p50 %s\n", fmt_ns(a, sizeof(a), s->rt.mean),
+			fmt_ns(b, sizeof(b), (double)s->rt.p50));
+		fprintf(f, "  hash + index p50       %s for %u tokens (goal <= %s at 10,000 tokens)\n",
+			fmt_ns(d, sizeof(d), (double)s->hash_index_p50_ns), o->input_len,
+			fmt_ns(c, sizeof(c), (double)LOOKUP_GOAL_NS));
+		fprintf(f, "  verify                 exact %" PRIu64 "/%" PRIu64 " prompts, mismatched blocks %" PRIu64
+			", failed %" PRIu64 ", stray writes %" PRIu64 ", errors %" PRIu64 "\n",
+			s->ld_exact_prompts, s->ld_requests, s->ld_mismatch_blocks, s->ld_failed_blocks,
+			s->ld_stray_blocks, s->ld_errors);
+	}
+	fprintf(f, "\nresult: %s (%" PRIu64 " errors%s)\n", s->ok ? "PASS" : "FAIL", s->errors,
+		s->exact ? "" : ", not every prompt matched exactly");
+}
+
+/* ---- JSON -------------------------------------------------------------------------------- */
+
+static void num(cJSON *o, const char *k, double v)
+{
+	cJSON_AddNumberToObject(o, k, v);
+}
+
+static cJSON *dist(const struct bench_dist *d)
+{
+	cJSON *o = cJSON_CreateObject();
+	if (o) {
+		num(o, "n", (double)d->n);
+		num(o, "mean", d->mean);
+		num(o, "p50", (double)d->p50);
+		num(o, "p99", (double)d->p99);
+		num(o, "max", (double)d->max);
+	}
+	return o;
+}
+
+char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_summary *s)
+{
+	cJSON *root = cJSON_CreateObject();
+	if (!root)
+		return NULL;
+	cJSON_AddStringToObject(root, "tool", "kvring-bench");
+	cJSON_AddStringToObject(root, "version", KVR_VERSION);
+
+	cJSON *cfg = cJSON_AddObjectToObject(root, "config");
+	cJSON_AddStringToObject(cfg, "model", o->model);
+	cJSON_AddStringToObject(cfg, "model_id", pl->preset->hf_id);
+	num(cfg, "tp", o->tp);
+	num(cfg, "block_tokens", o->block_tokens);
+	num(cfg, "prompts", o->prompts);
+	num(cfg, "input_len", o->input_len);
+	num(cfg, "prefix_len", o->prefix_len);
+	num(cfg, "concurrency", o->concurrency);
+	num(cfg, "seed", (double)o->seed);
+	cJSON *ph = cJSON_AddArrayToObject(cfg, "phases");
+	if (s->ran_cold)
+		cJSON_AddItemToArray(ph, cJSON_CreateString("cold"));
+	if (s->ran_warm)
+		cJSON_AddItemToArray(ph, cJSON_CreateString("warm"));
+	cJSON_AddBoolToObject(cfg, "spawn", o->spawn);
+	cJSON_AddBoolToObject(cfg, "allow_misses", o->allow_misses);
+
+	cJSON *plan = cJSON_AddObjectToObject(root, "plan");
+	num(plan, "lane_bytes", (double)pl->lane_bytes);
+	num(plan, "block_bytes", (double)pl->block_bytes);
+	num(plan, "lanes", pl->lanes);
+	num(plan, "full_blocks_per_prompt", pl->full_blocks);
+	num(plan, "prefix_blocks", pl->prefix_blocks);
+	num(plan, "engine_blocks_per_rank", pl->num_blocks);
+	num(plan, "kv_bytes_per_rank", (double)pl->kv_bytes);
+	num(plan, "unique_blocks", (double)pl->unique_blocks);
+	num(plan, "unique_bytes", (double)pl->unique_bytes);
+
+	if (s->ran_cold) {
+		cJSON *c = cJSON_AddObjectToObject(root, "cold");
+		num(c, "requests", (double)s->st_requests);
+		num(c, "tokens", (double)s->st_tokens);
+		num(c, "blocks", (double)s->st_blocks);
+		num(c, "stored_blocks", (double)s->st_stored);
+		num(c, "present_blocks", (double)s->st_present);
+		num(c, "failed_blocks", (double)s->st_failed_blocks);
+		num(c, "errors", (double)s->st_errors);
+		num(c, "bytes", (double)s->st_bytes);
+		num(c, "time_ns", (double)s->st_ns);
+		num(c, "fill_ns", (double)s->st_fill_ns);
+		num(c, "gbps", s->st_gbps);
+		num(c, "memcpy_time_ns", (double)s->st_memcpy_ns);
+		num(c, "memcpy_gbps", s->st_memcpy_gbps);
+		num(c, "ratio", s->st_ratio);
+		num(c, "goal_ratio_min", STORE_GOAL_MIN);
+		cJSON_AddBoolToObject(c, "goal_met", s->st_bytes && s->st_ratio >= STORE_GOAL_MIN);
+	} else {
+		cJSON_AddNullToObject(root, "cold");
+	}
+	if (s->ran_warm) {
+		cJSON *w = cJSON_AddObjectToObject(root, "warm");
+		num(w, "requests", (double)s->ld_requests);
+		num(w, "tokens", (double)s->ld_tokens);
+		num(w, "matched_tokens", (double)s->ld_matched_tokens);
+		num(w, "matched_blocks", (double)s->ld_matched_blocks);
+		num(w, "hit_rate", s->hit_rate);
+		num(w, "missed_blocks", (double)s->ld_misses);
+		num(w, "bytes", (double)s->ld_bytes);
+		num(w, "time_ns", (double)s->ld_ns);
+		num(w, "gbps", s->ld_gbps);
+		num(w, "memcpy_time_ns", (double)s->ld_memcpy_ns);
+		num(w, "memcpy_gbps", s->ld_memcpy_gbps);
+		num(w, "time_ratio", s->ld_time_ratio);
+		num(w, "goal_time_ratio_max", LOAD_GOAL_MAX);
+		cJSON_AddBoolToObject(w, "goal_met", s->ld_bytes && s->ld_time_ratio <= LOAD_GOAL_MAX);
+		cJSON_AddItemToObject(w, "latency_ns", dist(&s->lat));
+		cJSON *lk = cJSON_AddObjectToObject(w, "lookup");
+		cJSON_AddItemToObject(lk, "hash_ns", dist(&s->hash));
+		cJSON_AddItemToObject(lk, "index_ns", dist(&s->index));
+		cJSON_AddItemToObject(lk, "roundtrip_ns", dist(&s->rt));
+		num(lk, "hash_index_p50_ns", (double)s->hash_index_p50_ns);
+		cJSON *v = cJSON_AddObjectToObject(w, "verify");
+		num(v, "prompts", (double)s->ld_requests);
+		num(v, "exact_prompts", (double)s->ld_exact_prompts);
+		num(v, "mismatch_blocks", (double)s->ld_mismatch_blocks);
+		num(v, "failed_blocks", (double)s->ld_failed_blocks);
+		num(v, "stray_blocks", (double)s->ld_stray_blocks);
+		num(v, "errors", (double)s->ld_errors);
+	} else {
+		cJSON_AddNullToObject(root, "warm");
+	}
+	num(root, "errors", (double)s->errors);
+	cJSON_AddBoolToObject(root, "exact_match", s->exact);
+	cJSON_AddBoolToObject(root, "ok", s->ok);
+	char *text = cJSON_Print(root);
+	cJSON_Delete(root);
+	return text;
+}

@@ -1,0 +1,622 @@
+/* Unit tests of kvring-bench's server-free parts: options, plan, prompts, pattern, stats, report, barrier. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "bench.h"
+
+TestSuite(bench);
+
+static int parse(struct bench_opts *o, char *err, size_t errlen, int argc, const char **argv)
+{
+	FILE *devnull = fopen("/dev/null", "w");
+	cr_assert_not_null(devnull);
+	int rc = bench_opts_parse(argc, (char **)argv, o, devnull, err, errlen);
+	fclose(devnull);
+	return rc;
+}
+
+#define PARSE(o, err, ...)                                                                                     \
+	({                                                                                                     \
+		const char *argv_[] = {"kvring-bench", __VA_ARGS__, NULL};                                     \
+		parse(o, err, sizeof(err), (int)(sizeof(argv_) / sizeof(argv_[0])) - 1, argv_);               \
+	})
+
+/* ---- options ----------------------------------------------------------------------------- */
+
+Test(bench, opts_defaults)
+{
+	struct bench_opts o;
+	char err[256];
+	const char *argv[] = {"kvring-bench", NULL};
+	cr_assert_eq(parse(&o, err, sizeof(err), 1, argv), 0);
+	cr_assert_str_eq(o.model, "qwen3-8b");
+	cr_assert_eq(o.tp, 1);
+	cr_assert_eq(o.block_tokens, 128);
+	cr_assert_eq(o.prompts, 8);
+	cr_assert_eq(o.input_len, 1024);
+	cr_assert_eq(o.prefix_len, 512);
+	cr_assert_eq(o.concurrency, 2);
+	cr_assert_eq(o.seed, 1);
+	cr_assert_eq(o.phases, BENCH_COLD | BENCH_WARM);
+	cr_assert_null(o.socket);
+	cr_assert(!o.spawn && !o.quiet && !o.dry_run && !o.allow_misses);
+	cr_assert_eq(o.timeout_ms, 30000);
+}
+
+Test(bench, opts_every_option)
+{
+	struct bench_opts o;
+	char err[256];
+	int rc = PARSE(&o, err, "--spawn", "--model", "glm-4-9b-chat-1m", "--tp", "2", "--block-tokens", "16",
+		       "--prompts", "200", "--input-len", "10000", "--prefix-len", "0", "--concurrency", "4", "--seed",
+		       "0x10", "--phases", "warm", "--json", "out.json", "--quiet", "--l1-bytes", "3GiB",
+		       "--allow-misses", "--timeout-ms", "500", "--kvringd", "/x/kvringd");
+	cr_assert_eq(rc, 0, "%s", err);
+	cr_assert(o.spawn);
+	cr_assert_str_eq(o.model, "glm-4-9b-chat-1m");
+	cr_assert_eq(o.tp, 2);
+	cr_assert_eq(o.block_tokens, 16);
+	cr_assert_eq(o.prompts, 200);
+	cr_assert_eq(o.input_len, 10000);
+	cr_assert_eq(o.prefix_len, 0);
+	cr_assert_eq(o.concurrency, 4);
+	cr_assert_eq(o.seed, 16);
+	cr_assert_eq(o.phases, BENCH_WARM);
+	cr_assert_str_eq(o.json, "out.json");
+	cr_assert(o.quiet && o.allow_misses);
+	cr_assert_eq(o.l1_bytes, 3ull << 30);
+	cr_assert_eq(o.timeout_ms, 500);
+	cr_assert_str_eq(o.kvringd, "/x/kvringd");
+}
+
+Test(bench, opts_errors_name_the_option)
+{
+	struct bench_opts o;
+	char err[256];
+	cr_assert_eq(PARSE(&o, err, "--bogus"), -EINVAL);
+	cr_assert(strstr(err, "--bogus"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--tp"), -EINVAL);
+	cr_assert(strstr(err, "--tp") && strstr(err, "needs a value"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--tp", "17"), -EINVAL);
+	cr_assert(strstr(err, "out of range"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--tp", "0"), -EINVAL);
+	cr_assert_eq(PARSE(&o, err, "--prompts", "12x"), -EINVAL);
+	cr_assert(strstr(err, "not a number"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--prompts", "-1"), -EINVAL);
+	cr_assert_eq(PARSE(&o, err, "--model", "gpt-5"), -EINVAL);
+	cr_assert(strstr(err, "gpt-5") && strstr(err, "qwen3-8b"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--socket", "/a", "--spawn"), -EINVAL);
+	cr_assert(strstr(err, "exclude"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--l1-bytes", "1GiB"), -EINVAL);
+	cr_assert(strstr(err, "--spawn"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--input-len", "100", "--prefix-len", "101"), -EINVAL);
+	cr_assert(strstr(err, "--prefix-len 101"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--phases", "cold,hot"), -EINVAL);
+	cr_assert_eq(PARSE(&o, err, "stray"), -EINVAL);
+	cr_assert(strstr(err, "stray"), "%s", err);
+}
+
+Test(bench, opts_help)
+{
+	struct bench_opts o;
+	char err[256];
+	cr_assert_eq(PARSE(&o, err, "--help"), 1);
+}
+
+Test(bench, phases_and_sizes)
+{
+	unsigned ph;
+	cr_assert_eq(bench_parse_phases("cold,warm", &ph), 0);
+	cr_assert_eq(ph, BENCH_COLD | BENCH_WARM);
+	cr_assert_eq(bench_parse_phases("warm,cold", &ph), 0);
+	cr_assert_eq(ph, BENCH_COLD | BENCH_WARM);
+	cr_assert_eq(bench_parse_phases("cold", &ph), 0);
+	cr_assert_eq(ph, BENCH_COLD);
+	cr_assert_eq(bench_parse_phases("cold,", &ph), -EINVAL);
+	cr_assert_eq(bench_parse_phases("", &ph), -EINVAL);
+	cr_assert_eq(bench_parse_phases("colder", &ph), -EINVAL);
+
+	uint64_t v;
+	cr_assert_eq(bench_parse_size("4096", &v), 0);
+	cr_assert_eq(v, 4096);
+	cr_assert_eq(bench_parse_size("2KiB", &v), 0);
+	cr_assert_eq(v, 2048);
+	cr_assert_eq(bench_parse_size("3M", &v), 0);
+	cr_assert_eq(v, 3u << 20);
+	cr_assert_eq(bench_parse_size("1GB", &v), 0);
+	cr_assert_eq(v, 1u << 30);
+	cr_assert_eq(bench_parse_size("5TiB", &v), 0);
+	cr_assert_eq(v, 5ull << 40);
+	cr_assert_eq(bench_parse_size("1Q", &v), -EINVAL);
+	cr_assert_eq(bench_parse_size("1GiBs", &v), -EINVAL);
+	cr_assert_eq(bench_parse_size("-1", &v), -EINVAL);
+	cr_assert_eq(bench_parse_size("99999999999999TiB", &v), -ERANGE);
+}
+
+/* ---- plan ------------------------------------------------------------------------------- */
+
+static struct bench_opts defaults(void)
+{
+	struct bench_opts o;
+	char err[256];
+	const char *argv[] = {"kvring-bench", NULL};
+	cr_assert_eq(parse(&o, err, sizeof(err), 1, argv), 0);
+	return o;
+}
+
+Test(bench, plan_qwen3_8b)
+{
+	struct bench_opts o = defaults();
+	struct bench_plan pl;
+	char err[256];
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	/* 36 layers x K,V x 128 tokens x 8 heads x 128 dims x 2 bytes */
+	cr_assert_eq(pl.lane_bytes, 36ull * 2 * 128 * 8 * 128 * 2);
+	cr_assert_eq(pl.block_bytes, pl.lane_bytes);
+	cr_assert_eq(pl.lanes, 1);
+	cr_assert_eq(pl.full_blocks, 8);
+	cr_assert_eq(pl.blocks_per_prompt, 8);
+	cr_assert_eq(pl.num_blocks, 16);
+	cr_assert_eq(pl.prefix_blocks, 4);
+	cr_assert_eq(pl.unique_blocks, 4 + 8 * 4);
+	cr_assert_eq(pl.unique_bytes, 36 * pl.lane_bytes);
+	cr_assert_eq(pl.kv_bytes, 16 * pl.lane_bytes);
+}
+
+Test(bench, plan_glm_tp2_matches_design)
+{
+	/* DESIGN.md section 4: GLM-4-9B, TP 2, block 128 -> 10,485,760 bytes per block over both
+	 * ranks; 200 prompts of 10,000 tokens -> 15,800 blocks (78 full of 79 per prompt). */
+	struct bench_opts o = defaults();
+	o.model = "glm-4-9b-chat-1m";
+	o.tp = 2;
+	o.prompts = 200;
+	o.input_len = 10000;
+	o.prefix_len = 0;
+	o.concurrency = 1;
+	struct bench_plan pl;
+	char err[256];
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl.block_bytes, 10485760);
+	cr_assert_eq(pl.lanes, 2);
+	cr_assert_eq(pl.blocks_per_prompt, 79);
+	cr_assert_eq((uint64_t)o.prompts * pl.blocks_per_prompt, 15800);
+	cr_assert_eq(pl.full_blocks, 78);
+	cr_assert_eq(pl.unique_blocks, 200 * 78);
+	struct kvr_geometry g0, g1;
+	cr_assert_eq(bench_rank_geometry(&o, &pl, 0, &g0), 0);
+	cr_assert_eq(bench_rank_geometry(&o, &pl, 1, &g1), 0);
+	cr_assert_eq(g0.tp_rank, 0);
+	cr_assert_eq(g1.tp_rank, 1);
+	cr_assert_eq(g1.tp_size, 2);
+	cr_assert_eq(g1.num_blocks, 79);
+	cr_assert_eq(kvr_geometry_kv_extent(&g1), pl.kv_bytes);
+}
+
+Test(bench, plan_mla_and_errors)
+{
+	struct bench_opts o = defaults();
+	struct bench_plan pl;
+	char err[256];
+	o.model = "deepseek-v2-lite";
+	o.tp = 4;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl.lanes, 1);
+	cr_assert_eq(pl.lane_bytes, 27ull * 128 * 576 * 2);
+	cr_assert_eq(pl.block_bytes, pl.lane_bytes);
+
+	o = defaults();
+	o.tp = 3; /* 8 KV heads */
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "--tp 3"), "%s", err);
+	o = defaults();
+	o.input_len = 100;
+	o.prefix_len = 0;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "shorter than one block"), "%s", err);
+	o = defaults();
+	o.evict = true;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "--evict"), "%s", err);
+	o = defaults();
+	o.dcp = true;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), -EINVAL);
+
+	/* concurrency above prompts: only prompts are ever in flight */
+	o = defaults();
+	o.prompts = 3;
+	o.concurrency = 64;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl.num_blocks, 3 * 8);
+	/* identical prompts: one prompt's blocks */
+	o = defaults();
+	o.prefix_len = o.input_len;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl.unique_blocks, 8);
+	/* a prefix that ends inside a block shares only the blocks before it */
+	o = defaults();
+	o.prefix_len = 200;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl.prefix_blocks, 1);
+	cr_assert_eq(pl.unique_blocks, 1 + 8 * 7);
+}
+
+/* ---- prompts and content seeds ---------------------------------------------------------- */
+
+Test(bench, prompts_share_exactly_the_prefix)
+{
+	struct bench_opts o = defaults();
+	o.input_len = 1000;
+	o.prefix_len = 300;
+	uint32_t *a = calloc(o.input_len, 4), *b = calloc(o.input_len, 4), *a2 = calloc(o.input_len, 4);
+	bench_prompt_tokens(&o, 0, a);
+	bench_prompt_tokens(&o, 1, b);
+	bench_prompt_tokens(&o, 0, a2);
+	cr_assert_arr_eq(a, a2, o.input_len * 4, "deterministic");
+	cr_assert_arr_eq(a, b, 300 * 4, "shared prefix");
+	unsigned same = 0;
+	for (uint32_t j = 300; j < o.input_len; j++) {
+		same += a[j] == b[j];
+		cr_assert_lt(a[j], 151936u);
+	}
+	cr_assert_lt(same, 10, "own tokens differ (%u equal of 700)", same);
+
+	/* content seeds: equal for the blocks inside the prefix, different after */
+	uint64_t sa[7], sb[7], sa2[7];
+	bench_content_seeds(a, 7, 128, sa);
+	bench_content_seeds(b, 7, 128, sb);
+	bench_content_seeds(a2, 7, 128, sa2);
+	cr_assert_arr_eq(sa, sa2, sizeof(sa));
+	cr_assert_eq(sa[0], sb[0]);
+	cr_assert_eq(sa[1], sb[1]);
+	for (int i = 2; i < 7; i++)
+		cr_assert_neq(sa[i], sb[i], "block %d", i);
+
+	/* another seed, another workload */
+	o.seed = 2;
+	bench_prompt_tokens(&o, 0, b);
+	cr_assert(memcmp(a, b, 300 * 4), "prefix depends on the seed");
+	free(a);
+	free(b);
+	free(a2);
+
+	cr_assert_neq(bench_block_seed(5, 0, false), bench_block_seed(5, 1, false), "MHA lanes differ");
+	cr_assert_eq(bench_block_seed(5, 0, true), bench_block_seed(5, 3, true), "MLA: same latent on every rank");
+}
+
+/* ---- pattern --------------------------------------------------------------------------- */
+
+Test(bench, pattern_is_a_function_of_position)
+{
+	enum { N = 4096 };
+	uint8_t *ref = malloc(N), *buf = malloc(N);
+	bench_pattern_fill(42, 0, ref, N);
+	/* any slice at any offset equals the same bytes of the whole */
+	const size_t offs[] = {0, 1, 7, 8, 9, 561, 1000, 4095};
+	const size_t lens[] = {0, 1, 3, 8, 15, 561, 1024};
+	for (size_t i = 0; i < sizeof(offs) / sizeof(offs[0]); i++)
+		for (size_t j = 0; j < sizeof(lens) / sizeof(lens[0]); j++) {
+			size_t off = offs[i], len = lens[j] < N - off ? lens[j] : N - off;
+			memset(buf, 0xee, N);
+			bench_pattern_fill(42, off, buf, len);
+			cr_assert_arr_eq(buf, ref + off, len, "off %zu len %zu", off, len);
+			cr_assert_eq(bench_pattern_check(42, off, buf, len), -1);
+			if (len < N)
+				cr_assert_eq(buf[len], 0xee, "no write past the end");
+		}
+	/* a flipped byte is found at its exact offset */
+	memcpy(buf, ref, N);
+	buf[1234] ^= 0x10;
+	cr_assert_eq(bench_pattern_check(42, 0, buf, N), 1234);
+	cr_assert_eq(bench_pattern_check(42, 3, buf + 3, N - 3), 1231);
+	buf[1234] ^= 0x10;
+	buf[N - 1] ^= 1;
+	cr_assert_eq(bench_pattern_check(42, 0, buf, N), N - 1);
+	/* another seed, other bytes */
+	cr_assert_neq(bench_pattern_check(43, 0, ref, N), -1);
+	free(ref);
+	free(buf);
+}
+
+Test(bench, block_fill_check_zero_touch_only_the_block)
+{
+	/* odd page widths (3 x 16 x 1 = 48... use head_dim 35, 1 byte: 560-byte pages) */
+	struct kvr_geometry g;
+	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&g, 3, 1, 35, 1, 16, 5), 0);
+	uint64_t ext = kvr_geometry_kv_extent(&g);
+	uint8_t *kv = calloc(1, ext), *copy = malloc(ext);
+	bench_block_fill(&g, kv, 2, 77);
+	cr_assert(bench_block_check(&g, kv, 2, 77));
+	cr_assert(!bench_block_check(&g, kv, 2, 78));
+	cr_assert(!bench_block_is_zero(&g, kv, 2));
+	for (uint32_t b = 0; b < 5; b++)
+		if (b != 2)
+			cr_assert(bench_block_is_zero(&g, kv, b), "block %u untouched", b);
+	/* the lane is the regions' pages in order: region 1's page continues region 0's bytes */
+	uint8_t want[560];
+	struct kvr_region r1 = kvr_geometry_region(&g, 1);
+	bench_pattern_fill(77, 560, want, 560);
+	cr_assert_arr_eq(kv + r1.offset + 2 * r1.stride, want, 560);
+	/* one wrong byte anywhere in the block fails the check */
+	struct kvr_region r5 = kvr_geometry_region(&g, 5);
+	memcpy(copy, kv, ext);
+	kv[r5.offset + 2 * r5.stride + 559] ^= 1;
+	cr_assert(!bench_block_check(&g, kv, 2, 77));
+	memcpy(kv, copy, ext);
+	bench_block_zero(&g, kv, 2);
+	cr_assert(bench_block_is_zero(&g, kv, 2));
+	for (size_t i = 0; i < ext; i++)
+		cr_assert_eq(kv[i], 0, "byte %zu", i);
+	free(kv);
+	free(copy);
+}
+
+/* ---- statistics ------------------------------------------------------------------------ */
+
+Test(bench, dist_nearest_rank)
+{
+	uint64_t v[100];
+	for (int i = 0; i < 100; i++)
+		v[i] = (uint64_t)(100 - i); /* 100..1, unsorted */
+	struct bench_dist d = bench_dist_of(v, 100);
+	cr_assert_eq(d.n, 100);
+	cr_assert_float_eq(d.mean, 50.5, 1e-9);
+	cr_assert_eq(d.p50, 50);
+	cr_assert_eq(d.p99, 99);
+	cr_assert_eq(d.max, 100);
+	uint64_t one = 7;
+	d = bench_dist_of(&one, 1);
+	cr_assert(d.p50 == 7 && d.p99 == 7 && d.max == 7 && d.mean == 7.0);
+	uint64_t three[] = {30, 10, 20};
+	d = bench_dist_of(three, 3);
+	cr_assert_eq(d.p50, 20);
+	cr_assert_eq(d.p99, 30);
+	d = bench_dist_of(NULL, 0);
+	cr_assert(d.n == 0 && d.p50 == 0 && d.mean == 0.0);
+	cr_assert_float_eq(bench_gbps(3000000000ull, 1000000000ull), 3.0, 1e-12);
+	cr_assert_float_eq(bench_gbps(1, 0), 0.0, 1e-12);
+}
+
+/* ---- summary and JSON ------------------------------------------------------------------- */
+
+static cJSON *path(cJSON *root, const char *a, const char *b)
+{
+	cJSON *x = cJSON_GetObjectItemCaseSensitive(root, a);
+	cr_assert_not_null(x, "key %s", a);
+	if (!b)
+		return x;
+	cJSON *y = cJSON_GetObjectItemCaseSensitive(x, b);
+	cr_assert_not_null(y, "key %s.%s", a, b);
+	return y;
+}
+
+Test(bench, summary_and_json_two_ranks)
+{
+	struct bench_opts o = defaults();
+	o.model = "glm-4-9b-chat-1m";
+	o.tp = 2;
+	o.prompts = 4;
+	struct bench_plan pl;
+	char err[256];
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	struct bench_rank_result res[2] = {0};
+	uint64_t lat[2][4] = {{10, 20, 30, 40}, {50, 60, 70, 80}}, hash[2][4] = {{1, 1, 1, 1}, {2, 2, 2, 2}};
+	uint64_t idx[2][4] = {{3, 3, 3, 3}, {4, 4, 4, 4}}, rt[2][4] = {{5, 6, 7, 8}, {5, 6, 7, 8}};
+	struct bench_samples smp[2];
+	for (int r = 0; r < 2; r++) {
+		res[r].st_requests = 4;
+		res[r].st_tokens = 4096;
+		res[r].st_blocks = 32;
+		res[r].st_stored = 20;
+		res[r].st_present = 12;
+		res[r].st_bytes = 20 * pl.lane_bytes;
+		res[r].st_ns = r ? 2000000000ull : 1000000000ull;
+		res[r].st_memcpy_ns = 1000000000ull;
+		res[r].ld_requests = 4;
+		res[r].ld_tokens = 4096;
+		res[r].ld_matched_blocks = 32;
+		res[r].ld_matched_tokens = 4096;
+		res[r].ld_bytes = 32 * pl.lane_bytes;
+		res[r].ld_ns = 1100000000ull;
+		res[r].ld_memcpy_ns = 1000000000ull;
+		res[r].ld_exact_prompts = 4;
+		res[r].ld_samples = 4;
+		smp[r] = (struct bench_samples){lat[r], hash[r], idx[r], rt[r]};
+	}
+	struct bench_summary s;
+	bench_summarise(&o, &pl, res, smp, 0, &s);
+	cr_assert(s.ok && s.exact);
+	cr_assert_eq(s.errors, 0);
+	cr_assert_eq(s.st_stored, 40);
+	cr_assert_eq(s.st_bytes, 40 * pl.lane_bytes);
+	cr_assert_eq(s.st_ns, 2000000000ull, "the slowest rank");
+	cr_assert_float_eq(s.st_ratio, 0.5, 1e-9);
+	cr_assert_float_eq(s.hit_rate, 1.0, 1e-12);
+	cr_assert_float_eq(s.ld_time_ratio, 1.1, 1e-9);
+	cr_assert_eq(s.ld_misses, 0);
+	cr_assert_eq(s.lat.n, 8);
+	cr_assert_eq(s.lat.p50, 40);
+	cr_assert_eq(s.lat.max, 80);
+	cr_assert_eq(s.hash.p50, 1);
+	cr_assert_eq(s.hash_index_p50_ns, 4);
+	cr_assert_eq(s.rt.p99, 8);
+
+	char *text = bench_json(&o, &pl, &s);
+	cr_assert_not_null(text);
+	cJSON *root = cJSON_Parse(text);
+	cr_assert_not_null(root, "%s", text);
+	cr_assert_str_eq(path(root, "tool", NULL)->valuestring, "kvring-bench");
+	cr_assert_str_eq(path(root, "config", "model")->valuestring, "glm-4-9b-chat-1m");
+	cr_assert_eq(path(root, "config", "tp")->valuedouble, 2);
+	cr_assert_eq(path(root, "plan", "block_bytes")->valuedouble, 10485760);
+	cr_assert_eq(path(root, "cold", "stored_blocks")->valuedouble, 40);
+	cr_assert_eq(path(root, "cold", "present_blocks")->valuedouble, 24);
+	cr_assert_float_eq(path(root, "cold", "ratio")->valuedouble, 0.5, 1e-9);
+	cr_assert(cJSON_IsFalse(path(root, "cold", "goal_met")));
+	cr_assert_eq(path(root, "warm", "hit_rate")->valuedouble, 1.0);
+	cr_assert(cJSON_IsTrue(path(root, "warm", "goal_met")));
+	cJSON *latency = path(root, "warm", "latency_ns");
+	cr_assert_eq(cJSON_GetObjectItem(latency, "p99")->valuedouble, 80);
+	cJSON *verify = path(root, "warm", "verify");
+	cr_assert_eq(cJSON_GetObjectItem(verify, "exact_prompts")->valuedouble, 8);
+	cr_assert(cJSON_IsTrue(path(root, "ok", NULL)));
+	cr_assert(cJSON_IsTrue(path(root, "exact_match", NULL)));
+	cr_assert_eq(path(root, "errors", NULL)->valuedouble, 0);
+	cJSON_Delete(root);
+	free(text);
+
+	/* one mismatched block on rank 1: not exact, not ok; a miss after our own cold phase is an error */
+	res[1].ld_mismatch_blocks = 1;
+	res[1].ld_exact_prompts = 3;
+	bench_summarise(&o, &pl, res, smp, 0, &s);
+	cr_assert(!s.ok && !s.exact);
+	cr_assert_eq(s.errors, 1);
+	res[1].ld_mismatch_blocks = 0;
+	res[1].ld_exact_prompts = 4;
+	res[1].ld_matched_blocks = 30;
+	bench_summarise(&o, &pl, res, smp, 0, &s);
+	cr_assert_eq(s.ld_misses, 2);
+	cr_assert(!s.ok);
+	o.allow_misses = true;
+	bench_summarise(&o, &pl, res, smp, 0, &s);
+	cr_assert(s.ok);
+	bench_summarise(&o, &pl, res, smp, 1, &s);
+	cr_assert(!s.ok, "an extra error (kvringd's exit) fails the run");
+
+	/* a warm-only run: no cold key, misses are not errors */
+	o.allow_misses = false;
+	o.phases = BENCH_WARM;
+	bench_summarise(&o, &pl, res, smp, 0, &s);
+	cr_assert(s.ok);
+	text = bench_json(&o, &pl, &s);
+	root = cJSON_Parse(text);
+	cr_assert(cJSON_IsNull(path(root, "cold", NULL)));
+	cJSON_Delete(root);
+	free(text);
+
+	/* the table fits 100 columns */
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	bench_print_header(f, &o, &pl);
+	o.phases = BENCH_COLD | BENCH_WARM;
+	bench_summarise(&o, &pl, res, smp, 0, &s);
+	bench_print_table(f, &o, &pl, &s);
+	fclose(f);
+	cr_assert(strstr(buf, "cold: store") && strstr(buf, "warm: lookup + load") && strstr(buf, "result: "));
+	for (char *line = buf, *nl; *line; line = nl + 1) {
+		nl = strchr(line, '\n');
+		cr_assert_not_null(nl);
+		cr_assert_leq(nl - line, 100, "line too long: %.*s", (int)(nl - line), line);
+	}
+	free(buf);
+}
+
+Test(bench, spawn_config)
+{
+	struct bench_opts o = defaults();
+	o.spawn = true;
+	o.tp = 2;
+	struct bench_plan pl;
+	char err[256];
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	char *text = bench_server_config(&o, &pl, "/tmp/x/kvringd.sock");
+	cJSON *root = cJSON_Parse(text);
+	cr_assert_not_null(root);
+	cr_assert_str_eq(path(root, "instance", "socket")->valuestring, "/tmp/x/kvringd.sock");
+	cr_assert_eq(path(root, "instance", "max_workers")->valuedouble, 2);
+	cr_assert_str_eq(path(root, "model", "preset")->valuestring, "qwen3-8b");
+	cr_assert_eq(path(root, "model", "tp_size")->valuedouble, 2);
+	cr_assert_eq(path(root, "model", "block_tokens")->valuedouble, 128);
+	double cap = path(root, "l1", "capacity_bytes")->valuedouble;
+	cr_assert_geq(cap, (double)pl.unique_bytes * 1.25);
+	cr_assert_leq(cap, (double)pl.unique_bytes * 1.25 + (2 << 20));
+	cr_assert_eq((uint64_t)cap % (1 << 20), 0);
+	cr_assert(cJSON_IsFalse(path(root, "metrics", "enabled")));
+	cJSON_Delete(root);
+	free(text);
+	o.l1_bytes = 5ull << 30;
+	text = bench_server_config(&o, &pl, "/s");
+	root = cJSON_Parse(text);
+	cr_assert_eq(path(root, "l1", "capacity_bytes")->valuedouble, (double)(5ull << 30));
+	cJSON_Delete(root);
+	free(text);
+}
+
+/* ---- barrier ----------------------------------------------------------------------------- */
+
+Test(bench, barrier_timeout_abort_single)
+{
+	struct bench_barrier *b = mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(b, MAP_FAILED);
+	bench_barrier_init(b, 1);
+	cr_assert_eq(bench_barrier_wait(b, 10), 0);
+	cr_assert_eq(bench_barrier_wait(b, 10), 0);
+	bench_barrier_init(b, 2);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	cr_assert_eq(bench_barrier_wait(b, 50), -ETIMEDOUT);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+	cr_assert_geq(ms, 49.0);
+	cr_assert_lt(ms, 1000.0);
+	bench_barrier_abort(b);
+	cr_assert_eq(bench_barrier_wait(b, 1000), -ECANCELED);
+	munmap(b, sizeof(*b));
+}
+
+Test(bench, barrier_across_processes)
+{
+	/* 3 processes x 200 rounds: after barrier k every process has finished round k */
+	enum { P = 3, ROUNDS = 200 };
+	struct area {
+		struct bench_barrier b;
+		_Atomic uint32_t done[P];
+		_Atomic uint32_t bad;
+	} *a = mmap(NULL, sizeof(struct area), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(a, MAP_FAILED);
+	memset(a, 0, sizeof(*a));
+	bench_barrier_init(&a->b, P);
+	pid_t pids[P - 1];
+	for (int p = 1; p < P; p++) {
+		pids[p - 1] = fork();
+		cr_assert_geq(pids[p - 1], 0);
+		if (!pids[p - 1]) {
+			for (uint32_t k = 1; k <= ROUNDS; k++) {
+				atomic_store(&a->done[p], k);
+				if (bench_barrier_wait(&a->b, 5000))
+					_exit(1);
+				for (int q = 0; q < P; q++)
+					if (atomic_load(&a->done[q]) < k)
+						atomic_fetch_add(&a->bad, 1);
+				if (bench_barrier_wait(&a->b, 5000))
+					_exit(1);
+			}
+			_exit(0);
+		}
+	}
+	for (uint32_t k = 1; k <= ROUNDS; k++) {
+		atomic_store(&a->done[0], k);
+		cr_assert_eq(bench_barrier_wait(&a->b, 5000), 0, "round %u", k);
+		for (int q = 0; q < P; q++)
+			cr_assert_geq(atomic_load(&a->done[q]), k, "round %u process %d", k, q);
+		cr_assert_eq(bench_barrier_wait(&a->b, 5000), 0);
+	}
+	for (int p = 0; p < P - 1; p++) {
+		int st;
+		cr_assert_eq(waitpid(pids[p], &st, 0), pids[p]);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	cr_assert_eq(atomic_load(&a->bad), 0);
+	munmap(a, sizeof(*a));
+}
