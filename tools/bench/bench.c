@@ -182,9 +182,6 @@ int main(int argc, char **argv)
 		}
 	}
 	free(pids);
-	for (uint32_t r = 0; r < o.tp; r++)
-		if (sh.res[r].err[0])
-			fprintf(stderr, "kvring-bench: %s\n", sh.res[r].err);
 
 	if (o.spawn && srv.pid > 0) {
 		int st = bench_server_stop(&srv, STOP_TIMEOUT_MS, err, sizeof(err));
@@ -210,6 +207,10 @@ int main(int argc, char **argv)
 	free(samples);
 	if (!o.quiet)
 		bench_print_table(stdout, &o, &pl, &s);
+	fflush(stdout);
+	for (uint32_t r = 0; r < o.tp; r++) /* the first error of each rank, after the table */
+		if (sh.res[r].err[0])
+			fprintf(stderr, "kvring-bench: %s\n", sh.res[r].err);
 	if (o.json) {
 		char *text = bench_json(&o, &pl, &s);
 		if (!text || (rc = write_json(o.json, text))) {

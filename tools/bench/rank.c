@@ -404,7 +404,7 @@ static int setup(struct rank *r)
 	r->inflight = o->concurrency < o->prompts ? o->concurrency : o->prompts;
 	char name[64];
 	snprintf(name, sizeof(name), "kvring-bench-kv.%u", r->x->rank);
-	r->kv_fd = memfd_create(name, MFD_CLOEXEC);
+	r->kv_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (r->kv_fd < 0) {
 		rc = -errno;
 		note(r, "memfd_create: %s", strerror(errno));

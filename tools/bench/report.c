@@ -179,7 +179,7 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 			s->ld_exact_prompts, s->ld_requests, s->ld_mismatch_blocks, s->ld_failed_blocks,
 			s->ld_stray_blocks, s->ld_errors);
 	}
-	fprintf(f, "\nresult: %s (%" PRIu64 " errors%s)\n", s->ok ? "PASS" : "FAIL", s->errors,
+	fprintf(f, "\nresult: %s (%" PRIu64 " error%s%s)\n", s->ok ? "PASS" : "FAIL", s->errors, s->errors == 1 ? "" : "s",
 		s->exact ? "" : ", not every prompt matched exactly");
 }
 
