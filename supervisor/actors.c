@@ -143,6 +143,18 @@ static __attribute__((noreturn)) void child_exec(const char *exe, char *const ar
 	_exit(127);
 }
 
+/* Drop the PINGs and STOPs a dead predecessor left on ctl.in: a stale STOP would end the
+ * new process at once. Other control messages (WORKER_GONE) are kept, in order. With no
+ * consumer alive the supervisor may act as the consumer; it is the producer anyway. */
+static void purge_stale_ctl(struct sup_actor *a)
+{
+	uint32_t n = kvr_ring_count(a->ctl_in);
+	struct kvr_msg m;
+	for (uint32_t i = 0; i < n && kvr_ring_try_dequeue(a->ctl_in, &m) == 0; i++)
+		if (m.hdr.type != KVR_MSG_PING && m.hdr.type != KVR_MSG_STOP)
+			(void)kvr_ring_try_enqueue(a->ctl_in, &m);
+}
+
 static int spawn(struct sup *s, struct sup_actor *a)
 {
 	int p[2];
@@ -158,6 +170,7 @@ static int spawn(struct sup *s, struct sup_actor *a)
 	const int keep[3] = {s->ctl_seg.fd, s->arena_seg.fd, p[1]};
 	pid_t parent = getpid();
 
+	purge_stale_ctl(a);
 	pid_t pid = fork();
 	if (pid < 0) {
 		int rc = -errno;

@@ -68,6 +68,8 @@ static int load_config(const char *path, struct kvr_config *cfg)
 static void arm_timer(struct sup *s)
 {
 	uint64_t next = sup_actor_next_deadline(s);
+	if (s->accept_resume && (!next || s->accept_resume < next))
+		next = s->accept_resume;
 	if (s->phase == PH_DRAIN) {
 		uint64_t poll = kvr_now_ns() + SUP_DRAIN_POLL_NS;
 		uint64_t d = poll < s->drain_deadline ? poll : s->drain_deadline;
@@ -187,6 +189,7 @@ static void run(struct sup *s)
 		}
 		uint64_t now = kvr_now_ns();
 		sup_actor_timers(s, now);
+		sup_accept_resume(s, now);
 		sup_workers_update(s);
 		if (s->phase == PH_DRAIN) {
 			if (sup_drained(s))

@@ -167,11 +167,24 @@ void sup_accept(struct sup *s)
 	for (;;) {
 		int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				kvr_warn("accept: %s", strerror(errno));
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
+			if (errno == EAGAIN)
+				return;
+			/* Out of descriptors or memory: the connection stays queued and the
+			 * level-triggered socket would wake us at once, forever. Pause instead. */
+			if (!s->accept_failing) /* one line per episode, not one per retry */
+				kvr_warn("accept: %s: not accepting for %llu ms", strerror(errno),
+					 (unsigned long long)(SUP_ACCEPT_PAUSE_NS / 1000000ull));
+			s->accept_failing = true;
+			struct epoll_event ev = {.events = 0, .data.ptr = &s->listen_watch};
+			(void)epoll_ctl(s->epfd, EPOLL_CTL_MOD, s->listen_fd, &ev);
+			s->accept_resume = kvr_now_ns() + SUP_ACCEPT_PAUSE_NS;
 			return;
+		}
+		if (s->accept_failing) {
+			kvr_info("accepting connections again");
+			s->accept_failing = false;
 		}
 		struct ucred cr = {0};
 		socklen_t len = sizeof(cr);
@@ -218,6 +231,17 @@ void sup_accept(struct sup *s)
 		s->n_refused += refused;
 		kvr_debug("connection from pid %d", (int)c->pid);
 	}
+}
+
+void sup_accept_resume(struct sup *s, uint64_t now)
+{
+	if (!s->accept_resume || now < s->accept_resume)
+		return;
+	s->accept_resume = 0;
+	if (s->listen_fd < 0)
+		return;
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->listen_watch};
+	(void)epoll_ctl(s->epfd, EPOLL_CTL_MOD, s->listen_fd, &ev);
 }
 
 static void handle_inspect(struct sup *s, struct sup_conn *c)

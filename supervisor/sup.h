@@ -29,6 +29,7 @@
 #define SUP_HEALTH_MAX_MISSED 5                 /* pings missed in a row before a kill -9 */
 #define SUP_DRAIN_POLL_NS (10ull * 1000000ull)  /* drain: re-check the rings this often */
 #define SUP_MAX_CONNS 128                       /* connected peers (inspect + attached workers) */
+#define SUP_ACCEPT_PAUSE_NS (100ull * 1000000ull) /* accept failed for lack of fds: retry after */
 #define SUP_MAX_REFUSED 8                       /* refused peers waiting for their reply to be read */
 
 enum sup_watch_kind { W_SIGNAL, W_LISTEN, W_TIMER, W_CONN, W_READY };
@@ -95,6 +96,9 @@ struct sup {
 	unsigned n_conns, n_refused;
 	struct sup_conn *worker_conn[KVR_CTL_MAX_WORKERS];
 
+	uint64_t accept_resume;  /* accept paused (out of fds) until then; 0 = not paused */
+	bool accept_failing;     /* accept has failed since the last success (logged once) */
+
 	enum sup_phase phase;
 	uint64_t next_health;    /* 0 = not scheduled */
 	uint64_t drain_deadline;
@@ -159,6 +163,8 @@ int sup_socket_listen(struct sup *s);
 /* Close and unlink the listening socket (drain and exit). */
 void sup_socket_close(struct sup *s);
 void sup_accept(struct sup *s);
+/* Resume accepting after a pause (EMFILE and the like), once accept_resume has passed. */
+void sup_accept_resume(struct sup *s, uint64_t now);
 void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events);
 void sup_conns_close_all(struct sup *s);
 /* Free DETACHING worker slots whose loader and storer have exited. */

@@ -1,12 +1,15 @@
 /* kvringd process tests: layout, attach, restarts, crash loop, health, drain, socket take-over, config. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -460,6 +463,58 @@ Test(supervisor, stale_socket_replaced)
 	cr_assert_eq(h_attach(inst.sock, &w), 0);
 	cr_assert_eq(w.status, 0);
 	h_worker_close(&w);
+}
+
+static unsigned long cpu_ticks(pid_t pid)
+{
+	char p[64];
+	snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
+	char *st = h_read_file(p);
+	char *rp = strrchr(st, ')');
+	unsigned long ut = 0, stime = 0;
+	/* after "(comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+	cr_assert(rp && sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &stime) == 2);
+	free(st);
+	return ut + stime;
+}
+
+/* Out of descriptors, accept fails while the connection stays queued: kvringd pauses
+ * accepting instead of spinning on the readable socket, and serves it once it can. */
+Test(supervisor, accept_without_fds_does_not_spin)
+{
+	h_write_config(&inst, 1, NULL, NULL);
+	h_start(&inst);
+	wait_ready("lookup", 2000);
+	struct rlimit old, tight;
+	cr_assert_eq(prlimit(inst.pid, RLIMIT_NOFILE, NULL, &old), 0);
+	tight = old;
+	tight.rlim_cur = 0; /* no new descriptor at all; the open ones stay usable */
+	cr_assert_eq(prlimit(inst.pid, RLIMIT_NOFILE, &tight, NULL), 0);
+
+	int sock = kvr_proto_connect(inst.sock);
+	cr_assert(sock >= 0, "connect: %s", strerror(-sock));
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_INSPECT};
+	cr_assert_eq(kvr_proto_send(sock, &req, offsetof(struct kvr_proto_req, payload), NULL, 0), 0);
+	cr_assert(H_WAIT(h_log_contains(&inst, "accept: Too many open files: not accepting for 100 ms"), 2000));
+	unsigned long t0 = cpu_ticks(inst.pid);
+	usleep(400 * 1000);
+	unsigned long used = cpu_ticks(inst.pid) - t0;
+	long hz = sysconf(_SC_CLK_TCK);
+	cr_assert_leq(used * 1000 / (unsigned long)hz, 100, "kvringd used %lu ms of CPU in 400 ms", used * 1000 / hz);
+
+	cr_assert_eq(prlimit(inst.pid, RLIMIT_NOFILE, &old, NULL), 0);
+	struct timeval tv = {.tv_sec = 2};
+	cr_assert_eq(setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+	static struct kvr_proto_rep rep;
+	int fds[KVR_PROTO_MAX_FDS];
+	unsigned n_fds = 0;
+	ssize_t n = kvr_proto_recv(sock, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &n_fds);
+	cr_assert_gt(n, 0, "no reply once fds are available again: %s", strerror((int)-n));
+	cr_assert_eq(rep.status, 0);
+	cr_assert_eq(n_fds, 1);
+	close(fds[0]);
+	close(sock);
+	cr_assert(h_log_contains(&inst, "accepting connections again"));
 }
 
 /* ---- configuration ----------------------------------------------------------------- */

@@ -145,3 +145,34 @@ Test(supervisor_stress, drain_timeout_escalates_to_sigkill)
 	cr_assert(h_log_contains(&inst, "still running 5 s after STOP: SIGKILL"));
 	cr_assert(!h_pid_alive(lk));
 }
+
+/* A loader that never read its STOP is killed at 5 s; the STOP it left on ctl.in must not
+ * end its successor: the next attach gets a loader that stays up. */
+Test(supervisor_stress, stale_stop_not_inherited)
+{
+	write_lenient_config(3000);
+	h_start(&inst);
+	struct h_worker w;
+	cr_assert_eq(h_attach(inst.sock, &w), 0);
+	cr_assert_eq(w.status, 0);
+	struct kvr_actor_ent *ld = wait_ready("loader.0");
+	pid_t pid = atomic_load(&ld->pid);
+	cr_assert_eq(kill(pid, SIGSTOP), 0);
+	h_worker_close(&w);
+	struct kvr_worker_ent *we = kvr_ctl_worker(inst.ctl, 0);
+	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_FREE, 8000), "slot not freed");
+	cr_assert_eq(ld->last_exit_signal, SIGKILL);
+	cr_assert_eq(kvr_ring_count(h_ring(inst.ctl, "ctl.loader.0.in")), 1, "the STOP is still queued");
+
+	cr_assert_eq(h_attach(inst.sock, &w), 0);
+	cr_assert_eq(w.status, 0);
+	ld = wait_ready("loader.0");
+	pid_t pid2 = atomic_load(&ld->pid);
+	uint64_t pings = h_stat(&inst, "loader.0", KVR_STAT_PINGS);
+	cr_assert(H_WAIT(h_stat(&inst, "loader.0", KVR_STAT_PINGS) >= pings + 2, 2000));
+	cr_assert_eq(atomic_load(&ld->pid), pid2);
+	cr_assert_eq(atomic_load(&ld->state), KVR_ACTOR_READY);
+	cr_assert_eq(ld->restarts, 0);
+	cr_assert_eq(atomic_load(&ld->generation), 2);
+	h_worker_close(&w);
+}
