@@ -38,7 +38,10 @@
 #define KVR_RING_NAME_MAX 32
 #define KVR_CACHELINE 64
 
-/* One futex word plus a sleeper count. seq changes whenever a sleeper must wake. */
+/* One futex word plus the sleepers' announcement. seq changes whenever sleepers must
+ * wake. sleepers counts announced sleepers (low 31 bits); bit 31 says a wake was sent
+ * since the last announcement, so further wakers make no syscall until a sleeper
+ * announces itself again. */
 struct kvr_waiter {
 	_Atomic uint32_t seq;
 	_Atomic uint32_t sleepers;

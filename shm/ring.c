@@ -134,14 +134,16 @@ static int futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
 	return -errno;
 }
 
+#define WAKE_PENDING 0x80000000u /* in sleepers: a wake was sent and no sleeper re-armed since */
+
 uint32_t kvr_waiter_prepare(struct kvr_waiter *w)
 {
 	uint32_t seen = atomic_load_explicit(&w->seq, memory_order_acquire);
 	atomic_fetch_add_explicit(&w->sleepers, 1, memory_order_seq_cst);
+	atomic_fetch_and_explicit(&w->sleepers, ~WAKE_PENDING, memory_order_seq_cst);
 	/* A full barrier between announcing the sleep and re-checking the rings (whose index
 	 * loads are only acquire). Pairs with the seq_cst fence in kvr_waiter_wake(): of the two
-	 * fences, whichever comes second sees the other side's write. The RMW alone does not
-	 * order the later acquire loads in C11 terms (x86 and arm64 happen to). Slow path only. */
+	 * fences, whichever comes second sees the other side's write. Slow path only. */
 	atomic_thread_fence(memory_order_seq_cst);
 	return seen;
 }
@@ -153,16 +155,24 @@ int kvr_waiter_wait(struct kvr_waiter *w, uint32_t seen, int64_t timeout_ns)
 
 void kvr_waiter_finish(struct kvr_waiter *w)
 {
-	atomic_fetch_sub_explicit(&w->sleepers, 1, memory_order_relaxed);
+	uint32_t v = atomic_fetch_sub_explicit(&w->sleepers, 1, memory_order_relaxed);
+	if ((v & ~WAKE_PENDING) == 1) /* the last sleeper left: nothing is pending any more */
+		atomic_fetch_and_explicit(&w->sleepers, ~WAKE_PENDING, memory_order_relaxed);
 }
 
 void kvr_waiter_wake(struct kvr_waiter *w)
 {
 	/* Pairs with the seq_cst fence in kvr_waiter_prepare(): either the sleeper sees our
-	 * published index, or we see its sleeper count and wake it. */
+	 * published index, or we see its announcement and wake it. The first waker sets
+	 * WAKE_PENDING; until a sleeper announces itself again, later wakers make no syscall
+	 * (the sleepers they would wake are already woken and will re-check the rings). */
 	atomic_thread_fence(memory_order_seq_cst);
-	if (atomic_load_explicit(&w->sleepers, memory_order_relaxed) == 0)
-		return;
+	uint32_t v = atomic_load_explicit(&w->sleepers, memory_order_relaxed);
+	do {
+		if ((v & ~WAKE_PENDING) == 0 || (v & WAKE_PENDING))
+			return;
+	} while (!atomic_compare_exchange_weak_explicit(&w->sleepers, &v, v | WAKE_PENDING, memory_order_seq_cst,
+							memory_order_relaxed));
 	atomic_fetch_add_explicit(&w->seq, 1, memory_order_release);
 	syscall(SYS_futex, &w->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
