@@ -81,7 +81,7 @@ struct kvr_actor_ent {
 	_Atomic uint64_t heartbeat_ns; /* the actor's loop writes CLOCK_MONOTONIC here */
 	uint16_t ctl_in;               /* ring index: supervisor -> actor */
 	uint16_t ctl_out;              /* ring index: actor -> supervisor */
-	uint32_t reserved0;
+	_Atomic uint32_t busy;         /* 1 while a message handler runs (drain waits for it) */
 	/* every ring this actor consumes points its consumer waiter here */
 	_Alignas(8) struct kvr_waiter waiter;
 	uint8_t reserved[32];

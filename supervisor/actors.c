@@ -124,7 +124,8 @@ static void close_ready_pipe(struct sup *s, struct sup_actor *a)
 
 /* ---- spawning ---------------------------------------------------------------------- */
 
-static __attribute__((noreturn)) void child_exec(const char *exe, char *const argv[], const int keep[3], pid_t parent)
+static __attribute__((noreturn)) void child_exec(const char *exe, char *const argv[], const int *keep, int n_keep,
+						 pid_t parent)
 {
 	sigset_t none;
 	sigemptyset(&none);
@@ -136,7 +137,7 @@ static __attribute__((noreturn)) void child_exec(const char *exe, char *const ar
 	(void)prctl(PR_SET_PDEATHSIG, SIGTERM);
 	if (getppid() != parent)
 		_exit(1);
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < n_keep; i++)
 		if (fcntl(keep[i], F_SETFD, 0) < 0)
 			_exit(127);
 	execv(exe, argv);
@@ -160,14 +161,28 @@ static int spawn(struct sup *s, struct sup_actor *a)
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -errno;
-	char a_ctl[16], a_arena[16], a_idx[16], a_ready[16];
+	char a_ctl[16], a_arena[16], a_idx[16], a_ready[16], a_slots[16], a_kv[16], a_kvb[24];
 	snprintf(a_ctl, sizeof(a_ctl), "%d", s->ctl_seg.fd);
 	snprintf(a_arena, sizeof(a_arena), "%d", s->arena_seg.fd);
 	snprintf(a_idx, sizeof(a_idx), "%u", a->index);
 	snprintf(a_ready, sizeof(a_ready), "%d", p[1]);
-	char *const argv[] = {(char *)a->exe, "--ctl-fd", a_ctl, "--arena-fd", a_arena, "--actor", a_idx,
-			      "--ready-fd", a_ready, NULL};
-	const int keep[3] = {s->ctl_seg.fd, s->arena_seg.fd, p[1]};
+	snprintf(a_slots, sizeof(a_slots), "%d", s->slots_seg.fd);
+	char *argv[16] = {(char *)a->exe, "--ctl-fd", a_ctl, "--arena-fd", a_arena, "--actor", a_idx,
+			  "--ready-fd", a_ready, "--slots-fd", a_slots, NULL};
+	int keep[5] = {s->ctl_seg.fd, s->arena_seg.fd, p[1], s->slots_seg.fd, -1};
+	int n_keep = 4;
+	/* loader and storer work on their worker's KV memory */
+	unsigned kind = a->ent->kind, w = a->ent->index;
+	if ((kind == KVR_ACTOR_LOADER || kind == KVR_ACTOR_STORER) && w < KVR_CTL_MAX_WORKERS && s->kv_fd[w] >= 0) {
+		snprintf(a_kv, sizeof(a_kv), "%d", s->kv_fd[w]);
+		snprintf(a_kvb, sizeof(a_kvb), "%llu", (unsigned long long)s->kv_bytes[w]);
+		argv[11] = "--kv-fd";
+		argv[12] = a_kv;
+		argv[13] = "--kv-bytes";
+		argv[14] = a_kvb;
+		argv[15] = NULL;
+		keep[n_keep++] = s->kv_fd[w];
+	}
 	pid_t parent = getpid();
 
 	purge_stale_ctl(a);
@@ -179,7 +194,7 @@ static int spawn(struct sup *s, struct sup_actor *a)
 		return rc;
 	}
 	if (pid == 0)
-		child_exec(a->exe, argv, keep, parent);
+		child_exec(a->exe, argv, keep, n_keep, parent);
 
 	(void)close(p[1]);
 	(void)fcntl(p[0], F_SETFL, O_NONBLOCK);

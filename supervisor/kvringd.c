@@ -93,7 +93,8 @@ static void arm_timer(struct sup *s)
 /* In-flight work is done when every ring a live actor consumes is empty: the actor has
  * taken every request it was sent. Rings whose consumer is a client (replies) or a dead
  * actor cannot drain and are not waited for.
- * TODO(L1): also wait for pending stores to be committed to L1 (and L2 when configured). */
+ * An actor whose handler is running (a store being copied and committed) is waited for
+ * too. TODO(L2): a write-back disk tier adds its queue here. */
 static bool sup_drained(const struct sup *s)
 {
 	unsigned n = atomic_load(&s->ctl->n_rings);
@@ -106,6 +107,10 @@ static bool sup_drained(const struct sup *s)
 		if (kvr_ring_count(kvr_ctl_ring(s->ctl, i)))
 			return false;
 	}
+	/* a store taken off its ring may still be copying or committing */
+	for (unsigned a = 0; a < s->n_actors; a++)
+		if (atomic_load(&s->actors[a].ent->state) == KVR_ACTOR_READY && atomic_load(&s->actors[a].ent->busy))
+			return false;
 	return true;
 }
 
@@ -353,7 +358,9 @@ int main(int argc, char **argv)
 	struct sup *s = &sup;
 	s->argv0 = argv[0];
 	s->epfd = s->sigfd = s->tfd = s->listen_fd = -1;
-	s->ctl_seg.fd = s->arena_seg.fd = -1;
+	s->ctl_seg.fd = s->arena_seg.fd = s->slots_seg.fd = -1;
+	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
+		s->kv_fd[w] = -1;
 	if (check) {
 		if (load_config(check, &s->cfg))
 			return 2;

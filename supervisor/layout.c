@@ -10,7 +10,6 @@
 #include "kvr_time.h"
 #include "sup.h"
 
-#define ARENA_PLACEHOLDER_BYTES (64ull << 20) /* until the L1 work derives it from geometry */
 
 /* Symbolic endpoints of the per-worker rings, resolved for worker slot w. */
 enum ep { EP_CLIENT, EP_LOOKUP, EP_LOADER, EP_STORER };
@@ -142,6 +141,106 @@ static void fill_actor_table(struct sup *s)
 	atomic_store(&c->n_actors, n_actors);
 }
 
+int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num_blocks, struct kvr_geometry *ret,
+		       char *err, size_t errlen)
+{
+	const struct kvr_preset *p = cfg->model.preset[0] ? kvr_preset_find(cfg->model.preset) : NULL;
+	int rc;
+	if (cfg->model.preset[0] && !p) {
+		snprintf(err, errlen, "$.model.preset: unknown preset \"%s\" (one of: %s)", cfg->model.preset,
+			 kvr_preset_list());
+		return -EINVAL;
+	}
+	if (p) {
+		rc = kvr_preset_geometry(p, cfg->model.tp_size, rank, cfg->model.block_tokens, num_blocks, ret);
+	} else if (strcmp(cfg->model.attention, "mla") == 0) {
+		rc = kvr_geometry_fill_vllm_mla(ret, cfg->model.layers, cfg->model.head_dim, cfg->model.dtype_bytes,
+						cfg->model.block_tokens, num_blocks);
+		if (!rc) {
+			ret->tp_size = cfg->model.tp_size;
+			ret->tp_rank = rank;
+		}
+	} else {
+		uint32_t tp = cfg->model.tp_size, heads = cfg->model.kv_heads;
+		uint32_t per_rank = heads >= tp ? heads / tp : 1;
+		rc = kvr_geometry_fill_vllm_layer_major(ret, cfg->model.layers, per_rank, cfg->model.head_dim,
+							cfg->model.dtype_bytes, cfg->model.block_tokens, num_blocks);
+		if (!rc) {
+			ret->tp_size = tp;
+			ret->tp_rank = rank;
+		}
+	}
+	if (rc)
+		snprintf(err, errlen, "$.model: cannot build the model geometry: %s", strerror(-rc));
+	return rc;
+}
+
+/* L1: the slot table and the arena, sized from the model geometry and l1.* */
+static int create_l1(struct sup *s)
+{
+	char err[KVR_GEOM_ERR_MAX + 64];
+	int rc = sup_model_geometry(&s->cfg, 0, 1, &s->geom, err, sizeof(err));
+	if (rc) {
+		kvr_err("%s", err);
+		return rc;
+	}
+	s->lane_bytes = kvr_geometry_lane_bytes(&s->geom);
+	s->lanes = kvr_geometry_lanes(&s->geom);
+	rc = kvr_geometry_namespace(&s->geom, s->cfg.model.model_id, s->cfg.model.cache_salt, &s->ns);
+	if (rc)
+		return rc;
+	uint64_t slot_bytes = kvr_slots_slot_bytes(s->lane_bytes);
+	uint64_t n_slots;
+	if (s->cfg.l1.capacity_bytes) {
+		n_slots = (s->cfg.l1.capacity_bytes - (s->cfg.l1.capacity_bytes > KVR_SLOTS_ARENA_DATA_OFF ?
+						       KVR_SLOTS_ARENA_DATA_OFF : 0)) / slot_bytes;
+	} else {
+		n_slots = kvr_capacity_blocks(s->cfg.l1.workload_prompts, s->cfg.l1.workload_tokens,
+					      s->cfg.model.block_tokens) * s->lanes;
+	}
+	if (n_slots < s->lanes) {
+		kvr_err("$.l1.capacity_bytes: %llu bytes hold fewer slots than one block needs (%u slots of %llu bytes)",
+			(unsigned long long)s->cfg.l1.capacity_bytes, s->lanes, (unsigned long long)slot_bytes);
+		return -EINVAL;
+	}
+	if (n_slots > UINT32_MAX - 1) {
+		kvr_err("$.l1: %llu slots is more than a slot table holds", (unsigned long long)n_slots);
+		return -EINVAL;
+	}
+	size_t tsize = kvr_slots_memsize((uint32_t)n_slots);
+	uint64_t asize = kvr_slots_arena_memsize((uint32_t)n_slots, s->lane_bytes);
+	if (!tsize || !asize)
+		return -EOVERFLOW;
+	rc = kvr_segment_create("kvring-slots", KVR_SEG_SLOTS, tsize, s->generation, 0, &s->slots_seg);
+	if (rc) {
+		kvr_err("cannot create the slot table (%zu bytes): %s", tsize, strerror(-rc));
+		return rc;
+	}
+	struct kvr_slots_config sc = {.n_slots = (uint32_t)n_slots, .lane_bytes = s->lane_bytes, .ns = s->ns,
+				      .block_tokens = s->cfg.model.block_tokens, .tp_size = s->geom.tp_size,
+				      .quorum = s->lanes};
+	rc = kvr_slots_init(s->slots_seg.base, s->slots_seg.size, &sc, &s->slots);
+	if (rc) {
+		kvr_err("cannot initialise the slot table: %s", strerror(-rc));
+		return rc;
+	}
+	/* huge pages need a 2 MiB multiple */
+	if (s->cfg.l1.huge_pages)
+		asize = (asize + (2ull << 20) - 1) & ~((2ull << 20) - 1);
+	rc = kvr_segment_create("kvring-arena", KVR_SEG_ARENA, asize, s->generation,
+				s->cfg.l1.huge_pages ? KVR_SEG_TRY_HUGE : 0, &s->arena_seg);
+	if (rc) {
+		kvr_err("cannot create the arena (%llu bytes): %s", (unsigned long long)asize, strerror(-rc));
+		return rc;
+	}
+	char nsbuf[KVR_KEY_FMT_LEN];
+	kvr_info("L1: %llu slots of %llu bytes (%llu blocks x %u lanes), arena %llu bytes%s, namespace %s",
+		 (unsigned long long)n_slots, (unsigned long long)slot_bytes, (unsigned long long)(n_slots / s->lanes),
+		 s->lanes, (unsigned long long)s->arena_seg.size, s->arena_seg.huge ? " (huge pages)" : "",
+		 kvr_key_fmt(s->ns, nsbuf));
+	return 0;
+}
+
 int sup_segments_create(struct sup *s)
 {
 	static struct kvr_ctl_ring_spec specs[KVR_CTL_MAX_RINGS];
@@ -172,14 +271,9 @@ int sup_segments_create(struct sup *s)
 	for (int i = 0; i < n; i++)
 		kvr_ctl_ring(s->ctl, (unsigned)i)->spin_ns = s->cfg.rings.spin_ns;
 
-	uint64_t arena = s->cfg.l1.capacity_bytes ? s->cfg.l1.capacity_bytes : ARENA_PLACEHOLDER_BYTES;
-	rc = kvr_segment_create("kvring-arena", KVR_SEG_ARENA, arena, s->generation,
-				s->cfg.l1.huge_pages ? KVR_SEG_TRY_HUGE : 0, &s->arena_seg);
-	if (rc) {
-		kvr_err("cannot create the arena (%llu bytes): %s", (unsigned long long)arena, strerror(-rc));
+	rc = create_l1(s);
+	if (rc)
 		goto fail;
-	}
-	kvr_info("arena: %llu bytes%s", (unsigned long long)s->arena_seg.size, s->arena_seg.huge ? ", huge pages" : "");
 
 	struct kvr_ctl *c = s->ctl;
 	atomic_store(&c->state, KVR_INST_STARTING);
@@ -190,13 +284,14 @@ int sup_segments_create(struct sup *s)
 	fill_actor_table(s);
 	return 0;
 fail:
-	kvr_segment_close(&s->ctl_seg);
-	s->ctl = NULL;
+	sup_segments_close(s);
 	return rc;
 }
 
 void sup_segments_close(struct sup *s)
 {
+	kvr_segment_close(&s->slots_seg);
+	s->slots = NULL;
 	kvr_segment_close(&s->arena_seg);
 	kvr_segment_close(&s->ctl_seg);
 	s->ctl = NULL;

@@ -264,21 +264,84 @@ static void handle_inspect(struct sup *s, struct sup_conn *c)
 	kvr_debug("inspect from pid %d%s", (int)c->pid, rc ? ": reply not sent" : "");
 }
 
-/* Validate what an attaching worker sends (nothing yet) and take what it brings.
- * TODO(L1): the geometry in req->payload (kvr_geometry_validate against the instance's
- * model) and the worker's KV memfd in fds[0] are checked and adopted here; on failure
- * fill rep with the status and a reason naming the field. The caller closes every fd this
- * function did not take (set fds[i] = -1 to take one). */
+/* Compare one geometry field with the instance's model; fill rep on a mismatch. */
+#define GEOM_FIELD(field, key)                                                                              \
+	do {                                                                                                \
+		if (g->field != want.field) {                                                               \
+			rep_init(s, rep, -EINVAL, "geometry mismatch: " #field " %u, the instance serves %u (%s)", \
+				 g->field, want.field, key);                                                 \
+			return -EINVAL;                                                                     \
+		}                                                                                           \
+	} while (0)
+
+/* Validate what an attaching worker sends — its geometry (payload) and its KV memory
+ * (one memfd) — against the instance's model, and adopt the memfd (fds[0] = -1). On
+ * failure rep says what was wrong, naming the field and the numbers. */
 static int attach_validate(struct sup *s, struct sup_conn *c, unsigned w, const struct kvr_proto_req *req,
 			   int *fds, unsigned n_fds, struct kvr_proto_rep *rep)
 {
-	(void)s;
 	(void)c;
-	(void)w;
-	(void)req;
-	(void)fds;
-	(void)n_fds;
-	(void)rep;
+	if (req->payload_len != sizeof(struct kvr_geometry)) {
+		rep_init(s, rep, -EPROTO, "attach payload is %u bytes, a geometry is %zu", req->payload_len,
+			 sizeof(struct kvr_geometry));
+		return -EPROTO;
+	}
+	if (n_fds != 1) {
+		rep_init(s, rep, -EBADF, "attach needs exactly one descriptor (the KV memory), got %u", n_fds);
+		return -EBADF;
+	}
+	struct stat st;
+	if (fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+		rep_init(s, rep, -EBADF, "the KV memory descriptor is not a memfd with a size");
+		return -EBADF;
+	}
+	uint64_t kv_bytes = (uint64_t)st.st_size;
+	struct kvr_geometry gbuf;
+	memcpy(&gbuf, req->payload, sizeof(gbuf));
+	const struct kvr_geometry *g = &gbuf;
+	char err[KVR_GEOM_ERR_MAX];
+	if (kvr_geometry_validate(g, kv_bytes, err, sizeof(err))) {
+		rep_init(s, rep, -EINVAL, "geometry: %s", err);
+		return -EINVAL;
+	}
+	struct kvr_geometry want;
+	char why[KVR_GEOM_ERR_MAX + 64];
+	if (sup_model_geometry(&s->cfg, g->tp_rank < g->tp_size ? g->tp_rank : 0, g->num_blocks, &want, why,
+			       sizeof(why))) {
+		rep_init(s, rep, -EINVAL, "%s", why);
+		return -EINVAL;
+	}
+	GEOM_FIELD(block_tokens, "model.block_tokens");
+	GEOM_FIELD(tp_size, "model.tp_size");
+	GEOM_FIELD(attention, "model.attention");
+	GEOM_FIELD(layers, "model.layers");
+	GEOM_FIELD(kv_heads, "model.kv_heads per rank");
+	GEOM_FIELD(head_dim, "model.head_dim");
+	GEOM_FIELD(dtype_bytes, "model.dtype_bytes");
+	uint64_t lane = kvr_geometry_lane_bytes(g);
+	if (lane != s->lane_bytes) {
+		rep_init(s, rep, -EINVAL, "geometry mismatch: %llu bytes per block on this rank, the instance's slots "
+			 "hold %llu", (unsigned long long)lane, (unsigned long long)s->lane_bytes);
+		return -EINVAL;
+	}
+	kvr_key ns;
+	if (kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns) || !kvr_key_eq(ns, s->ns)) {
+		rep_init(s, rep, -EINVAL, "geometry mismatch: the page layout differs from the instance's model");
+		return -EINVAL;
+	}
+	/* one worker per TP rank (MLA: every rank loads the same lane, still one worker each) */
+	for (unsigned i = 0; i < s->cfg.instance.max_workers; i++) {
+		const struct kvr_worker_ent *o = kvr_ctl_worker(s->ctl, i);
+		if (i != w && atomic_load(&o->state) != KVR_WORKER_FREE && o->tp_rank == g->tp_rank) {
+			rep_init(s, rep, -EEXIST, "TP rank %u is already attached (worker slot %u, pid %d)", g->tp_rank, i,
+				 (int)atomic_load(&o->pid));
+			return -EEXIST;
+		}
+	}
+	memcpy(kvr_ctl_worker_geometry(s->ctl, w), g, sizeof(*g));
+	s->kv_fd[w] = fds[0];
+	s->kv_bytes[w] = kv_bytes;
+	fds[0] = -1;
 	return 0;
 }
 
@@ -315,10 +378,11 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	atomic_store(&we->pid, c->pid);
 	we->uid = c->uid;
 	we->generation++;
-	we->tp_rank = 0;
-	we->tp_size = 1;
-	we->dcp_rank = 0;
-	we->dcp_size = 1;
+	const struct kvr_geometry *g = kvr_ctl_worker_geometry(s->ctl, (unsigned)w);
+	we->tp_rank = g->tp_rank;
+	we->tp_size = g->tp_size;
+	we->dcp_rank = g->dcp_rank;
+	we->dcp_size = g->dcp_size;
 	we->attached_ns = kvr_now_ns();
 	atomic_store(&we->waiter.sleepers, 0);
 	atomic_store(&we->state, KVR_WORKER_ATTACHED);
@@ -330,9 +394,24 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	sup_actor_start(s, &s->actors[SUP_ACTOR_STORER((unsigned)w)]);
 
 	rep.worker = (uint32_t)w;
-	rep.n_fds = 2;
-	int out[2] = {s->ctl_seg.fd, s->arena_seg.fd};
-	if (send_rep(c->fd, &rep, out, 2))
+	rep.n_fds = 3;
+	struct kvr_attach_info info = {
+		.ns_lo = s->ns.lo,
+		.ns_hi = s->ns.hi,
+		.lane = g->attention == KVR_ATTN_MLA ? 0 : g->tp_rank,
+		.lanes = s->lanes,
+		.n_slots = s->slots->n_slots,
+		.slot_bytes = s->slots->slot_bytes,
+		.lane_bytes = s->lane_bytes,
+		.kv_bytes = s->kv_bytes[w],
+		.loader_actor = SUP_ACTOR_LOADER((unsigned)w),
+		.storer_actor = SUP_ACTOR_STORER((unsigned)w),
+		.lookup_actor = SUP_ACTOR_LOOKUP,
+	};
+	memcpy(rep.payload, &info, sizeof(info));
+	rep.payload_len = sizeof(info);
+	int out[3] = {s->ctl_seg.fd, s->arena_seg.fd, s->slots_seg.fd};
+	if (send_rep(c->fd, &rep, out, 3))
 		kvr_warn("worker %d: attach reply not sent; it detaches when the connection closes", w);
 	return;
 reply:
@@ -357,7 +436,8 @@ static void worker_detach(struct sup *s, struct sup_conn *c)
 	kvr_msg_build(&m, KVR_MSG_WORKER_GONE, 0, 0, 0, &gone, sizeof(gone));
 	if (sup_actor_send(&s->actors[SUP_ACTOR_LOOKUP], &m))
 		kvr_warn("lookup ctl ring full: worker %u gone not announced", w);
-	/* TODO(L1): release the worker's leases and reclaim its uncommitted slots here. */
+	/* The lookup actor (WORKER_GONE above) drops the worker's pins and reclaims its
+	 * unfinished slots; its KV memfd is closed once its loader and storer exited. */
 	sup_actor_event(s, &s->actors[SUP_ACTOR_LOADER(w)], EV_STOP, 0);
 	sup_actor_event(s, &s->actors[SUP_ACTOR_STORER(w)], EV_STOP, 0);
 }
@@ -371,6 +451,9 @@ void sup_workers_update(struct sup *s)
 		const struct sup_actor *l = &s->actors[SUP_ACTOR_LOADER(w)], *st = &s->actors[SUP_ACTOR_STORER(w)];
 		if (l->pid > 0 || st->pid > 0)
 			continue;
+		if (s->kv_fd[w] >= 0)
+			(void)close(s->kv_fd[w]);
+		s->kv_fd[w] = -1;
 		atomic_store(&we->pid, 0);
 		atomic_store(&we->state, KVR_WORKER_FREE);
 		kvr_debug("worker slot %u free", w);

@@ -9,7 +9,9 @@
 
 #include "kvr_config.h"
 #include "kvr_ctl.h"
+#include "kvr_geometry.h"
 #include "kvr_segment.h"
+#include "kvr_slots.h"
 
 /*
  * kvringd is single-threaded: one epoll loop (main.c) over a signalfd, the listening
@@ -80,8 +82,16 @@ struct sup {
 	struct kvr_config cfg;
 	char *cfg_json;          /* effective config, embedded in the control segment */
 	const char *argv0;
-	struct kvr_segment ctl_seg, arena_seg;
+	struct kvr_segment ctl_seg, arena_seg, slots_seg;
 	struct kvr_ctl *ctl;
+	struct kvr_slot_table *slots;
+	/* the instance's model, as rank 0 of its TP group sees it (layout.c) */
+	struct kvr_geometry geom;
+	kvr_key ns;              /* key namespace */
+	uint64_t lane_bytes;     /* one lane of one block */
+	uint32_t lanes;          /* commit quorum */
+	int kv_fd[KVR_CTL_MAX_WORKERS];        /* each attached worker's KV memory, -1 if none */
+	uint64_t kv_bytes[KVR_CTL_MAX_WORKERS];
 	uint32_t generation;
 
 	int epfd, sigfd, tfd, listen_fd;
@@ -125,6 +135,10 @@ int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen);
  * Logs and returns -errno on failure (nothing left behind). */
 int sup_segments_create(struct sup *s);
 void sup_segments_close(struct sup *s);
+/* The instance's geometry for TP rank `rank` (from model.* of the config). 0 or -errno,
+ * with a reason in err naming the config key. */
+int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num_blocks, struct kvr_geometry *ret,
+		       char *err, size_t errlen);
 
 /* ---- actors.c --------------------------------------------------------------------- */
 

@@ -33,6 +33,8 @@ static void on_term(int sig)
 struct actor_args {
 	int ctl_fd, arena_fd, ready_fd;
 	int actor;
+	int slots_fd, kv_fd; /* -1 when not given */
+	uint64_t kv_bytes;
 };
 
 static int parse_int(const char *s, int *ret)
@@ -53,9 +55,12 @@ static int parse_args(int argc, char **argv, struct actor_args *ret)
 		{"arena-fd", required_argument, NULL, 'a'},
 		{"actor", required_argument, NULL, 'i'},
 		{"ready-fd", required_argument, NULL, 'r'},
+		{"slots-fd", required_argument, NULL, 's'},
+		{"kv-fd", required_argument, NULL, 'k'},
+		{"kv-bytes", required_argument, NULL, 'b'},
 		{0},
 	};
-	struct actor_args a = {-1, -1, -1, -1};
+	struct actor_args a = {-1, -1, -1, -1, -1, -1, 0};
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -73,6 +78,21 @@ static int parse_args(int argc, char **argv, struct actor_args *ret)
 		case 'r':
 			dst = &a.ready_fd;
 			break;
+		case 's':
+			dst = &a.slots_fd;
+			break;
+		case 'k':
+			dst = &a.kv_fd;
+			break;
+		case 'b': {
+			char *end;
+			errno = 0;
+			unsigned long long v = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || !v)
+				return -EINVAL;
+			a.kv_bytes = v;
+			continue;
+		}
 		default:
 			return -EINVAL;
 		}
@@ -192,6 +212,17 @@ static int setup(struct kvr_actor *a, const struct actor_args *args)
 		kvr_err("cannot map the arena (fd %d): %s", args->arena_fd, strerror(-rc));
 		return rc;
 	}
+	if (args->slots_fd >= 0) {
+		rc = kvr_segment_map(args->slots_fd, KVR_SEG_SLOTS, 1, &a->slots_seg);
+		if (!rc)
+			rc = kvr_slots_attach(&a->slots_seg, &a->slots);
+		if (rc) {
+			kvr_err("cannot map the slot table (fd %d): %s", args->slots_fd, strerror(-rc));
+			return rc;
+		}
+	}
+	a->kv_fd = args->kv_fd;
+	a->kv_bytes = args->kv_bytes;
 	rc = attach_rings(a);
 	if (rc) {
 		kvr_err("cannot attach rings: %s", rc == -ENOENT ? "control rings missing" : strerror(-rc));
@@ -258,7 +289,11 @@ static unsigned serve_inputs(struct kvr_actor *a)
 		for (unsigned k = 0; k < BURST && kvr_ring_try_dequeue(r, &m) == 0; k++) {
 			n++;
 			kvr_actor_count(a, KVR_STAT_MSGS_IN, 1);
-			if (a->stage->on_msg(a, r, &m) == 0)
+			/* busy while a handler runs: drain waits for it (the ring may already be empty) */
+			atomic_store_explicit(&a->ent->busy, 1, memory_order_relaxed);
+			int hrc = a->stage->on_msg(a, r, &m);
+			atomic_store_explicit(&a->ent->busy, 0, memory_order_release);
+			if (hrc == 0)
 				a->handled++;
 			else
 				reject(a, r);
@@ -356,13 +391,15 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 	int rc, exit_code = 1;
 
 	kvr_log_setup(stage->name, KVR_LOG_INFO);
-	*a = (struct kvr_actor){.stage = stage, .ctl_seg = {.fd = -1}, .arena_seg = {.fd = -1}};
+	*a = (struct kvr_actor){.stage = stage, .ctl_seg = {.fd = -1}, .arena_seg = {.fd = -1}, .slots_seg = {.fd = -1},
+				.kv_fd = -1};
 	if (!stage->on_msg || (stage->tick_ns && !stage->on_tick) || stage->wait_fd > 0) {
 		kvr_err("stage %s is incomplete", stage->name);
 		return 1;
 	}
 	if (parse_args(argc, argv, &args)) {
-		kvr_err("usage: kvring-%s --ctl-fd N --arena-fd N --actor I --ready-fd N", stage->name);
+		kvr_err("usage: kvring-%s --ctl-fd N --arena-fd N --actor I --ready-fd N [--slots-fd N] "
+			"[--kv-fd N --kv-bytes N]", stage->name);
 		return 1;
 	}
 	rc = install_signals();
@@ -374,6 +411,8 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 	/* kvr_segment_map keeps its own descriptors: the inherited ones are not needed */
 	(void)close(args.ctl_fd);
 	(void)close(args.arena_fd);
+	if (args.slots_fd >= 0)
+		(void)close(args.slots_fd);
 	if (rc)
 		goto out;
 	term_waiter = &a->ent->waiter;
@@ -409,6 +448,9 @@ out:
 	term_waiter = NULL;
 	if (args.ready_fd >= 0)
 		(void)close(args.ready_fd);
+	if (a->kv_fd >= 0)
+		(void)close(a->kv_fd);
+	kvr_segment_close(&a->slots_seg);
 	kvr_segment_close(&a->arena_seg);
 	kvr_segment_close(&a->ctl_seg);
 	return exit_code;

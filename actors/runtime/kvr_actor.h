@@ -11,6 +11,7 @@
 #include "kvr_ctl.h"
 #include "kvr_ring.h"
 #include "kvr_segment.h"
+#include "kvr_slots.h"
 
 /*
  * Contract
@@ -18,9 +19,11 @@
  * An actor executable is a tiny main() that calls kvr_actor_main() with its stage. kvringd
  * starts it as
  *
- *   kvring-<kind> --ctl-fd N --arena-fd N --actor I --ready-fd N
+ *   kvring-<kind> --ctl-fd N --arena-fd N --actor I --ready-fd N --slots-fd N
+ *                 [--kv-fd N --kv-bytes N]        (loader and storer: the worker's KV memory)
  *
- * with the control segment, the arena and the write end of a readiness pipe inherited.
+ * with the control segment, the arena, the slot table, the write end of a readiness pipe
+ * and (loader, storer) the worker's KV memfd inherited.
  * kvr_actor_main():
  *   1. maps the control segment (read-write) and the arena, validates them, finds actor
  *      entry I and parses the effective config embedded in the control segment;
@@ -80,7 +83,10 @@ struct kvr_actor_ring {
 /* The runtime's state. Stages read these fields; they do not change them. */
 struct kvr_actor {
 	const struct kvr_stage *stage;
-	struct kvr_segment ctl_seg, arena_seg;
+	struct kvr_segment ctl_seg, arena_seg, slots_seg;
+	struct kvr_slot_table *slots;  /* the L1 slot table (--slots-fd), NULL when not given */
+	int kv_fd;                     /* loader/storer: the worker's KV memory (--kv-fd), else -1 */
+	uint64_t kv_bytes;             /* its size (--kv-bytes) */
 	struct kvr_ctl *ctl;
 	struct kvr_config cfg;         /* the instance's effective config */
 	unsigned index;                /* actor index in the control segment */
@@ -109,7 +115,7 @@ static inline void kvr_actor_set_data(struct kvr_actor *a, void *data)
 }
 
 /* Add to one of our counters (atomic: kvringd also adds to KVR_STAT_MALFORMED for bad PONGs). */
-static inline void kvr_actor_count(struct kvr_actor *a, enum kvr_stat s, uint64_t by)
+static inline void kvr_actor_count(struct kvr_actor *a, unsigned s, uint64_t by)
 {
 	atomic_fetch_add_explicit(&a->stats->c[s], by, memory_order_relaxed);
 }

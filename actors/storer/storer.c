@@ -1,5 +1,6 @@
 /* storer stage: copy one worker's finished KV blocks into L1 slots and commit them (STORE -> STORE_DONE). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,6 +1,10 @@
 /* Test harness for kvringd: temp instances, the real daemon from KVR_BUILD_ROOT, socket requests. */
 #include "sup_harness.h"
 
+#include <sys/mman.h>
+
+#include "kvr_geometry.h"
+
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -210,15 +214,27 @@ void h_start(struct h_inst *in)
 	(void)H_WAIT(atomic_load(&lk->state) == KVR_ACTOR_READY || atomic_load(&lk->state) == KVR_ACTOR_FAILED, 3000);
 }
 
-int h_attach(const char *sock, struct h_worker *w)
+int h_attach_rank(const char *sock, unsigned tp_size, unsigned rank, struct h_worker *w)
 {
 	memset(w, 0, sizeof(*w));
+	/* A real worker's attach: the default model's geometry for this rank and a KV memfd. */
+	struct kvr_geometry g;
+	if (kvr_preset_geometry(kvr_preset_find("qwen3-8b"), tp_size, rank, 128, 2, &g))
+		return -EINVAL;
+	int kv = memfd_create("h-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (kv < 0 || ftruncate(kv, (off_t)kvr_geometry_kv_extent(&g)) < 0)
+		return -errno;
 	w->sock = kvr_proto_connect(sock);
-	if (w->sock < 0)
+	if (w->sock < 0) {
+		close(kv);
 		return w->sock;
-	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_ATTACH};
-	int rc = kvr_proto_send(w->sock, &req, offsetof(struct kvr_proto_req, payload), NULL, 0);
+	}
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_ATTACH,
+				    .payload_len = sizeof(g)};
+	memcpy(req.payload, &g, sizeof(g));
+	int rc = kvr_proto_send(w->sock, &req, offsetof(struct kvr_proto_req, payload) + sizeof(g), &kv, 1);
 	(void)rc; /* a refused peer may see EPIPE here: its reply is still readable */
+	close(kv);
 	static struct kvr_proto_rep rep;
 	memset(&rep, 0, sizeof(rep));
 	ssize_t n = kvr_proto_recv(w->sock, &rep, sizeof(rep), w->fds, KVR_PROTO_MAX_FDS, &w->n_fds);
@@ -230,6 +246,11 @@ int h_attach(const char *sock, struct h_worker *w)
 	w->worker = rep.worker;
 	snprintf(w->reason, sizeof(w->reason), "%s", rep.reason);
 	return 0;
+}
+
+int h_attach(const char *sock, struct h_worker *w)
+{
+	return h_attach_rank(sock, 1, 0, w);
 }
 
 void h_worker_close(struct h_worker *w)

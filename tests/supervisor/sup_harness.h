@@ -72,6 +72,8 @@ void h_unmap(struct h_inst *in);
 
 /* ATTACH over a new connection (kept open in w->sock). 0 when a reply arrived. */
 int h_attach(const char *sock, struct h_worker *w);
+/* Attach as TP rank `rank` of `tp_size` (the default model, 2 engine blocks). */
+int h_attach_rank(const char *sock, unsigned tp_size, unsigned rank, struct h_worker *w);
 void h_worker_close(struct h_worker *w);
 
 /* Poll expr every 5 ms for up to ms milliseconds; true once it holds. */

@@ -126,7 +126,7 @@ Test(supervisor, attach_busy_detach_reattach)
 	cr_assert_eq(h_attach(inst.sock, &w1), 0);
 	cr_assert_eq(w1.status, 0, "attach: %s", w1.reason);
 	cr_assert_eq(w1.worker, 0);
-	cr_assert_eq(w1.n_fds, 2);
+	cr_assert_eq(w1.n_fds, 3, "ctl, arena and slot table");
 	/* the fds are the control segment (writable) and the arena */
 	struct kvr_segment ctl, arena;
 	cr_assert_eq(kvr_segment_map(w1.fds[0], KVR_SEG_CTL, 1, &ctl), 0);

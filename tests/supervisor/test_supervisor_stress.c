@@ -36,6 +36,7 @@ static void write_lenient_config(unsigned drain_ms)
 		 " \"restart_backoff_initial_ms\": 10, \"restart_backoff_max_ms\": 50,"
 		 " \"crash_loop_max_deaths\": 1000, \"crash_loop_window_s\": 10,"
 		 " \"health_interval_ms\": 200, \"drain_timeout_ms\": %u},"
+		 " \"model\": {\"tp_size\": 2},"
 		 " \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}}",
 		 inst.sock, drain_ms);
 	h_write_config_raw(&inst, json);
@@ -62,8 +63,8 @@ Test(supervisor_stress, random_kills)
 	write_lenient_config(3000);
 	h_start(&inst);
 	struct h_worker w0, w1;
-	cr_assert_eq(h_attach(inst.sock, &w0), 0);
-	cr_assert_eq(h_attach(inst.sock, &w1), 0);
+	cr_assert_eq(h_attach_rank(inst.sock, 2, 0, &w0), 0);
+	cr_assert_eq(h_attach_rank(inst.sock, 2, 1, &w1), 0);
 	cr_assert_eq(w0.status, 0);
 	cr_assert_eq(w1.status, 0);
 	static const char *const names[] = {"lookup", "loader.0", "storer.0", "loader.1", "storer.1"};
@@ -102,7 +103,7 @@ Test(supervisor_stress, attach_detach_churn)
 	const unsigned rounds = 30;
 	for (unsigned r = 0; r < rounds; r++) {
 		struct h_worker w;
-		cr_assert_eq(h_attach(inst.sock, &w), 0);
+		cr_assert_eq(h_attach_rank(inst.sock, 2, 0, &w), 0);
 		cr_assert_eq(w.status, 0, "round %u: %s", r, w.reason);
 		cr_assert_eq(w.worker, 0, "round %u: slot 0 not reused", r);
 		pid_t ld = atomic_load(&wait_ready("loader.0")->pid);
@@ -153,7 +154,7 @@ Test(supervisor_stress, stale_stop_not_inherited)
 	write_lenient_config(3000);
 	h_start(&inst);
 	struct h_worker w;
-	cr_assert_eq(h_attach(inst.sock, &w), 0);
+	cr_assert_eq(h_attach_rank(inst.sock, 2, 0, &w), 0);
 	cr_assert_eq(w.status, 0);
 	struct kvr_actor_ent *ld = wait_ready("loader.0");
 	pid_t pid = atomic_load(&ld->pid);
@@ -164,7 +165,7 @@ Test(supervisor_stress, stale_stop_not_inherited)
 	cr_assert_eq(ld->last_exit_signal, SIGKILL);
 	cr_assert_eq(kvr_ring_count(h_ring(inst.ctl, "ctl.loader.0.in")), 1, "the STOP is still queued");
 
-	cr_assert_eq(h_attach(inst.sock, &w), 0);
+	cr_assert_eq(h_attach_rank(inst.sock, 2, 0, &w), 0);
 	cr_assert_eq(w.status, 0);
 	ld = wait_ready("loader.0");
 	pid_t pid2 = atomic_load(&ld->pid);
