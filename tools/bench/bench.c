@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -143,6 +144,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		if (pid == 0) {
+			(void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* no rank outlives a killed bench */
 			struct bench_rank_ctx ctx = {.o = &o, .pl = &pl, .socket = socket, .rank = r,
 						     .barrier = shared_barrier(&sh), .res = &sh.res[r],
 						     .samples = rank_samples(&o, &sh, r)};
