@@ -129,6 +129,32 @@ enum kvr_stat {
 	KVR_STAT_MAX = 64,
 };
 
+/* Stage counters (indices from KVR_STAT_FIRST_STAGE; their meaning depends on the kind). */
+enum kvr_stat_lookup {
+	KVR_STAT_LK_WORKERS_GONE = KVR_STAT_FIRST_STAGE, /* WORKER_GONE handled */
+	KVR_STAT_LK_LOOKUPS,          /* LOOKUP requests answered */
+	KVR_STAT_LK_KEYS,             /* blocks asked for */
+	KVR_STAT_LK_MATCHED,          /* blocks matched */
+	KVR_STAT_LK_ALLOCATED,        /* slots allocated for stores */
+	KVR_STAT_LK_PRESENT,          /* store keys already present on their lane */
+	KVR_STAT_LK_NOROOM,           /* store keys refused: nothing evictable */
+	KVR_STAT_LK_EVICTED,          /* blocks evicted */
+	KVR_STAT_LK_COMMITTED,        /* lanes committed */
+	KVR_STAT_LK_VISIBLE,          /* blocks that became visible (quorum) */
+	KVR_STAT_LK_ABORTED,          /* unfinished slots reclaimed */
+	KVR_STAT_LK_REPLIES_DROPPED,  /* replies dropped: reader stopped reading */
+	KVR_STAT_LK_STALE,            /* requests addressed to an earlier incarnation */
+};
+
+enum kvr_stat_xfer { /* loader and storer */
+	KVR_STAT_XF_BLOCKS = KVR_STAT_FIRST_STAGE, /* blocks copied */
+	KVR_STAT_XF_BYTES,            /* bytes copied */
+	KVR_STAT_XF_FAILED_BLOCKS,    /* blocks reported failed */
+	KVR_STAT_XF_PRESENT_BLOCKS,   /* store: already stored, not copied */
+	KVR_STAT_XF_CHUNKS,           /* staging leases used */
+	KVR_STAT_XF_REQUESTS,         /* requests completed */
+};
+
 struct kvr_actor_stats {
 	_Atomic uint64_t c[KVR_STAT_MAX];
 };

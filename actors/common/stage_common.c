@@ -132,7 +132,7 @@ int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blo
 			}
 			inflight++;
 			done += k;
-			kvr_actor_count(sw->a, STAGE_STAT_CHUNKS, 1);
+			kvr_actor_count(sw->a, KVR_STAT_XF_CHUNKS, 1);
 			continue;
 		}
 		struct kvr_xfer_stats s = {0};

@@ -14,15 +14,6 @@
  * dropped and logged (the client's own timeout has long fired by then). */
 #define STAGE_REPLY_TIMEOUT_NS (5ull * 1000000000ull)
 
-/* Stage counters in the actor's stats page (after the runtime's own). */
-enum {
-	STAGE_STAT_BLOCKS = KVR_STAT_FIRST_STAGE, /* blocks copied */
-	STAGE_STAT_BYTES,                         /* bytes copied */
-	STAGE_STAT_FAILED_BLOCKS,                 /* blocks reported failed */
-	STAGE_STAT_PRESENT_BLOCKS,                /* store: already stored, not copied */
-	STAGE_STAT_CHUNKS,                        /* staging leases used */
-	STAGE_STAT_REQUESTS,                      /* requests completed */
-};
 
 struct stage_worker {
 	struct kvr_actor *a;

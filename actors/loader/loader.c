@@ -164,9 +164,9 @@ static void execute(struct kvr_actor *a, struct loader *l)
 		reply(l, wire, rc, n, n_failed, &st, queue_ns);
 		return;
 	}
-	kvr_actor_count(a, STAGE_STAT_BLOCKS, n_ok);
-	kvr_actor_count(a, STAGE_STAT_BYTES, st.bytes);
-	kvr_actor_count(a, STAGE_STAT_FAILED_BLOCKS, n_failed);
+	kvr_actor_count(a, KVR_STAT_XF_BLOCKS, n_ok);
+	kvr_actor_count(a, KVR_STAT_XF_BYTES, st.bytes);
+	kvr_actor_count(a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
 	kvr_debug("load %llx: %u blocks, %u failed, %llu bytes, %llu runs, copy %llu us", (unsigned long long)wire, n,
 		  n_failed, (unsigned long long)st.bytes, (unsigned long long)st.runs,
 		  (unsigned long long)(st.copy_ns / 1000));

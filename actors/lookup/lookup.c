@@ -27,20 +27,6 @@
 
 #define REPLY_TIMEOUT_NS (2ull * 1000000000ull)
 
-enum {
-	LK_STAT_LOOKUPS = KVR_STAT_FIRST_STAGE,
-	LK_STAT_KEYS,          /* blocks asked for */
-	LK_STAT_MATCHED,       /* blocks matched */
-	LK_STAT_ALLOCATED,
-	LK_STAT_PRESENT,
-	LK_STAT_NOROOM,
-	LK_STAT_EVICTED,
-	LK_STAT_COMMITTED,
-	LK_STAT_VISIBLE,
-	LK_STAT_ABORTED,
-	LK_STAT_REPLIES_DROPPED,
-	LK_STAT_STALE,
-};
 
 struct lk_worker {
 	struct kvr_ring *lk_req, *lk_rep, *cm_req, *cm_rep;
@@ -134,7 +120,7 @@ static struct kvr_index_ref *refs(struct lookup *l, uint32_t n)
 
 static void dropped(struct kvr_actor *a, unsigned w, int rc)
 {
-	kvr_actor_count(a, LK_STAT_REPLIES_DROPPED, 1);
+	kvr_actor_count(a, KVR_STAT_LK_REPLIES_DROPPED, 1);
 	kvr_err("worker %u does not read its replies (%s): reply dropped", w, strerror(-rc));
 }
 
@@ -161,7 +147,7 @@ static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
 	uint64_t wire = q->req_id;
 	unsigned lane = q->lane;
 	if ((uint32_t)(wire >> 48) != (atomic_load(&a->ent->generation) & 0xffff)) {
-		kvr_actor_count(a, LK_STAT_STALE, 1);
+		kvr_actor_count(a, KVR_STAT_LK_STALE, 1);
 		send_lookup_rep(a, l, wi, wire, -ESTALE, 0, lane, 0);
 		return;
 	}
@@ -180,9 +166,9 @@ static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		send_lookup_rep(a, l, wi, wire, n, 0, lane, dt);
 		return;
 	}
-	kvr_actor_count(a, LK_STAT_LOOKUPS, 1);
-	kvr_actor_count(a, LK_STAT_KEYS, q->total);
-	kvr_actor_count(a, LK_STAT_MATCHED, (uint64_t)n);
+	kvr_actor_count(a, KVR_STAT_LK_LOOKUPS, 1);
+	kvr_actor_count(a, KVR_STAT_LK_KEYS, q->total);
+	kvr_actor_count(a, KVR_STAT_LK_MATCHED, (uint64_t)n);
 	send_lookup_rep(a, l, wi, wire, 0, (uint32_t)n, lane, dt);
 }
 
@@ -212,10 +198,10 @@ static void do_alloc(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		else
 			return; /* out of memory: the storer times out and resets */
 	}
-	kvr_actor_count(a, LK_STAT_ALLOCATED, st.allocated);
-	kvr_actor_count(a, LK_STAT_PRESENT, st.present);
-	kvr_actor_count(a, LK_STAT_NOROOM, st.noroom);
-	kvr_actor_count(a, LK_STAT_EVICTED, st.evicted);
+	kvr_actor_count(a, KVR_STAT_LK_ALLOCATED, st.allocated);
+	kvr_actor_count(a, KVR_STAT_LK_PRESENT, st.present);
+	kvr_actor_count(a, KVR_STAT_LK_NOROOM, st.noroom);
+	kvr_actor_count(a, KVR_STAT_LK_EVICTED, st.evicted);
 	int src = kvr_list_send(l->w[wi].cm_rep, KVR_MSG_ALLOC_REP, q->req_id, q->lane, l->refs, q->total,
 				kvr_now_ns() + REPLY_TIMEOUT_NS);
 	if (src)
@@ -237,8 +223,8 @@ static void do_commit(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		if (rc == 1)
 			visible++;
 	}
-	kvr_actor_count(a, LK_STAT_COMMITTED, committed);
-	kvr_actor_count(a, LK_STAT_VISIBLE, visible);
+	kvr_actor_count(a, KVR_STAT_LK_COMMITTED, committed);
+	kvr_actor_count(a, KVR_STAT_LK_VISIBLE, visible);
 	send_commit_rep(a, l, wi, q->req_id, 0, committed, visible);
 }
 
@@ -251,7 +237,8 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 			return -EBADMSG;
 		struct kvr_slots_release rel = {0};
 		kvr_index_release_worker(l->idx, g.worker, &rel);
-		kvr_actor_count(a, LK_STAT_ABORTED, rel.aborted);
+		kvr_actor_count(a, KVR_STAT_LK_WORKERS_GONE, 1);
+		kvr_actor_count(a, KVR_STAT_LK_ABORTED, rel.aborted);
 		kvr_info("worker %u gone: %u pins dropped on %u slots, %u unfinished slots reclaimed", g.worker, rel.pins,
 			 rel.unpinned_slots, rel.aborted);
 		return 0;
@@ -286,7 +273,7 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 			if (kvr_msg_decode_reset(m))
 				return -EBADMSG;
 			rc = kvr_index_abort_owner(l->idx, wi);
-			kvr_actor_count(a, LK_STAT_ABORTED, rc > 0 ? (uint64_t)rc : 0);
+			kvr_actor_count(a, KVR_STAT_LK_ABORTED, rc > 0 ? (uint64_t)rc : 0);
 			if (rc > 0)
 				kvr_info("worker %u storer reset: %d unfinished slots reclaimed", wi, rc);
 			send_commit_rep(a, l, wi, m->hdr.req_id, rc < 0 ? rc : 0, 0, 0);

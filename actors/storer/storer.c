@@ -291,11 +291,11 @@ static void execute(struct kvr_actor *a, struct storer *s)
 			kvr_warn("store %llx: lookup reported %u commits, the slot table shows %u", (unsigned long long)wire,
 				 cr.n_committed, committed);
 	}
-	kvr_actor_count(a, STAGE_STAT_BLOCKS, committed);
-	kvr_actor_count(a, STAGE_STAT_BYTES, st.bytes);
-	kvr_actor_count(a, STAGE_STAT_PRESENT_BLOCKS, present);
-	kvr_actor_count(a, STAGE_STAT_FAILED_BLOCKS, n_failed);
-	kvr_actor_count(a, STAGE_STAT_REQUESTS, 1);
+	kvr_actor_count(a, KVR_STAT_XF_BLOCKS, committed);
+	kvr_actor_count(a, KVR_STAT_XF_BYTES, st.bytes);
+	kvr_actor_count(a, KVR_STAT_XF_PRESENT_BLOCKS, present);
+	kvr_actor_count(a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
+	kvr_actor_count(a, KVR_STAT_XF_REQUESTS, 1);
 	kvr_debug("store %llx: %u blocks, %u stored, %u present, %u failed, %llu bytes", (unsigned long long)wire, n,
 		  committed, present, n_failed, (unsigned long long)st.bytes);
 	reply(s, wire, n_failed ? -EIO : 0, n, committed, present, n_failed, &st, queue_ns);

@@ -285,7 +285,7 @@ struct kvr_ring *h_ring(const struct kvr_ctl *c, const char *name)
 	return kvr_ctl_ring(c, (unsigned)i);
 }
 
-uint64_t h_stat(const struct h_inst *in, const char *actor, enum kvr_stat s)
+uint64_t h_stat(const struct h_inst *in, const char *actor, unsigned s)
 {
 	int i = h_actor_index(in->ctl, actor);
 	cr_assert(i >= 0);

@@ -94,7 +94,7 @@ void h_worker_close(struct h_worker *w);
 int h_actor_index(const struct kvr_ctl *c, const char *name);
 struct kvr_actor_ent *h_actor(const struct h_inst *in, const char *name);
 struct kvr_ring *h_ring(const struct kvr_ctl *c, const char *name);
-uint64_t h_stat(const struct h_inst *in, const char *actor, enum kvr_stat s);
+uint64_t h_stat(const struct h_inst *in, const char *actor, unsigned s);
 
 /* Is pid alive (and not a zombie)? */
 bool h_pid_alive(pid_t pid);

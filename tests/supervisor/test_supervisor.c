@@ -174,7 +174,7 @@ Test(supervisor, attach_busy_detach_reattach)
 	cr_assert_eq(ld->restarts, 0);
 	cr_assert(!h_pid_alive(ld_pid) && !h_pid_alive(st_pid));
 	/* the lookup actor heard about it (WORKER_GONE) and did not count it as malformed */
-	cr_assert(H_WAIT(h_stat(&inst, "lookup", KVR_STAT_FIRST_STAGE) == 1, 1000), "no WORKER_GONE");
+	cr_assert(H_WAIT(h_stat(&inst, "lookup", KVR_STAT_LK_WORKERS_GONE) == 1, 1000), "no WORKER_GONE");
 	cr_assert_eq(h_stat(&inst, "lookup", KVR_STAT_MALFORMED), 0);
 
 	/* and the slot can be attached again: a new generation, new actors */

@@ -119,8 +119,8 @@ Test(supervisor_stress, attach_detach_churn)
 	cr_assert_eq(ld->restarts, 0);
 	cr_assert_eq(ld->last_exit_code, 0);
 	/* lookup heard WORKER_GONE once per detach */
-	cr_assert(H_WAIT(h_stat(&inst, "lookup", KVR_STAT_FIRST_STAGE) == rounds, 1000), "workers gone: %llu",
-		  (unsigned long long)h_stat(&inst, "lookup", KVR_STAT_FIRST_STAGE));
+	cr_assert(H_WAIT(h_stat(&inst, "lookup", KVR_STAT_LK_WORKERS_GONE) == rounds, 1000), "workers gone: %llu",
+		  (unsigned long long)h_stat(&inst, "lookup", KVR_STAT_LK_WORKERS_GONE));
 	cr_assert_eq(h_stat(&inst, "lookup", KVR_STAT_MALFORMED), 0);
 }
 
