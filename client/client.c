@@ -227,6 +227,21 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 	kvr_ring_claim_consumer(c->ld_rep, me);
 	kvr_ring_claim_consumer(c->st_rep, me);
 	c->waiter = &kvr_ctl_worker(c->ctl, c->worker)->waiter;
+
+	/* kvringd starts our loader and storer on attach: wait until they serve. */
+	uint64_t deadline = kvr_now_ns() + (uint64_t)c->timeout_ns;
+	for (;;) {
+		uint32_t ls = atomic_load(&kvr_ctl_actor(c->ctl, c->info.loader_actor)->state);
+		uint32_t ss = atomic_load(&kvr_ctl_actor(c->ctl, c->info.storer_actor)->state);
+		if (ls == KVR_ACTOR_READY && ss == KVR_ACTOR_READY)
+			break;
+		if (ls == KVR_ACTOR_FAILED || ss == KVR_ACTOR_FAILED || kvr_now_ns() >= deadline) {
+			rc = fail(c, -ETIMEDOUT, "attach: loader %s, storer %s after %lld ms", kvr_actor_state_name(ls),
+				  kvr_actor_state_name(ss), (long long)(c->timeout_ns / 1000000));
+			goto err;
+		}
+		usleep(1000);
+	}
 	*ret_client = c;
 	return 0;
 
