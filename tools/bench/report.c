@@ -137,7 +137,6 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 		       const struct bench_summary *s)
 {
 	char a[32], b[32], c[32], d[32];
-	(void)pl;
 	if (s->ran_cold) {
 		fprintf(f, "\ncold: store                      kvring        memcpy   kvring/memcpy    goal\n");
 		fprintf(f, "  bytes newly stored     %10.1f MiB\n", mib(s->st_bytes));
@@ -160,8 +159,9 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 			s->ld_time_ratio, LOAD_GOAL_MAX,
 			s->ld_bytes ? (s->ld_time_ratio <= LOAD_GOAL_MAX ? "met" : "missed") : "-");
 		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s\n", s->ld_gbps, s->ld_memcpy_gbps);
-		fprintf(f, "  hit rate %.2f %% (%" PRIu64 " of %" PRIu64 " tokens), %" PRIu64 " blocks missed\n",
-			100.0 * s->hit_rate, s->ld_matched_tokens, s->ld_tokens, s->ld_misses);
+		fprintf(f, "  hit rate %.2f %% (%" PRIu64 " of %" PRIu64 " tokens; %" PRIu64 " in full blocks), %" PRIu64
+			" blocks missed\n", 100.0 * s->hit_rate, s->ld_matched_tokens, s->ld_tokens,
+			s->ld_requests * pl->full_blocks * o->block_tokens, s->ld_misses);
 		fprintf(f, "  latency / request      mean %s  p50 %s  p99 %s  (lookup + load done)\n",
 			fmt_ns(a, sizeof(a), s->lat.mean), fmt_ns(b, sizeof(b), (double)s->lat.p50),
 			fmt_ns(c, sizeof(c), (double)s->lat.p99));
