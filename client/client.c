@@ -53,7 +53,7 @@ struct pending {
 
 struct kvr_client {
 	int sock;
-	struct kvr_segment ctl_seg, arena_seg, slots_seg;
+	struct kvr_segment ctl_seg;
 	struct kvr_ctl *ctl;
 	struct kvr_attach_info info;
 	struct kvr_geometry geom;
@@ -94,9 +94,12 @@ static int fail(struct kvr_client *c, int rc, const char *fmt, ...)
 	return rc;
 }
 
+/* Why the last kvr_attach() of this thread failed: the client it built is gone by then. */
+static __thread char attach_err[256];
+
 const char *kvr_last_error(const struct kvr_client *c)
 {
-	return c ? c->err : "no client";
+	return c ? c->err : attach_err;
 }
 
 unsigned kvr_worker_slot(const struct kvr_client *c)
@@ -137,13 +140,18 @@ static uint64_t wire_id(struct kvr_client *c, uint32_t gen)
 
 int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client)
 {
-	if (!opts || !opts->geometry || opts->kv_fd < 0 || !opts->kv_bytes || !ret_client)
+	attach_err[0] = 0;
+	if (!opts || !opts->geometry || opts->kv_fd < 0 || !opts->kv_bytes || !ret_client) {
+		snprintf(attach_err, sizeof(attach_err), "attach: missing geometry, KV memory or result pointer");
 		return -EINVAL;
+	}
 	struct kvr_client *c = calloc(1, sizeof(*c));
-	if (!c)
+	if (!c) {
+		snprintf(attach_err, sizeof(attach_err), "attach: out of memory");
 		return -ENOMEM;
+	}
 	c->sock = -1;
-	c->ctl_seg.fd = c->arena_seg.fd = c->slots_seg.fd = -1;
+	c->ctl_seg.fd = -1;
 	c->timeout_ns = (opts->timeout_ms > 0 ? opts->timeout_ms : 10000) * 1000000ll;
 	int rc;
 	char err[KVR_GEOM_ERR_MAX];
@@ -195,9 +203,9 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 	c->worker = rep.worker;
 	c->ns = (kvr_key){.lo = c->info.ns_lo, .hi = c->info.ns_hi};
 
+	/* The client needs only the control segment (rings, actor table); the arena and the
+	 * slot table are the actors' business. */
 	if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 1, &c->ctl_seg)) ||
-	    (rc = kvr_segment_map(fds[1], KVR_SEG_ARENA, 1, &c->arena_seg)) ||
-	    (rc = kvr_segment_map(fds[2], KVR_SEG_SLOTS, 1, &c->slots_seg)) ||
 	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl))) {
 		rc = fail(c, rc, "attach: cannot map the instance's segments: %s", strerror(-rc));
 		goto close_fds;
@@ -249,6 +257,7 @@ close_fds:
 	for (unsigned i = 0; i < nfds; i++)
 		close(fds[i]);
 err:
+	snprintf(attach_err, sizeof(attach_err), "%s", c->err);
 	kvr_detach(c);
 	return rc;
 }
@@ -266,8 +275,6 @@ void kvr_detach(struct kvr_client *c)
 	if (c->sock >= 0)
 		close(c->sock); /* kvringd sees the close: releases our leases, stops our actors */
 	kvr_segment_close(&c->ctl_seg);
-	kvr_segment_close(&c->arena_seg);
-	kvr_segment_close(&c->slots_seg);
 	for (unsigned i = 0; i < MEMO_MAX; i++)
 		free(c->memo[i].slots);
 	for (unsigned i = 0; i < c->n_pend; i++)

@@ -1,4 +1,5 @@
 /* Host transfer backend: the worker's KV memory is a memfd mapped here; copies run inside submit. */
+#include "kvr_segment.h"
 #include "kvr_xfer.h"
 
 #include <errno.h>
@@ -62,6 +63,9 @@ static int host_open(const struct kvr_xfer_kvmem *kv, const struct kvr_xfer_aren
 		free(h);
 		return rc;
 	}
+	/* Fault the worker's pages into our page table now, not one 4 KiB fault at a time on
+	 * the data path. Not fatal: an older kernel just faults lazily. */
+	(void)kvr_populate(map, (size_t)st.st_size);
 	h->map = map;
 	h->map_len = (size_t)st.st_size;
 	h->kv = (unsigned char *)map + kv->u.host.offset;

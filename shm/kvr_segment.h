@@ -60,6 +60,11 @@ int kvr_segment_create(const char *name, enum kvr_seg_kind kind, size_t size, ui
  * The fd is dup'ed: the caller keeps its own. */
 int kvr_segment_map(int fd, enum kvr_seg_kind expect_kind, int writable, struct kvr_segment *ret);
 
+/* Fault every page of [base, base+len) in now, writable (MADV_POPULATE_WRITE), so the data
+ * path never takes a page fault on L1. Returns 0 or -errno (-EINVAL on kernels before
+ * 5.14: callers treat a failure as "not populated", never as fatal). */
+int kvr_populate(void *base, size_t len);
+
 /* Unmap and close; accepts a zeroed or already-closed segment. */
 void kvr_segment_close(struct kvr_segment *seg);
 

@@ -115,6 +115,15 @@ int kvr_segment_map(int fd, enum kvr_seg_kind expect_kind, int writable, struct 
 	return 0;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+int kvr_populate(void *base, size_t len)
+{
+	return madvise(base, len, MADV_POPULATE_WRITE) ? -errno : 0;
+}
+
 void kvr_segment_close(struct kvr_segment *seg)
 {
 	if (!seg)

@@ -233,6 +233,10 @@ static int create_l1(struct sup *s)
 		kvr_err("cannot create the arena (%llu bytes): %s", (unsigned long long)asize, strerror(-rc));
 		return rc;
 	}
+	/* L1 is allocated up front, as pinned host memory would be: no first-touch faults later */
+	rc = kvr_populate(s->arena_seg.base, s->arena_seg.size);
+	if (rc)
+		kvr_warn("arena: cannot pre-fault (%s): pages are allocated on first use", strerror(-rc));
 	char nsbuf[KVR_KEY_FMT_LEN];
 	kvr_info("L1: %llu slots of %llu bytes (%llu blocks x %u lanes), arena %llu bytes%s, namespace %s",
 		 (unsigned long long)n_slots, (unsigned long long)slot_bytes, (unsigned long long)(n_slots / s->lanes),
