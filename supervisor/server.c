@@ -329,12 +329,14 @@ static int attach_validate(struct sup *s, struct sup_conn *c, unsigned w, const 
 		rep_init(s, rep, -EINVAL, "geometry mismatch: the page layout differs from the instance's model");
 		return -EINVAL;
 	}
-	/* one worker per TP rank (MLA: every rank loads the same lane, still one worker each) */
+	/* one worker per (TP rank, DCP rank) (MLA: every rank loads the same lane, still one
+	 * worker each) */
 	for (unsigned i = 0; i < s->cfg.instance.max_workers; i++) {
 		const struct kvr_worker_ent *o = kvr_ctl_worker(s->ctl, i);
-		if (i != w && atomic_load(&o->state) != KVR_WORKER_FREE && o->tp_rank == g->tp_rank) {
-			rep_init(s, rep, -EEXIST, "TP rank %u is already attached (worker slot %u, pid %d)", g->tp_rank, i,
-				 (int)atomic_load(&o->pid));
+		if (i != w && atomic_load(&o->state) != KVR_WORKER_FREE && o->tp_rank == g->tp_rank &&
+		    o->dcp_rank == g->dcp_rank) {
+			rep_init(s, rep, -EEXIST, "TP rank %u (DCP rank %u) is already attached (worker slot %u, pid %d)",
+				 g->tp_rank, g->dcp_rank, i, (int)atomic_load(&o->pid));
 			return -EEXIST;
 		}
 	}
