@@ -29,7 +29,7 @@ extern "C" {
  */
 
 struct kvr_client;
-struct kvr_geometry; /* see kvring/geometry.h */
+struct kvr_geometry; /* <kvring/kvr_geometry.h>: layout, presets, validation */
 
 struct kvr_attach_opts {
 	const char *socket;                  /* kvringd socket; NULL = default */
@@ -44,7 +44,8 @@ struct kvr_attach_opts {
 int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client);
 void kvr_detach(struct kvr_client *c);
 
-/* The reason for the last error on c (never NULL; "" when none). */
+/* The reason for the last error on c (never NULL; "" when none). With c NULL: why the
+ * last kvr_attach() of the calling thread failed (it leaves no client to ask). */
 const char *kvr_last_error(const struct kvr_client *c);
 
 /* Worker slot and TP lane assigned at attach. */
