@@ -74,6 +74,62 @@ struct kvr_attach_info {
 	uint32_t reserved2;
 };
 
+/* ---- ATTACH with CUDA KV memory (docs/cuda.md) -------------------------------------------
+ * The request does not change: payload = geometry, one fd. When the worker's KV memory is
+ * GPU memory, that fd is a "KV descriptor": a memfd whose size is max(kv_bytes, desc_bytes)
+ * (sparse past its first pages), starting with struct kvr_cuda_desc, then n_ranges
+ * struct kvr_cuda_range at ranges_off, then the store-event table (n_events struct
+ * kvr_cuda_event) at events_off. The worker fills it, seals it F_SEAL_SHRINK | F_SEAL_GROW |
+ * F_SEAL_FUTURE_WRITE | F_SEAL_SEAL and keeps one writable mapping to fill event entries.
+ * kvringd checks it like any KV memfd (a regular file at least as large as the geometry's
+ * extent) and needs no change; an actor that does not know the format cannot map it
+ * writable (EPERM) and fails instead of copying into it. Readers validate every field
+ * (cuda/kvr_cuda.h: kvr_cuda_desc_read, kvr_cuda_desc_check) before using any.
+ *
+ * Store events: a STORE whose list messages carry KVR_STOREF_CUDA_EVENT (msg.h) must not
+ * read the KV memory before the IPC event in entry (wire id % n_events) has completed; the
+ * entry's wire field equals the request's wire id (anything else fails the store). */
+#define KVR_CUDA_DESC_MAGIC 0x3144564bu /* "KVD1" */
+#define KVR_CUDA_DESC_VERSION 1u
+#define KVR_CUDA_IPC_BYTES 64u           /* cudaIpcMemHandle_t, cudaIpcEventHandle_t */
+#define KVR_CUDA_MAX_RANGES 4096u
+#define KVR_CUDA_MAX_EVENTS 65536u       /* n_events: 0 or a power of two up to this */
+#define KVR_CUDA_EVENTS 1024u            /* what libkvring uses */
+
+struct kvr_cuda_desc {
+	uint32_t magic;       /* KVR_CUDA_DESC_MAGIC */
+	uint32_t version;     /* KVR_CUDA_DESC_VERSION */
+	uint32_t n_ranges;    /* 1..KVR_CUDA_MAX_RANGES */
+	uint32_t n_events;    /* 0 or a power of two <= KVR_CUDA_MAX_EVENTS */
+	uint64_t kv_bytes;    /* the KV offset space the geometry indexes */
+	uint64_t ranges_off;  /* sizeof(struct kvr_cuda_desc) */
+	uint64_t events_off;  /* >= end of the ranges, a multiple of 64 */
+	uint64_t desc_bytes;  /* >= end of the event table, a multiple of 4096 */
+	uint8_t device_uuid[16]; /* cudaDeviceProp.uuid of the GPU that holds the KV memory */
+	int32_t worker_pid;   /* exporting process (diagnostics only) */
+	uint32_t reserved[7]; /* 0 */
+};
+_Static_assert(sizeof(struct kvr_cuda_desc) == 96, "cuda descriptor header");
+
+/* One piece of the KV offset space: [kv_offset, kv_offset + bytes) lives at byte
+ * alloc_offset of the allocation that handle names. Ranges are sorted by kv_offset and
+ * do not overlap; several may name one allocation (one cudaMalloc holding several layers). */
+struct kvr_cuda_range {
+	uint8_t handle[KVR_CUDA_IPC_BYTES]; /* cudaIpcMemHandle_t (cudaIpcGetMemHandle of the base) */
+	uint64_t alloc_offset;
+	uint64_t kv_offset;
+	uint64_t bytes;       /* > 0 */
+	uint64_t reserved;    /* 0 */
+};
+_Static_assert(sizeof(struct kvr_cuda_range) == 96, "cuda descriptor range");
+
+struct kvr_cuda_event {
+	uint64_t wire;        /* wire id of the STORE this entry belongs to; 0 = none */
+	uint64_t reserved;    /* 0 */
+	uint8_t handle[KVR_CUDA_IPC_BYTES]; /* cudaIpcEventHandle_t, recorded after the KV was written */
+};
+_Static_assert(sizeof(struct kvr_cuda_event) == 80, "cuda store event");
+
 /* Send one record with up to KVR_PROTO_MAX_FDS descriptors. 0 or -errno. */
 int kvr_proto_send(int sock, const void *rec, size_t len, const int *fds, unsigned n_fds);
 

@@ -111,6 +111,10 @@ struct kvr_msg_list_hdr {
 	uint8_t flags;   /* type-specific */
 };
 
+/* kvr_msg_list_hdr.flags of KVR_MSG_STORE (on every message of the list): wait for the
+ * worker's CUDA IPC event in its KV descriptor's event table (kvr_proto.h) before copying. */
+#define KVR_STOREF_CUDA_EVENT 0x01u
+
 #define KVR_LIST_KEYS 2
 #define KVR_LIST_SLOTS 5
 #define KVR_LIST_LOAD 3
