@@ -487,7 +487,10 @@ static void print_text(const struct row *rows, const struct params *p, const str
 		if (r->state == 0)
 			continue;
 		if (r->state != 1) {
-			printf("%-14s %s: %s\n", r->t->label, r->state == -1 ? "skipped" : "FAILED", r->why);
+			if (r->state == -1) /* "iceoryx: not built (...)", "iceoryx: iox-roudi not found ..." */
+				printf("%s: %s (row skipped)\n", r->t->name, r->why);
+			else
+				printf("%s: FAILED: %s\n", r->t->name, r->why);
 			continue;
 		}
 		const struct side *a = &r->pp[RB_A];
