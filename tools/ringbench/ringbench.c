@@ -1,4 +1,4 @@
-/* kvring-ringbench: one-way latency and throughput of 64-byte messages between two processes, kvr ring vs pipe vs iceoryx. */
+/* kvring-ringbench: 64-byte message latency and throughput between two processes: kvr ring, pipe, iceoryx. */
 #include <cJSON.h>
 #include <errno.h>
 #include <getopt.h>
