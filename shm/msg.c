@@ -96,9 +96,14 @@ int kvr_msg_decode_stop(const struct kvr_msg *m)
 
 char *kvr_msg_describe(const struct kvr_msg *m, char *buf, size_t len)
 {
-	char fl[8];
-	snprintf(fl, sizeof(fl), "%s%s%s", (m->hdr.flags & KVR_MSGF_MORE) ? "M" : "",
-		 (m->hdr.flags & KVR_MSGF_ERROR) ? "E" : "", m->hdr.flags ? "" : "-");
+	char fl[16];
+	unsigned f = m->hdr.flags, unknown = f & ~(unsigned)(KVR_MSGF_MORE | KVR_MSGF_ERROR);
+	if (!f)
+		snprintf(fl, sizeof(fl), "-");
+	else if (unknown)
+		snprintf(fl, sizeof(fl), "0x%02x", f);
+	else
+		snprintf(fl, sizeof(fl), "%s%s", (f & KVR_MSGF_MORE) ? "M" : "", (f & KVR_MSGF_ERROR) ? "E" : "");
 	snprintf(buf, len, "%s req=%llu seq=%u flags=%s len=%u", kvr_msg_type_name(m->hdr.type),
 		 (unsigned long long)m->hdr.req_id, m->hdr.seq, fl, m->hdr.body_len);
 	return buf;
