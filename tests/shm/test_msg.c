@@ -461,7 +461,7 @@ Test(msg, names_and_describe)
 	cr_assert_str_eq(buf, "blocks req=18446744073709551615 seq=4294967295 flags=ME len=0");
 	memset(&m, 0xff, sizeof(m));
 	kvr_msg_describe(&m, buf, sizeof(buf));
-	cr_assert_str_eq(buf, "unknown req=18446744073709551615 seq=4294967295 flags=ME len=255");
+	cr_assert_str_eq(buf, "unknown req=18446744073709551615 seq=4294967295 flags=0xff len=255");
 	/* truncation keeps a terminated string */
 	kvr_msg_describe(&m, buf, 8);
 	cr_assert_str_eq(buf, "unknown");
