@@ -186,7 +186,10 @@ int main(int argc, char **argv)
 	free(pids);
 
 	if (o.spawn && srv.pid > 0) {
-		int st = bench_server_stop(&srv, STOP_TIMEOUT_MS, err, sizeof(err));
+		bool trouble = extra_errors > 0;
+		for (uint32_t r = 0; r < o.tp; r++)
+			trouble |= sh.res[r].err[0] != '\0';
+		int st = bench_server_stop(&srv, STOP_TIMEOUT_MS, trouble, err, sizeof(err));
 		if (st) {
 			fprintf(stderr, "kvring-bench: %s\n", err);
 			extra_errors++;

@@ -219,9 +219,10 @@ struct bench_server {
  * 0, or -errno with the reason in err (the log's tail is printed to stderr). */
 int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, struct bench_server *ret, char *err,
 		       size_t errlen);
-/* SIGTERM, wait (up to timeout_ms, then SIGKILL) and remove the temp dir. Returns the exit
- * status (0..255), or -errno / -EINTR-like negative when it was killed by a signal. */
-int bench_server_stop(struct bench_server *s, int64_t timeout_ms, char *err, size_t errlen);
+/* SIGTERM, wait (up to timeout_ms, then SIGKILL) and remove the temp dir. The log's tail goes
+ * to stderr when show_log is set or kvringd did not exit 0. Returns the exit status (0..255),
+ * or -ETIMEDOUT (killed after the timeout) / -EINTR (it died by a signal) / -errno. */
+int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log, char *err, size_t errlen);
 
 /* The config JSON --spawn writes (exposed for tests). Caller frees. */
 char *bench_server_config(const struct bench_opts *o, const struct bench_plan *pl, const char *socket);

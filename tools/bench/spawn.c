@@ -97,7 +97,7 @@ static void print_log_tail(const struct bench_server *s)
 	FILE *f = fopen(s->log, "re");
 	if (!f)
 		return;
-	static char buf[4096];
+	static char buf[8192];
 	(void)fseek(f, 0, SEEK_END);
 	long end = ftell(f);
 	(void)fseek(f, end > (long)sizeof(buf) - 1 ? end - (long)sizeof(buf) + 1 : 0, SEEK_SET);
@@ -217,7 +217,7 @@ fail:
 	return rc;
 }
 
-int bench_server_stop(struct bench_server *s, int64_t timeout_ms, char *err, size_t errlen)
+int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log, char *err, size_t errlen)
 {
 	if (s->pid <= 0)
 		return fail(err, errlen, -ECHILD, "kvringd is not running");
@@ -256,7 +256,7 @@ int bench_server_stop(struct bench_server *s, int64_t timeout_ms, char *err, siz
 	}
 out:
 	s->pid = -1;
-	if (rc)
+	if (rc || show_log)
 		print_log_tail(s);
 	remove_dir(s);
 	return rc;
