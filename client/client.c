@@ -3,11 +3,13 @@
 #include <kvring/msg.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "kvr_config.h"
@@ -49,6 +51,7 @@ struct pending {
 	struct kvr_completion done;
 	uint32_t *failed;
 	uint32_t failed_total, failed_got;
+	uint32_t ev_plus1; /* CUDA store: its event-table entry + 1; 0 = none */
 };
 
 struct kvr_client {
@@ -78,6 +81,13 @@ struct kvr_client {
 
 	kvr_key *keys;                    /* scratch */
 	size_t cap_keys;
+
+	/* CUDA KV memory only (docs/cuda.md): our writable view of the KV descriptor's
+	 * store-event table, and which store's wire id holds each entry (0 = free). */
+	void *cuda_map;
+	size_t cuda_map_len;
+	struct kvr_cuda_event *cuda_ev;
+	uint64_t *cuda_ev_owner;
 
 	char err[256];
 };
@@ -138,10 +148,80 @@ static uint64_t wire_id(struct kvr_client *c, uint32_t gen)
 
 /* ---- attach ----------------------------------------------------------------------------- */
 
+static uint64_t round_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+/* CUDA KV memory: the KV descriptor (kvr_proto.h) that travels instead of a KV memfd. A
+ * sealed memfd of max(kv_bytes, descriptor) bytes (kvringd checks its size like any KV
+ * memfd); we keep a writable mapping of its event table. Returns the fd or -errno. */
+static int cuda_desc_create(struct kvr_client *c, const struct kvr_attach_opts *o)
+{
+	const struct kvr_cuda_kv *k = o->cuda_kv;
+	_Static_assert(sizeof(k->ranges->ipc_handle) == KVR_CUDA_IPC_BYTES, "IPC handle size");
+	if (!k->ranges || !k->n_ranges || k->n_ranges > KVR_CUDA_MAX_RANGES)
+		return fail(c, -EINVAL, "cuda_kv: %u ranges (must be 1..%u)", k->n_ranges, KVR_CUDA_MAX_RANGES);
+	for (uint32_t i = 0; i < k->n_ranges; i++) {
+		const struct kvr_cuda_kv_range *r = &k->ranges[i];
+		uint64_t end, aend;
+		if (!r->bytes || __builtin_add_overflow(r->kv_offset, r->bytes, &end) || end > o->kv_bytes ||
+		    __builtin_add_overflow(r->alloc_offset, r->bytes, &aend) ||
+		    (i && r->kv_offset < k->ranges[i - 1].kv_offset + k->ranges[i - 1].bytes))
+			return fail(c, -EINVAL, "cuda_kv range %u [%llu, +%llu): empty, beyond kv_bytes %llu, or not "
+				    "after range %u", i, (unsigned long long)r->kv_offset, (unsigned long long)r->bytes,
+				    (unsigned long long)o->kv_bytes, i ? i - 1 : 0);
+	}
+	struct kvr_cuda_desc d = {.magic = KVR_CUDA_DESC_MAGIC, .version = KVR_CUDA_DESC_VERSION,
+				  .n_ranges = k->n_ranges, .n_events = KVR_CUDA_EVENTS, .kv_bytes = o->kv_bytes,
+				  .ranges_off = sizeof(d), .worker_pid = (int32_t)getpid()};
+	memcpy(d.device_uuid, k->device_uuid, sizeof(d.device_uuid));
+	d.events_off = round_up(d.ranges_off + (uint64_t)d.n_ranges * sizeof(struct kvr_cuda_range), 64);
+	d.desc_bytes = round_up(d.events_off + (uint64_t)d.n_events * sizeof(struct kvr_cuda_event), 4096);
+	uint64_t fd_bytes = o->kv_bytes > d.desc_bytes ? o->kv_bytes : d.desc_bytes;
+
+	c->cuda_ev_owner = calloc(KVR_CUDA_EVENTS, sizeof(*c->cuda_ev_owner));
+	if (!c->cuda_ev_owner)
+		return fail(c, -ENOMEM, "out of memory");
+	int fd = memfd_create("kvring-cuda-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING), rc;
+	if (fd < 0)
+		return fail(c, -errno, "cuda_kv: memfd_create: %s", strerror(errno));
+	if (ftruncate(fd, (off_t)fd_bytes) < 0) {
+		rc = fail(c, -errno, "cuda_kv: ftruncate: %s", strerror(errno));
+		goto fail;
+	}
+	void *map = mmap(NULL, (size_t)d.desc_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED) {
+		rc = fail(c, -errno, "cuda_kv: mmap: %s", strerror(errno));
+		goto fail;
+	}
+	c->cuda_map = map;
+	c->cuda_map_len = (size_t)d.desc_bytes;
+	c->cuda_ev = (struct kvr_cuda_event *)((uint8_t *)map + d.events_off);
+	memcpy(map, &d, sizeof(d));
+	struct kvr_cuda_range *out = (struct kvr_cuda_range *)((uint8_t *)map + d.ranges_off);
+	for (uint32_t i = 0; i < k->n_ranges; i++) {
+		memcpy(out[i].handle, k->ranges[i].ipc_handle, KVR_CUDA_IPC_BYTES);
+		out[i].alloc_offset = k->ranges[i].alloc_offset;
+		out[i].kv_offset = k->ranges[i].kv_offset;
+		out[i].bytes = k->ranges[i].bytes;
+	}
+	/* Our mapping stays writable (the event table); nobody maps it writable again, nobody
+	 * resizes it. A loader without CUDA support fails to map it instead of writing to it. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0) {
+		rc = fail(c, -errno, "cuda_kv: sealing the descriptor: %s", strerror(errno));
+		goto fail;
+	}
+	return fd;
+fail:
+	close(fd);
+	return rc;
+}
+
 int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client)
 {
 	attach_err[0] = 0;
-	if (!opts || !opts->geometry || opts->kv_fd < 0 || !opts->kv_bytes || !ret_client) {
+	if (!opts || !opts->geometry || (!opts->cuda_kv && opts->kv_fd < 0) || !opts->kv_bytes || !ret_client) {
 		snprintf(attach_err, sizeof(attach_err), "attach: missing geometry, KV memory or result pointer");
 		return -EINVAL;
 	}
@@ -172,7 +252,12 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_ATTACH,
 				    .payload_len = sizeof(struct kvr_geometry)};
 	memcpy(req.payload, opts->geometry, sizeof(struct kvr_geometry));
-	rc = kvr_proto_send(c->sock, &req, sizeof(req), &opts->kv_fd, 1);
+	int kv_fd = opts->kv_fd;
+	if (opts->cuda_kv && (kv_fd = rc = cuda_desc_create(c, opts)) < 0)
+		goto err;
+	rc = kvr_proto_send(c->sock, &req, sizeof(req), &kv_fd, 1);
+	if (opts->cuda_kv)
+		close(kv_fd); /* kvringd holds its own */
 	if (rc) {
 		rc = fail(c, rc, "attach request: %s", strerror(-rc));
 		goto err;
@@ -262,6 +347,13 @@ err:
 	return rc;
 }
 
+/* A CUDA store's event-table entry is free again once the store completed or failed. */
+static void ev_release(struct kvr_client *c, const struct pending *p)
+{
+	if (p->ev_plus1 && c->cuda_ev_owner[p->ev_plus1 - 1] == p->wire_id)
+		c->cuda_ev_owner[p->ev_plus1 - 1] = 0;
+}
+
 static void pending_free(struct pending *p)
 {
 	free(p->blocks);
@@ -288,6 +380,9 @@ void kvr_detach(struct kvr_client *c)
 	free(c->done);
 	free(c->done_failed);
 	free(c->keys);
+	if (c->cuda_map)
+		munmap(c->cuda_map, c->cuda_map_len);
+	free(c->cuda_ev_owner);
 	free(c);
 }
 
@@ -334,6 +429,7 @@ static void finish_pending(struct kvr_client *c, unsigned i)
 	p->done.failed = NULL;
 	if (push_done(c, &p->done, p->failed) == 0)
 		p->failed = NULL;
+	ev_release(c, p);
 	free(p->blocks);
 	free(p->failed);
 	remove_pending(c, i);
@@ -459,9 +555,11 @@ int kvr_poll(struct kvr_client *c, struct kvr_completion *ret, unsigned max)
 		ret[i].failed = c->done_failed[i];
 		c->handed[c->n_handed++] = c->done_failed[i];
 	}
-	memmove(c->done, c->done + n, (c->n_done - n) * sizeof(*c->done));
-	memmove(c->done_failed, c->done_failed + n, (c->n_done - n) * sizeof(*c->done_failed));
-	c->n_done -= n;
+	if (n) {
+		memmove(c->done, c->done + n, (c->n_done - n) * sizeof(*c->done));
+		memmove(c->done_failed, c->done_failed + n, (c->n_done - n) * sizeof(*c->done_failed));
+		c->n_done -= n;
+	}
 	return (int)n;
 }
 
@@ -511,13 +609,13 @@ static int send_msg(struct kvr_client *c, struct kvr_ring *r, const struct kvr_m
 }
 
 static int send_list(struct kvr_client *c, struct kvr_ring *r, unsigned type, uint64_t wire, uint8_t lane,
-		     const void *items, uint32_t total, uint64_t deadline)
+		     uint8_t flags, const void *items, uint32_t total, uint64_t deadline)
 {
 	unsigned per = kvr_msg_list_per_msg(type);
 	uint32_t n_msgs = (total + per - 1) / per;
 	for (uint32_t seq = 0; seq < n_msgs; seq++) {
 		struct kvr_msg m;
-		kvr_msg_build_list(&m, type, wire, seq, lane, 0, items, total);
+		kvr_msg_build_list(&m, type, wire, seq, lane, flags, items, total);
 		int rc = send_msg(c, r, &m, deadline);
 		if (rc)
 			return rc;
@@ -583,7 +681,7 @@ int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, si
 			    kvr_actor_state_name(atomic_load(&kvr_ctl_actor(c->ctl, actor)->state)));
 	uint64_t wire = wire_id(c, gen), deadline = t1 + (uint64_t)c->timeout_ns;
 	_Static_assert(sizeof(kvr_key) == sizeof(struct kvr_msg_key), "key wire format");
-	rc = send_list(c, c->lk_req, KVR_MSG_LOOKUP, wire, (uint8_t)c->info.lane, c->keys, (uint32_t)nk, deadline);
+	rc = send_list(c, c->lk_req, KVR_MSG_LOOKUP, wire, (uint8_t)c->info.lane, 0, c->keys, (uint32_t)nk, deadline);
 	if (rc)
 		return fail(c, rc, "lookup: sending the request: %s", strerror(-rc));
 
@@ -692,7 +790,7 @@ static int check_blocks(struct kvr_client *c, const char *what, const uint32_t *
 /* Register a pending request before sending it, so replies that arrive while we send
  * (we drain replies when a ring is full) find it. */
 static int submit(struct kvr_client *c, uint32_t op, unsigned actor, uint64_t req_id, const uint32_t *block_ids,
-		  size_t n, uint64_t *ret_wire)
+		  size_t n, const void *ipc_event, uint64_t *ret_wire)
 {
 	uint32_t gen = actor_gen(c, actor);
 	if (!actor_alive(c, actor, gen))
@@ -700,13 +798,35 @@ static int submit(struct kvr_client *c, uint32_t op, unsigned actor, uint64_t re
 			    kvr_actor_state_name(atomic_load(&kvr_ctl_actor(c->ctl, actor)->state)));
 	struct pending p = {.wire_id = wire_id(c, gen), .req_id = req_id, .op = op, .actor = actor, .gen = gen,
 			    .n_blocks = (uint32_t)n, .submit_ns = kvr_now_ns()};
+	if (ipc_event) {
+		/* The storer finds the event in entry wire % KVR_CUDA_EVENTS: take a wire id whose
+		 * entry no store in flight holds. */
+		unsigned tries = 0;
+		while (c->cuda_ev_owner[p.wire_id & (KVR_CUDA_EVENTS - 1)]) {
+			if (++tries > KVR_CUDA_EVENTS)
+				return fail(c, -EBUSY, "store: %u stores with CUDA events in flight", KVR_CUDA_EVENTS);
+			p.wire_id = wire_id(c, gen);
+		}
+		uint32_t e = (uint32_t)(p.wire_id & (KVR_CUDA_EVENTS - 1));
+		struct kvr_cuda_event *ent = &c->cuda_ev[e];
+		/* handle first, wire id last (release): the storer checks the wire id */
+		__atomic_store_n(&ent->wire, 0, __ATOMIC_RELAXED);
+		__atomic_thread_fence(__ATOMIC_RELEASE);
+		memcpy(ent->handle, ipc_event, KVR_CUDA_IPC_BYTES);
+		__atomic_store_n(&ent->wire, p.wire_id, __ATOMIC_RELEASE);
+		c->cuda_ev_owner[e] = p.wire_id;
+		p.ev_plus1 = e + 1;
+	}
 	p.done.req_id = req_id;
 	p.done.op = op;
 	p.blocks = malloc(n * sizeof(uint32_t));
-	if (!p.blocks)
+	if (!p.blocks) {
+		ev_release(c, &p);
 		return fail(c, -ENOMEM, "out of memory");
+	}
 	memcpy(p.blocks, block_ids, n * sizeof(uint32_t));
 	if (add_pending(c, &p)) {
+		ev_release(c, &p);
 		free(p.blocks);
 		return fail(c, -ENOMEM, "out of memory");
 	}
@@ -719,6 +839,7 @@ static void abort_submit(struct kvr_client *c, uint64_t wire)
 {
 	int i = find_pending(c, wire);
 	if (i >= 0) {
+		ev_release(c, &c->pend[i]);
 		pending_free(&c->pend[i]);
 		remove_pending(c, (unsigned)i);
 	}
@@ -744,9 +865,9 @@ int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, s
 		items[i] = (struct kvr_msg_load_item){.slot = mm->slots[i].slot, .epoch = mm->slots[i].epoch,
 						      .block = block_ids[i]};
 	uint64_t wire;
-	rc = submit(c, KVR_OP_LOAD_DONE, c->info.loader_actor, req_id, block_ids, n_blocks, &wire);
+	rc = submit(c, KVR_OP_LOAD_DONE, c->info.loader_actor, req_id, block_ids, n_blocks, NULL, &wire);
 	if (!rc) {
-		rc = send_list(c, c->ld_req, KVR_MSG_LOAD, wire, 0, items, (uint32_t)n_blocks,
+		rc = send_list(c, c->ld_req, KVR_MSG_LOAD, wire, 0, 0, items, (uint32_t)n_blocks,
 			       kvr_now_ns() + (uint64_t)c->timeout_ns);
 		if (rc) {
 			abort_submit(c, wire);
@@ -761,8 +882,8 @@ int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, s
 	return rc;
 }
 
-int kvr_store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
-	      size_t extra_len, const uint32_t *block_ids, size_t n_blocks)
+static int store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+		 size_t extra_len, const uint32_t *block_ids, size_t n_blocks, const void *ipc_event)
 {
 	if (!c || (!tokens && n_tokens) || (!block_ids && n_blocks) || (!extra && extra_len))
 		return fail(c, -EINVAL, "store: NULL argument");
@@ -786,10 +907,10 @@ int kvr_store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, siz
 		items[i].block = block_ids[i];
 	}
 	uint64_t wire;
-	rc = submit(c, KVR_OP_STORE_DONE, c->info.storer_actor, req_id, block_ids, n_blocks, &wire);
+	rc = submit(c, KVR_OP_STORE_DONE, c->info.storer_actor, req_id, block_ids, n_blocks, ipc_event, &wire);
 	if (!rc) {
-		rc = send_list(c, c->st_req, KVR_MSG_STORE, wire, 0, items, (uint32_t)nk,
-			       kvr_now_ns() + (uint64_t)c->timeout_ns);
+		rc = send_list(c, c->st_req, KVR_MSG_STORE, wire, 0, ipc_event ? KVR_STOREF_CUDA_EVENT : 0, items,
+			       (uint32_t)nk, kvr_now_ns() + (uint64_t)c->timeout_ns);
 		if (rc) {
 			abort_submit(c, wire);
 			rc = fail(c, rc, "store: sending the request: %s", strerror(-rc));
@@ -797,4 +918,18 @@ int kvr_store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, siz
 	}
 	free(items);
 	return rc;
+}
+
+int kvr_store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+	      size_t extra_len, const uint32_t *block_ids, size_t n_blocks)
+{
+	return store(c, req_id, tokens, n_tokens, extra, extra_len, block_ids, n_blocks, NULL);
+}
+
+int kvr_store_cuda(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+		   size_t extra_len, const uint32_t *block_ids, size_t n_blocks, const void *ipc_event)
+{
+	if (c && ipc_event && !c->cuda_ev)
+		return fail(c, -EINVAL, "store: a CUDA event on a client attached without CUDA KV memory");
+	return store(c, req_id, tokens, n_tokens, extra, extra_len, block_ids, n_blocks, ipc_event);
 }

@@ -186,6 +186,10 @@ static int spawn(struct sup *s, struct sup_actor *a)
 	pid_t parent = getpid();
 
 	purge_stale_ctl(a);
+	/* The dead predecessor may have left its sleeper count raised; nobody else sleeps on
+	 * an actor's waiter. Reset it BEFORE the fork: once the child runs it may already have
+	 * announced its sleep, and zeroing that would hide it from every waker. */
+	atomic_store(&a->ent->waiter.sleepers, 0);
 	pid_t pid = fork();
 	if (pid < 0) {
 		int rc = -errno;
@@ -202,9 +206,6 @@ static int spawn(struct sup *s, struct sup_actor *a)
 	if (sup_epoll_add(s, a->ready_fd, &a->ready_watch, EPOLLIN) < 0)
 		kvr_warn("%s: cannot watch the readiness pipe: the ready timeout will decide", name_of(a));
 	a->pid = pid;
-	/* The dead predecessor may have left its sleeper count raised; nobody else sleeps on
-	 * an actor's waiter, so it is safe to reset before the new process starts using it. */
-	atomic_store(&a->ent->waiter.sleepers, 0);
 	atomic_store(&a->ent->pid, pid);
 	atomic_fetch_add(&a->ent->generation, 1);
 	a->ent->started_ns = kvr_now_ns();

@@ -31,6 +31,26 @@ extern "C" {
 struct kvr_client;
 struct kvr_geometry; /* <kvring/kvr_geometry.h>: layout, presets, validation */
 
+/*
+ * CUDA KV memory (docs/cuda.md). The geometry's region offsets index one KV offset space;
+ * on a GPU that space is made of ranges, each a piece of one CUDA allocation exported with
+ * cudaIpcGetMemHandle (torch: storage._share_cuda_() gives the handle and the offset).
+ * kvr_attach puts them in a sealed KV descriptor the loader and storer open with
+ * cudaIpcOpenMemHandle; libkvring itself does not link CUDA.
+ */
+struct kvr_cuda_kv_range {
+	uint8_t ipc_handle[64]; /* cudaIpcMemHandle_t of the allocation (of its base address) */
+	uint64_t alloc_offset;  /* the range's first byte, from the allocation's base */
+	uint64_t kv_offset;     /* where the range lies in the KV offset space */
+	uint64_t bytes;         /* > 0 */
+};
+
+struct kvr_cuda_kv {
+	uint8_t device_uuid[16];                 /* cudaDeviceProp.uuid of the GPU holding the KV */
+	uint32_t n_ranges;                       /* 1..4096, sorted by kv_offset, not overlapping */
+	const struct kvr_cuda_kv_range *ranges;
+};
+
 struct kvr_attach_opts {
 	const char *socket;                  /* kvringd socket; NULL = default */
 	const struct kvr_geometry *geometry; /* this rank's KV layout */
@@ -39,6 +59,9 @@ struct kvr_attach_opts {
 					      * shrinking so a truncation cannot fault an actor */
 	uint64_t kv_bytes;                   /* its size */
 	int64_t timeout_ms;                  /* per-call ceiling; 0 = 10000 */
+	const struct kvr_cuda_kv *cuda_kv;   /* NULL: host KV memory (kv_fd). Else the KV memory is
+					      * GPU memory: kv_fd is ignored, kv_bytes is the size of
+					      * the KV offset space the ranges and geometry index */
 };
 
 int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client);
@@ -82,6 +105,19 @@ int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, s
  */
 int kvr_store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
 	      size_t extra_len, const uint32_t *block_ids, size_t n_blocks);
+
+/*
+ * kvr_store for CUDA KV memory that a GPU stream may still be writing: the storer's copy
+ * waits (on the GPU) for ipc_event, a cudaIpcEventHandle_t (64 bytes) of an event created
+ * with cudaEventInterprocess | cudaEventDisableTiming and recorded after the KV was
+ * written; NULL = no wait (the caller synchronised). Each call carries its own event, so
+ * several stores under one request id are independent. CUDA allows no use of an imported
+ * event once its exporter destroyed it: keep the event until this store's completion is
+ * polled. -EINVAL on a client attached without cuda_kv; -EBUSY when 1024 stores with
+ * events are in flight. Otherwise as kvr_store.
+ */
+int kvr_store_cuda(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+		   size_t extra_len, const uint32_t *block_ids, size_t n_blocks, const void *ipc_event);
 
 enum kvr_op { KVR_OP_LOAD_DONE = 1, KVR_OP_STORE_DONE = 2 };
 
