@@ -1,0 +1,161 @@
+/* l2store: the L2 disk tier of one directory — index, byte accounting, LRU eviction, adoption at start. */
+#ifndef KVR_L2STORE_H
+#define KVR_L2STORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "l2file.h"
+#include "uring.h"
+
+/*
+ * A store owns one namespace directory <root>/<ns hex>/ and the I/O engine (uring.h) on
+ * it; it is used from one thread (the disk actor's loop). It keeps an in-memory index of
+ * (key, lane) -> file, the byte accounting and the recency order, and issues every file
+ * operation through the engine.
+ *
+ * Opening adopts what the directory already holds (DESIGN.md section 6):
+ *   - the directory is created if needed and locked (flock on KVR_L2_LOCK_NAME): a second
+ *     store on the same namespace directory gets -EBUSY;
+ *   - only <root>/<ns hex>/ is read: other namespaces' directories are never touched;
+ *   - "*.kvb.tmp.*" leftovers are removed (reason TMP);
+ *   - a name that does not parse (kvr_l2_name_parse), a directory or anything not ours is
+ *     left alone and counted FOREIGN (NOTREG for a non-regular file with our name);
+ *   - every other file is probed (statx + its header, never its payload): it is adopted
+ *     when its header checks (kvr_l2_hdr_check) and its size is exactly
+ *     kvr_l2_file_bytes(lane_bytes); otherwise it is deleted and counted by reason;
+ *   - lane >= cfg.lanes is deleted (reason LANE);
+ *   - adopted files are ordered by mtime (ties by name): the newest are kept while they
+ *     fit capacity_bytes, the older rest deleted (OVER_CAP); the kept ones enter the LRU
+ *     oldest first, so the least recently written is evicted first after a restart.
+ *
+ * Accounting counts real file bytes (kvr_l2_file_bytes(lane_bytes) per file):
+ *   used     = bytes of present files + bytes reserved by writes in flight; a new write
+ *              is admitted only when used + one file <= capacity_bytes, evicting least
+ *              recently used present files first to make room;
+ *   evicting = bytes of files whose unlink is queued or in flight (still on disk).
+ * So the files on disk never exceed capacity_bytes by more than the evictions in flight.
+ * Re-storing a present (or in-flight) key costs nothing and writes nothing.
+ *
+ * Reads verify every byte (uring.h) before reporting success. A read that finds the file
+ * gone is a miss (-ENOENT) and drops the entry; a bad file (-EBADMSG: checksum, header,
+ * truncation) or an I/O error drops the entry and unlinks the file. Unlinking a file that
+ * is already gone is not an error.
+ *
+ * Recency: a get (at submission) or a completed put moves the entry to most recent.
+ * Reads do not change mtime, so after a restart recency is that of the last write.
+ */
+
+#define KVR_L2_PRESENT 1   /* put: the key is already on disk: nothing written */
+#define KVR_L2_INFLIGHT 2  /* put: a write of the key is in flight: nothing written */
+
+struct kvr_l2_store_config {
+	const char *root;             /* an existing directory; files go to <root>/<ns hex>/ */
+	struct kvr_l2_ident ident;    /* namespace, fingerprint, block_tokens, lane_bytes */
+	uint32_t lanes;               /* valid lanes are 0..lanes-1 (1..KVR_L2_MAX_LANE+1) */
+	uint64_t capacity_bytes;      /* cap on file bytes (> 0) */
+	uint32_t queue_depth;         /* engine ops in flight (1..KVR_L2IO_MAX_QD) */
+	enum kvr_l2_durability durability;
+	enum kvr_l2_iomode io_mode;
+	void *arena;                  /* registered as fixed buffers (may be NULL) */
+	uint64_t arena_bytes;
+	uint64_t arena_data_off;
+	uint64_t slot_bytes;
+};
+
+struct kvr_l2_adopt_stats {
+	uint64_t entries;             /* directory entries seen (".", ".." and the lock excluded) */
+	uint64_t adopted;             /* files now in the index */
+	uint64_t adopted_bytes;
+	uint64_t deleted;             /* files removed: tmp, bad and over-cap */
+	uint64_t left_alone;          /* foreign entries not touched */
+	uint64_t rejected[KVR_L2_R_MAX]; /* per reason (TMP and OVER_CAP included) */
+	uint64_t elapsed_ns;
+};
+
+enum kvr_l2_kind {
+	KVR_L2_PUT = 1,
+	KVR_L2_GET = 2,
+};
+
+/* One completed put or get, as returned by kvr_l2_store_poll(). */
+struct kvr_l2_done {
+	uint64_t tag;                 /* as given to put/get */
+	kvr_key key;
+	uint32_t lane;
+	uint8_t kind;                 /* enum kvr_l2_kind */
+	uint8_t reason;               /* enum kvr_l2_reason, KVR_L2_OK when res == 0 */
+	uint16_t reserved;
+	int res;                      /* put: 0 or -errno (-ENOSPC...); get: 0 (dst holds the
+				       * verified payload), -ENOENT, -EBADMSG, -EIO... */
+};
+
+struct kvr_l2_store_stats {
+	uint64_t capacity_bytes;
+	uint64_t file_bytes;          /* bytes of one file */
+	uint64_t files;               /* present in the index */
+	uint64_t used_bytes;          /* present + writing */
+	uint64_t writing_bytes;
+	uint64_t evicting_bytes;
+	uint64_t puts, puts_present, puts_inflight, puts_failed, puts_nospace;
+	uint64_t gets, get_hits, get_misses; /* get_misses: at submission (not indexed) or after (vanished/bad) */
+	uint64_t evictions;           /* files evicted for capacity */
+	uint64_t removed;             /* files removed on request (kvr_l2_store_remove) */
+	uint64_t dropped[KVR_L2_R_MAX]; /* index entries dropped after a read, by reason */
+	uint64_t unlink_errors;
+	struct kvr_l2io_stats io;
+	bool direct;
+};
+
+struct kvr_l2_store;
+
+/* Create or adopt (see above). *ret_adopt (may be NULL) gets the adoption counts. Returns
+ * 0 and *ret, or -EINVAL (bad config), -ENOENT (root missing), -EBUSY (another store has
+ * the directory), -ENOMEM, or an engine error (kvr_l2io_open). */
+int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt_stats *ret_adopt,
+		      struct kvr_l2_store **ret);
+
+/* Wait for everything in flight (unreaped completions are dropped), unlock, free. NULL ok. */
+void kvr_l2_store_close(struct kvr_l2_store *s);
+
+/* Store one lane of one block from src (lane_bytes, readable up to the padded length;
+ * 4096-aligned in direct mode; must not change until the put completes). Returns 0 (the
+ * write is queued: its completion comes from poll), KVR_L2_PRESENT or KVR_L2_INFLIGHT
+ * (nothing queued, no completion), -EAGAIN (the engine is busy, the file is being
+ * evicted, or room can only come from writes in flight: poll and retry), -ENOSPC
+ * (capacity_bytes is smaller than one file), -EINVAL (lane >= lanes, bad buffer). */
+int kvr_l2_store_put(struct kvr_l2_store *s, kvr_key key, uint32_t lane, const void *src, uint64_t tag);
+
+/* Read one lane into dst (writable for the padded length; 4096-aligned in direct mode).
+ * Returns 0 (queued: completion from poll), -ENOENT (not in L2: a miss, no completion),
+ * -EAGAIN (engine busy), -EINVAL. */
+int kvr_l2_store_get(struct kvr_l2_store *s, kvr_key key, uint32_t lane, void *dst, uint64_t tag);
+
+/* Whether (key, lane) is present (not being written or evicted). No recency change. */
+bool kvr_l2_store_contains(const struct kvr_l2_store *s, kvr_key key, uint32_t lane);
+
+/* Delete a present file. 0 (its unlink is queued), -ENOENT (not present), -EBUSY (a write of
+ * it is in flight). */
+int kvr_l2_store_remove(struct kvr_l2_store *s, kvr_key key, uint32_t lane);
+
+/* Submit what is queued and collect completed puts and gets into ret[0..max), waiting until
+ * at least min_done are there (or nothing is in flight). Internal work (evictions, unlinks
+ * of bad files) is handled here too. Returns the number written or -errno. */
+int kvr_l2_store_poll(struct kvr_l2_store *s, struct kvr_l2_done *ret, unsigned max, unsigned min_done);
+
+/* Puts and gets in flight plus internal unlinks queued or in flight. */
+unsigned kvr_l2_store_pending(const struct kvr_l2_store *s);
+
+/* The engine's completion eventfd (see kvr_l2io_event_fd). */
+int kvr_l2_store_event_fd(struct kvr_l2_store *s);
+
+void kvr_l2_store_stats(const struct kvr_l2_store *s, struct kvr_l2_store_stats *ret);
+
+/* The least recently used present entries, oldest first, up to max: for tests and
+ * kvring-inspect. Returns the number written. */
+unsigned kvr_l2_store_lru(const struct kvr_l2_store *s, kvr_key *ret_keys, uint32_t *ret_lanes, unsigned max);
+
+/* The namespace directory's path (<root>/<ns hex>). */
+const char *kvr_l2_store_dir(const struct kvr_l2_store *s);
+
+#endif
