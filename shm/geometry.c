@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "kvr_ctl.h"
+#include "kvr_dcp.h"
 #include "kvr_proto.h"
 
 _Static_assert(sizeof(struct kvr_geometry) <= KVR_PROTO_PAYLOAD_MAX, "the geometry is the attach payload");
@@ -130,16 +131,24 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 		return fail(err, errlen, "tp_rank: %u >= tp_size %u", g->tp_rank, g->tp_size);
 	if (!g->dcp_size)
 		return fail(err, errlen, "dcp_size: must be > 0");
+	if (g->dcp_size > KVR_DCP_MAX)
+		return fail(err, errlen, "dcp_size: %u (must be 1..%u)", g->dcp_size, KVR_DCP_MAX);
 	if (g->dcp_rank >= g->dcp_size)
 		return fail(err, errlen, "dcp_rank: %u >= dcp_size %u", g->dcp_rank, g->dcp_size);
 	if (!g->dcp_interleave)
 		return fail(err, errlen, "dcp_interleave: must be > 0");
+	/* every rank must hold the same tokens of every block (kvr_dcp.h proves the rule) */
+	if (kvr_dcp_check(g->block_tokens, g->dcp_size, g->dcp_interleave, err, errlen))
+		return -EINVAL;
 	if (g->attention != KVR_ATTN_MHA && g->attention != KVR_ATTN_MLA)
 		return fail(err, errlen, "attention: %u (must be %u (mha) or %u (mla))", g->attention, KVR_ATTN_MHA,
 			    KVR_ATTN_MLA);
 	if (g->layout != KVR_LAYOUT_LAYER_MAJOR && g->layout != KVR_LAYOUT_CROSS_LAYER)
 		return fail(err, errlen, "layout: %u (must be %u (layer-major) or %u (cross-layer))", g->layout,
 			    KVR_LAYOUT_LAYER_MAJOR, KVR_LAYOUT_CROSS_LAYER);
+	if (g->dcp_size > 1 && g->layout != KVR_LAYOUT_LAYER_MAJOR)
+		return fail(err, errlen, "layout: %u (DCP splits pages by token: dcp_size %u needs layer-major pages)",
+			    g->layout, g->dcp_size);
 	if (!g->num_blocks)
 		return fail(err, errlen, "num_blocks: must be > 0");
 	if (g->reserved)
@@ -164,6 +173,10 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 		if (r.sem_bytes > r.page_bytes)
 			return fail(err, errlen, "region %u (%s): sem_bytes %u > page_bytes %u", i, name, r.sem_bytes,
 				    r.page_bytes);
+		uint64_t dcp_tokens = kvr_dcp_rank_tokens(g->block_tokens, g->dcp_size, g->dcp_interleave, g->dcp_rank);
+		if (g->dcp_size > 1 && r.sem_bytes % dcp_tokens)
+			return fail(err, errlen, "region %u (%s): sem_bytes %u is not whole rows of the %" PRIu64
+				    " tokens DCP rank %u holds", i, name, r.sem_bytes, dcp_tokens, g->dcp_rank);
 		if (g->num_blocks > 1 && r.page_bytes > r.stride)
 			return fail(err, errlen, "region %u (%s): page_bytes %u > stride %" PRIu64, i, name,
 				    r.page_bytes, r.stride);

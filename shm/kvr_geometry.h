@@ -107,10 +107,13 @@ int kvr_geometry_set_region(struct kvr_geometry *g, unsigned i, const struct kvr
 /* Check every field. kv_bytes is the size of the worker's KV memory: every region's last
  * block must end inside it. Checks: version, layers/kv_heads/head_dim/block_tokens/
  * num_blocks > 0, dtype_bytes in {1,2,4}, tp_rank < tp_size <= KVR_MAX_TP, dcp_rank <
- * dcp_size, dcp_interleave >= 1, attention and layout known, n_regions matches the layout,
- * reserved and unused region entries zero, and per region: 0 < sem_bytes <= page_bytes,
- * page_bytes <= stride (when num_blocks > 1), last block inside kv_bytes, no two regions
- * of the same block overlap (for any block).
+ * dcp_size <= KVR_DCP_MAX, dcp_interleave >= 1, attention and layout known, n_regions matches
+ * the layout, reserved and unused region entries zero, and per region: 0 < sem_bytes <=
+ * page_bytes, page_bytes <= stride (when num_blocks > 1), last block inside kv_bytes, no two
+ * regions of the same block overlap (for any block). Under DCP (dcp_size > 1; block_tokens
+ * is the canonical block, a rank's pages hold block_tokens / dcp_size tokens, kvr_dcp.h):
+ * block_tokens % (dcp_size * dcp_interleave) == 0, layer-major layout, and every region's
+ * sem_bytes whole rows of the rank's tokens.
  * Returns 0, or -EINVAL with one line naming the field or region and the numbers in err
  * (always NUL-terminated when errlen > 0), e.g.
  *   "region 3 (layer 1 V): page_bytes 4096 > stride 2048"
@@ -179,6 +182,7 @@ struct kvr_preset {
 	uint32_t head_dim;       /* MLA: kv_lora_rank + qk_rope_head_dim */
 	uint32_t dtype_bytes;
 	uint32_t attention;      /* enum kvr_attention */
+	uint32_t tail_per_token; /* opaque page tail after the rows, bytes per token of the page (0: none) */
 };
 
 /* The preset of that name, or NULL. */
@@ -194,7 +198,9 @@ const struct kvr_preset *kvr_preset_at(unsigned i);
 /* The vLLM layer-major geometry of rank tp_rank of tp_size. MHA: KV heads per rank =
  * kv_heads_total / tp_size; when tp_size > kv_heads_total each rank holds one replicated
  * head (tp_size must be a multiple of kv_heads_total, as vLLM requires). MLA: the latent,
- * whatever tp_size. Returns 0, or -EINVAL (tp_rank >= tp_size, heads that do not divide,
+ * whatever tp_size. A preset with tail_per_token gets page_bytes = stride = sem_bytes +
+ * block_tokens * tail_per_token on every region (sem_bytes the rows).
+ * Returns 0, or -EINVAL (tp_rank >= tp_size, heads that do not divide,
  * zero block_tokens/num_blocks) or what the fill functions return. */
 int kvr_preset_geometry(const struct kvr_preset *p, uint32_t tp_size, uint32_t tp_rank, uint32_t block_tokens,
 			uint32_t num_blocks, struct kvr_geometry *ret_geom);

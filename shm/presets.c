@@ -27,6 +27,18 @@ static const struct kvr_preset presets[] = {
 	/* deepseek-ai/DeepSeek-V2-Lite: num_hidden_layers 27, MLA kv_lora_rank 512 +
 	 * qk_rope_head_dim 64 = 576 latent, bfloat16 */
 	{"deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", 27, 1, 576, 2, KVR_ATTN_MLA},
+	/* deepseek-ai/DeepSeek-V3: num_hidden_layers 61, MLA kv_lora_rank 512 + qk_rope_head_dim 64
+	 * = 576 latent, bfloat16 KV (1152-byte rows) */
+	{"deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 1, 576, 2, KVR_ATTN_MLA},
+	/* deepseek-ai/DeepSeek-V3.2-Exp with vLLM's fp8_ds_mla KV cache: 61 layers; a token's row is
+	 * a 656-byte record (512 fp8 latent + 4 fp32 scales, one per 128 values + 64 bf16 rope),
+	 * written as head_dim 656 of 1 byte. Each page carries an opaque tail of the DSA indexer's
+	 * keys for its tokens: index_head_dim 128 fp8 + one fp32 scale = 132 bytes a token (the
+	 * per-page index-cache tail of seed 002). vLLM runs it with 64-token blocks. */
+	{"deepseek-v3.2-fp8", "deepseek-ai/DeepSeek-V3.2-Exp", 61, 1, 656, 1, KVR_ATTN_MLA, 132},
+	/* Qwen/Qwen2.5-72B-Instruct: num_hidden_layers 80, num_key_value_heads 8 (GQA; 2 per rank
+	 * at TP 4), hidden_size 8192 / num_attention_heads 64 = 128, bfloat16 */
+	{"qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", 80, 8, 128, 2, KVR_ATTN_MHA},
 };
 
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
@@ -77,6 +89,25 @@ const char *kvr_preset_list(void)
 	return list_buf;
 }
 
+/* Append a tail of `tail` bytes to every region's page of a vLLM layout built by the fill
+ * functions (consecutive [num_blocks, page] tensors): page = stride = rows + tail. */
+static int add_tail(struct kvr_geometry *g, uint64_t tail)
+{
+	struct kvr_geometry t = *g;
+	for (unsigned i = 0; i < t.n_regions; i++) {
+		uint64_t page = (uint64_t)t.sem_bytes[i] + tail;
+		if (page > UINT32_MAX || (unsigned __int128)page * t.num_blocks * (i + 1) > KVR_GEOM_MAX_OFFSET)
+			return -ERANGE;
+		struct kvr_region r = {.offset = page * t.num_blocks * i, .stride = page, .page_bytes = (uint32_t)page,
+				       .sem_bytes = t.sem_bytes[i]};
+		int rc = kvr_geometry_set_region(&t, i, &r);
+		if (rc)
+			return rc;
+	}
+	*g = t;
+	return 0;
+}
+
 int kvr_preset_geometry(const struct kvr_preset *p, uint32_t tp_size, uint32_t tp_rank, uint32_t block_tokens,
 			uint32_t num_blocks, struct kvr_geometry *ret_geom)
 {
@@ -100,6 +131,11 @@ int kvr_preset_geometry(const struct kvr_preset *p, uint32_t tp_size, uint32_t t
 	}
 	if (rc)
 		return rc;
+	if (p->tail_per_token) {
+		rc = add_tail(&g, (uint64_t)block_tokens * p->tail_per_token);
+		if (rc)
+			return rc;
+	}
 	g.tp_size = tp_size;
 	g.tp_rank = tp_rank;
 	*ret_geom = g;
