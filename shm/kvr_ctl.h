@@ -129,6 +129,18 @@ enum kvr_stat {
 	KVR_STAT_MAX = 64,
 };
 
+/*
+ * A latency histogram kept in consecutive counters of a struct kvr_actor_stats (one writer:
+ * the actor that owns the stats; readers: kvringd's /metrics, inspect). Fixed buckets with
+ * power-of-two upper bounds: bucket i < KVR_HIST_FINITE counts observations <= 16 us << i
+ * (16 us .. 524.288 ms); bucket KVR_HIST_FINITE counts the rest (+Inf). Counts are per
+ * bucket, not cumulative. The writer adds the bucket first, then sum_ns, then count, so
+ * a reader that wants buckets and count to agree sums the buckets itself.
+ */
+#define KVR_HIST_FINITE 16
+#define KVR_HIST_BUCKETS (KVR_HIST_FINITE + 1)
+#define KVR_HIST_FIRST_BOUND_US 16u
+
 /* Stage counters (indices from KVR_STAT_FIRST_STAGE; their meaning depends on the kind). */
 enum kvr_stat_lookup {
 	KVR_STAT_LK_WORKERS_GONE = KVR_STAT_FIRST_STAGE, /* WORKER_GONE handled */
@@ -153,11 +165,46 @@ enum kvr_stat_xfer { /* loader and storer */
 	KVR_STAT_XF_PRESENT_BLOCKS,   /* store: already stored, not copied */
 	KVR_STAT_XF_CHUNKS,           /* staging leases used */
 	KVR_STAT_XF_REQUESTS,         /* requests completed */
+	KVR_STAT_XF_HIST_FIRST,       /* struct kvr_hist of request latency (kvr_stats_hist()) ... */
+	KVR_STAT_XF_NEXT = KVR_STAT_XF_HIST_FIRST + KVR_HIST_BUCKETS + 2, /* ... up to here: the next free */
 };
 
 struct kvr_actor_stats {
 	_Atomic uint64_t c[KVR_STAT_MAX];
 };
+
+struct kvr_hist {
+	_Atomic uint64_t bucket[KVR_HIST_BUCKETS];
+	_Atomic uint64_t count;
+	_Atomic uint64_t sum_ns;
+};
+#define KVR_HIST_WORDS (sizeof(struct kvr_hist) / sizeof(uint64_t))
+_Static_assert(sizeof(struct kvr_hist) == (KVR_HIST_BUCKETS + 2) * sizeof(uint64_t), "histogram is counters");
+_Static_assert(KVR_STAT_XF_HIST_FIRST + KVR_HIST_WORDS == KVR_STAT_XF_NEXT, "transfer histogram words");
+_Static_assert((int)KVR_STAT_XF_NEXT <= (int)KVR_STAT_MAX, "transfer histogram fits the stats");
+
+/* Upper bound of bucket i < KVR_HIST_FINITE, in microseconds. */
+static inline uint64_t kvr_hist_bound_us(unsigned i)
+{
+	return (uint64_t)KVR_HIST_FIRST_BOUND_US << i;
+}
+
+/* The histogram stored from counter `first` on. */
+static inline struct kvr_hist *kvr_stats_hist(const struct kvr_actor_stats *st, unsigned first)
+{
+	return (struct kvr_hist *)(void *)&((struct kvr_actor_stats *)st)->c[first];
+}
+
+/* Record one observation of ns nanoseconds (the owning actor only). */
+static inline void kvr_hist_observe(struct kvr_hist *h, uint64_t ns)
+{
+	unsigned i = 0;
+	while (i < KVR_HIST_FINITE && ns > kvr_hist_bound_us(i) * 1000u)
+		i++;
+	atomic_fetch_add_explicit(&h->bucket[i], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
+	atomic_fetch_add_explicit(&h->count, 1, memory_order_release);
+}
 
 #define KVR_CTL_MAGIC 0x4c5443524b564b00ull
 

@@ -266,6 +266,11 @@ static int serve(struct sup *s)
 	if (code)
 		return code;
 	code = 1;
+	if (sup_metrics_open(s, err, sizeof(err))) {
+		fprintf(stderr, "kvringd: $.metrics.listen: %s\n", err);
+		code = 2;
+		goto out;
+	}
 	rc = setup_fds(s);
 	if (rc) {
 		fprintf(stderr, "kvringd: cannot set up the event loop: %s\n", strerror(-rc));
@@ -278,7 +283,7 @@ static int serve(struct sup *s)
 		kvr_err("out of memory");
 		goto out;
 	}
-	if (sup_socket_listen(s))
+	if (sup_socket_listen(s) || sup_metrics_start(s))
 		goto out;
 
 	kvr_info("kvringd %s started (pid %d, generation %u, %u worker slots, %u rings)", KVR_VERSION, (int)getpid(),
@@ -296,6 +301,7 @@ out:
 		atomic_store(&s->ctl->state, KVR_INST_STOPPED);
 	sup_conns_close_all(s);
 	sup_socket_close(s);
+	sup_metrics_close(s);
 	if (code) {
 		/* an abnormal exit still leaves no actor behind */
 		for (unsigned i = 0; i < s->n_actors; i++)

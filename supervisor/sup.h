@@ -22,8 +22,10 @@
  *   actors.c   spawning, the restart state machine, health pings, reaping
  *   server.c   the socket: take-over, accept, INSPECT, ATTACH, detach
  *   kvringd.c  command line, startup, the loop, drain and shutdown
+ *   metrics.c  Prometheus /metrics (metrics.enabled): libmicrohttpd on its own thread
  * Functions return 0 or -errno unless they say otherwise; they log what they do (this is
- * a program, not a library).
+ * a program, not a library). The one other thread is the metrics server's: it only reads
+ * the shared segments (atomic loads) and fields of struct sup set before it starts.
  */
 
 #define SUP_STOP_TERM_NS (2ull * 1000000000ull) /* STOP, then SIGTERM after 2 s ... */
@@ -106,6 +108,8 @@ struct sup {
 	unsigned n_conns, n_refused;
 	struct sup_conn *worker_conn[KVR_CTL_MAX_WORKERS];
 
+	struct sup_metrics *metrics; /* the /metrics server, NULL when disabled */
+
 	uint64_t accept_resume;  /* accept paused (out of fds) until then; 0 = not paused */
 	bool accept_failing;     /* accept has failed since the last success (logged once) */
 
@@ -183,6 +187,30 @@ void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events);
 void sup_conns_close_all(struct sup *s);
 /* Free DETACHING worker slots whose loader and storer have exited. */
 void sup_workers_update(struct sup *s);
+
+/* ---- metrics.c -------------------------------------------------------------------- */
+
+/* metrics.enabled: bind and listen on metrics.listen now, before any actor starts (serving
+ * begins with sup_metrics_start()). 0 (also when disabled), or -errno with
+ * "cannot listen on HOST:PORT: reason" in err. */
+int sup_metrics_open(struct sup *s, char *err, size_t errlen);
+/* Serve GET /metrics on the bound socket from libmicrohttpd's own thread; reads s->ctl,
+ * s->slots and s->cfg, which must stay valid until sup_metrics_close(). 0 or -errno (logged). */
+int sup_metrics_start(struct sup *s);
+/* Stop serving and close the socket (before the segments are unmapped). Idempotent. */
+void sup_metrics_close(struct sup *s);
+
+/* What one scrape reads. The renderer keeps derived counters monotonic in it. */
+struct sup_metrics_view {
+	const struct kvr_ctl *ctl;          /* required */
+	const struct kvr_slot_table *slots; /* NULL: no kvring_l1_slots series */
+	uint32_t block_tokens;              /* tokens per block, for the token counters */
+	uint64_t l1_misses;                 /* last kvring_l1_misses_total rendered */
+};
+
+/* The exposition (Prometheus text format 0.0.4) of everything v points at, NUL-terminated,
+ * with its length in *ret_len. Returns a buffer the caller frees, or NULL (out of memory). */
+char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len);
 
 /* ---- kvringd.c -------------------------------------------------------------------- */
 

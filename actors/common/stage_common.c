@@ -152,6 +152,11 @@ int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blo
 	return rc;
 }
 
+void stage_observe_latency(struct stage_worker *sw, uint64_t ns)
+{
+	kvr_hist_observe(kvr_stats_hist(sw->a->stats, KVR_STAT_XF_HIST_FIRST), ns);
+}
+
 bool stage_wire_current(const struct kvr_actor *a, uint64_t wire)
 {
 	return (uint32_t)(wire >> 48) == (atomic_load(&a->ent->generation) & 0xffff);

@@ -45,6 +45,10 @@ void stage_worker_close(struct stage_worker *sw);
 int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blocks, const uint64_t *slot_offs,
 		      uint32_t n, struct kvr_xfer_stats *st);
 
+/* Record one request's latency (first message received to reply sent) in the stage's
+ * histogram (KVR_STAT_XF_HIST_FIRST; exported as kvring_load/store_duration_seconds). */
+void stage_observe_latency(struct stage_worker *sw, uint64_t ns);
+
 /* Whether a wire request id was addressed to this incarnation of the actor. */
 bool stage_wire_current(const struct kvr_actor *a, uint64_t wire);
 

@@ -174,6 +174,8 @@ static void reply(struct storer *s, uint64_t wire, int status, uint32_t n, uint3
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_STORE_DONE, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0,
 		      &d, sizeof(d));
+	/* latency: first message of the request to this reply */
+	stage_observe_latency(&s->sw, kvr_now_ns() - s->req.first_ns);
 	uint64_t deadline = kvr_now_ns() + STAGE_REPLY_TIMEOUT_NS;
 	int rc = kvr_msg_send(s->sw.rep, &m, deadline);
 	if (!rc && n_failed)

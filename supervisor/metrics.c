@@ -1,0 +1,498 @@
+/* kvringd's Prometheus endpoint: GET /metrics (text format 0.0.4) rendered from the shared segments. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "kvr_log.h"
+#include "sup.h"
+
+/*
+ * Threading: libmicrohttpd runs its own polling thread (MHD_USE_INTERNAL_POLLING_THREAD)
+ * and calls the handler there, one request at a time. The handler only reads shared
+ * memory: counters and states with atomic loads, names and ring geometry that are fixed
+ * once the segments exist. So a scrape never waits for the supervisor's loop, and the loop
+ * (restarts, attach, drain) never waits for a scrape. docs/metrics.md says why this was
+ * chosen over MHD's external-select mode inside the epoll loop.
+ *
+ * The socket is bound by sup_metrics_open() before anything else starts, so a port in use
+ * refuses the start; serving begins with sup_metrics_start() once the segments exist.
+ */
+
+#define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+#define NS_PER_S 1000000000ull
+
+struct sup_metrics {
+	int fd;                      /* the bound, listening socket (ours; MHD gets a dup) */
+	struct MHD_Daemon *d;
+	pthread_mutex_t lock;        /* over view: renders are serialised */
+	struct sup_metrics_view view;
+	char listen[64];
+};
+
+/* ---- rendering ----------------------------------------------------------------------- */
+
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A label value from a fixed-size name field (maybe not NUL-terminated), escaped. */
+static void label_value(FILE *f, const char *s, size_t max)
+{
+	size_t n = strnlen(s, max);
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] == '\\' || s[i] == '"')
+			fputc('\\', f);
+		if (s[i] == '\n')
+			fputs("\\n", f);
+		else
+			fputc(s[i], f);
+	}
+}
+
+/* Nanoseconds as exact decimal seconds, without trailing zeros: "1.5", "0.000016", "0". */
+static void seconds(FILE *f, uint64_t ns)
+{
+	char frac[16];
+	fprintf(f, "%llu", (unsigned long long)(ns / NS_PER_S));
+	if (!(ns % NS_PER_S))
+		return;
+	int n = snprintf(frac, sizeof(frac), "%09llu", (unsigned long long)(ns % NS_PER_S));
+	while (n > 0 && frac[n - 1] == '0')
+		frac[--n] = 0;
+	fprintf(f, ".%s", frac);
+}
+
+static uint64_t stat_of(const struct kvr_ctl *c, unsigned actor, unsigned s)
+{
+	return atomic_load_explicit(&kvr_ctl_stats(c, actor)->c[s], memory_order_relaxed);
+}
+
+static unsigned n_actors(const struct kvr_ctl *c)
+{
+	unsigned n = atomic_load(&((struct kvr_ctl *)c)->n_actors);
+	return n < c->max_actors ? n : c->max_actors;
+}
+
+static bool actor_used(const struct kvr_ctl *c, unsigned i)
+{
+	return atomic_load(&kvr_ctl_actor(c, i)->state) != KVR_ACTOR_UNUSED;
+}
+
+/* Sum of counter s over every actor of that kind. */
+static uint64_t kind_sum(const struct kvr_ctl *c, unsigned kind, unsigned s)
+{
+	uint64_t sum = 0;
+	for (unsigned i = 0; i < n_actors(c); i++)
+		if (actor_used(c, i) && kvr_ctl_actor(c, i)->kind == kind)
+			sum += stat_of(c, i, s);
+	return sum;
+}
+
+static void actor_label(FILE *f, const char *metric, const struct kvr_actor_ent *e)
+{
+	fprintf(f, "%s{actor=\"", metric);
+	label_value(f, e->name, sizeof(e->name));
+	fputs("\"} ", f);
+}
+
+static void render_instance(FILE *f, const struct kvr_ctl *c)
+{
+	unsigned st = atomic_load(&((struct kvr_ctl *)c)->state);
+	family(f, "kvring_instance_state", "gauge", "Instance state: 1 for the current state, 0 for the others.");
+	for (unsigned s = KVR_INST_STARTING; s <= KVR_INST_STOPPED; s++)
+		fprintf(f, "kvring_instance_state{state=\"%s\"} %d\n", kvr_inst_state_name(s), s == st);
+
+	unsigned attached = 0;
+	for (unsigned w = 0; w < c->max_workers; w++)
+		attached += atomic_load(&kvr_ctl_worker(c, w)->state) == KVR_WORKER_ATTACHED;
+	family(f, "kvring_workers_attached", "gauge", "Worker slots with an attached worker.");
+	fprintf(f, "kvring_workers_attached %u\n", attached);
+}
+
+static void render_actors(FILE *f, const struct kvr_ctl *c)
+{
+	unsigned n = n_actors(c);
+	family(f, "kvring_actor_up", "gauge",
+	       "1 while the actor is ready and serving (loader.N/storer.N are 0 while worker slot N is free).");
+	for (unsigned i = 0; i < n; i++)
+		if (actor_used(c, i)) {
+			actor_label(f, "kvring_actor_up", kvr_ctl_actor(c, i));
+			fprintf(f, "%d\n", atomic_load(&kvr_ctl_actor(c, i)->state) == KVR_ACTOR_READY);
+		}
+	family(f, "kvring_actor_restarts_total", "counter", "Times kvringd restarted the actor after it died.");
+	for (unsigned i = 0; i < n; i++)
+		if (actor_used(c, i)) {
+			struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
+			actor_label(f, "kvring_actor_restarts_total", e);
+			fprintf(f, "%u\n", __atomic_load_n(&e->restarts, __ATOMIC_RELAXED));
+		}
+	family(f, "kvring_actor_last_exit_code", "gauge",
+	       "Exit code of the actor's last exit, -1 when it has not exited or was killed by a signal.");
+	for (unsigned i = 0; i < n; i++)
+		if (actor_used(c, i)) {
+			struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
+			actor_label(f, "kvring_actor_last_exit_code", e);
+			fprintf(f, "%d\n", __atomic_load_n(&e->last_exit_code, __ATOMIC_RELAXED));
+		}
+	family(f, "kvring_actor_last_exit_signal", "gauge",
+	       "Signal that ended the actor's last run, 0 when none did.");
+	for (unsigned i = 0; i < n; i++)
+		if (actor_used(c, i)) {
+			struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
+			actor_label(f, "kvring_actor_last_exit_signal", e);
+			fprintf(f, "%d\n", __atomic_load_n(&e->last_exit_signal, __ATOMIC_RELAXED));
+		}
+	family(f, "kvring_malformed_messages_total", "counter", "Messages the actor rejected as malformed.");
+	for (unsigned i = 0; i < n; i++)
+		if (actor_used(c, i)) {
+			actor_label(f, "kvring_malformed_messages_total", kvr_ctl_actor(c, i));
+			fprintf(f, "%llu\n", (unsigned long long)stat_of(c, i, KVR_STAT_MALFORMED));
+		}
+}
+
+static void counter(FILE *f, const char *name, const char *help, uint64_t v)
+{
+	family(f, name, "counter", help);
+	fprintf(f, "%s %llu\n", name, (unsigned long long)v);
+}
+
+static void render_lookup(FILE *f, struct sup_metrics_view *v)
+{
+	const struct kvr_ctl *c = v->ctl;
+	/* keys first: the lookup actor adds keys before matched, so keys >= matched read later */
+	uint64_t keys = kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_KEYS);
+	uint64_t matched = kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MATCHED);
+	uint64_t misses = keys > matched ? keys - matched : 0;
+	if (misses > v->l1_misses) /* a counter never goes back, even for a read between two adds */
+		v->l1_misses = misses;
+
+	counter(f, "kvring_lookup_requests_total", "Lookup requests answered.",
+		kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LOOKUPS));
+	counter(f, "kvring_lookup_requested_blocks_total", "Blocks asked for by lookups (whole blocks, every rank).",
+		keys);
+	counter(f, "kvring_lookup_matched_blocks_total", "Blocks of the longest stored prefix returned by lookups.",
+		matched);
+	counter(f, "kvring_requested_tokens_total", "Tokens asked for by lookups (requested blocks x block_tokens).",
+		keys * v->block_tokens);
+	counter(f, "kvring_matched_tokens_total", "Tokens matched by lookups (matched blocks x block_tokens).",
+		matched * v->block_tokens);
+	counter(f, "kvring_l1_hits_total", "Blocks lookups found in L1.", matched);
+	counter(f, "kvring_l1_misses_total", "Blocks lookups asked for and did not find in L1.", v->l1_misses);
+	family(f, "kvring_evictions_total", "counter", "Blocks evicted from L1.");
+	fprintf(f, "kvring_evictions_total{reason=\"capacity\"} %llu\n",
+		(unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_EVICTED));
+}
+
+/* Sum of the latency histograms of every actor of a kind, as a Prometheus histogram. */
+static void histogram(FILE *f, const struct kvr_ctl *c, unsigned kind, const char *name, const char *help)
+{
+	uint64_t b[KVR_HIST_BUCKETS] = {0}, sum_ns = 0;
+	for (unsigned i = 0; i < n_actors(c); i++) {
+		if (!actor_used(c, i) || kvr_ctl_actor(c, i)->kind != kind)
+			continue;
+		const struct kvr_hist *h = kvr_stats_hist(kvr_ctl_stats(c, i), KVR_STAT_XF_HIST_FIRST);
+		sum_ns += atomic_load_explicit(&((struct kvr_hist *)h)->sum_ns, memory_order_relaxed);
+		for (unsigned k = 0; k < KVR_HIST_BUCKETS; k++)
+			b[k] += atomic_load_explicit(&((struct kvr_hist *)h)->bucket[k], memory_order_relaxed);
+	}
+	family(f, name, "histogram", help);
+	/* cumulative; _count is the +Inf bucket, so the two always agree */
+	uint64_t cum = 0;
+	for (unsigned k = 0; k < KVR_HIST_FINITE; k++) {
+		cum += b[k];
+		fprintf(f, "%s_bucket{le=\"", name);
+		seconds(f, kvr_hist_bound_us(k) * 1000u);
+		fprintf(f, "\"} %llu\n", (unsigned long long)cum);
+	}
+	cum += b[KVR_HIST_FINITE];
+	fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum ", name, (unsigned long long)cum, name);
+	seconds(f, sum_ns);
+	fprintf(f, "\n%s_count %llu\n", name, (unsigned long long)cum);
+}
+
+static void render_transfer(FILE *f, const struct kvr_ctl *c)
+{
+	family(f, "kvring_store_blocks_total", "counter",
+	       "Blocks of completed store requests: stored (copied to L1 and committed), present (already stored), "
+	       "failed.");
+	fprintf(f, "kvring_store_blocks_total{result=\"stored\"} %llu\n",
+		(unsigned long long)kind_sum(c, KVR_ACTOR_STORER, KVR_STAT_XF_BLOCKS));
+	fprintf(f, "kvring_store_blocks_total{result=\"present\"} %llu\n",
+		(unsigned long long)kind_sum(c, KVR_ACTOR_STORER, KVR_STAT_XF_PRESENT_BLOCKS));
+	fprintf(f, "kvring_store_blocks_total{result=\"failed\"} %llu\n",
+		(unsigned long long)kind_sum(c, KVR_ACTOR_STORER, KVR_STAT_XF_FAILED_BLOCKS));
+	family(f, "kvring_load_blocks_total", "counter",
+	       "Blocks of completed load requests: loaded into the worker's KV memory, or failed.");
+	fprintf(f, "kvring_load_blocks_total{result=\"loaded\"} %llu\n",
+		(unsigned long long)kind_sum(c, KVR_ACTOR_LOADER, KVR_STAT_XF_BLOCKS));
+	fprintf(f, "kvring_load_blocks_total{result=\"failed\"} %llu\n",
+		(unsigned long long)kind_sum(c, KVR_ACTOR_LOADER, KVR_STAT_XF_FAILED_BLOCKS));
+	family(f, "kvring_bytes_total", "counter", "Bytes copied between workers' KV memory and a tier.");
+	fprintf(f, "kvring_bytes_total{direction=\"store\",tier=\"l1\"} %llu\n",
+		(unsigned long long)kind_sum(c, KVR_ACTOR_STORER, KVR_STAT_XF_BYTES));
+	fprintf(f, "kvring_bytes_total{direction=\"load\",tier=\"l1\"} %llu\n",
+		(unsigned long long)kind_sum(c, KVR_ACTOR_LOADER, KVR_STAT_XF_BYTES));
+	histogram(f, c, KVR_ACTOR_LOADER, "kvring_load_duration_seconds",
+		  "Load request latency in the loader: first request message received to reply sent.");
+	histogram(f, c, KVR_ACTOR_STORER, "kvring_store_duration_seconds",
+		  "Store request latency in the storer: first request message received to reply sent.");
+	/* L2 (the disk tier, issue: L2): kvring_bytes_total{tier="l2"}, kvring_l2_* and the disk
+	 * actors' counters join here once the disk actor counts them. */
+}
+
+static void render_l1(FILE *f, const struct kvr_slot_table *t)
+{
+	struct kvr_slot_counts sc;
+	kvr_slots_counts(t, &sc);
+	uint32_t reading = sc.reading <= sc.by_state[KVR_SLOT_COMMITTED] ? sc.reading : sc.by_state[KVR_SLOT_COMMITTED];
+	family(f, "kvring_l1_slots", "gauge",
+	       "L1 slots by state (committed excludes reading: committed slots a loader has pinned).");
+	fprintf(f, "kvring_l1_slots{state=\"free\"} %u\n", sc.by_state[KVR_SLOT_FREE]);
+	fprintf(f, "kvring_l1_slots{state=\"writing\"} %u\n", sc.by_state[KVR_SLOT_WRITING]);
+	fprintf(f, "kvring_l1_slots{state=\"committed\"} %u\n", sc.by_state[KVR_SLOT_COMMITTED] - reading);
+	fprintf(f, "kvring_l1_slots{state=\"evicting\"} %u\n", sc.by_state[KVR_SLOT_EVICTING]);
+	fprintf(f, "kvring_l1_slots{state=\"reading\"} %u\n", reading);
+}
+
+static void ring_label(FILE *f, const char *metric, const struct kvr_ring_ent *e)
+{
+	fprintf(f, "%s{ring=\"", metric);
+	label_value(f, e->name, sizeof(e->name));
+	fputs("\"} ", f);
+}
+
+static void render_rings(FILE *f, const struct kvr_ctl *c)
+{
+	unsigned n = atomic_load(&((struct kvr_ctl *)c)->n_rings);
+	if (n > c->max_rings)
+		n = c->max_rings;
+	family(f, "kvring_ring_fill_ratio", "gauge", "Messages in the ring divided by its capacity.");
+	for (unsigned i = 0; i < n; i++) {
+		struct kvr_ring *r = kvr_ctl_ring(c, i);
+		/* head before tail: tail then never reads older than head */
+		uint32_t h = atomic_load_explicit(&r->head, memory_order_acquire);
+		uint32_t t = atomic_load_explicit(&r->tail, memory_order_acquire);
+		uint32_t fill = t - h > r->capacity ? r->capacity : t - h;
+		ring_label(f, "kvring_ring_fill_ratio", kvr_ctl_ring_ent(c, i));
+		fprintf(f, "%.9g\n", (double)fill / (double)r->capacity);
+	}
+	family(f, "kvring_ring_producer_blocked_seconds_total", "counter",
+	       "Time the ring's producer waited on a full ring (backpressure), counted when each wait ends.");
+	for (unsigned i = 0; i < n; i++) {
+		ring_label(f, "kvring_ring_producer_blocked_seconds_total", kvr_ctl_ring_ent(c, i));
+		seconds(f, atomic_load_explicit(&kvr_ctl_ring(c, i)->full_wait_ns, memory_order_relaxed));
+		fputc('\n', f);
+	}
+	family(f, "kvring_ring_rejected_messages_total", "counter", "Malformed messages the ring's consumer rejected.");
+	for (unsigned i = 0; i < n; i++) {
+		ring_label(f, "kvring_ring_rejected_messages_total", kvr_ctl_ring_ent(c, i));
+		fprintf(f, "%llu\n",
+			(unsigned long long)atomic_load_explicit(&kvr_ctl_ring(c, i)->rejected, memory_order_relaxed));
+	}
+}
+
+char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (!f)
+		return NULL;
+	render_instance(f, v->ctl);
+	render_actors(f, v->ctl);
+	render_lookup(f, v);
+	render_transfer(f, v->ctl);
+	if (v->slots)
+		render_l1(f, v->slots);
+	render_rings(f, v->ctl);
+	if (ferror(f)) {
+		fclose(f);
+		free(buf);
+		return NULL;
+	}
+	if (fclose(f)) {
+		free(buf);
+		return NULL;
+	}
+	*ret_len = len;
+	return buf;
+}
+
+/* ---- HTTP ---------------------------------------------------------------------------- */
+
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned code, char *body, size_t len,
+			       enum MHD_ResponseMemoryMode mode, const char *allow)
+{
+	struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+	if (!r) {
+		if (mode == MHD_RESPMEM_MUST_FREE)
+			free(body);
+		return MHD_NO;
+	}
+	enum MHD_Result ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+						     code == MHD_HTTP_OK ? CONTENT_TYPE : "text/plain; charset=utf-8");
+	if (ok == MHD_YES && allow)
+		ok = MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+	if (ok == MHD_YES)
+		ok = MHD_queue_response(conn, code, r);
+	MHD_destroy_response(r);
+	return ok;
+}
+
+static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned code, const char *text, const char *allow)
+{
+	return respond(conn, code, (char *)text, strlen(text), MHD_RESPMEM_PERSISTENT, allow);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+				  const char *version, const char *upload_data, size_t *upload_data_size, void **req_cls)
+{
+	struct sup_metrics *m = cls;
+	(void)version;
+	(void)upload_data;
+	(void)upload_data_size;
+	(void)req_cls;
+	if (strcmp(url, "/metrics") != 0)
+		return respond_text(conn, MHD_HTTP_NOT_FOUND, "not found: kvringd serves /metrics only\n", NULL);
+	if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+		return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed: use GET\n", "GET, HEAD");
+	size_t len = 0;
+	pthread_mutex_lock(&m->lock);
+	char *body = sup_metrics_render(&m->view, &len);
+	pthread_mutex_unlock(&m->lock);
+	if (!body)
+		return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n", NULL);
+	return respond(conn, MHD_HTTP_OK, body, len, MHD_RESPMEM_MUST_FREE, NULL);
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	(void)cls;
+	char line[256];
+	vsnprintf(line, sizeof(line), fmt, ap);
+	line[strcspn(line, "\n")] = 0;
+	kvr_warn("metrics: %s", line);
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------- */
+
+/* Split "host:port" / "[v6]:port" into host and port. */
+static int split_listen(const char *listen, char *host, size_t hostlen, char *port, size_t portlen)
+{
+	const char *colon = strrchr(listen, ':');
+	if (!colon || (size_t)snprintf(port, portlen, "%s", colon + 1) >= portlen)
+		return -EINVAL;
+	const char *h = listen;
+	size_t n = (size_t)(colon - listen);
+	if (n >= 2 && h[0] == '[' && h[n - 1] == ']') {
+		h++;
+		n -= 2;
+	}
+	if (n == 0 || n >= hostlen)
+		return -EINVAL;
+	memcpy(host, h, n);
+	host[n] = 0;
+	return 0;
+}
+
+int sup_metrics_open(struct sup *s, char *err, size_t errlen)
+{
+	if (!s->cfg.metrics.enabled || s->metrics)
+		return 0;
+	const char *where = s->cfg.metrics.listen;
+	char host[64], port[8];
+	if (split_listen(where, host, sizeof(host), port, sizeof(port))) {
+		snprintf(err, errlen, "cannot listen on %s: not host:port", where);
+		return -EINVAL;
+	}
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *res = NULL;
+	int gai = getaddrinfo(host, port, &hints, &res);
+	if (gai) {
+		snprintf(err, errlen, "cannot listen on %s: %s", where, gai_strerror(gai));
+		return -EADDRNOTAVAIL;
+	}
+	int fd = -1, rc = -EADDRNOTAVAIL;
+	for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+		int one = 1;
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+		if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+		    bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0)
+			break;
+		if (rc == -EADDRNOTAVAIL || ai == res)
+			rc = -errno; /* report the first address's reason */
+		if (fd >= 0)
+			(void)close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
+	if (fd < 0) {
+		snprintf(err, errlen, "cannot listen on %s: %s", where, strerror(-rc));
+		return rc;
+	}
+	struct sup_metrics *m = calloc(1, sizeof(*m));
+	if (!m) {
+		(void)close(fd);
+		snprintf(err, errlen, "cannot listen on %s: %s", where, strerror(ENOMEM));
+		return -ENOMEM;
+	}
+	m->fd = fd;
+	pthread_mutex_init(&m->lock, NULL);
+	snprintf(m->listen, sizeof(m->listen), "%s", where);
+	s->metrics = m;
+	return 0;
+}
+
+int sup_metrics_start(struct sup *s)
+{
+	struct sup_metrics *m = s->metrics;
+	if (!m || m->d)
+		return 0;
+	m->view = (struct sup_metrics_view){.ctl = s->ctl, .slots = s->slots, .block_tokens = s->cfg.model.block_tokens};
+	int fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 3); /* MHD closes its copy when it stops */
+	if (fd < 0) {
+		kvr_err("metrics: dup of the listening socket: %s", strerror(errno));
+		return -errno;
+	}
+	/* MHD's thread inherits our signal mask: every signal stays with the loop's signalfd */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+				on_request, m, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET,
+				(MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)32, MHD_OPTION_CONNECTION_TIMEOUT,
+				(unsigned)10, MHD_OPTION_END);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (!m->d) {
+		/* not closed: MHD may have closed it already (a failed start ends kvringd anyway) */
+		kvr_err("metrics: cannot start the HTTP server on %s", m->listen);
+		return -EIO;
+	}
+	kvr_info("metrics on http://%s/metrics", m->listen);
+	return 0;
+}
+
+void sup_metrics_close(struct sup *s)
+{
+	struct sup_metrics *m = s->metrics;
+	if (!m)
+		return;
+	if (m->d)
+		MHD_stop_daemon(m->d);
+	if (m->fd >= 0)
+		(void)close(m->fd);
+	pthread_mutex_destroy(&m->lock);
+	free(m);
+	s->metrics = NULL;
+}

@@ -1,0 +1,110 @@
+/* Helpers of the /metrics tests: a synthetic instance, kvringd with metrics on, a libkvring workload, HTTP, promtool. */
+#ifndef METRICS_TEST_H
+#define METRICS_TEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kvring/kvring.h>
+
+#include "kvr_ctl.h"
+#include "kvr_geometry.h"
+#include "kvr_segment.h"
+#include "kvr_slots.h"
+#include "sup_harness.h"
+
+/* ---- a synthetic instance (no daemon): known counters, states, rings and slots -------- */
+
+#define MF_BLOCK_TOKENS 16
+#define MF_SLOTS 8
+
+struct m_fake {
+	struct kvr_segment ctl_seg, slots_seg;
+	struct kvr_ctl *ctl;
+	struct kvr_slot_table *slots;
+};
+
+/*
+ * Actors: 0 "lookup" READY, 1 "loader.0" READY, 2 "storer.0" BACKOFF (2 restarts, last
+ * killed by signal 9), 3 `a"b\c` IDLE (a name that needs escaping), 4 unused.
+ * Counters: lookup 3 lookups, 10 keys, 6 matched, 2 evicted, 1 malformed; loader 5 blocks,
+ * 1 failed, 5000 bytes; storer 7 stored, 2 present, 1 failed, 7000 bytes. Loader latency
+ * observations: 16000 ns, 16001 ns, 1 s. Worker 0 attached.
+ * Rings: "lookup.req.0" (capacity 8, 2 messages in, producer waited 1.5 s, 3 rejected),
+ * "ctl.lookup.in" (capacity 4, empty).
+ * Slots (8): 2 committed, 1 committed and pinned (reading), 1 writing, 4 free.
+ */
+void m_fake_init(struct m_fake *f);
+void m_fake_fini(struct m_fake *f);
+
+/* ---- kvringd with metrics ------------------------------------------------------------- */
+
+/* The test model: 2 layers, 2 KV heads, head_dim 64, bf16, 16-token blocks, TP 1. */
+#define M_LAYERS 2
+#define M_HEADS 2
+#define M_HEAD_DIM 64
+#define M_BLOCK_TOKENS 16
+#define M_LANE_BYTES (2ull * M_LAYERS * M_BLOCK_TOKENS * M_HEADS * M_HEAD_DIM * 2) /* 16384 */
+#define M_SLOTS 64
+#define M_NUM_BLOCKS 32 /* the worker's engine blocks */
+
+/* A loopback TCP port that was free a moment ago. */
+uint16_t m_free_port(void);
+
+/* Write the test config (the model above, M_SLOTS slots, short supervisor timeouts) with
+ * "metrics": {"enabled": enabled, "listen": "127.0.0.1:<port>"}. */
+void m_write_config(struct h_inst *in, bool enabled, uint16_t port);
+
+/* Write the config and start kvringd (h_start: waits for INSPECT and the lookup actor). */
+void m_start(struct h_inst *in, bool enabled, uint16_t port);
+
+/* ---- HTTP --------------------------------------------------------------------------- */
+
+struct m_http {
+	int status;       /* the status code of the reply */
+	char *head;       /* status line and headers */
+	char *body;       /* NUL-terminated */
+	size_t body_len;
+};
+
+/* One HTTP/1.0 request to 127.0.0.1:port. 0, or -errno (connect refused: -ECONNREFUSED). */
+int m_http(uint16_t port, const char *method, const char *path, struct m_http *ret);
+void m_http_free(struct m_http *r);
+/* GET /metrics, asserting 200. */
+char *m_scrape(uint16_t port);
+
+/* The value of the series written exactly as `series` (name plus labels) in an exposition;
+ * false when there is no such line. */
+bool m_value(const char *text, const char *series, double *ret);
+/* As m_value, asserting the series is there. */
+double m_get(const char *text, const char *series);
+
+/* promtool check metrics on text: 0 clean, 1 problems (promtool's output in out), -1 when
+ * promtool is not installed. */
+int m_promtool(const char *text, char *out, size_t outlen);
+bool m_have_promtool(void);
+
+/* ---- a libkvring worker and the known workload -------------------------------------- */
+
+struct m_worker {
+	struct kvr_client *c;
+	struct kvr_geometry g;
+	int kv_fd;
+	uint8_t *kv;
+	uint64_t kv_bytes;
+};
+
+void m_worker_attach(struct m_worker *w, const char *sock);
+void m_worker_close(struct m_worker *w);
+
+/*
+ * The workload whose counters the tests assert:
+ *   store prompts 0, 1, 2 (64 tokens = 4 blocks each, engine blocks 4p..4p+3): 12 stored;
+ *   store prompt 0 again (blocks 0..3): 4 present;
+ *   lookup + load prompt 0 into blocks 16..19 and prompt 1 into 20..23 (bytes checked);
+ *   lookup an unknown prompt: 0 matched.
+ */
+void m_workload(struct m_worker *w);
+
+#endif

@@ -1,0 +1,77 @@
+/* /metrics against `promtool check metrics`: a live kvringd after a workload, and the synthetic instance. Exits 77 without promtool. */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "metrics_test.h"
+#include "sup.h"
+
+static struct h_inst inst;
+static struct m_worker worker;
+
+static void setup(void)
+{
+	h_init(&inst, 0700);
+	memset(&worker, 0, sizeof(worker));
+	worker.kv_fd = -1;
+}
+
+static void teardown(void)
+{
+	m_worker_close(&worker);
+	h_fini(&inst);
+}
+
+TestSuite(metrics_promtool, .init = setup, .fini = teardown, .timeout = 30);
+
+static void check(const char *text, const char *what)
+{
+	char out[8192];
+	int rc = m_promtool(text, out, sizeof(out));
+	cr_assert_neq(rc, -1, "promtool vanished");
+	cr_assert_eq(rc, 0, "promtool check metrics on %s:\n%s\n--- exposition ---\n%s", what, out, text);
+}
+
+Test(metrics_promtool, live_after_workload)
+{
+	uint16_t port = m_free_port();
+	m_start(&inst, true, port);
+	char *t = m_scrape(port);
+	check(t, "an idle instance");
+	free(t);
+	m_worker_attach(&worker, inst.sock);
+	m_workload(&worker);
+	t = m_scrape(port);
+	cr_assert_eq(m_get(t, "kvring_store_blocks_total{result=\"stored\"}"), 12);
+	check(t, "an instance after the workload");
+	free(t);
+}
+
+Test(metrics_promtool, synthetic)
+{
+	struct m_fake f;
+	m_fake_init(&f);
+	struct sup_metrics_view v = {.ctl = f.ctl, .slots = f.slots, .block_tokens = MF_BLOCK_TOKENS};
+	size_t len;
+	char *t = sup_metrics_render(&v, &len);
+	cr_assert(t);
+	check(t, "the synthetic instance (escaped labels, non-zero histogram)");
+	free(t);
+	m_fake_fini(&f);
+}
+
+int main(int argc, char **argv)
+{
+	if (!m_have_promtool()) {
+		fprintf(stderr, "promtool not installed (Debian: prometheus; tools/install-deps.sh): skipped\n");
+		return 77;
+	}
+	struct criterion_test_set *tests = criterion_initialize();
+	int result = 0;
+	if (criterion_handle_args(argc, argv, true))
+		result = !criterion_run_all_tests(tests);
+	criterion_finalize(tests);
+	return result;
+}
