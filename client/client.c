@@ -240,6 +240,9 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 		goto err;
 	}
 	c->geom = *opts->geometry;
+	int kv_fd = opts->kv_fd;
+	if (opts->cuda_kv && (kv_fd = rc = cuda_desc_create(c, opts)) < 0)
+		goto err;
 
 	struct kvr_config defaults;
 	kvr_config_defaults(&defaults);
@@ -247,17 +250,16 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 	c->sock = kvr_proto_connect(path);
 	if (c->sock < 0) {
 		rc = fail(c, c->sock, "cannot connect to %s: %s", path, strerror(-c->sock));
+		if (opts->cuda_kv)
+			close(kv_fd);
 		goto err;
 	}
 	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_ATTACH,
 				    .payload_len = sizeof(struct kvr_geometry)};
 	memcpy(req.payload, opts->geometry, sizeof(struct kvr_geometry));
-	int kv_fd = opts->kv_fd;
-	if (opts->cuda_kv && (kv_fd = rc = cuda_desc_create(c, opts)) < 0)
-		goto err;
 	rc = kvr_proto_send(c->sock, &req, sizeof(req), &kv_fd, 1);
 	if (opts->cuda_kv)
-		close(kv_fd); /* kvringd holds its own */
+		close(kv_fd); /* kvringd holds its own now */
 	if (rc) {
 		rc = fail(c, rc, "attach request: %s", strerror(-rc));
 		goto err;
