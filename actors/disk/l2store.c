@@ -499,6 +499,24 @@ int kvr_l2_store_poll(struct kvr_l2_store *s, struct kvr_l2_done *ret, unsigned 
 	return (int)out;
 }
 
+int kvr_l2_store_flush(struct kvr_l2_store *s)
+{
+	unsigned qd = kvr_l2io_queue_depth(s->io);
+	for (;;) {
+		issue_unlinks(s);
+		if (!kvr_l2io_busy(s->io))
+			return 0; /* issue_unlinks emptied the queue when the engine was idle */
+		int n = kvr_l2io_reap(s->io, s->iobuf, qd, 1);
+		if (n < 0)
+			return n;
+		for (int i = 0; i < n; i++) {
+			int rc = on_io_done(s, &s->iobuf[i]);
+			if (rc)
+				return rc;
+		}
+	}
+}
+
 int kvr_l2_store_event_fd(struct kvr_l2_store *s)
 {
 	return kvr_l2io_event_fd(s->io);
@@ -849,19 +867,7 @@ void kvr_l2_store_close(struct kvr_l2_store *s)
 		return;
 	if (s->io) {
 		/* let queued evictions land so the files on disk match what a restart adopts */
-		while (kvr_l2_store_pending(s)) {
-			int n = kvr_l2_store_poll(s, NULL, 0, 0);
-			if (n < 0)
-				break;
-			issue_unlinks(s);
-			if (kvr_l2io_busy(s->io)) {
-				n = kvr_l2io_reap(s->io, s->iobuf, kvr_l2io_queue_depth(s->io), 1);
-				if (n < 0)
-					break;
-				for (int i = 0; i < n; i++)
-					(void)on_io_done(s, &s->iobuf[i]);
-			}
-		}
+		(void)kvr_l2_store_flush(s);
 		kvr_l2io_close(s->io);
 	}
 	if (s->lock_fd >= 0)

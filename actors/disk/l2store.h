@@ -143,6 +143,10 @@ int kvr_l2_store_remove(struct kvr_l2_store *s, kvr_key key, uint32_t lane);
  * of bad files) is handled here too. Returns the number written or -errno. */
 int kvr_l2_store_poll(struct kvr_l2_store *s, struct kvr_l2_done *ret, unsigned max, unsigned min_done);
 
+/* Wait until every put, get and internal unlink has finished (their completions stay queued
+ * for poll). 0 or -errno. */
+int kvr_l2_store_flush(struct kvr_l2_store *s);
+
 /* Puts and gets in flight plus internal unlinks queued or in flight. */
 unsigned kvr_l2_store_pending(const struct kvr_l2_store *s);
 
