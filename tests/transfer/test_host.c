@@ -365,9 +365,14 @@ Test(xfer_host, open_checks_the_kv_memory)
 	cr_assert_eq(kvr_xfer_open(&m, &no_arena, &x), -EINVAL);
 	m.kind = 7;
 	cr_assert_eq(kvr_xfer_open(&m, &a, &x), -EINVAL);
-	m.kind = KVR_XFER_MEM_CUDA; /* not in this build */
+	m.kind = KVR_XFER_MEM_CUDA;
+#ifdef KVR_XFER_HAVE_CUDA /* built: a CUDA descriptor without its blob is refused */
+	cr_assert_eq(kvr_xfer_open(&m, &a, &x), -EINVAL);
+	cr_assert_not_null(kvr_xfer_backend_for(KVR_XFER_MEM_CUDA));
+#else /* not in this build */
 	cr_assert_eq(kvr_xfer_open(&m, &a, &x), -EOPNOTSUPP);
 	cr_assert_null(kvr_xfer_backend_for(KVR_XFER_MEM_CUDA));
+#endif
 	cr_assert_eq(kvr_xfer_backend_for(KVR_XFER_MEM_HOST), &kvr_xfer_host_backend);
 	cr_assert_eq(x, (struct kvr_xfer *)0x1, "*ret written on failure");
 
