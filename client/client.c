@@ -494,6 +494,10 @@ static void handle_reply(struct kvr_client *c, struct kvr_ring *ring, const stru
 			p->done.diag.copy_ns = r.copy_ns;
 			p->done.diag.queue_ns = (uint64_t)r.queue_us * 1000;
 		}
+		/* -ESTALE: a new incarnation answered a request its dead predecessor had (it did
+		 * nothing): that is the dead actor's failure, reported as such. */
+		if (p->done.status == -ESTALE)
+			p->done.status = -EPIPE;
 		p->have_result = true;
 		if (p->failed_total) {
 			p->failed = calloc(p->failed_total, sizeof(uint32_t));
