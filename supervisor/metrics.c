@@ -382,7 +382,9 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 	char line[256];
 	vsnprintf(line, sizeof(line), fmt, ap);
 	line[strcspn(line, "\n")] = 0;
-	kvr_warn("metrics: %s", line);
+	/* debug: what MHD reports is mostly about clients (resets, bad requests); a failed
+	 * start is logged by sup_metrics_start() itself */
+	kvr_debug("metrics: %s", line);
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
@@ -430,7 +432,7 @@ int sup_metrics_open(struct sup *s, char *err, size_t errlen)
 		if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
 		    bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0)
 			break;
-		if (rc == -EADDRNOTAVAIL || ai == res)
+		if (ai == res)
 			rc = -errno; /* report the first address's reason */
 		if (fd >= 0)
 			(void)close(fd);
