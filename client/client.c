@@ -721,6 +721,10 @@ int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, si
 				goto out;
 			}
 			have = true;
+			if (r.status == -ESTALE) { /* a new incarnation answered its dead predecessor's request */
+				rc = fail(c, -EPIPE, "lookup: the lookup actor restarted; treat as a miss");
+				goto out;
+			}
 			if (r.status < 0) {
 				rc = fail(c, r.status, "lookup: %s", strerror(-r.status));
 				goto out;
