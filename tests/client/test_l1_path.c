@@ -751,6 +751,76 @@ Test(client, lookup_killed_mid_lookup)
 	assert_holds(r, 11, TAG(66, 1), "new store");
 }
 
+/*
+ * The lookup actor dies with a request of ours and its successor answers that request
+ * before the client reads: the client (in a child process, stopped meanwhile) must still
+ * see -EPIPE. The child attaches, stores 4 blocks, then on "go" runs one kvr_lookup and
+ * writes its return value back.
+ */
+Test(client, lookup_restarted_before_client_reads)
+{
+	ct_start(&env, &tiny, NULL);
+	int to_child[2], from_child[2];
+	cr_assert_eq(pipe(to_child), 0);
+	cr_assert_eq(pipe(from_child), 0);
+	pid_t child = fork();
+	cr_assert(child >= 0);
+	if (child == 0) {
+		struct kvr_geometry g;
+		int val = kvr_geometry_fill_vllm_layer_major(&g, 2, 2, 16, 2, 16, 16);
+		int kv = memfd_create("ct-child-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		struct kvr_client *c = NULL;
+		uint32_t tokens[64], src[4] = {0, 1, 2, 3};
+		ct_prompt(tokens, 64, 6);
+		if (!val && (kv < 0 || ftruncate(kv, (off_t)kvr_geometry_kv_extent(&g)) < 0))
+			val = -errno;
+		struct kvr_attach_opts o = {.socket = env.h.sock, .geometry = &g, .kv_fd = kv,
+					    .kv_bytes = kvr_geometry_kv_extent(&g), .timeout_ms = 5000};
+		if (!val)
+			val = kvr_attach(&o, &c);
+		if (!val)
+			val = kvr_store(c, 1, tokens, 64, NULL, 0, src, 4);
+		struct kvr_completion done;
+		if (!val)
+			val = kvr_wait(c, &done, 1, 5000) == 1 && done.status == 0 && done.n_stored == 4 ? 0 : -EIO;
+		char go;
+		if (write(from_child[1], &val, sizeof(val)) != sizeof(val) || val ||
+		    read(to_child[0], &go, 1) != 1)
+			_exit(1);
+		struct kvr_lookup_result res;
+		val = kvr_lookup(c, 2, tokens, 64, NULL, 0, &res);
+		if (write(from_child[1], &val, sizeof(val)) != sizeof(val))
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	ct_track_child(child);
+	close(to_child[0]);
+	close(from_child[1]);
+	struct pollfd pf = {.fd = from_child[0], .events = POLLIN};
+	int val = -1;
+	cr_assert_eq(poll(&pf, 1, 8000), 1);
+	cr_assert_eq(read(from_child[0], &val, sizeof(val)), (ssize_t)sizeof(val));
+	cr_assert_eq(val, 0, "child setup: %d", val);
+
+	pid_t lp = ct_actor_pid(&env, "lookup");
+	ct_stop_process(lp);
+	cr_assert_eq(write(to_child[1], "g", 1), 1);
+	struct kvr_ring *req = ct_ring(&env, "lookup.req.0"), *rep = ct_ring(&env, "lookup.rep.0");
+	cr_assert(H_WAIT(kvr_ring_count(req) == 2, 2000), "the child's LOOKUP was not sent");
+	ct_stop_process(child);
+	cr_assert_eq(kill(lp, SIGKILL), 0);
+	ct_wait_ready(&env, "lookup", lp, 5000);
+	cr_assert(H_WAIT(kvr_ring_count(req) == 0 && kvr_ring_count(rep) > 0, 3000), "the new lookup did not answer");
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_STALE), 1);
+	cr_assert_eq(kill(child, SIGCONT), 0);
+	cr_assert_eq(poll(&pf, 1, 8000), 1);
+	cr_assert_eq(read(from_child[0], &val, sizeof(val)), (ssize_t)sizeof(val));
+	cr_assert_eq(val, -EPIPE, "kvr_lookup returned %d (%s)", val, strerror(-val));
+	close(to_child[1]);
+	close(from_child[0]);
+}
+
 /* ---- 7. bad inputs: the specific errno, and the instance keeps serving ------------------- */
 
 Test(client, bad_inputs_rejected)
