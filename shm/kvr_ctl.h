@@ -156,6 +156,7 @@ enum kvr_stat_lookup {
 	KVR_STAT_LK_ABORTED,          /* unfinished slots reclaimed */
 	KVR_STAT_LK_REPLIES_DROPPED,  /* replies dropped: reader stopped reading */
 	KVR_STAT_LK_STALE,            /* requests addressed to an earlier incarnation */
+	KVR_STAT_LK_MISSED,           /* blocks asked for beyond the matched prefix (L1 misses) */
 };
 
 enum kvr_stat_xfer { /* loader and storer */

@@ -173,9 +173,7 @@ static void render_lookup(FILE *f, struct sup_metrics_view *v)
 	/* keys first: the lookup actor adds keys before matched, so keys >= matched read later */
 	uint64_t keys = kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_KEYS);
 	uint64_t matched = kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MATCHED);
-	uint64_t misses = keys > matched ? keys - matched : 0;
-	if (misses > v->l1_misses) /* a counter never goes back, even for a read between two adds */
-		v->l1_misses = misses;
+	v->l1_misses = kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MISSED); /* counted by the lookup actor */
 
 	counter(f, "kvring_lookup_requests_total", "Lookup requests answered.",
 		kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LOOKUPS));

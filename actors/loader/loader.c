@@ -104,6 +104,8 @@ static void reply(struct loader *l, uint64_t wire, int status, uint32_t n_blocks
 		.runs = st ? (uint32_t)st->runs : 0,
 		.queue_us = (uint32_t)(queue_ns / 1000),
 	};
+	kvr_actor_count(l->sw.a, KVR_STAT_XF_REQUESTS, 1);
+	kvr_actor_count(l->sw.a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LOAD_DONE, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0,
 		      &d, sizeof(d));
@@ -124,9 +126,7 @@ static void execute(struct kvr_actor *a, struct loader *l)
 	uint32_t n = l->req.total;
 	uint64_t wire = l->req.req_id, queue_ns = kvr_now_ns() - l->req.first_ns;
 	if (grow(l, n)) {
-		for (uint32_t i = 0; i < n; i++)
-			l->failed[i] = items[i].block;
-		reply(l, wire, -ENOMEM, n, 0, NULL, queue_ns);
+		reply(l, wire, -ENOMEM, n, 0, NULL, queue_ns); /* no room to list them: the status fails all */
 		return;
 	}
 	if (!stage_wire_current(a, wire)) {
@@ -168,7 +168,6 @@ static void execute(struct kvr_actor *a, struct loader *l)
 	}
 	kvr_actor_count(a, KVR_STAT_XF_BLOCKS, n_ok);
 	kvr_actor_count(a, KVR_STAT_XF_BYTES, st.bytes);
-	kvr_actor_count(a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
 	kvr_debug("load %llx: %u blocks, %u failed, %llu bytes, %llu runs, copy %llu us", (unsigned long long)wire, n,
 		  n_failed, (unsigned long long)st.bytes, (unsigned long long)st.runs,
 		  (unsigned long long)(st.copy_ns / 1000));

@@ -169,6 +169,7 @@ static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
 	kvr_actor_count(a, KVR_STAT_LK_LOOKUPS, 1);
 	kvr_actor_count(a, KVR_STAT_LK_KEYS, q->total);
 	kvr_actor_count(a, KVR_STAT_LK_MATCHED, (uint64_t)n);
+	kvr_actor_count(a, KVR_STAT_LK_MISSED, q->total - (uint64_t)n);
 	send_lookup_rep(a, l, wi, wire, 0, (uint32_t)n, lane, dt);
 }
 

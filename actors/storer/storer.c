@@ -171,6 +171,8 @@ static void reply(struct storer *s, uint64_t wire, int status, uint32_t n, uint3
 		.copy_ns = st ? st->copy_ns : 0,
 		.queue_us = (uint32_t)(queue_ns / 1000),
 	};
+	kvr_actor_count(s->sw.a, KVR_STAT_XF_REQUESTS, 1);
+	kvr_actor_count(s->sw.a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_STORE_DONE, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0,
 		      &d, sizeof(d));
@@ -296,8 +298,6 @@ static void execute(struct kvr_actor *a, struct storer *s)
 	kvr_actor_count(a, KVR_STAT_XF_BLOCKS, committed);
 	kvr_actor_count(a, KVR_STAT_XF_BYTES, st.bytes);
 	kvr_actor_count(a, KVR_STAT_XF_PRESENT_BLOCKS, present);
-	kvr_actor_count(a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
-	kvr_actor_count(a, KVR_STAT_XF_REQUESTS, 1);
 	kvr_debug("store %llx: %u blocks, %u stored, %u present, %u failed, %llu bytes", (unsigned long long)wire, n,
 		  committed, present, n_failed, (unsigned long long)st.bytes);
 	reply(s, wire, n_failed ? -EIO : 0, n, committed, present, n_failed, &st, queue_ns);

@@ -55,6 +55,7 @@ void m_fake_init(struct m_fake *f)
 	atomic_store(&lk->c[KVR_STAT_LK_LOOKUPS], 3);
 	atomic_store(&lk->c[KVR_STAT_LK_KEYS], 10);
 	atomic_store(&lk->c[KVR_STAT_LK_MATCHED], 6);
+	atomic_store(&lk->c[KVR_STAT_LK_MISSED], 4);
 	atomic_store(&lk->c[KVR_STAT_LK_EVICTED], 2);
 	atomic_store(&lk->c[KVR_STAT_MALFORMED], 1);
 	atomic_store(&ld->c[KVR_STAT_XF_BLOCKS], 5);
