@@ -41,17 +41,17 @@ int kvr_dcp_check(uint32_t block_tokens, uint32_t dcp_size, uint32_t interleave,
 		return fail(err, errlen, "block_tokens: must be > 0");
 	uint64_t period = (uint64_t)dcp_size * interleave;
 	if (dcp_size > 1 && block_tokens % period)
-		return fail(err, errlen,
-			    "dcp: block_tokens %u is not a multiple of dcp_size %u x dcp_interleave %u = %llu (in block 0 "
-			    "rank 0 would hold %llu tokens, rank %u %llu)",
-			    block_tokens, dcp_size, interleave, (unsigned long long)period,
-			    (unsigned long long)kvr_dcp_rank_tokens(block_tokens, dcp_size, interleave, 0), dcp_size - 1,
-			    (unsigned long long)kvr_dcp_rank_tokens(block_tokens, dcp_size, interleave, dcp_size - 1));
+		return fail(
+			err, errlen,
+			"dcp: block_tokens %u is not a multiple of dcp_size %u x dcp_interleave %u = %llu (in block 0 "
+			"rank 0 would hold %llu tokens, rank %u %llu)",
+			block_tokens, dcp_size, interleave, (unsigned long long)period,
+			(unsigned long long)kvr_dcp_rank_tokens(block_tokens, dcp_size, interleave, 0), dcp_size - 1,
+			(unsigned long long)kvr_dcp_rank_tokens(block_tokens, dcp_size, interleave, dcp_size - 1));
 	return 0;
 }
 
-uint64_t kvr_dcp_canonical_page_bytes(uint32_t row_bytes, uint32_t tail_bytes, uint32_t block_tokens,
-				      uint32_t dcp_size)
+uint64_t kvr_dcp_canonical_page_bytes(uint32_t row_bytes, uint32_t tail_bytes, uint32_t block_tokens, uint32_t dcp_size)
 {
 	uint64_t rows = (uint64_t)block_tokens * row_bytes, tails = (uint64_t)dcp_size * tail_bytes, sum;
 	return __builtin_add_overflow(rows, tails, &sum) ? UINT64_MAX : sum;
@@ -218,17 +218,20 @@ static int emit_lane(struct emit *e, const struct kvr_geometry *g, uint32_t bloc
 		struct kvr_region r = kvr_geometry_region(g, i);
 		uint32_t row = region_row_bytes(g, i);
 		if (!row)
-			return fail(err, errlen, "region %u: sem_bytes %u is not whole rows of the %llu tokens DCP rank %u "
-				    "holds", i, r.sem_bytes,
+			return fail(err, errlen,
+				    "region %u: sem_bytes %u is not whole rows of the %llu tokens DCP rank %u "
+				    "holds",
+				    i, r.sem_bytes,
 				    (unsigned long long)kvr_dcp_rank_tokens(g->block_tokens, g->dcp_size,
 									    g->dcp_interleave, g->dcp_rank),
 				    g->dcp_rank);
 		if (r.page_bytes < r.sem_bytes)
-			return fail(err, errlen, "region %u: sem_bytes %u > page_bytes %u", i, r.sem_bytes, r.page_bytes);
+			return fail(err, errlen, "region %u: sem_bytes %u > page_bytes %u", i, r.sem_bytes,
+				    r.page_bytes);
 		uint64_t canon = region_canonical(g, i), kv, end;
 		if (__builtin_mul_overflow((uint64_t)block_id, r.stride, &kv) ||
-		    __builtin_add_overflow(kv, r.offset, &kv) || __builtin_add_overflow(kv, (uint64_t)r.page_bytes, &end) ||
-		    __builtin_add_overflow(at, canon, &end))
+		    __builtin_add_overflow(kv, r.offset, &kv) ||
+		    __builtin_add_overflow(kv, (uint64_t)r.page_bytes, &end) || __builtin_add_overflow(at, canon, &end))
 			return -EOVERFLOW;
 		if (g->dcp_size == 1)
 			emit_add(e, kv, at, r.page_bytes);

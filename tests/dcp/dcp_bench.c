@@ -29,7 +29,7 @@
 struct model {
 	const char *name;
 	unsigned regions; /* one region per layer (MLA) or per layer and K/V */
-	uint32_t row;     /* bytes a token in one region */
+	uint32_t row; /* bytes a token in one region */
 };
 
 static const struct model models[] = {
@@ -102,7 +102,8 @@ int main(void)
 			uint64_t runs_per_block = 0;
 			for (uint32_t r = 0; r < d; r++) {
 				rank_geom(&rk[r].g, m, d, il, r);
-				if (kvr_geometry_validate(&rk[r].g, kvr_geometry_kv_extent(&rk[r].g), err, sizeof(err)) ||
+				if (kvr_geometry_validate(&rk[r].g, kvr_geometry_kv_extent(&rk[r].g), err,
+							  sizeof(err)) ||
 				    kvr_dcp_canonical_lane_bytes(&rk[r].g) != lane) {
 					fprintf(stderr, "%s D %u I %u: bad geometry: %s\n", m->name, d, il, err);
 					return 2;
@@ -116,7 +117,8 @@ int main(void)
 					for (unsigned i = 0; i < m->regions; i++) {
 						struct kvr_region reg = kvr_geometry_region(&rk[r].g, i);
 						bf_rank_rows(rk[r].kv + reg.offset + b * reg.stride,
-							     truth + b * lane + (uint64_t)i * BT * m->row, m->row, BT, d, il, r);
+							     truth + b * lane + (uint64_t)i * BT * m->row, m->row, BT,
+							     d, il, r);
 					}
 				size_t cap = kvr_dcp_lane_max_runs(&rk[r].g);
 				int n = kvr_dcp_lane_runs(&rk[r].g, 0, 0, runs, cap, err, sizeof(err));
@@ -137,23 +139,26 @@ int main(void)
 				uint64_t t2 = kvr_now_ns();
 				for (uint32_t b = 0; b < NB; b++)
 					for (uint32_t r = 0; r < d; r++) {
-						int n = kvr_dcp_lane_runs(&rk[r].g, b, b * lane, runs, max_runs, NULL, 0);
+						int n = kvr_dcp_lane_runs(&rk[r].g, b, b * lane, runs, max_runs, NULL,
+									  0);
 						for (int k = 0; k < n; k++)
-							kvr_copy_stream(arena + runs[k].slot_off, rk[r].kv + runs[k].kv_off,
-									runs[k].len);
+							kvr_copy_stream(arena + runs[k].slot_off,
+									rk[r].kv + runs[k].kv_off, runs[k].len);
 					}
 				uint64_t t3 = kvr_now_ns();
 				if (rep == -1 && memcmp(arena, truth, lane * NB)) {
-					fprintf(stderr, "%s D %u I %u: gather is not the canonical block\n", m->name, d, il);
+					fprintf(stderr, "%s D %u I %u: gather is not the canonical block\n", m->name, d,
+						il);
 					bad = 1;
 				}
 				uint64_t t4 = kvr_now_ns();
 				for (uint32_t b = 0; b < NB; b++)
 					for (uint32_t r = 0; r < d; r++) {
-						int n = kvr_dcp_lane_runs(&rk[r].g, b, b * lane, runs, max_runs, NULL, 0);
+						int n = kvr_dcp_lane_runs(&rk[r].g, b, b * lane, runs, max_runs, NULL,
+									  0);
 						for (int k = 0; k < n; k++)
-							kvr_copy_stream(rk[r].kv + runs[k].kv_off, arena + runs[k].slot_off,
-									runs[k].len);
+							kvr_copy_stream(rk[r].kv + runs[k].kv_off,
+									arena + runs[k].slot_off, runs[k].len);
 					}
 				uint64_t t5 = kvr_now_ns();
 				if (rep >= 0) {
@@ -165,9 +170,9 @@ int main(void)
 			double bytes = (double)lane * NB;
 			double g_mem = bytes / (double)median(t_mem), g_gat = bytes / (double)median(t_gat),
 			       g_sca = bytes / (double)median(t_sca);
-			printf("| %s | %u | %u | %u | %llu | %.1f | %.2f | %.2f | %.2f | %.2fx | %.2fx |\n", m->name, d, il,
-			       il * m->row, (unsigned long long)runs_per_block, bytes / (1 << 20), g_mem, g_gat, g_sca,
-			       g_gat / g_mem, g_sca / g_mem);
+			printf("| %s | %u | %u | %u | %llu | %.1f | %.2f | %.2f | %.2f | %.2fx | %.2fx |\n", m->name, d,
+			       il, il * m->row, (unsigned long long)runs_per_block, bytes / (1 << 20), g_mem, g_gat,
+			       g_sca, g_gat / g_mem, g_sca / g_mem);
 			fflush(stdout);
 			for (uint32_t r = 0; r < d; r++)
 				free(rk[r].kv);

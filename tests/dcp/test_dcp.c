@@ -80,8 +80,8 @@ Test(dcp, rule_matches_bruteforce)
 				char err[KVR_GEOM_ERR_MAX];
 				bool ok = kvr_dcp_check(bt, d, il, err, sizeof(err)) == 0;
 				bool want = d == 1 || bf_uniform(bt, d, il);
-				cr_assert_eq(ok, want, "block %u D %u I %u: check says %d (%s), brute force %d", bt, d, il, ok,
-					     err, want);
+				cr_assert_eq(ok, want, "block %u D %u I %u: check says %d (%s), brute force %d", bt, d,
+					     il, ok, err, want);
 				cr_assert_eq(ok, err[0] == '\0');
 				if (ok)
 					accepted++;
@@ -100,11 +100,13 @@ Test(dcp, check_reasons)
 {
 	char err[KVR_GEOM_ERR_MAX];
 	cr_assert_eq(kvr_dcp_check(16, 2, 16, err, sizeof(err)), -EINVAL);
-	cr_assert_str_eq(err, "dcp: block_tokens 16 is not a multiple of dcp_size 2 x dcp_interleave 16 = 32 (in block 0 "
-			      "rank 0 would hold 16 tokens, rank 1 0)");
+	cr_assert_str_eq(err,
+			 "dcp: block_tokens 16 is not a multiple of dcp_size 2 x dcp_interleave 16 = 32 (in block 0 "
+			 "rank 0 would hold 16 tokens, rank 1 0)");
 	cr_assert_eq(kvr_dcp_check(24, 2, 8, err, sizeof(err)), -EINVAL);
-	cr_assert_str_eq(err, "dcp: block_tokens 24 is not a multiple of dcp_size 2 x dcp_interleave 8 = 16 (in block 0 "
-			      "rank 0 would hold 16 tokens, rank 1 8)");
+	cr_assert_str_eq(err,
+			 "dcp: block_tokens 24 is not a multiple of dcp_size 2 x dcp_interleave 8 = 16 (in block 0 "
+			 "rank 0 would hold 16 tokens, rank 1 8)");
 	cr_assert_eq(kvr_dcp_check(128, 0, 1, err, sizeof(err)), -EINVAL);
 	cr_assert_str_eq(err, "dcp_size: 0 (must be 1..16)");
 	cr_assert_eq(kvr_dcp_check(128, 17, 1, err, sizeof(err)), -EINVAL);
@@ -150,8 +152,9 @@ Test(dcp, rank_tokens_bruteforce)
 						uint64_t t = kvr_dcp_global_token(j, d, il, r);
 						cr_assert_eq(kvr_dcp_owner(t, d, il), r);
 						cr_assert_eq(bf_owner(t, d, il), (int)r);
-						cr_assert_eq(kvr_dcp_rank_tokens(t, d, il, r), j, "t %llu is local %llu",
-							     (unsigned long long)t, (unsigned long long)j);
+						cr_assert_eq(kvr_dcp_rank_tokens(t, d, il, r), j,
+							     "t %llu is local %llu", (unsigned long long)t,
+							     (unsigned long long)j);
 					}
 		}
 	/* a large count: every rank of 8 with interleave 16 holds 1/8 of 2^40 tokens */
@@ -196,7 +199,8 @@ Test(dcp, runs_match_bruteforce)
 					struct kvr_dcp_run runs[160];
 					if (kvr_dcp_check(bt, d, il, NULL, 0)) {
 						struct kvr_region reg = {.page_bytes = row, .sem_bytes = row};
-						cr_assert_eq(kvr_dcp_runs(&reg, row, bt, d, il, 0, 0, 0, runs, 160), -EINVAL);
+						cr_assert_eq(kvr_dcp_runs(&reg, row, bt, d, il, 0, 0, 0, runs, 160),
+							     -EINVAL);
 						refused++;
 						continue;
 					}
@@ -209,8 +213,8 @@ Test(dcp, runs_match_bruteforce)
 						int nr = kvr_dcp_runs(&reg, row, bt, d, il, r, koff, soff, runs, 160);
 						/* I consecutive rows are one run; D = 1 is the page in one */
 						int expect = d == 1 ? 1 : (int)(bt / (d * il));
-						cr_assert_eq(nr, expect, "B %u D %u I %u row %u rank %u: %d runs", bt, d, il,
-							     row, r, nr);
+						cr_assert_eq(nr, expect, "B %u D %u I %u row %u rank %u: %d runs", bt,
+							     d, il, row, r, nr);
 						cr_assert_leq((size_t)nr, kvr_dcp_max_runs(bt, d, il));
 						uint64_t sum = 0;
 						for (int i = 0; i < nr; i++) {
@@ -228,8 +232,8 @@ Test(dcp, runs_match_bruteforce)
 						apply_runs(kv, src, runs, nr, KVR_XFER_SLOT_TO_KV);
 						cr_assert_eq(bf_rank_rows(want, truth, row, bt, d, il, r), n);
 						long at = first_diff(kv + koff, want, n * row);
-						cr_assert_eq(at, -1, "B %u D %u I %u row %u rank %u: page byte %ld", bt, d,
-							     il, row, r, at);
+						cr_assert_eq(at, -1, "B %u D %u I %u row %u rank %u: page byte %ld", bt,
+							     d, il, row, r, at);
 						cr_assert_eq(first_not(kv, koff, GUARD_BYTE), -1);
 						cr_assert_eq(first_not(kv + koff + n * row, kv_len - koff - n * row,
 								       GUARD_BYTE),
@@ -240,8 +244,8 @@ Test(dcp, runs_match_bruteforce)
 						checked++;
 					}
 					long at = first_diff(gat + soff, truth, canon_bytes);
-					cr_assert_eq(at, -1, "gather B %u D %u I %u row %u: canonical byte %ld", bt, d, il,
-						     row, at);
+					cr_assert_eq(at, -1, "gather B %u D %u I %u row %u: canonical byte %ld", bt, d,
+						     il, row, at);
 					cr_assert_eq(first_not(gat, soff, GUARD_BYTE), -1);
 					cr_assert_eq(first_not(gat + soff + canon_bytes, GUARD, GUARD_BYTE), -1);
 				}
@@ -396,8 +400,9 @@ Test(dcp, cross_layout_heterogeneous)
 		rank_open(&st[r], bt, 2, 16, r, 0);
 		cr_assert_eq(kvr_dcp_canonical_lane_bytes(&st[r].g), canon);
 		for (unsigned i = 0; i < N_REG; i++)
-			cr_assert_eq(bf_rank_rows(rank_page(&st[r], i, 1), truth + reg_off[i], het_rows[i], bt, 2, 16, r),
-				     64);
+			cr_assert_eq(
+				bf_rank_rows(rank_page(&st[r], i, 1), truth + reg_off[i], het_rows[i], bt, 2, 16, r),
+				64);
 	}
 	/* store: gather both shards into one canonical lane */
 	memset(slot, GUARD_BYTE, canon + 2 * GUARD);
@@ -468,8 +473,9 @@ Test(dcp, lane_runs_merge_and_errors)
 	g.dcp_size = 2;
 	g.dcp_interleave = 16;
 	cr_assert_eq(kvr_dcp_lane_runs(&g, 0, 0, runs, 8, err, sizeof(err)), -EINVAL);
-	cr_assert_str_eq(err, "dcp: block_tokens 16 is not a multiple of dcp_size 2 x dcp_interleave 16 = 32 (in block 0 "
-			      "rank 0 would hold 16 tokens, rank 1 0)");
+	cr_assert_str_eq(err,
+			 "dcp: block_tokens 16 is not a multiple of dcp_size 2 x dcp_interleave 16 = 32 (in block 0 "
+			 "rank 0 would hold 16 tokens, rank 1 0)");
 	cr_assert_eq(kvr_dcp_canonical_lane_bytes(&g), 0);
 	cr_assert_eq(kvr_dcp_lane_max_runs(&g), 0);
 	g.dcp_interleave = 1;
@@ -510,7 +516,8 @@ static long tail_round_trip(struct rank_mem *src, struct rank_mem *dst, uint32_t
 	}
 	for (uint32_t r = 0; r < d; r++)
 		for (unsigned i = 0; i < N_REG; i++) {
-			long at = first_diff(rank_page(&dst[r], i, 0), rank_page(&src[r], i, 0), src[r].g.page_bytes[i]);
+			long at =
+				first_diff(rank_page(&dst[r], i, 0), rank_page(&src[r], i, 0), src[r].g.page_bytes[i]);
 			if (at >= 0) {
 				*bad_rank = r;
 				*bad_region = i;
@@ -553,8 +560,9 @@ Test(dcp, tail_round_trip_and_dropped_tail)
 			for (unsigned i = 0; i < N_REG; i++) {
 				uint64_t tail_at = GUARD + kvr_dcp_canonical_region_offset(&src[r].g, i) +
 						   (uint64_t)bt * het_rows[i] + r * TAIL;
-				cr_assert_eq(memcmp(slot + tail_at, rank_page(&src[r], i, 0) + src[r].g.sem_bytes[i], TAIL),
-					     0, "D %u rank %u region %u: tail in the canonical page", d, r, i);
+				cr_assert_eq(
+					memcmp(slot + tail_at, rank_page(&src[r], i, 0) + src[r].g.sem_bytes[i], TAIL),
+					0, "D %u rank %u region %u: tail in the canonical page", d, r, i);
 			}
 		cr_assert_eq(first_not(slot + GUARD + canon, GUARD, GUARD_BYTE), -1);
 
@@ -564,8 +572,10 @@ Test(dcp, tail_round_trip_and_dropped_tail)
 			memset(dst[r].kv, GUARD_BYTE, dst[r].bytes);
 		uint64_t canon_sem = rows;
 		at = tail_round_trip(src, dst, d, slot, canon_sem, true, &br, &bg);
-		cr_assert_eq(at, (long)src[0].g.sem_bytes[0], "D %u I %u: a dropped tail must fail the round trip at "
-							       "byte %u, got %ld", d, il, src[0].g.sem_bytes[0], at);
+		cr_assert_eq(at, (long)src[0].g.sem_bytes[0],
+			     "D %u I %u: a dropped tail must fail the round trip at "
+			     "byte %u, got %ld",
+			     d, il, src[0].g.sem_bytes[0], at);
 		cr_assert_eq(br, 0);
 		cr_assert_eq(bg, 0);
 		cr_assert_eq(first_not(rank_page(&dst[0], 0, 0) + src[0].g.sem_bytes[0], TAIL, GUARD_BYTE), -1,
@@ -605,8 +615,9 @@ Test(dcp, geometry_validate_dcp)
 	struct kvr_geometry b = g;
 	b.dcp_interleave = 16;
 	cr_assert_eq(kvr_geometry_validate(&b, kv, err, sizeof(err)), -EINVAL);
-	cr_assert_str_eq(err, "dcp: block_tokens 16 is not a multiple of dcp_size 2 x dcp_interleave 16 = 32 (in block 0 "
-			      "rank 0 would hold 16 tokens, rank 1 0)");
+	cr_assert_str_eq(err,
+			 "dcp: block_tokens 16 is not a multiple of dcp_size 2 x dcp_interleave 16 = 32 (in block 0 "
+			 "rank 0 would hold 16 tokens, rank 1 0)");
 	b = g;
 	b.dcp_size = 17;
 	cr_assert_eq(kvr_geometry_validate(&b, kv, err, sizeof(err)), -EINVAL);
@@ -664,8 +675,10 @@ Test(dcp, presets_general_geometry)
 	d4.dcp_size = 4;
 	d4.dcp_rank = 3;
 	for (unsigned i = 0; i < 61; i++) {
-		struct kvr_region r = {.offset = (uint64_t)i * 10 * (16 * 788), .stride = 16 * 788,
-				       .page_bytes = 16 * 788, .sem_bytes = 16 * 656};
+		struct kvr_region r = {.offset = (uint64_t)i * 10 * (16 * 788),
+				       .stride = 16 * 788,
+				       .page_bytes = 16 * 788,
+				       .sem_bytes = 16 * 656};
 		cr_assert_eq(kvr_geometry_set_region(&d4, i, &r), 0);
 	}
 	cr_assert_eq(kvr_geometry_validate(&d4, kvr_geometry_kv_extent(&d4), err, sizeof(err)), 0, "%s", err);
@@ -688,11 +701,11 @@ Test(dcp, presets_general_geometry)
 	for (unsigned i = 0; i < kvr_preset_count(); i++) {
 		const struct kvr_preset *p = kvr_preset_at(i);
 		for (uint32_t bt = 16; bt <= 128; bt *= 8) {
-			cr_assert_eq(kvr_preset_geometry(p, p->attention == KVR_ATTN_MLA ? 1 : p->kv_heads_total, 0, bt, 3,
-							 &g),
+			cr_assert_eq(kvr_preset_geometry(p, p->attention == KVR_ATTN_MLA ? 1 : p->kv_heads_total, 0, bt,
+							 3, &g),
 				     0, "%s", p->name);
-			cr_assert_eq(kvr_geometry_validate(&g, kvr_geometry_kv_extent(&g), err, sizeof(err)), 0, "%s: %s",
-				     p->name, err);
+			cr_assert_eq(kvr_geometry_validate(&g, kvr_geometry_kv_extent(&g), err, sizeof(err)), 0,
+				     "%s: %s", p->name, err);
 			cr_assert_eq(g.page_bytes[0] - g.sem_bytes[0], bt * p->tail_per_token, "%s", p->name);
 		}
 	}

@@ -113,8 +113,8 @@ static void rank_open(struct rank *r, unsigned tp_rank)
 	r->kv = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
 	cr_assert(r->kv != MAP_FAILED);
 	memset(r->kv, 0xa5, r->bytes); /* canary: no load may touch a block it was not given */
-	struct kvr_attach_opts o = {.socket = inst.sock, .geometry = &r->g, .kv_fd = r->fd, .kv_bytes = r->bytes,
-				    .timeout_ms = 5000};
+	struct kvr_attach_opts o = {
+		.socket = inst.sock, .geometry = &r->g, .kv_fd = r->fd, .kv_bytes = r->bytes, .timeout_ms = 5000};
 	int rc = kvr_attach(&o, &r->c);
 	cr_assert_eq(rc, 0, "rank %u attach: %d (%s); log:\n%s", tp_rank, rc, kvr_last_error(r->c),
 		     h_read_file(inst.log));
@@ -202,15 +202,15 @@ Test(dcp_kvringd, mla_tp4_one_stores_four_load, .fini = mla_teardown)
 				uint32_t n = rk->g.page_bytes[l];
 				if (j >= 0) {
 					const uint8_t *want = stored + (page(st, l, src_blocks[j]) - st->kv);
-					cr_assert_eq(memcmp(got, want, n), 0, "rank %u block %u layer %u: not the stored bytes",
-						     r, b, l);
+					cr_assert_eq(memcmp(got, want, n), 0,
+						     "rank %u block %u layer %u: not the stored bytes", r, b, l);
 				} else if (rk == st) {
 					cr_assert_eq(memcmp(got, stored + (got - rk->kv), n), 0,
 						     "rank %u block %u layer %u: touched", r, b, l);
 				} else {
 					for (uint32_t k = 0; k < n; k++)
-						cr_assert_eq(got[k], 0xa5, "rank %u block %u layer %u byte %u: touched", r,
-							     b, l, k);
+						cr_assert_eq(got[k], 0xa5, "rank %u block %u layer %u byte %u: touched",
+							     r, b, l, k);
 				}
 			}
 		}
@@ -229,8 +229,8 @@ static void raw_attach(const struct kvr_geometry *g, uint64_t kv_bytes, struct k
 	cr_assert_eq(ftruncate(kv, (off_t)kv_bytes), 0);
 	int s = kvr_proto_connect(inst.sock);
 	cr_assert(s >= 0, "connect %s: %s", inst.sock, strerror(-s));
-	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_ATTACH,
-				    .payload_len = sizeof(*g)};
+	struct kvr_proto_req req = {
+		.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_ATTACH, .payload_len = sizeof(*g)};
 	memcpy(req.payload, g, sizeof(*g));
 	(void)kvr_proto_send(s, &req, offsetof(struct kvr_proto_req, payload) + sizeof(*g), &kv, 1);
 	close(kv);
