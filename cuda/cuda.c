@@ -229,9 +229,11 @@ static int pick_device(int want, const uint8_t uuid[16], int *ret_dev)
 		if (want >= 0)
 			break;
 	}
-	snprintf(last_err, sizeof(last_err), want >= 0 ? "device %d is not the GPU that holds the KV memory (UUID differs)"
-						       : "no visible device has the KV memory's UUID (device %d)",
-		 want);
+	if (want >= 0)
+		snprintf(last_err, sizeof(last_err), "device %d is not the GPU that holds the KV memory (UUID differs)",
+			 want);
+	else
+		snprintf(last_err, sizeof(last_err), "none of the %d visible devices has the KV memory's UUID", n);
 	return -ENODEV;
 }
 

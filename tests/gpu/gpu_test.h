@@ -67,13 +67,29 @@ struct gw_rep {
 
 /* ---- probe ------------------------------------------------------------------------------ */
 
+/* $KVR_BUILD_ROOT/tests/gpu/gpu_worker, else gpu_worker beside this executable. */
+static inline void gpu_worker_path(char *path, size_t len)
+{
+	const char *root = getenv("KVR_BUILD_ROOT");
+	if (root && *root) {
+		snprintf(path, len, "%s/tests/gpu/gpu_worker", root);
+		return;
+	}
+	char self[4096];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	self[n > 0 ? n : 0] = 0;
+	char *slash = strrchr(self, '/');
+	if (slash)
+		*slash = 0;
+	snprintf(path, len, "%s/gpu_worker", slash ? self : ".");
+}
+
 /* 0 when a CUDA device is usable, 77 when none (cudaGetDeviceCount fails or says 0). The
  * check runs in gpu_worker --probe, so this process never initialises CUDA before a fork. */
 static inline int gpu_probe(void)
 {
-	const char *root = getenv("KVR_BUILD_ROOT");
 	char path[4096];
-	snprintf(path, sizeof(path), "%s/tests/gpu/gpu_worker", root ? root : ".");
+	gpu_worker_path(path, sizeof(path));
 	pid_t pid = fork();
 	if (pid < 0)
 		return 77;
@@ -142,9 +158,8 @@ static inline int gw_start(struct gw *w, uint64_t kv_bytes, unsigned split, cons
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
 		return snprintf(why, whylen, "socketpair: %s", strerror(errno)), -errno;
 
-	const char *root = getenv("KVR_BUILD_ROOT");
 	char path[4096], kvb[32], sp[32], mb[32];
-	snprintf(path, sizeof(path), "%s/tests/gpu/gpu_worker", root ? root : ".");
+	gpu_worker_path(path, sizeof(path));
 	snprintf(kvb, sizeof(kvb), "%llu", (unsigned long long)kv_bytes);
 	snprintf(sp, sizeof(sp), "%u", split);
 	snprintf(mb, sizeof(mb), "%llu", (unsigned long long)w->mirror_bytes);

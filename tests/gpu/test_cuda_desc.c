@@ -297,7 +297,7 @@ struct fake {
 	int ok;
 	char why[256];
 	struct kvr_geometry geom;
-	uint8_t blob[96 + 4 * 96];
+	_Alignas(8) uint8_t blob[96 + 4 * 96];
 	size_t blob_len;
 	uint64_t fd_bytes;
 	int seals;
