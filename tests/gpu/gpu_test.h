@@ -75,7 +75,7 @@ static inline void gpu_worker_path(char *path, size_t len)
 		snprintf(path, len, "%s/tests/gpu/gpu_worker", root);
 		return;
 	}
-	char self[4096];
+	char self[2048]; /* shorter than any caller's path buffer (4096) */
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	self[n > 0 ? n : 0] = 0;
 	char *slash = strrchr(self, '/');
