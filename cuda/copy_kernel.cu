@@ -1,4 +1,4 @@
-/* Gather/scatter copy kernel for the CUDA backend: many small pieces in one launch, exact for any width and alignment. */
+/* Gather/scatter kernel of the CUDA backend: many small pieces in one launch, exact for any width and alignment. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 

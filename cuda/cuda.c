@@ -1,4 +1,4 @@
-/* CUDA transfer backend: worker KV memory from CUDA IPC handles <-> the registered arena, on the actor's own streams. */
+/* CUDA transfer backend: worker KV memory by CUDA IPC handles <-> the registered arena, on the actor's own streams. */
 #include "kvr_cuda.h"
 #include "kvr_xfer.h"
 
@@ -95,8 +95,8 @@ static int arena_register(void *base, uint64_t size)
 	for (int i = 0; i < MAX_REG; i++) {
 		if (regs[i].refs && regs[i].base == base) {
 			if (regs[i].size != size) {
-				snprintf(last_err, sizeof(last_err), "arena %p registered with %llu bytes, now %llu", base,
-					 (unsigned long long)regs[i].size, (unsigned long long)size);
+				snprintf(last_err, sizeof(last_err), "arena %p registered with %llu bytes, now %llu",
+					 base, (unsigned long long)regs[i].size, (unsigned long long)size);
 				rc = -EINVAL;
 			} else {
 				regs[i].refs++;
@@ -219,8 +219,8 @@ static int pick_device(int want, const uint8_t uuid[16], int *ret_dev)
 			return cu_err(e, "cudaGetDeviceProperties");
 		if (!memcmp(uuid, zero, 16) || !memcmp(p.uuid.bytes, uuid, 16)) {
 			if (want < 0 && !memcmp(uuid, zero, 16) && n > 1) {
-				snprintf(last_err, sizeof(last_err), "descriptor names no device UUID and %d devices are visible",
-					 n);
+				snprintf(last_err, sizeof(last_err),
+					 "descriptor names no device UUID and %d devices are visible", n);
 				return -ENODEV;
 			}
 			*ret_dev = d;
@@ -467,7 +467,8 @@ static int grow_pieces(struct cslot *s, size_t n)
 	while (cap < n)
 		cap *= 2;
 	void *p = NULL;
-	cudaError_t e = cudaHostAlloc(&p, cap * sizeof(struct kvr_cuda_piece), cudaHostAllocMapped | cudaHostAllocPortable);
+	cudaError_t e = cudaHostAlloc(&p, cap * sizeof(struct kvr_cuda_piece),
+				      cudaHostAllocMapped | cudaHostAllocPortable);
 	if (e != cudaSuccess)
 		return cu_err(e, "cudaHostAlloc(kernel arguments)");
 	if (s->pieces)
@@ -546,7 +547,8 @@ static int enqueue(struct cuda_xfer *x, struct cslot *s, uint32_t dir, const str
 			*ret_started = 1;
 			return 1;
 		}
-		if (x->mode == KVR_CUDA_COPY_BATCH || (e != cudaErrorNotSupported && e != cudaErrorCallRequiresNewerDriver))
+		if (x->mode == KVR_CUDA_COPY_BATCH ||
+		    (e != cudaErrorNotSupported && e != cudaErrorCallRequiresNewerDriver))
 			return cu_err(e, "cudaMemcpyBatchAsync");
 		/* auto: the driver cannot batch; per-run copies from now on */
 		(void) cudaGetLastError();

@@ -89,8 +89,9 @@ static int ranges_check(const struct kvr_cuda_range *r, uint32_t n, uint64_t kv_
 		if (__builtin_add_overflow(r[i].alloc_offset, r[i].bytes, &aend))
 			return why(err, errlen, -EBADMSG, "range %u: alloc_offset + bytes overflows", i);
 		if (i > 0 && r[i].kv_offset < prev_end)
-			return why(err, errlen, -EBADMSG, "range %u: kv_offset %llu overlaps or precedes range %u (ends %llu)",
-				   i, (unsigned long long)r[i].kv_offset, i - 1, (unsigned long long)prev_end);
+			return why(err, errlen, -EBADMSG,
+				   "range %u: kv_offset %llu overlaps or precedes range %u (ends %llu)", i,
+				   (unsigned long long)r[i].kv_offset, i - 1, (unsigned long long)prev_end);
 		prev_end = end;
 	}
 	return 0;

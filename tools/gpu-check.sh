@@ -19,7 +19,7 @@ t_start=$(date +%s)
 declare -a rows=()
 
 say() { printf 'gpu-check: %s\n' "$*"; }
-die() { say "FAIL: $*"; exit "${2:-1}"; }
+die() { say "FAIL: $1"; exit "${2:-1}"; }
 row() { rows+=("$(printf '%-34s %-6s %6ss  %s' "$1" "$2" "$3" "${4:-}")"); }
 table() {
 	printf '\n%-34s %-6s %7s  %s\n' "step" "result" "time" "detail"
@@ -87,7 +87,8 @@ if [ "$rc" -eq 0 ] && [ "$n_fail" -eq 0 ] && [ "$n_skip" -eq 0 ]; then
 	suite_ok=1
 else
 	# with a GPU present a skip is a failure too
-	row "meson test --suite gpu" FAIL "$(($(date +%s) - t))" "$n_ok passed, $n_fail failed, $n_skip skipped (log: $LOG)"
+	row "meson test --suite gpu" FAIL "$(($(date +%s) - t))" \
+		"$n_ok passed, $n_fail failed, $n_skip skipped (log: $LOG)"
 	grep -E '^\[(FAIL|----)\]|Assertion|Synthesis|gpu_worker op' "$LOG" | tail -40
 	suite_ok=0
 fi

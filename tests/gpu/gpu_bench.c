@@ -122,7 +122,8 @@ int main(int argc, char **argv)
 		case 'T': tp = (unsigned)strtoul(optarg, NULL, 0); break;
 		case 'b': block = (unsigned)strtoul(optarg, NULL, 0); break;
 		default:
-			fprintf(stderr, "usage: gpu_bench [--reps N] [--tokens N] [--preset NAME] [--tp N] [--block N]\n");
+			fprintf(stderr,
+				"usage: gpu_bench [--reps N] [--tokens N] [--preset NAME] [--tp N] [--block N]\n");
 			return 2;
 		}
 	}
@@ -168,7 +169,8 @@ int main(int argc, char **argv)
 	}
 	struct gpu_arena a = {.fd = -1};
 	if (gpu_arena_create(&a, arena_bytes)) {
-		fprintf(stderr, "gpu_bench: arena of %llu bytes: %s\n", (unsigned long long)arena_bytes, strerror(errno));
+		fprintf(stderr, "gpu_bench: arena of %llu bytes: %s\n", (unsigned long long)arena_bytes,
+			strerror(errno));
 		gw_stop(&w);
 		return 1;
 	}
@@ -209,8 +211,8 @@ int main(int argc, char **argv)
 			}
 		double ph = gbps(sz[i], pk[i][0]), kh = gbps(sz[i], best[0]), pd = gbps(sz[i], pk[i][1]),
 		       kd = gbps(sz[i], best[1]);
-		printf("%-10llu %14.1f %14.1f %14.1f %14.1f %7.0f%% %7.0f%%\n", (unsigned long long)sz[i], ph, kh, pd, kd,
-		       ph ? 100 * kh / ph : 0, pd ? 100 * kd / pd : 0);
+		printf("%-10llu %14.1f %14.1f %14.1f %14.1f %7.0f%% %7.0f%%\n", (unsigned long long)sz[i], ph, kh, pd,
+		       kd, ph ? 100 * kh / ph : 0, pd ? 100 * kd / pd : 0);
 	}
 	kvr_xfer_close(x);
 	if (rc)
@@ -258,7 +260,8 @@ int main(int argc, char **argv)
 			/* store blocks 0..n-1; load the same slots into blocks in reverse order */
 			int n = kvr_xfer_plan(&L, dir ? back : ids, slots, n_blocks, runs, cap, NULL, NULL);
 			for (unsigned r = 0; r < reps && !rc; r++)
-				rc = one(x, dir ? KVR_XFER_SLOT_TO_KV : KVR_XFER_KV_TO_SLOT, runs, (size_t)n, &times[r]);
+				rc = one(x, dir ? KVR_XFER_SLOT_TO_KV : KVR_XFER_KV_TO_SLOT, runs, (size_t)n,
+					 &times[r]);
 			qsort(times, reps, 8, cmp_u64);
 			best[dir] = times[0];
 			med[dir] = times[reps / 2];
@@ -274,10 +277,12 @@ int main(int argc, char **argv)
 		for (uint32_t i = 0; i < n_blocks && !rc; i++) {
 			uint64_t so = slots[i];
 			for (uint32_t r = 0; r < g.n_regions && !rc; r++) {
-				const uint8_t *src = w.mirror + regions[r].offset + (uint64_t)ids[i] * regions[r].stride;
-				const uint8_t *dst = w.mirror + kv_bytes + regions[r].offset + (uint64_t)back[i] * regions[r].stride;
-				if (memcmp(a.base + so, src, regions[r].page_bytes) || memcmp(dst, src, regions[r].page_bytes)) {
-					fprintf(stderr, "gpu_bench: %s: block %u region %u: bytes differ\n", methods[m], i, r);
+				const struct kvr_xfer_region *rg = &regions[r];
+				const uint8_t *src = w.mirror + rg->offset + (uint64_t)ids[i] * rg->stride;
+				const uint8_t *dst = w.mirror + kv_bytes + rg->offset + (uint64_t)back[i] * rg->stride;
+				if (memcmp(a.base + so, src, rg->page_bytes) || memcmp(dst, src, rg->page_bytes)) {
+					fprintf(stderr, "gpu_bench: %s: block %u region %u: bytes differ\n",
+						methods[m], i, r);
 					rc = 1;
 				}
 				so += regions[r].page_bytes;

@@ -1,4 +1,4 @@
-/* gpu_worker: the inference-worker side of the GPU tests and bench — CUDA KV memory exported by IPC handles, driven over a socket. */
+/* gpu_worker: worker side of the GPU tests and bench: CUDA KV memory exported by IPC handles, driven over a socket. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
@@ -64,7 +64,8 @@ static int kv_copy(int to_kv, uint64_t kv_off, uint64_t len, uint64_t mirror_off
 	uint64_t end;
 	if (__builtin_add_overflow(kv_off, len, &end) || end > kv_bytes || mirror_off > mirror_bytes ||
 	    len > mirror_bytes - mirror_off) {
-		snprintf(why, wl, "copy [%llu, +%llu) out of range", (unsigned long long)kv_off, (unsigned long long)len);
+		snprintf(why, wl, "copy [%llu, +%llu) out of range", (unsigned long long)kv_off,
+			 (unsigned long long)len);
 		return -ERANGE;
 	}
 	for (unsigned i = 0; i < n_pieces && len; i++) {
@@ -270,15 +271,17 @@ int main(int argc, char **argv)
 				break;
 			}
 			if (cmd.stall_us &&
-			    (rc = cu(cudaLaunchHostFunc(stream, stall, (void *)(uintptr_t)cmd.stall_us), "cudaLaunchHostFunc",
-				     why, sizeof(why))))
+			    (rc = cu(cudaLaunchHostFunc(stream, stall, (void *)(uintptr_t)cmd.stall_us),
+				     "cudaLaunchHostFunc", why, sizeof(why))))
 				break;
 			if ((rc = kv_copy(1, cmd.kv_off, cmd.len, cmd.mirror_off, why, sizeof(why))))
 				break;
-			if ((rc = cu(cudaEventCreateWithFlags(&events[cmd.id], cudaEventInterprocess | cudaEventDisableTiming),
-				     "cudaEventCreate", why, sizeof(why))) ||
+			unsigned fl = cudaEventInterprocess | cudaEventDisableTiming;
+			if ((rc = cu(cudaEventCreateWithFlags(&events[cmd.id], fl), "cudaEventCreate", why,
+				     sizeof(why))) ||
 			    (rc = cu(cudaEventRecord(events[cmd.id], stream), "cudaEventRecord", why, sizeof(why))) ||
-			    (rc = cu(cudaIpcGetEventHandle(&h, events[cmd.id]), "cudaIpcGetEventHandle", why, sizeof(why))))
+			    (rc = cu(cudaIpcGetEventHandle(&h, events[cmd.id]), "cudaIpcGetEventHandle", why,
+				     sizeof(why))))
 				break;
 			_Static_assert(sizeof(h) == KVR_CUDA_IPC_BYTES, "event handle");
 			hp = &h;

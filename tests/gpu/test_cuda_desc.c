@@ -1,4 +1,4 @@
-/* CUDA KV descriptor tests without a GPU: create/read/check, seals, host-backend refusal, event table, libkvring's export. */
+/* CUDA KV descriptor tests, no GPU needed: create/read/check, seals, host refusal, event table, libkvring's export. */
 #include <criterion/criterion.h>
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* GPU tests of the CUDA transfer backend: byte-exact round trips through CUDA IPC memory of a separate worker process. */
+/* GPU tests of the CUDA transfer backend: byte-exact round trips through IPC memory of a separate worker process. */
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -175,8 +175,8 @@ static void roundtrip(struct lay *l, unsigned split, uint32_t n, uint64_t seed, 
 		for (uint32_t i = 0; i < n; i++) {
 			check_slot(l, a.base, slots[i], w.mirror, src[i], "store");
 			for (uint64_t p = l->slot_bytes; p < l->slot_stride; p++)
-				cr_assert_eq(a.base[slots[i] + p], 0xA5, "store wrote slot padding (slot %u byte %llu)", i,
-					     (unsigned long long)p);
+				cr_assert_eq(a.base[slots[i] + p], 0xA5, "store wrote slot padding (slot %u byte %llu)",
+					     i, (unsigned long long)p);
 		}
 
 		/* load into a zeroed KV memory */
@@ -196,11 +196,12 @@ static void roundtrip(struct lay *l, unsigned split, uint32_t n, uint64_t seed, 
 		}
 		for (uint64_t b = 0; b < l->kv_extent; b++)
 			if (w.mirror[b] != expect[b])
-				cr_assert_fail("load (%s): KV byte %llu is %#x, want %#x", modes[m], (unsigned long long)b,
-					       w.mirror[b], expect[b]);
+				cr_assert_fail("load (%s): KV byte %llu is %#x, want %#x", modes[m],
+					       (unsigned long long)b, w.mirror[b], expect[b]);
 		struct gw_rep rep;
 		cr_assert_eq(gw_cmd(&w, GW_GUARDS, 0, 0, 0, 0, 0, &rep), 0);
-		cr_assert_eq(rep.value, 0, "%llu guard bytes outside the KV ranges changed", (unsigned long long)rep.value);
+		cr_assert_eq(rep.value, 0, "%llu guard bytes outside the KV ranges changed",
+			     (unsigned long long)rep.value);
 
 		struct kvr_xfer_totals t;
 		kvr_xfer_get_totals(x, &t);
@@ -259,7 +260,8 @@ Test(gpu_xfer, odd_rows_561)
 Test(gpu_xfer, opaque_tail)
 {
 	static struct lay l;
-	l.regions[0] = (struct kvr_xfer_region){.offset = 0, .stride = 8192, .page_bytes = 4096 + 37, .sem_bytes = 4096};
+	l.regions[0] = (struct kvr_xfer_region){.offset = 0, .stride = 8192, .page_bytes = 4096 + 37,
+						.sem_bytes = 4096};
 	l.regions[1] = (struct kvr_xfer_region){.offset = 8192 * 32, .stride = 64, .page_bytes = 37, .sem_bytes = 37};
 	lay_finish(&l, 2, 32);
 	roundtrip(&l, 2, 9, seed_of("opaque_tail"), 0);
