@@ -8,7 +8,9 @@
 # kvring-inspect of the running instance, run kvring-bench against it with a workload that fits
 # the default L1 with room (a cold phase stores every prompt, a warm phase loads them back and
 # checks every byte, both measured against memcpy), show kvring-inspect again, then SIGTERM
-# kvringd and require exit status 0. Exits non-zero when any step fails.
+# kvringd and require exit status 0. Exits non-zero when any step fails. The bench's results
+# stay in $BUILD/bench/: bench-l1.json and bench-l1.png (latency CDFs and throughput against
+# memcpy, drawn with gnuplot).
 set -euo pipefail
 
 cd "$(dirname "$(readlink -f "$0")")/.."
@@ -95,8 +97,12 @@ say "kvring-inspect (before)"
 "$INSPECT" --socket "$SOCKET"
 
 say "kvring-bench: $PROMPTS prompts x $INPUT_LEN tokens, shared prefix $PREFIX_LEN"
+RESULTS=$BUILD/bench
+mkdir -p "$RESULTS"
+rm -f "$RESULTS/bench-l1.json" "$RESULTS/bench-l1.png"
 BENCH_RC=0
-"$BENCH" --socket "$SOCKET" "${WORKLOAD[@]}" --prompts "$PROMPTS" --json "$WORK/bench.json" || BENCH_RC=$?
+"$BENCH" --socket "$SOCKET" "${WORKLOAD[@]}" --prompts "$PROMPTS" --json "$RESULTS/bench-l1.json" \
+  --plot "$RESULTS/bench-l1.png" || BENCH_RC=$?
 
 say "kvring-inspect (after)"
 "$INSPECT" --socket "$SOCKET" || true
@@ -111,6 +117,10 @@ if [ "$KVRINGD_RC" -ne 0 ]; then
   echo "demo: kvringd log:" >&2
   tail -n 40 "$WORK/kvringd.log" >&2
 fi
+
+echo
+[ -f "$RESULTS/bench-l1.json" ] && echo "results: $RESULTS/bench-l1.json"
+[ -f "$RESULTS/bench-l1.png" ] && echo "plot:    $RESULTS/bench-l1.png"
 
 if [ "$BENCH_RC" -ne 0 ] || [ "$KVRINGD_RC" -ne 0 ]; then
   echo "demo: FAILED (kvring-bench exit $BENCH_RC, kvringd exit $KVRINGD_RC)" >&2

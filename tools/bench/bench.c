@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -19,13 +20,13 @@ struct shared {
 	void *base;
 	size_t size;
 	struct bench_rank_result *res;   /* tp of them */
-	uint64_t *samples;               /* tp x 4 x prompts */
+	uint64_t *samples;               /* tp x BENCH_SAMPLE_ARRAYS x prompts */
 };
 
 static int shared_map(const struct bench_opts *o, struct shared *ret)
 {
 	size_t res_bytes = (size_t)o->tp * sizeof(struct bench_rank_result);
-	size_t size = 64 + res_bytes + (size_t)o->tp * 4 * o->prompts * sizeof(uint64_t);
+	size_t size = 64 + res_bytes + (size_t)o->tp * BENCH_SAMPLE_ARRAYS * o->prompts * sizeof(uint64_t);
 	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED)
 		return -errno;
@@ -44,9 +45,10 @@ static struct bench_barrier *shared_barrier(struct shared *sh)
 
 static struct bench_samples rank_samples(const struct bench_opts *o, struct shared *sh, uint32_t r)
 {
-	uint64_t *b = sh->samples + (size_t)r * 4 * o->prompts;
-	return (struct bench_samples){.lat_ns = b, .hash_ns = b + o->prompts, .index_ns = b + 2 * (size_t)o->prompts,
-				      .rt_ns = b + 3 * (size_t)o->prompts};
+	size_t n = o->prompts;
+	uint64_t *b = sh->samples + (size_t)r * BENCH_SAMPLE_ARRAYS * n;
+	return (struct bench_samples){.lat_ns = b, .hash_ns = b + n, .index_ns = b + 2 * n, .rt_ns = b + 3 * n,
+				      .st_lat_ns = b + 4 * n};
 }
 
 static int write_json(const char *path, const char *text)
@@ -62,6 +64,40 @@ static int write_json(const char *path, const char *text)
 	if (fclose(f) || !ok)
 		return -EIO;
 	return 0;
+}
+
+/* The PNG (--plot, or beside --json): never changes the exit status. */
+static void plot(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_summary *s,
+		 const struct bench_rank_result *res, struct shared *sh)
+{
+	char png[4096], err[512];
+	int rc = bench_plot_path(o, png, sizeof(png));
+	if (rc <= 0) {
+		if (rc)
+			fprintf(stderr, "plot: path too long, skipped\n");
+		return;
+	}
+	struct bench_samples *samples = calloc(o->tp, sizeof(*samples));
+	if (!samples) {
+		fprintf(stderr, "plot: out of memory, skipped\n");
+		return;
+	}
+	for (uint32_t r = 0; r < o->tp; r++)
+		samples[r] = rank_samples(o, sh, r);
+	struct bench_plot_input in = {.o = o, .pl = pl, .s = s, .when = time(NULL)};
+	in.cold_ns = bench_samples_merge(o, res, samples, false, &in.n_cold);
+	in.warm_ns = bench_samples_merge(o, res, samples, true, &in.n_warm);
+	free(samples);
+	rc = bench_plot(&in, png, err, sizeof(err));
+	fflush(stdout);
+	if (rc == -ENOENT)
+		fprintf(stderr, "plot: gnuplot not found, skipped\n");
+	else if (rc)
+		fprintf(stderr, "plot: %s\n", err);
+	else if (!o->quiet)
+		printf("plot: %s\n", png);
+	free(in.cold_ns);
+	free(in.warm_ns);
 }
 
 static int dry_run(const struct bench_opts *o, const struct bench_plan *pl)
@@ -224,6 +260,7 @@ int main(int argc, char **argv)
 		}
 		free(text);
 	}
+	plot(&o, &pl, &s, sh.res, &sh);
 	munmap(sh.base, sh.size);
 	return s.ok ? 0 : 1;
 }

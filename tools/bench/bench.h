@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "kvr_geometry.h"
 
@@ -27,6 +28,8 @@ struct bench_opts {
 	uint64_t seed;
 	unsigned phases;         /* enum bench_phase bits */
 	const char *json;        /* --json FILE ("-" = stdout) */
+	const char *plot;        /* --plot FILE.png; NULL = beside --json (see bench_plot_path) */
+	bool no_plot;            /* --no-plot: no PNG, not even beside --json */
 	bool quiet;
 	bool dry_run;            /* print the plan, connect to nothing */
 	bool allow_misses;       /* warm misses after a cold phase are not errors */
@@ -110,8 +113,15 @@ struct bench_dist {
 /* Summarise v[0..n) (sorted in place): nearest-rank percentiles. All zero when n is 0. */
 struct bench_dist bench_dist_of(uint64_t *v, size_t n);
 
+/* The goals the report checks (docs/benchmarks.md). */
+#define BENCH_STORE_GOAL_MIN 0.85    /* kvring store throughput / memcpy throughput */
+#define BENCH_LOAD_GOAL_MAX 1.10     /* kvring load time / memcpy time */
+
 /* bytes / ns in GB/s (10^9 bytes per second); 0 when ns is 0. */
 double bench_gbps(uint64_t bytes, uint64_t ns);
+
+/* ns as "123 ns", "4.5 us", "6.78 ms" or "1.234 s" in buf; returns buf. */
+const char *bench_fmt_ns(char *buf, size_t len, double ns);
 
 /* ---- results (filled by the rank processes in a shared mapping) --------------------------- */
 
@@ -125,6 +135,7 @@ struct bench_rank_result {
 	uint64_t st_fill_ns;        /* pattern generation, outside the windows */
 	uint64_t st_errors, st_failed_blocks;
 	uint64_t st_memcpy_ns;      /* the same bytes, same pieces, memcpy */
+	uint64_t st_samples;        /* store completions with samples: entries used in bench_samples.st_lat_ns */
 	/* warm */
 	uint64_t ld_requests, ld_tokens, ld_matched_tokens, ld_matched_blocks;
 	uint64_t ld_bytes;          /* loaded bytes (matched blocks x lane_bytes) */
@@ -138,11 +149,13 @@ struct bench_rank_result {
 
 /* Per-request samples of one rank (arrays of `prompts` each, in the shared mapping). */
 struct bench_samples {
-	uint64_t *lat_ns;   /* lookup + load completion */
+	uint64_t *lat_ns;    /* warm: lookup + load completion (ld_samples entries) */
 	uint64_t *hash_ns;
 	uint64_t *index_ns;
 	uint64_t *rt_ns;
+	uint64_t *st_lat_ns; /* cold: store submit -> completion (st_samples entries; may be NULL when 0) */
 };
+#define BENCH_SAMPLE_ARRAYS 5 /* uint64_t arrays of `prompts` entries in struct bench_samples */
 
 /* The whole run, summarised (report.c). */
 struct bench_summary {
@@ -151,6 +164,7 @@ struct bench_summary {
 	uint64_t st_requests, st_tokens, st_blocks, st_stored, st_present, st_bytes, st_ns, st_fill_ns;
 	uint64_t st_errors, st_failed_blocks, st_memcpy_ns;
 	double st_gbps, st_memcpy_gbps, st_ratio; /* ratio: kvring GB/s / memcpy GB/s */
+	struct bench_dist st_lat;    /* store completion latency per request */
 	/* warm */
 	uint64_t ld_requests, ld_tokens, ld_matched_tokens, ld_matched_blocks, ld_bytes, ld_ns, ld_memcpy_ns;
 	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts, ld_misses;
@@ -162,7 +176,7 @@ struct bench_summary {
 	bool ok;                     /* exit 0 */
 };
 
-/* Combine the ranks' results and samples (samples[r] for rank r, sorted in place). */
+/* Combine the ranks' results and samples (samples[r] for rank r; the samples are not changed). */
 void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_rank_result *res,
 		     struct bench_samples *samples, uint64_t extra_errors, struct bench_summary *ret);
 
@@ -173,6 +187,52 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 
 /* The JSON document (keys documented in docs/benchmarks.md). Caller frees. NULL on ENOMEM. */
 char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_summary *s);
+
+/* Every rank's samples of one kind in one array (caller frees; NULL with *ret_n = 0 when there
+ * are none or on ENOMEM): warm = lookup + load latency, else store completion latency. */
+uint64_t *bench_samples_merge(const struct bench_opts *o, const struct bench_rank_result *res,
+			      const struct bench_samples *samples, bool warm, size_t *ret_n);
+
+/* ---- plot (plot.c) ------------------------------------------------------------------------ */
+
+/* What the PNG shows: the latency samples of each phase (sorted in place by the writers) and the
+ * summary's throughputs. */
+struct bench_plot_input {
+	const struct bench_opts *o;
+	const struct bench_plan *pl;
+	const struct bench_summary *s;
+	uint64_t *cold_ns;     /* store completion latency per request; n_cold entries */
+	size_t n_cold;
+	uint64_t *warm_ns;     /* lookup + load latency per request; n_warm entries */
+	size_t n_warm;
+	time_t when;           /* the date in the title (local time) */
+};
+
+/* Where the PNG goes: --plot FILE; else, with --json FILE (not "-") and no --no-plot, FILE with a
+ * trailing ".json" replaced by ".png" (or ".png" appended). Writes the path to ret (NUL-terminated)
+ * and returns 1; 0 when there is no plot; -ENAMETOOLONG when it does not fit len. */
+int bench_plot_path(const struct bench_opts *o, char *ret, size_t len);
+
+/* The data file gnuplot reads, made of data sets separated by two blank lines, in this order:
+ *   "throughput": one line per phase run: `store|load kvring_gbps memcpy_gbps` (%.4f)
+ *   "cold latency" (when n_cold > 0), "warm latency" (when n_warm > 0): the empirical CDF, one
+ *     line `ns fraction` per sample in ascending order (fraction = (i+1)/n, %.6f), after a first
+ *     line `min_ns 0.000000`.
+ * Each set starts with a comment line naming it. Sorts the sample arrays. 0 or -EIO. */
+int bench_plot_write_data(FILE *f, struct bench_plot_input *in);
+
+/* The gnuplot script that turns data_path into png_path (pngcairo when gnuplot has it, else png).
+ * Call after bench_plot_write_data (the samples sorted). Caller frees. NULL on ENOMEM. */
+char *bench_plot_script(const struct bench_plot_input *in, const char *data_path, const char *png_path);
+
+/* The first executable `name` in the colon list path_env (NULL or "" = not found). Writes its path
+ * to ret; 0, -ENOENT, or -ENAMETOOLONG. */
+int bench_which(const char *name, const char *path_env, char *ret, size_t len);
+
+/* Write the data to a temp file and run gnuplot (found in $PATH) on the script, fed on its stdin.
+ * 0; -ENOENT when gnuplot is not installed; otherwise -errno with the reason in err (gnuplot's
+ * first error line when it failed). */
+int bench_plot(struct bench_plot_input *in, const char *png_path, char *err, size_t errlen);
 
 /* ---- rank processes (rank.c) ----------------------------------------------------------- */
 

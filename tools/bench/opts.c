@@ -37,6 +37,9 @@ void bench_usage(FILE *f)
 		"                       the workload)\n"
 		"  --timeout-ms MS      per-call ceiling and completion wait (default 30000)\n"
 		"  --json FILE          write the results as JSON (\"-\": stdout)\n"
+		"  --plot FILE.png      draw latency CDFs and throughput against memcpy with gnuplot\n"
+		"                       (default with --json FILE: FILE.png beside it, .json replaced)\n"
+		"  --no-plot            no PNG, not even beside --json\n"
 		"  --quiet              no table\n"
 		"  --dry-run            print the workload plan and exit; connects to nothing\n"
 		"  --evict              L2 eviction workload (not yet: the L2 issue)\n"
@@ -140,7 +143,7 @@ int bench_parse_phases(const char *s, unsigned *ret)
 enum {
 	OPT_SOCKET = 256, OPT_SPAWN, OPT_KVRINGD, OPT_L1_BYTES, OPT_MODEL, OPT_TP, OPT_BLOCK_TOKENS, OPT_PROMPTS,
 	OPT_INPUT_LEN, OPT_PREFIX_LEN, OPT_CONCURRENCY, OPT_SEED, OPT_PHASES, OPT_JSON, OPT_QUIET, OPT_DRY_RUN,
-	OPT_ALLOW_MISSES, OPT_TIMEOUT, OPT_EVICT, OPT_DCP, OPT_HELP,
+	OPT_ALLOW_MISSES, OPT_TIMEOUT, OPT_EVICT, OPT_DCP, OPT_PLOT, OPT_NO_PLOT, OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -158,6 +161,8 @@ static const struct option long_opts[] = {
 	{"seed", required_argument, NULL, OPT_SEED},
 	{"phases", required_argument, NULL, OPT_PHASES},
 	{"json", required_argument, NULL, OPT_JSON},
+	{"plot", required_argument, NULL, OPT_PLOT},
+	{"no-plot", no_argument, NULL, OPT_NO_PLOT},
 	{"quiet", no_argument, NULL, OPT_QUIET},
 	{"dry-run", no_argument, NULL, OPT_DRY_RUN},
 	{"allow-misses", no_argument, NULL, OPT_ALLOW_MISSES},
@@ -222,6 +227,12 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 				return fail(err, errlen, "--phases: \"%s\": want a comma list of cold and warm", optarg);
 			break;
 		case OPT_JSON: o.json = optarg; break;
+		case OPT_PLOT:
+			if (!*optarg)
+				return fail(err, errlen, "--plot: empty path");
+			o.plot = optarg;
+			break;
+		case OPT_NO_PLOT: o.no_plot = true; break;
 		case OPT_QUIET: o.quiet = true; break;
 		case OPT_DRY_RUN: o.dry_run = true; break;
 		case OPT_ALLOW_MISSES: o.allow_misses = true; break;
@@ -252,6 +263,8 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		return fail(err, errlen, "--socket and --spawn exclude each other");
 	if (!o.spawn && (o.kvringd || o.l1_bytes))
 		return fail(err, errlen, "%s needs --spawn", o.kvringd ? "--kvringd" : "--l1-bytes");
+	if (o.plot && o.no_plot)
+		return fail(err, errlen, "--plot and --no-plot exclude each other");
 	if (o.prefix_len > o.input_len)
 		return fail(err, errlen, "--prefix-len %u is longer than --input-len %u", o.prefix_len, o.input_len);
 	*ret = o;

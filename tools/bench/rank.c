@@ -160,6 +160,8 @@ static void store_done(struct rank *r, const struct kvr_completion *d, void *arg
 	res->st_stored += d->n_stored;
 	res->st_present += d->n_present;
 	res->st_bytes += (uint64_t)d->n_stored * r->pl->lane_bytes;
+	if (!d->status && res->st_samples < r->o->prompts)
+		r->x->samples.st_lat_ns[res->st_samples++] = d->diag.total_ns;
 }
 
 static int phase_cold(struct rank *r)

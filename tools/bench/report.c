@@ -8,8 +8,6 @@
 #include "bench.h"
 #include "kvr_build_config.h"
 
-#define STORE_GOAL_MIN 0.85 /* kvring store throughput / memcpy throughput */
-#define LOAD_GOAL_MAX 1.10  /* kvring load time / memcpy time */
 #define LOOKUP_GOAL_NS 20000ull /* hash + index for a 10,000-token prompt */
 
 static uint64_t max_u64(uint64_t a, uint64_t b)
@@ -17,31 +15,52 @@ static uint64_t max_u64(uint64_t a, uint64_t b)
 	return a > b ? a : b;
 }
 
-/* Merge one field of every rank's samples into one array and summarise it. */
-static struct bench_dist merged(const struct bench_opts *o, const struct bench_rank_result *res,
-				struct bench_samples *samples, size_t field)
+enum sample_field { F_LAT, F_HASH, F_INDEX, F_RT, F_HASH_INDEX, F_STORE_LAT };
+
+/* One field of every rank's samples in one array (caller frees); NULL when there are none. */
+static uint64_t *gather(const struct bench_opts *o, const struct bench_rank_result *res,
+			const struct bench_samples *samples, enum sample_field field, size_t *ret_n)
 {
 	size_t total = 0;
 	for (uint32_t r = 0; r < o->tp; r++)
-		total += res[r].ld_samples;
+		total += field == F_STORE_LAT ? res[r].st_samples : res[r].ld_samples;
+	*ret_n = 0;
 	uint64_t *v = total ? malloc(total * sizeof(*v)) : NULL;
 	if (!v)
-		return (struct bench_dist){0};
+		return NULL;
 	size_t n = 0;
 	for (uint32_t r = 0; r < o->tp; r++) {
-		uint64_t *src = field == 0 ? samples[r].lat_ns : field == 1 ? samples[r].hash_ns
-				: field == 2 ? samples[r].index_ns : samples[r].rt_ns;
-		if (field == 4) { /* hash + index */
-			for (uint64_t i = 0; i < res[r].ld_samples; i++)
-				v[n++] = samples[r].hash_ns[i] + samples[r].index_ns[i];
+		const struct bench_samples *x = &samples[r];
+		if (field == F_STORE_LAT) {
+			if (res[r].st_samples)
+				memcpy(v + n, x->st_lat_ns, res[r].st_samples * sizeof(*v));
+			n += res[r].st_samples;
 			continue;
 		}
-		memcpy(v + n, src, res[r].ld_samples * sizeof(*v));
-		n += res[r].ld_samples;
+		for (uint64_t i = 0; i < res[r].ld_samples; i++)
+			v[n++] = field == F_LAT ? x->lat_ns[i] : field == F_HASH ? x->hash_ns[i]
+				 : field == F_INDEX ? x->index_ns[i] : field == F_RT ? x->rt_ns[i]
+				 : x->hash_ns[i] + x->index_ns[i];
 	}
+	*ret_n = n;
+	return v;
+}
+
+/* Merge one field of every rank's samples into one array and summarise it. */
+static struct bench_dist merged(const struct bench_opts *o, const struct bench_rank_result *res,
+				const struct bench_samples *samples, enum sample_field field)
+{
+	size_t n;
+	uint64_t *v = gather(o, res, samples, field, &n);
 	struct bench_dist d = bench_dist_of(v, n);
 	free(v);
 	return d;
+}
+
+uint64_t *bench_samples_merge(const struct bench_opts *o, const struct bench_rank_result *res,
+			      const struct bench_samples *samples, bool warm, size_t *ret_n)
+{
+	return gather(o, res, samples, warm ? F_LAT : F_STORE_LAT, ret_n);
 }
 
 void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_rank_result *res,
@@ -85,12 +104,14 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 	s.ld_time_ratio = s.ld_memcpy_ns ? (double)s.ld_ns / (double)s.ld_memcpy_ns : 0;
 	uint64_t expect = s.ld_requests * pl->full_blocks;
 	s.ld_misses = expect > s.ld_matched_blocks ? expect - s.ld_matched_blocks : 0;
+	if (s.ran_cold)
+		s.st_lat = merged(o, res, samples, F_STORE_LAT);
 	if (s.ran_warm) {
-		s.lat = merged(o, res, samples, 0);
-		s.hash = merged(o, res, samples, 1);
-		s.index = merged(o, res, samples, 2);
-		s.rt = merged(o, res, samples, 3);
-		s.hash_index_p50_ns = merged(o, res, samples, 4).p50;
+		s.lat = merged(o, res, samples, F_LAT);
+		s.hash = merged(o, res, samples, F_HASH);
+		s.index = merged(o, res, samples, F_INDEX);
+		s.rt = merged(o, res, samples, F_RT);
+		s.hash_index_p50_ns = merged(o, res, samples, F_HASH_INDEX).p50;
 	}
 	s.exact = !s.ran_warm || s.ld_exact_prompts == s.ld_requests;
 	s.errors = s.st_errors + s.st_failed_blocks + s.ld_errors + s.ld_failed_blocks + s.ld_mismatch_blocks +
@@ -103,19 +124,6 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 }
 
 /* ---- table ------------------------------------------------------------------------------- */
-
-static const char *fmt_ns(char *buf, size_t len, double ns)
-{
-	if (ns < 1e3)
-		snprintf(buf, len, "%.0f ns", ns);
-	else if (ns < 1e6)
-		snprintf(buf, len, "%.1f us", ns / 1e3);
-	else if (ns < 1e9)
-		snprintf(buf, len, "%.2f ms", ns / 1e6);
-	else
-		snprintf(buf, len, "%.3f s", ns / 1e9);
-	return buf;
-}
 
 static double mib(uint64_t bytes)
 {
@@ -140,40 +148,43 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 	if (s->ran_cold) {
 		fprintf(f, "\ncold: store                      kvring        memcpy   kvring/memcpy    goal\n");
 		fprintf(f, "  bytes newly stored     %10.1f MiB\n", mib(s->st_bytes));
-		fprintf(f, "  time                   %14s %13s\n", fmt_ns(a, sizeof(a), (double)s->st_ns),
-			fmt_ns(b, sizeof(b), (double)s->st_memcpy_ns));
+		fprintf(f, "  time                   %14s %13s\n", bench_fmt_ns(a, sizeof(a), (double)s->st_ns),
+			bench_fmt_ns(b, sizeof(b), (double)s->st_memcpy_ns));
 		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s %11.2f    >= %.2f %s\n", s->st_gbps,
-			s->st_memcpy_gbps, s->st_ratio, STORE_GOAL_MIN,
-			s->st_bytes ? (s->st_ratio >= STORE_GOAL_MIN ? "met" : "missed") : "-");
+			s->st_memcpy_gbps, s->st_ratio, BENCH_STORE_GOAL_MIN,
+			s->st_bytes ? (s->st_ratio >= BENCH_STORE_GOAL_MIN ? "met" : "missed") : "-");
 		fprintf(f, "  requests %" PRIu64 ", tokens %" PRIu64 ", blocks %" PRIu64 ": stored %" PRIu64
 			", already present %" PRIu64 ", failed %" PRIu64 ", errors %" PRIu64 "\n",
 			s->st_requests, s->st_tokens, s->st_blocks, s->st_stored, s->st_present, s->st_failed_blocks,
 			s->st_errors);
-		fprintf(f, "  pattern fill (not timed) %s\n", fmt_ns(a, sizeof(a), (double)s->st_fill_ns));
+		fprintf(f, "  latency / request      mean %s  p50 %s  p99 %s  (store submit -> done)\n",
+			bench_fmt_ns(a, sizeof(a), s->st_lat.mean), bench_fmt_ns(b, sizeof(b), (double)s->st_lat.p50),
+			bench_fmt_ns(c, sizeof(c), (double)s->st_lat.p99));
+		fprintf(f, "  pattern fill (not timed) %s\n", bench_fmt_ns(a, sizeof(a), (double)s->st_fill_ns));
 	}
 	if (s->ran_warm) {
 		fprintf(f, "\nwarm: lookup + load              kvring        memcpy   kvring/memcpy    goal\n");
 		fprintf(f, "  bytes loaded           %10.1f MiB\n", mib(s->ld_bytes));
 		fprintf(f, "  time                   %14s %13s %11.2f    <= %.2f %s\n",
-			fmt_ns(a, sizeof(a), (double)s->ld_ns), fmt_ns(b, sizeof(b), (double)s->ld_memcpy_ns),
-			s->ld_time_ratio, LOAD_GOAL_MAX,
-			s->ld_bytes ? (s->ld_time_ratio <= LOAD_GOAL_MAX ? "met" : "missed") : "-");
+			bench_fmt_ns(a, sizeof(a), (double)s->ld_ns), bench_fmt_ns(b, sizeof(b), (double)s->ld_memcpy_ns),
+			s->ld_time_ratio, BENCH_LOAD_GOAL_MAX,
+			s->ld_bytes ? (s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX ? "met" : "missed") : "-");
 		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s\n", s->ld_gbps, s->ld_memcpy_gbps);
 		fprintf(f, "  hit rate %.2f %% (%" PRIu64 " of %" PRIu64 " tokens; %" PRIu64 " in full blocks), %" PRIu64
 			" blocks missed\n", 100.0 * s->hit_rate, s->ld_matched_tokens, s->ld_tokens,
 			s->ld_requests * pl->full_blocks * o->block_tokens, s->ld_misses);
 		fprintf(f, "  latency / request      mean %s  p50 %s  p99 %s  (lookup + load done)\n",
-			fmt_ns(a, sizeof(a), s->lat.mean), fmt_ns(b, sizeof(b), (double)s->lat.p50),
-			fmt_ns(c, sizeof(c), (double)s->lat.p99));
-		fprintf(f, "  lookup hashing         mean %s  p50 %s\n", fmt_ns(a, sizeof(a), s->hash.mean),
-			fmt_ns(b, sizeof(b), (double)s->hash.p50));
-		fprintf(f, "  lookup index           mean %s  p50 %s\n", fmt_ns(a, sizeof(a), s->index.mean),
-			fmt_ns(b, sizeof(b), (double)s->index.p50));
-		fprintf(f, "  lookup round trip      mean %s  p50 %s\n", fmt_ns(a, sizeof(a), s->rt.mean),
-			fmt_ns(b, sizeof(b), (double)s->rt.p50));
+			bench_fmt_ns(a, sizeof(a), s->lat.mean), bench_fmt_ns(b, sizeof(b), (double)s->lat.p50),
+			bench_fmt_ns(c, sizeof(c), (double)s->lat.p99));
+		fprintf(f, "  lookup hashing         mean %s  p50 %s\n", bench_fmt_ns(a, sizeof(a), s->hash.mean),
+			bench_fmt_ns(b, sizeof(b), (double)s->hash.p50));
+		fprintf(f, "  lookup index           mean %s  p50 %s\n", bench_fmt_ns(a, sizeof(a), s->index.mean),
+			bench_fmt_ns(b, sizeof(b), (double)s->index.p50));
+		fprintf(f, "  lookup round trip      mean %s  p50 %s\n", bench_fmt_ns(a, sizeof(a), s->rt.mean),
+			bench_fmt_ns(b, sizeof(b), (double)s->rt.p50));
 		fprintf(f, "  hash + index p50       %s for %u tokens (goal <= %s at 10,000 tokens)\n",
-			fmt_ns(d, sizeof(d), (double)s->hash_index_p50_ns), o->input_len,
-			fmt_ns(c, sizeof(c), (double)LOOKUP_GOAL_NS));
+			bench_fmt_ns(d, sizeof(d), (double)s->hash_index_p50_ns), o->input_len,
+			bench_fmt_ns(c, sizeof(c), (double)LOOKUP_GOAL_NS));
 		fprintf(f, "  verify                 exact %" PRIu64 "/%" PRIu64 " prompts, mismatched blocks %" PRIu64
 			", failed %" PRIu64 ", stray writes %" PRIu64 ", errors %" PRIu64 "\n",
 			s->ld_exact_prompts, s->ld_requests, s->ld_mismatch_blocks, s->ld_failed_blocks,
@@ -256,8 +267,9 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 		num(c, "memcpy_time_ns", (double)s->st_memcpy_ns);
 		num(c, "memcpy_gbps", s->st_memcpy_gbps);
 		num(c, "ratio", s->st_ratio);
-		num(c, "goal_ratio_min", STORE_GOAL_MIN);
-		cJSON_AddBoolToObject(c, "goal_met", s->st_bytes && s->st_ratio >= STORE_GOAL_MIN);
+		num(c, "goal_ratio_min", BENCH_STORE_GOAL_MIN);
+		cJSON_AddBoolToObject(c, "goal_met", s->st_bytes && s->st_ratio >= BENCH_STORE_GOAL_MIN);
+		cJSON_AddItemToObject(c, "latency_ns", dist(&s->st_lat));
 	} else {
 		cJSON_AddNullToObject(root, "cold");
 	}
@@ -275,8 +287,8 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 		num(w, "memcpy_time_ns", (double)s->ld_memcpy_ns);
 		num(w, "memcpy_gbps", s->ld_memcpy_gbps);
 		num(w, "time_ratio", s->ld_time_ratio);
-		num(w, "goal_time_ratio_max", LOAD_GOAL_MAX);
-		cJSON_AddBoolToObject(w, "goal_met", s->ld_bytes && s->ld_time_ratio <= LOAD_GOAL_MAX);
+		num(w, "goal_time_ratio_max", BENCH_LOAD_GOAL_MAX);
+		cJSON_AddBoolToObject(w, "goal_met", s->ld_bytes && s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX);
 		cJSON_AddItemToObject(w, "latency_ns", dist(&s->lat));
 		cJSON *lk = cJSON_AddObjectToObject(w, "lookup");
 		cJSON_AddItemToObject(lk, "hash_ns", dist(&s->hash));

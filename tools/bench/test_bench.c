@@ -1,11 +1,13 @@
-/* Unit tests of kvring-bench's server-free parts: options, plan, prompts, pattern, stats, report, barrier. */
+/* Unit tests of kvring-bench's server-free parts: options, plan, prompts, pattern, stats, report, plot, barrier. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -619,4 +621,295 @@ Test(bench, barrier_across_processes)
 	}
 	cr_assert_eq(atomic_load(&a->bad), 0);
 	munmap(a, sizeof(*a));
+}
+
+/* ---- cold latency samples and the plot ---------------------------------------------------- */
+
+Test(bench, store_latency_samples_merge_and_json)
+{
+	struct bench_opts o = defaults();
+	o.tp = 2;
+	o.prompts = 3;
+	struct bench_plan pl;
+	char err[256];
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	struct bench_rank_result res[2] = {0};
+	uint64_t st[2][3] = {{30, 10, 20}, {99, 0, 0}}, lat[2][3] = {{7, 8, 9}, {1, 2, 3}};
+	uint64_t z[3] = {0};
+	struct bench_samples smp[2] = {{.lat_ns = lat[0], .hash_ns = z, .index_ns = z, .rt_ns = z, .st_lat_ns = st[0]},
+				       {.lat_ns = lat[1], .hash_ns = z, .index_ns = z, .rt_ns = z, .st_lat_ns = st[1]}};
+	res[0].st_samples = 3;
+	res[1].st_samples = 1;
+	res[0].ld_samples = 3;
+	res[1].ld_samples = 2;
+	size_t n;
+	uint64_t *v = bench_samples_merge(&o, res, smp, false, &n);
+	cr_assert_eq(n, 4);
+	cr_assert_arr_eq(v, ((uint64_t[]){30, 10, 20, 99}), 4 * sizeof(uint64_t), "rank order, unsorted");
+	free(v);
+	v = bench_samples_merge(&o, res, smp, true, &n);
+	cr_assert_eq(n, 5);
+	cr_assert_arr_eq(v, ((uint64_t[]){7, 8, 9, 1, 2}), 5 * sizeof(uint64_t));
+	free(v);
+	res[0].st_samples = res[1].st_samples = 0;
+	cr_assert_null(bench_samples_merge(&o, res, smp, false, &n));
+	cr_assert_eq(n, 0);
+	res[0].st_samples = 3;
+	res[1].st_samples = 1;
+
+	struct bench_summary s;
+	bench_summarise(&o, &pl, res, smp, 0, &s);
+	cr_assert_eq(s.st_lat.n, 4);
+	cr_assert_eq(s.st_lat.p50, 20);
+	cr_assert_eq(s.st_lat.max, 99);
+	cr_assert_float_eq(s.st_lat.mean, 39.75, 1e-9);
+	cr_assert_arr_eq(st[0], ((uint64_t[]){30, 10, 20}), sizeof(st[0]), "the samples are left as they are");
+	char *text = bench_json(&o, &pl, &s);
+	cJSON *root = cJSON_Parse(text);
+	cr_assert_not_null(root, "%s", text);
+	cJSON *l = path(root, "cold", "latency_ns");
+	cr_assert_eq(cJSON_GetObjectItem(l, "n")->valuedouble, 4);
+	cr_assert_eq(cJSON_GetObjectItem(l, "p99")->valuedouble, 99);
+	cJSON_Delete(root);
+	free(text);
+}
+
+Test(bench, opts_plot_and_plot_path)
+{
+	struct bench_opts o;
+	char err[256], p[64];
+	cr_assert_eq(PARSE(&o, err, "--plot", "x.png"), 0, "%s", err);
+	cr_assert_str_eq(o.plot, "x.png");
+	cr_assert(!o.no_plot);
+	cr_assert_eq(bench_plot_path(&o, p, sizeof(p)), 1);
+	cr_assert_str_eq(p, "x.png");
+	cr_assert_eq(PARSE(&o, err, "--plot", "x.png", "--no-plot"), -EINVAL);
+	cr_assert(strstr(err, "exclude"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--plot", ""), -EINVAL);
+
+	/* beside --json: .json replaced, else .png appended; not for stdout; not with --no-plot */
+	cr_assert_eq(PARSE(&o, err, "--json", "out/bench.json"), 0, "%s", err);
+	cr_assert_eq(bench_plot_path(&o, p, sizeof(p)), 1);
+	cr_assert_str_eq(p, "out/bench.png");
+	cr_assert_eq(PARSE(&o, err, "--json", "run.out"), 0, "%s", err);
+	cr_assert_eq(bench_plot_path(&o, p, sizeof(p)), 1);
+	cr_assert_str_eq(p, "run.out.png");
+	cr_assert_eq(PARSE(&o, err, "--json", ".json"), 0, "%s", err);
+	cr_assert_eq(bench_plot_path(&o, p, sizeof(p)), 1);
+	cr_assert_str_eq(p, ".json.png");
+	cr_assert_eq(PARSE(&o, err, "--json", "-"), 0, "%s", err);
+	cr_assert_eq(bench_plot_path(&o, p, sizeof(p)), 0);
+	cr_assert_eq(PARSE(&o, err, "--json", "a.json", "--no-plot"), 0, "%s", err);
+	cr_assert_eq(bench_plot_path(&o, p, sizeof(p)), 0);
+	cr_assert_eq(PARSE(&o, err, "--json", "a.json", "--plot", "b.png"), 0, "%s", err);
+	cr_assert_eq(bench_plot_path(&o, p, sizeof(p)), 1);
+	cr_assert_str_eq(p, "b.png");
+	cr_assert_eq(PARSE(&o, err, "--quiet"), 0, "%s", err);
+	cr_assert_eq(bench_plot_path(&o, p, sizeof(p)), 0, "no --json, no --plot: no plot");
+	strcpy(p, "untouched");
+	cr_assert_eq(PARSE(&o, err, "--json", "a-rather-long-name.json"), 0, "%s", err);
+	cr_assert_eq(bench_plot_path(&o, p, 10), -ENAMETOOLONG);
+}
+
+/* A known small run: two phases, 3 cold and 2 warm samples (unsorted). */
+struct plot_fixture {
+	struct bench_opts o;
+	struct bench_plan pl;
+	struct bench_summary s;
+	uint64_t cold[3], warm[2];
+	struct bench_plot_input in;
+};
+
+static void plot_fixture(struct plot_fixture *x)
+{
+	char err[256];
+	memset(x, 0, sizeof(*x));
+	x->o = defaults();
+	x->o.prompts = 3;
+	cr_assert_eq(bench_plan_make(&x->o, &x->pl, err, sizeof(err)), 0, "%s", err);
+	x->s = (struct bench_summary){.ran_cold = true, .ran_warm = true, .st_gbps = 5.5, .st_memcpy_gbps = 4.25,
+				      .st_ratio = 5.5 / 4.25, .ld_gbps = 3.125, .ld_memcpy_gbps = 6.0,
+				      .ld_time_ratio = 1.92, .st_bytes = 1, .ld_bytes = 1, .ok = true};
+	x->s.st_lat = (struct bench_dist){.n = 3, .mean = 200, .p50 = 200, .p99 = 300, .max = 300};
+	x->s.lat = (struct bench_dist){.n = 2, .mean = 2500, .p50 = 1000, .p99 = 4000, .max = 4000};
+	memcpy(x->cold, (uint64_t[]){300, 100, 200}, sizeof(x->cold));
+	memcpy(x->warm, (uint64_t[]){4000, 1000}, sizeof(x->warm));
+	x->in = (struct bench_plot_input){.o = &x->o, .pl = &x->pl, .s = &x->s, .cold_ns = x->cold, .n_cold = 3,
+					  .warm_ns = x->warm, .n_warm = 2, .when = 1767225600 /* 2026-01-01 00:00 UTC */};
+}
+
+static char *data_text(struct bench_plot_input *in)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert_not_null(f);
+	cr_assert_eq(bench_plot_write_data(f, in), 0);
+	fclose(f);
+	return buf;
+}
+
+Test(bench, plot_data_file_exact)
+{
+	struct plot_fixture x;
+	plot_fixture(&x);
+	char *text = data_text(&x.in);
+	cr_assert_str_eq(text, "# kvring-bench plot data\n"
+			       "# throughput: phase kvring_gbps memcpy_gbps\n"
+			       "store 5.5000 4.2500\n"
+			       "load 3.1250 6.0000\n"
+			       "\n\n# cold latency: ns cumulative_fraction\n"
+			       "100 0.000000\n"
+			       "100 0.333333\n"
+			       "200 0.666667\n"
+			       "300 1.000000\n"
+			       "\n\n# warm latency: ns cumulative_fraction\n"
+			       "1000 0.000000\n"
+			       "1000 0.500000\n"
+			       "4000 1.000000\n");
+	free(text);
+	cr_assert_arr_eq(x.cold, ((uint64_t[]){100, 200, 300}), sizeof(x.cold), "sorted in place");
+
+	/* a warm-only run, and a run where no store completed: only what exists */
+	x.s.ran_cold = false;
+	x.in.n_cold = 0;
+	text = data_text(&x.in);
+	cr_assert_str_eq(text, "# kvring-bench plot data\n"
+			       "# throughput: phase kvring_gbps memcpy_gbps\n"
+			       "load 3.1250 6.0000\n"
+			       "\n\n# warm latency: ns cumulative_fraction\n"
+			       "1000 0.000000\n"
+			       "1000 0.500000\n"
+			       "4000 1.000000\n");
+	free(text);
+	x.s.ran_cold = true;
+	x.s.ran_warm = false;
+	x.in.n_warm = 0;
+	text = data_text(&x.in);
+	cr_assert_str_eq(text, "# kvring-bench plot data\n"
+			       "# throughput: phase kvring_gbps memcpy_gbps\n"
+			       "store 5.5000 4.2500\n");
+	free(text);
+}
+
+Test(bench, plot_script_names_what_exists)
+{
+	struct plot_fixture x;
+	plot_fixture(&x);
+	cr_assert_eq(setenv("TZ", "UTC", 1), 0);
+	tzset();
+	char *text = data_text(&x.in);
+	free(text);
+	char *sc = bench_plot_script(&x.in, "/tmp/d.dat", "/tmp/it's.png");
+	cr_assert_not_null(sc);
+	cr_assert(strstr(sc, "set output '/tmp/it''s.png'\n"), "%s", sc);
+	cr_assert(strstr(sc, "'pngcairo'") && strstr(sc, "set terminal png size 1400,560"), "%s", sc);
+	cr_assert(strstr(sc, "kvring-bench: qwen3-8b (Qwen/Qwen3-8B), tp 1, 3 prompts x 1024 tokens (shared prefix 512), "
+			     "2026-01-01 00:00'"), "%s", sc);
+	cr_assert(strstr(sc, "'/tmp/d.dat' index 'cold latency' using ($1/1000):2 with steps"), "%s", sc);
+	cr_assert(strstr(sc, "'/tmp/d.dat' index 'warm latency' using ($1/1000):2 with steps"), "%s", sc);
+	cr_assert(strstr(sc, "p50 200 ns, p99 300 ns"), "%s", sc);
+	cr_assert(strstr(sc, "set logscale x 10\nset xrange [0.08:5]\nset xtics (0.1, 0.2, 0.5, 1, 2, 5)\n"),
+		  "100 ns .. 4 us spans a decade: log x in us; %s", sc);
+	cr_assert(strstr(sc, "\"store (cold)\\nkvring/memcpy GB/s 1.29\\ngoal >= 0.85: met\" 0, "
+			     "\"load (warm)\\nkvring/memcpy time 1.92\\ngoal <= 1.10: missed\" 4)"), "%s", sc);
+	cr_assert(strstr(sc, "set yrange [0:8.1]"), "6.0 GB/s highest bar + 35%%: %s", sc);
+	cr_assert_null(strchr(sc, '`'), "no command substitution");
+	free(sc);
+
+	/* warm only, narrow: linear x, no cold plot */
+	x.s.ran_cold = false;
+	x.in.n_cold = 0;
+	x.warm[0] = 3000;
+	x.s.ok = false;
+	sc = bench_plot_script(&x.in, "/tmp/d.dat", "/tmp/p.png");
+	cr_assert_null(strstr(sc, "cold latency"), "%s", sc);
+	cr_assert_null(strstr(sc, "logscale x 10"), "%s", sc);
+	cr_assert_null(strstr(sc, "store (cold)"), "%s", sc);
+	cr_assert(strstr(sc, "\"load (warm)\\nkvring/memcpy time 1.92\\ngoal <= 1.10: missed\" 0)"), "%s", sc);
+	cr_assert(strstr(sc, "2026-01-01 00:00, FAILED'"), "%s", sc);
+	free(sc);
+}
+
+Test(bench, plot_which)
+{
+	char dir[64], file[128], got[256];
+	snprintf(dir, sizeof(dir), "/tmp/kvr-bench-which.%d", (int)getpid());
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	snprintf(file, sizeof(file), "%s/gnuplot", dir);
+	FILE *f = fopen(file, "w");
+	cr_assert_not_null(f);
+	fclose(f);
+	char path_env[256];
+	snprintf(path_env, sizeof(path_env), "/nonexistent:%s:%s", dir, dir);
+	cr_assert_eq(bench_which("gnuplot", path_env, got, sizeof(got)), -ENOENT, "not executable: skipped");
+	cr_assert_eq(chmod(file, 0755), 0);
+	cr_assert_eq(bench_which("gnuplot", path_env, got, sizeof(got)), 0);
+	cr_assert_str_eq(got, file);
+	cr_assert_eq(bench_which("gnuplot", path_env, got, 8), -ENAMETOOLONG);
+	cr_assert_eq(bench_which("gnuplot", "/nonexistent:", got, sizeof(got)), -ENOENT);
+	cr_assert_eq(bench_which("gnuplot", NULL, got, sizeof(got)), -ENOENT);
+	cr_assert_eq(bench_which("gnuplot", dir, got, sizeof(got)), 0, "a directory is not a program");
+	cr_assert_eq(bench_which("kvr-bench-which", "/tmp", got, sizeof(got)), -ENOENT);
+	unlink(file);
+	rmdir(dir);
+}
+
+/* No /tmp/kvring-bench-plot.<pid>.* left behind. */
+static unsigned leftovers(void)
+{
+	char pat[64];
+	int n = snprintf(pat, sizeof(pat), "kvring-bench-plot.%d.", (int)getpid());
+	unsigned found = 0;
+	DIR *d = opendir("/tmp");
+	cr_assert_not_null(d);
+	for (struct dirent *e; (e = readdir(d));)
+		found += !strncmp(e->d_name, pat, (size_t)n);
+	closedir(d);
+	return found;
+}
+
+Test(bench, plot_without_gnuplot_is_enoent)
+{
+	struct plot_fixture x;
+	plot_fixture(&x);
+	char png[64], err[256];
+	snprintf(png, sizeof(png), "/tmp/kvr-bench-plot-test.%d.png", (int)getpid());
+	cr_assert_eq(setenv("PATH", "/nonexistent", 1), 0);
+	cr_assert_eq(bench_plot(&x.in, png, err, sizeof(err)), -ENOENT);
+	cr_assert_str_eq(err, "gnuplot not found");
+	cr_assert_neq(access(png, F_OK), 0);
+	cr_assert_eq(leftovers(), 0);
+}
+
+Test(bench, plot_png_through_gnuplot)
+{
+	char gp[256];
+	if (bench_which("gnuplot", getenv("PATH"), gp, sizeof(gp)))
+		cr_skip_test("gnuplot is not installed");
+	struct plot_fixture x;
+	plot_fixture(&x);
+	char png[64], err[256];
+	snprintf(png, sizeof(png), "/tmp/kvr-bench-plot-test.%d.png", (int)getpid());
+	unlink(png);
+	cr_assert_eq(bench_plot(&x.in, png, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(leftovers(), 0);
+	/* a PNG of 1400 x 560: signature, then the IHDR chunk */
+	uint8_t head[24];
+	FILE *f = fopen(png, "rb");
+	cr_assert_not_null(f);
+	cr_assert_eq(fread(head, 1, sizeof(head), f), sizeof(head));
+	fseek(f, 0, SEEK_END);
+	long size = ftell(f);
+	fclose(f);
+	cr_assert_arr_eq(head, ((uint8_t[]){0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R',
+					   0, 0, 0x05, 0x78, 0, 0, 0x02, 0x30}), sizeof(head));
+	cr_assert_gt(size, 10000);
+	cr_assert_lt(size, 200000);
+	unlink(png);
+
+	/* a directory that does not exist: gnuplot fails, and says why */
+	cr_assert_eq(bench_plot(&x.in, "/nonexistent/dir/p.png", err, sizeof(err)), -EIO);
+	cr_assert(strstr(err, "gnuplot"), "%s", err);
+	cr_assert_eq(leftovers(), 0);
 }
