@@ -25,7 +25,7 @@ static pid_t children[MAX_CHILDREN];
 void ct_init(struct ct_env *e)
 {
 	memset(e, 0, sizeof(*e));
-	e->slots_seg.fd = e->ctl_seg.fd = -1;
+	e->slots_seg.fd = e->ctl_seg.fd = e->arena_seg.fd = -1;
 	h_init(&e->h, 0700);
 }
 
@@ -59,6 +59,8 @@ void ct_fini(struct ct_env *e)
 		kvr_segment_close(&e->slots_seg);
 	if (e->ctl_seg.base)
 		kvr_segment_close(&e->ctl_seg);
+	if (e->arena_seg.base)
+		kvr_segment_close(&e->arena_seg);
 	h_fini(&e->h);
 }
 
@@ -109,14 +111,15 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 		 "  \"rings\": {\"capacity\": 64},\n"
 		 "  \"supervisor\": {\"ready_timeout_ms\": 3000, \"stable_after_ms\": 1000,\n"
 		 "    \"restart_backoff_initial_ms\": 20, \"restart_backoff_max_ms\": 200,\n"
-		 "    \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": 5,\n"
+		 "    \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": %u,\n"
 		 "    \"health_interval_ms\": %u, \"drain_timeout_ms\": 3000},\n"
 		 "  \"model\": {\"preset\": \"\", \"model_id\": \"test/tiny\", \"layers\": %u, \"kv_heads\": %u,\n"
 		 "    \"head_dim\": %u, \"dtype_bytes\": %u, \"block_tokens\": %u, \"tp_size\": %u},\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"%s\"},\n"
 		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}\n"
 		 "}\n",
-		 e->h.sock, o->max_workers ? o->max_workers : m->tp_size, o->health_ms ? o->health_ms : 1000, m->layers,
+		 e->h.sock, o->max_workers ? o->max_workers : m->tp_size, o->crash_loop_max ? o->crash_loop_max : 5,
+		 o->health_ms ? o->health_ms : 1000, m->layers,
 		 m->kv_heads, m->head_dim, m->dtype_bytes, m->block_tokens, m->tp_size,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * slot),
 		 o->eviction ? o->eviction : "lru",
@@ -137,6 +140,11 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	cr_assert_eq(e->slots->n_slots, n_slots * 1u, "slots sized from the lane (%llu bytes)",
 		     (unsigned long long)e->lane_bytes);
 	cr_assert_eq(e->slots->slot_bytes, slot);
+
+	fd = daemon_memfd(e->h.pid, "kvring-arena", O_RDONLY);
+	rc = kvr_segment_map(fd, KVR_SEG_ARENA, 0, &e->arena_seg);
+	close(fd);
+	cr_assert_eq(rc, 0, "map the arena: %s", strerror(-rc));
 
 	fd = daemon_memfd(e->h.pid, "kvring-ctl", O_RDWR);
 	rc = kvr_segment_map(fd, KVR_SEG_CTL, 1, &e->ctl_seg);
@@ -266,6 +274,31 @@ bool ct_holds(const struct ct_rank *r, uint32_t block, uint64_t tag, char *why, 
 		free(want);
 		if (!same)
 			return false;
+	}
+	return true;
+}
+
+bool ct_slot_holds(const struct ct_env *e, const struct ct_rank *r, uint32_t slot, uint64_t tag, char *why,
+		   size_t whylen)
+{
+	const uint8_t *p = kvr_slot_data(e->slots, e->arena_seg.base, slot);
+	cr_assert(p, "slot %u out of range", slot);
+	uint64_t off = 0;
+	for (unsigned reg = 0; reg < r->g.n_regions; reg++) {
+		uint32_t bytes = r->g.page_bytes[reg];
+		cr_assert(off + bytes <= e->slots->slot_bytes);
+		uint8_t *want = malloc(bytes);
+		cr_assert(want);
+		gen_page(want, bytes, tag, r->rank, reg);
+		bool same = memcmp(p + off, want, bytes) == 0;
+		free(want);
+		if (!same) {
+			if (why)
+				snprintf(why, whylen, "slot %u region %u (lane offset %llu) differs", slot, reg,
+					 (unsigned long long)off);
+			return false;
+		}
+		off += bytes;
 	}
 	return true;
 }

@@ -17,10 +17,11 @@
 
 /*
  * ct_start() writes a config with an explicit model (no preset), starts kvringd from the
- * build tree (sup_harness) and maps two more views of the instance next to the INSPECT
- * one: the slot table read-only (to assert slot states) and the control segment
- * read-write (to inject messages on rings whose real endpoint is idle or stopped). Both
- * are opened through /proc/<kvringd>/fd: the test owns the daemon, so it may look inside.
+ * build tree (sup_harness) and maps more views of the instance next to the INSPECT one:
+ * the slot table and the arena read-only (to assert slot states and L1 bytes) and the
+ * control segment read-write (to inject messages on rings whose real endpoint is idle or
+ * stopped). They are opened through /proc/<kvringd>/fd: the test owns the daemon, so it
+ * may look inside.
  *
  * A rank (ct_rank) is one libkvring client over its own memfd KV memory, mapped so the
  * test can fill and check bytes. Contents are generated from a tag: block b of rank r
@@ -41,6 +42,7 @@ struct ct_opts {
 	uint64_t staging_buffer;   /* 0 = one lane */
 	unsigned load_percent;     /* 0 = 50 */
 	unsigned health_ms;        /* 0 = 1000 (a stopped actor is killed after 5 missed pings) */
+	unsigned crash_loop_max;   /* deaths in 10 s that give up on an actor; 0 = 5 */
 };
 
 struct ct_env {
@@ -51,6 +53,7 @@ struct ct_env {
 	struct kvr_slot_table *slots;
 	struct kvr_segment ctl_seg;     /* read-write */
 	struct kvr_ctl *ctl;
+	struct kvr_segment arena_seg;   /* read-only: the L1 bytes */
 };
 
 struct ct_rank {
@@ -93,6 +96,10 @@ void ct_untrack_child(pid_t pid); /* it was reaped by the test */
 void ct_fill(const struct ct_rank *r, uint32_t block, uint64_t tag);
 /* true when block holds tag; else false and why names the region and the first bad offset. */
 bool ct_holds(const struct ct_rank *r, uint32_t block, uint64_t tag, char *why, size_t whylen);
+
+/* Does L1 slot `slot` hold rank r's lane of a block whose engine block held tag? */
+bool ct_slot_holds(const struct ct_env *e, const struct ct_rank *r, uint32_t slot, uint64_t tag, char *why,
+		   size_t whylen);
 
 /* Prompts and keys */
 void ct_prompt(uint32_t *tokens, size_t n, uint64_t seed);

@@ -125,8 +125,13 @@ ParameterizedTest(struct rt_param *p, client, roundtrip)
 	kvr_key keys[8];
 	ct_keys(&env, tokens, n_tokens, keys);
 	for (unsigned k = 0; k < tp; k++)
-		for (uint32_t i = 0; i < n; i++)
-			cr_assert(ct_find_slot(&env, keys[i], k) >= 0, "block %u lane %u has no slot", i, k);
+		for (uint32_t i = 0; i < n; i++) {
+			int s = ct_find_slot(&env, keys[i], k);
+			cr_assert(s >= 0, "block %u lane %u has no slot", i, k);
+			char why[160] = "";
+			cr_assert(ct_slot_holds(&env, r[k], (uint32_t)s, TAG(7, i), why, sizeof(why)),
+				  "L1 copy of block %u lane %u: %s", i, k, why);
+		}
 
 	for (unsigned k = 0; k < tp; k++) {
 		cr_assert_eq(ct_lookup(r[k], 2, tokens, n_tokens), n, "rank %u: matched blocks", k);
