@@ -180,6 +180,9 @@ int kvr_msg_decode_list(const struct kvr_msg *m, unsigned type, struct kvr_msg_l
 	memcpy(&h, m->body, sizeof(h));
 	if (h.total == 0 || h.total > KVR_MSG_MAX_LIST)
 		return -EBADMSG;
+	/* list flags are type-specific; unknown bits are never silently ignored */
+	if (h.flags & ~(type == KVR_MSG_STORE ? (unsigned)KVR_STOREF_CUDA_EVENT : 0u))
+		return -EBADMSG;
 	uint64_t first = (uint64_t)m->hdr.seq * per;
 	if (first >= h.total)
 		return -EBADMSG;

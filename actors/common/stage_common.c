@@ -76,12 +76,36 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, const char *
 	if (!sw->runs)
 		return -ENOMEM;
 
+	/* The worker's KV memory: a memfd with the pages (host), or a memfd holding a CUDA
+	 * descriptor (IPC handles of its GPU tensors and a table of store events). */
 	struct kvr_xfer_kvmem kv = {.kind = KVR_XFER_MEM_HOST, .size = a->kv_bytes};
-	kv.u.host.fd = a->kv_fd;
 	struct kvr_xfer_arena arena = {.base = a->arena_seg.base, .size = a->arena_seg.size};
+	void *blob = NULL;
+	size_t blob_len = 0;
+	int d = kvr_cuda_desc_read(a->kv_fd, &blob, &blob_len, err, sizeof(err));
+	if (d == 0) {
+		kv.kind = KVR_XFER_MEM_CUDA;
+		kv.u.cuda.blob = blob;
+		kv.u.cuda.blob_len = (uint32_t)blob_len;
+		kv.u.cuda.device = -1;
+		sw->cuda = true;
+		rc = kvr_cuda_events_map(a->kv_fd, &sw->events);
+		if (rc) {
+			free(blob);
+			kvr_err("worker %u: cannot map its store events: %s", sw->worker, strerror(-rc));
+			return rc;
+		}
+	} else if (d == -ENOMSG) {
+		kv.u.host.fd = a->kv_fd;
+	} else {
+		kvr_err("worker %u: KV descriptor: %s", sw->worker, err);
+		return d;
+	}
 	rc = kvr_xfer_open(&kv, &arena, &sw->xfer);
+	free(blob);
 	if (rc) {
-		kvr_err("worker %u: cannot open its KV memory: %s", sw->worker, strerror(-rc));
+		kvr_err("worker %u: cannot open its KV memory (%s backend): %s", sw->worker, sw->cuda ? "cuda" : "host",
+			strerror(-rc));
 		return rc;
 	}
 	kvr_info("serving worker %u (lane %u, %u regions, %llu bytes per block, lease %u blocks x %u)", sw->worker,
@@ -95,6 +119,7 @@ void stage_worker_close(struct stage_worker *sw)
 		return;
 	kvr_xfer_close(sw->xfer);
 	sw->xfer = NULL;
+	kvr_cuda_events_unmap(&sw->events);
 	free(sw->regions);
 	free(sw->runs);
 	sw->regions = NULL;
@@ -102,7 +127,7 @@ void stage_worker_close(struct stage_worker *sw)
 }
 
 int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blocks, const uint64_t *slot_offs,
-		      uint32_t n, struct kvr_xfer_stats *st)
+		      uint32_t n, const struct kvr_xfer_dep *ready, struct kvr_xfer_stats *st)
 {
 	/* Up to pool_leases chunks in flight; each waits for its copies before the lease is
 	 * reused. The host backend completes inside submit, the CUDA one asynchronously. */
@@ -125,7 +150,7 @@ int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blo
 				n = done; /* stop issuing */
 				continue;
 			}
-			rc = kvr_xfer_submit(sw->xfer, dir, sw->runs, (size_t)nr, NULL, &tickets[(head + inflight) % depth]);
+			rc = kvr_xfer_submit(sw->xfer, dir, sw->runs, (size_t)nr, ready, &tickets[(head + inflight) % depth]);
 			if (rc) {
 				n = done;
 				continue;

@@ -8,6 +8,7 @@
 #include "kvr_actor.h"
 #include "kvr_geometry.h"
 #include "kvr_slots.h"
+#include "kvr_cuda.h"
 #include "kvr_xfer.h"
 
 /* A reply ring that stays full this long means the client stopped reading: the reply is
@@ -29,6 +30,8 @@ struct stage_worker {
 	uint32_t chunk_blocks;        /* blocks per staging lease */
 	uint32_t pool_leases;         /* leases in this direction's pool */
 	struct kvr_ring *req, *rep;
+	bool cuda;                    /* the worker's KV memory is GPU memory (CUDA IPC) */
+	struct kvr_cuda_events events;/* CUDA: the producer events of its stores */
 };
 
 /* Set up for the worker this actor serves (its actor index's worker slot): read its
@@ -41,9 +44,11 @@ void stage_worker_close(struct stage_worker *sw);
 
 /* Copy n blocks between the worker's blocks and the slots at slot_offs, one staging lease
  * (chunk_blocks blocks) at a time, waiting for each lease's copies to complete before
- * reusing it. Sums the stats into *st. 0 or -errno (nothing more is copied after one). */
+ * reusing it. Every copy waits for `ready` first (NULL: nothing to wait for; CUDA stores:
+ * the producer's event, of which each submission takes its own reference). Sums the stats
+ * into *st. 0 or -errno (nothing more is copied after one). */
 int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blocks, const uint64_t *slot_offs,
-		      uint32_t n, struct kvr_xfer_stats *st);
+		      uint32_t n, const struct kvr_xfer_dep *ready, struct kvr_xfer_stats *st);
 
 /* Record one request's latency (first message received to reply sent) in the stage's
  * histogram (KVR_STAT_XF_HIST_FIRST; exported as kvring_load/store_duration_seconds). */

@@ -154,7 +154,7 @@ static void execute(struct kvr_actor *a, struct loader *l)
 	}
 
 	struct kvr_xfer_stats st = {0};
-	int rc = stage_copy_chunks(&l->sw, KVR_XFER_SLOT_TO_KV, l->blocks, l->slot_offs, n_ok, &st);
+	int rc = stage_copy_chunks(&l->sw, KVR_XFER_SLOT_TO_KV, l->blocks, l->slot_offs, n_ok, NULL, &st);
 	for (uint32_t i = 0; i < n_ok; i++)
 		(void)kvr_slot_unpin(l->sw.slots, l->slots[i], l->sw.worker);
 	if (rc) {

@@ -208,6 +208,15 @@ static void execute(struct kvr_actor *a, struct storer *s)
 		fail_all(s, wire, -ESTALE, queue_ns);
 		return;
 	}
+	/* CUDA: the copy must wait for the event the worker recorded after writing the KV */
+	struct kvr_xfer_dep dep, *ready = NULL;
+	if (s->req.flags & KVR_STOREF_CUDA_EVENT) {
+		if (!s->sw.cuda || kvr_cuda_events_dep(&s->sw.events, wire, &dep)) {
+			fail_all(s, wire, -ENOENT, queue_ns);
+			return;
+		}
+		ready = &dep;
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		s->keys[i] = items[i].key;
 		if (items[i].block >= s->sw.geom.num_blocks) {
@@ -255,7 +264,7 @@ static void execute(struct kvr_actor *a, struct storer *s)
 		}
 	}
 	struct kvr_xfer_stats st = {0};
-	rc = stage_copy_chunks(&s->sw, KVR_XFER_KV_TO_SLOT, s->blocks, s->slot_offs, n_copy, &st);
+	rc = stage_copy_chunks(&s->sw, KVR_XFER_KV_TO_SLOT, s->blocks, s->slot_offs, n_copy, ready, &st);
 	if (rc) {
 		kvr_warn("store %llx: copy failed: %s", (unsigned long long)wire, strerror(-rc));
 		fail_all(s, wire, rc, queue_ns);
