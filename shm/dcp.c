@@ -68,8 +68,9 @@ size_t kvr_dcp_max_runs(uint32_t block_tokens, uint32_t dcp_size, uint32_t inter
 
 /*
  * Run emitter: runs are produced in increasing kv_off and slot_off order; one that starts
- * where the previous one ends on both sides extends it. A dry emitter only counts, so the
- * callers can refuse a short cap before writing anything.
+ * where the previous one ends on both sides extends it. A dry emitter (runs NULL) only
+ * counts, so the callers can refuse a short cap before writing anything; the count is
+ * never below what the writing pass produces.
  */
 struct emit {
 	struct kvr_dcp_run *runs; /* NULL: count only */
@@ -102,7 +103,9 @@ static void emit_add(struct emit *e, uint64_t kv_off, uint64_t slot_off, uint64_
 }
 
 /* One region's page; arguments checked by the caller (rule, rank, sem = n * row, no
- * overflow of kv_off + page_bytes or slot_off + canonical page). */
+ * overflow of kv_off + page_bytes or slot_off + canonical page). Local rows k*I..k*I+I-1
+ * are global rows (k*D + rank)*I.., so run k starts rank*I rows into the canonical page
+ * and the next one D*I rows further. */
 static void emit_region(struct emit *e, uint32_t row_bytes, uint32_t sem_bytes, uint32_t tail_bytes,
 			uint32_t block_tokens, uint32_t dcp_size, uint32_t interleave, uint32_t rank, uint64_t kv_off,
 			uint64_t slot_off)
@@ -112,10 +115,19 @@ static void emit_region(struct emit *e, uint32_t row_bytes, uint32_t sem_bytes, 
 		emit_add(e, kv_off, slot_off, (uint64_t)sem_bytes + tail_bytes);
 		return;
 	}
-	uint64_t n = (uint64_t)block_tokens / dcp_size, group = (uint64_t)interleave * row_bytes;
-	for (uint64_t j = 0; j < n; j += interleave)
-		emit_add(e, kv_off + j * row_bytes,
-			 slot_off + kvr_dcp_global_token(j, dcp_size, interleave, rank) * row_bytes, group);
+	uint64_t groups = (uint64_t)block_tokens / dcp_size / interleave;
+	if (!e->runs) {
+		/* With D > 1 no two of these runs touch in the canonical page (other ranks' rows lie
+		 * between two groups, the tail sits after every row, and the first run of the next
+		 * region starts rank*I rows or more into its page): count instead of walking. */
+		emit_flush(e);
+		e->n += groups + (tail_bytes ? 1 : 0);
+		return;
+	}
+	uint64_t len = (uint64_t)interleave * row_bytes, step = len * dcp_size;
+	uint64_t kv = kv_off, slot = slot_off + (uint64_t)rank * len;
+	for (uint64_t k = 0; k < groups; k++, kv += len, slot += step)
+		emit_add(e, kv, slot, len);
 	emit_add(e, kv_off + sem_bytes, slot_off + (uint64_t)block_tokens * row_bytes + (uint64_t)rank * tail_bytes,
 		 tail_bytes);
 }
