@@ -103,8 +103,8 @@ static void check_load(struct ct_rank *r, const struct loadcheck *lc, const stru
 		if (f) {
 			/* an -EPIPE load may have been half copied by the dying loader; -EIO not */
 			if (d->c.status != -EPIPE)
-				cr_assert(ct_holds(r, lc->dst[i], CT_CANARY, why, sizeof(why)), "failed block written: %s",
-					  why);
+				cr_assert(ct_holds(r, lc->dst[i], CT_CANARY, why, sizeof(why)),
+					  "failed block written: %s", why);
 			(*failed)++;
 			continue;
 		}
@@ -237,7 +237,8 @@ Test(client_stress, random_workload_tp2)
 	settle();
 	check_l1(r, 2);
 	uint64_t evicted = ct_stat(&env, "lookup", KVR_STAT_LK_EVICTED);
-	fprintf(stderr, "random_workload_tp2: %u steps, %llu blocks matched, %llu restored, %llu failed, %llu evicted\n",
+	fprintf(stderr, "random_workload_tp2: %u steps, %llu blocks matched, %llu restored, %llu failed, "
+		"%llu evicted\n",
 		steps, (unsigned long long)matched, (unsigned long long)ok, (unsigned long long)failed,
 		(unsigned long long)evicted);
 	cr_assert_gt(ok, 0);
