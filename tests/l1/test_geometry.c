@@ -223,12 +223,12 @@ Test(geometry, vllm_layer_major_regions)
 
 Test(geometry, presets)
 {
-	cr_assert_str_eq(kvr_preset_list(),
-			 "glm-4-9b-chat-1m, qwen3-8b, qwen3-32b, llama-3.1-8b, llama-3.1-70b, deepseek-v2-lite");
-	cr_assert_eq(kvr_preset_count(), 6);
+	cr_assert_str_eq(kvr_preset_list(), "glm-4-9b-chat-1m, qwen3-8b, qwen3-32b, llama-3.1-8b, llama-3.1-70b, "
+					    "deepseek-v2-lite, deepseek-v3, deepseek-v3.2-fp8, qwen2.5-72b");
+	cr_assert_eq(kvr_preset_count(), 9);
 	cr_assert_null(kvr_preset_find("gpt-5"));
 	cr_assert_null(kvr_preset_find(NULL));
-	cr_assert_null(kvr_preset_at(6));
+	cr_assert_null(kvr_preset_at(9));
 
 	static const struct {
 		const char *name;
