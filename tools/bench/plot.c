@@ -24,24 +24,18 @@
 
 int bench_plot_path(const struct bench_opts *o, char *ret, size_t len)
 {
-	const char *base = o->plot;
-	size_t n;
-	int w;
-	if (o->no_plot)
+	const char *base = o->plot ? o->plot : o->json;
+	const char *ext = o->plot ? "" : ".png";
+	if (o->no_plot || !base || (!o->plot && !strcmp(base, "-")))
 		return 0;
-	if (base) {
-		w = snprintf(ret, len, "%s", base);
-		return w >= 0 && (size_t)w < len ? 1 : -ENAMETOOLONG;
-	}
-	if (!o->json || !strcmp(o->json, "-"))
-		return 0;
-	n = strlen(o->json);
-	if (n > 5 && !strcmp(o->json + n - 5, ".json"))
+	size_t n = strlen(base);
+	if (!o->plot && n > 5 && !strcmp(base + n - 5, ".json"))
 		n -= 5;
-	if (n > INT32_MAX)
-		return -ENAMETOOLONG;
-	w = snprintf(ret, len, "%.*s.png", (int)n, o->json);
-	return w >= 0 && (size_t)w < len ? 1 : -ENAMETOOLONG;
+	if (n + strlen(ext) >= len)
+		return -ENAMETOOLONG; /* ret untouched */
+	memcpy(ret, base, n);
+	strcpy(ret + n, ext);
+	return 1;
 }
 
 /* ---- data ---------------------------------------------------------------------------------- */
@@ -171,17 +165,23 @@ static void throughput_panel(FILE *f, const struct bench_plot_input *in, const c
 	fprintf(f, "set xlabel ''\nset ylabel 'GB/s'\nset ytics autofreq\n");
 	fprintf(f, "set style fill solid 0.85 border -1\nset boxwidth 0.9\nset xtics nomirror scale 0 (");
 	if (s->ran_cold) {
-		fprintf(f, "\"store (cold)\\nkvring/memcpy GB/s %.2f\\ngoal >= %.2f%s\" %u", s->st_ratio,
-			BENCH_STORE_GOAL_MIN, !s->st_bytes ? "" : s->st_ratio >= BENCH_STORE_GOAL_MIN ? ": met" : ": missed",
-			rows * ROW_STEP);
+		if (s->st_bytes)
+			fprintf(f, "\"store (cold)\\nkvring/memcpy GB/s %.2f\\ngoal >= %.2f: %s\" %u", s->st_ratio,
+				BENCH_STORE_GOAL_MIN, s->st_ratio >= BENCH_STORE_GOAL_MIN ? "met" : "missed", rows * ROW_STEP);
+		else
+			fprintf(f, "\"store (cold)\\nno bytes newly stored\" %u", rows * ROW_STEP);
 		top = s->st_gbps > top ? s->st_gbps : top;
 		top = s->st_memcpy_gbps > top ? s->st_memcpy_gbps : top;
 		rows++;
 	}
 	if (s->ran_warm) {
-		fprintf(f, "%s\"load (warm)\\nkvring/memcpy time %.2f\\ngoal <= %.2f%s\" %u", rows ? ", " : "",
-			s->ld_time_ratio, BENCH_LOAD_GOAL_MAX,
-			!s->ld_bytes ? "" : s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX ? ": met" : ": missed", rows * ROW_STEP);
+		fprintf(f, "%s", rows ? ", " : "");
+		if (s->ld_bytes)
+			fprintf(f, "\"load (warm)\\nkvring/memcpy time %.2f\\ngoal <= %.2f: %s\" %u", s->ld_time_ratio,
+				BENCH_LOAD_GOAL_MAX, s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX ? "met" : "missed",
+				rows * ROW_STEP);
+		else
+			fprintf(f, "\"load (warm)\\nno bytes loaded\" %u", rows * ROW_STEP);
 		top = s->ld_gbps > top ? s->ld_gbps : top;
 		top = s->ld_memcpy_gbps > top ? s->ld_memcpy_gbps : top;
 		rows++;

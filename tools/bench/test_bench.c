@@ -709,6 +709,9 @@ Test(bench, opts_plot_and_plot_path)
 	strcpy(p, "untouched");
 	cr_assert_eq(PARSE(&o, err, "--json", "a-rather-long-name.json"), 0, "%s", err);
 	cr_assert_eq(bench_plot_path(&o, p, 10), -ENAMETOOLONG);
+	cr_assert_str_eq(p, "untouched");
+	cr_assert_eq(bench_plot_path(&o, p, sizeof("a-rather-long-name.png")), 1, "exactly fits");
+	cr_assert_str_eq(p, "a-rather-long-name.png");
 }
 
 /* A known small run: two phases, 3 cold and 2 warm samples (unsorted). */
@@ -828,6 +831,10 @@ Test(bench, plot_script_names_what_exists)
 	cr_assert_null(strstr(sc, "store (cold)"), "%s", sc);
 	cr_assert(strstr(sc, "\"load (warm)\\nkvring/memcpy time 1.92\\ngoal <= 1.10: missed\" 0)"), "%s", sc);
 	cr_assert(strstr(sc, "2026-01-01 00:00, FAILED'"), "%s", sc);
+	free(sc);
+	x.s.ld_bytes = 0;
+	sc = bench_plot_script(&x.in, "/tmp/d.dat", "/tmp/p.png");
+	cr_assert(strstr(sc, "(\"load (warm)\\nno bytes loaded\" 0)"), "no ratio without bytes: %s", sc);
 	free(sc);
 }
 
