@@ -88,6 +88,8 @@ struct kvr_l2_store {
 	char *dir;                 /* <root>/<ns hex> */
 	int dir_fd, lock_fd;
 	struct kvr_l2io *io;
+	unsigned qd;               /* data-path ops in flight (cfg.queue_depth <= the engine's depth) */
+	unsigned io_qd;            /* the engine's depth (adoption uses all of it) */
 	uint64_t fb;               /* bytes of one file */
 	/* index */
 	struct ent *ents;
@@ -275,7 +277,7 @@ static void req_free(struct kvr_l2_store *s, uint32_t r)
 
 static bool engine_free(const struct kvr_l2_store *s)
 {
-	return kvr_l2io_busy(s->io) < kvr_l2io_queue_depth(s->io);
+	return kvr_l2io_busy(s->io) < s->qd;
 }
 
 /* PRESENT -> EVICTING: out of the LRU, its unlink queued. */
@@ -476,7 +478,7 @@ int kvr_l2_store_poll(struct kvr_l2_store *s, struct kvr_l2_done *ret, unsigned 
 		return -EINVAL;
 	if (min_done > max)
 		min_done = max;
-	unsigned qd = kvr_l2io_queue_depth(s->io);
+	unsigned qd = s->io_qd;
 	for (;;) {
 		issue_unlinks(s);
 		bool wait = s->done.n < min_done && kvr_l2io_busy(s->io) > 0;
@@ -501,7 +503,7 @@ int kvr_l2_store_poll(struct kvr_l2_store *s, struct kvr_l2_done *ret, unsigned 
 
 int kvr_l2_store_flush(struct kvr_l2_store *s)
 {
-	unsigned qd = kvr_l2io_queue_depth(s->io);
+	unsigned qd = s->io_qd;
 	for (;;) {
 		issue_unlinks(s);
 		if (!kvr_l2io_busy(s->io))
@@ -555,7 +557,7 @@ const char *kvr_l2_store_dir(const struct kvr_l2_store *s)
 struct cand {
 	kvr_key key;
 	uint32_t lane;
-	int64_t mtime_ns;
+	int64_t mtime_ns;  /* probed; before the probe: the inode number (probe order) */
 };
 
 enum adopt_tag { T_PROBE = 1, T_UNLINK = 2 };
@@ -644,7 +646,7 @@ static int adopt_scan(struct adopt *a)
 			a->st->rejected[KVR_L2_R_LANE]++;
 			rc = push_cand(&a->del, &a->n_del, &a->cap_del, (struct cand){key, lane, 0});
 		} else {
-			rc = push_cand(&a->probe, &a->n_probe, &a->cap_probe, (struct cand){key, lane, 0});
+			rc = push_cand(&a->probe, &a->n_probe, &a->cap_probe, (struct cand){key, lane, (int64_t)de->d_ino});
 		}
 		if (rc)
 			break;
@@ -724,6 +726,12 @@ static int cand_newest_first(const void *pa, const void *pb)
 	return x->lane > y->lane ? -1 : x->lane < y->lane;
 }
 
+static int cand_by_ino(const void *pa, const void *pb)
+{
+	const struct cand *x = pa, *y = pb;
+	return x->mtime_ns < y->mtime_ns ? -1 : x->mtime_ns > y->mtime_ns;
+}
+
 static int adopt(struct kvr_l2_store *s, struct kvr_l2_adopt_stats *st)
 {
 	uint64_t t0 = kvr_now_ns();
@@ -731,6 +739,9 @@ static int adopt(struct kvr_l2_store *s, struct kvr_l2_adopt_stats *st)
 	int rc = adopt_scan(&a);
 	if (rc)
 		goto out;
+	/* probe in inode order: on a cold cache the inode tables and headers are read nearly in
+	 * disk order instead of at random */
+	qsort(a.probe, a.n_probe, sizeof(*a.probe), cand_by_ino);
 	a.ok = malloc((a.n_probe ? a.n_probe : 1) * sizeof(*a.ok));
 	if (!a.ok) {
 		rc = -ENOMEM;
@@ -796,8 +807,10 @@ int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt
 	s->done.item = sizeof(struct kvr_l2_done);
 	s->tab_mask = 1023;
 	s->tab = calloc(s->tab_mask + 1, sizeof(*s->tab));
+	s->qd = cfg->queue_depth;
+	s->io_qd = cfg->queue_depth > KVR_L2_ADOPT_DEPTH ? cfg->queue_depth : KVR_L2_ADOPT_DEPTH;
 	s->reqs = calloc(cfg->queue_depth, sizeof(*s->reqs));
-	s->iobuf = calloc(cfg->queue_depth, sizeof(*s->iobuf));
+	s->iobuf = calloc(s->io_qd, sizeof(*s->iobuf));
 	char hex[KVR_KEY_FMT_LEN];
 	if (!s->tab || !s->reqs || !s->iobuf ||
 	    asprintf(&s->dir, "%s/%s", cfg->root, kvr_l2_ns_dir_fmt(cfg->ident.ns, hex)) < 0) {
@@ -835,7 +848,7 @@ int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt
 	struct kvr_l2io_config icfg = {
 		.dir_fd = s->dir_fd,
 		.ident = cfg->ident,
-		.queue_depth = cfg->queue_depth,
+		.queue_depth = s->io_qd,
 		.durability = cfg->durability,
 		.io_mode = cfg->io_mode,
 		.arena = cfg->arena,

@@ -47,6 +47,7 @@
  */
 
 #define KVR_L2_PRESENT 1   /* put: the key is already on disk: nothing written */
+#define KVR_L2_ADOPT_DEPTH 256u /* probes and unlinks in flight during adoption */
 #define KVR_L2_INFLIGHT 2  /* put: a write of the key is in flight: nothing written */
 
 struct kvr_l2_store_config {
@@ -54,7 +55,8 @@ struct kvr_l2_store_config {
 	struct kvr_l2_ident ident;    /* namespace, fingerprint, block_tokens, lane_bytes */
 	uint32_t lanes;               /* valid lanes are 0..lanes-1 (1..KVR_L2_MAX_LANE+1) */
 	uint64_t capacity_bytes;      /* cap on file bytes (> 0) */
-	uint32_t queue_depth;         /* engine ops in flight (1..KVR_L2IO_MAX_QD) */
+	uint32_t queue_depth;         /* puts, gets and unlinks in flight (1..KVR_L2IO_MAX_QD); adoption
+				       * probes max(queue_depth, KVR_L2_ADOPT_DEPTH) files at a time */
 	enum kvr_l2_durability durability;
 	enum kvr_l2_iomode io_mode;
 	void *arena;                  /* registered as fixed buffers (may be NULL) */

@@ -737,9 +737,10 @@ int kvr_l2io_probe(struct kvr_l2io *io, kvr_key key, uint32_t lane, uint64_t tag
 	struct io_uring_sqe *sqe = sqe_get(io, op, S_STATX);
 	io_uring_prep_statx(sqe, io->dir_fd, op->name, AT_SYMLINK_NOFOLLOW, STATX_TYPE | STATX_SIZE | STATX_MTIME,
 			    &op->stx);
-	/* buffered: only the header is read, and a warm page cache makes adoption cheap */
+	/* O_DIRECT like reads: exactly the header's 4 KiB from the disk, no readahead of the payload */
 	sqe = sqe_get(io, op, S_OPEN);
-	io_uring_prep_openat_direct(sqe, io->dir_fd, op->name, O_RDONLY | O_NOFOLLOW, 0, op->idx);
+	io_uring_prep_openat_direct(sqe, io->dir_fd, op->name, O_RDONLY | O_NOFOLLOW | (io->direct ? O_DIRECT : 0), 0,
+				    op->idx);
 	io_uring_sqe_set_flags(sqe, IOSQE_IO_LINK);
 	sqe = sqe_get(io, op, S_HDR);
 	io_uring_prep_read_fixed(sqe, op->idx, hdr_buf(io, op), KVR_L2_HDR_BYTES, 0, (int)io->hdr_index);
@@ -972,6 +973,10 @@ int kvr_l2io_open(const struct kvr_l2io_config *cfg, struct kvr_l2io **ret)
 	rc = register_buffers(io, cfg);
 	if (rc < 0)
 		goto fail;
+	/* Opens, renames, statx and allocating writes run in the kernel's io-wq; its default of
+	 * 4 bounded workers per CPU serialises a cold adoption on metadata reads. Best effort. */
+	unsigned workers[2] = {io->qd < KVR_L2IO_IOWQ_WORKERS ? io->qd : KVR_L2IO_IOWQ_WORKERS, 0};
+	(void)io_uring_register_iowq_max_workers(&io->ring, workers);
 	*ret = io;
 	return 0;
 fail:

@@ -58,6 +58,11 @@
  *
  * Submission is batched: the op functions only prepare requests; kvr_l2io_submit() (also
  * called by kvr_l2io_reap()) hands them all to the kernel in one io_uring_enter.
+ *
+ * Threads: the engine runs none. Requests that cannot complete inline (openat with O_CREAT,
+ * renameat, unlinkat, statx, allocating O_DIRECT writes) run in the kernel's io-wq; the
+ * engine raises its bounded-worker limit to min(queue_depth, KVR_L2IO_IOWQ_WORKERS) so a
+ * cold adoption is not serialised behind 4 workers per CPU.
  */
 
 enum kvr_l2_durability {
@@ -81,6 +86,7 @@ enum kvr_l2io_op {
 
 #define KVR_L2IO_MAX_QD 4096u
 #define KVR_L2IO_PIECE_MAX (1ull << 30) /* largest registered buffer */
+#define KVR_L2IO_IOWQ_WORKERS 64u      /* bounded io-wq workers the engine asks for (at most queue_depth) */
 
 /* "none", "block", "batch" -> 0 or -EINVAL. */
 int kvr_l2_durability_parse(const char *s, enum kvr_l2_durability *ret);
