@@ -114,7 +114,8 @@ static void latency_panel(FILE *f, const struct bench_plot_input *in, const char
 	fprintf(f, "set xlabel 'latency (%s%s)'\n", unit, lo && hi / lo >= 10 ? ", log scale" : "");
 	fprintf(f, "set ylabel 'fraction of requests at or below'\n");
 	/* headroom above 1 for the key: a CDF fills every other corner */
-	fprintf(f, "set yrange [0:1.3]\nset ytics 0, 0.1, 1\nset grid xtics ytics mxtics\nset key top left box opaque\n");
+	fprintf(f, "set yrange [0:1.3]\nset ytics 0, 0.1, 1\nset grid xtics ytics mxtics\n");
+	fprintf(f, "set key top left box opaque\n");
 	if (lo && hi / lo >= 10) { /* spans a decade or more: log x, tics at 1-2-5 steps inside the data's range */
 		double x0 = (double)lo / div / 1.25, x1 = (double)hi / div * 1.25;
 		fprintf(f, "set logscale x 10\nset xrange [%g:%g]\nset xtics (", x0, x1);
@@ -167,7 +168,8 @@ static void throughput_panel(FILE *f, const struct bench_plot_input *in, const c
 	if (s->ran_cold) {
 		if (s->st_bytes)
 			fprintf(f, "\"store (cold)\\nkvring/memcpy GB/s %.2f\\ngoal >= %.2f: %s\" %u", s->st_ratio,
-				BENCH_STORE_GOAL_MIN, s->st_ratio >= BENCH_STORE_GOAL_MIN ? "met" : "missed", rows * ROW_STEP);
+				BENCH_STORE_GOAL_MIN, s->st_ratio >= BENCH_STORE_GOAL_MIN ? "met" : "missed",
+				rows * ROW_STEP);
 		else
 			fprintf(f, "\"store (cold)\\nno bytes newly stored\" %u", rows * ROW_STEP);
 		top = s->st_gbps > top ? s->st_gbps : top;
@@ -200,8 +202,10 @@ static void throughput_panel(FILE *f, const struct bench_plot_input *in, const c
 	fprintf(f, " index 'throughput' using ($0*%d-0.5):2 with boxes lc rgb '#1f6fb4' title 'kvring', \\\n"
 		"  '' index 'throughput' using ($0*%d+0.5):3 with boxes lc rgb '#9a9a9a' "
 		"title 'memcpy (same bytes, same pieces, same run)', \\\n"
-		"  '' index 'throughput' using ($0*%d-0.5):2:(sprintf('%%.2f', $2)) with labels offset 0,0.8 notitle, \\\n"
-		"  '' index 'throughput' using ($0*%d+0.5):3:(sprintf('%%.2f', $3)) with labels offset 0,0.8 notitle\n",
+		"  '' index 'throughput' using ($0*%d-0.5):2:(sprintf('%%.2f', $2)) with labels offset 0,0.8 "
+		"notitle, \\\n"
+		"  '' index 'throughput' using ($0*%d+0.5):3:(sprintf('%%.2f', $3)) with labels offset 0,0.8 "
+		"notitle\n",
 		ROW_STEP, ROW_STEP, ROW_STEP, ROW_STEP);
 }
 
@@ -374,7 +378,7 @@ int bench_plot(struct bench_plot_input *in, const char *png_path, char *err, siz
 		err[0] = '\0';
 	rc = bench_which("gnuplot", getenv("PATH"), gnuplot, sizeof(gnuplot));
 	if (rc)
-		return rc == -ENOENT ? errf(err, errlen, rc, "gnuplot not found") : errf(err, errlen, rc, "gnuplot: path too long");
+		return errf(err, errlen, rc, "%s", rc == -ENOENT ? "gnuplot not found" : "gnuplot: path too long");
 
 	snprintf(data, sizeof(data), "/tmp/kvring-bench-plot.%d.XXXXXX", (int)getpid());
 	data_fd = mkostemp(data, O_CLOEXEC);
@@ -436,7 +440,8 @@ int bench_plot(struct bench_plot_input *in, const char *png_path, char *err, siz
 	}
 	first_error(err_fd, line, sizeof(line));
 	if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-		rc = errf(err, errlen, -EIO, "gnuplot %s %d%s%s", WIFEXITED(status) ? "exited with status" : "killed by signal",
+		rc = errf(err, errlen, -EIO, "gnuplot %s %d%s%s",
+			  WIFEXITED(status) ? "exited with status" : "killed by signal",
 			  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), line[0] ? ": " : "", line);
 		goto out;
 	}

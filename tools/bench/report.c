@@ -166,7 +166,8 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 		fprintf(f, "\nwarm: lookup + load              kvring        memcpy   kvring/memcpy    goal\n");
 		fprintf(f, "  bytes loaded           %10.1f MiB\n", mib(s->ld_bytes));
 		fprintf(f, "  time                   %14s %13s %11.2f    <= %.2f %s\n",
-			bench_fmt_ns(a, sizeof(a), (double)s->ld_ns), bench_fmt_ns(b, sizeof(b), (double)s->ld_memcpy_ns),
+			bench_fmt_ns(a, sizeof(a), (double)s->ld_ns),
+			bench_fmt_ns(b, sizeof(b), (double)s->ld_memcpy_ns),
 			s->ld_time_ratio, BENCH_LOAD_GOAL_MAX,
 			s->ld_bytes ? (s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX ? "met" : "missed") : "-");
 		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s\n", s->ld_gbps, s->ld_memcpy_gbps);
