@@ -44,9 +44,9 @@
  *
  * Copy runs: kvr_dcp_runs() maps one rank's page of one region to its canonical page in a
  * slot. I consecutive local rows are I consecutive global rows: one run of I * row_bytes;
- * runs contiguous on both sides are merged (D = 1: one run for rows and tail). Runs come
- * out in increasing kv_off and slot_off order and never overlap on either side; the same
- * runs serve both directions (gather: kv -> slot, scatter: slot -> kv).
+ * runs contiguous on both sides are merged (D = 1: one run for rows and tail). A page's
+ * runs come out in increasing kv_off and slot_off order; no two runs overlap on either
+ * side; the same runs serve both directions (gather: kv -> slot, scatter: slot -> kv).
  *
  * Errors are negative errno values; outputs are untouched on failure.
  */
@@ -126,7 +126,8 @@ int kvr_dcp_runs(const struct kvr_region *region, uint32_t row_bytes, uint32_t b
  * Equals kvr_geometry_lane_bytes(g) when dcp_size is 1. 0 when g breaks the rule. */
 uint64_t kvr_dcp_canonical_lane_bytes(const struct kvr_geometry *g);
 
-/* Offset of region i's canonical page inside a canonical lane (sum of earlier ones). */
+/* Offset of region i's canonical page inside a canonical lane (sum of earlier ones; 0
+ * when g breaks the rule). */
 uint64_t kvr_dcp_canonical_region_offset(const struct kvr_geometry *g, unsigned i);
 
 /* Runs kvr_dcp_lane_runs() may write: the sum of kvr_dcp_max_runs() over regions. */
@@ -135,10 +136,15 @@ size_t kvr_dcp_lane_max_runs(const struct kvr_geometry *g);
 /*
  * Runs for every region of block block_id of rank g->dcp_rank (a validated geometry:
  * kvr_geometry_validate() == 0) against the canonical lane at arena offset slot_off,
- * regions in order (kvr_dcp_canonical_region_offset). Runs contiguous on both sides are
- * merged across regions too. Returns the count, or -EINVAL (block_id >= num_blocks, the
- * rule, a sem_bytes that is not whole rows; one line in err), -ENOSPC (runs untouched),
- * -EOVERFLOW.
+ * regions in order (kvr_dcp_canonical_region_offset), slot_off increasing. Runs
+ * contiguous on both sides are merged across regions too (only possible with D = 1).
+ * Returns the count, or -EINVAL (block_id >= num_blocks, the rule, a sem_bytes that is
+ * not whole rows; one line in err), -ENOSPC (runs untouched), -EOVERFLOW.
+ *
+ * For a gather stage: with D > 1 every rank of a group (same pages, other dcp_rank) gets
+ * the same number of runs, and run k of rank r lies before run k of rank r + 1, which lies
+ * before run k + 1 of rank 0: walking k, then the ranks, writes (gather) or reads
+ * (scatter) the canonical lane front to back (docs/benchmarks.md measures that order).
  */
 int kvr_dcp_lane_runs(const struct kvr_geometry *g, uint32_t block_id, uint64_t slot_off, struct kvr_dcp_run *runs,
 		      size_t cap, char *err, size_t errlen);
