@@ -552,6 +552,24 @@ Test(dcp, tail_round_trip_and_dropped_tail)
 		uint8_t *slot = malloc(canon + 2 * GUARD);
 		cr_assert(slot);
 
+		/* walking run k of every rank, then run k + 1, tiles the canonical lane front to
+		 * back without a gap (what a gather stage does, kvr_dcp.h) */
+		static struct kvr_dcp_run lr[8][N_REG * 20];
+		int nk = -1;
+		for (uint32_t r = 0; r < d; r++) {
+			int n = kvr_dcp_lane_runs(&src[r].g, 0, 1000, lr[r], N_REG * 20, NULL, 0);
+			cr_assert_gt(n, 0);
+			cr_assert(nk < 0 || n == nk, "D %u: rank %u has %d runs, rank 0 %d", d, r, n, nk);
+			nk = n;
+		}
+		uint64_t pos = 1000;
+		for (int k = 0; k < nk; k++)
+			for (uint32_t r = 0; r < d; r++) {
+				cr_assert_eq(lr[r][k].slot_off, pos, "D %u I %u run %d rank %u", d, il, k, r);
+				pos += lr[r][k].len;
+			}
+		cr_assert_eq(pos, 1000 + canon);
+
 		unsigned br = 0, bg = 0;
 		long at = tail_round_trip(src, dst, d, slot, canon, false, &br, &bg);
 		cr_assert_eq(at, -1, "D %u I %u: rank %u region %u byte %ld did not round-trip", d, il, br, bg, at);
