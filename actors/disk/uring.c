@@ -847,8 +847,11 @@ int kvr_l2io_probe_direct(int dir_fd)
 	char name[64];
 	snprintf(name, sizeof(name), ".kvr.probe.%d", (int)getpid());
 	int fd = openat(dir_fd, name, O_CREAT | O_WRONLY | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return errno == EINVAL ? 0 : -errno;
+	if (fd < 0) {
+		int rc = errno == EINVAL ? 0 : -errno;
+		(void)unlinkat(dir_fd, name, 0); /* some filesystems create the file, then refuse O_DIRECT */
+		return rc;
+	}
 	void *buf = NULL;
 	int rc;
 	if (posix_memalign(&buf, KVR_L2_ALIGN, KVR_L2_ALIGN)) {

@@ -15,6 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <criterion/criterion.h>
+#include <liburing.h>
+
 #include "../shm/shm_test.h"
 #include "l2file.h"
 #include "l2store.h"
@@ -46,6 +49,46 @@ static inline const char *dt_mkdtemp(const char *what, char *buf)
 		return NULL;
 	return buf;
 }
+
+/* ---- environment --------------------------------------------------------------------- */
+
+/* Whether dir's filesystem takes O_DIRECT (1), refuses it (0); -errno on other errors. */
+static inline int dt_direct_ok(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int rc = kvr_l2io_probe_direct(fd);
+	close(fd);
+	return rc;
+}
+
+/* Whether this kernel (and seccomp policy) gives us io_uring with direct descriptors. */
+static inline bool dt_uring_ok(void)
+{
+	struct io_uring r;
+	if (io_uring_queue_init(4, &r, 0))
+		return false;
+	bool ok = io_uring_register_files_sparse(&r, 4) == 0;
+	io_uring_queue_exit(&r);
+	return ok;
+}
+
+/* A Criterion main that exits 77 (meson: SKIP) where io_uring is not available. */
+#define DT_MAIN_NEEDS_URING \
+	int main(int argc, char *argv[]) \
+	{ \
+		if (!dt_uring_ok()) { \
+			fprintf(stderr, "io_uring (with direct descriptors) is not available: skipped\n"); \
+			return 77; \
+		} \
+		struct criterion_test_set *tests = criterion_initialize(); \
+		int result = 0; \
+		if (criterion_handle_args(argc, argv, true)) \
+			result = !criterion_run_all_tests(tests); \
+		criterion_finalize(tests); \
+		return result; \
+	}
 
 /* ---- the arena: a memfd mapping like kvringd's, slots of slot_bytes after 4 KiB --------- */
 

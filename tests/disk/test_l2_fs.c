@@ -1,5 +1,5 @@
-/* Disk full: on a 1 MiB tmpfs a write fails cleanly with -ENOSPC (temp file removed, nothing under a real name), earlier
- * blocks stay intact, and the store's accounting follows. Exits 77 (skip) when the tmpfs cannot be mounted. */
+/* Filesystems the test mounts: a 1 MiB tmpfs (a write fails cleanly with -ENOSPC, temp file removed, nothing under a real
+ * name, earlier blocks intact) and ramfs (refuses O_DIRECT: AUTO falls back to buffered I/O). 77 when it cannot mount. */
 #include <criterion/criterion.h>
 
 #include "disk_test.h"
@@ -34,6 +34,8 @@ TestSuite(l2full, .init = setup, .fini = teardown);
 
 static void engine_enospc(enum kvr_l2_iomode mode)
 {
+	if (mode == KVR_L2_IO_DIRECT && kvr_l2io_probe_direct(dir_fd) != 1)
+		cr_skip_test("this tmpfs does not take O_DIRECT (kernel < 6.6)");
 	struct kvr_l2io_config cfg = {
 		.dir_fd = dir_fd,
 		.ident = {.ns = {1, 2}, .fingerprint = {3, 4}, .block_tokens = 16, .lane_bytes = 2u << 20},
@@ -71,6 +73,8 @@ Test(l2full, engine_buffered) { engine_enospc(KVR_L2_IO_BUFFERED); }
 
 static void store_fills_up(enum kvr_l2_iomode mode)
 {
+	if (mode == KVR_L2_IO_DIRECT && kvr_l2io_probe_direct(dir_fd) != 1)
+		cr_skip_test("this tmpfs does not take O_DIRECT (kernel < 6.6)");
 	const uint64_t lane = 256u << 10; /* 260 KiB files: 3 fit in 1 MiB, the 4th does not */
 	struct kvr_l2_store_config cfg = {
 		.root = dir,
@@ -129,10 +133,112 @@ static void store_fills_up(enum kvr_l2_iomode mode)
 Test(l2full, store_direct) { store_fills_up(KVR_L2_IO_DIRECT); }
 Test(l2full, store_buffered) { store_fills_up(KVR_L2_IO_BUFFERED); }
 
+/* ---- ramfs: no O_DIRECT ---------------------------------------------------------------- */
+
+static char rdir[256];
+
+static void rsetup(void)
+{
+	static int n;
+	const char *m = getenv("KVR_L2RAMFS_MNT");
+	if (!m || !*m)
+		cr_skip_test("ramfs could not be mounted");
+	snprintf(rdir, sizeof(rdir), "%s/t%d-%d", m, (int)getpid(), n++);
+	cr_assert_eq(mkdir(rdir, 0755), 0);
+	cr_assert_eq(dt_arena_new(4, 20000, &arena), 0);
+}
+
+static void rteardown(void)
+{
+	dt_arena_free(&arena);
+	dt_rmrf(rdir);
+}
+
+TestSuite(l2ramfs, .init = rsetup, .fini = rteardown);
+
+Test(l2ramfs, auto_falls_back_to_buffered)
+{
+	cr_assert_eq(dt_direct_ok(rdir), 0, "ramfs refuses O_DIRECT");
+	struct dt_listing l = dt_list(rdir);
+	cr_assert_eq(l.real + l.tmp + l.other, 0, "the probe leaves nothing behind (ramfs creates, then refuses)");
+	struct kvr_l2_store_config cfg = {
+		.root = rdir,
+		.ident = {.ns = {9, 9}, .fingerprint = {1, 1}, .block_tokens = 16, .lane_bytes = 20000},
+		.lanes = 1,
+		.capacity_bytes = 1 << 20,
+		.queue_depth = 4,
+		.durability = KVR_L2_DUR_BATCH,
+		.io_mode = KVR_L2_IO_AUTO,
+		.arena = arena.base,
+		.arena_bytes = arena.bytes,
+		.arena_data_off = arena.data_off,
+		.slot_bytes = arena.slot_bytes,
+	};
+	struct kvr_l2_store *s = NULL;
+	cr_assert_eq(kvr_l2_store_open(&cfg, NULL, &s), 0);
+	struct kvr_l2_store_stats st;
+	kvr_l2_store_stats(s, &st);
+	cr_assert(!st.direct, "AUTO fell back to buffered I/O");
+	struct kvr_l2_done d;
+	for (unsigned i = 0; i < 3; i++) {
+		dt_fill(dt_slot(&arena, i), 20000, dt_key(3, i), 0, 3);
+		cr_assert_eq(kvr_l2_store_put(s, dt_key(3, i), 0, dt_slot(&arena, i), i), 0);
+	}
+	for (unsigned i = 0; i < 3; i++) {
+		cr_assert_eq(kvr_l2_store_poll(s, &d, 1, 1), 1);
+		cr_assert_eq(d.res, 0, "buffered write: %s", strerror(-d.res));
+	}
+	kvr_l2_store_close(s);
+	/* reopen: adoption through buffered probes, then byte-exact reads */
+	struct kvr_l2_adopt_stats a;
+	cr_assert_eq(kvr_l2_store_open(&cfg, &a, &s), 0);
+	cr_assert_eq(a.adopted, 3);
+	for (unsigned i = 0; i < 3; i++) {
+		cr_assert_eq(kvr_l2_store_get(s, dt_key(3, i), 0, dt_slot(&arena, 3), i), 0);
+		cr_assert_eq(kvr_l2_store_poll(s, &d, 1, 1), 1);
+		cr_assert_eq(d.res, 0);
+		cr_assert_eq(dt_check(dt_slot(&arena, 3), 20000, dt_key(3, i), 0, 3), 0);
+	}
+	kvr_l2_store_stats(s, &st);
+	cr_assert_eq(st.io.fixed_ios, 3, "buffered I/O still uses the registered buffers");
+	kvr_l2_store_close(s);
+}
+
+Test(l2ramfs, forced_direct_fails_cleanly)
+{
+	int fd = open(rdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	struct kvr_l2io_config cfg = {
+		.dir_fd = fd,
+		.ident = {.ns = {9, 9}, .fingerprint = {1, 1}, .block_tokens = 16, .lane_bytes = 20000},
+		.queue_depth = 2,
+		.io_mode = KVR_L2_IO_DIRECT,
+		.arena = arena.base,
+		.arena_bytes = arena.bytes,
+		.arena_data_off = arena.data_off,
+		.slot_bytes = arena.slot_bytes,
+	};
+	struct kvr_l2io *io = NULL;
+	cr_assert_eq(kvr_l2io_open(&cfg, &io), 0);
+	cr_assert_eq(kvr_l2io_write(io, dt_key(4, 0), 0, dt_slot(&arena, 0), 1), 0);
+	struct kvr_l2io_done d;
+	cr_assert_eq(kvr_l2io_reap(io, &d, 1, 1), 1);
+	cr_assert_eq(d.res, -EINVAL, "O_DIRECT refused: %s", strerror(-d.res));
+	struct dt_listing l = dt_list(rdir);
+	cr_assert_eq(l.real + l.tmp + l.other, 0, "the temporary file ramfs created is removed");
+	kvr_l2io_close(io);
+	close(fd);
+}
+
 int main(int argc, char *argv[])
 {
-	char mnt[128];
+	char mnt[128], rmnt[128];
+	if (!dt_uring_ok()) {
+		fprintf(stderr, "io_uring (with direct descriptors) is not available: skipped\n");
+		return 77;
+	}
 	snprintf(mnt, sizeof(mnt), "/tmp/kvr-l2full-%d", (int)getpid());
+	snprintf(rmnt, sizeof(rmnt), "/tmp/kvr-l2ramfs-%d", (int)getpid());
 	if (mkdir(mnt, 0755) && errno != EEXIST)
 		return 77;
 	if (mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")) {
@@ -140,7 +246,12 @@ int main(int argc, char *argv[])
 		rmdir(mnt);
 		return 77;
 	}
+	/* Criterion runs each test in a re-executed worker: mount points go by environment */
 	setenv("KVR_L2FULL_MNT", mnt, 1);
+	if (mkdir(rmnt, 0755) == 0 && mount("ramfs", rmnt, "ramfs", MS_NOSUID | MS_NODEV, "mode=0755") == 0)
+		setenv("KVR_L2RAMFS_MNT", rmnt, 1);
+	else
+		fprintf(stderr, "cannot mount ramfs on %s (%s): its tests are skipped\n", rmnt, strerror(errno));
 	struct criterion_test_set *tests = criterion_initialize();
 	int result = 0;
 	if (criterion_handle_args(argc, argv, true))
@@ -148,5 +259,9 @@ int main(int argc, char *argv[])
 	criterion_finalize(tests);
 	if (umount2(mnt, MNT_DETACH) == 0)
 		rmdir(mnt);
+	if (getenv("KVR_L2RAMFS_MNT") && umount2(rmnt, MNT_DETACH) == 0)
+		rmdir(rmnt);
+	else
+		rmdir(rmnt);
 	return result;
 }
