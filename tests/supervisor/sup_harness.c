@@ -2,6 +2,7 @@
 #include "sup_harness.h"
 
 #include <sys/mman.h>
+#include <sys/prctl.h>
 
 #include "kvr_geometry.h"
 
@@ -98,9 +99,14 @@ pid_t h_spawn_kvringd(struct h_inst *in, const char *const *args)
 	for (; args && *args && n < 15; args++)
 		argv[n++] = *args;
 	argv[n] = NULL;
+	pid_t parent = getpid();
 	pid_t pid = fork();
 	cr_assert(pid >= 0);
 	if (pid == 0) {
+		/* kvringd drains and exits when the test process ends, even one that crashed or
+		 * failed an assertion before its teardown: a test never leaks a daemon. */
+		if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent)
+			_exit(125);
 		int fd = open(in->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 		if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
 			_exit(126);
