@@ -8,13 +8,6 @@
 
 #include "kvr_log.h"
 
-static struct kvr_ring *ring_fmt(struct kvr_actor *a, const char *fmt, unsigned w)
-{
-	char name[KVR_RING_NAME_MAX];
-	snprintf(name, sizeof(name), fmt, w);
-	return kvr_actor_ring(a, name);
-}
-
 int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, const char *req_fmt, const char *rep_fmt,
 		      unsigned pool_percent)
 {
@@ -31,8 +24,8 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, const char *
 	}
 	sw->slots = a->slots;
 	sw->lane = sw->geom.attention == KVR_ATTN_MLA ? 0 : sw->geom.tp_rank;
-	sw->req = ring_fmt(a, req_fmt, sw->worker);
-	sw->rep = ring_fmt(a, rep_fmt, sw->worker);
+	sw->req = kvr_actor_ring_w(a, req_fmt, sw->worker);
+	sw->rep = kvr_actor_ring_w(a, rep_fmt, sw->worker);
 	if (!sw->req || !sw->rep) {
 		kvr_err("worker %u: rings %s / %s not found", sw->worker, req_fmt, rep_fmt);
 		return -ENOENT;

@@ -43,13 +43,6 @@ struct lookup {
 	uint32_t cap_refs;
 };
 
-static struct kvr_ring *ring_fmt(struct kvr_actor *a, const char *fmt, unsigned w)
-{
-	char name[KVR_RING_NAME_MAX];
-	snprintf(name, sizeof(name), fmt, w);
-	return kvr_actor_ring(a, name);
-}
-
 static int lookup_init(struct kvr_actor *a)
 {
 	struct lookup *l = calloc(1, sizeof(*l));
@@ -75,10 +68,10 @@ static int lookup_init(struct kvr_actor *a)
 		return -ENOMEM;
 	for (unsigned i = 0; i < l->n_workers; i++) {
 		struct lk_worker *w = &l->w[i];
-		w->lk_req = ring_fmt(a, "lookup.req.%u", i);
-		w->lk_rep = ring_fmt(a, "lookup.rep.%u", i);
-		w->cm_req = ring_fmt(a, "commit.req.%u", i);
-		w->cm_rep = ring_fmt(a, "commit.rep.%u", i);
+		w->lk_req = kvr_actor_ring_w(a, "lookup.req.%u", i);
+		w->lk_rep = kvr_actor_ring_w(a, "lookup.rep.%u", i);
+		w->cm_req = kvr_actor_ring_w(a, "commit.req.%u", i);
+		w->cm_rep = kvr_actor_ring_w(a, "commit.rep.%u", i);
 		if (!w->lk_req || !w->lk_rep || !w->cm_req || !w->cm_rep) {
 			kvr_err("rings of worker slot %u missing", i);
 			return -ENOENT;

@@ -105,6 +105,13 @@ static int parse_args(int argc, char **argv, struct actor_args *ret)
 	return 0;
 }
 
+struct kvr_ring *kvr_actor_ring_w(const struct kvr_actor *a, const char *fmt, unsigned worker)
+{
+	char name[KVR_RING_NAME_MAX];
+	snprintf(name, sizeof(name), fmt, worker);
+	return kvr_actor_ring(a, name);
+}
+
 struct kvr_ring *kvr_actor_ring(const struct kvr_actor *a, const char *name)
 {
 	int idx = kvr_ctl_find_ring(a->ctl, name);

@@ -108,6 +108,8 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage);
 /* Look up one of this actor's rings (input or output) by directory name; NULL if the
  * directory has no such ring or it does not belong to this actor. */
 struct kvr_ring *kvr_actor_ring(const struct kvr_actor *a, const char *name);
+/* The same for a per-worker ring: fmt takes the worker slot ("load.req.%u"). */
+struct kvr_ring *kvr_actor_ring_w(const struct kvr_actor *a, const char *fmt, unsigned worker);
 
 static inline void kvr_actor_set_data(struct kvr_actor *a, void *data)
 {

@@ -124,11 +124,8 @@ static int storer_init(struct kvr_actor *a)
 	int rc = stage_worker_open(a, &s->sw, "store.req.%u", "store.rep.%u", 100 - a->cfg.staging.load_percent);
 	if (rc)
 		return rc;
-	char name[KVR_RING_NAME_MAX];
-	snprintf(name, sizeof(name), "commit.req.%u", s->sw.worker);
-	s->commit_req = kvr_actor_ring(a, name);
-	snprintf(name, sizeof(name), "commit.rep.%u", s->sw.worker);
-	s->commit_rep = kvr_actor_ring(a, name);
+	s->commit_req = kvr_actor_ring_w(a, "commit.req.%u", s->sw.worker);
+	s->commit_rep = kvr_actor_ring_w(a, "commit.rep.%u", s->sw.worker);
 	if (!s->commit_req || !s->commit_rep)
 		return -ENOENT;
 	s->lookup_actor = 0;
