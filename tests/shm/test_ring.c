@@ -799,6 +799,10 @@ static int kc_consumer_a(void *arg)
 			return 3;
 		}
 		atomic_store_explicit(&s->progress, seq, memory_order_release);
+		/* KC_RUN: past the point where the parent kills us, go slowly, so the kill
+		 * lands mid-stream however late the parent gets to run */
+		if (s->mode == KC_RUN && seq > s->stop_at)
+			usleep(20);
 	}
 	return 0;
 }
@@ -845,12 +849,14 @@ static uint64_t kc_run(enum kc_mode mode, uint32_t stop_at, uint64_t seed, struc
 	s->seed = seed;
 	s->mode = mode;
 	s->stop_at = stop_at;
+	uint64_t k = 0;
+	if (mode == KC_RUN)
+		s->stop_at = (uint32_t)(k = 1000 + rng_below(g, KC_N / 2));
 	struct kvr_ring *r = make_ring(RING_OFF, 64, MSG, "killme");
 	pid_t prod = spawn(kc_producer, NULL);
 	pid_t a = spawn(kc_consumer_a, NULL);
 	cr_assert(prod > 0 && a > 0);
 	if (mode == KC_RUN) {
-		uint64_t k = 1000 + rng_below(g, KC_N / 2);
 		cr_assert_eq(wait_u64_ge(&s->progress, k, 20000), 0, "consumer A stalled at %llu",
 			     (unsigned long long)atomic_load(&s->progress));
 		sleep_us(rng_below(g, 500));
