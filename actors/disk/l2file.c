@@ -9,6 +9,16 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#ifdef KVR_HAVE_XXH_DISPATCH
+/* libxxhash's runtime-dispatched XXH3 (AVX2/AVX-512 where the CPU has them: about twice the
+ * inline SSE2 speed on a 2 MiB payload). Same function, same value. Declared here because
+ * xxh_x86dispatch.h does not mix with XXH_INLINE_ALL. */
+unsigned long long XXH3_64bits_dispatch(const void *input, size_t len);
+#define payload_xxh3(p, n) XXH3_64bits_dispatch((p), (n))
+#else
+#define payload_xxh3(p, n) XXH3_64bits((p), (n))
+#endif
+
 #include "kvr_time.h"
 
 static const char *const reason_names[KVR_L2_R_MAX] = {
@@ -131,7 +141,7 @@ bool kvr_l2_is_tmp_name(const char *name)
 
 uint64_t kvr_l2_payload_hash(const void *payload, uint64_t lane_bytes)
 {
-	return XXH3_64bits(payload, (size_t)lane_bytes);
+	return payload_xxh3(payload, (size_t)lane_bytes);
 }
 
 void kvr_l2_hdr_seal(struct kvr_l2_hdr *h)
@@ -182,5 +192,5 @@ enum kvr_l2_reason kvr_l2_hdr_check(const struct kvr_l2_hdr *h, const struct kvr
 
 enum kvr_l2_reason kvr_l2_payload_check(const struct kvr_l2_hdr *h, const void *payload)
 {
-	return XXH3_64bits(payload, (size_t)h->lane_bytes) == h->payload_xxh3 ? KVR_L2_OK : KVR_L2_R_PAYLOAD_CSUM;
+	return payload_xxh3(payload, (size_t)h->lane_bytes) == h->payload_xxh3 ? KVR_L2_OK : KVR_L2_R_PAYLOAD_CSUM;
 }
