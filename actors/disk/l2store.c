@@ -741,7 +741,8 @@ static int adopt(struct kvr_l2_store *s, struct kvr_l2_adopt_stats *st)
 		goto out;
 	/* probe in inode order: on a cold cache the inode tables and headers are read nearly in
 	 * disk order instead of at random */
-	qsort(a.probe, a.n_probe, sizeof(*a.probe), cand_by_ino);
+	if (a.n_probe)
+		qsort(a.probe, a.n_probe, sizeof(*a.probe), cand_by_ino);
 	a.ok = malloc((a.n_probe ? a.n_probe : 1) * sizeof(*a.ok));
 	if (!a.ok) {
 		rc = -ENOMEM;
@@ -751,7 +752,8 @@ static int adopt(struct kvr_l2_store *s, struct kvr_l2_adopt_stats *st)
 	if (rc)
 		goto out;
 	/* newest first: keep while it fits, delete the older rest */
-	qsort(a.ok, a.n_ok, sizeof(*a.ok), cand_newest_first);
+	if (a.n_ok)
+		qsort(a.ok, a.n_ok, sizeof(*a.ok), cand_newest_first);
 	uint64_t keep = s->cfg.capacity_bytes / s->fb;
 	if (keep > a.n_ok)
 		keep = a.n_ok;
