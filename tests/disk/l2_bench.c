@@ -231,13 +231,21 @@ static int throughput(const struct opts *o, const char *root)
 	       o->blocks, o->block_bytes >> 10, o->qd, kvr_l2_durability_name(o->dur), st.direct ? "O_DIRECT" : "buffered",
 	       root, o->rounds);
 	for (unsigned r = 0; r < o->rounds; r++)
-		printf("  round %u: kvring write %.0f read %.0f MB/s, fio write %.0f read %.0f MB/s\n", r, kw[r] / 1e6,
-		       kr[r] / 1e6, fw[r] / 1e6, fr[r] / 1e6);
+		if (fw[r] > 0 && fr[r] > 0)
+			printf("  round %u: kvring write %.0f read %.0f MB/s, fio write %.0f read %.0f MB/s\n", r,
+			       kw[r] / 1e6, kr[r] / 1e6, fw[r] / 1e6, fr[r] / 1e6);
+		else
+			printf("  round %u: kvring write %.0f read %.0f MB/s\n", r, kw[r] / 1e6, kr[r] / 1e6);
 	double mkw = median(kw, o->rounds), mkr = median(kr, o->rounds);
 	double mfw = median(fw, o->rounds), mfr = median(fr, o->rounds);
 	printf("  %-6s %12s %12s %8s\n", "", "kvring MB/s", "fio MB/s", "ratio");
-	printf("  %-6s %12.0f %12.0f %7.2fx\n", "write", mkw / 1e6, mfw / 1e6, mfw > 0 ? mkw / mfw : 0);
-	printf("  %-6s %12.0f %12.0f %7.2fx\n", "read", mkr / 1e6, mfr / 1e6, mfr > 0 ? mkr / mfr : 0);
+	if (mfw > 0 && mfr > 0) {
+		printf("  %-6s %12.0f %12.0f %7.2fx\n", "write", mkw / 1e6, mfw / 1e6, mkw / mfw);
+		printf("  %-6s %12.0f %12.0f %7.2fx\n", "read", mkr / 1e6, mfr / 1e6, mkr / mfr);
+	} else {
+		printf("  %-6s %12.0f %12s\n", "write", mkw / 1e6, "-");
+		printf("  %-6s %12.0f %12s\n", "read", mkr / 1e6, "-");
+	}
 	printf("  last round: io_uring enters %" PRIu64 " for %" PRIu64 " requests; fixed-buffer transfers %" PRIu64
 	       " of %" PRIu64 "\n",
 	       st.io.enters, st.io.sqes, st.io.fixed_ios, st.io.fixed_ios + st.io.plain_ios);
