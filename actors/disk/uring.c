@@ -1,4 +1,4 @@
-/* uring: the L2 I/O engine — each op is a linked io_uring chain on a direct descriptor, resumed or cleaned up as a whole. */
+/* uring: the L2 I/O engine; each op is a linked io_uring chain on a direct descriptor, resumed or cleaned up whole. */
 #include "uring.h"
 
 #include <errno.h>

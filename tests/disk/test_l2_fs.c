@@ -1,5 +1,5 @@
-/* Filesystems the test mounts: a 1 MiB tmpfs (a write fails cleanly with -ENOSPC, temp file removed, nothing under a real
- * name, earlier blocks intact) and ramfs (refuses O_DIRECT: AUTO falls back to buffered I/O). 77 when it cannot mount. */
+/* Filesystems the test mounts: a 1 MiB tmpfs (a write fails cleanly with -ENOSPC, temp file removed, nothing under
+ * a real name, earlier blocks intact) and ramfs (no O_DIRECT: AUTO falls back to buffered I/O). 77: cannot mount. */
 #include <criterion/criterion.h>
 
 #include "disk_test.h"
