@@ -336,7 +336,7 @@ static void usage(void)
 int main(int argc, char **argv)
 {
 	struct opts o = {.block_bytes = 2u << 20, .blocks = 512, .qd = 32, .rounds = 3, .dur = KVR_L2_DUR_NONE,
-			 .adopt_files = 100000, .adopt_limit_ms = 2000};
+			 .adopt_files = 100000, .adopt_limit_ms = 0};
 	static const struct option lo[] = {
 		{"dir", required_argument, NULL, 'd'},       {"blocks", required_argument, NULL, 'n'},
 		{"block-kib", required_argument, NULL, 'b'}, {"qd", required_argument, NULL, 'q'},
