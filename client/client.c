@@ -614,17 +614,27 @@ static int send_msg(struct kvr_client *c, struct kvr_ring *r, const struct kvr_m
 	}
 }
 
+#define SEND_BATCH 32
+
 static int send_list(struct kvr_client *c, struct kvr_ring *r, unsigned type, uint64_t wire, uint8_t lane,
 		     uint8_t flags, const void *items, uint32_t total, uint64_t deadline)
 {
+	/* Build up to SEND_BATCH messages, then enqueue them as one burst: one publish, one
+	 * fence and at most one wake for the batch instead of one per message. */
 	unsigned per = kvr_msg_list_per_msg(type);
 	uint32_t n_msgs = (total + per - 1) / per;
-	for (uint32_t seq = 0; seq < n_msgs; seq++) {
-		struct kvr_msg m;
-		kvr_msg_build_list(&m, type, wire, seq, lane, flags, items, total);
-		int rc = send_msg(c, r, &m, deadline);
-		if (rc)
-			return rc;
+	struct kvr_msg batch[SEND_BATCH];
+	for (uint32_t seq = 0; seq < n_msgs;) {
+		unsigned n = n_msgs - seq < SEND_BATCH ? n_msgs - seq : SEND_BATCH;
+		for (unsigned i = 0; i < n; i++)
+			kvr_msg_build_list(&batch[i], type, wire, seq + i, lane, flags, items, total);
+		unsigned done = kvr_ring_enqueue_burst(r, batch, n);
+		for (unsigned i = done; i < n; i++) { /* the ring filled up: wait for room */
+			int rc = send_msg(c, r, &batch[i], deadline);
+			if (rc)
+				return rc;
+		}
+		seq += n;
 	}
 	return 0;
 }

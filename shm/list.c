@@ -78,13 +78,20 @@ int kvr_list_send(struct kvr_ring *r, unsigned type, uint64_t req_id, uint8_t la
 	unsigned per = kvr_msg_list_per_msg(type);
 	if (!per || !total)
 		return -EINVAL;
-	uint32_t n = (total + per - 1) / per;
-	for (uint32_t seq = 0; seq < n; seq++) {
-		struct kvr_msg m;
-		kvr_msg_build_list(&m, type, req_id, seq, lane, 0, items, total);
-		int rc = kvr_msg_send(r, &m, deadline_ns);
-		if (rc)
-			return rc;
+	/* batches of 32: one publish, one fence and at most one wake per batch */
+	struct kvr_msg batch[32];
+	uint32_t n_msgs = (total + per - 1) / per;
+	for (uint32_t seq = 0; seq < n_msgs;) {
+		unsigned n = n_msgs - seq < 32 ? n_msgs - seq : 32;
+		for (unsigned i = 0; i < n; i++)
+			kvr_msg_build_list(&batch[i], type, req_id, seq + i, lane, 0, items, total);
+		unsigned done = kvr_ring_enqueue_burst(r, batch, n);
+		for (unsigned i = done; i < n; i++) {
+			int rc = kvr_msg_send(r, &batch[i], deadline_ns);
+			if (rc)
+				return rc;
+		}
+		seq += n;
 	}
 	return 0;
 }

@@ -333,7 +333,8 @@ static int attach_validate(struct sup *s, struct sup_conn *c, unsigned w, const 
 	 * worker each) */
 	for (unsigned i = 0; i < s->cfg.instance.max_workers; i++) {
 		const struct kvr_worker_ent *o = kvr_ctl_worker(s->ctl, i);
-		if (i != w && atomic_load(&o->state) != KVR_WORKER_FREE && o->tp_rank == g->tp_rank &&
+		/* a DETACHING predecessor (its actors are stopping) does not block its successor */
+		if (i != w && atomic_load(&o->state) == KVR_WORKER_ATTACHED && o->tp_rank == g->tp_rank &&
 		    o->dcp_rank == g->dcp_rank) {
 			rep_init(s, rep, -EEXIST, "TP rank %u (DCP rank %u) is already attached (worker slot %u, pid %d)",
 				 g->tp_rank, g->dcp_rank, i, (int)atomic_load(&o->pid));

@@ -2,6 +2,7 @@
 #include "kvr_actor.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
@@ -292,21 +293,24 @@ static unsigned serve_ctl(struct kvr_actor *a)
 static unsigned serve_inputs(struct kvr_actor *a)
 {
 	unsigned n = 0;
-	struct kvr_msg m;
+	struct kvr_msg m[BURST];
 	for (unsigned i = 0; i < a->n_inputs && !a->stopping; i++) {
 		struct kvr_ring *r = a->inputs[i].ring;
-		for (unsigned k = 0; k < BURST && kvr_ring_try_dequeue(r, &m) == 0; k++) {
-			n++;
+		if (!kvr_ring_count(r))
+			continue;
+		/* busy from before the burst is taken until its last message is handled: drain
+		 * waits for it (the ring may already be empty) */
+		atomic_store_explicit(&a->ent->busy, 1, memory_order_seq_cst);
+		unsigned got = kvr_ring_dequeue_burst(r, m, BURST);
+		for (unsigned k = 0; k < got; k++) {
 			kvr_actor_count(a, KVR_STAT_MSGS_IN, 1);
-			/* busy while a handler runs: drain waits for it (the ring may already be empty) */
-			atomic_store_explicit(&a->ent->busy, 1, memory_order_relaxed);
-			int hrc = a->stage->on_msg(a, r, &m);
-			atomic_store_explicit(&a->ent->busy, 0, memory_order_release);
-			if (hrc == 0)
+			if (a->stage->on_msg(a, r, &m[k]) == 0)
 				a->handled++;
 			else
 				reject(a, r);
 		}
+		atomic_store_explicit(&a->ent->busy, 0, memory_order_release);
+		n += got;
 	}
 	return n;
 }
@@ -321,11 +325,33 @@ static int have_work(const struct kvr_actor *a)
 	return 0;
 }
 
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+/* Spin until an input has work or the deadline passes; true when work arrived. */
+static bool spin_for_work(const struct kvr_actor *a, uint64_t deadline)
+{
+	for (unsigned i = 1;; i++) {
+		if (have_work(a) || term_flag)
+			return true;
+		if ((i & 63) == 0 && kvr_now_ns() >= deadline)
+			return false;
+		cpu_relax();
+	}
+}
+
 static void run_loop(struct kvr_actor *a)
 {
 	const struct kvr_stage *st = a->stage;
 	uint64_t next_tick = st->tick_ns ? kvr_now_ns() + st->tick_ns : UINT64_MAX;
 	struct kvr_waiter *w = &a->ent->waiter;
+	bool had_work = false;
 
 	while (!a->stopping) {
 		if (term_flag) {
@@ -343,8 +369,16 @@ static void run_loop(struct kvr_actor *a)
 				next_tick = now + st->tick_ns;
 		}
 		atomic_store_explicit(&a->ent->heartbeat_ns, now, memory_order_relaxed);
-		if (n || a->stopping)
+		if (n || a->stopping) {
+			had_work = true;
 			continue;
+		}
+		/* Adaptive wait: right after work, spin briefly (rings.spin_ns) for the next
+		 * message — a request streaming in several bursts then costs no futex round trip
+		 * per burst; only then announce the sleep. An idle actor does not spin. */
+		if (had_work && spin_for_work(a, now + a->cfg.rings.spin_ns))
+			continue;
+		had_work = false;
 
 		uint32_t seen = kvr_waiter_prepare(w);
 		if (have_work(a) || term_flag) {
