@@ -1,22 +1,11 @@
 /* DCP: the token split rule, rank-local token counts and copy runs between rank pages and canonical blocks. */
+#include "kvr_log.h"
 #include "kvr_dcp.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return -EINVAL;
-}
 
 uint64_t kvr_dcp_rank_tokens(uint64_t n_tokens, uint32_t dcp_size, uint32_t interleave, uint32_t rank)
 {
@@ -34,15 +23,14 @@ int kvr_dcp_check(uint32_t block_tokens, uint32_t dcp_size, uint32_t interleave,
 	if (err && errlen)
 		err[0] = '\0';
 	if (!dcp_size || dcp_size > KVR_DCP_MAX)
-		return fail(err, errlen, "dcp_size: %u (must be 1..%u)", dcp_size, KVR_DCP_MAX);
+		return kvr_errf(err, errlen, -EINVAL, "dcp_size: %u (must be 1..%u)", dcp_size, KVR_DCP_MAX);
 	if (!interleave)
-		return fail(err, errlen, "dcp_interleave: must be > 0");
+		return kvr_errf(err, errlen, -EINVAL, "dcp_interleave: must be > 0");
 	if (!block_tokens)
-		return fail(err, errlen, "block_tokens: must be > 0");
+		return kvr_errf(err, errlen, -EINVAL, "block_tokens: must be > 0");
 	uint64_t period = (uint64_t)dcp_size * interleave;
 	if (dcp_size > 1 && block_tokens % period)
-		return fail(
-			err, errlen,
+		return kvr_errf(err, errlen, -EINVAL,
 			"dcp: block_tokens %u is not a multiple of dcp_size %u x dcp_interleave %u = %llu (in block 0 "
 			"rank 0 would hold %llu tokens, rank %u %llu)",
 			block_tokens, dcp_size, interleave, (unsigned long long)period,
@@ -230,7 +218,7 @@ static int emit_lane(struct emit *e, const struct kvr_geometry *g, uint32_t bloc
 		struct kvr_region r = kvr_geometry_region(g, i);
 		uint32_t row = region_row_bytes(g, i);
 		if (!row)
-			return fail(err, errlen,
+			return kvr_errf(err, errlen, -EINVAL,
 				    "region %u: sem_bytes %u is not whole rows of the %llu tokens DCP rank %u "
 				    "holds",
 				    i, r.sem_bytes,
@@ -238,7 +226,7 @@ static int emit_lane(struct emit *e, const struct kvr_geometry *g, uint32_t bloc
 									    g->dcp_interleave, g->dcp_rank),
 				    g->dcp_rank);
 		if (r.page_bytes < r.sem_bytes)
-			return fail(err, errlen, "region %u: sem_bytes %u > page_bytes %u", i, r.sem_bytes,
+			return kvr_errf(err, errlen, -EINVAL, "region %u: sem_bytes %u > page_bytes %u", i, r.sem_bytes,
 				    r.page_bytes);
 		uint64_t canon = region_canonical(g, i), kv, end;
 		if (__builtin_mul_overflow((uint64_t)block_id, r.stride, &kv) ||
@@ -262,23 +250,23 @@ int kvr_dcp_lane_runs(const struct kvr_geometry *g, uint32_t block_id, uint64_t 
 	if (err && errlen)
 		err[0] = '\0';
 	if (!g || !runs)
-		return fail(err, errlen, "geometry or runs: missing");
+		return kvr_errf(err, errlen, -EINVAL, "geometry or runs: missing");
 	if (!g->n_regions || g->n_regions > KVR_GEOM_MAX_REGIONS)
-		return fail(err, errlen, "n_regions: %u (must be 1..%u)", g->n_regions, KVR_GEOM_MAX_REGIONS);
+		return kvr_errf(err, errlen, -EINVAL, "n_regions: %u (must be 1..%u)", g->n_regions, KVR_GEOM_MAX_REGIONS);
 	if (g->dcp_rank >= g->dcp_size)
-		return fail(err, errlen, "dcp_rank: %u >= dcp_size %u", g->dcp_rank, g->dcp_size);
+		return kvr_errf(err, errlen, -EINVAL, "dcp_rank: %u >= dcp_size %u", g->dcp_rank, g->dcp_size);
 	int rc = kvr_dcp_check(g->block_tokens, g->dcp_size, g->dcp_interleave, err, errlen);
 	if (rc)
 		return rc;
 	if (block_id >= g->num_blocks)
-		return fail(err, errlen, "block %u: >= num_blocks %u", block_id, g->num_blocks);
+		return kvr_errf(err, errlen, -EINVAL, "block %u: >= num_blocks %u", block_id, g->num_blocks);
 
 	struct emit e = {0};
 	rc = emit_lane(&e, g, block_id, slot_off, err, errlen);
 	if (rc)
 		return rc;
 	if (e.n > cap) {
-		(void)fail(err, errlen, "%zu runs needed, room for %zu", e.n, cap);
+		(void)kvr_errf(err, errlen, -EINVAL, "%zu runs needed, room for %zu", e.n, cap);
 		return -ENOSPC;
 	}
 	e = (struct emit){.runs = runs};

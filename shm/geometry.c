@@ -1,4 +1,5 @@
 /* Geometry: region table validation with exact reasons, per-lane and per-block sizes, vLLM layouts, namespace. */
+#include "kvr_log.h"
 #include "kvr_geometry.h"
 
 #include <errno.h>
@@ -16,18 +17,6 @@
 
 _Static_assert(sizeof(struct kvr_geometry) <= KVR_PROTO_PAYLOAD_MAX, "the geometry is the attach payload");
 _Static_assert(sizeof(struct kvr_geometry) <= KVR_CTL_GEOM_BYTES, "the geometry fits its control-segment area");
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return -EINVAL;
-}
 
 int kvr_geometry_set_region(struct kvr_geometry *g, unsigned i, const struct kvr_region *r)
 {
@@ -112,81 +101,81 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 	if (err && errlen)
 		err[0] = '\0';
 	if (!g)
-		return fail(err, errlen, "geometry: missing");
+		return kvr_errf(err, errlen, -EINVAL, "geometry: missing");
 	if (g->version != KVR_GEOMETRY_VERSION)
-		return fail(err, errlen, "version: %u (expected %u)", g->version, KVR_GEOMETRY_VERSION);
+		return kvr_errf(err, errlen, -EINVAL, "version: %u (expected %u)", g->version, KVR_GEOMETRY_VERSION);
 	if (!g->layers)
-		return fail(err, errlen, "layers: must be > 0");
+		return kvr_errf(err, errlen, -EINVAL, "layers: must be > 0");
 	if (!g->kv_heads)
-		return fail(err, errlen, "kv_heads: must be > 0");
+		return kvr_errf(err, errlen, -EINVAL, "kv_heads: must be > 0");
 	if (!g->head_dim)
-		return fail(err, errlen, "head_dim: must be > 0");
+		return kvr_errf(err, errlen, -EINVAL, "head_dim: must be > 0");
 	if (g->dtype_bytes != 1 && g->dtype_bytes != 2 && g->dtype_bytes != 4)
-		return fail(err, errlen, "dtype_bytes: %u (must be 1, 2 or 4)", g->dtype_bytes);
+		return kvr_errf(err, errlen, -EINVAL, "dtype_bytes: %u (must be 1, 2 or 4)", g->dtype_bytes);
 	if (!g->block_tokens)
-		return fail(err, errlen, "block_tokens: must be > 0");
+		return kvr_errf(err, errlen, -EINVAL, "block_tokens: must be > 0");
 	if (!g->tp_size || g->tp_size > KVR_MAX_TP)
-		return fail(err, errlen, "tp_size: %u (must be 1..%u)", g->tp_size, KVR_MAX_TP);
+		return kvr_errf(err, errlen, -EINVAL, "tp_size: %u (must be 1..%u)", g->tp_size, KVR_MAX_TP);
 	if (g->tp_rank >= g->tp_size)
-		return fail(err, errlen, "tp_rank: %u >= tp_size %u", g->tp_rank, g->tp_size);
+		return kvr_errf(err, errlen, -EINVAL, "tp_rank: %u >= tp_size %u", g->tp_rank, g->tp_size);
 	if (!g->dcp_size)
-		return fail(err, errlen, "dcp_size: must be > 0");
+		return kvr_errf(err, errlen, -EINVAL, "dcp_size: must be > 0");
 	if (g->dcp_size > KVR_DCP_MAX)
-		return fail(err, errlen, "dcp_size: %u (must be 1..%u)", g->dcp_size, KVR_DCP_MAX);
+		return kvr_errf(err, errlen, -EINVAL, "dcp_size: %u (must be 1..%u)", g->dcp_size, KVR_DCP_MAX);
 	if (g->dcp_rank >= g->dcp_size)
-		return fail(err, errlen, "dcp_rank: %u >= dcp_size %u", g->dcp_rank, g->dcp_size);
+		return kvr_errf(err, errlen, -EINVAL, "dcp_rank: %u >= dcp_size %u", g->dcp_rank, g->dcp_size);
 	if (!g->dcp_interleave)
-		return fail(err, errlen, "dcp_interleave: must be > 0");
+		return kvr_errf(err, errlen, -EINVAL, "dcp_interleave: must be > 0");
 	/* every rank must hold the same tokens of every block (kvr_dcp.h proves the rule) */
 	if (kvr_dcp_check(g->block_tokens, g->dcp_size, g->dcp_interleave, err, errlen))
 		return -EINVAL;
 	if (g->attention != KVR_ATTN_MHA && g->attention != KVR_ATTN_MLA)
-		return fail(err, errlen, "attention: %u (must be %u (mha) or %u (mla))", g->attention, KVR_ATTN_MHA,
+		return kvr_errf(err, errlen, -EINVAL, "attention: %u (must be %u (mha) or %u (mla))", g->attention, KVR_ATTN_MHA,
 			    KVR_ATTN_MLA);
 	if (g->layout != KVR_LAYOUT_LAYER_MAJOR && g->layout != KVR_LAYOUT_CROSS_LAYER)
-		return fail(err, errlen, "layout: %u (must be %u (layer-major) or %u (cross-layer))", g->layout,
+		return kvr_errf(err, errlen, -EINVAL, "layout: %u (must be %u (layer-major) or %u (cross-layer))", g->layout,
 			    KVR_LAYOUT_LAYER_MAJOR, KVR_LAYOUT_CROSS_LAYER);
 	if (g->dcp_size > 1 && g->layout != KVR_LAYOUT_LAYER_MAJOR)
-		return fail(err, errlen, "layout: %u (DCP splits pages by token: dcp_size %u needs layer-major pages)",
+		return kvr_errf(err, errlen, -EINVAL, "layout: %u (DCP splits pages by token: dcp_size %u needs layer-major pages)",
 			    g->layout, g->dcp_size);
 	if (!g->num_blocks)
-		return fail(err, errlen, "num_blocks: must be > 0");
+		return kvr_errf(err, errlen, -EINVAL, "num_blocks: must be > 0");
 	if (g->reserved)
-		return fail(err, errlen, "reserved: must be 0");
+		return kvr_errf(err, errlen, -EINVAL, "reserved: must be 0");
 	if (!g->n_regions || g->n_regions > KVR_GEOM_MAX_REGIONS)
-		return fail(err, errlen, "n_regions: %u (must be 1..%u)", g->n_regions, KVR_GEOM_MAX_REGIONS);
+		return kvr_errf(err, errlen, -EINVAL, "n_regions: %u (must be 1..%u)", g->n_regions, KVR_GEOM_MAX_REGIONS);
 	if (g->layout == KVR_LAYOUT_LAYER_MAJOR && !per_layer(g))
-		return fail(err, errlen, "n_regions: %u (layer-major needs layers %u x 1 or x 2)", g->n_regions,
+		return kvr_errf(err, errlen, -EINVAL, "n_regions: %u (layer-major needs layers %u x 1 or x 2)", g->n_regions,
 			    g->layers);
 	for (unsigned i = g->n_regions; i < KVR_GEOM_MAX_REGIONS; i++)
 		if (g->page_bytes[i] || g->sem_bytes[i] || g->stride[i] || g->offset_lo[i] || g->offset_hi[i])
-			return fail(err, errlen, "region %u: beyond n_regions %u but not zero", i, g->n_regions);
+			return kvr_errf(err, errlen, -EINVAL, "region %u: beyond n_regions %u but not zero", i, g->n_regions);
 
 	char name[32];
 	for (unsigned i = 0; i < g->n_regions; i++) {
 		struct kvr_region r = kvr_geometry_region(g, i);
 		kvr_geometry_region_name(g, i, name, sizeof(name));
 		if (!r.page_bytes)
-			return fail(err, errlen, "region %u (%s): page_bytes must be > 0", i, name);
+			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): page_bytes must be > 0", i, name);
 		if (!r.sem_bytes)
-			return fail(err, errlen, "region %u (%s): sem_bytes must be > 0", i, name);
+			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): sem_bytes must be > 0", i, name);
 		if (r.sem_bytes > r.page_bytes)
-			return fail(err, errlen, "region %u (%s): sem_bytes %u > page_bytes %u", i, name, r.sem_bytes,
+			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): sem_bytes %u > page_bytes %u", i, name, r.sem_bytes,
 				    r.page_bytes);
 		uint64_t dcp_tokens = kvr_dcp_rank_tokens(g->block_tokens, g->dcp_size, g->dcp_interleave, g->dcp_rank);
 		if (g->dcp_size > 1 && r.sem_bytes % dcp_tokens)
-			return fail(err, errlen, "region %u (%s): sem_bytes %u is not whole rows of the %" PRIu64
+			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): sem_bytes %u is not whole rows of the %" PRIu64
 				    " tokens DCP rank %u holds", i, name, r.sem_bytes, dcp_tokens, g->dcp_rank);
 		if (g->num_blocks > 1 && r.page_bytes > r.stride)
-			return fail(err, errlen, "region %u (%s): page_bytes %u > stride %" PRIu64, i, name,
+			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): page_bytes %u > stride %" PRIu64, i, name,
 				    r.page_bytes, r.stride);
 		unsigned __int128 end = (unsigned __int128)r.offset +
 					(unsigned __int128)(g->num_blocks - 1) * r.stride + r.page_bytes;
 		if (end > kv_bytes) {
 			if (end > UINT64_MAX)
-				return fail(err, errlen, "region %u (%s): block %u ends past 2^64 > kv_bytes %" PRIu64,
+				return kvr_errf(err, errlen, -EINVAL, "region %u (%s): block %u ends past 2^64 > kv_bytes %" PRIu64,
 					    i, name, g->num_blocks - 1, kv_bytes);
-			return fail(err, errlen, "region %u (%s): block %u ends at %" PRIu64 " > kv_bytes %" PRIu64,
+			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): block %u ends at %" PRIu64 " > kv_bytes %" PRIu64,
 				    i, name, g->num_blocks - 1, (uint64_t)end, kv_bytes);
 		}
 	}
@@ -200,7 +189,7 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 			if (b < 0)
 				continue;
 			uint64_t si = ri.offset + (uint64_t)b * ri.stride, sj = rj.offset + (uint64_t)b * rj.stride;
-			return fail(err, errlen,
+			return kvr_errf(err, errlen, -EINVAL,
 				    "region %u (%s) and region %u (%s) overlap in block %" PRId64 ": [%" PRIu64
 				    ", %" PRIu64 ") and [%" PRIu64 ", %" PRIu64 ")",
 				    i, kvr_geometry_region_name(g, i, name, sizeof(name)), j,

@@ -58,3 +58,14 @@ void kvr_log(enum kvr_log_level level, const char *fmt, ...)
 	/* one write per line so lines of concurrent processes do not interleave */
 	(void)!write(STDERR_FILENO, line, (size_t)n);
 }
+
+int kvr_errf(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return rc;
+}

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvr_log.h"
 #include "bench.h"
 
 void bench_usage(FILE *f)
@@ -46,18 +47,6 @@ void bench_usage(FILE *f)
 		"  --dcp                decode context parallelism layout (not yet)\n"
 		"  --help               this text\n",
 		kvr_preset_list());
-}
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return -EINVAL;
 }
 
 static int parse_u64(const char *s, uint64_t *ret)
@@ -199,7 +188,7 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		switch (c) {
 		case OPT_SOCKET:
 			if (!*optarg)
-				return fail(err, errlen, "--socket: empty path");
+				return kvr_errf(err, errlen, -EINVAL, "--socket: empty path");
 			o.socket = optarg;
 			break;
 		case OPT_SPAWN: o.spawn = true; break;
@@ -211,7 +200,7 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 			break;
 		case OPT_MODEL:
 			if (!kvr_preset_find(optarg))
-				return fail(err, errlen, "--model: unknown preset \"%s\" (known: %s)", optarg,
+				return kvr_errf(err, errlen, -EINVAL, "--model: unknown preset \"%s\" (known: %s)", optarg,
 					    kvr_preset_list());
 			o.model = optarg;
 			break;
@@ -224,12 +213,12 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		case OPT_SEED: rc = parse_u64(optarg, &o.seed); break;
 		case OPT_PHASES:
 			if (bench_parse_phases(optarg, &o.phases))
-				return fail(err, errlen, "--phases: \"%s\": want a comma list of cold and warm", optarg);
+				return kvr_errf(err, errlen, -EINVAL, "--phases: \"%s\": want a comma list of cold and warm", optarg);
 			break;
 		case OPT_JSON: o.json = optarg; break;
 		case OPT_PLOT:
 			if (!*optarg)
-				return fail(err, errlen, "--plot: empty path");
+				return kvr_errf(err, errlen, -EINVAL, "--plot: empty path");
 			o.plot = optarg;
 			break;
 		case OPT_NO_PLOT: o.no_plot = true; break;
@@ -249,24 +238,24 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 			bench_usage(out);
 			return 1;
 		case ':':
-			return fail(err, errlen, "%s: needs a value", name);
+			return kvr_errf(err, errlen, -EINVAL, "%s: needs a value", name);
 		default:
-			return fail(err, errlen, "%s: unknown option", name);
+			return kvr_errf(err, errlen, -EINVAL, "%s: unknown option", name);
 		}
 		if (rc)
-			return fail(err, errlen, "%s: %s: \"%s\"", name, rc == -ERANGE ? "out of range" : "not a number",
+			return kvr_errf(err, errlen, -EINVAL, "%s: %s: \"%s\"", name, rc == -ERANGE ? "out of range" : "not a number",
 				    optarg);
 	}
 	if (optind < argc)
-		return fail(err, errlen, "unexpected argument \"%s\"", argv[optind]);
+		return kvr_errf(err, errlen, -EINVAL, "unexpected argument \"%s\"", argv[optind]);
 	if (o.spawn && o.socket)
-		return fail(err, errlen, "--socket and --spawn exclude each other");
+		return kvr_errf(err, errlen, -EINVAL, "--socket and --spawn exclude each other");
 	if (!o.spawn && (o.kvringd || o.l1_bytes))
-		return fail(err, errlen, "%s needs --spawn", o.kvringd ? "--kvringd" : "--l1-bytes");
+		return kvr_errf(err, errlen, -EINVAL, "%s needs --spawn", o.kvringd ? "--kvringd" : "--l1-bytes");
 	if (o.plot && o.no_plot)
-		return fail(err, errlen, "--plot and --no-plot exclude each other");
+		return kvr_errf(err, errlen, -EINVAL, "--plot and --no-plot exclude each other");
 	if (o.prefix_len > o.input_len)
-		return fail(err, errlen, "--prefix-len %u is longer than --input-len %u", o.prefix_len, o.input_len);
+		return kvr_errf(err, errlen, -EINVAL, "--prefix-len %u is longer than --input-len %u", o.prefix_len, o.input_len);
 	*ret = o;
 	return 0;
 }

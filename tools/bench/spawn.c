@@ -16,22 +16,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "kvr_log.h"
 #include "bench.h"
 #include "kvr_time.h"
 
 #define START_TIMEOUT_NS (20ull * 1000000000ull)
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-	if (errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return rc;
-}
 
 char *bench_server_config(const struct bench_opts *o, const struct bench_plan *pl, const char *socket)
 {
@@ -129,38 +118,38 @@ int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, 
 	if (o->kvringd)
 		snprintf(exe, sizeof(exe), "%s", o->kvringd);
 	else if ((rc = default_kvringd(exe, sizeof(exe))))
-		return fail(err, errlen, rc, "cannot locate kvringd beside this program: %s", strerror(-rc));
+		return kvr_errf(err, errlen, rc, "cannot locate kvringd beside this program: %s", strerror(-rc));
 	if (access(exe, X_OK))
-		return fail(err, errlen, -errno, "kvringd: %s: %s (build it, or give --kvringd PATH)", exe,
+		return kvr_errf(err, errlen, -errno, "kvringd: %s: %s (build it, or give --kvringd PATH)", exe,
 			    strerror(errno));
 
 	snprintf(s.dir, sizeof(s.dir), "/tmp/kvring-bench.%d.XXXXXX", (int)getpid());
 	if (!mkdtemp(s.dir))
-		return fail(err, errlen, -errno, "mkdtemp %s: %s", s.dir, strerror(errno));
+		return kvr_errf(err, errlen, -errno, "mkdtemp %s: %s", s.dir, strerror(errno));
 	snprintf(s.socket, sizeof(s.socket), "%s/kvringd.sock", s.dir);
 	snprintf(s.log, sizeof(s.log), "%s/kvringd.log", s.dir);
 	snprintf(cfg_path, sizeof(cfg_path), "%s/kvringd.json", s.dir);
 	char *cfg = bench_server_config(o, pl, s.socket);
 	if (!cfg) {
-		rc = fail(err, errlen, -ENOMEM, "out of memory");
+		rc = kvr_errf(err, errlen, -ENOMEM, "out of memory");
 		goto fail;
 	}
 	rc = write_file(cfg_path, cfg);
 	free(cfg);
 	if (rc) {
-		rc = fail(err, errlen, rc, "%s: %s", cfg_path, strerror(-rc));
+		rc = kvr_errf(err, errlen, rc, "%s: %s", cfg_path, strerror(-rc));
 		goto fail;
 	}
 	int log_fd = open(s.log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (log_fd < 0) {
-		rc = fail(err, errlen, -errno, "%s: %s", s.log, strerror(errno));
+		rc = kvr_errf(err, errlen, -errno, "%s: %s", s.log, strerror(errno));
 		goto fail;
 	}
 	pid_t parent = getpid();
 	fflush(NULL);
 	pid_t pid = fork();
 	if (pid < 0) {
-		rc = fail(err, errlen, -errno, "fork: %s", strerror(errno));
+		rc = kvr_errf(err, errlen, -errno, "fork: %s", strerror(errno));
 		close(log_fd);
 		goto fail;
 	}
@@ -192,13 +181,13 @@ int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, 
 		pid_t w = waitpid(pid, &status, WNOHANG);
 		if (w == pid) {
 			s.pid = -1;
-			rc = fail(err, errlen, -ECHILD, "kvringd exited during start-up (%s %d)",
+			rc = kvr_errf(err, errlen, -ECHILD, "kvringd exited during start-up (%s %d)",
 				  WIFEXITED(status) ? "status" : "signal",
 				  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 			goto fail;
 		}
 		if (kvr_now_ns() >= deadline) {
-			rc = fail(err, errlen, -ETIMEDOUT, "kvringd did not create %s within %llu s", s.socket,
+			rc = kvr_errf(err, errlen, -ETIMEDOUT, "kvringd did not create %s within %llu s", s.socket,
 				  START_TIMEOUT_NS / 1000000000ull);
 			goto fail;
 		}
@@ -220,10 +209,10 @@ fail:
 int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log, char *err, size_t errlen)
 {
 	if (s->pid <= 0)
-		return fail(err, errlen, -ECHILD, "kvringd is not running");
+		return kvr_errf(err, errlen, -ECHILD, "kvringd is not running");
 	int rc;
 	if (kill(s->pid, SIGTERM) < 0) {
-		rc = fail(err, errlen, -errno, "kill(kvringd %d, SIGTERM): %s", s->pid, strerror(errno));
+		rc = kvr_errf(err, errlen, -errno, "kill(kvringd %d, SIGTERM): %s", s->pid, strerror(errno));
 		goto out;
 	}
 	uint64_t deadline = kvr_now_ns() + (uint64_t)timeout_ms * 1000000ull;
@@ -233,13 +222,13 @@ int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log,
 		if (w == s->pid)
 			break;
 		if (w < 0 && errno != EINTR) {
-			rc = fail(err, errlen, -errno, "waitpid(kvringd): %s", strerror(errno));
+			rc = kvr_errf(err, errlen, -errno, "waitpid(kvringd): %s", strerror(errno));
 			goto out;
 		}
 		if (kvr_now_ns() >= deadline) {
 			(void)kill(s->pid, SIGKILL);
 			(void)waitpid(s->pid, NULL, 0);
-			rc = fail(err, errlen, -ETIMEDOUT, "kvringd did not exit within %lld ms of SIGTERM: killed",
+			rc = kvr_errf(err, errlen, -ETIMEDOUT, "kvringd did not exit within %lld ms of SIGTERM: killed",
 				  (long long)timeout_ms);
 			goto out;
 		}
@@ -249,9 +238,9 @@ int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log,
 	if (WIFEXITED(status)) {
 		rc = WEXITSTATUS(status);
 		if (rc)
-			fail(err, errlen, rc, "kvringd exited with status %d", rc);
+			kvr_errf(err, errlen, rc, "kvringd exited with status %d", rc);
 	} else {
-		rc = fail(err, errlen, -EINTR, "kvringd was killed by signal %d (%s)", WTERMSIG(status),
+		rc = kvr_errf(err, errlen, -EINTR, "kvringd was killed by signal %d (%s)", WTERMSIG(status),
 			  strsignal(WTERMSIG(status)));
 	}
 out:
