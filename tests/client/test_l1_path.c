@@ -937,3 +937,43 @@ Test(client, bad_inputs_rejected)
 	for (unsigned i = 0; i < atomic_load(&env.h.ctl->n_actors); i++)
 		cr_assert_eq(kvr_ctl_actor(env.h.ctl, i)->restarts, 0, "%s died", kvr_ctl_actor(env.h.ctl, i)->name);
 }
+
+/* ---- 8. drain: SIGTERM lets a pending store reach L1 ----------------------------------- */
+
+/* A store sits unread in its storer's ring (storer stopped) when kvringd gets SIGTERM. The
+ * drain must wait for it: once the storer runs again the store completes, every block
+ * stored, and only then does kvringd stop its actors and exit 0. */
+Test(client, sigterm_drains_a_pending_store)
+{
+	const uint32_t bt = 16, n = 6;
+	ct_start(&env, &tiny, NULL);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	uint32_t tokens[6 * 16], blocks[6];
+	ct_prompt(tokens, n * bt, 77);
+	for (uint32_t i = 0; i < n; i++) {
+		blocks[i] = i;
+		ct_fill(r, i, TAG(77, i));
+	}
+	pid_t storer = ct_actor_pid(&env, "storer.0");
+	ct_stop_process(storer);
+	cr_assert_eq(kvr_store(r->c, 1, tokens, n * bt, NULL, 0, blocks, n), 0, "%s", kvr_last_error(r->c));
+	cr_assert_eq(kill(env.h.pid, SIGTERM), 0);
+	/* draining: the store is still in the ring, so kvringd must not stop anything yet */
+	cr_assert(H_WAIT(atomic_load(&env.h.ctl->state) == KVR_INST_DRAINING, 2000), "not draining");
+	usleep(300 * 1000);
+	cr_assert_eq(atomic_load(&env.h.ctl->state), KVR_INST_DRAINING, "drain did not wait for the store");
+	cr_assert_eq(waitpid(env.h.pid, NULL, WNOHANG), 0, "kvringd exited with a store pending");
+	cr_assert_eq(kill(storer, SIGCONT), 0);
+
+	struct ct_done d;
+	ct_wait_done(r, &d, 5000);
+	cr_assert_eq(d.c.op, KVR_OP_STORE_DONE);
+	cr_assert_eq(d.c.status, 0, "store during drain: %d", d.c.status);
+	cr_assert_eq(d.c.n_stored, n);
+	cr_assert_eq(ct_count_state(&env, KVR_SLOT_COMMITTED), n, "the blocks reached L1 before the stop");
+	ct_rank_close(r);
+	int st = h_wait_exit(env.h.pid, 10000);
+	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit status %d", st);
+	env.h.pid = 0;
+}
