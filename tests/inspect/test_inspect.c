@@ -556,3 +556,34 @@ Test(inspect, fits_80_columns_whatever_the_segment_holds)
 	kvr_insp_snap_free(prev);
 	kvr_insp_snap_free(cur);
 }
+
+/* kvring-inspect without --all: the actors and rings of free worker slots that never did
+ * anything are summarised in one line each; everything with traffic or trouble stays. */
+Test(inspect, hide_idle_slots)
+{
+	set_actor(3, "loader.1", KVR_ACTOR_LOADER, KVR_ACTOR_IDLE, 0, 0, -1, 0, 0);
+	atomic_store(&wctl->n_actors, 4);
+	atomic_store(&kvr_ctl_worker(wctl, 0)->state, KVR_WORKER_FREE); /* lookup.req.0 now idle */
+
+	struct kvr_insp_clock now = {.mono_ns = NOW_MONO, .real_ns = NOW_REAL};
+	struct kvr_insp_snap *s;
+	cr_assert_eq(kvr_insp_snapshot(rctl, &now, 8, &s), 0);
+	char *all = render_snaps(s, NULL, 0);
+	cr_assert_not_null(strstr(all, "  loader.1 "));
+	cr_assert_not_null(strstr(all, "  lookup.req.0  capacity 16"));
+	cr_assert_null(strstr(all, "not shown"));
+
+	s->hide_idle = true;
+	char *t = render_snaps(s, NULL, 0);
+	cr_assert_null(strstr(t, "  loader.1 "), "idle actor listed:\n%s", t);
+	cr_assert_not_null(strstr(t, "  (1 idle actors of free worker slots not shown: --all)\n"));
+	cr_assert_null(strstr(t, "lookup.req.0"), "idle ring listed:\n%s", t);
+	cr_assert_not_null(strstr(t, "  (1 idle rings of free worker slots not shown: --all)\n"));
+	/* a failed actor, a full ring and rings with traffic are never hidden */
+	cr_assert_not_null(strstr(t, "  loader.0 "));
+	cr_assert_not_null(strstr(t, "  loader.0.in  capacity 4"));
+	cr_assert_not_null(strstr(t, "  ctl.lookup.in  capacity 8"));
+	free(all);
+	free(t);
+	kvr_insp_snap_free(s);
+}

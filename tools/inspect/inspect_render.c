@@ -332,6 +332,33 @@ static void text_instance(FILE *out, const struct kvr_insp_snap *s)
 	      attached, s->max_workers, s->n_rings);
 }
 
+/* A loader/storer slot of a free worker: idle and never started. */
+static bool actor_idle(const struct kvr_insp_actor *a)
+{
+	return a->state == KVR_ACTOR_IDLE && a->pid <= 0 && !a->heartbeat_ns && a->restarts == 0;
+}
+
+static bool endpoint_idle(const struct kvr_insp_snap *s, int ep)
+{
+	if (ep >= 0)
+		return (unsigned)ep < s->n_actors && actor_idle(&s->actors[ep]);
+	if (KVR_EP_IS_CLIENT(ep)) {
+		unsigned w = (unsigned)KVR_EP_CLIENT_SLOT(ep);
+		for (unsigned i = 0; i < s->n_workers; i++)
+			if (s->workers[i].slot == w)
+				return false;
+		return true;
+	}
+	return false;
+}
+
+/* A ring nobody uses: never carried a message and one of its ends is an idle slot. */
+static bool ring_idle(const struct kvr_insp_snap *s, const struct kvr_insp_ring *r)
+{
+	return r->valid && !r->enqueued && !r->fill && !r->rejected && !r->prod_blocked &&
+	       (endpoint_idle(s, r->producer) || endpoint_idle(s, r->consumer));
+}
+
 static void text_actors(FILE *out, const struct kvr_insp_snap *s)
 {
 	pline(out, "actors");
@@ -340,9 +367,14 @@ static void text_actors(FILE *out, const struct kvr_insp_snap *s)
 		return;
 	}
 	pline(out, "  %-23s %-8s %-7s %8s  %-9s  %s", "NAME", "STATE", "PID", "RESTARTS", "LAST EXIT", "HEARTBEAT");
+	unsigned hidden = 0;
 	for (unsigned i = 0; i < s->n_actors; i++) {
 		const struct kvr_insp_actor *a = &s->actors[i];
 		char pid[16], ex[24], hb[24], d[16];
+		if (s->hide_idle && actor_idle(a)) {
+			hidden++;
+			continue;
+		}
 		if (!a->heartbeat_ns)
 			snprintf(hb, sizeof(hb), "-");
 		else
@@ -353,6 +385,8 @@ static void text_actors(FILE *out, const struct kvr_insp_snap *s)
 		      fmt_pid(a->pid, pid, sizeof(pid)), a->restarts,
 		      fmt_exit(a->last_exit_code, a->last_exit_signal, ex, sizeof(ex)), hb);
 	}
+	if (hidden)
+		pline(out, "  (%u idle actors of free worker slots not shown: --all)", hidden);
 }
 
 static void text_workers(FILE *out, const struct kvr_insp_snap *s)
@@ -488,8 +522,16 @@ int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struc
 	text_workers(out, cur);
 	pline(out, "%s", "");
 	pline(out, cur->n_rings ? "rings" : "rings: none");
-	for (unsigned i = 0; i < cur->n_rings; i++)
+	unsigned hidden = 0;
+	for (unsigned i = 0; i < cur->n_rings; i++) {
+		if (cur->hide_idle && ring_idle(cur, &cur->rings[i])) {
+			hidden++;
+			continue;
+		}
 		text_ring(out, cur, prev, &cur->rings[i]);
+	}
+	if (hidden)
+		pline(out, "  (%u idle rings of free worker slots not shown: --all)", hidden);
 	return ferror(out) ? -EIO : 0;
 }
 

@@ -81,6 +81,8 @@ struct kvr_insp_ring {
 struct kvr_insp_snap {
 	struct kvr_insp_clock now;
 	unsigned max_msgs;
+	bool hide_idle;      /* text: leave out actors and rings of free worker slots that never
+			      * carried a message (kvring-inspect without --all); JSON has all */
 	/* instance */
 	uint32_t state, generation;
 	int32_t supervisor_pid;

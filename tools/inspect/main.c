@@ -33,11 +33,12 @@ static void on_sigint(int sig)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvring-inspect [--socket PATH] [--json] [--watch [SECONDS]] [--messages N]\n"
+	fprintf(f, "usage: kvring-inspect [--socket PATH] [--json] [--watch [SECONDS]] [--messages N] [--all]\n"
 		   "  --socket PATH    kvringd's socket (default: instance.socket of the config, %s)\n"
 		   "  --json           machine-readable output (docs/inspect.md)\n"
 		   "  --watch [S]      refresh every S seconds (default 1) until Ctrl-C; adds rates\n"
 		   "  --messages N     in-flight messages shown per ring (default %u, 0 = none)\n"
+		   "  --all            also list the idle actors and rings of free worker slots\n"
 		   "exit status: 0 ok, 1 cannot connect or attach, 2 bad arguments\n",
 		DEFAULT_SOCKET, DEFAULT_MESSAGES);
 }
@@ -111,7 +112,7 @@ static int fetch_ctl(const char *path, struct kvr_segment *ret_seg)
 	return ret;
 }
 
-static int show(const struct kvr_segment *seg, unsigned max_msgs, bool json, bool watch, bool pretty,
+static int show(const struct kvr_segment *seg, unsigned max_msgs, bool json, bool watch, bool pretty, bool all,
 		struct kvr_insp_snap *prev, struct kvr_insp_snap **ret_snap)
 {
 	struct kvr_ctl *c;
@@ -127,6 +128,7 @@ static int show(const struct kvr_segment *seg, unsigned max_msgs, bool json, boo
 		fprintf(stderr, "kvring-inspect: %s\n", strerror(-rc));
 		return rc;
 	}
+	s->hide_idle = !all;
 	if (json) {
 		rc = kvr_insp_render_json(stdout, s, prev, pretty);
 	} else {
@@ -151,18 +153,19 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
 		{"watch", optional_argument, NULL, 'w'},  {"messages", required_argument, NULL, 'm'},
-		{"help", no_argument, NULL, 'h'},	  {0},
+		{"help", no_argument, NULL, 'h'},	  {"all", no_argument, NULL, 'a'},
+		{0},
 	};
 	struct kvr_config cfg;
 	kvr_config_defaults(&cfg);
 	const char *path = cfg.instance.socket[0] ? cfg.instance.socket : DEFAULT_SOCKET;
-	bool json = false, watch = false;
+	bool json = false, watch = false, all = false;
 	double interval = 1.0;
 	unsigned max_msgs = DEFAULT_MESSAGES;
 
 	opterr = 0;
 	for (;;) {
-		int o = getopt_long(argc, argv, "+s:jw::m:h", opts, NULL);
+		int o = getopt_long(argc, argv, "+s:jw::m:ha", opts, NULL);
 		if (o < 0)
 			break;
 		switch (o) {
@@ -171,6 +174,9 @@ int main(int argc, char **argv)
 			break;
 		case 'j':
 			json = true;
+			break;
+		case 'a':
+			all = true;
 			break;
 		case 'w':
 			watch = true;
@@ -218,7 +224,7 @@ int main(int argc, char **argv)
 	int status = 0;
 	struct kvr_insp_snap *prev = NULL, *cur = NULL;
 	do {
-		int rc = show(&seg, max_msgs, json, watch, !watch, prev, &cur);
+		int rc = show(&seg, max_msgs, json, watch, !watch, all, prev, &cur);
 		kvr_insp_snap_free(prev);
 		prev = cur;
 		cur = NULL;
