@@ -101,6 +101,9 @@ int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs
 	return (int)n;
 }
 
+static int l1_slots(const struct kvr_config *cfg, uint64_t lane_bytes, uint32_t lanes, uint32_t *ret, char *err,
+		    size_t errlen);
+
 int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen)
 {
 	if (cfg->instance.max_workers < 1 || cfg->instance.max_workers > KVR_CTL_MAX_WORKERS) {
@@ -116,7 +119,13 @@ int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "$.instance.socket: must be an absolute path");
 		return -EINVAL;
 	}
-	return 0;
+	/* the model must resolve to a geometry and L1 must hold at least one block of it */
+	struct kvr_geometry g;
+	int rc = sup_model_geometry(cfg, 0, 1, &g, err, errlen);
+	if (rc)
+		return rc;
+	uint32_t n_slots;
+	return l1_slots(cfg, kvr_geometry_lane_bytes(&g), kvr_geometry_lanes(&g), &n_slots, err, errlen);
 }
 
 static void fill_actor_table(struct sup *s)
@@ -175,6 +184,30 @@ int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num
 	return rc;
 }
 
+/* How many slots L1 has: l1.capacity_bytes / slot bytes, or the workload's blocks x lanes. */
+static int l1_slots(const struct kvr_config *cfg, uint64_t lane_bytes, uint32_t lanes, uint32_t *ret, char *err,
+		    size_t errlen)
+{
+	uint64_t slot_bytes = kvr_slots_slot_bytes(lane_bytes), n;
+	if (cfg->l1.capacity_bytes) {
+		uint64_t cap = cfg->l1.capacity_bytes;
+		n = (cap > KVR_SLOTS_ARENA_DATA_OFF ? cap - KVR_SLOTS_ARENA_DATA_OFF : 0) / slot_bytes;
+		if (n < lanes)
+			return kvr_errf(err, errlen, -EINVAL,
+					"$.l1.capacity_bytes: %llu bytes hold %llu slots of %llu bytes, one block needs %u",
+					(unsigned long long)cap, (unsigned long long)n, (unsigned long long)slot_bytes,
+					lanes);
+	} else {
+		n = kvr_capacity_blocks(cfg->l1.workload_prompts, cfg->l1.workload_tokens, cfg->model.block_tokens) *
+		    lanes;
+	}
+	if (n > UINT32_MAX - 1 || !kvr_slots_memsize((uint32_t)n) || !kvr_slots_arena_memsize((uint32_t)n, lane_bytes))
+		return kvr_errf(err, errlen, -EINVAL, "$.l1: %llu slots of %llu bytes is more than one arena holds",
+				(unsigned long long)n, (unsigned long long)slot_bytes);
+	*ret = (uint32_t)n;
+	return 0;
+}
+
 /* L1: the slot table and the arena, sized from the model geometry and l1.* */
 static int create_l1(struct sup *s)
 {
@@ -190,22 +223,11 @@ static int create_l1(struct sup *s)
 	if (rc)
 		return rc;
 	uint64_t slot_bytes = kvr_slots_slot_bytes(s->lane_bytes);
-	uint64_t n_slots;
-	if (s->cfg.l1.capacity_bytes) {
-		n_slots = (s->cfg.l1.capacity_bytes - (s->cfg.l1.capacity_bytes > KVR_SLOTS_ARENA_DATA_OFF ?
-						       KVR_SLOTS_ARENA_DATA_OFF : 0)) / slot_bytes;
-	} else {
-		n_slots = kvr_capacity_blocks(s->cfg.l1.workload_prompts, s->cfg.l1.workload_tokens,
-					      s->cfg.model.block_tokens) * s->lanes;
-	}
-	if (n_slots < s->lanes) {
-		kvr_err("$.l1.capacity_bytes: %llu bytes hold fewer slots than one block needs (%u slots of %llu bytes)",
-			(unsigned long long)s->cfg.l1.capacity_bytes, s->lanes, (unsigned long long)slot_bytes);
-		return -EINVAL;
-	}
-	if (n_slots > UINT32_MAX - 1) {
-		kvr_err("$.l1: %llu slots is more than a slot table holds", (unsigned long long)n_slots);
-		return -EINVAL;
+	uint32_t n_slots;
+	rc = l1_slots(&s->cfg, s->lane_bytes, s->lanes, &n_slots, err, sizeof(err));
+	if (rc) {
+		kvr_err("%s", err);
+		return rc;
 	}
 	size_t tsize = kvr_slots_memsize((uint32_t)n_slots);
 	uint64_t asize = kvr_slots_arena_memsize((uint32_t)n_slots, s->lane_bytes);

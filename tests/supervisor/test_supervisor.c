@@ -555,6 +555,17 @@ Test(supervisor, bad_config_exit_2)
 	st = h_wait_exit(h_spawn_kvringd(&inst, chk), 3000);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2);
 	cr_assert(h_log_contains(&inst, "kvringd: $.supervisor.restart_backoff_max_ms: "));
+
+	/* an L1 too small for one block of the model is a bad config too, caught before start */
+	char small[512];
+	snprintf(small, sizeof(small), "{\"instance\": {\"socket\": \"%s\"}, \"l1\": {\"capacity_bytes\": \"1MiB\"}}",
+		 inst.sock);
+	h_write_config_raw(&inst, small);
+	cr_assert_eq(truncate(inst.log, 0), 0);
+	st = h_wait_exit(h_spawn_kvringd(&inst, chk), 3000);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+	cr_assert(h_log_contains(&inst, "kvringd: $.l1.capacity_bytes: 1048576 bytes hold 0 slots of 18874368 bytes, "
+					"one block needs 1"));
 }
 
 Test(supervisor, check_config_prints_effective)
