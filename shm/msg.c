@@ -24,6 +24,13 @@ static const char *const type_names[KVR_MSG_TYPE_MAX] = {
 	[KVR_MSG_COMMIT] = "commit",
 	[KVR_MSG_COMMIT_REP] = "commit_rep",
 	[KVR_MSG_RESET] = "reset",
+	[KVR_MSG_L2_WRITE] = "l2_write",
+	[KVR_MSG_L2_WRITE_DONE] = "l2_write_done",
+	[KVR_MSG_L2_READ] = "l2_read",
+	[KVR_MSG_L2_READ_DONE] = "l2_read_done",
+	[KVR_MSG_L2_SYNC] = "l2_sync",
+	[KVR_MSG_L2_HAVE] = "l2_have",
+	[KVR_MSG_L2_GONE] = "l2_gone",
 };
 
 const char *kvr_msg_type_name(unsigned type)
@@ -287,4 +294,26 @@ int kvr_msg_decode_worker_gone(const struct kvr_msg *m, struct kvr_msg_worker_go
 int kvr_msg_decode_reset(const struct kvr_msg *m)
 {
 	return check_fixed(m, KVR_MSG_RESET, 0, 0);
+}
+
+int kvr_msg_decode_l2(const struct kvr_msg *m, unsigned type, struct kvr_msg_l2 *ret)
+{
+	struct kvr_msg_l2 b;
+	if (!m || (type && m->hdr.type != type) || m->hdr.type < KVR_MSG_L2_WRITE || m->hdr.type > KVR_MSG_L2_GONE)
+		return -EBADMSG;
+	unsigned t = m->hdr.type;
+	if (t == KVR_MSG_L2_SYNC)
+		return check_fixed(m, t, 0, 0) ? -EBADMSG : 0;
+	if (check_fixed(m, t, KVR_MSGF_ERROR, sizeof(b)))
+		return -EBADMSG;
+	memcpy(&b, m->body, sizeof(b));
+	bool done = t == KVR_MSG_L2_WRITE_DONE || t == KVR_MSG_L2_READ_DONE;
+	unsigned allowed = t == KVR_MSG_L2_WRITE_DONE ? KVR_L2F_PRESENT : t == KVR_MSG_L2_HAVE ? KVR_L2F_LAST : 0;
+	if ((b.flags & ~allowed) || (!done && b.status) || !status_ok(b.status))
+		return -EBADMSG;
+	if (b.lane == 0xffff && !(t == KVR_MSG_L2_HAVE && (b.flags & KVR_L2F_LAST)))
+		return -EBADMSG;
+	if (ret)
+		*ret = b;
+	return 0;
 }

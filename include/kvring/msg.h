@@ -46,6 +46,14 @@ enum kvr_msg_type {
 	KVR_MSG_COMMIT = 30,     /* list of (slot, epoch) written */
 	KVR_MSG_COMMIT_REP = 31, /* result */
 	KVR_MSG_RESET = 32,      /* storer -> lookup at start: abort my lane's WRITING slots */
+	/* lookup <-> disk (L2), one block lane per message, body struct kvr_msg_l2 */
+	KVR_MSG_L2_WRITE = 36,      /* lookup -> disk: write (key, lane) from COMMITTED slot (slot, epoch) */
+	KVR_MSG_L2_WRITE_DONE = 37, /* disk -> lookup: status 0 (flags L2F_PRESENT: already on disk) or -errno */
+	KVR_MSG_L2_READ = 38,       /* lookup -> disk: read (key, lane) into WRITING slot (slot, epoch) */
+	KVR_MSG_L2_READ_DONE = 39,  /* disk -> lookup: status 0 (verified bytes in the slot) or -errno (a miss) */
+	KVR_MSG_L2_SYNC = 40,       /* lookup -> disk: list everything you hold (no body) */
+	KVR_MSG_L2_HAVE = 41,       /* disk -> lookup: (key, lane) is on disk; flags L2F_LAST ends a SYNC */
+	KVR_MSG_L2_GONE = 42,       /* disk -> lookup: (key, lane) left the disk (cap eviction, bad file) */
 	KVR_MSG_TYPE_MAX = 64,
 };
 
@@ -197,6 +205,28 @@ int kvr_msg_decode_store_done(const struct kvr_msg *m, struct kvr_msg_store_done
 int kvr_msg_decode_commit_rep(const struct kvr_msg *m, struct kvr_msg_commit_rep *ret);
 int kvr_msg_decode_worker_gone(const struct kvr_msg *m, struct kvr_msg_worker_gone *ret);
 int kvr_msg_decode_reset(const struct kvr_msg *m);
+
+/* ---- L2 ------------------------------------------------------------------------------
+ * Every L1<->L2 message carries one block lane. The disk actor pins a COMMITTED slot for the
+ * duration of a write with pin index KVR_L2_PIN_WORKER (a worker slot reserved for it: an
+ * instance with L2 has at most KVR_SLOT_MAX_WORKERS - 1 workers); a read goes into a slot
+ * the lookup actor allocated (WRITING) for the promotion and commits once it is verified. */
+#define KVR_L2_PIN_WORKER 15u
+#define KVR_L2F_PRESENT 0x1u /* L2_WRITE_DONE: nothing written, the file was already there */
+#define KVR_L2F_LAST 0x2u    /* L2_HAVE: the last answer to an L2_SYNC (it may carry no key: lane 0xffff) */
+
+struct kvr_msg_l2 {
+	uint64_t key_lo, key_hi;
+	uint32_t slot, epoch;    /* WRITE/READ and their DONE: the slot; else 0 */
+	uint16_t lane;           /* 0xffff only in a keyless L2_HAVE|LAST */
+	uint16_t flags;          /* KVR_L2F_* */
+	int32_t status;          /* DONE messages: 0 or -errno; else 0 */
+};
+_Static_assert(sizeof(struct kvr_msg_l2) == 32, "l2 body");
+
+/* Validate an L2 message of the given type (0 = any L2 type): flags allowed for the type,
+ * status range, lane. */
+int kvr_msg_decode_l2(const struct kvr_msg *m, unsigned type, struct kvr_msg_l2 *ret);
 
 /* Human-readable type name ("ping", ...) or "unknown". */
 const char *kvr_msg_type_name(unsigned type);
