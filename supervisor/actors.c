@@ -30,13 +30,15 @@ static bool executable(const char *path)
 
 int sup_find_executables(struct sup *s, char *err, size_t errlen)
 {
-	static const enum kvr_actor_kind kinds[] = {KVR_ACTOR_LOOKUP, KVR_ACTOR_LOADER, KVR_ACTOR_STORER};
+	static const enum kvr_actor_kind kinds[] = {KVR_ACTOR_LOOKUP, KVR_ACTOR_LOADER, KVR_ACTOR_STORER, KVR_ACTOR_DISK};
 	char self[PATH_MAX] = "";
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	self[n > 0 ? n : 0] = 0;
 	const char *self_dir = n > 0 ? dirname(self) : NULL;
 
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+		if (kinds[i] == KVR_ACTOR_DISK && !s->cfg.l2.n_dirs)
+			continue; /* no L2: no disk actor to find */
 		const char *k = kvr_actor_kind_name(kinds[i]);
 		char *dst = s->exe[kinds[i]];
 		int len;

@@ -291,6 +291,8 @@ static int serve(struct sup *s)
 	s->phase = PH_RUN;
 	s->next_health = kvr_now_ns() + (uint64_t)s->cfg.supervisor.health_interval_ms * MS;
 	sup_actor_start(s, &s->actors[SUP_ACTOR_LOOKUP]);
+	for (unsigned d = 0; d < s->cfg.l2.n_dirs; d++)
+		sup_actor_start(s, &s->actors[SUP_ACTOR_DISK(s->cfg.instance.max_workers, d)]);
 	run(s);
 	if (s->phase == PH_DONE) {
 		code = 0;

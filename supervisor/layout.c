@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <kvring/msg.h>
+
 #include "kvr_log.h"
 #include "kvr_time.h"
 #include "sup.h"
@@ -44,10 +46,13 @@ static const struct {
 	{"commit.rep.%u", EP_LOOKUP, EP_STORER},
 };
 
-static void actor_name(unsigned i, char *buf, size_t len)
+static void actor_name(const struct kvr_config *cfg, unsigned i, char *buf, size_t len)
 {
+	unsigned mw = cfg->instance.max_workers;
 	if (i == SUP_ACTOR_LOOKUP)
 		snprintf(buf, len, "lookup");
+	else if (i >= SUP_ACTOR_DISK(mw, 0))
+		snprintf(buf, len, "disk.%u", i - SUP_ACTOR_DISK(mw, 0));
 	else
 		snprintf(buf, len, "%s.%u", (i - 1) % 2 ? "storer" : "loader", (i - 1) / 2);
 }
@@ -77,13 +82,13 @@ static int add_spec(struct kvr_ctl_ring_spec *specs, unsigned cap, unsigned *n, 
 
 int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs, unsigned cap)
 {
-	unsigned n = 0, n_actors = SUP_N_ACTORS(cfg->instance.max_workers);
+	unsigned n = 0, n_actors = SUP_N_ACTORS(cfg);
 	uint32_t capacity = cfg->rings.capacity;
 	char name[KVR_ACTOR_NAME_MAX];
 	int rc;
 
 	for (unsigned i = 0; i < n_actors; i++) {
-		actor_name(i, name, sizeof(name));
+		actor_name(cfg, i, name, sizeof(name));
 		rc = add_spec(specs, cap, &n, capacity, KVR_EP_SUPERVISOR, (int)i, "ctl.%s.in", name);
 		if (rc)
 			return rc;
@@ -98,6 +103,15 @@ int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs
 			if (rc)
 				return rc;
 		}
+	/* L2: the lookup actor talks to each disk actor */
+	for (unsigned d = 0; d < cfg->l2.n_dirs; d++) {
+		int disk = (int)SUP_ACTOR_DISK(cfg->instance.max_workers, d);
+		rc = add_spec(specs, cap, &n, capacity, (int)SUP_ACTOR_LOOKUP, disk, "disk.req.%u", d);
+		if (!rc)
+			rc = add_spec(specs, cap, &n, capacity, disk, (int)SUP_ACTOR_LOOKUP, "disk.rep.%u", d);
+		if (rc)
+			return rc;
+	}
 	return (int)n;
 }
 
@@ -119,6 +133,15 @@ int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "$.instance.socket: must be an absolute path");
 		return -EINVAL;
 	}
+	if (cfg->l2.n_dirs && cfg->instance.max_workers > KVR_L2_PIN_WORKER) {
+		snprintf(err, errlen, "$.instance.max_workers: at most %u with an L2 tier (l2.dirs): one pin slot of "
+			 "the slot table is the disk actors'", KVR_L2_PIN_WORKER);
+		return -EINVAL;
+	}
+	if (cfg->l2.n_dirs && strcmp(cfg->l2.mode, "write-through") != 0) {
+		snprintf(err, errlen, "$.l2.mode: \"%s\" is not supported yet (write-through is)", cfg->l2.mode);
+		return -EINVAL;
+	}
 	/* the model must resolve to a geometry and L1 must hold at least one block of it */
 	struct kvr_geometry g;
 	int rc = sup_model_geometry(cfg, 0, 1, &g, err, errlen);
@@ -131,15 +154,22 @@ int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen)
 static void fill_actor_table(struct sup *s)
 {
 	struct kvr_ctl *c = s->ctl;
-	unsigned n_actors = SUP_N_ACTORS(s->cfg.instance.max_workers);
+	unsigned n_actors = SUP_N_ACTORS(&s->cfg), mw = s->cfg.instance.max_workers;
 	char name[KVR_ACTOR_NAME_MAX], ring[KVR_RING_NAME_MAX];
 
 	for (unsigned i = 0; i < n_actors; i++) {
 		struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
-		actor_name(i, name, sizeof(name));
+		actor_name(&s->cfg, i, name, sizeof(name));
 		memcpy(e->name, name, sizeof(e->name));
-		e->kind = i == SUP_ACTOR_LOOKUP ? KVR_ACTOR_LOOKUP : (i - 1) % 2 ? KVR_ACTOR_STORER : KVR_ACTOR_LOADER;
-		e->index = i == SUP_ACTOR_LOOKUP ? 0 : (i - 1) / 2;
+		if (i >= SUP_ACTOR_DISK(mw, 0)) {
+			e->kind = KVR_ACTOR_DISK;
+			e->index = i - SUP_ACTOR_DISK(mw, 0);
+		} else {
+			e->kind = i == SUP_ACTOR_LOOKUP ? KVR_ACTOR_LOOKUP
+				  : (i - 1) % 2	       ? KVR_ACTOR_STORER
+							       : KVR_ACTOR_LOADER;
+			e->index = i == SUP_ACTOR_LOOKUP ? 0 : (i - 1) / 2;
+		}
 		atomic_store(&e->state, KVR_ACTOR_IDLE);
 		e->last_exit_code = -1;
 		snprintf(ring, sizeof(ring), "ctl.%s.in", name);

@@ -124,7 +124,8 @@ struct sup {
 #define SUP_ACTOR_LOOKUP 0u
 #define SUP_ACTOR_LOADER(w) (1u + 2u * (w))
 #define SUP_ACTOR_STORER(w) (2u + 2u * (w))
-#define SUP_N_ACTORS(max_workers) (1u + 2u * (max_workers))
+#define SUP_ACTOR_DISK(max_workers, i) (1u + 2u * (max_workers) + (i)) /* one per l2.dirs[i] */
+#define SUP_N_ACTORS(cfg) (1u + 2u * (cfg)->instance.max_workers + (cfg)->l2.n_dirs)
 
 /* The rings of an instance with max_workers worker slots: every actor's control pair and
  * every per-worker data ring, with capacity and endpoints. This is the one place that says
