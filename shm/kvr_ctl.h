@@ -157,6 +157,11 @@ enum kvr_stat_lookup {
 	KVR_STAT_LK_REPLIES_DROPPED,  /* replies dropped: reader stopped reading */
 	KVR_STAT_LK_STALE,            /* requests addressed to an earlier incarnation */
 	KVR_STAT_LK_MISSED,           /* blocks asked for beyond the matched prefix (L1 misses) */
+	KVR_STAT_LK_L2_READS,         /* block lanes promoted from L2 (read, verified, committed) */
+	KVR_STAT_LK_L2_READ_FAILS,    /* promotions that failed (missing or bad file, I/O error) */
+	KVR_STAT_LK_L2_WRITES,        /* block lanes written through to L2 */
+	KVR_STAT_LK_L2_WRITE_FAILS,   /* write-throughs that failed (disk full, I/O error) */
+	KVR_STAT_LK_L2_WRITES_SKIPPED,/* write-throughs not sent: the disk actor's ring was full */
 };
 
 enum kvr_stat_xfer { /* loader and storer */

@@ -9,6 +9,7 @@
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_time.h"
+#include "l2tier.h"
 
 /*
  * One lookup actor per instance, the single writer of the slot table. Its index lives in
@@ -41,6 +42,7 @@ struct lookup {
 	struct lk_worker *w;
 	struct kvr_index_ref *refs;
 	uint32_t cap_refs;
+	struct l2tier *l2;            /* NULL without an L2 tier */
 };
 
 static int lookup_init(struct kvr_actor *a)
@@ -80,6 +82,11 @@ static int lookup_init(struct kvr_actor *a)
 		kvr_list_asm_init(&w->alloc, KVR_MSG_ALLOC);
 		kvr_list_asm_init(&w->commit, KVR_MSG_COMMIT);
 	}
+	int rc2 = l2t_open(a, l->idx, &l->l2);
+	if (rc2) {
+		kvr_err("L2 tier: %s", strerror(-rc2));
+		return rc2;
+	}
 	return 0;
 }
 
@@ -95,6 +102,7 @@ static void lookup_fini(struct kvr_actor *a)
 	}
 	free(l->w);
 	free(l->refs);
+	l2t_close(l->l2);
 	kvr_index_free(l->idx);
 	free(l);
 }
@@ -117,8 +125,8 @@ static void dropped(struct kvr_actor *a, unsigned w, int rc)
 	kvr_err("worker %u does not read its replies (%s): reply dropped", w, strerror(-rc));
 }
 
-static void send_lookup_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, uint64_t wire, int status,
-			    uint32_t matched, unsigned lane, uint64_t index_ns)
+static void send_lookup_rep_refs(struct kvr_actor *a, struct lookup *l, unsigned wi, uint64_t wire, int status,
+				 uint32_t matched, unsigned lane, uint64_t index_ns, const struct kvr_index_ref *slot_refs)
 {
 	struct lk_worker *w = &l->w[wi];
 	struct kvr_msg_lookup_rep r = {.status = status, .matched = matched, .lane = lane, .index_ns = index_ns};
@@ -129,9 +137,22 @@ static void send_lookup_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, 
 	_Static_assert(sizeof(struct kvr_index_ref) == sizeof(struct kvr_msg_slot), "slot wire format");
 	int rc = kvr_msg_send(w->lk_rep, &m, deadline);
 	if (!rc && matched)
-		rc = kvr_list_send(w->lk_rep, KVR_MSG_SLOTS, wire, 0, l->refs, matched, deadline);
+		rc = kvr_list_send(w->lk_rep, KVR_MSG_SLOTS, wire, 0, slot_refs, matched, deadline);
 	if (rc)
 		dropped(a, wi, rc);
+}
+
+static void send_lookup_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, uint64_t wire, int status,
+			    uint32_t matched, unsigned lane, uint64_t index_ns)
+{
+	send_lookup_rep_refs(a, l, wi, wire, status, matched, lane, index_ns, l->refs);
+}
+
+/* A lookup that waited for promotions from L2 is answered now. */
+static void l2_done_reply(struct kvr_actor *a, struct lookup *l, const struct l2t_done *d)
+{
+	kvr_actor_count(a, KVR_STAT_LK_MATCHED, d->matched);
+	send_lookup_rep_refs(a, l, d->worker, d->wire, 0, d->matched, d->lane, d->index_ns, d->refs);
 }
 
 static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
@@ -161,9 +182,14 @@ static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
 	}
 	kvr_actor_count(a, KVR_STAT_LK_LOOKUPS, 1);
 	kvr_actor_count(a, KVR_STAT_LK_KEYS, q->total);
-	kvr_actor_count(a, KVR_STAT_LK_MATCHED, (uint64_t)n);
+	/* L1 hits and misses are counted on the L1 prefix; blocks L2 adds are counted as
+	 * matched when their promotion completes */
 	kvr_actor_count(a, KVR_STAT_LK_MISSED, q->total - (uint64_t)n);
-	send_lookup_rep(a, l, wi, wire, 0, (uint32_t)n, lane, dt);
+	int ext = l2t_extend(l->l2, wi, wire, lane, q->items, q->total, (uint32_t)n, l->refs, dt);
+	if (ext == -EINPROGRESS)
+		return; /* answered (and its matched blocks counted) when the promotions finish */
+	kvr_actor_count(a, KVR_STAT_LK_MATCHED, (uint64_t)ext);
+	send_lookup_rep(a, l, wi, wire, 0, (uint32_t)ext, lane, dt);
 }
 
 static void send_commit_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, uint64_t id, int status,
@@ -212,8 +238,11 @@ static void do_commit(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		if (items[i].slot < l->slots->n_slots && kvr_slot_at(l->slots, items[i].slot)->owner != wi)
 			continue;
 		int rc = kvr_index_commit(l->idx, q->lane, items[i].slot, items[i].epoch);
-		if (rc >= 0)
+		if (rc >= 0) {
 			committed++;
+			l2t_committed(l->l2, kvr_slot_at(l->slots, items[i].slot)->key, q->lane, items[i].slot,
+				      items[i].epoch);
+		}
 		if (rc == 1)
 			visible++;
 	}
@@ -225,6 +254,12 @@ static void do_commit(struct kvr_actor *a, struct lookup *l, unsigned wi)
 static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
 {
 	struct lookup *l = a->data;
+	struct l2t_done done;
+	int l2rc = l2t_on_msg(l->l2, ring, m, &done);
+	if (l2rc == 2)
+		l2_done_reply(a, l, &done);
+	if (l2rc != 1)
+		return l2rc == -EBADMSG ? -EBADMSG : 0;
 	if (ring == a->ctl_in) {
 		struct kvr_msg_worker_gone g;
 		if (kvr_msg_decode_worker_gone(m, &g) || g.worker >= l->n_workers)
@@ -279,11 +314,22 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 	return -EBADMSG;
 }
 
+static void lookup_on_tick(struct kvr_actor *a, uint64_t now)
+{
+	(void)now;
+	struct lookup *l = a->data;
+	struct l2t_done done;
+	while (l2t_tick(l->l2, &done) == 1)
+		l2_done_reply(a, l, &done);
+}
+
 static const struct kvr_stage lookup_stage = {
 	.name = "lookup",
 	.kind = KVR_ACTOR_LOOKUP,
+	.tick_ns = 100000000, /* L2 housekeeping */
 	.init = lookup_init,
 	.on_msg = lookup_on_msg,
+	.on_tick = lookup_on_tick,
 	.fini = lookup_fini,
 };
 

@@ -1,0 +1,64 @@
+/* l2tier: the lookup actor's view of the disk tier — which block lanes are on disk, write-through, promotion reads. */
+#ifndef KVR_L2TIER_H
+#define KVR_L2TIER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvr_actor.h"
+#include "kvr_index.h"
+#include "kvr_keys.h"
+
+/*
+ * With l2.dirs configured the lookup actor
+ *   - learns what the disk actors hold (L2_SYNC at start -> L2_HAVE per block lane; then
+ *     L2_WRITE_DONE adds, L2_GONE removes);
+ *   - writes every lane it commits through to L2 (L2_WRITE; the disk actor pins the slot
+ *     while it writes);
+ *   - extends a lookup past the L1 prefix over blocks whose every lane is in L1 or L2: the
+ *     requester's lane is promoted — a slot allocated (WRITING, owned by the requester)
+ *     and filled by an L2_READ — and the LOOKUP_REP waits until every read is verified
+ *     and committed. The reply covers the blocks up to the first read that failed.
+ * A disk actor is chosen by key (key.hi % n_dirs). Reads outstanding on a disk actor that
+ * died are aborted once its successor has drained the requests left in its ring.
+ */
+
+#define L2T_MAX_DISKS 8
+
+struct l2t_done {             /* a promotion that finished: reply to this worker */
+	unsigned worker;
+	uint64_t wire;
+	unsigned lane;
+	uint32_t matched;         /* blocks to report */
+	const struct kvr_index_ref *refs;
+	uint64_t index_ns;
+};
+
+struct l2tier;
+
+/* NULL (and 0) when the instance has no L2. */
+int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret);
+void l2t_close(struct l2tier *t);
+
+/* Messages from disk.rep.N: 0 handled, -EBADMSG rejected, 1 not an L2 ring. When a
+ * promotion finishes, *done is filled and 2 is returned (the caller replies). */
+int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m, struct l2t_done *done);
+
+/* A lane was committed in L1: write it through (no-op without L2 or when on disk already). */
+void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch);
+
+/* Extend a lookup of keys[0..total) whose L1 prefix is `matched` blocks (refs[0..matched)
+ * filled) over L2. refs must hold total entries. Returns the number of blocks when the
+ * reply can go at once, or -EINPROGRESS when promotions were started (the reply comes
+ * through l2t_on_msg / l2t_tick). */
+int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, const kvr_key *keys, uint32_t total,
+	       uint32_t matched, struct kvr_index_ref *refs, uint64_t index_ns);
+
+/* Housekeeping (the actor's tick): abort reads lost with a dead disk actor. May finish a
+ * promotion: returns 1 and fills *done (call again until 0). */
+int l2t_tick(struct l2tier *t, struct l2t_done *done);
+
+/* Whether (key, lane) is on disk. */
+bool l2t_has(const struct l2tier *t, kvr_key key, unsigned lane);
+
+#endif
