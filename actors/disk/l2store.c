@@ -280,14 +280,28 @@ static bool engine_free(const struct kvr_l2_store *s)
 	return kvr_l2io_busy(s->io) < s->qd;
 }
 
-/* PRESENT -> EVICTING: out of the LRU, its unlink queued. */
-static int evict(struct kvr_l2_store *s, uint32_t idx)
+/* cfg.report_gone: queue a GONE completion for an entry leaving the index. */
+static int report_gone(struct kvr_l2_store *s, const struct ent *e, uint8_t reason)
+{
+	if (!s->cfg.report_gone)
+		return 0;
+	struct kvr_l2_done g = {.key = e->key, .lane = e->lane, .kind = KVR_L2_GONE, .reason = reason};
+	return fifo_push(&s->done, &g);
+}
+
+/* PRESENT -> EVICTING: out of the LRU, its unlink queued (and reported GONE with reason). */
+static int evict(struct kvr_l2_store *s, uint32_t idx, uint8_t reason)
 {
 	struct ent *e = &s->ents[idx];
 	struct unlink_item it = {idx, e->gen};
 	int rc = fifo_push(&s->unlinks, &it);
 	if (rc)
 		return rc;
+	rc = report_gone(s, e, reason);
+	if (rc) {
+		s->unlinks.n--; /* undo the push just made */
+		return rc;
+	}
 	lru_remove(s, idx);
 	e->state = E_EVICTING;
 	s->present--;
@@ -347,7 +361,7 @@ int kvr_l2_store_put(struct kvr_l2_store *s, kvr_key key, uint32_t lane, const v
 			s->st.puts_nospace++;
 			return -EAGAIN; /* only writes in flight hold the space */
 		}
-		int rc = evict(s, s->lru_head);
+		int rc = evict(s, s->lru_head, KVR_L2_R_OVER_CAP);
 		if (rc)
 			return rc;
 		s->st.evictions++;
@@ -405,7 +419,7 @@ int kvr_l2_store_remove(struct kvr_l2_store *s, kvr_key key, uint32_t lane)
 		return -ENOENT;
 	if (s->ents[idx].state == E_WRITING)
 		return -EBUSY;
-	int rc = evict(s, idx);
+	int rc = evict(s, idx, KVR_L2_OK);
 	if (rc)
 		return rc;
 	s->st.removed++;
@@ -445,11 +459,14 @@ static int on_io_done(struct kvr_l2_store *s, const struct kvr_l2io_done *d)
 		s->st.dropped[d->reason < KVR_L2_R_MAX ? d->reason : KVR_L2_R_IO]++;
 		if (same && e->state == E_PRESENT) {
 			if (d->res == -ENOENT) { /* gone behind our back: nothing to unlink */
+				int rc = report_gone(s, e, d->reason);
+				if (rc)
+					return rc;
 				lru_remove(s, rq.ent);
 				s->present--;
 				ent_free(s, rq.ent);
 			} else { /* bad or unreadable: never served again */
-				int rc = evict(s, rq.ent);
+				int rc = evict(s, rq.ent, d->reason);
 				if (rc)
 					return rc;
 			}

@@ -63,6 +63,9 @@ struct kvr_l2_store_config {
 	uint64_t arena_bytes;
 	uint64_t arena_data_off;
 	uint64_t slot_bytes;
+	bool report_gone;             /* poll also returns a KVR_L2_GONE completion for every
+				       * present (key, lane) that leaves the index: evicted for
+				       * capacity, removed, or dropped after a failed read */
 };
 
 struct kvr_l2_adopt_stats {
@@ -78,6 +81,9 @@ struct kvr_l2_adopt_stats {
 enum kvr_l2_kind {
 	KVR_L2_PUT = 1,
 	KVR_L2_GET = 2,
+	KVR_L2_GONE = 3,              /* (report_gone) the entry left the index: tag 0, res 0,
+				       * reason OVER_CAP (eviction), KVR_L2_OK (remove) or the
+				       * failed read's reason; queued before that read's completion */
 };
 
 /* One completed put or get, as returned by kvr_l2_store_poll(). */

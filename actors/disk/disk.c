@@ -1,0 +1,434 @@
+/* disk: the disk actor (kvring-disk) — serves the lookup actor's L2 writes, reads and syncs from one L2 directory. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <kvring/msg.h>
+
+#include "kvr_actor.h"
+#include "kvr_list.h"
+#include "kvr_log.h"
+#include "kvr_time.h"
+#include "l2store.h"
+
+/*
+ * One disk actor serves l2.dirs[i] (i = its index among disk actors) through one l2store.
+ * Requests come on "disk.req.<i>" from the lookup actor, replies and notices go out on
+ * "disk.rep.<i>" (docs/l2.md, "The disk actor").
+ *
+ * Completions without a wait_fd: the runtime has no way to wake us on an io_uring
+ * completion, so every I/O is submitted inside on_msg and finished before the runtime
+ * could go to sleep. After each request: when the input ring is empty, or every request
+ * slot (queue_depth) is in use, completions are reaped — until nothing is in flight (ring
+ * empty) or until a request slot frees (full depth) — and their replies sent. Requests
+ * that arrive together are therefore submitted together, and the runtime's busy flag
+ * (set around on_msg) covers every I/O in flight: kvringd's drain waits for L2 writes.
+ */
+
+#define DISK_SEND_TIMEOUT_NS (5ull * 1000000000ull) /* a reply ring full this long: reply dropped */
+#define DISK_FINI_TIMEOUT_NS (1ull * 1000000000ull)
+#define DISK_POLL_MAX 64u
+#define DISK_REQ_NONE 0xffffffffu
+
+struct disk_req {
+	uint64_t req_id;
+	kvr_key key;
+	uint32_t slot, epoch;
+	uint16_t lane;
+	uint16_t type;              /* KVR_MSG_L2_WRITE or KVR_MSG_L2_READ; 0 = free */
+	uint32_t next_free;
+};
+
+struct disk {
+	struct kvr_actor *a;
+	struct kvr_slot_table *slots;
+	struct kvr_l2_store *store;
+	struct kvr_ring *in, *out;
+	unsigned qd;
+	struct disk_req *reqs;      /* qd entries; the store tag is the index */
+	uint32_t free_req;
+	unsigned inflight;
+	struct kvr_l2_done done[DISK_POLL_MAX];
+	uint64_t send_timeout_ns;
+	uint64_t dropped;           /* messages we could not send */
+};
+
+/* ---- sending ----------------------------------------------------------------------------- */
+
+static void send_l2(struct disk *d, unsigned type, uint64_t req_id, kvr_key key, uint16_t lane, uint32_t slot,
+		    uint32_t epoch, uint16_t flags, int status)
+{
+	struct kvr_msg_l2 b = {
+		.key_lo = key.lo, .key_hi = key.hi, .slot = slot, .epoch = epoch,
+		.lane = lane, .flags = flags, .status = status,
+	};
+	struct kvr_msg m;
+	kvr_msg_build(&m, type, status < 0 ? KVR_MSGF_ERROR : 0, req_id, 0, &b, sizeof(b));
+	int rc = kvr_msg_send(d->out, &m, kvr_now_ns() + d->send_timeout_ns);
+	if (rc) {
+		if (!d->dropped++)
+			kvr_warn("disk.rep: %s dropped (%s); the lookup actor stopped reading", kvr_msg_type_name(type),
+				 strerror(-rc));
+		return;
+	}
+	kvr_actor_count(d->a, KVR_STAT_MSGS_OUT, 1);
+}
+
+/* ---- request slots ----------------------------------------------------------------------- */
+
+static uint32_t req_get(struct disk *d)
+{
+	uint32_t r = d->free_req;
+	if (r == DISK_REQ_NONE)
+		return r;
+	d->free_req = d->reqs[r].next_free;
+	d->inflight++;
+	return r;
+}
+
+static void req_put(struct disk *d, uint32_t r)
+{
+	d->reqs[r].type = 0;
+	d->reqs[r].next_free = d->free_req;
+	d->free_req = r;
+	d->inflight--;
+}
+
+/* ---- completions ------------------------------------------------------------------------- */
+
+static void on_done(struct disk *d, const struct kvr_l2_done *c)
+{
+	if (c->kind == KVR_L2_GONE) {
+		send_l2(d, KVR_MSG_L2_GONE, 0, c->key, (uint16_t)c->lane, 0, 0, 0, 0);
+		return;
+	}
+	if (c->tag >= d->qd || !d->reqs[c->tag].type) {
+		kvr_err("l2 completion for unknown request %llu", (unsigned long long)c->tag);
+		return;
+	}
+	uint32_t r = (uint32_t)c->tag;
+	struct disk_req q = d->reqs[r];
+	req_put(d, r);
+	if (q.type == KVR_MSG_L2_WRITE) {
+		(void)kvr_slot_unpin(d->slots, q.slot, KVR_L2_PIN_WORKER);
+		send_l2(d, KVR_MSG_L2_WRITE_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, 0, c->res);
+	} else {
+		/* res 0 only after the engine verified header and payload checksum */
+		send_l2(d, KVR_MSG_L2_READ_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, 0, c->res);
+	}
+}
+
+/* Collect completions (waiting for at least min_done) and answer them. Returns how many
+ * were handled or -errno. */
+static int pump(struct disk *d, unsigned min_done)
+{
+	int total = 0;
+	for (;;) {
+		int n = kvr_l2_store_poll(d->store, d->done, DISK_POLL_MAX, min_done);
+		if (n < 0) {
+			kvr_err("l2 poll: %s", strerror(-n));
+			return n;
+		}
+		for (int i = 0; i < n; i++)
+			on_done(d, &d->done[i]);
+		total += n;
+		if ((unsigned)n < DISK_POLL_MAX)
+			return total;
+		min_done = 0; /* a full batch: take what else is ready */
+	}
+}
+
+/* Everything in flight finished and answered (internal unlinks included). */
+static int settle_all(struct disk *d)
+{
+	int rc = kvr_l2_store_flush(d->store);
+	if (rc) {
+		kvr_err("l2 flush: %s", strerror(-rc));
+		return rc;
+	}
+	rc = pump(d, 0);
+	return rc < 0 ? rc : 0;
+}
+
+/* The rule after each request (see the top of the file). */
+static void settle(struct disk *d)
+{
+	if (kvr_ring_count(d->in) == 0) {
+		(void)settle_all(d);
+		return;
+	}
+	while (d->inflight >= d->qd)
+		if (pump(d, 1) < 0)
+			return;
+}
+
+/* A request slot for a new I/O: wait for a completion when all are in use. */
+static uint32_t req_wait(struct disk *d)
+{
+	while (d->free_req == DISK_REQ_NONE)
+		if (pump(d, 1) < 0)
+			return DISK_REQ_NONE;
+	return req_get(d);
+}
+
+/* Submit through op (put or get), retrying while the store says -EAGAIN and something it
+ * waits for is in flight. */
+static int submit(struct disk *d, bool put, kvr_key key, uint32_t lane, void *buf, uint32_t r)
+{
+	for (;;) {
+		int rc = put ? kvr_l2_store_put(d->store, key, lane, buf, r) : kvr_l2_store_get(d->store, key, lane, buf, r);
+		if (rc != -EAGAIN || !kvr_l2_store_pending(d->store))
+			return rc;
+		int n = pump(d, 1);
+		if (n < 0)
+			return n;
+	}
+}
+
+static bool slot_is(const struct disk *d, uint32_t slot, kvr_key key, uint16_t lane)
+{
+	const struct kvr_slot *s = kvr_slot_at(d->slots, slot);
+	return s->key.lo == key.lo && s->key.hi == key.hi && s->lane == lane;
+}
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+static void do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b)
+{
+	kvr_key key = {b->key_lo, b->key_hi};
+	int rc = kvr_slot_pin(d->slots, b->slot, b->epoch, KVR_L2_PIN_WORKER);
+	if (rc) {
+		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, rc);
+		return;
+	}
+	if (!slot_is(d, b->slot, key, b->lane)) {
+		rc = -ESTALE; /* the slot holds another block than the request names */
+		goto fail;
+	}
+	uint32_t r = req_wait(d);
+	if (r == DISK_REQ_NONE) {
+		rc = -EIO;
+		goto fail;
+	}
+	d->reqs[r] = (struct disk_req){.req_id = req_id, .key = key, .slot = b->slot, .epoch = b->epoch,
+				       .lane = b->lane, .type = KVR_MSG_L2_WRITE, .next_free = DISK_REQ_NONE};
+	void *src = kvr_slot_data(d->slots, d->a->arena_seg.base, b->slot);
+	rc = submit(d, true, key, b->lane, src, r);
+	if (rc == 0)
+		return; /* answered on completion (on_done unpins) */
+	req_put(d, r);
+	if (rc == KVR_L2_PRESENT || rc == KVR_L2_INFLIGHT) {
+		(void)kvr_slot_unpin(d->slots, b->slot, KVR_L2_PIN_WORKER);
+		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, KVR_L2F_PRESENT, 0);
+		return;
+	}
+fail:
+	(void)kvr_slot_unpin(d->slots, b->slot, KVR_L2_PIN_WORKER);
+	send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, rc);
+}
+
+static void do_read(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b)
+{
+	kvr_key key = {b->key_lo, b->key_hi};
+	int rc;
+	/* the lookup actor allocated the slot for this block (WRITING) and owns it */
+	if (b->slot >= d->slots->n_slots) {
+		rc = -EINVAL;
+		goto fail;
+	}
+	if (kvr_slot_state(d->slots, b->slot) != KVR_SLOT_WRITING || kvr_slot_epoch(d->slots, b->slot) != b->epoch ||
+	    !slot_is(d, b->slot, key, b->lane)) {
+		rc = -ESTALE;
+		goto fail;
+	}
+	uint32_t r = req_wait(d);
+	if (r == DISK_REQ_NONE) {
+		rc = -EIO;
+		goto fail;
+	}
+	d->reqs[r] = (struct disk_req){.req_id = req_id, .key = key, .slot = b->slot, .epoch = b->epoch,
+				       .lane = b->lane, .type = KVR_MSG_L2_READ, .next_free = DISK_REQ_NONE};
+	void *dst = kvr_slot_data(d->slots, d->a->arena_seg.base, b->slot);
+	rc = submit(d, false, key, b->lane, dst, r);
+	if (rc == 0)
+		return;
+	req_put(d, r);
+fail:
+	send_l2(d, KVR_MSG_L2_READ_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, rc);
+}
+
+static void do_sync(struct disk *d, uint64_t req_id)
+{
+	struct kvr_l2_store_stats st;
+	kvr_l2_store_stats(d->store, &st);
+	unsigned n = 0;
+	kvr_key *keys = NULL;
+	uint32_t *lanes = NULL;
+	if (st.files) {
+		keys = malloc(st.files * sizeof(*keys));
+		lanes = malloc(st.files * sizeof(*lanes));
+		if (!keys || !lanes)
+			kvr_err("sync: out of memory listing %llu files: listing none", (unsigned long long)st.files);
+		else
+			n = kvr_l2_store_lru(d->store, keys, lanes, (unsigned)st.files);
+	}
+	uint64_t before = d->dropped;
+	for (unsigned i = 0; i < n && d->dropped == before; i++)
+		send_l2(d, KVR_MSG_L2_HAVE, req_id, keys[i], (uint16_t)lanes[i], 0, 0, 0, 0);
+	send_l2(d, KVR_MSG_L2_HAVE, req_id, (kvr_key){0, 0}, 0xffff, 0, 0, KVR_L2F_LAST, 0);
+	kvr_info("sync: %u files listed%s", n, d->dropped != before ? " (cut short: reply ring stuck)" : "");
+	free(keys);
+	free(lanes);
+}
+
+/* ---- stage ------------------------------------------------------------------------------- */
+
+static int disk_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
+{
+	struct disk *d = a->data;
+	struct kvr_msg_l2 b;
+	if (ring != d->in || kvr_msg_decode_l2(m, 0, &b))
+		return -EBADMSG;
+	switch (m->hdr.type) {
+	case KVR_MSG_L2_WRITE:
+		do_write(d, m->hdr.req_id, &b);
+		break;
+	case KVR_MSG_L2_READ:
+		do_read(d, m->hdr.req_id, &b);
+		break;
+	case KVR_MSG_L2_SYNC:
+		do_sync(d, m->hdr.req_id);
+		break;
+	default:
+		return -EBADMSG; /* replies and notices only flow the other way */
+	}
+	settle(d);
+	return 0;
+}
+
+static int open_store(struct disk *d, const char *dir, struct kvr_l2_store_config *sc)
+{
+	struct kvr_l2_adopt_stats ad;
+	int rc = kvr_l2_store_open(sc, &ad, &d->store);
+	if ((rc == -ENOMEM || rc == -EPERM) && sc->arena) {
+		kvr_warn("l2 %s: cannot register the arena for fixed buffers (%s, RLIMIT_MEMLOCK?): plain I/O",
+			 dir, strerror(-rc));
+		sc->arena = NULL;
+		sc->arena_bytes = 0;
+		rc = kvr_l2_store_open(sc, &ad, &d->store);
+	}
+	if (rc) {
+		kvr_err("l2 %s: open: %s", dir, strerror(-rc));
+		return rc;
+	}
+	struct kvr_l2_store_stats st;
+	kvr_l2_store_stats(d->store, &st);
+	kvr_info("l2 %s: adopted %llu files (%llu MiB) of %llu entries, deleted %llu, left %llu alone, "
+		 "%.1f ms; %s I/O, capacity %llu MiB, queue depth %u, durability %s",
+		 kvr_l2_store_dir(d->store), (unsigned long long)ad.adopted, (unsigned long long)(ad.adopted_bytes >> 20),
+		 (unsigned long long)ad.entries, (unsigned long long)ad.deleted, (unsigned long long)ad.left_alone,
+		 (double)ad.elapsed_ns / 1e6, st.direct ? "direct" : "buffered",
+		 (unsigned long long)(sc->capacity_bytes >> 20), sc->queue_depth,
+		 kvr_l2_durability_name(sc->durability));
+	if (!st.direct)
+		kvr_warn("l2 %s: the filesystem refuses O_DIRECT: buffered I/O (page cache)", dir);
+	return 0;
+}
+
+static int disk_init(struct kvr_actor *a)
+{
+	const struct kvr_config *cfg = &a->cfg;
+	unsigned idx = a->ent->index;
+	if (!a->slots || !a->arena_seg.base) {
+		kvr_err("no slot table or arena");
+		return -EINVAL;
+	}
+	if (idx >= cfg->l2.n_dirs || idx >= KVR_L2_MAX_DIRS) {
+		kvr_err("disk actor %u but l2.dirs has %u entries", idx, cfg->l2.n_dirs);
+		return -EINVAL;
+	}
+	const char *dir = cfg->l2.dirs[idx];
+	struct kvr_l2_store_config sc = {
+		.root = dir,
+		.ident = {.ns = a->slots->ns, .fingerprint = a->slots->ns, .block_tokens = a->slots->block_tokens,
+			  .lane_bytes = a->slots->slot_bytes},
+		.lanes = a->slots->quorum,
+		.capacity_bytes = cfg->l2.capacity_bytes / cfg->l2.n_dirs,
+		.queue_depth = cfg->l2.queue_depth,
+		.io_mode = KVR_L2_IO_AUTO,
+		.arena = a->arena_seg.base,
+		.arena_bytes = a->arena_seg.size,
+		.arena_data_off = a->slots->arena_data_off,
+		.slot_bytes = a->slots->slot_bytes,
+		.report_gone = true,
+	};
+	int rc = kvr_l2_durability_parse(cfg->l2.durability, &sc.durability);
+	if (rc) {
+		kvr_err("l2.durability \"%s\" is not none, block or batch", cfg->l2.durability);
+		return rc;
+	}
+	struct disk *d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->a = a;
+	d->slots = a->slots;
+	d->send_timeout_ns = DISK_SEND_TIMEOUT_NS;
+	d->in = kvr_actor_ring_w(a, "disk.req.%u", idx);
+	d->out = kvr_actor_ring_w(a, "disk.rep.%u", idx);
+	if (!d->in || !d->out) {
+		kvr_err("rings disk.req.%u / disk.rep.%u missing from the ring directory", idx, idx);
+		rc = -ENOENT;
+		goto fail;
+	}
+	d->qd = sc.queue_depth ? sc.queue_depth : 1;
+	d->reqs = calloc(d->qd, sizeof(*d->reqs));
+	if (!d->reqs) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t i = 0; i < d->qd; i++)
+		d->reqs[i].next_free = i + 1 < d->qd ? i + 1 : DISK_REQ_NONE;
+	d->free_req = 0;
+	if (mkdir(dir, 0700) == 0)
+		kvr_info("l2 %s: created", dir);
+	rc = open_store(d, dir, &sc);
+	if (rc)
+		goto fail;
+	kvr_actor_set_data(a, d);
+	return 0;
+fail:
+	free(d->reqs);
+	free(d);
+	return rc;
+}
+
+static void disk_fini(struct kvr_actor *a)
+{
+	struct disk *d = a->data;
+	if (!d)
+		return;
+	d->send_timeout_ns = DISK_FINI_TIMEOUT_NS;
+	(void)settle_all(d);
+	if (d->inflight)
+		kvr_warn("%u requests unanswered at stop", d->inflight);
+	if (d->dropped)
+		kvr_warn("%llu messages to the lookup actor dropped", (unsigned long long)d->dropped);
+	kvr_l2_store_close(d->store);
+	free(d->reqs);
+	free(d);
+	kvr_actor_set_data(a, NULL);
+}
+
+static const struct kvr_stage disk_stage = {
+	.name = "disk",
+	.kind = KVR_ACTOR_DISK,
+	.init = disk_init,
+	.on_msg = disk_on_msg,
+	.fini = disk_fini,
+};
+
+int main(int argc, char **argv)
+{
+	return kvr_actor_main(argc, argv, &disk_stage);
+}
