@@ -1,0 +1,127 @@
+/* kvring-disk through the real kvringd: write-through files land on disk, an L1 miss is promoted back byte-exact. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client_harness.h"
+#include "kvr_time.h"
+
+static struct ct_env env;
+static char l2dir[64];
+
+static void setup(void)
+{
+	snprintf(l2dir, sizeof(l2dir), "/tmp/kvr-dact-%d-XXXXXX", (int)getpid());
+	cr_assert_not_null(mkdtemp(l2dir));
+	ct_init(&env);
+}
+
+static void teardown(void)
+{
+	ct_fini(&env);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", l2dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", l2dir);
+}
+
+TestSuite(disk_actor, .init = setup, .fini = teardown, .timeout = 60);
+
+/* 2 layers x K,V x 16 tokens x 2 heads x 16 x bf16 = 4096 bytes a lane */
+static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
+				     .tp_size = 1};
+
+#define TAG(prompt, i) (1000ull * (prompt) + (i) + 1)
+
+/* Block files (*.kvb) under every namespace directory of root. */
+static unsigned count_files(const char *root)
+{
+	unsigned n = 0;
+	DIR *d = opendir(root);
+	if (!d)
+		return 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		char sub[PATH_MAX];
+		snprintf(sub, sizeof(sub), "%s/%s", root, e->d_name);
+		DIR *s = opendir(sub);
+		if (!s)
+			continue;
+		struct dirent *f;
+		while ((f = readdir(s))) {
+			size_t l = strlen(f->d_name);
+			if (l > 4 && !strcmp(f->d_name + l - 4, ".kvb"))
+				n++;
+		}
+		closedir(s);
+	}
+	closedir(d);
+	return n;
+}
+
+static unsigned wait_files(const char *root, unsigned want, int ms)
+{
+	uint64_t end = kvr_now_ns() + (uint64_t)ms * 1000000ull;
+	unsigned n;
+	while ((n = count_files(root)) < want && kvr_now_ns() < end)
+		usleep(10000);
+	return n;
+}
+
+static void store_prompt(struct ct_rank *r, uint64_t req, uint64_t seed, const uint32_t *src, uint32_t n)
+{
+	size_t n_tokens = (size_t)n * tiny.block_tokens;
+	uint32_t tokens[16 * 16];
+	ct_prompt(tokens, n_tokens, seed);
+	struct ct_done d;
+	ct_store(r, req, tokens, n_tokens, src, n, &d);
+	cr_assert_eq(d.c.status, 0, "store: status %d", d.c.status);
+	cr_assert_eq(d.c.n_stored, n, "stored %u of %u", d.c.n_stored, n);
+}
+
+/*
+ * L1 holds 8 slots. Prompt A (4 blocks) is stored and written through: 4 files. Prompt B
+ * (8 blocks) pushes A out of L1: 12 files. A lookup of A then matches all 4 blocks through
+ * promotion reads, and loading them restores A's bytes exactly.
+ */
+Test(disk_actor, write_through_then_promote)
+{
+	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r), 0, "attach: %s", kvr_last_error(NULL));
+	uint32_t a_src[4] = {1, 2, 3, 4}, b_src[8] = {5, 6, 7, 8, 9, 10, 11, 12}, dst[4] = {20, 21, 22, 23};
+	for (uint32_t i = 0; i < 4; i++)
+		ct_fill(r, a_src[i], TAG(1, i));
+	for (uint32_t i = 0; i < 8; i++)
+		ct_fill(r, b_src[i], TAG(2, i));
+
+	store_prompt(r, 1, 101, a_src, 4);
+	cr_assert_eq(wait_files(l2dir, 4, 5000), 4, "A's 4 lanes written through");
+	store_prompt(r, 2, 202, b_src, 8);
+	cr_assert_eq(wait_files(l2dir, 12, 5000), 12, "A and B on disk");
+	kvr_key keys[4];
+	uint32_t tokens[4 * 16];
+	ct_prompt(tokens, 4 * 16, 101);
+	ct_keys(&env, tokens, 4 * 16, keys);
+	for (unsigned i = 0; i < 4; i++)
+		cr_assert_lt(ct_find_slot(&env, keys[i], 0), 0, "A's block %u left L1", i);
+
+	cr_assert_eq(ct_lookup(r, 3, tokens, 4 * 16), 4, "A matched through L2");
+	struct ct_done d;
+	ct_load(r, 3, dst, 4, &d);
+	cr_assert_eq(d.c.status, 0, "load: status %d", d.c.status);
+	cr_assert_eq(d.c.n_failed, 0);
+	for (uint32_t i = 0; i < 4; i++) {
+		char why[200] = "";
+		cr_assert(ct_holds(r, dst[i], TAG(1, i), why, sizeof(why)), "promoted block %u: %s", i, why);
+	}
+	cr_assert_eq(ct_stat(&env, "disk.0", KVR_STAT_MALFORMED), 0);
+	cr_assert_geq(ct_stat(&env, "disk.0", KVR_STAT_MSGS_IN), 12 + 4 + 1, "writes, reads and the sync");
+}
