@@ -53,6 +53,7 @@ struct l2tier {
 	struct kvr_ring *req[L2T_MAX_DISKS], *rep[L2T_MAX_DISKS];
 	unsigned disk_actor[L2T_MAX_DISKS];
 	uint32_t disk_gen[L2T_MAX_DISKS];
+	bool synced[L2T_MAX_DISKS];   /* the answer to our last L2_SYNC is complete */
 	struct l2ent *set;
 	uint32_t set_cap, set_n, set_dead;
 	struct pend *pend;
@@ -182,8 +183,23 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 			return -ENOENT;
 		}
 		t->disk_gen[d] = atomic_load(&kvr_ctl_actor(a->ctl, t->disk_actor[d])->generation);
-		/* ask what it holds; the answer streams in while we serve */
 		(void)send_l2(t, d, KVR_MSG_L2_SYNC, 0, (kvr_key){0, 0}, 0, 0, 0);
+	}
+	/* Learn what the disks hold before we serve (we are not ready yet: kvringd admits no
+	 * worker), so the first lookups after a restart already see L2. Adoption of a large
+	 * directory takes a while: wait up to most of the ready timeout, then serve anyway
+	 * (the rest of the answer is taken in as it comes). */
+	uint64_t ready_ns = (uint64_t)a->cfg.supervisor.ready_timeout_ms * 1000000ull;
+	uint64_t deadline = kvr_now_ns() + (ready_ns > 1000000000ull ? ready_ns - 1000000000ull : ready_ns / 2);
+	for (unsigned d = 0; d < n; d++) {
+		while (!t->synced[d] && kvr_now_ns() < deadline && !a->stopping) {
+			struct kvr_msg m;
+			struct l2t_done unused;
+			if (kvr_ring_dequeue(t->rep[d], &m, 50000000) == 0)
+				(void)l2t_on_msg(t, t->rep[d], &m, &unused);
+		}
+		if (!t->synced[d])
+			kvr_warn("disk.%u has not listed its blocks yet: serving, L2 hits follow as it does", d);
 	}
 	*ret = t;
 	return 0;
@@ -376,8 +392,10 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 	case KVR_MSG_L2_HAVE:
 		if (b.lane != NO_LANE)
 			set_add(t, k, b.lane);
-		if (b.flags & KVR_L2F_LAST)
-			kvr_info("disk.%u holds %u block lanes", d, t->set_n);
+		if (b.flags & KVR_L2F_LAST) {
+			t->synced[d] = true;
+			kvr_info("disk.%u synced: %u block lanes on disk in all", d, t->set_n);
+		}
 		return 0;
 	case KVR_MSG_L2_GONE:
 		set_del(t, k, b.lane);
@@ -417,6 +435,7 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 				if (t->reads[i].used && t->reads[i].disk == d && t->reads[i].disk_gen != gen)
 					t->reads[i].orphan = true;
 			t->disk_gen[d] = gen;
+			t->synced[d] = false;
 			(void)send_l2(t, d, KVR_MSG_L2_SYNC, 0, (kvr_key){0, 0}, 0, 0, 0);
 		}
 		/* abort orphans once the successor drained the old requests: it can no longer

@@ -104,6 +104,11 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	e->lane_bytes = ct_lane_bytes(m);
 	uint64_t slot = kvr_slots_slot_bytes(e->lane_bytes);
 	uint32_t n_slots = o->l1_slots ? o->l1_slots : 64;
+	char l2[512] = "";
+	if (o->l2_dir)
+		snprintf(l2, sizeof(l2),
+			 ",\n  \"l2\": {\"dirs\": [\"%s\"], \"capacity_bytes\": %llu, \"durability\": \"block\"}", o->l2_dir,
+			 (unsigned long long)(o->l2_bytes ? o->l2_bytes : 64ull << 20));
 	char json[4096];
 	snprintf(json, sizeof(json),
 		 "{\n"
@@ -116,7 +121,7 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 		 "  \"model\": {\"preset\": \"\", \"model_id\": \"test/tiny\", \"layers\": %u, \"kv_heads\": %u,\n"
 		 "    \"head_dim\": %u, \"dtype_bytes\": %u, \"block_tokens\": %u, \"tp_size\": %u},\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"%s\"},\n"
-		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}\n"
+		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}%s\n"
 		 "}\n",
 		 e->h.sock, o->max_workers ? o->max_workers : m->tp_size, o->crash_loop_max ? o->crash_loop_max : 5,
 		 o->health_ms ? o->health_ms : 1000, m->layers,
@@ -124,7 +129,7 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * slot),
 		 o->eviction ? o->eviction : "lru",
 		 (unsigned long long)(o->staging_ceiling ? o->staging_ceiling : 64 * e->lane_bytes),
-		 o->load_percent ? o->load_percent : 50, (unsigned long long)o->staging_buffer);
+		 o->load_percent ? o->load_percent : 50, (unsigned long long)o->staging_buffer, l2);
 	h_write_config_raw(&e->h, json);
 	h_start(&e->h);
 	struct kvr_actor_ent *lk = h_actor(&e->h, "lookup");

@@ -43,6 +43,8 @@ struct ct_opts {
 	unsigned load_percent;     /* 0 = 50 */
 	unsigned health_ms;        /* 0 = 1000 (a stopped actor is killed after 5 missed pings) */
 	unsigned crash_loop_max;   /* deaths in 10 s that give up on an actor; 0 = 5 */
+	const char *l2_dir;        /* an L2 tier in this directory (NULL = none) */
+	uint64_t l2_bytes;         /* its cap; 0 = 64 MiB */
 };
 
 struct ct_env {

@@ -1,0 +1,186 @@
+/* The L2 tier through the real kvringd, lookup and disk actors: write-through, promotion, restart, damage. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client_harness.h"
+
+static struct ct_env env;
+static char l2dir[256];
+
+static void setup(void)
+{
+	ct_init(&env);
+	snprintf(l2dir, sizeof(l2dir), "%s/l2", env.h.dir);
+	cr_assert_eq(mkdir(l2dir, 0700), 0);
+}
+
+static void teardown(void)
+{
+	ct_fini(&env);
+}
+
+TestSuite(l2, .init = setup, .fini = teardown, .timeout = 90);
+
+/* 2 layers x K,V x 16 tokens x 2 heads x 16 x bf16 = 4096 bytes a lane: one 4 KiB slot. */
+static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
+				     .tp_size = 1};
+
+#define TAG(prompt, i) (5000ull * (prompt) + (i) + 1)
+#define PROMPTS 6
+#define BLOCKS 4
+#define BT 16
+
+static uint32_t tokens[PROMPTS][BLOCKS * BT];
+
+static void store_prompts(struct ct_rank *r)
+{
+	for (unsigned p = 0; p < PROMPTS; p++) {
+		ct_prompt(tokens[p], BLOCKS * BT, 100 + p);
+		uint32_t blocks[BLOCKS];
+		for (uint32_t i = 0; i < BLOCKS; i++) {
+			blocks[i] = i;
+			ct_fill(r, i, TAG(p, i));
+		}
+		struct ct_done d;
+		ct_store(r, 1 + p, tokens[p], BLOCKS * BT, blocks, BLOCKS, &d);
+		cr_assert_eq(d.c.status, 0, "store %u: %d", p, d.c.status);
+		cr_assert_eq(d.c.n_stored, BLOCKS);
+		/* the disk actor pins a slot while it writes it through: with an L1 of 4 slots the
+		 * next prompt finds room only once these are on disk */
+		cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == (p + 1) * BLOCKS, 5000),
+			  "prompt %u written through: %llu", p,
+			  (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES));
+	}
+}
+
+/* Look every prompt up and load it into blocks 8..11: all from L1 or L2, byte-exact. */
+static void load_all_exact(struct ct_rank *r, uint64_t req0)
+{
+	for (unsigned p = 0; p < PROMPTS; p++) {
+		uint32_t got = ct_lookup(r, req0 + p, tokens[p], BLOCKS * BT);
+		cr_assert_eq(got, BLOCKS, "prompt %u: %u of %u blocks found in L1+L2", p, got, BLOCKS);
+		uint32_t dst[BLOCKS];
+		for (uint32_t i = 0; i < BLOCKS; i++)
+			dst[i] = 8 + i;
+		struct ct_done d;
+		ct_load(r, req0 + p, dst, BLOCKS, &d);
+		cr_assert_eq(d.c.status, 0, "prompt %u load: %d (%u failed)", p, d.c.status, d.c.n_failed);
+		for (uint32_t i = 0; i < BLOCKS; i++) {
+			char why[200] = "";
+			cr_assert(ct_holds(r, dst[i], TAG(p, i), why, sizeof(why)), "prompt %u block %u: %s", p, i, why);
+		}
+	}
+}
+
+static unsigned count_files(const char *dir, const char *suffix)
+{
+	unsigned n = 0;
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		if (e->d_type == DT_DIR) {
+			char sub[512];
+			snprintf(sub, sizeof(sub), "%s/%s", dir, e->d_name);
+			n += count_files(sub, suffix);
+		} else {
+			size_t l = strlen(e->d_name), s = strlen(suffix);
+			n += l >= s && strcmp(e->d_name + l - s, suffix) == 0;
+		}
+	}
+	closedir(d);
+	return n;
+}
+
+static void restart(const struct ct_opts *o)
+{
+	ct_close_all();
+	cr_assert_eq(kill(env.h.pid, SIGTERM), 0);
+	int st = h_wait_exit(env.h.pid, 10000);
+	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit %d", st);
+	env.h.pid = 0;
+	kvr_segment_close(&env.slots_seg);
+	kvr_segment_close(&env.ctl_seg);
+	kvr_segment_close(&env.arena_seg);
+	ct_start(&env, &tiny, o);
+}
+
+/* A tiny L1 (4 slots) in front of a large L2: every block is written through, most are
+ * evicted from L1; SIGTERM, start again (L1 empty), and every prompt is served from L2. */
+Test(l2, survives_restart_byte_exact)
+{
+	struct ct_opts o = {.l1_slots = 4, .l2_dir = l2dir};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	store_prompts(r);
+	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == PROMPTS * BLOCKS, 5000),
+		  "written through: %llu", (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES));
+	cr_assert_eq(count_files(l2dir, ".kvb"), PROMPTS * BLOCKS);
+	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_EVICTED), 0, "L1 of 4 slots must have evicted");
+	load_all_exact(r, 100);
+	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0, "some blocks came from L2");
+
+	restart(&o);
+	cr_assert_eq(ct_count_state(&env, KVR_SLOT_COMMITTED), 0, "L1 starts empty");
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	/* the disk actor adopted the files and told the lookup actor */
+	load_all_exact(r, 200);
+	cr_assert_geq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), PROMPTS * BLOCKS - 4,
+		      "served from L2 after the restart: %llu",
+		      (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS));
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
+}
+
+/* A file damaged on disk is a miss, never served: the lookup stops before that block. */
+Test(l2, damaged_file_is_a_miss)
+{
+	struct ct_opts o = {.l1_slots = 4, .l2_dir = l2dir};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	store_prompts(r);
+	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == PROMPTS * BLOCKS, 5000));
+	restart(&o); /* L1 empty: everything must come from disk */
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+
+	/* flip one payload byte of prompt 0's block 2 */
+	kvr_key keys[BLOCKS];
+	ct_keys(&env, tokens[0], BLOCKS * BT, keys);
+	char hex[KVR_KEY_FMT_LEN], ns[KVR_KEY_FMT_LEN], path[768];
+	snprintf(path, sizeof(path), "%s/%s/%s.0.kvb", l2dir, kvr_key_fmt(env.slots->ns, ns), kvr_key_fmt(keys[2], hex));
+	FILE *f = fopen(path, "r+b");
+	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+	cr_assert_eq(fseek(f, 4096 + 100, SEEK_SET), 0);
+	int c = fgetc(f);
+	cr_assert_eq(fseek(f, 4096 + 100, SEEK_SET), 0);
+	fputc(c ^ 0x5a, f);
+	fclose(f);
+
+	uint32_t got = ct_lookup(r, 300, tokens[0], BLOCKS * BT);
+	cr_assert_eq(got, 2, "blocks 0 and 1 verified, block 2 damaged: %u", got);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 1);
+	cr_assert_eq(access(path, F_OK), -1, "the damaged file is dropped");
+	uint32_t dst[2] = {8, 9};
+	struct ct_done d;
+	ct_load(r, 300, dst, 2, &d);
+	cr_assert_eq(d.c.status, 0);
+	for (uint32_t i = 0; i < 2; i++) {
+		char why[200] = "";
+		cr_assert(ct_holds(r, dst[i], TAG(0, i), why, sizeof(why)), "block %u: %s", i, why);
+	}
+	/* the other prompts are intact */
+	got = ct_lookup(r, 301, tokens[1], BLOCKS * BT);
+	cr_assert_eq(got, BLOCKS);
+}
