@@ -848,7 +848,10 @@ int kvr_l2io_probe_direct(int dir_fd)
 	snprintf(name, sizeof(name), ".kvr.probe.%d", (int)getpid());
 	int fd = openat(dir_fd, name, O_CREAT | O_WRONLY | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
 	if (fd < 0) {
-		int rc = errno == EINVAL ? 0 : -errno;
+		/* EINVAL: no O_DIRECT here. ENOSPC/EDQUOT: a full disk must not keep the tier from
+		 * starting (it serves reads, and writes fail cleanly): use buffered I/O, the
+		 * choice that works everywhere. */
+		int rc = errno == EINVAL || errno == ENOSPC || errno == EDQUOT ? 0 : -errno;
 		(void)unlinkat(dir_fd, name, 0); /* some filesystems create the file, then refuse O_DIRECT */
 		return rc;
 	}
@@ -864,6 +867,8 @@ int kvr_l2io_probe_direct(int dir_fd)
 		rc = 1;
 	else if (w < 0 && errno == EINVAL)
 		rc = 0;
+	else if (w < 0 && (errno == ENOSPC || errno == EDQUOT))
+		rc = 1; /* the O_DIRECT open worked; the disk is just full */
 	else
 		rc = w < 0 ? -errno : -EIO;
 out:

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +25,9 @@ static void setup(void)
 
 static void teardown(void)
 {
+	if (env.h.pid > 0)
+		(void)kill(env.h.pid, SIGKILL);
+	(void)umount2(l2dir, MNT_DETACH); /* the disk-full test's tmpfs, if any */
 	ct_fini(&env);
 }
 
@@ -253,4 +257,48 @@ Test(l2, disk_actor_killed_mid_writes)
 	}
 	cr_assert_gt(served, 0);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0, "no damaged file was ever offered");
+}
+
+/* L2 on a 64 KiB filesystem: write-throughs fail with ENOSPC after a few files; every store
+ * still succeeds in L1 and is served from it; nothing half-written is left under a real
+ * name (a restart adopts only complete files and none of them fails its checksum). */
+Test(l2, disk_full_keeps_l1_serving)
+{
+	if (mount("kvr-l2-full", l2dir, "tmpfs", 0, "size=64k,mode=0700") != 0)
+		cr_skip_test("cannot mount a small tmpfs here (%s)", strerror(errno));
+	struct ct_opts o = {.l1_slots = 64, .l2_dir = l2dir, .l2_bytes = 64ull << 20};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	for (unsigned p = 0; p < PROMPTS; p++) {
+		ct_prompt(tokens[p], BLOCKS * BT, 700 + p);
+		uint32_t blocks[BLOCKS];
+		for (uint32_t i = 0; i < BLOCKS; i++) {
+			blocks[i] = i;
+			ct_fill(r, i, TAG(p, i));
+		}
+		struct ct_done d;
+		ct_store(r, 1 + p, tokens[p], BLOCKS * BT, blocks, BLOCKS, &d);
+		cr_assert_eq(d.c.status, 0, "the store succeeds in L1 whatever the disk does");
+	}
+	const uint64_t total = PROMPTS * BLOCKS;
+	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) +
+				 ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITE_FAILS) +
+				 ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES_SKIPPED) ==
+			 total,
+			 5000));
+	uint64_t written = ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES);
+	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITE_FAILS), 0, "the disk filled up");
+	load_all_exact(r, 100); /* from L1 */
+	stop_kvringd();
+	cr_assert_eq(count_files(l2dir, ".kvb"), written, "only complete files under real names");
+
+	ct_start(&env, &tiny, &o);
+	cr_assert(log_has_synced((unsigned)written), "want %llu files adopted; log:\n%s", (unsigned long long)written,
+		  h_read_file(env.h.log));
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	for (unsigned p = 0; p < PROMPTS; p++)
+		(void)ct_lookup(r, 800 + p, tokens[p], BLOCKS * BT);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0, "no adopted file is damaged");
+	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0);
 }
