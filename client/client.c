@@ -767,6 +767,7 @@ int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, si
 		goto out;
 	}
 	ret->matched_blocks = r.matched;
+	ret->l2_blocks = r.promoted;
 	ret->matched_tokens = r.matched * c->geom.block_tokens;
 	ret->index_ns = r.index_ns;
 	ret->roundtrip_ns = kvr_now_ns() - t1;

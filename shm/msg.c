@@ -236,7 +236,7 @@ int kvr_msg_decode_lookup_rep(const struct kvr_msg *m, struct kvr_msg_lookup_rep
 		return -EBADMSG;
 	memcpy(&r, m->body, sizeof(r));
 	if (check_result(m, KVR_MSG_LOOKUP_REP, sizeof(r), r.matched > 0) || !status_ok(r.status) ||
-	    r.reserved || r.matched > KVR_MSG_MAX_LIST || (r.status < 0 && r.matched))
+	    r.promoted > r.matched || r.matched > KVR_MSG_MAX_LIST || (r.status < 0 && r.matched))
 		return -EBADMSG;
 	*ret = r;
 	return 0;

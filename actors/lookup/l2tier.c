@@ -13,7 +13,7 @@
 #define SEND_TIMEOUT_NS (2ull * 1000000000ull)
 #define NO_LANE 0xffffu
 
-enum { B_OK = 0, B_WAIT = 1, B_FAIL = 2 };
+enum { B_OK = 0, B_WAIT = 1, B_FAIL = 2, B_PROMOTED = 3 }; /* per block of a promotion */
 
 /* (key, lane) set: open addressing, linear probing, tombstones. */
 struct l2ent {
@@ -344,12 +344,12 @@ int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, 
 static void finish(struct l2tier *t, unsigned w, struct l2t_done *done)
 {
 	struct pend *p = &t->pend[w];
-	uint32_t m = 0;
-	while (m < p->n && p->state[m] == B_OK)
-		m++;
+	uint32_t m = 0, promoted = 0;
+	while (m < p->n && (p->state[m] == B_OK || p->state[m] == B_PROMOTED))
+		promoted += p->state[m++] == B_PROMOTED;
 	p->active = false;
-	*done = (struct l2t_done){.worker = w, .wire = p->wire, .lane = p->lane, .matched = m, .refs = p->refs,
-				  .index_ns = p->index_ns};
+	*done = (struct l2t_done){.worker = w, .wire = p->wire, .lane = p->lane, .matched = m, .promoted = promoted,
+				  .refs = p->refs, .index_ns = p->index_ns};
 }
 
 /* A read ended (status 0: verified bytes in the slot). Returns 1 when its promotion finished. */
@@ -368,7 +368,7 @@ static int read_ended(struct l2tier *t, uint32_t ri, int status, struct l2t_done
 	struct pend *p = &t->pend[rd->worker];
 	if (!p->active || p->seq != rd->pseq || rd->block >= p->n || p->state[rd->block] != B_WAIT)
 		return 0;
-	p->state[rd->block] = ok ? B_OK : B_FAIL;
+	p->state[rd->block] = ok ? B_PROMOTED : B_FAIL;
 	if (--p->waiting)
 		return 0;
 	finish(t, rd->worker, done);

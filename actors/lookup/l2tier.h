@@ -30,6 +30,7 @@ struct l2t_done {             /* a promotion that finished: reply to this worker
 	uint64_t wire;
 	unsigned lane;
 	uint32_t matched;         /* blocks to report */
+	uint32_t promoted;        /* of those, read from L2 */
 	const struct kvr_index_ref *refs;
 	uint64_t index_ns;
 };

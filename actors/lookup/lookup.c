@@ -126,10 +126,12 @@ static void dropped(struct kvr_actor *a, unsigned w, int rc)
 }
 
 static void send_lookup_rep_refs(struct kvr_actor *a, struct lookup *l, unsigned wi, uint64_t wire, int status,
-				 uint32_t matched, unsigned lane, uint64_t index_ns, const struct kvr_index_ref *slot_refs)
+				 uint32_t matched, uint32_t promoted, unsigned lane, uint64_t index_ns,
+				 const struct kvr_index_ref *slot_refs)
 {
 	struct lk_worker *w = &l->w[wi];
-	struct kvr_msg_lookup_rep r = {.status = status, .matched = matched, .lane = lane, .index_ns = index_ns};
+	struct kvr_msg_lookup_rep r = {.status = status, .matched = matched, .lane = lane, .promoted = promoted,
+				       .index_ns = index_ns};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LOOKUP_REP, (matched ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0,
 		      &r, sizeof(r));
@@ -145,14 +147,14 @@ static void send_lookup_rep_refs(struct kvr_actor *a, struct lookup *l, unsigned
 static void send_lookup_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, uint64_t wire, int status,
 			    uint32_t matched, unsigned lane, uint64_t index_ns)
 {
-	send_lookup_rep_refs(a, l, wi, wire, status, matched, lane, index_ns, l->refs);
+	send_lookup_rep_refs(a, l, wi, wire, status, matched, 0, lane, index_ns, l->refs);
 }
 
 /* A lookup that waited for promotions from L2 is answered now. */
 static void l2_done_reply(struct kvr_actor *a, struct lookup *l, const struct l2t_done *d)
 {
 	kvr_actor_count(a, KVR_STAT_LK_MATCHED, d->matched);
-	send_lookup_rep_refs(a, l, d->worker, d->wire, 0, d->matched, d->lane, d->index_ns, d->refs);
+	send_lookup_rep_refs(a, l, d->worker, d->wire, 0, d->matched, d->promoted, d->lane, d->index_ns, d->refs);
 }
 
 static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)

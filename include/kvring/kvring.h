@@ -77,6 +77,7 @@ unsigned kvr_worker_slot(const struct kvr_client *c);
 struct kvr_lookup_result {
 	uint32_t matched_tokens;  /* leading tokens whose blocks are stored on every rank */
 	uint32_t matched_blocks;
+	uint32_t l2_blocks;       /* of those, blocks read from the disk tier (L2) into L1 for this lookup */
 	uint64_t hash_ns;         /* client-side key hashing */
 	uint64_t index_ns;        /* lookup actor's index work */
 	uint64_t roundtrip_ns;    /* request + reply through the rings */

@@ -133,7 +133,7 @@ struct kvr_msg_lookup_rep {
 	int32_t status;         /* 0 or -errno */
 	uint32_t matched;       /* leading visible blocks */
 	uint32_t lane;          /* lane the slots below belong to */
-	uint32_t reserved;
+	uint32_t promoted;      /* of the matched blocks, how many were read from L2 for this lookup */
 	uint64_t index_ns;      /* time spent in the index */
 };
 

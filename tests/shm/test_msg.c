@@ -240,7 +240,7 @@ static int mutate(enum dec d, enum mut k, struct kvr_msg *m)
 	case M_LOOKUP_MORE_EXTRA:
 		return d == D_LOOKUP_REP && put32(m, offsetof(struct kvr_msg_lookup_rep, matched), 0);
 	case M_LOOKUP_RESERVED:
-		return d == D_LOOKUP_REP && put32(m, offsetof(struct kvr_msg_lookup_rep, reserved), 1);
+		return d == D_LOOKUP_REP && put32(m, offsetof(struct kvr_msg_lookup_rep, promoted), 0xffffffffu); /* more promoted than matched */
 	case M_LOOKUP_ERROR_MATCHED:
 		return d == D_LOOKUP_REP && put32(m, offsetof(struct kvr_msg_lookup_rep, status), (uint32_t)-EIO);
 	case M_LOOKUP_MATCHED_BIG:
