@@ -125,3 +125,40 @@ Test(disk_actor, write_through_then_promote)
 	cr_assert_eq(ct_stat(&env, "disk.0", KVR_STAT_MALFORMED), 0);
 	cr_assert_geq(ct_stat(&env, "disk.0", KVR_STAT_MSGS_IN), 12 + 4 + 1, "writes, reads and the sync");
 }
+
+/*
+ * L2 holds 6 files (header + one 4 KiB lane each). A (4 blocks) then B (8 blocks): each of
+ * B's writes past the cap evicts the least recently written file — A's 4, then B's first 2
+ * — and the disk actor tells the lookup actor (L2_GONE). A lookup of A then matches nothing
+ * without a single promotion read attempted (the lookup actor knew the files were gone).
+ */
+Test(disk_actor, eviction_reported_gone)
+{
+	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .l2_bytes = 6 * 8192};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r), 0, "attach: %s", kvr_last_error(NULL));
+	uint32_t a_src[4] = {1, 2, 3, 4}, b_src[8] = {5, 6, 7, 8, 9, 10, 11, 12};
+	for (uint32_t i = 0; i < 4; i++)
+		ct_fill(r, a_src[i], TAG(1, i));
+	for (uint32_t i = 0; i < 8; i++)
+		ct_fill(r, b_src[i], TAG(2, i));
+	store_prompt(r, 1, 101, a_src, 4);
+	cr_assert_eq(wait_files(l2dir, 4, 5000), 4);
+	store_prompt(r, 2, 202, b_src, 8);
+	/* all 12 writes answered, then the files settle at the cap */
+	uint64_t end = kvr_now_ns() + 5000000000ull;
+	while (ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) < 12 && kvr_now_ns() < end)
+		usleep(10000);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES), 12);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITE_FAILS), 0);
+	usleep(100000);
+	cr_assert_eq(count_files(l2dir), 6, "the cap holds 6 files");
+
+	uint32_t tokens[4 * 16];
+	ct_prompt(tokens, 4 * 16, 101);
+	cr_assert_eq(ct_lookup(r, 3, tokens, 4 * 16), 0, "A is gone from L1 and L2");
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0, "no read of a file known gone");
+	cr_assert_eq(ct_stat(&env, "disk.0", KVR_STAT_MALFORMED), 0);
+}
