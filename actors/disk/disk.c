@@ -192,17 +192,52 @@ static bool slot_is(const struct disk *d, uint32_t slot, kvr_key key, uint16_t l
 	return s->key.lo == key.lo && s->key.hi == key.hi && s->lane == lane;
 }
 
+/* A predecessor that died in the middle of writes left their slots pinned (the lookup actor
+ * pins a slot for us when it sends the write). Writes still queued in our ring will unpin
+ * theirs when we serve them; every other write pin of a slot routed to this disk (keys are
+ * routed by key.hi % n_dirs) belonged to a dead write: drop it. */
+static void drop_stale_pins(struct disk *d, unsigned idx, unsigned n_dirs)
+{
+	uint32_t queued = kvr_ring_count(d->in), dropped = 0;
+	uint32_t *keep = calloc(queued ? queued : 1, sizeof(*keep));
+	uint32_t n_keep = 0;
+	for (uint32_t i = 0; keep && i < queued; i++) {
+		struct kvr_msg m;
+		struct kvr_msg_l2 b;
+		if (kvr_ring_peek(d->in, i, &m) == 0 && kvr_msg_decode_l2(&m, KVR_MSG_L2_WRITE, &b) == 0)
+			keep[n_keep++] = b.slot;
+	}
+	for (uint32_t s = 0; s < d->slots->n_slots; s++) {
+		struct kvr_slot *sl = kvr_slot_at(d->slots, s);
+		if (!atomic_load(&sl->pins[KVR_L2_PIN_WORKER]) || sl->key.hi % (n_dirs ? n_dirs : 1) != idx)
+			continue;
+		bool queued_write = false;
+		for (uint32_t k = 0; k < n_keep && !queued_write; k++)
+			queued_write = keep[k] == s;
+		if (queued_write)
+			continue;
+		while (kvr_slot_unpin(d->slots, s, KVR_L2_PIN_WORKER) == 0)
+			dropped++;
+	}
+	free(keep);
+	if (dropped)
+		kvr_warn("dropped %u write pins left by a previous disk actor", dropped);
+}
+
 /* ---- requests ---------------------------------------------------------------------------- */
 
 static void do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b)
 {
 	kvr_key key = {b->key_lo, b->key_hi};
-	int rc = kvr_slot_pin(d->slots, b->slot, b->epoch, KVR_L2_PIN_WORKER);
-	if (rc) {
-		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, rc);
+	int rc;
+	/* the lookup actor pinned the slot for us when it sent the write (KVR_L2_PIN_WORKER):
+	 * it cannot be evicted until we unpin it below or on completion */
+	if (b->slot >= d->slots->n_slots) {
+		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, -EINVAL);
 		return;
 	}
-	if (!slot_is(d, b->slot, key, b->lane)) {
+	if (kvr_slot_state(d->slots, b->slot) != KVR_SLOT_COMMITTED || kvr_slot_epoch(d->slots, b->slot) != b->epoch ||
+	    !slot_is(d, b->slot, key, b->lane)) {
 		rc = -ESTALE; /* the slot holds another block than the request names */
 		goto fail;
 	}
@@ -395,6 +430,7 @@ static int disk_init(struct kvr_actor *a)
 	rc = open_store(d, dir, &sc);
 	if (rc)
 		goto fail;
+	drop_stale_pins(d, idx, a->cfg.l2.n_dirs);
 	kvr_actor_set_data(a, d);
 	return 0;
 fail:

@@ -61,6 +61,7 @@ struct l2tier {
 	struct read *reads;
 	uint32_t n_reads, cap_reads, rseq;
 	uint32_t pseq;
+	unsigned writes_inflight;
 };
 
 static uint64_t mix(kvr_key k, unsigned lane)
@@ -223,8 +224,23 @@ void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, 
 {
 	if (!t || l2t_has(t, key, lane))
 		return;
-	if (send_l2(t, route(t, key), KVR_MSG_L2_WRITE, 0, key, lane, slot, epoch))
+	/* Pin the slot for the disk actor now, before anything can evict it: it unpins when
+	 * the write is done. (We are the evictor, so this pin cannot race an eviction.) */
+	if (kvr_slot_pin(t->a->slots, slot, epoch, KVR_L2_PIN_WORKER)) {
 		kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES_SKIPPED, 1);
+		return;
+	}
+	if (send_l2(t, route(t, key), KVR_MSG_L2_WRITE, 0, key, lane, slot, epoch)) {
+		(void)kvr_slot_unpin(t->a->slots, slot, KVR_L2_PIN_WORKER);
+		kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES_SKIPPED, 1);
+		return;
+	}
+	t->writes_inflight++;
+}
+
+unsigned l2t_writes_inflight(const struct l2tier *t)
+{
+	return t ? t->writes_inflight : 0;
 }
 
 static int read_new(struct l2tier *t, uint32_t *ret)
@@ -401,6 +417,8 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 		set_del(t, k, b.lane);
 		return 0;
 	case KVR_MSG_L2_WRITE_DONE:
+		if (t->writes_inflight)
+			t->writes_inflight--;
 		if (b.status == 0) {
 			set_add(t, k, b.lane);
 			kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES, 1);
@@ -436,6 +454,7 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 					t->reads[i].orphan = true;
 			t->disk_gen[d] = gen;
 			t->synced[d] = false;
+			t->writes_inflight = 0; /* approximate after a death: an ALLOC waits at most its deadline */
 			(void)send_l2(t, d, KVR_MSG_L2_SYNC, 0, (kvr_key){0, 0}, 0, 0, 0);
 		}
 		/* abort orphans once the successor drained the old requests: it can no longer

@@ -59,6 +59,9 @@ int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, 
  * promotion: returns 1 and fills *done (call again until 0). */
 int l2t_tick(struct l2tier *t, struct l2t_done *done);
 
+/* Write-throughs sent and not yet answered (their slots are pinned). */
+unsigned l2t_writes_inflight(const struct l2tier *t);
+
 /* Whether (key, lane) is on disk. */
 bool l2t_has(const struct l2tier *t, kvr_key key, unsigned lane);
 

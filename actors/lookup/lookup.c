@@ -32,6 +32,10 @@
 struct lk_worker {
 	struct kvr_ring *lk_req, *lk_rep, *cm_req, *cm_rep;
 	struct kvr_list_asm lookup, alloc, commit;
+	struct kvr_index_ref *alloc_refs; /* the answer to its ALLOC, built up while it waits */
+	uint32_t cap_alloc_refs;
+	bool alloc_waiting;               /* its ALLOC waits for L2 writes to unpin room */
+	uint64_t alloc_deadline;
 };
 
 struct lookup {
@@ -99,6 +103,7 @@ static void lookup_fini(struct kvr_actor *a)
 		kvr_list_asm_free(&l->w[i].lookup);
 		kvr_list_asm_free(&l->w[i].alloc);
 		kvr_list_asm_free(&l->w[i].commit);
+		free(l->w[i].alloc_refs);
 	}
 	free(l->w);
 	free(l->refs);
@@ -205,29 +210,79 @@ static void send_commit_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, 
 		dropped(a, wi, rc);
 }
 
-static void do_alloc(struct kvr_actor *a, struct lookup *l, unsigned wi)
+#define ALLOC_WAIT_NS (5ull * 1000000000ull) /* longest an ALLOC waits for L2 writes to free room */
+
+static void alloc_reply(struct kvr_actor *a, struct lookup *l, unsigned wi)
 {
-	struct kvr_list_asm *q = &l->w[wi].alloc;
-	struct kvr_index_alloc_stats st = {0};
-	int rc = q->lane < l->lanes && refs(l, q->total) ? 0 : -EINVAL;
-	if (!rc)
-		rc = kvr_index_alloc(l->idx, q->items, q->total, q->lane, wi, l->refs, &st);
-	if (rc) {
-		/* every key NOROOM: the storer reports the blocks failed */
-		if (refs(l, q->total))
-			for (uint32_t i = 0; i < q->total; i++)
-				l->refs[i] = (struct kvr_index_ref){.slot = KVR_INDEX_NOROOM};
-		else
-			return; /* out of memory: the storer times out and resets */
-	}
-	kvr_actor_count(a, KVR_STAT_LK_ALLOCATED, st.allocated);
-	kvr_actor_count(a, KVR_STAT_LK_PRESENT, st.present);
-	kvr_actor_count(a, KVR_STAT_LK_NOROOM, st.noroom);
-	kvr_actor_count(a, KVR_STAT_LK_EVICTED, st.evicted);
-	int src = kvr_list_send(l->w[wi].cm_rep, KVR_MSG_ALLOC_REP, q->req_id, q->lane, l->refs, q->total,
+	struct lk_worker *w = &l->w[wi];
+	struct kvr_list_asm *q = &w->alloc;
+	for (uint32_t i = 0; i < q->total; i++)
+		if (w->alloc_refs[i].slot == KVR_INDEX_NOROOM)
+			kvr_actor_count(a, KVR_STAT_LK_NOROOM, 1);
+	w->alloc_waiting = false;
+	int src = kvr_list_send(w->cm_rep, KVR_MSG_ALLOC_REP, q->req_id, q->lane, w->alloc_refs, q->total,
 				kvr_now_ns() + REPLY_TIMEOUT_NS);
 	if (src)
 		dropped(a, wi, src);
+}
+
+/* Allocate what is still NOROOM in the worker's ALLOC. When nothing is evictable only
+ * because slots are pinned by write-throughs to L2, the reply waits for those writes (each
+ * L2_WRITE_DONE retries): a full L1 is backpressure, not a failed store. */
+static void alloc_try(struct kvr_actor *a, struct lookup *l, unsigned wi)
+{
+	struct lk_worker *w = &l->w[wi];
+	struct kvr_list_asm *q = &w->alloc;
+	const kvr_key *keys = q->items;
+	uint32_t first = 0;
+	while (first < q->total && w->alloc_refs[first].slot != KVR_INDEX_NOROOM)
+		first++;
+	if (first < q->total) {
+		struct kvr_index_alloc_stats st = {0};
+		if (kvr_index_alloc(l->idx, keys + first, q->total - first, q->lane, wi, w->alloc_refs + first, &st))
+			for (uint32_t i = first; i < q->total; i++)
+				w->alloc_refs[i] = (struct kvr_index_ref){.slot = KVR_INDEX_NOROOM};
+		kvr_actor_count(a, KVR_STAT_LK_ALLOCATED, st.allocated);
+		kvr_actor_count(a, KVR_STAT_LK_PRESENT, st.present);
+		kvr_actor_count(a, KVR_STAT_LK_EVICTED, st.evicted);
+		bool noroom = false;
+		for (uint32_t i = first; i < q->total && !noroom; i++)
+			noroom = w->alloc_refs[i].slot == KVR_INDEX_NOROOM;
+		if (noroom && l2t_writes_inflight(l->l2) && kvr_now_ns() < w->alloc_deadline) {
+			w->alloc_waiting = true;
+			return;
+		}
+	}
+	alloc_reply(a, l, wi);
+}
+
+static void do_alloc(struct kvr_actor *a, struct lookup *l, unsigned wi)
+{
+	struct lk_worker *w = &l->w[wi];
+	struct kvr_list_asm *q = &w->alloc;
+	if (q->total > w->cap_alloc_refs) {
+		struct kvr_index_ref *r = realloc(w->alloc_refs, q->total * sizeof(*r));
+		if (!r)
+			return; /* out of memory: the storer times out and resets */
+		w->alloc_refs = r;
+		w->cap_alloc_refs = q->total;
+	}
+	for (uint32_t i = 0; i < q->total; i++)
+		w->alloc_refs[i] = (struct kvr_index_ref){.slot = KVR_INDEX_NOROOM};
+	if (q->lane >= l->lanes) {
+		alloc_reply(a, l, wi);
+		return;
+	}
+	w->alloc_deadline = kvr_now_ns() + ALLOC_WAIT_NS;
+	alloc_try(a, l, wi);
+}
+
+/* Room may have freed (an L2 write finished, or time passed): retry waiting ALLOCs. */
+static void alloc_retry_all(struct kvr_actor *a, struct lookup *l)
+{
+	for (unsigned wi = 0; wi < l->n_workers; wi++)
+		if (l->w[wi].alloc_waiting)
+			alloc_try(a, l, wi);
 }
 
 static void do_commit(struct kvr_actor *a, struct lookup *l, unsigned wi)
@@ -260,8 +315,11 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 	int l2rc = l2t_on_msg(l->l2, ring, m, &done);
 	if (l2rc == 2)
 		l2_done_reply(a, l, &done);
-	if (l2rc != 1)
+	if (l2rc != 1) {
+		if (m->hdr.type == KVR_MSG_L2_WRITE_DONE)
+			alloc_retry_all(a, l); /* a write-through unpinned its slot */
 		return l2rc == -EBADMSG ? -EBADMSG : 0;
+	}
 	if (ring == a->ctl_in) {
 		struct kvr_msg_worker_gone g;
 		if (kvr_msg_decode_worker_gone(m, &g) || g.worker >= l->n_workers)
@@ -323,6 +381,7 @@ static void lookup_on_tick(struct kvr_actor *a, uint64_t now)
 	struct l2t_done done;
 	while (l2t_tick(l->l2, &done) == 1)
 		l2_done_reply(a, l, &done);
+	alloc_retry_all(a, l); /* ALLOCs past their deadline are answered NOROOM */
 }
 
 static const struct kvr_stage lookup_stage = {

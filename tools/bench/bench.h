@@ -35,7 +35,7 @@ struct bench_opts {
 	bool allow_misses;       /* warm misses after a cold phase are not errors */
 	uint64_t l1_bytes;       /* --l1-bytes (spawn): 0 = workload + 25% */
 	int64_t timeout_ms;      /* per-call ceiling and per-batch completion wait */
-	bool evict;              /* --evict: L2 eviction workload (not yet) */
+	bool evict;              /* --evict: small L1 + an L2 directory (with --spawn): both tiers serve */
 	bool dcp;                /* --dcp: decode context parallelism (not yet) */
 };
 
@@ -138,6 +138,7 @@ struct bench_rank_result {
 	uint64_t st_samples;        /* store completions with samples: entries used in bench_samples.st_lat_ns */
 	/* warm */
 	uint64_t ld_requests, ld_tokens, ld_matched_tokens, ld_matched_blocks;
+	uint64_t ld_l2_blocks;      /* matched blocks the lookup promoted from L2 */
 	uint64_t ld_bytes;          /* loaded bytes (matched blocks x lane_bytes) */
 	uint64_t ld_ns;             /* sum of batch windows: first lookup -> last completion */
 	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts;
@@ -168,6 +169,7 @@ struct bench_summary {
 	/* warm */
 	uint64_t ld_requests, ld_tokens, ld_matched_tokens, ld_matched_blocks, ld_bytes, ld_ns, ld_memcpy_ns;
 	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts, ld_misses;
+	uint64_t ld_l2_blocks, ld_l1_hits, ld_l1_misses; /* tiers: L1 hits + L2 reads = matched blocks */
 	double hit_rate, ld_gbps, ld_memcpy_gbps, ld_time_ratio; /* ratio: kvring time / memcpy time */
 	struct bench_dist lat, hash, index, rt;
 	uint64_t hash_index_p50_ns;  /* p50 of hash + index per lookup */

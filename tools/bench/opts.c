@@ -43,7 +43,7 @@ void bench_usage(FILE *f)
 		"  --no-plot            no PNG, not even beside --json\n"
 		"  --quiet              no table\n"
 		"  --dry-run            print the workload plan and exit; connects to nothing\n"
-		"  --evict              L2 eviction workload (not yet: the L2 issue)\n"
+		"  --evict              with --spawn: L1 a third of the workload + an L2 directory\n"
 		"  --dcp                decode context parallelism layout (not yet)\n"
 		"  --help               this text\n",
 		kvr_preset_list());

@@ -42,8 +42,8 @@ static inline uint64_t stream_word(uint64_t seed, uint64_t i)
 int bench_plan_make(const struct bench_opts *o, struct bench_plan *ret, char *err, size_t errlen)
 {
 	struct bench_plan pl = {0};
-	if (o->evict)
-		return fail(err, errlen, "--evict: the L2 eviction workload is not implemented yet (L2 issue)");
+	if (o->evict && !o->spawn)
+		return fail(err, errlen, "--evict needs --spawn: it sizes L1 small and gives kvringd an L2 directory");
 	if (o->dcp)
 		return fail(err, errlen, "--dcp: the decode-context-parallel workload is not implemented yet");
 	pl.preset = kvr_preset_find(o->model);

@@ -271,6 +271,7 @@ static unsigned warm_submit(struct rank *r, struct warm_batch *wb)
 		wb->index_ns[i] = lr.index_ns;
 		wb->rt_ns[i] = lr.roundtrip_ns;
 		res->ld_matched_blocks += lr.matched_blocks;
+		res->ld_l2_blocks += lr.l2_blocks;
 		res->ld_matched_tokens += lr.matched_tokens;
 		if (!lr.matched_blocks) {
 			wb->status[i] = 0;

@@ -86,6 +86,7 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 		s.ld_tokens += x->ld_tokens;
 		s.ld_matched_tokens += x->ld_matched_tokens;
 		s.ld_matched_blocks += x->ld_matched_blocks;
+		s.ld_l2_blocks += x->ld_l2_blocks;
 		s.ld_bytes += x->ld_bytes;
 		s.ld_ns = max_u64(s.ld_ns, x->ld_ns);
 		s.ld_memcpy_ns = max_u64(s.ld_memcpy_ns, x->ld_memcpy_ns);
@@ -104,6 +105,8 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 	s.ld_time_ratio = s.ld_memcpy_ns ? (double)s.ld_ns / (double)s.ld_memcpy_ns : 0;
 	uint64_t expect = s.ld_requests * pl->full_blocks;
 	s.ld_misses = expect > s.ld_matched_blocks ? expect - s.ld_matched_blocks : 0;
+	s.ld_l1_hits = s.ld_matched_blocks - s.ld_l2_blocks;
+	s.ld_l1_misses = expect - s.ld_l1_hits;
 	if (s.ran_cold)
 		s.st_lat = merged(o, res, samples, F_STORE_LAT);
 	if (s.ran_warm) {
@@ -119,6 +122,9 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 	/* after our own cold phase every full block must be found, unless L1 is known to be smaller */
 	if (s.ran_cold && s.ran_warm && !o->allow_misses)
 		s.errors += s.ld_misses;
+	/* --evict exists to exercise both tiers: a run where one of them served nothing failed */
+	if (o->evict && s.ran_warm && (!s.ld_l1_hits || !s.ld_l2_blocks || !s.ld_l1_misses))
+		s.errors++;
 	s.ok = s.errors == 0 && s.exact;
 	*ret = s;
 }
@@ -174,6 +180,9 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 		fprintf(f, "  hit rate %.2f %% (%" PRIu64 " of %" PRIu64 " tokens; %" PRIu64 " in full blocks), %" PRIu64
 			" blocks missed\n", 100.0 * s->hit_rate, s->ld_matched_tokens, s->ld_tokens,
 			s->ld_requests * pl->full_blocks * o->block_tokens, s->ld_misses);
+		if (o->evict || s->ld_l2_blocks)
+			fprintf(f, "  tiers                  L1 hits %" PRIu64 " blocks, L1 misses %" PRIu64 ", L2 reads %" PRIu64
+				"\n", s->ld_l1_hits, s->ld_l1_misses, s->ld_l2_blocks);
 		fprintf(f, "  latency / request      mean %s  p50 %s  p99 %s  (lookup + load done)\n",
 			bench_fmt_ns(a, sizeof(a), s->lat.mean), bench_fmt_ns(b, sizeof(b), (double)s->lat.p50),
 			bench_fmt_ns(c, sizeof(c), (double)s->lat.p99));
@@ -282,6 +291,9 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 		num(w, "matched_blocks", (double)s->ld_matched_blocks);
 		num(w, "hit_rate", s->hit_rate);
 		num(w, "missed_blocks", (double)s->ld_misses);
+		num(w, "l1_hit_blocks", (double)s->ld_l1_hits);
+		num(w, "l1_miss_blocks", (double)s->ld_l1_misses);
+		num(w, "l2_read_blocks", (double)s->ld_l2_blocks);
 		num(w, "bytes", (double)s->ld_bytes);
 		num(w, "time_ns", (double)s->ld_ns);
 		num(w, "gbps", s->ld_gbps);

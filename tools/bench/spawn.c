@@ -27,6 +27,8 @@ char *bench_server_config(const struct bench_opts *o, const struct bench_plan *p
 	uint64_t cap = o->l1_bytes;
 	if (!cap) { /* the workload + 25%, rounded up to MiB, + 1 MiB for headers */
 		cap = pl->unique_bytes + pl->unique_bytes / 4;
+		if (o->evict) /* a third of it: most blocks must come back from L2 */
+			cap = pl->unique_bytes / 3;
 		cap = ((cap + (1u << 20) - 1) >> 20 << 20) + (1u << 20);
 	}
 	cJSON *root = cJSON_CreateObject();
@@ -41,6 +43,18 @@ char *bench_server_config(const struct bench_opts *o, const struct bench_plan *p
 	cJSON_AddNumberToObject(model, "tp_size", o->tp);
 	cJSON *l1 = cJSON_AddObjectToObject(root, "l1");
 	cJSON_AddNumberToObject(l1, "capacity_bytes", (double)cap);
+	if (o->evict) { /* L2 beside the socket: <tmpdir>/l2, twice the workload */
+		char dir[PATH_MAX];
+		snprintf(dir, sizeof(dir), "%s", socket);
+		char *slash = strrchr(dir, '/');
+		if (slash)
+			snprintf(slash, sizeof(dir) - (size_t)(slash - dir), "/l2");
+		cJSON *l2 = cJSON_AddObjectToObject(root, "l2");
+		cJSON *dirs = cJSON_AddArrayToObject(l2, "dirs");
+		cJSON_AddItemToArray(dirs, cJSON_CreateString(dir));
+		cJSON_AddNumberToObject(l2, "capacity_bytes", (double)(pl->unique_bytes * 2 + (64u << 20)));
+		cJSON_AddStringToObject(l2, "durability", "none");
+	}
 	cJSON *metrics = cJSON_AddObjectToObject(root, "metrics");
 	cJSON_AddBoolToObject(metrics, "enabled", 0);
 	char *text = cJSON_Print(root);
@@ -127,6 +141,14 @@ int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, 
 	if (!mkdtemp(s.dir))
 		return kvr_errf(err, errlen, -errno, "mkdtemp %s: %s", s.dir, strerror(errno));
 	snprintf(s.socket, sizeof(s.socket), "%s/kvringd.sock", s.dir);
+	if (o->evict) {
+		char l2[200];
+		snprintf(l2, sizeof(l2), "%s/l2", s.dir);
+		if (mkdir(l2, 0700) < 0) {
+			rc = kvr_errf(err, errlen, -errno, "mkdir %s: %s", l2, strerror(errno));
+			goto fail;
+		}
+	}
 	snprintf(s.log, sizeof(s.log), "%s/kvringd.log", s.dir);
 	snprintf(cfg_path, sizeof(cfg_path), "%s/kvringd.json", s.dir);
 	char *cfg = bench_server_config(o, pl, s.socket);
