@@ -302,3 +302,60 @@ Test(l2, disk_full_keeps_l1_serving)
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0, "no adopted file is damaged");
 	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0);
 }
+
+/* kill -9 kvringd and its disk actor together in the middle of write-throughs (a machine
+ * crash, as far as L2 can tell): the next kvringd adopts exactly the complete files, leaves
+ * no temporary file behind, and serves them byte-exact. */
+Test(l2, kvringd_killed_mid_writes)
+{
+	struct ct_opts o = {.l1_slots = 64, .l2_dir = l2dir};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	pid_t disk = ct_actor_pid(&env, "disk.0");
+	for (unsigned p = 0; p < PROMPTS; p++) {
+		ct_prompt(tokens[p], BLOCKS * BT, 900 + p);
+		uint32_t blocks[BLOCKS];
+		for (uint32_t i = 0; i < BLOCKS; i++) {
+			blocks[i] = i;
+			ct_fill(r, i, TAG(p, i));
+		}
+		struct ct_done d;
+		ct_store(r, 1 + p, tokens[p], BLOCKS * BT, blocks, BLOCKS, &d);
+		cr_assert_eq(d.c.status, 0);
+	}
+	cr_assert_eq(kill(disk, SIGKILL), 0);
+	cr_assert_eq(kill(env.h.pid, SIGKILL), 0);
+	(void)h_wait_exit(env.h.pid, 5000);
+	env.h.pid = 0;
+	ct_close_all();
+	cr_assert(H_WAIT(kill(disk, 0) != 0, 3000), "disk actor gone");
+	kvr_segment_close(&env.slots_seg);
+	kvr_segment_close(&env.ctl_seg);
+	kvr_segment_close(&env.arena_seg);
+	h_unmap(&env.h);
+	usleep(200 * 1000); /* the other actors end on their parent's death */
+	unsigned complete = count_files(l2dir, ".kvb");
+
+	ct_start(&env, &tiny, &o);
+	cr_assert(log_has_synced(complete), "adopted exactly the %u complete files", complete);
+	cr_assert_eq(count_files(l2dir, ".kvb"), complete);
+	cr_assert_eq(count_files(l2dir, ""), complete, "no temporary file left (dot files such as the lock aside)");
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	for (unsigned p = 0; p < PROMPTS; p++) {
+		uint32_t got = ct_lookup(r, 600 + p, tokens[p], BLOCKS * BT);
+		if (!got)
+			continue;
+		uint32_t dst[BLOCKS];
+		for (uint32_t i = 0; i < got; i++)
+			dst[i] = 8 + i;
+		struct ct_done d;
+		ct_load(r, 600 + p, dst, got, &d);
+		cr_assert_eq(d.c.status, 0);
+		for (uint32_t i = 0; i < got; i++) {
+			char why[200] = "";
+			cr_assert(ct_holds(r, dst[i], TAG(p, i), why, sizeof(why)), "prompt %u block %u: %s", p, i, why);
+		}
+	}
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
+}
