@@ -245,8 +245,23 @@ static void render_transfer(FILE *f, const struct kvr_ctl *c)
 		  "Load request latency in the loader: first request message received to reply sent.");
 	histogram(f, c, KVR_ACTOR_STORER, "kvring_store_duration_seconds",
 		  "Store request latency in the storer: first request message received to reply sent.");
-	/* L2 (the disk tier, issue: L2): kvring_bytes_total{tier="l2"}, kvring_l2_* and the disk
-	 * actors' counters join here once the disk actor counts them. */
+	/* L2: what the lookup actor counted of the disk tier (block lanes) */
+	family(f, "kvring_l2_blocks_total", "counter",
+	       "Block lanes moved to and from the disk tier (L2) by result: read = promoted into L1 for a lookup, "
+	       "write = written through.");
+	static const struct {
+		const char *labels;
+		unsigned stat;
+	} l2[] = {
+		{"op=\"read\",result=\"ok\"", KVR_STAT_LK_L2_READS},
+		{"op=\"read\",result=\"failed\"", KVR_STAT_LK_L2_READ_FAILS},
+		{"op=\"write\",result=\"ok\"", KVR_STAT_LK_L2_WRITES},
+		{"op=\"write\",result=\"failed\"", KVR_STAT_LK_L2_WRITE_FAILS},
+		{"op=\"write\",result=\"skipped\"", KVR_STAT_LK_L2_WRITES_SKIPPED},
+	};
+	for (size_t i = 0; i < sizeof(l2) / sizeof(l2[0]); i++)
+		fprintf(f, "kvring_l2_blocks_total{%s} %llu\n", l2[i].labels,
+			(unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, l2[i].stat));
 }
 
 static void render_l1(FILE *f, const struct kvr_slot_table *t)

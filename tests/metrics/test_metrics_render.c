@@ -82,6 +82,8 @@ Test(metrics_render, lookup_transfer_l1_rings)
 	has_line(t, "kvring_l1_hits_total 6");
 	has_line(t, "kvring_l1_misses_total 4");
 	has_line(t, "kvring_evictions_total{reason=\"capacity\"} 2");
+	has_line(t, "kvring_l2_blocks_total{op=\"read\",result=\"ok\"} 0");
+	has_line(t, "kvring_l2_blocks_total{op=\"write\",result=\"skipped\"} 0");
 	/* storer.0 and the idle storer `a"b\c` (zero counters) are summed */
 	has_line(t, "kvring_store_blocks_total{result=\"stored\"} 7");
 	has_line(t, "kvring_store_blocks_total{result=\"present\"} 2");
@@ -155,6 +157,21 @@ Test(metrics_render, histogram_buckets_of_observe)
 	cr_assert_eq(atomic_load(&h.count), 7);
 	cr_assert_eq(kvr_hist_bound_us(0), 16);
 	cr_assert_eq(kvr_hist_bound_us(KVR_HIST_FINITE - 1), 524288);
+}
+
+Test(metrics_render, l2_counts_from_the_lookup_actor)
+{
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct kvr_actor_stats *lk = kvr_ctl_stats(fake.ctl, 0);
+	atomic_store(&lk->c[KVR_STAT_LK_L2_READS], 7);
+	atomic_store(&lk->c[KVR_STAT_LK_L2_WRITE_FAILS], 2);
+	char *t = render(&v);
+	has_line(t, "# TYPE kvring_l2_blocks_total counter");
+	has_line(t, "kvring_l2_blocks_total{op=\"read\",result=\"ok\"} 7");
+	has_line(t, "kvring_l2_blocks_total{op=\"write\",result=\"failed\"} 2");
+	free(t);
+	atomic_store(&lk->c[KVR_STAT_LK_L2_READS], 0);
+	atomic_store(&lk->c[KVR_STAT_LK_L2_WRITE_FAILS], 0);
 }
 
 Test(metrics_render, misses_are_the_lookup_actors_count)
