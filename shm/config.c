@@ -165,8 +165,8 @@ static const struct kvr_key keys[] = {
 	SIZE("l2.capacity_bytes", l2.capacity_bytes, 0, 0,
 	     "byte cap over all dirs, oldest evicted first; must be > 0 when there are dirs"),
 	ENUM("l2.mode", l2.mode, "write-through", l2_mode_values,
-	     "write-through: stored to L2 with L1; write-back (written when evicted from L1) is not "
-	     "implemented yet: kvringd refuses it"),
+	     "write-through: every block written to L2 once committed in L1; write-back: written only "
+	     "when L1 must make room (the least recently used first)"),
 	ENUM("l2.durability", l2.durability, "batch", durability_values,
 	     "fsync: none, every block, or in batches"),
 	U32("l2.queue_depth", l2.queue_depth, 32, 1, 4096, "I/Os", "io_uring queue depth of each disk actor"),

@@ -407,6 +407,8 @@ struct kvr_index {
 	uint32_t *free_slots, n_free_slots;
 	uint32_t stamp;
 	uint64_t evictions, noroom;
+	kvr_index_evict_hook_fn evict_hook; /* may veto an eviction (write-back: not on disk yet) */
+	void *evict_hook_ctx;
 };
 
 static inline uint32_t *lane_slot(const struct kvr_index *idx, uint32_t e, unsigned lane)
@@ -497,7 +499,14 @@ static bool evictable(void *ctx, uint32_t e)
 {
 	struct kvr_index *idx = ctx;
 	const struct ent *en = &idx->ents[e];
-	return en->mark != idx->stamp && en->alloc_mask == en->commit_mask && !block_pinned(idx, e);
+	return en->mark != idx->stamp && en->alloc_mask == en->commit_mask && !block_pinned(idx, e) &&
+	       (!idx->evict_hook || idx->evict_hook(idx->evict_hook_ctx, en->key));
+}
+
+void kvr_index_set_evict_hook(struct kvr_index *idx, kvr_index_evict_hook_fn fn, void *ctx)
+{
+	idx->evict_hook = fn;
+	idx->evict_hook_ctx = ctx;
 }
 
 /* Evict a block chosen by the policy: all its lanes go back to the free list. A loader

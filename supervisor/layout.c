@@ -138,10 +138,6 @@ int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen)
 			 "the slot table is the disk actors'", KVR_L2_PIN_WORKER);
 		return -EINVAL;
 	}
-	if (cfg->l2.n_dirs && strcmp(cfg->l2.mode, "write-through") != 0) {
-		snprintf(err, errlen, "$.l2.mode: \"%s\" is not supported yet (write-through is)", cfg->l2.mode);
-		return -EINVAL;
-	}
 	/* the model must resolve to a geometry and L1 must hold at least one block of it */
 	struct kvr_geometry g;
 	int rc = sup_model_geometry(cfg, 0, 1, &g, err, errlen);

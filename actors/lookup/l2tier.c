@@ -27,10 +27,16 @@ struct pend {                 /* one promotion per worker (its client's lookup i
 	uint32_t seq;
 	uint64_t wire;
 	unsigned lane;
-	uint32_t n;               /* blocks the reply may cover */
+	uint32_t n;               /* blocks decided so far (the reply covers a prefix of them) */
+	uint32_t total;           /* blocks it may still extend to */
+	const kvr_key *keys;      /* the worker's lookup keys (valid while it waits: one lookup at a time) */
+	bool stalled;             /* write-back: waiting for demotions to free L1 room */
+	uint64_t deadline;        /* stop stalling then */
 	uint32_t waiting;
 	struct kvr_index_ref *refs;
 	uint8_t *state;
+	uint8_t *pinned;          /* refs[i] pinned (KVR_L2_PIN_WORKER) until the reply: later
+				   * allocations of the same promotion must not evict it */
 	uint32_t cap;
 	uint64_t index_ns;
 };
@@ -62,6 +68,7 @@ struct l2tier {
 	uint32_t n_reads, cap_reads, rseq;
 	uint32_t pseq;
 	unsigned writes_inflight;
+	bool write_back;          /* l2.mode "write-back": written when L1 must make room */
 };
 
 static uint64_t mix(kvr_key k, unsigned lane)
@@ -155,6 +162,16 @@ static int send_l2(struct l2tier *t, unsigned disk, unsigned type, uint64_t id, 
 					: kvr_msg_send(t->req[disk], &m, kvr_now_ns() + SEND_TIMEOUT_NS);
 }
 
+/* Write-back: a block may leave L1 only once every lane is on disk. */
+static bool on_disk_hook(void *ctx, kvr_key key)
+{
+	struct l2tier *t = ctx;
+	for (unsigned l = 0; l < t->a->slots->quorum; l++)
+		if (!l2t_has(t, key, l))
+			return false;
+	return true;
+}
+
 int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 {
 	*ret = NULL;
@@ -169,6 +186,9 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->a = a;
 	t->idx = idx;
 	t->n_disks = n;
+	t->write_back = strcmp(a->cfg.l2.mode, "write-back") == 0;
+	if (t->write_back)
+		kvr_index_set_evict_hook(idx, on_disk_hook, t);
 	t->n_workers = a->ctl->max_workers;
 	t->pend = calloc(t->n_workers, sizeof(*t->pend));
 	if (!t->pend || set_grow(t)) {
@@ -213,6 +233,7 @@ void l2t_close(struct l2tier *t)
 	for (unsigned w = 0; t->pend && w < t->n_workers; w++) {
 		free(t->pend[w].refs);
 		free(t->pend[w].state);
+		free(t->pend[w].pinned);
 	}
 	free(t->pend);
 	free(t->reads);
@@ -220,10 +241,17 @@ void l2t_close(struct l2tier *t)
 	free(t);
 }
 
+static void write_lane(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch);
+
 void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
 {
-	if (!t || l2t_has(t, key, lane))
+	if (!t || t->write_back || l2t_has(t, key, lane))
 		return;
+	write_lane(t, key, lane, slot, epoch);
+}
+
+static void write_lane(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
+{
 	/* Pin the slot for the disk actor now, before anything can evict it: it unpins when
 	 * the write is done. (We are the evictor, so this pin cannot race an eviction.) */
 	if (kvr_slot_pin(t->a->slots, slot, epoch, KVR_L2_PIN_WORKER)) {
@@ -241,6 +269,39 @@ void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, 
 unsigned l2t_writes_inflight(const struct l2tier *t)
 {
 	return t ? t->writes_inflight : 0;
+}
+
+unsigned l2t_demote(struct l2tier *t, unsigned want)
+{
+	if (!t || !t->write_back || !want)
+		return 0;
+	/* the `want` least recently used committed, unpinned lanes not on disk yet */
+	enum { MAXD = 64 };
+	uint32_t pick[MAXD];
+	unsigned n = 0;
+	if (want > MAXD)
+		want = MAXD;
+	struct kvr_slot_table *st = t->a->slots;
+	for (uint32_t i = 0; i < st->n_slots; i++) {
+		struct kvr_slot *s = kvr_slot_at(st, i);
+		if (kvr_slot_state(st, i) != KVR_SLOT_COMMITTED || kvr_slot_pins(st, i) || l2t_has(t, s->key, s->lane))
+			continue;
+		if (n < want) {
+			pick[n++] = i;
+			continue;
+		}
+		unsigned newest = 0; /* replace the most recent pick if this one is older */
+		for (unsigned k = 1; k < n; k++)
+			if (kvr_slot_at(st, pick[k])->last_access > kvr_slot_at(st, pick[newest])->last_access)
+				newest = k;
+		if (s->last_access < kvr_slot_at(st, pick[newest])->last_access)
+			pick[newest] = i;
+	}
+	for (unsigned k = 0; k < n; k++) {
+		struct kvr_slot *s = kvr_slot_at(st, pick[k]);
+		write_lane(t, s->key, s->lane, pick[k], kvr_slot_epoch(st, pick[k]));
+	}
+	return n;
 }
 
 static int read_new(struct l2tier *t, uint32_t *ret)
@@ -272,7 +333,10 @@ static bool pend_grow(struct pend *p, uint32_t n)
 	uint8_t *s = realloc(p->state, n);
 	if (s)
 		p->state = s;
-	if (!r || !s)
+	uint8_t *pn = realloc(p->pinned, n);
+	if (pn)
+		p->pinned = pn;
+	if (!r || !s || !pn)
 		return false;
 	p->cap = n;
 	return true;
@@ -290,76 +354,125 @@ static bool all_lanes_available(struct l2tier *t, kvr_key key, const struct kvr_
 	return true;
 }
 
+static void unpin_all(struct l2tier *t, struct pend *p)
+{
+	for (uint32_t i = 0; i < p->n; i++)
+		if (p->pinned[i]) {
+			(void)kvr_slot_unpin(t->a->slots, p->refs[i].slot, KVR_L2_PIN_WORKER);
+			p->pinned[i] = 0;
+		}
+}
+
+void l2t_cancel(struct l2tier *t, unsigned worker)
+{
+	if (!t || worker >= t->n_workers || !t->pend[worker].active)
+		return;
+	unpin_all(t, &t->pend[worker]);
+	t->pend[worker].active = t->pend[worker].stalled = false;
+}
+
+#define STALL_NS (5ull * 1000000000ull) /* longest a promotion waits for write-back room */
+
+/* Promote blocks of worker's lookup from p->n on: a block whose lanes are all in L1 or on
+ * disk continues the prefix; the requester's lane is read from disk into a slot of its own.
+ * Stops at the first block that cannot be had. With write-back, a full L1 first writes its
+ * least recent blocks out: the promotion stalls until they are on disk (l2t_on_msg retries). */
+static void extend_more(struct l2tier *t, unsigned worker)
+{
+	struct pend *p = &t->pend[worker];
+	unsigned lanes = t->a->slots->quorum, lane = p->lane;
+	p->stalled = false;
+	while (p->n < p->total) {
+		uint32_t i = p->n;
+		kvr_key key = p->keys[i];
+		struct kvr_index_block b;
+		bool have = kvr_index_get(t->idx, key, &b) == 0;
+		if (!all_lanes_available(t, key, &b, have, lanes))
+			break;
+		if (have && (b.commit_mask >> lane & 1)) {
+			uint32_t sl = b.slot[lane];
+			p->refs[i] = (struct kvr_index_ref){.slot = sl, .epoch = kvr_slot_epoch(t->a->slots, sl)};
+			p->state[i] = B_OK;
+			p->pinned[i] = kvr_slot_pin(t->a->slots, sl, p->refs[i].epoch, KVR_L2_PIN_WORKER) == 0;
+			p->n++;
+			continue;
+		}
+		struct kvr_index_ref r;
+		struct kvr_index_alloc_stats st = {0};
+		if (kvr_index_alloc(t->idx, &key, 1, lane, worker, &r, &st) || r.slot == KVR_INDEX_PRESENT)
+			break;
+		kvr_actor_count(t->a, KVR_STAT_LK_EVICTED, st.evicted);
+		if (r.slot == KVR_INDEX_NOROOM) {
+			if (t->write_back && kvr_now_ns() < p->deadline &&
+			    (t->writes_inflight || l2t_demote(t, p->total - i))) {
+				p->stalled = true;
+				return;
+			}
+			break;
+		}
+		uint32_t ri;
+		if (read_new(t, &ri)) {
+			(void)kvr_index_abort(t->idx, r.slot, r.epoch);
+			break;
+		}
+		unsigned d = route(t, key);
+		struct read *rd = &t->reads[ri];
+		*rd = (struct read){.used = true, .rseq = ++t->rseq, .worker = worker, .lane = lane, .pseq = p->seq,
+				    .block = i, .slot = r.slot, .epoch = r.epoch, .disk = d, .disk_gen = t->disk_gen[d]};
+		uint64_t id = (uint64_t)rd->rseq << 32 | ri;
+		if (send_l2(t, d, KVR_MSG_L2_READ, id, key, lane, r.slot, r.epoch)) {
+			rd->used = false;
+			(void)kvr_index_abort(t->idx, r.slot, r.epoch);
+			break;
+		}
+		p->refs[i] = r;
+		p->state[i] = B_WAIT;
+		p->pinned[i] = 0;
+		p->waiting++;
+		p->n++;
+	}
+	p->total = p->n; /* nothing more to extend to */
+}
+
 int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, const kvr_key *keys, uint32_t total,
 	       uint32_t matched, struct kvr_index_ref *refs, uint64_t index_ns)
 {
 	if (!t || matched >= total || worker >= t->n_workers)
 		return (int)matched;
 	struct pend *p = &t->pend[worker];
-	if (p->active) {
-		/* the client gave up on its previous lookup: answer nothing more for it; its reads
-		 * finish on their own (orphaned, committed or aborted as they complete) */
-		p->active = false;
-	}
+	/* a previous lookup still waiting: its client gave up; its reads finish on their own */
+	l2t_cancel(t, worker);
 	if (!pend_grow(p, total))
 		return (int)matched;
-	unsigned lanes = t->a->slots->quorum;
-	uint32_t seq = ++t->pseq, waiting = 0, i;
-	for (i = 0; i < matched; i++)
-		p->state[i] = B_OK;
-	for (i = matched; i < total; i++) {
-		struct kvr_index_block b;
-		bool have = kvr_index_get(t->idx, keys[i], &b) == 0;
-		if (!all_lanes_available(t, keys[i], &b, have, lanes))
-			break;
-		if (have && (b.commit_mask >> lane & 1)) {
-			uint32_t s = b.slot[lane];
-			refs[i] = (struct kvr_index_ref){.slot = s, .epoch = kvr_slot_epoch(t->a->slots, s)};
-			p->state[i] = B_OK;
-			continue;
-		}
-		/* promote this lane: a slot of our own, filled from disk */
-		struct kvr_index_ref r;
-		struct kvr_index_alloc_stats st = {0};
-		if (kvr_index_alloc(t->idx, &keys[i], 1, lane, worker, &r, &st) || r.slot == KVR_INDEX_PRESENT ||
-		    r.slot == KVR_INDEX_NOROOM)
-			break;
-		kvr_actor_count(t->a, KVR_STAT_LK_EVICTED, st.evicted);
-		uint32_t ri;
-		if (read_new(t, &ri)) {
-			(void)kvr_index_abort(t->idx, r.slot, r.epoch);
-			break;
-		}
-		unsigned d = route(t, keys[i]);
-		struct read *rd = &t->reads[ri];
-		*rd = (struct read){.used = true, .rseq = ++t->rseq, .worker = worker, .lane = lane, .pseq = seq, .block = i,
-				    .slot = r.slot, .epoch = r.epoch, .disk = d, .disk_gen = t->disk_gen[d]};
-		uint64_t id = (uint64_t)rd->rseq << 32 | ri;
-		if (send_l2(t, d, KVR_MSG_L2_READ, id, keys[i], lane, r.slot, r.epoch)) {
-			rd->used = false;
-			(void)kvr_index_abort(t->idx, r.slot, r.epoch);
-			break;
-		}
-		refs[i] = r;
-		p->state[i] = B_WAIT;
-		waiting++;
-	}
-	if (!waiting)
-		return (int)i;
-	p->active = true;
-	p->seq = seq;
+	p->seq = ++t->pseq;
 	p->wire = wire;
 	p->lane = lane;
-	p->n = i;
-	p->waiting = waiting;
+	p->keys = keys;
+	p->total = total;
+	p->n = matched;
+	p->waiting = 0;
 	p->index_ns = index_ns;
-	memcpy(p->refs, refs, (size_t)i * sizeof(*refs));
+	p->deadline = kvr_now_ns() + STALL_NS;
+	memcpy(p->refs, refs, (size_t)matched * sizeof(*refs));
+	memset(p->state, B_OK, matched);
+	/* the L1 prefix too must survive the allocations of its promotions */
+	for (uint32_t i = 0; i < matched; i++)
+		p->pinned[i] = kvr_slot_pin(t->a->slots, refs[i].slot, refs[i].epoch, KVR_L2_PIN_WORKER) == 0;
+	extend_more(t, worker);
+	if (!p->waiting && !p->stalled) { /* everything decided at once */
+		memcpy(refs, p->refs, (size_t)p->n * sizeof(*refs));
+		unpin_all(t, p);
+		return (int)p->n;
+	}
+	p->active = true;
 	return -EINPROGRESS;
 }
 
 static void finish(struct l2tier *t, unsigned w, struct l2t_done *done)
 {
 	struct pend *p = &t->pend[w];
+	/* the reply goes out right after this, before any other allocation can evict */
+	unpin_all(t, p);
 	uint32_t m = 0, promoted = 0;
 	while (m < p->n && (p->state[m] == B_OK || p->state[m] == B_PROMOTED))
 		promoted += p->state[m++] == B_PROMOTED;
@@ -385,7 +498,9 @@ static int read_ended(struct l2tier *t, uint32_t ri, int status, struct l2t_done
 	if (!p->active || p->seq != rd->pseq || rd->block >= p->n || p->state[rd->block] != B_WAIT)
 		return 0;
 	p->state[rd->block] = ok ? B_PROMOTED : B_FAIL;
-	if (--p->waiting)
+	if (ok)
+		p->pinned[rd->block] = kvr_slot_pin(t->a->slots, rd->slot, rd->epoch, KVR_L2_PIN_WORKER) == 0;
+	if (--p->waiting || p->stalled)
 		return 0;
 	finish(t, rd->worker, done);
 	return 1;
@@ -425,6 +540,17 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 		} else {
 			kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITE_FAILS, 1);
 		}
+		/* room may have freed: promotions that waited for it go on */
+		for (unsigned w = 0; w < t->n_workers; w++) {
+			struct pend *p = &t->pend[w];
+			if (!p->active || !p->stalled)
+				continue;
+			extend_more(t, w);
+			if (!p->stalled && !p->waiting) {
+				finish(t, w, done);
+				return 2; /* one per message; l2t_tick finishes any other */
+			}
+		}
 		return 0;
 	case KVR_MSG_L2_READ_DONE: {
 		uint32_t ri = (uint32_t)m->hdr.req_id;
@@ -444,6 +570,22 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 {
 	if (!t)
 		return 0;
+	uint64_t now = kvr_now_ns();
+	for (unsigned w = 0; w < t->n_workers; w++) {
+		struct pend *p = &t->pend[w];
+		if (!p->active)
+			continue;
+		if (p->stalled && now >= p->deadline) {
+			p->stalled = false; /* no room came: answer what we have */
+			p->total = p->n;
+		} else if (p->stalled) {
+			extend_more(t, w);
+		}
+		if (!p->stalled && !p->waiting) {
+			finish(t, w, done);
+			return 1;
+		}
+	}
 	for (unsigned d = 0; d < t->n_disks; d++) {
 		struct kvr_actor_ent *e = kvr_ctl_actor(t->a->ctl, t->disk_actor[d]);
 		uint32_t gen = atomic_load(&e->generation);

@@ -55,11 +55,20 @@ void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, 
 int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, const kvr_key *keys, uint32_t total,
 	       uint32_t matched, struct kvr_index_ref *refs, uint64_t index_ns);
 
+/* The worker starts a new lookup: forget the one still waiting (its client gave up; the
+ * keys it points at are about to be overwritten). Its reads finish on their own. */
+void l2t_cancel(struct l2tier *t, unsigned worker);
+
 /* Housekeeping (the actor's tick): abort reads lost with a dead disk actor. May finish a
  * promotion: returns 1 and fills *done (call again until 0). */
 int l2t_tick(struct l2tier *t, struct l2t_done *done);
 
-/* Write-throughs sent and not yet answered (their slots are pinned). */
+/* Write-back: L1 is full of blocks not on disk yet: write up to `want` of the least
+ * recently used ones (they become evictable when their writes complete). Returns how many
+ * writes were sent (0 without write-back). */
+unsigned l2t_demote(struct l2tier *t, unsigned want);
+
+/* Writes sent and not yet answered (their slots are pinned). */
 unsigned l2t_writes_inflight(const struct l2tier *t);
 
 /* Whether (key, lane) is on disk. */

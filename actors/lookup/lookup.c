@@ -245,9 +245,13 @@ static void alloc_try(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		kvr_actor_count(a, KVR_STAT_LK_ALLOCATED, st.allocated);
 		kvr_actor_count(a, KVR_STAT_LK_PRESENT, st.present);
 		kvr_actor_count(a, KVR_STAT_LK_EVICTED, st.evicted);
-		bool noroom = false;
-		for (uint32_t i = first; i < q->total && !noroom; i++)
-			noroom = w->alloc_refs[i].slot == KVR_INDEX_NOROOM;
+		unsigned noroom = 0;
+		for (uint32_t i = first; i < q->total; i++)
+			noroom += w->alloc_refs[i].slot == KVR_INDEX_NOROOM;
+		/* write-back: make room by writing the least recent blocks out (they become
+		 * evictable when on disk), then wait like for any write */
+		if (noroom && !l2t_writes_inflight(l->l2))
+			(void)l2t_demote(l->l2, noroom);
 		if (noroom && l2t_writes_inflight(l->l2) && kvr_now_ns() < w->alloc_deadline) {
 			w->alloc_waiting = true;
 			return;
@@ -335,6 +339,8 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 	for (unsigned wi = 0; wi < l->n_workers; wi++) {
 		struct lk_worker *w = &l->w[wi];
 		if (ring == w->lk_req) {
+			if (m->hdr.seq == 0)
+				l2t_cancel(l->l2, wi); /* its keys buffer is about to be reused */
 			int rc = kvr_list_feed(&w->lookup, m);
 			if (rc < 0)
 				return -EBADMSG;

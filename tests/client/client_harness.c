@@ -107,8 +107,10 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	char l2[512] = "";
 	if (o->l2_dir)
 		snprintf(l2, sizeof(l2),
-			 ",\n  \"l2\": {\"dirs\": [\"%s\"], \"capacity_bytes\": %llu, \"durability\": \"block\"}", o->l2_dir,
-			 (unsigned long long)(o->l2_bytes ? o->l2_bytes : 64ull << 20));
+			 ",\n  \"l2\": {\"dirs\": [\"%s\"], \"capacity_bytes\": %llu, \"durability\": \"block\", "
+			 "\"mode\": \"%s\"}",
+			 o->l2_dir, (unsigned long long)(o->l2_bytes ? o->l2_bytes : 64ull << 20),
+			 o->l2_mode ? o->l2_mode : "write-through");
 	char json[4096];
 	snprintf(json, sizeof(json),
 		 "{\n"

@@ -45,6 +45,7 @@ struct ct_opts {
 	unsigned crash_loop_max;   /* deaths in 10 s that give up on an actor; 0 = 5 */
 	const char *l2_dir;        /* an L2 tier in this directory (NULL = none) */
 	uint64_t l2_bytes;         /* its cap; 0 = 64 MiB */
+	const char *l2_mode;       /* NULL = "write-through" */
 };
 
 struct ct_env {

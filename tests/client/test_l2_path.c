@@ -325,3 +325,27 @@ Test(l2, kvringd_killed_mid_writes)
 	cr_assert_gt(served, 0);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
 }
+
+/* Write-back: nothing is written while L1 has room; when a store finds L1 full, the least
+ * recently used blocks are written out and only then evicted (the store waits for it), so
+ * every prompt stays loadable byte-exact — the older ones from disk. */
+Test(l2, write_back_demotes_on_eviction)
+{
+	struct ct_opts o = {.l1_slots = 4, .l2_dir = l2dir, .l2_mode = "write-back"};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	store_prompt(r, 0, 1000);
+	usleep(100 * 1000);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES), 0, "write-back writes nothing while L1 has room");
+	cr_assert_eq(count_files(l2dir, ".kvb"), 0);
+	for (unsigned p = 1; p < PROMPTS; p++)
+		store_prompt(r, p, 1000 + p); /* each one makes L1 demote the previous prompt */
+	uint64_t written = ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES);
+	cr_assert_eq(written, (PROMPTS - 1) * BLOCKS, "the evicted prompts were written, the last one was not: %llu",
+		     (unsigned long long)written);
+	cr_assert_eq(count_files(l2dir, ".kvb"), written);
+	load_all_exact(r, 100);
+	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
+}
