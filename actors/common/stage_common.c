@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvr_list.h"
 #include "kvr_log.h"
+#include "kvr_time.h"
 
 int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, const char *req_fmt, const char *rep_fmt,
 		      unsigned pool_percent)
@@ -170,9 +172,21 @@ int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blo
 	return rc;
 }
 
-void stage_observe_latency(struct stage_worker *sw, uint64_t ns)
+void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int status, const void *body,
+		 size_t body_len, const uint32_t *failed, uint32_t n_failed, uint64_t first_ns)
 {
-	kvr_hist_observe(kvr_stats_hist(sw->a->stats, KVR_STAT_XF_HIST_FIRST), ns);
+	kvr_actor_count(sw->a, KVR_STAT_XF_REQUESTS, 1);
+	kvr_actor_count(sw->a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
+	struct kvr_msg m;
+	kvr_msg_build(&m, type, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0, body, body_len);
+	uint64_t now = kvr_now_ns(), deadline = now + STAGE_REPLY_TIMEOUT_NS;
+	kvr_hist_observe(kvr_stats_hist(sw->a->stats, KVR_STAT_XF_HIST_FIRST), now - first_ns);
+	int rc = kvr_msg_send(sw->rep, &m, deadline);
+	if (!rc && n_failed)
+		rc = kvr_list_send(sw->rep, KVR_MSG_BLOCKS, wire, 0, failed, n_failed, deadline);
+	if (rc)
+		kvr_err("worker %u does not read its %s replies (%s): reply to request %llx dropped", sw->worker,
+			kvr_msg_type_name(type), strerror(-rc), (unsigned long long)wire);
 }
 
 bool stage_wire_current(const struct kvr_actor *a, uint64_t wire)

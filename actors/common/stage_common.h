@@ -50,9 +50,13 @@ void stage_worker_close(struct stage_worker *sw);
 int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blocks, const uint64_t *slot_offs,
 		      uint32_t n, const struct kvr_xfer_dep *ready, struct kvr_xfer_stats *st);
 
-/* Record one request's latency (first message received to reply sent) in the stage's
- * histogram (KVR_STAT_XF_HIST_FIRST; exported as kvring_load/store_duration_seconds). */
-void stage_observe_latency(struct stage_worker *sw, uint64_t ns);
+/* Answer a request: the result message `type` (body of body_len bytes) followed, when
+ * n_failed > 0, by the failed engine block ids as KVR_MSG_BLOCKS. Counts the request and its
+ * failed blocks, records its latency (first_ns = arrival of its first message) in the
+ * stage's histogram (exported as kvring_load/store_duration_seconds), and drops the reply
+ * with one log line when the client has not read its ring for STAGE_REPLY_TIMEOUT_NS. */
+void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int status, const void *body,
+		 size_t body_len, const uint32_t *failed, uint32_t n_failed, uint64_t first_ns);
 
 /* Whether a wire request id was addressed to this incarnation of the actor. */
 bool stage_wire_current(const struct kvr_actor *a, uint64_t wire);

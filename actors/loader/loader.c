@@ -104,20 +104,7 @@ static void reply(struct loader *l, uint64_t wire, int status, uint32_t n_blocks
 		.runs = st ? (uint32_t)st->runs : 0,
 		.queue_us = (uint32_t)(queue_ns / 1000),
 	};
-	kvr_actor_count(l->sw.a, KVR_STAT_XF_REQUESTS, 1);
-	kvr_actor_count(l->sw.a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
-	struct kvr_msg m;
-	kvr_msg_build(&m, KVR_MSG_LOAD_DONE, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0,
-		      &d, sizeof(d));
-	/* latency: first message of the request to this reply */
-	stage_observe_latency(&l->sw, kvr_now_ns() - l->req.first_ns);
-	uint64_t deadline = kvr_now_ns() + STAGE_REPLY_TIMEOUT_NS;
-	int rc = kvr_msg_send(l->sw.rep, &m, deadline);
-	if (!rc && n_failed)
-		rc = kvr_list_send(l->sw.rep, KVR_MSG_BLOCKS, wire, 0, l->failed, n_failed, deadline);
-	if (rc)
-		kvr_err("worker %u does not read its load replies (%s): reply to request %llx dropped", l->sw.worker,
-			strerror(-rc), (unsigned long long)wire);
+	stage_reply(&l->sw, KVR_MSG_LOAD_DONE, wire, status, &d, sizeof(d), l->failed, n_failed, l->req.first_ns);
 }
 
 static void execute(struct kvr_actor *a, struct loader *l)

@@ -168,19 +168,7 @@ static void reply(struct storer *s, uint64_t wire, int status, uint32_t n, uint3
 		.copy_ns = st ? st->copy_ns : 0,
 		.queue_us = (uint32_t)(queue_ns / 1000),
 	};
-	kvr_actor_count(s->sw.a, KVR_STAT_XF_REQUESTS, 1);
-	kvr_actor_count(s->sw.a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
-	struct kvr_msg m;
-	kvr_msg_build(&m, KVR_MSG_STORE_DONE, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0,
-		      &d, sizeof(d));
-	/* latency: first message of the request to this reply */
-	stage_observe_latency(&s->sw, kvr_now_ns() - s->req.first_ns);
-	uint64_t deadline = kvr_now_ns() + STAGE_REPLY_TIMEOUT_NS;
-	int rc = kvr_msg_send(s->sw.rep, &m, deadline);
-	if (!rc && n_failed)
-		rc = kvr_list_send(s->sw.rep, KVR_MSG_BLOCKS, wire, 0, s->failed, n_failed, deadline);
-	if (rc)
-		kvr_err("worker %u does not read its store replies (%s): reply dropped", s->sw.worker, strerror(-rc));
+	stage_reply(&s->sw, KVR_MSG_STORE_DONE, wire, status, &d, sizeof(d), s->failed, n_failed, s->req.first_ns);
 }
 
 static void fail_all(struct storer *s, uint64_t wire, int status, uint64_t queue_ns)
