@@ -16,6 +16,7 @@
 #include "kvr_ctl.h"
 #include "kvr_geometry.h"
 #include "kvr_keys.h"
+#include "kvr_list.h"
 #include "kvr_proto.h"
 #include "kvr_ring.h"
 #include "kvr_segment.h"
@@ -596,8 +597,9 @@ int kvr_wait(struct kvr_client *c, struct kvr_completion *ret, unsigned max, int
 
 /* Enqueue one message; while the ring is full keep draining our reply rings (a loader
  * blocked on a full reply ring must not deadlock against us) until the deadline. */
-static int send_msg(struct kvr_client *c, struct kvr_ring *r, const struct kvr_msg *m, uint64_t deadline)
+static int send_msg(void *ctx, struct kvr_ring *r, const struct kvr_msg *m, uint64_t deadline)
 {
+	struct kvr_client *c = ctx;
 	for (;;) {
 		int rc = kvr_ring_try_enqueue(r, m);
 		if (rc == 0)
@@ -614,29 +616,10 @@ static int send_msg(struct kvr_client *c, struct kvr_ring *r, const struct kvr_m
 	}
 }
 
-#define SEND_BATCH 32
-
 static int send_list(struct kvr_client *c, struct kvr_ring *r, unsigned type, uint64_t wire, uint8_t lane,
 		     uint8_t flags, const void *items, uint32_t total, uint64_t deadline)
 {
-	/* Build up to SEND_BATCH messages, then enqueue them as one burst: one publish, one
-	 * fence and at most one wake for the batch instead of one per message. */
-	unsigned per = kvr_msg_list_per_msg(type);
-	uint32_t n_msgs = (total + per - 1) / per;
-	struct kvr_msg batch[SEND_BATCH];
-	for (uint32_t seq = 0; seq < n_msgs;) {
-		unsigned n = n_msgs - seq < SEND_BATCH ? n_msgs - seq : SEND_BATCH;
-		for (unsigned i = 0; i < n; i++)
-			kvr_msg_build_list(&batch[i], type, wire, seq + i, lane, flags, items, total);
-		unsigned done = kvr_ring_enqueue_burst(r, batch, n);
-		for (unsigned i = done; i < n; i++) { /* the ring filled up: wait for room */
-			int rc = send_msg(c, r, &batch[i], deadline);
-			if (rc)
-				return rc;
-		}
-		seq += n;
-	}
-	return 0;
+	return kvr_list_send_ex(r, type, wire, lane, flags, items, total, deadline, send_msg, c);
 }
 
 static int hash_keys(struct kvr_client *c, const uint32_t *tokens, size_t n_tokens, const void *extra,

@@ -40,6 +40,14 @@ int kvr_list_feed(struct kvr_list_asm *l, const struct kvr_msg *m);
 int kvr_list_send(struct kvr_ring *r, unsigned type, uint64_t req_id, uint8_t lane, const void *items,
 		  uint32_t total, uint64_t deadline_ns);
 
+/* The same with list flags and a caller's way of sending one message when the ring is
+ * full (send_one(ctx, r, m, deadline_ns); NULL = kvr_msg_send): the client uses it to keep
+ * draining its reply rings while it waits for room. Messages go in bursts of 32 — one
+ * publish, one fence and at most one wake per burst. */
+typedef int (*kvr_list_send_one_fn)(void *ctx, struct kvr_ring *r, const struct kvr_msg *m, uint64_t deadline_ns);
+int kvr_list_send_ex(struct kvr_ring *r, unsigned type, uint64_t req_id, uint8_t lane, uint8_t flags,
+		     const void *items, uint32_t total, uint64_t deadline_ns, kvr_list_send_one_fn send_one, void *ctx);
+
 /* Send one message with the same deadline rule. */
 int kvr_msg_send(struct kvr_ring *r, const struct kvr_msg *m, uint64_t deadline_ns);
 

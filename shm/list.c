@@ -72,26 +72,31 @@ int kvr_msg_send(struct kvr_ring *r, const struct kvr_msg *m, uint64_t deadline_
 	return kvr_ring_enqueue(r, m, t);
 }
 
-int kvr_list_send(struct kvr_ring *r, unsigned type, uint64_t req_id, uint8_t lane, const void *items,
-		  uint32_t total, uint64_t deadline_ns)
+int kvr_list_send_ex(struct kvr_ring *r, unsigned type, uint64_t req_id, uint8_t lane, uint8_t flags,
+		     const void *items, uint32_t total, uint64_t deadline_ns, kvr_list_send_one_fn send_one, void *ctx)
 {
 	unsigned per = kvr_msg_list_per_msg(type);
 	if (!per || !total)
 		return -EINVAL;
-	/* batches of 32: one publish, one fence and at most one wake per batch */
 	struct kvr_msg batch[32];
 	uint32_t n_msgs = (total + per - 1) / per;
 	for (uint32_t seq = 0; seq < n_msgs;) {
 		unsigned n = n_msgs - seq < 32 ? n_msgs - seq : 32;
 		for (unsigned i = 0; i < n; i++)
-			kvr_msg_build_list(&batch[i], type, req_id, seq + i, lane, 0, items, total);
+			kvr_msg_build_list(&batch[i], type, req_id, seq + i, lane, flags, items, total);
 		unsigned done = kvr_ring_enqueue_burst(r, batch, n);
-		for (unsigned i = done; i < n; i++) {
-			int rc = kvr_msg_send(r, &batch[i], deadline_ns);
+		for (unsigned i = done; i < n; i++) { /* the ring filled up: wait for room */
+			int rc = send_one ? send_one(ctx, r, &batch[i], deadline_ns) : kvr_msg_send(r, &batch[i], deadline_ns);
 			if (rc)
 				return rc;
 		}
 		seq += n;
 	}
 	return 0;
+}
+
+int kvr_list_send(struct kvr_ring *r, unsigned type, uint64_t req_id, uint8_t lane, const void *items,
+		  uint32_t total, uint64_t deadline_ns)
+{
+	return kvr_list_send_ex(r, type, req_id, lane, 0, items, total, deadline_ns, NULL, NULL);
 }
