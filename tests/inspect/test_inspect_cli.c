@@ -19,11 +19,11 @@
 
 #include <kvring/msg.h>
 
+#include "tool_test.h"
 #include "kvr_ctl.h"
 #include "kvr_proto.h"
 #include "kvr_segment.h"
 
-extern char **environ;
 
 /* ---- a stand-in for kvringd's INSPECT handler ------------------------------------------ */
 
@@ -116,39 +116,13 @@ static void start_server(int status)
 
 static char *slurp(const char *path)
 {
-	FILE *f = fopen(path, "r");
-	cr_assert_not_null(f, "%s", path);
-	char *buf = NULL;
-	size_t cap = 0;
-	ssize_t n = getdelim(&buf, &cap, '\0', f);
-	fclose(f);
-	if (n < 0) {
-		free(buf);
-		buf = strdup("");
-	}
-	return buf;
+	return tool_slurp(path);
 }
 
 /* Start kvring-inspect with args; stdout and stderr go to out_path and err_path. */
 static pid_t spawn_inspect(const char *const *args)
 {
-	const char *root = getenv("KVR_BUILD_ROOT");
-	cr_assert_not_null(root, "KVR_BUILD_ROOT is not set (run through meson test)");
-	char exe[512];
-	snprintf(exe, sizeof(exe), "%s/tools/inspect/kvring-inspect", root);
-	char *argv[16] = {exe};
-	int n = 1;
-	for (; args[n - 1]; n++)
-		argv[n] = (char *)args[n - 1];
-	argv[n] = NULL;
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	pid_t pid;
-	cr_assert_eq(posix_spawn(&pid, exe, &fa, NULL, argv, environ), 0, "cannot run %s", exe);
-	posix_spawn_file_actions_destroy(&fa);
-	return pid;
+	return tool_spawn("tools/inspect/kvring-inspect", args, out_path, err_path);
 }
 
 static int wait_exit(pid_t pid)

@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-extern char **environ;
+#include "tool_test.h"
 
 static char out_path[128], err_path[128];
 
@@ -30,37 +30,13 @@ TestSuite(ringbench, .init = setup, .fini = teardown, .timeout = 240);
 
 static char *slurp(const char *path)
 {
-	FILE *f = fopen(path, "r");
-	cr_assert_not_null(f, "%s", path);
-	char *buf = NULL;
-	size_t cap = 0;
-	if (getdelim(&buf, &cap, '\0', f) < 0) {
-		free(buf);
-		buf = strdup("");
-	}
-	fclose(f);
-	return buf;
+	return tool_slurp(path);
 }
 
 /* Run kvring-ringbench with args (NULL-terminated); returns its exit status. */
 static int run_bench(const char *const *args)
 {
-	const char *root = getenv("KVR_BUILD_ROOT");
-	cr_assert_not_null(root, "KVR_BUILD_ROOT is not set (run through meson test)");
-	char exe[512];
-	snprintf(exe, sizeof(exe), "%s/tools/ringbench/kvring-ringbench", root);
-	char *argv[16] = {exe};
-	int n = 1;
-	for (; args[n - 1]; n++)
-		argv[n] = (char *)args[n - 1];
-	argv[n] = NULL;
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	pid_t pid;
-	cr_assert_eq(posix_spawn(&pid, exe, &fa, NULL, argv, environ), 0, "cannot run %s", exe);
-	posix_spawn_file_actions_destroy(&fa);
+	pid_t pid = tool_spawn("tools/ringbench/kvring-ringbench", args, out_path, err_path);
 	int st;
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	cr_assert(WIFEXITED(st), "kvring-ringbench died of signal %d", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
