@@ -93,6 +93,7 @@ static const struct kvr_section sections[] = {
 	{ "model", "The model whose KV cache is stored: its geometry sizes blocks and goes into the key namespace." },
 	{ "l1", "L1: the host-memory arena of block slots." },
 	{ "staging", "Staging buffers per worker, split into a load pool and a store pool." },
+	{ "dcp", "Decode context parallelism: the gather actor that assembles a DCP group's shards into canonical blocks." },
 	{ "l2", "L2: the disk tier, one file per block." },
 	{ "metrics", "Prometheus text format on /metrics over HTTP." },
 };
@@ -160,6 +161,10 @@ static const struct kvr_key keys[] = {
 	     "staging bytes per worker, both pools"),
 	U32("staging.load_percent", staging.load_percent, 50, 1, 99, "%", "share of the ceiling for the load pool"),
 	SIZE("staging.buffer_bytes", staging.buffer_bytes, 0, 0, "bytes of one staging buffer (lease); 0 = one block"),
+
+	U32("dcp.store_timeout_ms", dcp.store_timeout_ms, 10000, 10, 600000, "ms",
+	    "how long a DCP rank's store waits for the same store from every other rank of its group; then it "
+	    "fails and nothing of it is stored (a canonical block needs every rank's shard)"),
 
 	PATHS("l2.dirs", l2.dirs, l2.n_dirs, "directories of the disk tier, one disk actor each; none = no L2"),
 	SIZE("l2.capacity_bytes", l2.capacity_bytes, 0, 0,

@@ -68,6 +68,9 @@ struct kvr_config {
 		uint64_t buffer_bytes;       /* one staging buffer (lease); 0 = one block */
 	} staging;
 	struct {
+		uint32_t store_timeout_ms;   /* a DCP store waits this long for every rank's shard */
+	} dcp;
+	struct {
 		uint32_t n_dirs;
 		char dirs[KVR_L2_MAX_DIRS][KVR_PATH_MAX];
 		uint64_t capacity_bytes;     /* L2 byte cap across dirs */
