@@ -510,7 +510,7 @@ Test(config, round_trip)
 /* The effective JSON has every key exactly once, in table (= docs) order, and nothing else. */
 Test(config, to_json_keys)
 {
-	static const char *const sections[] = { "instance", "rings", "supervisor", "model", "l1", "staging", "l2",
+	static const char *const sections[] = { "instance", "rings", "supervisor", "model", "l1", "staging", "dcp", "l2",
 						"metrics" };
 	struct kvr_config d;
 	char *j, *md;
