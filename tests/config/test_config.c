@@ -545,7 +545,7 @@ Test(config, to_json_keys)
 		}
 	}
 	cr_expect_eq(s, ARRAY_SIZE(sections));
-	cr_expect_eq(n, 40, "keys in the effective JSON: %zu", n);
+	cr_expect_eq(n, 41, "keys in the effective JSON: %zu", n);
 	cJSON_Delete(root);
 	free(j);
 	free(md);
