@@ -175,6 +175,9 @@ static const struct kvr_key keys[] = {
 	ENUM("l2.durability", l2.durability, "batch", durability_values,
 	     "fsync: none, every block, or in batches"),
 	U32("l2.queue_depth", l2.queue_depth, 32, 1, 4096, "I/Os", "io_uring queue depth of each disk actor"),
+	BOOL("l2.read_only", l2.read_only, false,
+	     "serve the blocks already on disk and never change the disk: no writes, deletions or renames; "
+	     "stores are refused (-EROFS); l2.mode and l2.durability have no effect (see docs/l2.md)"),
 
 	BOOL("metrics.enabled", metrics.enabled, false, "serve /metrics"),
 	STR("metrics.listen", metrics.listen, 0, "127.0.0.1:9464",
@@ -198,6 +201,7 @@ static const char *const checks_doc[] = {
 	"(layers x KV heads per rank x head_dim x dtype_bytes x block_tokens, x 2 for K and V unless MLA).",
 	"`l2.dirs` are absolute and distinct; with at least one dir `l2.capacity_bytes` is > 0 (no unbounded disk "
 	"tier). With no dirs L2 is off and `l2.capacity_bytes` is not used.",
+	"`l2.read_only` true: at least one `l2.dirs` entry (there is no disk store to serve otherwise).",
 	"`metrics.enabled`: `metrics.listen` is host:port with a port in 1..65535.",
 };
 
@@ -788,6 +792,8 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 
 	if (c->l2.n_dirs > 0 && c->l2.capacity_bytes == 0)
 		return FAIL("$.l2.capacity_bytes: required when l2.dirs is not empty");
+	if (c->l2.read_only && c->l2.n_dirs == 0)
+		return FAIL("$.l2.read_only: needs l2.dirs (there is no disk store to serve)");
 	if (c->metrics.enabled && !listen_valid(c->metrics.listen))
 		return FAIL("$.metrics.listen: invalid \"%s\" (expected host:port, port 1..65535)",
 			    clean(c->metrics.listen, s, sizeof(s)));

@@ -77,6 +77,7 @@ struct kvr_config {
 		char mode[16];               /* "write-through" or "write-back" */
 		char durability[16];         /* "none", "block", "batch" */
 		uint32_t queue_depth;
+		bool read_only;              /* serve what is on disk, never change it (docs/l2.md) */
 	} l2;
 	struct {
 		bool enabled;

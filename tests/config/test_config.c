@@ -37,7 +37,7 @@ static const char full_json[] =
 	"          \"eviction\": \"lru\"},\n"
 	"  \"staging\": {\"ceiling_bytes\": \"1GiB\", \"load_percent\": 25, \"buffer_bytes\": 12345},\n"
 	"  \"l2\": {\"dirs\": [\"/mnt/a\", \"/mnt/b\"], \"capacity_bytes\": \"64GiB\", \"mode\": \"write-back\",\n"
-	"          \"durability\": \"none\", \"queue_depth\": 4096},\n"
+	"          \"durability\": \"none\", \"queue_depth\": 4096, \"read_only\": true},\n"
 	"  \"metrics\": {\"enabled\": true, \"listen\": \"[::1]:1\"}\n"
 	"}\n";
 
@@ -103,6 +103,7 @@ Test(config, defaults)
 	cr_assert_str_eq(d.l2.mode, "write-through");
 	cr_assert_str_eq(d.l2.durability, "batch");
 	cr_assert_eq(d.l2.queue_depth, 32);
+	cr_assert_eq(d.l2.read_only, false);
 	cr_assert_eq(d.metrics.enabled, false);
 	cr_assert_str_eq(d.metrics.listen, "127.0.0.1:9464");
 
@@ -161,6 +162,8 @@ static const struct bad_case bad_cases[] = {
 	  "$.instance.socket_mode: wrong type: expected octal mode string, got number" },
 	{ "{\"l2\": {\"dirs\": \"/mnt/a\"}}", "$.l2.dirs: wrong type: expected array of strings, got string" },
 	{ "{\"l2\": {\"dirs\": [\"/a\", 5]}}", "$.l2.dirs[1]: wrong type: expected string, got number" },
+	{ "{\"l2\": {\"read_only\": 1}}", "$.l2.read_only: wrong type: expected boolean, got number" },
+	{ "{\"l2\": {\"read_only\": \"true\"}}", "$.l2.read_only: wrong type: expected boolean, got string" },
 	/* out of range: never truncated or clamped */
 	{ "{\"supervisor\": {\"restart_backoff_max_ms\": 0}}",
 	  "$.supervisor.restart_backoff_max_ms: out of range: 0 (must be 1..600000)" },
@@ -265,6 +268,11 @@ static const struct bad_case bad_cases[] = {
 	{ "{\"staging\": {\"ceiling_bytes\": \"16MiB\"}}",
 	  "$.staging.ceiling_bytes: the load pool (8388608 bytes) cannot hold one block (18874368 bytes)" },
 	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"]}}", "$.l2.capacity_bytes: required when l2.dirs is not empty" },
+	{ "{\"l2\": {\"read_only\": true}}", "$.l2.read_only: needs l2.dirs (there is no disk store to serve)" },
+	{ "{\"l2\": {\"dirs\": [], \"read_only\": true, \"capacity_bytes\": \"1GiB\"}}",
+	  "$.l2.read_only: needs l2.dirs (there is no disk store to serve)" },
+	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"], \"read_only\": true}}",
+	  "$.l2.capacity_bytes: required when l2.dirs is not empty" },
 	{ "{\"metrics\": {\"enabled\": true, \"listen\": \"localhost\"}}",
 	  "$.metrics.listen: invalid \"localhost\" (expected host:port, port 1..65535)" },
 	{ "{\"metrics\": {\"enabled\": true, \"listen\": \"127.0.0.1:0\"}}",
@@ -358,6 +366,9 @@ static const struct good_case good_cases[] = {
 	GU32("{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\"], \"capacity_bytes\": 1}}",
 	     l2.n_dirs, 8),
 	GU32("{\"l2\": {\"queue_depth\": 1}}", l2.queue_depth, 1),
+	GBOOL("{\"l2\": {\"dirs\": [\"/srv/kv16\"], \"capacity_bytes\": \"1TiB\", \"read_only\": true}}", l2.read_only,
+	      true),
+	GBOOL("{\"l2\": {\"read_only\": false}}", l2.read_only, false),
 	/* model: explicit geometry (GLM-4-9B of DESIGN.md section 4), presets, MLA, values equal to a preset's */
 	GU32("{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 2, "
 	     "\"tp_size\": 2}}", model.kv_heads, 4),
@@ -473,6 +484,7 @@ Test(config, round_trip)
 	cr_assert_eq(a.l2.n_dirs, 2);
 	cr_assert_str_eq(a.l2.dirs[1], "/mnt/b");
 	cr_assert_eq(a.l2.capacity_bytes, 64ull << 30);
+	cr_assert_eq(a.l2.read_only, true);
 	cr_assert_eq(a.staging.ceiling_bytes, 1ull << 30);
 	cr_assert_eq(a.instance.socket_mode, 0660);
 
@@ -489,6 +501,7 @@ Test(config, round_trip)
 	cr_assert_not_null(strstr(j1, "\n    \"ceiling_bytes\": 1073741824,\n"), "%s", j1);
 	cr_assert_not_null(strstr(j1, "\n    \"socket_mode\": \"0660\",\n"), "%s", j1);
 	cr_assert_not_null(strstr(j1, "\n    \"dirs\": [\"/mnt/a\", \"/mnt/b\"],\n"), "%s", j1);
+	cr_assert_not_null(strstr(j1, "\n    \"queue_depth\": 4096,\n    \"read_only\": true\n  },\n"), "%s", j1);
 	cr_assert_not_null(strstr(j1, "\n    \"model_id\": \"org/M \\\"q\\\" \\\\ \\u0009 \xc3\xa9\\u000a\",\n"), "%s",
 			   j1);
 	free(j1);
@@ -545,7 +558,7 @@ Test(config, to_json_keys)
 		}
 	}
 	cr_expect_eq(s, ARRAY_SIZE(sections));
-	cr_expect_eq(n, 41, "keys in the effective JSON: %zu", n);
+	cr_expect_eq(n, 42, "keys in the effective JSON: %zu", n);
 	cJSON_Delete(root);
 	free(j);
 	free(md);
