@@ -196,3 +196,18 @@ const char *kvr_actor_kind_name(unsigned k)
 	static const char *const n[] = {"?", "lookup", "loader", "storer", "disk", "gather"};
 	return k < sizeof(n) / sizeof(n[0]) ? n[k] : "?";
 }
+
+int kvr_ctl_ring_rebind(struct kvr_ctl *c, unsigned i, int producer, int consumer)
+{
+	if (i >= atomic_load(&c->n_rings))
+		return -ENOENT;
+	struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
+	struct kvr_ring *r = kvr_ctl_ring(c, i);
+	e->producer = (int16_t)producer;
+	e->consumer = (int16_t)consumer;
+	if (consumer >= 0 && (unsigned)consumer < c->max_actors)
+		kvr_ring_set_consumer_waiter(r, &kvr_ctl_actor(c, (unsigned)consumer)->waiter);
+	else if (KVR_EP_IS_CLIENT(consumer) && (unsigned)KVR_EP_CLIENT_SLOT(consumer) < c->max_workers)
+		kvr_ring_set_consumer_waiter(r, &kvr_ctl_worker(c, (unsigned)KVR_EP_CLIENT_SLOT(consumer))->waiter);
+	return 0;
+}

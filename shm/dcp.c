@@ -283,3 +283,66 @@ bool kvr_dcp_layout_compatible(bool has_tail, uint32_t dcp_size, uint32_t interl
 		return false;
 	return dcp_size == 1 || interleave == interleave2;
 }
+
+/* ---- DCP groups and the canonical geometry ---------------------------------------------- */
+
+int kvr_dcp_group_check(const struct kvr_geometry *g, char *err, size_t errlen)
+{
+	if (err && errlen)
+		err[0] = '\0';
+	if (!g || !g->dcp_size || !g->tp_size)
+		return kvr_errf(err, errlen, -EINVAL, "geometry: missing or without tp_size/dcp_size");
+	if (g->dcp_size == 1)
+		return 0;
+	if (g->tp_size % g->dcp_size)
+		return kvr_errf(err, errlen, -EINVAL,
+				"dcp_size: %u does not divide tp_size %u (a DCP group is dcp_size consecutive TP ranks)",
+				g->dcp_size, g->tp_size);
+	if (g->dcp_rank != g->tp_rank % g->dcp_size)
+		return kvr_errf(err, errlen, -EINVAL,
+				"dcp_rank: %u, but TP rank %u is DCP rank %u of its group (dcp_rank = tp_rank mod dcp_size %u)",
+				g->dcp_rank, g->tp_rank, g->tp_rank % g->dcp_size, g->dcp_size);
+	return 0;
+}
+
+bool kvr_geometry_has_tail(const struct kvr_geometry *g)
+{
+	for (unsigned i = 0; g && i < g->n_regions && i < KVR_GEOM_MAX_REGIONS; i++)
+		if (g->page_bytes[i] != g->sem_bytes[i])
+			return true;
+	return false;
+}
+
+int kvr_dcp_canonical_geometry(const struct kvr_geometry *g, struct kvr_geometry *ret, char *err, size_t errlen)
+{
+	int rc = kvr_dcp_group_check(g, err, errlen);
+	if (rc)
+		return rc;
+	if (!lane_shape_ok(g))
+		return kvr_errf(err, errlen, -EINVAL, "dcp: block_tokens %u, dcp_size %u, dcp_interleave %u break the rule",
+				g->block_tokens, g->dcp_size, g->dcp_interleave);
+	struct kvr_geometry c = *g;
+	c.dcp_size = 1;
+	c.dcp_rank = 0;
+	c.dcp_interleave = 1;
+	if (g->attention != KVR_ATTN_MLA) {
+		c.tp_size = g->tp_size / g->dcp_size;
+		c.tp_rank = g->tp_rank / g->dcp_size;
+	}
+	uint64_t off = 0;
+	for (unsigned i = 0; i < g->n_regions; i++) {
+		uint64_t page = region_canonical(g, i);
+		uint64_t rows = g->dcp_size == 1 ? g->sem_bytes[i] : (uint64_t)region_row_bytes(g, i) * g->block_tokens;
+		if (!page || page > UINT32_MAX || rows > page)
+			return kvr_errf(err, errlen, -EINVAL, "region %u: canonical page of %llu bytes does not fit 32 bits", i,
+					(unsigned long long)page);
+		struct kvr_region r = {.offset = off, .stride = page, .page_bytes = (uint32_t)page,
+				       .sem_bytes = (uint32_t)rows};
+		if (kvr_geometry_set_region(&c, i, &r))
+			return kvr_errf(err, errlen, -EINVAL, "region %u: canonical offset %llu does not fit", i,
+					(unsigned long long)off);
+		off += page * g->num_blocks;
+	}
+	*ret = c;
+	return 0;
+}

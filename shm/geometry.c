@@ -329,6 +329,19 @@ int kvr_geometry_namespace(const struct kvr_geometry *g, const char *model_id, c
 	if (strlen(model_id) > UINT32_MAX || (cache_salt && strlen(cache_salt) > UINT32_MAX))
 		return -EINVAL;
 	static const char tag[] = "kvring.namespace.v1";
+	/* A DCP rank names the canonical block of its group; a block whose pages carry tails
+	 * loads only under the layout it was stored under, so that layout joins the name. */
+	struct kvr_geometry canon;
+	uint32_t layout_d = 0, layout_i = 0;
+	if (g->dcp_size > 1) {
+		if (kvr_dcp_canonical_geometry(g, &canon, NULL, 0))
+			return -EINVAL;
+		if (kvr_geometry_has_tail(g)) {
+			layout_d = g->dcp_size;
+			layout_i = g->dcp_interleave;
+		}
+		g = &canon;
+	}
 	bool mla = g->attention == KVR_ATTN_MLA;
 
 	XXH3_state_t st;
@@ -347,6 +360,12 @@ int kvr_geometry_namespace(const struct kvr_geometry *g, const char *model_id, c
 	for (unsigned i = 0; i < g->n_regions; i++)
 		put_u32(&st, g->page_bytes[i]);
 	put_str(&st, cache_salt ? cache_salt : "");
+	if (layout_d) {
+		static const char dcp_tag[] = "dcp";
+		(void)XXH3_128bits_update(&st, dcp_tag, sizeof(dcp_tag));
+		put_u32(&st, layout_d);
+		put_u32(&st, layout_i);
+	}
 	XXH128_hash_t h = XXH3_128bits_digest(&st);
 	*ret_ns = (kvr_key){.lo = h.low64, .hi = h.high64};
 	return 0;

@@ -84,7 +84,8 @@ struct kvr_actor_ent {
 	_Atomic uint32_t busy;         /* 1 while a message handler runs (drain waits for it) */
 	/* every ring this actor consumes points its consumer waiter here */
 	_Alignas(8) struct kvr_waiter waiter;
-	uint8_t reserved[32];
+	_Atomic uint32_t held;         /* requests accepted, not yet answered (drain waits for them) */
+	uint8_t reserved[28];
 };
 _Static_assert(sizeof(struct kvr_actor_ent) == 128, "actor entry");
 
@@ -284,6 +285,11 @@ int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl);
 
 /* Find a ring by name; returns its index or -ENOENT. */
 int kvr_ctl_find_ring(const struct kvr_ctl *c, const char *name);
+
+/* kvringd only, while neither new endpoint runs: hand ring i to other endpoints (a DCP
+ * group's gather actor takes over its workers' loader/storer rings) and point its
+ * consumer waiter at the new consumer's. -ENOENT when i is not a ring. */
+int kvr_ctl_ring_rebind(struct kvr_ctl *c, unsigned i, int producer, int consumer);
 
 /* Human-readable names. */
 const char *kvr_inst_state_name(unsigned s);

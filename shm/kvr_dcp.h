@@ -155,4 +155,42 @@ int kvr_dcp_lane_runs(const struct kvr_geometry *g, uint32_t block_id, uint64_t 
 bool kvr_dcp_layout_compatible(bool has_tail, uint32_t dcp_size, uint32_t interleave, uint32_t dcp_size2,
 			       uint32_t interleave2);
 
+/* ---- DCP groups: what kvringd and the gather actor use -------------------------------- */
+
+/*
+ * A DCP group is dcp_size consecutive TP ranks (vLLM's rule): TP rank t is DCP rank
+ * t mod D of group t / D. Every rank of a group holds 1/D of the tokens of the same
+ * KV heads (MLA: of the same latent), so one canonical lane is assembled from the D
+ * ranks' shards: lane t / D under MHA/GQA (tp_size / D lanes), lane 0 under MLA.
+ */
+
+/* 0, or -EINVAL with one line: "dcp_size: 3 does not divide tp_size 4 (...)",
+ * "dcp_rank: 1, but TP rank 2 is DCP rank 0 of its group (...)". D = 1 always passes. */
+int kvr_dcp_group_check(const struct kvr_geometry *g, char *err, size_t errlen);
+
+/* The group of a rank (tp_rank / dcp_size) and the lane its group stores. */
+static inline uint32_t kvr_dcp_group_index(const struct kvr_geometry *g)
+{
+	return g->tp_rank / g->dcp_size;
+}
+static inline uint32_t kvr_dcp_lane(const struct kvr_geometry *g)
+{
+	return g->attention == KVR_ATTN_MLA ? 0 : g->tp_rank / g->dcp_size;
+}
+
+/* Whether any region's page carries an opaque tail (page_bytes > sem_bytes). */
+bool kvr_geometry_has_tail(const struct kvr_geometry *g);
+
+/*
+ * The canonical geometry of a validated rank geometry g: what one stored block of its
+ * group looks like, as a non-DCP geometry (dcp 1/0/1). Every region's page becomes its
+ * canonical page (kvr_dcp_canonical_page_bytes; sem_bytes = block_tokens rows), MHA's
+ * tp_size / tp_rank become the group's (tp_size / D, tp_rank / D: the lanes), MLA keeps
+ * them. Offsets and strides describe a packed layer-major layout, not the worker's
+ * memory: the result is for comparing with the instance's model (fields, lane bytes,
+ * kvr_geometry_namespace), not for copying. D = 1: g itself, offsets repacked.
+ * 0, or -EINVAL (kvr_dcp_group_check's reasons, a canonical page past 32 bits).
+ */
+int kvr_dcp_canonical_geometry(const struct kvr_geometry *g, struct kvr_geometry *ret, char *err, size_t errlen);
+
 #endif

@@ -155,8 +155,12 @@ int kvr_geometry_fill_vllm_mla(struct kvr_geometry *g, uint32_t layers, uint32_t
  * model_id, dtype_bytes, attention, layers, total KV heads (kv_heads * tp_size; MLA:
  * kv_heads), head_dim, block_tokens, tp_size (MHA only), the per-region page_bytes list,
  * and cache_salt (NULL = ""). Blocks under different block sizes, models, salts, TP sizes
- * or page layouts never share keys. DCP fields do not enter: blocks are stored canonical.
- * Returns 0, or -EINVAL (NULL g/model_id/ret, n_regions out of range). */
+ * or page layouts never share keys. A DCP rank (dcp_size > 1) names its group's canonical
+ * block: the serialisation is that of kvr_dcp_canonical_geometry(g), so a rows-only block
+ * has one name under every (D, I) and D = 1; when the pages carry opaque tails (which only
+ * the storing layout can restore) "dcp", dcp_size and dcp_interleave follow the salt.
+ * Returns 0, or -EINVAL (NULL g/model_id/ret, n_regions out of range, a DCP geometry
+ * kvr_dcp_canonical_geometry refuses). */
 int kvr_geometry_namespace(const struct kvr_geometry *g, const char *model_id, const char *cache_salt,
 			   kvr_key *ret_ns);
 

@@ -192,6 +192,7 @@ static int spawn(struct sup *s, struct sup_actor *a)
 	 * an actor's waiter. Reset it BEFORE the fork: once the child runs it may already have
 	 * announced its sleep, and zeroing that would hide it from every waker. */
 	atomic_store(&a->ent->waiter.sleepers, 0);
+	atomic_store(&a->ent->held, 0); /* what a dead predecessor held died with it */
 	pid_t pid = fork();
 	if (pid < 0) {
 		int rc = -errno;

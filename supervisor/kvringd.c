@@ -109,7 +109,8 @@ static bool sup_drained(const struct sup *s)
 	}
 	/* a store taken off its ring may still be copying or committing */
 	for (unsigned a = 0; a < s->n_actors; a++)
-		if (atomic_load(&s->actors[a].ent->state) == KVR_ACTOR_READY && atomic_load(&s->actors[a].ent->busy))
+		if (atomic_load(&s->actors[a].ent->state) == KVR_ACTOR_READY &&
+		    (atomic_load(&s->actors[a].ent->busy) || atomic_load(&s->actors[a].ent->held)))
 			return false;
 	return true;
 }

@@ -6,26 +6,57 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvr_dcp.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_time.h"
 
-int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, const char *req_fmt, const char *rep_fmt,
-		      unsigned pool_percent)
+/* Staging: leases of buffer_bytes (0 = one block), a pool of ceiling * percent (at least
+ * one lease); the copy-run buffers one lease needs. */
+static int size_pool(struct stage_worker *sw, unsigned pool_percent)
+{
+	const struct kvr_config *cfg = &sw->a->cfg;
+	uint64_t lease = cfg->staging.buffer_bytes ? cfg->staging.buffer_bytes : sw->rank_lane_bytes;
+	if (lease < sw->rank_lane_bytes)
+		lease = sw->rank_lane_bytes;
+	uint64_t pool = cfg->staging.ceiling_bytes * pool_percent / 100;
+	sw->chunk_blocks = (uint32_t)(lease / sw->rank_lane_bytes);
+	sw->pool_leases = (uint32_t)(pool / lease);
+	if (sw->pool_leases == 0)
+		sw->pool_leases = 1;
+	if (sw->dcp) {
+		size_t per_block = kvr_dcp_lane_max_runs(&sw->geom);
+		sw->cap_dcp = per_block;
+		sw->cap_runs = per_block * sw->chunk_blocks;
+		sw->dcp_runs = calloc(per_block, sizeof(*sw->dcp_runs));
+		sw->sorted = calloc(sw->chunk_blocks, sizeof(*sw->sorted));
+		if (!sw->dcp_runs || !sw->sorted)
+			return -ENOMEM;
+	} else {
+		sw->cap_runs = kvr_xfer_plan_max_runs(sw->geom.n_regions, sw->chunk_blocks);
+	}
+	sw->runs = calloc(sw->cap_runs, sizeof(*sw->runs));
+	return sw->runs ? 0 : -ENOMEM;
+}
+
+int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned worker, int kv_fd, uint64_t kv_bytes,
+		      const char *req_fmt, const char *rep_fmt, unsigned pool_percent)
 {
 	memset(sw, 0, sizeof(*sw));
 	sw->a = a;
-	sw->worker = a->ent->index;
-	if (sw->worker >= a->ctl->max_workers || !a->slots)
+	sw->worker = worker;
+	if (sw->worker >= a->ctl->max_workers || !a->slots || kv_fd < 0)
 		return -EINVAL;
 	memcpy(&sw->geom, kvr_ctl_worker_geometry(a->ctl, sw->worker), sizeof(sw->geom));
 	char err[KVR_GEOM_ERR_MAX];
-	if (kvr_geometry_validate(&sw->geom, kvr_geometry_kv_extent(&sw->geom), err, sizeof(err))) {
+	if (kvr_geometry_validate(&sw->geom, kvr_geometry_kv_extent(&sw->geom), err, sizeof(err)) ||
+	    kvr_dcp_group_check(&sw->geom, err, sizeof(err))) {
 		kvr_err("worker %u geometry: %s", sw->worker, err);
 		return -EINVAL;
 	}
 	sw->slots = a->slots;
-	sw->lane = sw->geom.attention == KVR_ATTN_MLA ? 0 : sw->geom.tp_rank;
+	sw->dcp = sw->geom.dcp_size > 1;
+	sw->lane = kvr_dcp_lane(&sw->geom);
 	sw->req = kvr_actor_ring_w(a, req_fmt, sw->worker);
 	sw->rep = kvr_actor_ring_w(a, rep_fmt, sw->worker);
 	if (!sw->req || !sw->rep) {
@@ -41,7 +72,7 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, const char *
 		sw->regions[r] = (struct kvr_xfer_region){.offset = g.offset, .stride = g.stride, .page_bytes = g.page_bytes};
 	}
 	sw->layout = (struct kvr_xfer_layout){.regions = sw->regions, .n_regions = sw->geom.n_regions,
-					      .num_blocks = sw->geom.num_blocks, .kv_size = a->kv_bytes,
+					      .num_blocks = sw->geom.num_blocks, .kv_size = kv_bytes,
 					      .arena_size = a->arena_seg.size};
 	struct kvr_xfer_err xe = {0};
 	int rc = kvr_xfer_layout_check(&sw->layout, &xe);
@@ -50,48 +81,40 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, const char *
 		kvr_err("worker %u layout: %s", sw->worker, err);
 		return rc;
 	}
-	uint64_t lane_bytes = kvr_xfer_slot_bytes(&sw->layout);
-	if (lane_bytes > sw->slots->slot_bytes) {
-		kvr_err("worker %u: lane bytes %llu exceed the slot size %llu", sw->worker,
-			(unsigned long long)lane_bytes, (unsigned long long)sw->slots->slot_bytes);
+	/* What one block of this rank moves, and what its (canonical) lane takes in a slot:
+	 * the same without DCP; a DCP rank moves its shard of a canonical lane. */
+	sw->rank_lane_bytes = kvr_xfer_slot_bytes(&sw->layout);
+	uint64_t canon_bytes = sw->dcp ? kvr_dcp_canonical_lane_bytes(&sw->geom) : sw->rank_lane_bytes;
+	if (!canon_bytes || canon_bytes > sw->slots->slot_bytes) {
+		kvr_err("worker %u: lane bytes %llu exceed the slot size %llu", sw->worker, (unsigned long long)canon_bytes,
+			(unsigned long long)sw->slots->slot_bytes);
 		return -EINVAL;
 	}
-
-	/* Staging: leases of buffer_bytes (0 = one block), a pool of ceiling * percent. */
-	uint64_t lease = a->cfg.staging.buffer_bytes ? a->cfg.staging.buffer_bytes : lane_bytes;
-	if (lease < lane_bytes)
-		lease = lane_bytes;
-	uint64_t pool = a->cfg.staging.ceiling_bytes * pool_percent / 100;
-	sw->chunk_blocks = (uint32_t)(lease / lane_bytes);
-	sw->pool_leases = (uint32_t)(pool / lease);
-	if (sw->pool_leases == 0)
-		sw->pool_leases = 1;
-	sw->cap_runs = kvr_xfer_plan_max_runs(sw->geom.n_regions, sw->chunk_blocks);
-	sw->runs = calloc(sw->cap_runs, sizeof(*sw->runs));
-	if (!sw->runs)
-		return -ENOMEM;
+	rc = size_pool(sw, pool_percent);
+	if (rc)
+		return rc;
 
 	/* The worker's KV memory: a memfd with the pages (host), or a memfd holding a CUDA
 	 * descriptor (IPC handles of its GPU tensors and a table of store events). */
-	struct kvr_xfer_kvmem kv = {.kind = KVR_XFER_MEM_HOST, .size = a->kv_bytes};
+	struct kvr_xfer_kvmem kv = {.kind = KVR_XFER_MEM_HOST, .size = kv_bytes};
 	struct kvr_xfer_arena arena = {.base = a->arena_seg.base, .size = a->arena_seg.size};
 	void *blob = NULL;
 	size_t blob_len = 0;
-	int d = kvr_cuda_desc_read(a->kv_fd, &blob, &blob_len, err, sizeof(err));
+	int d = kvr_cuda_desc_read(kv_fd, &blob, &blob_len, err, sizeof(err));
 	if (d == 0) {
 		kv.kind = KVR_XFER_MEM_CUDA;
 		kv.u.cuda.blob = blob;
 		kv.u.cuda.blob_len = (uint32_t)blob_len;
 		kv.u.cuda.device = -1;
 		sw->cuda = true;
-		rc = kvr_cuda_events_map(a->kv_fd, &sw->events);
+		rc = kvr_cuda_events_map(kv_fd, &sw->events);
 		if (rc) {
 			free(blob);
 			kvr_err("worker %u: cannot map its store events: %s", sw->worker, strerror(-rc));
 			return rc;
 		}
 	} else if (d == -ENOMSG) {
-		kv.u.host.fd = a->kv_fd;
+		kv.u.host.fd = kv_fd;
 	} else {
 		kvr_err("worker %u: KV descriptor: %s", sw->worker, err);
 		return d;
@@ -103,22 +126,96 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, const char *
 			strerror(-rc));
 		return rc;
 	}
-	kvr_info("serving worker %u (lane %u, %u regions, %llu bytes per block, lease %u blocks x %u)", sw->worker,
-		 sw->lane, sw->geom.n_regions, (unsigned long long)lane_bytes, sw->chunk_blocks, sw->pool_leases);
+	sw->owner = true;
+	if (sw->dcp)
+		kvr_info("serving worker %u (DCP rank %u of %u, interleave %u, lane %u, %u regions, %llu of %llu bytes per "
+			 "block, lease %u blocks x %u)", sw->worker, sw->geom.dcp_rank, sw->geom.dcp_size,
+			 sw->geom.dcp_interleave, sw->lane, sw->geom.n_regions, (unsigned long long)sw->rank_lane_bytes,
+			 (unsigned long long)canon_bytes, sw->chunk_blocks, sw->pool_leases);
+	else
+		kvr_info("serving worker %u (lane %u, %u regions, %llu bytes per block, lease %u blocks x %u)", sw->worker,
+			 sw->lane, sw->geom.n_regions, (unsigned long long)sw->rank_lane_bytes, sw->chunk_blocks,
+			 sw->pool_leases);
 	return 0;
+}
+
+int stage_worker_share(const struct stage_worker *src, struct stage_worker *sw, const char *req_fmt,
+		       const char *rep_fmt, unsigned pool_percent)
+{
+	*sw = *src;
+	sw->owner = false;
+	sw->runs = NULL;
+	sw->dcp_runs = NULL;
+	sw->sorted = NULL;
+	sw->req = kvr_actor_ring_w(sw->a, req_fmt, sw->worker);
+	sw->rep = kvr_actor_ring_w(sw->a, rep_fmt, sw->worker);
+	if (!sw->req || !sw->rep) {
+		kvr_err("worker %u: rings %s / %s not found", sw->worker, req_fmt, rep_fmt);
+		return -ENOENT;
+	}
+	return size_pool(sw, pool_percent);
 }
 
 void stage_worker_close(struct stage_worker *sw)
 {
 	if (!sw)
 		return;
-	kvr_xfer_close(sw->xfer);
+	if (sw->owner) {
+		kvr_xfer_close(sw->xfer);
+		kvr_cuda_events_unmap(&sw->events);
+		free(sw->regions);
+	}
 	sw->xfer = NULL;
-	kvr_cuda_events_unmap(&sw->events);
-	free(sw->regions);
-	free(sw->runs);
 	sw->regions = NULL;
+	free(sw->runs);
+	free(sw->dcp_runs);
+	free(sw->sorted);
 	sw->runs = NULL;
+	sw->dcp_runs = NULL;
+	sw->sorted = NULL;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* A DCP rank's copy runs for k blocks: each block's shard against its canonical lane
+ * (kvr_dcp_lane_runs). Two blocks of one load with the same engine block id would write
+ * the same KV twice: refused as kvr_xfer_plan refuses it. Count, or -errno. */
+static int plan_dcp(struct stage_worker *sw, uint32_t dir, const uint32_t *blocks, const uint64_t *slot_offs,
+		    uint32_t k, uint64_t *ret_bytes)
+{
+	if (dir == KVR_XFER_SLOT_TO_KV && k > 1) {
+		memcpy(sw->sorted, blocks, k * sizeof(*blocks));
+		qsort(sw->sorted, k, sizeof(*sw->sorted), cmp_u32);
+		for (uint32_t i = 1; i < k; i++)
+			if (sw->sorted[i] == sw->sorted[i - 1]) {
+				kvr_warn("worker %u: engine block %u twice in one load", sw->worker, sw->sorted[i]);
+				return -EINVAL;
+			}
+	}
+	size_t n = 0;
+	uint64_t bytes = 0;
+	char err[160];
+	for (uint32_t b = 0; b < k; b++) {
+		int nr = kvr_dcp_lane_runs(&sw->geom, blocks[b], slot_offs[b], sw->dcp_runs, sw->cap_dcp, err, sizeof(err));
+		if (nr < 0) {
+			kvr_warn("worker %u: DCP copy plan refused: %s", sw->worker, err[0] ? err : strerror(-nr));
+			return nr;
+		}
+		if (n + (size_t)nr > sw->cap_runs)
+			return -ENOSPC;
+		for (int r = 0; r < nr; r++) {
+			sw->runs[n++] = (struct kvr_xfer_run){.kv_off = sw->dcp_runs[r].kv_off,
+							      .slot_off = sw->dcp_runs[r].slot_off,
+							      .len = sw->dcp_runs[r].len};
+			bytes += sw->dcp_runs[r].len;
+		}
+	}
+	*ret_bytes = bytes;
+	return (int)n;
 }
 
 int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blocks, const uint64_t *slot_offs,
@@ -135,8 +232,17 @@ int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blo
 			uint32_t k = n - done < sw->chunk_blocks ? n - done : sw->chunk_blocks;
 			struct kvr_xfer_err xe = {0};
 			uint64_t bytes = 0;
-			int nr = kvr_xfer_plan(&sw->layout, blocks + done, slot_offs + done, k, sw->runs, sw->cap_runs,
-					       &bytes, &xe);
+			int nr;
+			if (sw->dcp)
+				nr = plan_dcp(sw, dir, blocks + done, slot_offs + done, k, &bytes);
+			else
+				nr = kvr_xfer_plan(&sw->layout, blocks + done, slot_offs + done, k, sw->runs, sw->cap_runs,
+						   &bytes, &xe);
+			if (nr < 0 && sw->dcp) {
+				rc = nr;
+				n = done;
+				continue;
+			}
 			if (nr < 0) {
 				char why[160];
 				kvr_xfer_err_format(&xe, why, sizeof(why));

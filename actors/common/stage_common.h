@@ -9,6 +9,8 @@
 #include "kvr_geometry.h"
 #include "kvr_slots.h"
 #include "kvr_cuda.h"
+#include "kvr_dcp.h"
+#include "kvr_list.h"
 #include "kvr_xfer.h"
 
 /* A reply ring that stays full this long means the client stopped reading: the reply is
@@ -19,7 +21,7 @@
 struct stage_worker {
 	struct kvr_actor *a;
 	unsigned worker;              /* worker slot served */
-	unsigned lane;                /* its TP lane */
+	unsigned lane;                /* the lane it loads and stores (TP lane; DCP: its group's) */
 	struct kvr_geometry geom;     /* as it attached */
 	struct kvr_slot_table *slots;
 	struct kvr_xfer *xfer;
@@ -27,19 +29,30 @@ struct stage_worker {
 	struct kvr_xfer_layout layout;
 	struct kvr_xfer_run *runs;
 	size_t cap_runs;
+	bool dcp;                     /* a DCP rank: copies its shard to / from a canonical lane */
+	struct kvr_dcp_run *dcp_runs; /* DCP: one block's runs */
+	size_t cap_dcp;
+	uint32_t *sorted;             /* DCP: a load chunk's block ids, to refuse duplicates */
+	uint64_t rank_lane_bytes;     /* what one block of this rank moves */
 	uint32_t chunk_blocks;        /* blocks per staging lease */
 	uint32_t pool_leases;         /* leases in this direction's pool */
 	struct kvr_ring *req, *rep;
+	bool owner;                   /* owns xfer, regions, events (the first of a shared pair) */
 	bool cuda;                    /* the worker's KV memory is GPU memory (CUDA IPC) */
 	struct kvr_cuda_events events;/* CUDA: the producer events of its stores */
 };
 
-/* Set up for the worker this actor serves (its actor index's worker slot): read its
- * geometry from the control segment, open the transfer backend on its KV memory, size the
- * staging pool from staging.ceiling_bytes * pool_percent / 100 (at least one lease), and
- * find the request/reply rings (printf patterns taking the worker slot). */
-int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, const char *req_fmt, const char *rep_fmt,
-		      unsigned pool_percent);
+/* Set up for worker slot `worker` whose KV memory is kv_fd (kv_bytes): read its geometry
+ * from the control segment, open the transfer backend on its KV memory, size the staging
+ * pool from staging.ceiling_bytes * pool_percent / 100 (at least one lease), and find the
+ * request/reply rings (printf patterns taking the worker slot). */
+int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned worker, int kv_fd, uint64_t kv_bytes,
+		      const char *req_fmt, const char *rep_fmt, unsigned pool_percent);
+/* The other direction for the same worker (a gather actor loads and stores): shares src's
+ * transfer context (CUDA IPC handles open once per process), own rings and pool. Close it
+ * before src. */
+int stage_worker_share(const struct stage_worker *src, struct stage_worker *sw, const char *req_fmt,
+		       const char *rep_fmt, unsigned pool_percent);
 void stage_worker_close(struct stage_worker *sw);
 
 /* Copy n blocks between the worker's blocks and the slots at slot_offs, one staging lease
@@ -60,5 +73,74 @@ void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int stat
 
 /* Whether a wire request id was addressed to this incarnation of the actor. */
 bool stage_wire_current(const struct kvr_actor *a, uint64_t wire);
+
+/* ---- the load path (stage_paths.c): LOAD -> pin, copy slots to KV, unpin -> LOAD_DONE ---- */
+
+struct stage_load {
+	struct kvr_list_asm req;
+	uint32_t *blocks;          /* engine block ids to copy */
+	uint64_t *slot_offs;       /* their slots' arena offsets */
+	uint32_t *slots;           /* pinned slot indices */
+	uint32_t *failed;          /* block ids not restored */
+	uint32_t cap;
+};
+
+void stage_load_init(struct stage_load *ld);
+void stage_load_fini(struct stage_load *ld);
+/* Drop every pin of sw's worker (a previous incarnation died holding them: its loads were
+ * failed by the client when it saw the restart). Returns how many. */
+unsigned stage_drop_pins(struct stage_worker *sw);
+/* Feed one message of sw->req; a complete LOAD is executed and answered on sw->rep.
+ * 0, or -EBADMSG (the runtime counts it). */
+int stage_load_feed(struct stage_worker *sw, struct stage_load *ld, const struct kvr_msg *m);
+
+/* ---- the store path: ALLOC -> copy every rank's shard -> COMMIT -> STORE_DONE ---------- */
+
+/* One rank's STORE: blocks the engine reported final, keys in producer order. */
+struct stage_store_req {
+	uint64_t wire;
+	uint8_t flags;                          /* KVR_STOREF_* */
+	uint64_t first_ns;                      /* arrival of its first message */
+	uint32_t n;
+	const struct kvr_msg_store_item *items; /* key + engine block id */
+};
+
+struct stage_store {
+	struct kvr_actor *a;
+	struct kvr_ring *commit_req, *commit_rep; /* to / from the lookup actor */
+	unsigned owner;                           /* worker slot whose commit rings these are */
+	unsigned lane;
+	uint64_t next_id;
+	struct kvr_list_asm alloc_rep;
+	struct kvr_msg_key *keys;
+	struct kvr_msg_slot *written;             /* slots copied, to commit */
+	uint32_t *pos;                            /* their positions in the request */
+	uint64_t *slot_offs;
+	uint32_t *blocks;                         /* one rank's block ids of the copied positions */
+	uint32_t *fail_pos;                       /* positions not stored */
+	uint32_t *failed;                         /* one rank's block ids of those */
+	uint32_t cap;
+	uint64_t run_ns;                          /* when the store being run began (0: none) */
+};
+
+/* Talk to the lookup actor over worker `owner`'s commit rings for `lane`; sends RESET
+ * (aborts slots a previous incarnation left WRITING). 0 or -errno. */
+int stage_store_open(struct stage_store *ss, struct kvr_actor *a, unsigned owner, unsigned lane);
+void stage_store_close(struct stage_store *ss);
+
+/*
+ * Store one block list from n_ranks ranks: rank r's request rq[r] is served by sw[r]. The
+ * requests list the same keys in the same order (a storer: n_ranks 1; a DCP group: every
+ * rank's shard of each block). Allocates one slot per key on ss->lane (suffix-only:
+ * PRESENT keys are not copied), copies every rank's shard of each allocated block into
+ * it, commits, and answers each rank on its own ring with the same counts and its own
+ * failed block ids. Any rank's copy failing fails the whole request for every rank and
+ * aborts the slots: a block is never committed with a missing shard.
+ */
+void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
+		     unsigned n_ranks);
+
+/* Answer one rank's request with `status`, every block failed, nothing stored. */
+void stage_store_fail(struct stage_store *ss, struct stage_worker *sw, const struct stage_store_req *rq, int status);
 
 #endif

@@ -333,6 +333,10 @@ int kvr_l2_store_put(struct kvr_l2_store *s, kvr_key key, uint32_t lane, const v
 {
 	if (!s || !src || lane >= s->cfg.lanes)
 		return -EINVAL;
+	if (s->cfg.read_only) {
+		s->st.puts_refused++;
+		return -EROFS;
+	}
 	if (kvr_l2io_direct(s->io) && ((uintptr_t)src & (KVR_L2_ALIGN - 1)))
 		return -EINVAL;
 	uint32_t idx = find(s, key, lane);
@@ -414,6 +418,10 @@ bool kvr_l2_store_contains(const struct kvr_l2_store *s, kvr_key key, uint32_t l
 
 int kvr_l2_store_remove(struct kvr_l2_store *s, kvr_key key, uint32_t lane)
 {
+	if (s->cfg.read_only) {
+		s->st.puts_refused++;
+		return -EROFS;
+	}
 	uint32_t idx = find(s, key, lane);
 	if (idx == NONE || s->ents[idx].state == E_EVICTING)
 		return -ENOENT;
@@ -458,7 +466,11 @@ static int on_io_done(struct kvr_l2_store *s, const struct kvr_l2io_done *d)
 		s->st.get_misses++;
 		s->st.dropped[d->reason < KVR_L2_R_MAX ? d->reason : KVR_L2_R_IO]++;
 		if (same && e->state == E_PRESENT) {
-			if (d->res == -ENOENT) { /* gone behind our back: nothing to unlink */
+			/* gone behind our back: nothing to unlink; read-only: never served again, but
+			 * the file stays where it is */
+			if (d->res == -ENOENT || s->cfg.read_only) {
+				if (d->res != -ENOENT)
+					s->st.bad_kept++;
 				int rc = report_gone(s, e, d->reason);
 				if (rc)
 					return rc;
@@ -552,6 +564,7 @@ void kvr_l2_store_stats(const struct kvr_l2_store *s, struct kvr_l2_store_stats 
 	ret->evicting_bytes = s->evicting * s->fb;
 	kvr_l2io_stats(s->io, &ret->io);
 	ret->direct = kvr_l2io_direct(s->io);
+	ret->read_only = s->cfg.read_only;
 }
 
 unsigned kvr_l2_store_lru(const struct kvr_l2_store *s, kvr_key *ret_keys, uint32_t *ret_lanes, unsigned max)
@@ -648,7 +661,10 @@ static int adopt_scan(struct adopt *a)
 		if (kvr_l2_is_tmp_name(n) || !strncmp(n, ".kvr.probe.", 11)) {
 			if (de->d_type != DT_DIR) {
 				a->st->rejected[KVR_L2_R_TMP]++;
-				rc = push_tmp(a, n);
+				if (s->cfg.read_only)
+					a->st->left_in_place++;
+				else
+					rc = push_tmp(a, n);
 			} else {
 				a->st->rejected[KVR_L2_R_NOTREG]++;
 				a->st->left_alone++;
@@ -661,7 +677,10 @@ static int adopt_scan(struct adopt *a)
 			a->st->left_alone++;
 		} else if (lane >= s->cfg.lanes) {
 			a->st->rejected[KVR_L2_R_LANE]++;
-			rc = push_cand(&a->del, &a->n_del, &a->cap_del, (struct cand){key, lane, 0});
+			if (s->cfg.read_only)
+				a->st->left_in_place++;
+			else
+				rc = push_cand(&a->del, &a->n_del, &a->cap_del, (struct cand){key, lane, 0});
 		} else {
 			rc = push_cand(&a->probe, &a->n_probe, &a->cap_probe, (struct cand){key, lane, (int64_t)de->d_ino});
 		}
@@ -692,7 +711,11 @@ static void adopt_on_done(struct adopt *a, const struct kvr_l2io_done *d)
 		return;
 	}
 	/* ours by name, but not a block of this configuration: remove it (a failed push only
-	 * leaves the file for the next start) */
+	 * leaves the file for the next start); read-only: leave it */
+	if (a->s->cfg.read_only) {
+		a->st->left_in_place++;
+		return;
+	}
 	(void)push_cand(&a->del, &a->n_del, &a->cap_del, (struct cand){d->key, d->lane, 0});
 }
 
@@ -776,6 +799,10 @@ static int adopt(struct kvr_l2_store *s, struct kvr_l2_adopt_stats *st)
 		keep = a.n_ok;
 	for (size_t i = keep; i < a.n_ok; i++) {
 		st->rejected[KVR_L2_R_OVER_CAP]++;
+		if (s->cfg.read_only) {
+			st->left_in_place++;
+			continue;
+		}
 		rc = push_cand(&a.del, &a.n_del, &a.cap_del, a.ok[i]);
 		if (rc)
 			goto out;
@@ -791,7 +818,7 @@ static int adopt(struct kvr_l2_store *s, struct kvr_l2_adopt_stats *st)
 	}
 	st->adopted = keep;
 	st->adopted_bytes = keep * s->fb;
-	rc = adopt_pump(&a); /* the over-cap and bad files */
+	rc = adopt_pump(&a); /* the over-cap and bad files (none when read-only) */
 out:
 	for (size_t i = 0; i < a.n_tmp; i++)
 		free(a.tmp[i]);
@@ -804,6 +831,34 @@ out:
 }
 
 /* ---- open / close ---------------------------------------------------------------------- */
+
+static int flock_busy(int fd, int op)
+{
+	if (flock(fd, op | LOCK_NB) == 0)
+		return 0;
+	return errno == EWOULDBLOCK ? -EBUSY : -errno;
+}
+
+/* The instance lock (see the header): a writable store holds KVR_L2_LOCK_NAME (created if
+ * needed) and the namespace directory exclusively; a read-only one holds both shared (the
+ * lock file only when it exists: it is not created). */
+static int lock_dir(struct kvr_l2_store *s)
+{
+	if (s->cfg.read_only) {
+		int rc = flock_busy(s->dir_fd, LOCK_SH);
+		if (rc)
+			return rc;
+		s->lock_fd = openat(s->dir_fd, KVR_L2_LOCK_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		if (s->lock_fd < 0)
+			return errno == ENOENT ? 0 : -errno;
+		return flock_busy(s->lock_fd, LOCK_SH);
+	}
+	s->lock_fd = openat(s->dir_fd, KVR_L2_LOCK_NAME, O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (s->lock_fd < 0)
+		return -errno;
+	int rc = flock_busy(s->lock_fd, LOCK_EX);
+	return rc ? rc : flock_busy(s->dir_fd, LOCK_EX);
+}
 
 int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt_stats *ret_adopt,
 		      struct kvr_l2_store **ret)
@@ -846,23 +901,24 @@ int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt
 		rc = -errno;
 		goto fail;
 	}
-	if (mkdirat(root_fd, hex, 0755) && errno != EEXIST) {
+	if (!cfg->read_only && mkdirat(root_fd, hex, 0755) && errno != EEXIST) {
 		rc = -errno;
 		goto fail;
 	}
 	s->dir_fd = openat(root_fd, hex, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-	if (s->dir_fd < 0) {
+	if (s->dir_fd < 0 && errno == ENOENT && cfg->read_only) {
+		/* nothing stored under this namespace: serve nothing; the engine gets the root
+		 * (it never opens a file there: the index stays empty) */
+		ast.no_dir = true;
+		s->dir_fd = root_fd;
+		root_fd = -1;
+	} else if (s->dir_fd < 0) {
 		rc = -errno;
 		goto fail;
-	}
-	s->lock_fd = openat(s->dir_fd, KVR_L2_LOCK_NAME, O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
-	if (s->lock_fd < 0) {
-		rc = -errno;
-		goto fail;
-	}
-	if (flock(s->lock_fd, LOCK_EX | LOCK_NB)) {
-		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
-		goto fail;
+	} else {
+		rc = lock_dir(s);
+		if (rc)
+			goto fail;
 	}
 	struct kvr_l2io_config icfg = {
 		.dir_fd = s->dir_fd,
@@ -874,14 +930,18 @@ int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt
 		.arena_bytes = cfg->arena_bytes,
 		.arena_data_off = cfg->arena_data_off,
 		.slot_bytes = cfg->slot_bytes,
+		.read_only = cfg->read_only,
 	};
 	rc = kvr_l2io_open(&icfg, &s->io);
 	if (rc)
 		goto fail;
-	rc = adopt(s, &ast);
-	if (rc)
-		goto fail;
-	close(root_fd);
+	if (!ast.no_dir) {
+		rc = adopt(s, &ast);
+		if (rc)
+			goto fail;
+	}
+	if (root_fd >= 0)
+		close(root_fd);
 	if (ret_adopt)
 		*ret_adopt = ast;
 	*ret = s;

@@ -44,6 +44,22 @@
  *
  * Recency: a get (at submission) or a completed put moves the entry to most recent.
  * Reads do not change mtime, so after a restart recency is that of the last write.
+ *
+ * Read-only (cfg.read_only): the store serves what the directory holds and never changes
+ * it (no file or directory is created, written, renamed or removed; the engine is opened
+ * read-only too):
+ *   - the namespace directory is not created: when it does not exist the store opens
+ *     empty (ret_adopt->no_dir) and every get is a miss;
+ *   - the lock is shared: flock(LOCK_SH) on the namespace directory itself and on
+ *     KVR_L2_LOCK_NAME when that file exists (it is not created). Read-only stores share a
+ *     directory; a writable store (which takes both locks exclusively) and a read-only one
+ *     exclude each other: whichever comes second gets -EBUSY;
+ *   - adoption counts tmp leftovers, bad files, lanes >= cfg.lanes and files over the cap
+ *     by reason exactly as above, but leaves them in place (ret_adopt->left_in_place; they
+ *     are not in the index and never served); deleted stays 0;
+ *   - put and remove return -EROFS (counted in puts_refused); nothing is queued;
+ *   - a get that finds a bad file (-EBADMSG) or an I/O error drops the entry from the index
+ *     (reported GONE, counted in dropped[reason] and bad_kept) and leaves the file on disk.
  */
 
 #define KVR_L2_PRESENT 1   /* put: the key is already on disk: nothing written */
@@ -66,6 +82,7 @@ struct kvr_l2_store_config {
 	bool report_gone;             /* poll also returns a KVR_L2_GONE completion for every
 				       * present (key, lane) that leaves the index: evicted for
 				       * capacity, removed, or dropped after a failed read */
+	bool read_only;               /* serve the directory, never change it (see above) */
 };
 
 struct kvr_l2_adopt_stats {
@@ -74,6 +91,8 @@ struct kvr_l2_adopt_stats {
 	uint64_t adopted_bytes;
 	uint64_t deleted;             /* files removed: tmp, bad and over-cap */
 	uint64_t left_alone;          /* foreign entries not touched */
+	uint64_t left_in_place;       /* read-only: tmp, bad and over-cap files not removed */
+	bool no_dir;                  /* read-only: the namespace directory does not exist */
 	uint64_t rejected[KVR_L2_R_MAX]; /* per reason (TMP and OVER_CAP included) */
 	uint64_t elapsed_ns;
 };
@@ -106,20 +125,23 @@ struct kvr_l2_store_stats {
 	uint64_t writing_bytes;
 	uint64_t evicting_bytes;
 	uint64_t puts, puts_present, puts_inflight, puts_failed, puts_nospace;
+	uint64_t puts_refused;        /* read-only: puts and removes refused with -EROFS */
 	uint64_t gets, get_hits, get_misses; /* get_misses: at submission (not indexed) or after (vanished/bad) */
 	uint64_t evictions;           /* files evicted for capacity */
 	uint64_t removed;             /* files removed on request (kvr_l2_store_remove) */
 	uint64_t dropped[KVR_L2_R_MAX]; /* index entries dropped after a read, by reason */
+	uint64_t bad_kept;            /* read-only: of those, bad or unreadable files left on disk */
 	uint64_t unlink_errors;
 	struct kvr_l2io_stats io;
 	bool direct;
+	bool read_only;
 };
 
 struct kvr_l2_store;
 
 /* Create or adopt (see above). *ret_adopt (may be NULL) gets the adoption counts. Returns
  * 0 and *ret, or -EINVAL (bad config), -ENOENT (root missing), -EBUSY (another store has
- * the directory), -ENOMEM, or an engine error (kvr_l2io_open). */
+ * the directory; read-only: a writable one), -ENOMEM, or an engine error (kvr_l2io_open). */
 int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt_stats *ret_adopt,
 		      struct kvr_l2_store **ret);
 
@@ -131,7 +153,8 @@ void kvr_l2_store_close(struct kvr_l2_store *s);
  * write is queued: its completion comes from poll), KVR_L2_PRESENT or KVR_L2_INFLIGHT
  * (nothing queued, no completion), -EAGAIN (the engine is busy, the file is being
  * evicted, or room can only come from writes in flight: poll and retry), -ENOSPC
- * (capacity_bytes is smaller than one file), -EINVAL (lane >= lanes, bad buffer). */
+ * (capacity_bytes is smaller than one file), -EINVAL (lane >= lanes, bad buffer), -EROFS
+ * (a read-only store: nothing queued). */
 int kvr_l2_store_put(struct kvr_l2_store *s, kvr_key key, uint32_t lane, const void *src, uint64_t tag);
 
 /* Read one lane into dst (writable for the padded length; 4096-aligned in direct mode).
@@ -143,7 +166,7 @@ int kvr_l2_store_get(struct kvr_l2_store *s, kvr_key key, uint32_t lane, void *d
 bool kvr_l2_store_contains(const struct kvr_l2_store *s, kvr_key key, uint32_t lane);
 
 /* Delete a present file. 0 (its unlink is queued), -ENOENT (not present), -EBUSY (a write of
- * it is in flight). */
+ * it is in flight), -EROFS (a read-only store). */
 int kvr_l2_store_remove(struct kvr_l2_store *s, kvr_key key, uint32_t lane);
 
 /* Submit what is queued and collect completed puts and gets into ret[0..max), waiting until

@@ -1,6 +1,7 @@
 /* uring: the L2 I/O engine; each op is a linked io_uring chain on a direct descriptor, resumed or cleaned up whole. */
 #include "uring.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -71,6 +72,7 @@ struct kvr_l2io {
 	struct io_uring ring;
 	bool ring_ok;
 	bool direct;
+	bool read_only;
 	int dir_fd;
 	int efd;
 	pid_t pid;
@@ -630,6 +632,8 @@ int kvr_l2io_write(struct kvr_l2io *io, kvr_key key, uint32_t lane, const void *
 	struct op *op;
 	if (!io || !src)
 		return -EINVAL;
+	if (io->read_only)
+		return -EROFS;
 	if (io->direct && ((uintptr_t)src & (KVR_L2_ALIGN - 1)))
 		return -EINVAL;
 	int rc = op_new(io, KVR_L2IO_WRITE, key, lane, tag, &op);
@@ -691,6 +695,8 @@ int kvr_l2io_read(struct kvr_l2io *io, kvr_key key, uint32_t lane, void *dst, ui
 static int unlink_common(struct kvr_l2io *io, const char *name, kvr_key key, uint32_t lane, uint64_t tag)
 {
 	struct op *op;
+	if (io->read_only)
+		return -EROFS;
 	int rc = op_new(io, KVR_L2IO_UNLINK, key, lane, tag, &op);
 	if (rc)
 		return rc;
@@ -878,6 +884,55 @@ out:
 	return rc;
 }
 
+int kvr_l2io_probe_direct_ro(int dir_fd)
+{
+	int fd = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	void *buf = NULL;
+	if (posix_memalign(&buf, KVR_L2_ALIGN, KVR_L2_ALIGN)) {
+		closedir(d);
+		return -ENOMEM;
+	}
+	int rc = 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		kvr_key key;
+		uint32_t lane;
+		if (kvr_l2_name_parse(de->d_name, &key, &lane) || (de->d_type != DT_REG && de->d_type != DT_UNKNOWN))
+			continue;
+		int f = openat(dir_fd, de->d_name, O_RDONLY | O_DIRECT | O_NOFOLLOW | O_CLOEXEC);
+		if (f < 0 && errno == EINVAL)
+			break; /* no O_DIRECT here: 0 */
+		if (f < 0)
+			continue; /* vanished, a symlink...: try the next one */
+		ssize_t got = pread(f, buf, KVR_L2_ALIGN, 0);
+		int err = got < 0 ? errno : 0;
+		close(f);
+		if (got >= 0) { /* a short file still proves the O_DIRECT read path */
+			rc = 1;
+			break;
+		}
+		if (err == EINVAL)
+			break;
+		/* an unreadable file says nothing about O_DIRECT: try the next one */
+	}
+	free(buf);
+	closedir(d);
+	return rc;
+}
+
+bool kvr_l2io_read_only(const struct kvr_l2io *io)
+{
+	return io->read_only;
+}
+
 /* ---- open / close ---------------------------------------------------------------------- */
 
 static int register_buffers(struct kvr_l2io *io, const struct kvr_l2io_config *cfg)
@@ -937,6 +992,7 @@ int kvr_l2io_open(const struct kvr_l2io_config *cfg, struct kvr_l2io **ret)
 	io->file_bytes = kvr_l2_file_bytes(cfg->ident.lane_bytes);
 	io->qd = cfg->queue_depth;
 	io->dur = cfg->durability;
+	io->read_only = cfg->read_only;
 	io->ops = calloc(io->qd, sizeof(*io->ops));
 	io->free_list = calloc(io->qd, sizeof(uint16_t));
 	io->done_q = calloc(io->qd, sizeof(uint16_t));
@@ -955,7 +1011,7 @@ int kvr_l2io_open(const struct kvr_l2io_config *cfg, struct kvr_l2io **ret)
 	io->n_free = io->qd;
 
 	if (cfg->io_mode == KVR_L2_IO_AUTO) {
-		rc = kvr_l2io_probe_direct(cfg->dir_fd);
+		rc = cfg->read_only ? kvr_l2io_probe_direct_ro(cfg->dir_fd) : kvr_l2io_probe_direct(cfg->dir_fd);
 		if (rc < 0)
 			goto fail;
 		io->direct = rc == 1;

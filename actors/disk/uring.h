@@ -56,6 +56,11 @@
  * filesystem refuses O_DIRECT with EINVAL, then BUFFERED: kvr_l2io_direct() says which,
  * and the caller logs the fallback (library code does not log).
  *
+ * Read-only (cfg.read_only): the engine never changes the directory. write, unlink and
+ * unlink_name return -EROFS without queueing anything; read and probe work as above (they
+ * open files O_RDONLY only). AUTO probes by reading instead (kvr_l2io_probe_direct_ro):
+ * no probe file is created.
+ *
  * Submission is batched: the op functions only prepare requests; kvr_l2io_submit() (also
  * called by kvr_l2io_reap()) hands them all to the kernel in one io_uring_enter.
  *
@@ -102,6 +107,7 @@ struct kvr_l2io_config {
 	uint64_t arena_bytes;
 	uint64_t arena_data_off;      /* first registered byte (slot 0); multiple of 4096 */
 	uint64_t slot_bytes;          /* pieces hold whole slots; 0 = pieces of KVR_L2IO_PIECE_MAX */
+	bool read_only;               /* never create, write, rename or unlink (see above) */
 };
 
 struct kvr_l2io_done {
@@ -144,7 +150,8 @@ int kvr_l2io_open(const struct kvr_l2io_config *cfg, struct kvr_l2io **ret);
 void kvr_l2io_close(struct kvr_l2io *io);
 
 /* Queue an op (see the table above). 0, or -EAGAIN (queue_depth ops busy: reap first),
- * -EINVAL (lane > KVR_L2_MAX_LANE, misaligned buffer in direct mode, name too long). */
+ * -EINVAL (lane > KVR_L2_MAX_LANE, misaligned buffer in direct mode, name too long),
+ * -EROFS (write and unlinks of a read-only engine: nothing queued). */
 int kvr_l2io_write(struct kvr_l2io *io, kvr_key key, uint32_t lane, const void *src, uint64_t tag);
 int kvr_l2io_read(struct kvr_l2io *io, kvr_key key, uint32_t lane, void *dst, uint64_t tag);
 int kvr_l2io_unlink(struct kvr_l2io *io, kvr_key key, uint32_t lane, uint64_t tag);
@@ -176,5 +183,15 @@ void kvr_l2io_stats(const struct kvr_l2io *io, struct kvr_l2io_stats *ret);
 /* The AUTO probe on its own: 1 when dir_fd's filesystem accepts an O_DIRECT create and
  * 4 KiB write, 0 when it refuses with EINVAL, else -errno. Leaves no file behind. */
 int kvr_l2io_probe_direct(int dir_fd);
+
+/* The read-only AUTO probe: opens the first block file of dir_fd (a name
+ * kvr_l2_name_parse accepts) O_RDONLY|O_DIRECT and reads its first 4 KiB. 1 when that
+ * works, 0 when the filesystem refuses O_DIRECT (EINVAL) or no block file could be read
+ * (buffered I/O then), -errno when the directory cannot be listed. Creates, writes and
+ * removes nothing. */
+int kvr_l2io_probe_direct_ro(int dir_fd);
+
+/* Whether the engine was opened read-only. */
+bool kvr_l2io_read_only(const struct kvr_l2io *io);
 
 #endif

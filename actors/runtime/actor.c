@@ -34,9 +34,32 @@ static void on_term(int sig)
 struct actor_args {
 	int ctl_fd, arena_fd, ready_fd;
 	int actor;
-	int slots_fd, kv_fd; /* -1 when not given */
-	uint64_t kv_bytes;
+	int slots_fd; /* -1 when not given */
+	unsigned n_kv, n_kv_bytes, n_group;
+	int kv_fd[KVR_ACTOR_MAX_KV];
+	uint64_t kv_bytes[KVR_ACTOR_MAX_KV];
+	unsigned group[KVR_ACTOR_MAX_KV];
 };
+
+/* "3,7,11" -> workers; 0 or -EINVAL */
+static int parse_group(const char *s, struct actor_args *a)
+{
+	a->n_group = 0;
+	while (*s) {
+		char *end;
+		errno = 0;
+		unsigned long v = strtoul(s, &end, 10);
+		if (errno || end == s || v >= KVR_CTL_MAX_WORKERS || a->n_group == KVR_ACTOR_MAX_KV)
+			return -EINVAL;
+		a->group[a->n_group++] = (unsigned)v;
+		if (*end == ',' && end[1])
+			end++;
+		else if (*end)
+			return -EINVAL;
+		s = end;
+	}
+	return a->n_group ? 0 : -EINVAL;
+}
 
 static int parse_int(const char *s, int *ret)
 {
@@ -59,9 +82,10 @@ static int parse_args(int argc, char **argv, struct actor_args *ret)
 		{"slots-fd", required_argument, NULL, 's'},
 		{"kv-fd", required_argument, NULL, 'k'},
 		{"kv-bytes", required_argument, NULL, 'b'},
+		{"group", required_argument, NULL, 'g'},
 		{0},
 	};
-	struct actor_args a = {-1, -1, -1, -1, -1, -1, 0};
+	struct actor_args a = {.ctl_fd = -1, .arena_fd = -1, .ready_fd = -1, .actor = -1, .slots_fd = -1};
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -83,24 +107,31 @@ static int parse_args(int argc, char **argv, struct actor_args *ret)
 			dst = &a.slots_fd;
 			break;
 		case 'k':
-			dst = &a.kv_fd;
+			if (a.n_kv == KVR_ACTOR_MAX_KV)
+				return -EINVAL;
+			dst = &a.kv_fd[a.n_kv++];
 			break;
 		case 'b': {
 			char *end;
 			errno = 0;
 			unsigned long long v = strtoull(optarg, &end, 10);
-			if (errno || end == optarg || *end || !v)
+			if (errno || end == optarg || *end || !v || a.n_kv_bytes == KVR_ACTOR_MAX_KV)
 				return -EINVAL;
-			a.kv_bytes = v;
+			a.kv_bytes[a.n_kv_bytes++] = v;
 			continue;
 		}
+		case 'g':
+			if (parse_group(optarg, &a))
+				return -EINVAL;
+			continue;
 		default:
 			return -EINVAL;
 		}
 		if (parse_int(optarg, dst))
 			return -EINVAL;
 	}
-	if (optind != argc || a.ctl_fd < 0 || a.arena_fd < 0 || a.actor < 0 || a.ready_fd < 0)
+	if (optind != argc || a.ctl_fd < 0 || a.arena_fd < 0 || a.actor < 0 || a.ready_fd < 0 ||
+	    a.n_kv != a.n_kv_bytes || (a.n_group && a.n_group != a.n_kv))
 		return -EINVAL;
 	*ret = a;
 	return 0;
@@ -231,8 +262,16 @@ static int setup(struct kvr_actor *a, const struct actor_args *args)
 			return rc;
 		}
 	}
-	a->kv_fd = args->kv_fd;
-	a->kv_bytes = args->kv_bytes;
+	a->n_kv = args->n_kv;
+	for (unsigned i = 0; i < args->n_kv; i++) {
+		a->kv_fds[i] = args->kv_fd[i];
+		a->kv_sizes[i] = args->kv_bytes[i];
+	}
+	a->kv_fd = args->n_kv ? args->kv_fd[0] : -1;
+	a->kv_bytes = args->n_kv ? args->kv_bytes[0] : 0;
+	a->n_group = args->n_group;
+	for (unsigned i = 0; i < args->n_group; i++)
+		a->group[i] = args->group[i];
 	rc = attach_rings(a);
 	if (rc) {
 		kvr_err("cannot attach rings: %s", rc == -ENOENT ? "control rings missing" : strerror(-rc));
@@ -442,7 +481,7 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 	}
 	if (parse_args(argc, argv, &args)) {
 		kvr_err("usage: kvring-%s --ctl-fd N --arena-fd N --actor I --ready-fd N [--slots-fd N] "
-			"[--kv-fd N --kv-bytes N]", stage->name);
+			"[--kv-fd N --kv-bytes N]... [--group W,W,...]", stage->name);
 		return 1;
 	}
 	rc = install_signals();
@@ -491,8 +530,8 @@ out:
 	term_waiter = NULL;
 	if (args.ready_fd >= 0)
 		(void)close(args.ready_fd);
-	if (a->kv_fd >= 0)
-		(void)close(a->kv_fd);
+	for (unsigned i = 0; i < a->n_kv; i++)
+		(void)close(a->kv_fds[i]);
 	kvr_segment_close(&a->slots_seg);
 	kvr_segment_close(&a->arena_seg);
 	kvr_segment_close(&a->ctl_seg);

@@ -21,6 +21,8 @@
  *
  *   kvring-<kind> --ctl-fd N --arena-fd N --actor I --ready-fd N --slots-fd N
  *                 [--kv-fd N --kv-bytes N]        (loader and storer: the worker's KV memory)
+ *                 [--group W,W,.. (--kv-fd N --kv-bytes N) per W]  (gather: its DCP group's
+ *                                                  worker slots in DCP rank order, their KV)
  *
  * with the control segment, the arena, the slot table, the write end of a readiness pipe
  * and (loader, storer) the worker's KV memfd inherited.
@@ -52,7 +54,8 @@
  * needs it, wait_fd must be -1 (or 0 in a zero-initialised struct: both mean none).
  */
 
-#define KVR_ACTOR_MAX_RINGS 64 /* inputs and outputs per actor */
+#define KVR_ACTOR_MAX_RINGS 96 /* inputs and outputs per actor */
+#define KVR_ACTOR_MAX_KV 16    /* KV memories one actor maps (a gather actor: its DCP group's) */
 
 struct kvr_actor;
 
@@ -87,6 +90,11 @@ struct kvr_actor {
 	struct kvr_slot_table *slots;  /* the L1 slot table (--slots-fd), NULL when not given */
 	int kv_fd;                     /* loader/storer: the worker's KV memory (--kv-fd), else -1 */
 	uint64_t kv_bytes;             /* its size (--kv-bytes) */
+	unsigned n_kv;                 /* every --kv-fd given, in order (kv_fd is the first) */
+	int kv_fds[KVR_ACTOR_MAX_KV];
+	uint64_t kv_sizes[KVR_ACTOR_MAX_KV];
+	unsigned n_group;              /* gather: --group, the worker slot of each DCP rank */
+	unsigned group[KVR_ACTOR_MAX_KV];
 	struct kvr_ctl *ctl;
 	struct kvr_config cfg;         /* the instance's effective config */
 	unsigned index;                /* actor index in the control segment */
@@ -114,6 +122,14 @@ struct kvr_ring *kvr_actor_ring_w(const struct kvr_actor *a, const char *fmt, un
 static inline void kvr_actor_set_data(struct kvr_actor *a, void *data)
 {
 	a->data = data;
+}
+
+/* Say that the stage holds n accepted requests it has not answered yet (a DCP store
+ * waiting for its group's other ranks): kvringd's drain waits for them as it waits for a
+ * running handler. */
+static inline void kvr_actor_set_held(struct kvr_actor *a, uint32_t n)
+{
+	atomic_store_explicit(&a->ent->held, n, memory_order_release);
 }
 
 /* Add to one of our counters (atomic: kvringd also adds to KVR_STAT_MALFORMED for bad PONGs). */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kvr_dcp.h"
 #include "kvr_geometry.h"
 
 /* kvr_geometry_namespace of glm-4-9b-chat-1m, TP 2, 128-token blocks, id
@@ -313,6 +314,7 @@ Test(geometry, namespace)
 	const struct kvr_preset *glm = kvr_preset_find("glm-4-9b-chat-1m");
 	const char *id = "THUDM/glm-4-9b-chat-1m";
 	struct kvr_geometry g128, g16, g;
+	kvr_key k0;
 	cr_assert_eq(kvr_preset_geometry(glm, 2, 0, 128, 1000, &g128), 0);
 	cr_assert_eq(kvr_preset_geometry(glm, 2, 0, 16, 1000, &g16), 0);
 	kvr_key base = ns_of(&g128, id, "");
@@ -347,10 +349,29 @@ Test(geometry, namespace)
 	cr_assert(kvr_key_eq(ns_of(&g, id, ""), base), "rank 1 = rank 0");
 	cr_assert_eq(kvr_preset_geometry(glm, 2, 0, 128, 77, &g), 0);
 	cr_assert(kvr_key_eq(ns_of(&g, id, ""), base), "num_blocks does not enter");
-	g = g128;
-	g.dcp_size = 2;
-	g.dcp_rank = 1;
-	cr_assert(kvr_key_eq(ns_of(&g, id, ""), base), "DCP does not enter");
+	/* A DCP rank names its group's canonical block: TP 4 with DCP 2 is two groups of two
+	 * ranks, each rank holding 64 of a 128-token block's tokens for the same 2 KV heads as
+	 * a TP 2 rank: the canonical lane and the namespace are TP 2's. */
+	for (uint32_t t = 0; t < 4; t++) {
+		cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&g, 40, 2, 128, 2, 64, 1000), 0);
+		g.block_tokens = 128;
+		g.tp_size = 4;
+		g.tp_rank = t;
+		g.dcp_size = 2;
+		g.dcp_rank = t % 2;
+		cr_assert(kvr_key_eq(ns_of(&g, id, ""), base), "DCP 2 at TP 4 (rank %u) = TP 2", t);
+		struct kvr_geometry c;
+		cr_assert_eq(kvr_dcp_canonical_geometry(&g, &c, NULL, 0), 0);
+		cr_assert_eq(c.tp_size, 2);
+		cr_assert_eq(c.tp_rank, t / 2);
+		cr_assert_eq(kvr_geometry_lane_bytes(&c), kvr_geometry_lane_bytes(&g128));
+	}
+	g.dcp_rank = 0; /* TP rank 3 is DCP rank 1 of its group: refused, named */
+	char why[160];
+	struct kvr_geometry c;
+	cr_assert_eq(kvr_dcp_canonical_geometry(&g, &c, why, sizeof(why)), -EINVAL);
+	cr_assert_str_eq(why, "dcp_rank: 0, but TP rank 3 is DCP rank 1 of its group (dcp_rank = tp_rank mod dcp_size 2)");
+	cr_assert_eq(kvr_geometry_namespace(&g, id, "", &k0), -EINVAL);
 
 	/* MLA: tp size does not enter (one latent for every rank) */
 	const struct kvr_preset *ds = kvr_preset_find("deepseek-v2-lite");
@@ -361,6 +382,7 @@ Test(geometry, namespace)
 
 	kvr_key k = {1, 2};
 	cr_assert_eq(kvr_geometry_namespace(&g128, NULL, "", &k), -EINVAL);
+	(void)k0;
 	g = g128;
 	g.n_regions = 0;
 	cr_assert_eq(kvr_geometry_namespace(&g, id, "", &k), -EINVAL);
