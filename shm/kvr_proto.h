@@ -60,8 +60,9 @@ struct kvr_proto_rep {
  * one fd travels with it: the worker's KV memory (host backend: a memfd). The reply
  * payload is struct kvr_attach_info and its fds are [ctl, arena, slot table]. */
 struct kvr_attach_info {
-	uint64_t ns_lo, ns_hi;   /* key namespace of the instance */
-	uint32_t lane;           /* this worker's lane (its TP rank) */
+	uint64_t ns_lo, ns_hi;   /* key namespace this worker's keys use (the instance's; a DCP
+				  * rank whose pages carry tails: also naming its layout) */
+	uint32_t lane;           /* this worker's lane (its TP rank; DCP: its group's; MLA: 0) */
 	uint32_t lanes;          /* commit quorum: lanes per block */
 	uint32_t n_slots;
 	uint32_t reserved;
@@ -71,7 +72,8 @@ struct kvr_attach_info {
 	uint32_t loader_actor;   /* actor indices serving this worker */
 	uint32_t storer_actor;
 	uint32_t lookup_actor;
-	uint32_t reserved2;
+	uint32_t group_ranks;    /* DCP: ranks of its group that must attach before the gather
+				  * actor serving it (loader_actor = storer_actor) is ready; else 1 */
 };
 
 /* ---- ATTACH with CUDA KV memory (docs/cuda.md) -------------------------------------------

@@ -30,7 +30,8 @@ static bool executable(const char *path)
 
 int sup_find_executables(struct sup *s, char *err, size_t errlen)
 {
-	static const enum kvr_actor_kind kinds[] = {KVR_ACTOR_LOOKUP, KVR_ACTOR_LOADER, KVR_ACTOR_STORER, KVR_ACTOR_DISK};
+	static const enum kvr_actor_kind kinds[] = {KVR_ACTOR_LOOKUP, KVR_ACTOR_LOADER, KVR_ACTOR_STORER, KVR_ACTOR_DISK,
+						    KVR_ACTOR_GATHER};
 	char self[PATH_MAX] = "";
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	self[n > 0 ? n : 0] = 0;
@@ -39,6 +40,9 @@ int sup_find_executables(struct sup *s, char *err, size_t errlen)
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
 		if (kinds[i] == KVR_ACTOR_DISK && !s->cfg.l2.n_dirs)
 			continue; /* no L2: no disk actor to find */
+		/* The gather actor serves DCP groups only: without it kvringd runs and refuses
+		 * DCP ranks at attach, naming what is missing. */
+		bool optional = kinds[i] == KVR_ACTOR_GATHER;
 		const char *k = kvr_actor_kind_name(kinds[i]);
 		char *dst = s->exe[kinds[i]];
 		int len;
@@ -46,6 +50,12 @@ int sup_find_executables(struct sup *s, char *err, size_t errlen)
 			len = snprintf(dst, PATH_MAX, "%s/kvring-%s", s->cfg.instance.actor_dir, k);
 			if (len < PATH_MAX && executable(dst))
 				continue;
+			if (optional) {
+				kvr_warn("no executable kvring-%s in %s: DCP ranks will be refused", k,
+					 s->cfg.instance.actor_dir);
+				dst[0] = '\0';
+				continue;
+			}
 			snprintf(err, errlen, "$.instance.actor_dir: no executable kvring-%s in %s", k,
 				 s->cfg.instance.actor_dir);
 			return -ENOENT;
@@ -59,6 +69,11 @@ int sup_find_executables(struct sup *s, char *err, size_t errlen)
 		len = snprintf(dst, PATH_MAX, "%s/kvring-%s", KVR_LIBEXECDIR, k);
 		if (len < PATH_MAX && executable(dst))
 			continue;
+		if (optional) {
+			kvr_warn("cannot find kvring-%s: DCP ranks will be refused", k);
+			dst[0] = '\0';
+			continue;
+		}
 		snprintf(err, errlen, "cannot find the actor executable kvring-%s (looked in %s/../actors/%s and %s)",
 			 k, 			 self_dir ? self_dir : "?", k, KVR_LIBEXECDIR);
 		return -ENOENT;
@@ -163,28 +178,42 @@ static int spawn(struct sup *s, struct sup_actor *a)
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -errno;
-	char a_ctl[16], a_arena[16], a_idx[16], a_ready[16], a_slots[16], a_kv[16], a_kvb[24];
+	char a_ctl[16], a_arena[16], a_idx[16], a_ready[16], a_slots[16];
 	snprintf(a_ctl, sizeof(a_ctl), "%d", s->ctl_seg.fd);
 	snprintf(a_arena, sizeof(a_arena), "%d", s->arena_seg.fd);
 	snprintf(a_idx, sizeof(a_idx), "%u", a->index);
 	snprintf(a_ready, sizeof(a_ready), "%d", p[1]);
 	snprintf(a_slots, sizeof(a_slots), "%d", s->slots_seg.fd);
-	char *argv[16] = {(char *)a->exe, "--ctl-fd", a_ctl, "--arena-fd", a_arena, "--actor", a_idx,
-			  "--ready-fd", a_ready, "--slots-fd", a_slots, NULL};
-	int keep[5] = {s->ctl_seg.fd, s->arena_seg.fd, p[1], s->slots_seg.fd, -1};
-	int n_keep = 4;
-	/* loader and storer work on their worker's KV memory */
+	char *argv[16 + 4 * KVR_DCP_MAX] = {(char *)a->exe, "--ctl-fd", a_ctl, "--arena-fd", a_arena, "--actor", a_idx,
+					    "--ready-fd", a_ready, "--slots-fd", a_slots, NULL};
+	int keep[4 + KVR_DCP_MAX] = {s->ctl_seg.fd, s->arena_seg.fd, p[1], s->slots_seg.fd};
+	int n_keep = 4, n_arg = 11;
+	char a_group[KVR_DCP_MAX * 4], kv_str[KVR_DCP_MAX][2][24];
 	unsigned kind = a->ent->kind, w = a->ent->index;
-	if ((kind == KVR_ACTOR_LOADER || kind == KVR_ACTOR_STORER) && w < KVR_CTL_MAX_WORKERS && s->kv_fd[w] >= 0) {
-		snprintf(a_kv, sizeof(a_kv), "%d", s->kv_fd[w]);
-		snprintf(a_kvb, sizeof(a_kvb), "%llu", (unsigned long long)s->kv_bytes[w]);
-		argv[11] = "--kv-fd";
-		argv[12] = a_kv;
-		argv[13] = "--kv-bytes";
-		argv[14] = a_kvb;
-		argv[15] = NULL;
-		keep[n_keep++] = s->kv_fd[w];
+	const struct sup_dcp_group *gr = sup_gather_group(s, a->index);
+	/* loader and storer work on their worker's KV memory, a gather actor on its group's */
+	unsigned n_kv = 0, kv_w[KVR_DCP_MAX];
+	if ((kind == KVR_ACTOR_LOADER || kind == KVR_ACTOR_STORER) && w < KVR_CTL_MAX_WORKERS && s->kv_fd[w] >= 0)
+		kv_w[n_kv++] = w;
+	if (gr && gr->n_members == gr->dcp_size) {
+		size_t off = 0;
+		for (unsigned r = 0; r < gr->dcp_size; r++) {
+			kv_w[n_kv++] = (unsigned)gr->members[r];
+			off += (size_t)snprintf(a_group + off, sizeof(a_group) - off, "%s%d", r ? "," : "", gr->members[r]);
+		}
+		argv[n_arg++] = "--group";
+		argv[n_arg++] = a_group;
 	}
+	for (unsigned i = 0; i < n_kv; i++) {
+		snprintf(kv_str[i][0], sizeof(kv_str[i][0]), "%d", s->kv_fd[kv_w[i]]);
+		snprintf(kv_str[i][1], sizeof(kv_str[i][1]), "%llu", (unsigned long long)s->kv_bytes[kv_w[i]]);
+		argv[n_arg++] = "--kv-fd";
+		argv[n_arg++] = kv_str[i][0];
+		argv[n_arg++] = "--kv-bytes";
+		argv[n_arg++] = kv_str[i][1];
+		keep[n_keep++] = s->kv_fd[kv_w[i]];
+	}
+	argv[n_arg] = NULL;
 	pid_t parent = getpid();
 
 	purge_stale_ctl(a);

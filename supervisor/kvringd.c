@@ -370,6 +370,7 @@ int main(int argc, char **argv)
 	s->ctl_seg.fd = s->arena_seg.fd = s->slots_seg.fd = -1;
 	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
 		s->kv_fd[w] = -1;
+	sup_groups_init(s);
 	if (check) {
 		if (load_config(check, &s->cfg))
 			return 2;

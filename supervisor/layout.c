@@ -51,6 +51,8 @@ static void actor_name(const struct kvr_config *cfg, unsigned i, char *buf, size
 	unsigned mw = cfg->instance.max_workers;
 	if (i == SUP_ACTOR_LOOKUP)
 		snprintf(buf, len, "lookup");
+	else if (i >= SUP_ACTOR_GATHER(cfg, 0))
+		snprintf(buf, len, "gather.%u", i - SUP_ACTOR_GATHER(cfg, 0));
 	else if (i >= SUP_ACTOR_DISK(mw, 0))
 		snprintf(buf, len, "disk.%u", i - SUP_ACTOR_DISK(mw, 0));
 	else
@@ -157,7 +159,10 @@ static void fill_actor_table(struct sup *s)
 		struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
 		actor_name(&s->cfg, i, name, sizeof(name));
 		memcpy(e->name, name, sizeof(e->name));
-		if (i >= SUP_ACTOR_DISK(mw, 0)) {
+		if (i >= SUP_ACTOR_GATHER(&s->cfg, 0)) {
+			e->kind = KVR_ACTOR_GATHER;
+			e->index = i - SUP_ACTOR_GATHER(&s->cfg, 0);
+		} else if (i >= SUP_ACTOR_DISK(mw, 0)) {
 			e->kind = KVR_ACTOR_DISK;
 			e->index = i - SUP_ACTOR_DISK(mw, 0);
 		} else {

@@ -296,14 +296,21 @@ static int attach_validate(struct sup *s, struct sup_conn *c, unsigned w, const 
 		return -EBADF;
 	}
 	uint64_t kv_bytes = (uint64_t)st.st_size;
-	struct kvr_geometry gbuf;
+	struct kvr_geometry gbuf, canon;
 	memcpy(&gbuf, req->payload, sizeof(gbuf));
-	const struct kvr_geometry *g = &gbuf;
+	const struct kvr_geometry *rank_g = &gbuf;
 	char err[KVR_GEOM_ERR_MAX];
-	if (kvr_geometry_validate(g, kv_bytes, err, sizeof(err))) {
+	if (kvr_geometry_validate(rank_g, kv_bytes, err, sizeof(err))) {
 		rep_init(s, rep, -EINVAL, "geometry: %s", err);
 		return -EINVAL;
 	}
+	/* A DCP rank is checked as the canonical block its group stores (kvr_dcp.h): the
+	 * instance's model describes that block, whatever (D, I) produce it. */
+	if (kvr_dcp_canonical_geometry(rank_g, &canon, err, sizeof(err))) {
+		rep_init(s, rep, -EINVAL, "geometry: %s", err);
+		return -EINVAL;
+	}
+	const struct kvr_geometry *g = &canon;
 	struct kvr_geometry want;
 	char why[KVR_GEOM_ERR_MAX + 64];
 	if (sup_model_geometry(&s->cfg, g->tp_rank < g->tp_size ? g->tp_rank : 0, g->num_blocks, &want, why,
@@ -320,8 +327,13 @@ static int attach_validate(struct sup *s, struct sup_conn *c, unsigned w, const 
 	GEOM_FIELD(dtype_bytes, "model.dtype_bytes");
 	uint64_t lane = kvr_geometry_lane_bytes(g);
 	if (lane != s->lane_bytes) {
-		rep_init(s, rep, -EINVAL, "geometry mismatch: %llu bytes per block on this rank, the instance's slots "
-			 "hold %llu", (unsigned long long)lane, (unsigned long long)s->lane_bytes);
+		if (rank_g->dcp_size > 1)
+			rep_init(s, rep, -EINVAL, "geometry mismatch: the canonical block of this DCP rank's group (dcp_size "
+				 "%u) is %llu bytes per lane, the instance's slots hold %llu (a page tail is kept once per "
+				 "rank)", rank_g->dcp_size, (unsigned long long)lane, (unsigned long long)s->lane_bytes);
+		else
+			rep_init(s, rep, -EINVAL, "geometry mismatch: %llu bytes per block on this rank, the instance's "
+				 "slots hold %llu", (unsigned long long)lane, (unsigned long long)s->lane_bytes);
 		return -EINVAL;
 	}
 	kvr_key ns;
@@ -334,14 +346,14 @@ static int attach_validate(struct sup *s, struct sup_conn *c, unsigned w, const 
 	for (unsigned i = 0; i < s->cfg.instance.max_workers; i++) {
 		const struct kvr_worker_ent *o = kvr_ctl_worker(s->ctl, i);
 		/* a DETACHING predecessor (its actors are stopping) does not block its successor */
-		if (i != w && atomic_load(&o->state) == KVR_WORKER_ATTACHED && o->tp_rank == g->tp_rank &&
-		    o->dcp_rank == g->dcp_rank) {
+		if (i != w && atomic_load(&o->state) == KVR_WORKER_ATTACHED && o->tp_rank == rank_g->tp_rank &&
+		    o->dcp_rank == rank_g->dcp_rank) {
 			rep_init(s, rep, -EEXIST, "TP rank %u (DCP rank %u) is already attached (worker slot %u, pid %d)",
-				 g->tp_rank, g->dcp_rank, i, (int)atomic_load(&o->pid));
+				 rank_g->tp_rank, rank_g->dcp_rank, i, (int)atomic_load(&o->pid));
 			return -EEXIST;
 		}
 	}
-	memcpy(kvr_ctl_worker_geometry(s->ctl, w), g, sizeof(*g));
+	memcpy(kvr_ctl_worker_geometry(s->ctl, w), rank_g, sizeof(*rank_g));
 	s->kv_fd[w] = fds[0];
 	s->kv_bytes[w] = kv_bytes;
 	fds[0] = -1;
@@ -377,11 +389,27 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 		goto reply;
 	}
 
+	const struct kvr_geometry *g = kvr_ctl_worker_geometry(s->ctl, (unsigned)w);
+	/* a DCP rank is served by its group's gather actor, every other worker by its own
+	 * loader and storer */
+	int gather = -1;
+	if (g->dcp_size > 1) {
+		char why[256];
+		gather = sup_group_join(s, (unsigned)w, g, why, sizeof(why));
+		if (gather < 0) {
+			rep_init(s, &rep, gather, "%s", why);
+			(void)close(s->kv_fd[w]);
+			s->kv_fd[w] = -1;
+			goto reply;
+		}
+	}
+	kvr_key ns;
+	(void)kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns);
+
 	struct kvr_worker_ent *we = kvr_ctl_worker(s->ctl, (unsigned)w);
 	atomic_store(&we->pid, c->pid);
 	we->uid = c->uid;
 	we->generation++;
-	const struct kvr_geometry *g = kvr_ctl_worker_geometry(s->ctl, (unsigned)w);
 	we->tp_rank = g->tp_rank;
 	we->tp_size = g->tp_size;
 	we->dcp_rank = g->dcp_rank;
@@ -393,23 +421,28 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	s->worker_conn[w] = c;
 	kvr_info("worker %d attached (pid %d, generation %u)", w, (int)c->pid, we->generation);
 
-	sup_actor_start(s, &s->actors[SUP_ACTOR_LOADER((unsigned)w)]);
-	sup_actor_start(s, &s->actors[SUP_ACTOR_STORER((unsigned)w)]);
+	if (gather < 0) {
+		sup_actor_start(s, &s->actors[SUP_ACTOR_LOADER((unsigned)w)]);
+		sup_actor_start(s, &s->actors[SUP_ACTOR_STORER((unsigned)w)]);
+	} else {
+		sup_groups_update(s);
+	}
 
 	rep.worker = (uint32_t)w;
 	rep.n_fds = 3;
 	struct kvr_attach_info info = {
-		.ns_lo = s->ns.lo,
-		.ns_hi = s->ns.hi,
-		.lane = g->attention == KVR_ATTN_MLA ? 0 : g->tp_rank,
+		.ns_lo = ns.lo,
+		.ns_hi = ns.hi,
+		.lane = kvr_dcp_lane(g),
 		.lanes = s->lanes,
 		.n_slots = s->slots->n_slots,
 		.slot_bytes = s->slots->slot_bytes,
 		.lane_bytes = s->lane_bytes,
 		.kv_bytes = s->kv_bytes[w],
-		.loader_actor = SUP_ACTOR_LOADER((unsigned)w),
-		.storer_actor = SUP_ACTOR_STORER((unsigned)w),
+		.loader_actor = gather >= 0 ? (uint32_t)gather : SUP_ACTOR_LOADER((unsigned)w),
+		.storer_actor = gather >= 0 ? (uint32_t)gather : SUP_ACTOR_STORER((unsigned)w),
 		.lookup_actor = SUP_ACTOR_LOOKUP,
+		.group_ranks = g->dcp_size,
 	};
 	memcpy(rep.payload, &info, sizeof(info));
 	rep.payload_len = sizeof(info);
@@ -443,6 +476,7 @@ static void worker_detach(struct sup *s, struct sup_conn *c)
 	 * unfinished slots; its KV memfd is closed once its loader and storer exited. */
 	sup_actor_event(s, &s->actors[SUP_ACTOR_LOADER(w)], EV_STOP, 0);
 	sup_actor_event(s, &s->actors[SUP_ACTOR_STORER(w)], EV_STOP, 0);
+	sup_group_leave(s, w);
 }
 
 void sup_workers_update(struct sup *s)
@@ -452,7 +486,7 @@ void sup_workers_update(struct sup *s)
 		if (atomic_load(&we->state) != KVR_WORKER_DETACHING)
 			continue;
 		const struct sup_actor *l = &s->actors[SUP_ACTOR_LOADER(w)], *st = &s->actors[SUP_ACTOR_STORER(w)];
-		if (l->pid > 0 || st->pid > 0)
+		if (l->pid > 0 || st->pid > 0 || !sup_group_release(s, w))
 			continue;
 		if (s->kv_fd[w] >= 0)
 			(void)close(s->kv_fd[w]);
@@ -461,6 +495,7 @@ void sup_workers_update(struct sup *s)
 		atomic_store(&we->state, KVR_WORKER_FREE);
 		kvr_debug("worker slot %u free", w);
 	}
+	sup_groups_update(s);
 }
 
 static void conn_close(struct sup *s, struct sup_conn *c)

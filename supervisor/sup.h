@@ -9,6 +9,7 @@
 
 #include "kvr_config.h"
 #include "kvr_ctl.h"
+#include "kvr_dcp.h"
 #include "kvr_geometry.h"
 #include "kvr_segment.h"
 #include "kvr_slots.h"
@@ -80,6 +81,17 @@ struct sup_conn {
 	struct sup_conn *next;
 };
 
+/* A DCP group being formed or served: dcp_size consecutive TP ranks, one gather actor
+ * (actor SUP_ACTOR_GATHER(.., slot)) that serves every member's loads and stores once all
+ * of them attached (dcp_groups.c). */
+struct sup_dcp_group {
+	bool used;
+	uint32_t tp_size, dcp_size, interleave;
+	uint32_t index;                 /* tp_rank / dcp_size */
+	int members[KVR_DCP_MAX];       /* worker slot of each DCP rank, -1 while missing */
+	unsigned n_members;
+};
+
 struct sup {
 	struct kvr_config cfg;
 	char *cfg_json;          /* effective config, embedded in the control segment */
@@ -107,6 +119,8 @@ struct sup {
 	struct sup_conn *conns;
 	unsigned n_conns, n_refused;
 	struct sup_conn *worker_conn[KVR_CTL_MAX_WORKERS];
+	struct sup_dcp_group groups[KVR_CTL_MAX_WORKERS / 2];
+	int worker_group[KVR_CTL_MAX_WORKERS]; /* a DCP worker's group slot until its slot is free, else -1 */
 
 	struct sup_metrics *metrics; /* the /metrics server, NULL when disabled */
 
@@ -125,7 +139,10 @@ struct sup {
 #define SUP_ACTOR_LOADER(w) (1u + 2u * (w))
 #define SUP_ACTOR_STORER(w) (2u + 2u * (w))
 #define SUP_ACTOR_DISK(max_workers, i) (1u + 2u * (max_workers) + (i)) /* one per l2.dirs[i] */
-#define SUP_N_ACTORS(cfg) (1u + 2u * (cfg)->instance.max_workers + (cfg)->l2.n_dirs)
+/* one per possible DCP group (a group has at least 2 ranks) */
+#define SUP_ACTOR_GATHER(cfg, g) (1u + 2u * (cfg)->instance.max_workers + (cfg)->l2.n_dirs + (g))
+#define SUP_N_GATHER(cfg) ((cfg)->instance.max_workers / 2u)
+#define SUP_N_ACTORS(cfg) (1u + 2u * (cfg)->instance.max_workers + (cfg)->l2.n_dirs + SUP_N_GATHER(cfg))
 
 /* The rings of an instance with max_workers worker slots: every actor's control pair and
  * every per-worker data ring, with capacity and endpoints. This is the one place that says
@@ -188,6 +205,24 @@ void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events);
 void sup_conns_close_all(struct sup *s);
 /* Free DETACHING worker slots whose loader and storer have exited. */
 void sup_workers_update(struct sup *s);
+
+/* ---- dcp_groups.c: DCP groups and their gather actors --------------------------------- */
+
+void sup_groups_init(struct sup *s);
+/* Worker slot w (validated DCP rank geometry g, not yet attached) joins its group: its
+ * rings are handed to the group's gather actor, which starts once every rank is there.
+ * The gather actor's index, or -errno with one line in err (another layout in the same
+ * group, no free group slot). */
+int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char *err, size_t errlen);
+/* Worker w left: its group's gather actor stops (the group is incomplete). */
+void sup_group_leave(struct sup *s, unsigned w);
+/* Whether detached worker w's slot can be freed (its gather actor exited); when it can,
+ * its rings go back to its own loader and storer. Non-DCP workers: true. */
+bool sup_group_release(struct sup *s, unsigned w);
+/* Start the gather actor of every complete group that is not running. */
+void sup_groups_update(struct sup *s);
+/* Gather actor index -> its group (NULL when the index is not a gather actor). */
+const struct sup_dcp_group *sup_gather_group(const struct sup *s, unsigned actor);
 
 /* ---- metrics.c -------------------------------------------------------------------- */
 

@@ -52,12 +52,12 @@ Test(supervisor, inspect_layout)
 	cr_assert(H_WAIT(atomic_load(&((struct kvr_ctl *)c)->state) == KVR_INST_RUNNING, 2000));
 	cr_assert_str_eq(c->socket_path, inst.sock);
 	cr_assert_eq(c->max_workers, 2);
-	/* lookup + loader/storer per worker slot */
-	cr_assert_eq(atomic_load(&((struct kvr_ctl *)c)->n_actors), 5);
-	static const char *const names[] = {"lookup", "loader.0", "storer.0", "loader.1", "storer.1"};
+	/* lookup + loader/storer per worker slot + one gather actor per possible DCP group */
+	cr_assert_eq(atomic_load(&((struct kvr_ctl *)c)->n_actors), 6);
+	static const char *const names[] = {"lookup", "loader.0", "storer.0", "loader.1", "storer.1", "gather.0"};
 	static const unsigned kinds[] = {KVR_ACTOR_LOOKUP, KVR_ACTOR_LOADER, KVR_ACTOR_STORER, KVR_ACTOR_LOADER,
-					 KVR_ACTOR_STORER};
-	for (unsigned i = 0; i < 5; i++) {
+					 KVR_ACTOR_STORER, KVR_ACTOR_GATHER};
+	for (unsigned i = 0; i < 6; i++) {
 		struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
 		cr_assert_str_eq(e->name, names[i]);
 		cr_assert_eq(e->kind, kinds[i]);
@@ -74,13 +74,13 @@ Test(supervisor, inspect_layout)
 		cr_assert_eq(re->consumer, KVR_EP_SUPERVISOR);
 	}
 	wait_ready("lookup", 2000);
-	/* no worker attached: loaders and storers are configured but idle */
-	for (unsigned i = 1; i < 5; i++) {
+	/* no worker attached: loaders, storers and the gather actor are configured but idle */
+	for (unsigned i = 1; i < 6; i++) {
 		cr_assert_eq(atomic_load(&kvr_ctl_actor(c, i)->state), KVR_ACTOR_IDLE);
 		cr_assert_eq(atomic_load(&kvr_ctl_actor(c, i)->pid), 0);
 	}
 	/* 2 control rings per actor + 8 data rings per worker slot */
-	cr_assert_eq(atomic_load(&((struct kvr_ctl *)c)->n_rings), 2 * 5 + 8 * 2);
+	cr_assert_eq(atomic_load(&((struct kvr_ctl *)c)->n_rings), 2 * 6 + 8 * 2);
 	static const struct {
 		const char *name;
 		int prod, cons;

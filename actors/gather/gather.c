@@ -1,0 +1,278 @@
+/* gather stage: one DCP group's loads and stores — every rank's shard assembled into one canonical block, and split again on load. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr_actor.h"
+#include "kvr_list.h"
+#include "kvr_log.h"
+#include "kvr_time.h"
+#include "stage_common.h"
+
+/*
+ * With decode context parallelism a block's tokens are spread over the D ranks of a DCP
+ * group (kvr_dcp.h: rank r holds the tokens t with (t / I) mod D == r). kvring stores the
+ * canonical block — every token in global order — so that a block stored under one
+ * layout loads under another. kvringd starts one gather actor per group once all D ranks
+ * attached, and hands it every rank's load and store rings.
+ *
+ * Store: each rank sends its own STORE for the blocks the engine finished; the ranks run
+ * the same schedule, so their requests list the same keys. The gather actor queues each
+ * rank's request until every rank sent one with the same keys, then runs the store path
+ * once for the group (stage_store_run with D ranks): one slot per block, every rank's rows
+ * (and its page tail) copied into their places in the canonical lane, one commit. A block
+ * is never committed with a shard missing (seed 003: a connector that stored rank 0's
+ * shard alone served a block with 1/D of its tokens). A request whose partners do not
+ * arrive within dcp.store_timeout_ms fails with -ETIMEDOUT, nothing of it stored, and the
+ * log names the ranks that did not send it. While requests wait, the actor reports them as
+ * held, so a drain waits for them.
+ *
+ * Load: each rank's LOAD is served on its own (stage_load_feed): the rank's tokens are
+ * copied out of the canonical lane into its own blocks, whatever layout stored them.
+ *
+ * The copies go straight between each rank's KV memory and the slot, one hop: on the host
+ * backend memcpy runs, on CUDA each rank's device copies over its own link.
+ */
+
+#define GATHER_QUEUE 64                  /* stores one rank may be ahead of the slowest */
+#define GATHER_TICK_NS (50ull * 1000000ull) /* how often waiting stores are checked for expiry */
+
+struct pend {
+	struct stage_store_req rq;
+	struct kvr_msg_store_item *items; /* owned */
+};
+
+struct rank {
+	struct stage_worker ld, st; /* load and store pools over one transfer context */
+	struct stage_load load;
+	struct kvr_list_asm store_asm;
+	struct pend q[GATHER_QUEUE]; /* arrival order */
+	unsigned n;
+};
+
+struct gather {
+	unsigned d;
+	struct rank r[KVR_DCP_MAX];
+	struct stage_store ss;
+	uint64_t timeout_ns;
+	unsigned held;
+};
+
+static void update_held(struct kvr_actor *a, struct gather *g)
+{
+	unsigned held = 0;
+	for (unsigned r = 0; r < g->d; r++)
+		held += g->r[r].n;
+	g->held = held;
+	kvr_actor_set_held(a, held);
+}
+
+static void pend_remove(struct rank *rk, unsigned i)
+{
+	free(rk->q[i].items);
+	memmove(&rk->q[i], &rk->q[i + 1], (rk->n - i - 1) * sizeof(rk->q[0]));
+	rk->n--;
+}
+
+static bool same_keys(const struct pend *a, const struct pend *b)
+{
+	if (a->rq.n != b->rq.n)
+		return false;
+	for (uint32_t i = 0; i < a->rq.n; i++)
+		if (memcmp(&a->items[i].key, &b->items[i].key, sizeof(a->items[i].key)))
+			return false;
+	return true;
+}
+
+/* Run every store that all ranks sent, in rank 0's arrival order. */
+static void match(struct kvr_actor *a, struct gather *g)
+{
+	struct stage_worker *sw[KVR_DCP_MAX];
+	struct stage_store_req rq[KVR_DCP_MAX];
+	unsigned at[KVR_DCP_MAX];
+	for (unsigned i = 0; i < g->r[0].n;) {
+		const struct pend *p0 = &g->r[0].q[i];
+		bool all = true;
+		at[0] = i;
+		for (unsigned r = 1; r < g->d && all; r++) {
+			all = false;
+			for (unsigned j = 0; j < g->r[r].n && !all; j++)
+				if (same_keys(p0, &g->r[r].q[j])) {
+					at[r] = j;
+					all = true;
+				}
+		}
+		if (!all) {
+			i++;
+			continue;
+		}
+		for (unsigned r = 0; r < g->d; r++) {
+			sw[r] = &g->r[r].st;
+			rq[r] = g->r[r].q[at[r]].rq;
+		}
+		stage_store_run(&g->ss, sw, rq, g->d);
+		for (unsigned r = 0; r < g->d; r++)
+			pend_remove(&g->r[r], at[r]);
+		/* i now names the next request of rank 0 */
+	}
+	update_held(a, g);
+}
+
+/* A rank's STORE is complete: queue it (copying its items) and try to match. */
+static void store_arrived(struct kvr_actor *a, struct gather *g, unsigned r)
+{
+	struct rank *rk = &g->r[r];
+	const struct kvr_list_asm *l = &rk->store_asm;
+	struct stage_store_req rq = {.wire = l->req_id, .flags = l->flags, .first_ns = l->first_ns, .n = l->total,
+				     .items = l->items};
+	if (!stage_wire_current(a, rq.wire)) {
+		stage_store_fail(&g->ss, &rk->st, &rq, -ESTALE);
+		return;
+	}
+	if (rk->n == GATHER_QUEUE) {
+		kvr_warn("DCP rank %u is %u stores ahead of its group: store %llx refused", r, GATHER_QUEUE,
+			 (unsigned long long)rq.wire);
+		stage_store_fail(&g->ss, &rk->st, &rq, -EBUSY);
+		return;
+	}
+	struct kvr_msg_store_item *items = malloc((rq.n ? rq.n : 1) * sizeof(*items));
+	if (!items) {
+		stage_store_fail(&g->ss, &rk->st, &rq, -ENOMEM);
+		return;
+	}
+	memcpy(items, l->items, rq.n * sizeof(*items));
+	rq.items = items;
+	rk->q[rk->n++] = (struct pend){.rq = rq, .items = items};
+	match(a, g);
+}
+
+static void gather_tick(struct kvr_actor *a, uint64_t now)
+{
+	struct gather *g = a->data;
+	for (unsigned r = 0; r < g->d; r++) {
+		struct rank *rk = &g->r[r];
+		for (unsigned i = 0; i < rk->n;) {
+			const struct pend *p = &rk->q[i];
+			if (now - p->rq.first_ns < g->timeout_ns) {
+				i++;
+				continue;
+			}
+			char missing[KVR_DCP_MAX * 4] = "";
+			size_t off = 0;
+			for (unsigned o = 0; o < g->d; o++) {
+				bool has = o == r;
+				for (unsigned j = 0; j < g->r[o].n && !has; j++)
+					has = same_keys(p, &g->r[o].q[j]);
+				if (!has)
+					off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%u", off ? "," : "", o);
+			}
+			kvr_warn("DCP store %llx of rank %u (%u blocks): no matching store from rank(s) %s within %llu ms: "
+				 "nothing stored (a canonical block needs every rank's shard)",
+				 (unsigned long long)p->rq.wire, r, p->rq.n, missing,
+				 (unsigned long long)(g->timeout_ns / 1000000));
+			stage_store_fail(&g->ss, &rk->st, &p->rq, -ETIMEDOUT);
+			pend_remove(rk, i);
+		}
+	}
+	update_held(a, g);
+}
+
+static int gather_init(struct kvr_actor *a)
+{
+	struct gather *g = calloc(1, sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	kvr_actor_set_data(a, g);
+	if (a->n_group < 2 || a->n_group > KVR_DCP_MAX || a->n_kv != a->n_group) {
+		kvr_err("a gather actor needs its DCP group: --group W,W,... and one --kv-fd/--kv-bytes per worker");
+		return -EINVAL;
+	}
+	g->d = a->n_group;
+	g->timeout_ns = (uint64_t)a->cfg.dcp.store_timeout_ms * 1000000ull;
+	for (unsigned r = 0; r < g->d; r++) {
+		stage_load_init(&g->r[r].load);
+		kvr_list_asm_init(&g->r[r].store_asm, KVR_MSG_STORE);
+	}
+	for (unsigned r = 0; r < g->d; r++) {
+		struct rank *rk = &g->r[r];
+		int rc = stage_worker_open(a, &rk->ld, a->group[r], a->kv_fds[r], a->kv_sizes[r], "load.req.%u",
+					   "load.rep.%u", a->cfg.staging.load_percent);
+		if (rc)
+			return rc;
+		const struct kvr_geometry *gr = &rk->ld.geom, *g0 = &g->r[0].ld.geom;
+		if (gr->dcp_size != g->d || gr->dcp_rank != r || gr->dcp_interleave != g0->dcp_interleave ||
+		    gr->tp_size != g0->tp_size || rk->ld.lane != g->r[0].ld.lane) {
+			kvr_err("worker %u is not DCP rank %u of this group (dcp_size %u, rank %u, interleave %u, lane %u)",
+				a->group[r], r, gr->dcp_size, gr->dcp_rank, gr->dcp_interleave, rk->ld.lane);
+			return -EINVAL;
+		}
+		rc = stage_worker_share(&rk->ld, &rk->st, "store.req.%u", "store.rep.%u",
+					100 - a->cfg.staging.load_percent);
+		if (rc)
+			return rc;
+		unsigned dropped = stage_drop_pins(&rk->ld);
+		if (dropped)
+			kvr_warn("dropped %u pins left by a previous incarnation for worker %u", dropped, a->group[r]);
+	}
+	kvr_info("DCP group of %u ranks (interleave %u, lane %u): workers %u..%u", g->d, g->r[0].ld.geom.dcp_interleave,
+		 g->r[0].ld.lane, a->group[0], a->group[g->d - 1]);
+	/* the group's allocations go over its rank-0 worker's commit rings (and are its slots
+	 * for RESET and WORKER_GONE) */
+	return stage_store_open(&g->ss, a, a->group[0], g->r[0].ld.lane);
+}
+
+static void gather_fini(struct kvr_actor *a)
+{
+	struct gather *g = a->data;
+	if (!g)
+		return;
+	for (unsigned r = 0; r < g->d; r++) {
+		struct rank *rk = &g->r[r];
+		while (rk->n)
+			pend_remove(rk, rk->n - 1);
+		stage_worker_close(&rk->st); /* shares ld's transfer context: close it first */
+		stage_worker_close(&rk->ld);
+		stage_load_fini(&rk->load);
+		kvr_list_asm_free(&rk->store_asm);
+	}
+	stage_store_close(&g->ss);
+	kvr_actor_set_held(a, 0);
+	free(g);
+}
+
+static int gather_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
+{
+	struct gather *g = a->data;
+	if (ring == g->ss.commit_rep)
+		return 0; /* a late reply of a request we gave up on */
+	for (unsigned r = 0; r < g->d; r++) {
+		struct rank *rk = &g->r[r];
+		if (ring == rk->ld.req)
+			return stage_load_feed(&rk->ld, &rk->load, m);
+		if (ring == rk->st.req) {
+			int rc = kvr_list_feed(&rk->store_asm, m);
+			if (rc < 0)
+				return -EBADMSG;
+			if (rc == 1)
+				store_arrived(a, g, r);
+			return 0;
+		}
+	}
+	return -EBADMSG;
+}
+
+static const struct kvr_stage gather_stage = {
+	.name = "gather",
+	.kind = KVR_ACTOR_GATHER,
+	.tick_ns = GATHER_TICK_NS,
+	.init = gather_init,
+	.on_msg = gather_on_msg,
+	.on_tick = gather_tick,
+	.fini = gather_fini,
+};
+
+int main(int argc, char **argv)
+{
+	return kvr_actor_main(argc, argv, &gather_stage);
+}

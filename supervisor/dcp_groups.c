@@ -1,0 +1,178 @@
+/* kvringd: DCP groups — which workers form one, and the gather actor that serves it once all its ranks attached. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kvr_log.h"
+#include "sup.h"
+
+/*
+ * A DCP rank does not get a loader and a storer of its own: one block's canonical lane
+ * needs every rank's shard, so the D ranks of a group are served by one gather actor
+ * (actors/gather). When a rank attaches, its six data rings (load, store and commit, both
+ * directions) are rebound in the ring directory to the group's gather actor; the attach
+ * reply names the gather actor as the worker's loader and storer, so the client library
+ * addresses it, checks its liveness and stamps its generation exactly as it would a
+ * loader's. The gather actor is started when the last rank of the group attached and is
+ * stopped as soon as one leaves (its KV memory is gone; the group cannot store a block);
+ * a returning rank restarts it. A slot of a rank that left is freed only after the gather
+ * actor exited, and its rings then go back to its own loader and storer.
+ *
+ * Group slot g uses actor SUP_ACTOR_GATHER(cfg, g). Groups are keyed by tp_rank / D; every
+ * rank of one group must declare the same tp_size, dcp_size and dcp_interleave.
+ */
+
+/* Per worker slot: the rings a DCP rank hands to its gather actor, and their endpoints
+ * otherwise (the same rows as layout.c's worker ring table). */
+enum side { S_CLIENT, S_LOOKUP, S_LOADER, S_STORER };
+static const struct {
+	const char *fmt;
+	enum side producer, consumer;
+} rebound[] = {
+	{"load.req.%u", S_CLIENT, S_LOADER},	{"load.rep.%u", S_LOADER, S_CLIENT},
+	{"store.req.%u", S_CLIENT, S_STORER},	{"store.rep.%u", S_STORER, S_CLIENT},
+	{"commit.req.%u", S_STORER, S_LOOKUP}, {"commit.rep.%u", S_LOOKUP, S_STORER},
+};
+
+static int endpoint(enum side e, unsigned w, int gather)
+{
+	switch (e) {
+	case S_CLIENT:
+		return KVR_EP_CLIENT(w);
+	case S_LOOKUP:
+		return (int)SUP_ACTOR_LOOKUP;
+	case S_LOADER:
+		return gather >= 0 ? gather : (int)SUP_ACTOR_LOADER(w);
+	case S_STORER:
+		return gather >= 0 ? gather : (int)SUP_ACTOR_STORER(w);
+	}
+	return KVR_EP_SUPERVISOR;
+}
+
+/* Bind worker w's data rings to actor `gather`, or back to its own loader/storer (-1). */
+static void bind_rings(struct sup *s, unsigned w, int gather)
+{
+	char name[KVR_RING_NAME_MAX];
+	for (size_t k = 0; k < sizeof(rebound) / sizeof(rebound[0]); k++) {
+		snprintf(name, sizeof(name), rebound[k].fmt, w);
+		int i = kvr_ctl_find_ring(s->ctl, name);
+		if (i < 0 || kvr_ctl_ring_rebind(s->ctl, (unsigned)i, endpoint(rebound[k].producer, w, gather),
+						  endpoint(rebound[k].consumer, w, gather)))
+			kvr_err("ring %s missing from the directory", name);
+	}
+}
+
+void sup_groups_init(struct sup *s)
+{
+	memset(s->groups, 0, sizeof(s->groups));
+	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
+		s->worker_group[w] = -1;
+}
+
+const struct sup_dcp_group *sup_gather_group(const struct sup *s, unsigned actor)
+{
+	unsigned first = SUP_ACTOR_GATHER(&s->cfg, 0);
+	if (actor < first || actor >= first + SUP_N_GATHER(&s->cfg))
+		return NULL;
+	return &s->groups[actor - first];
+}
+
+static struct sup_actor *gather_of(struct sup *s, unsigned g)
+{
+	return &s->actors[SUP_ACTOR_GATHER(&s->cfg, g)];
+}
+
+int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char *err, size_t errlen)
+{
+	unsigned n = SUP_N_GATHER(&s->cfg), idx = kvr_dcp_group_index(g), first = g->tp_rank - g->dcp_rank;
+	int slot = -1;
+	if (!s->exe[KVR_ACTOR_GATHER][0])
+		return kvr_errf(err, errlen, -ENOENT, "DCP rank refused: this instance has no kvring-gather executable");
+	for (unsigned i = 0; i < n && slot < 0; i++) {
+		struct sup_dcp_group *gr = &s->groups[i];
+		if (!gr->used || gr->index != idx)
+			continue;
+		if (gr->tp_size != g->tp_size || gr->dcp_size != g->dcp_size || gr->interleave != g->dcp_interleave)
+			return kvr_errf(err, errlen, -EINVAL,
+					"DCP group %u (TP ranks %u..%u) has tp_size %u, dcp_size %u, dcp_interleave %u; "
+					"this rank says %u, %u, %u",
+					idx, first, first + gr->dcp_size - 1, gr->tp_size, gr->dcp_size, gr->interleave,
+					g->tp_size, g->dcp_size, g->dcp_interleave);
+		if (gr->members[g->dcp_rank] >= 0)
+			return kvr_errf(err, errlen, -EEXIST, "DCP rank %u of group %u is already attached (worker slot %d)",
+					g->dcp_rank, idx, gr->members[g->dcp_rank]);
+		slot = (int)i;
+	}
+	/* a new group: a slot with no members whose gather actor has exited */
+	for (unsigned i = 0; i < n && slot < 0; i++) {
+		if (s->groups[i].used || gather_of(s, i)->pid > 0 ||
+		    atomic_load(&gather_of(s, i)->ent->state) != KVR_ACTOR_IDLE)
+			continue;
+		bool held = false;
+		for (unsigned v = 0; v < KVR_CTL_MAX_WORKERS; v++)
+			held |= s->worker_group[v] == (int)i;
+		if (held)
+			continue;
+		struct sup_dcp_group *gr = &s->groups[i];
+		*gr = (struct sup_dcp_group){.used = true, .tp_size = g->tp_size, .dcp_size = g->dcp_size,
+					     .interleave = g->dcp_interleave, .index = idx};
+		for (unsigned r = 0; r < KVR_DCP_MAX; r++)
+			gr->members[r] = -1;
+		slot = (int)i;
+	}
+	if (slot < 0)
+		return kvr_errf(err, errlen, -EBUSY, "no free DCP group (%u gather actors, instance.max_workers %u)", n,
+				s->cfg.instance.max_workers);
+	struct sup_dcp_group *gr = &s->groups[slot];
+	gr->members[g->dcp_rank] = (int)w;
+	gr->n_members++;
+	s->worker_group[w] = slot;
+	bind_rings(s, w, (int)SUP_ACTOR_GATHER(&s->cfg, (unsigned)slot));
+	kvr_info("worker %u joins DCP group %u as rank %u of %u (%u attached)", w, idx, g->dcp_rank, g->dcp_size,
+		 gr->n_members);
+	return (int)SUP_ACTOR_GATHER(&s->cfg, (unsigned)slot);
+}
+
+void sup_group_leave(struct sup *s, unsigned w)
+{
+	int slot = s->worker_group[w];
+	if (slot < 0)
+		return;
+	struct sup_dcp_group *gr = &s->groups[slot];
+	for (unsigned r = 0; r < gr->dcp_size; r++)
+		if (gr->members[r] == (int)w) {
+			gr->members[r] = -1;
+			gr->n_members--;
+		}
+	if (!gr->n_members)
+		gr->used = false;
+	kvr_info("worker %u left DCP group %u: its gather actor stops until the group is complete again", w, gr->index);
+	sup_actor_event(s, gather_of(s, (unsigned)slot), EV_STOP, 0);
+}
+
+bool sup_group_release(struct sup *s, unsigned w)
+{
+	int slot = s->worker_group[w];
+	if (slot < 0)
+		return true;
+	if (gather_of(s, (unsigned)slot)->pid > 0)
+		return false;
+	bind_rings(s, w, -1);
+	s->worker_group[w] = -1;
+	return true;
+}
+
+void sup_groups_update(struct sup *s)
+{
+	if (s->phase != PH_RUN)
+		return;
+	for (unsigned i = 0; i < SUP_N_GATHER(&s->cfg); i++) {
+		const struct sup_dcp_group *gr = &s->groups[i];
+		struct sup_actor *a = gather_of(s, i);
+		if (gr->used && gr->n_members == gr->dcp_size && atomic_load(&a->ent->state) == KVR_ACTOR_IDLE &&
+		    a->pid <= 0) {
+			kvr_info("DCP group %u complete (%u ranks): starting %s", gr->index, gr->dcp_size, a->ent->name);
+			sup_actor_start(s, a);
+		}
+	}
+}
