@@ -1,5 +1,6 @@
 /* disk: the disk actor (kvring-disk) — serves the lookup actor's L2 writes, reads and syncs from one L2 directory. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -7,6 +8,7 @@
 #include <kvring/msg.h>
 
 #include "kvr_actor.h"
+#include "kvr_disk_stats.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_time.h"
@@ -24,6 +26,11 @@
  * empty) or until a request slot frees (full depth) — and their replies sent. Requests
  * that arrive together are therefore submitted together, and the runtime's busy flag
  * (set around on_msg) covers every I/O in flight: kvringd's drain waits for L2 writes.
+ *
+ * l2.read_only: the store is opened read-only (l2store.h): adoption leaves what it skips in
+ * place, L2_WRITE is answered -EROFS before it reaches the store (counted, logged once), a
+ * read that finds a damaged file is a miss and the file stays. The lookup actor sends no
+ * writes in this mode; a refusal means something else did.
  */
 
 #define DISK_SEND_TIMEOUT_NS (5ull * 1000000000ull) /* a reply ring full this long: reply dropped */
@@ -52,6 +59,9 @@ struct disk {
 	struct kvr_l2_done done[DISK_POLL_MAX];
 	uint64_t send_timeout_ns;
 	uint64_t dropped;           /* messages we could not send */
+	bool read_only;             /* l2.read_only */
+	uint64_t refused;           /* L2_WRITEs refused (read-only) */
+	const char *root;           /* l2.dirs[i] */
 };
 
 /* ---- sending ----------------------------------------------------------------------------- */
@@ -115,6 +125,15 @@ static void on_done(struct disk *d, const struct kvr_l2_done *c)
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, 0, c->res);
 	} else {
 		/* res 0 only after the engine verified header and payload checksum */
+		if (c->res && c->res != -ENOENT) {
+			char name[KVR_L2_NAME_MAX];
+			/* once per file: the store has dropped it from its index */
+			kvr_warn("l2 %s/%s: %s (%s): a miss; %s", kvr_l2_store_dir(d->store), kvr_l2_name_fmt(q.key, q.lane, name),
+				 kvr_l2_reason_name(c->reason), strerror(-c->res),
+				 d->read_only ? "left on disk (l2.read_only), not served again" : "removed");
+			if (d->read_only)
+				kvr_actor_count(d->a, KVR_STAT_DK_BAD_KEPT, 1);
+		}
 		send_l2(d, KVR_MSG_L2_READ_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, 0, c->res);
 	}
 }
@@ -230,6 +249,17 @@ static void do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b
 {
 	kvr_key key = {b->key_lo, b->key_hi};
 	int rc;
+	if (d->read_only) {
+		/* never reaches the store or io_uring; the pin the sender took is released as on
+		 * any other failure */
+		if (!d->refused++)
+			kvr_warn("l2 %s: L2_WRITE refused: l2.read_only (further refusals are only counted)", d->root);
+		kvr_actor_count(d->a, KVR_STAT_DK_WRITES_REFUSED, 1);
+		if (b->slot < d->slots->n_slots)
+			(void)kvr_slot_unpin(d->slots, b->slot, KVR_L2_PIN_WORKER);
+		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, -EROFS);
+		return;
+	}
 	/* the lookup actor pinned the slot for us when it sent the write (KVR_L2_PIN_WORKER):
 	 * it cannot be evicted until we unpin it below or on completion */
 	if (b->slot >= d->slots->n_slots) {
@@ -342,6 +372,37 @@ static int disk_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct 
 	return 0;
 }
 
+/* The read-only adoption line: what is served, and what was skipped but left in place, by reason. */
+static void log_read_only(struct disk *d, const char *dir, const struct kvr_l2_store_config *sc,
+			  const struct kvr_l2_adopt_stats *ad, const struct kvr_l2_store_stats *st)
+{
+	if (ad->no_dir) {
+		kvr_warn("l2 %s: read-only and %s does not exist: nothing to serve (no block of this model, geometry "
+			 "and block size of %u tokens is stored here)", dir, kvr_l2_store_dir(d->store),
+			 sc->ident.block_tokens);
+		return;
+	}
+	char why[512] = "";
+	size_t n = 0;
+	for (unsigned r = 1; r < KVR_L2_R_MAX && n < sizeof(why); r++) {
+		if (!ad->rejected[r] || r == KVR_L2_R_FOREIGN || r == KVR_L2_R_NOTREG)
+			continue;
+		int w = snprintf(why + n, sizeof(why) - n, "%s%s %llu", n ? ", " : "", kvr_l2_reason_name(r),
+				 (unsigned long long)ad->rejected[r]);
+		if (w < 0)
+			break;
+		n += (size_t)w;
+	}
+	kvr_actor_count(d->a, KVR_STAT_DK_LEFT_IN_PLACE, ad->left_in_place);
+	kvr_info("l2 %s: read-only: adopted %llu files (%llu MiB) of %llu entries; %llu skipped and left in place "
+		 "(%s), %llu foreign left alone; nothing on disk is created, written, renamed or removed; %.1f ms, "
+		 "%s I/O, capacity %llu MiB, queue depth %u",
+		 kvr_l2_store_dir(d->store), (unsigned long long)ad->adopted, (unsigned long long)(ad->adopted_bytes >> 20),
+		 (unsigned long long)ad->entries, (unsigned long long)ad->left_in_place, n ? why : "none",
+		 (unsigned long long)ad->left_alone, (double)ad->elapsed_ns / 1e6, st->direct ? "direct" : "buffered",
+		 (unsigned long long)(sc->capacity_bytes >> 20), sc->queue_depth);
+}
+
 static int open_store(struct disk *d, const char *dir, struct kvr_l2_store_config *sc)
 {
 	struct kvr_l2_adopt_stats ad;
@@ -354,11 +415,19 @@ static int open_store(struct disk *d, const char *dir, struct kvr_l2_store_confi
 		rc = kvr_l2_store_open(sc, &ad, &d->store);
 	}
 	if (rc) {
-		kvr_err("l2 %s: open: %s", dir, strerror(-rc));
+		kvr_err("l2 %s: open%s: %s", dir,
+			sc->read_only ? (rc == -EBUSY ? " (read-only): a writable instance holds it"
+						      : " (read-only: the directory is not created)") : "",
+			strerror(-rc));
 		return rc;
 	}
 	struct kvr_l2_store_stats st;
 	kvr_l2_store_stats(d->store, &st);
+	kvr_actor_count(d->a, KVR_STAT_DK_ADOPTED, ad.adopted);
+	if (sc->read_only) {
+		log_read_only(d, dir, sc, &ad, &st);
+		return 0;
+	}
 	kvr_info("l2 %s: adopted %llu files (%llu MiB) of %llu entries, deleted %llu, left %llu alone, "
 		 "%.1f ms; %s I/O, capacity %llu MiB, queue depth %u, durability %s",
 		 kvr_l2_store_dir(d->store), (unsigned long long)ad.adopted, (unsigned long long)(ad.adopted_bytes >> 20),
@@ -397,6 +466,7 @@ static int disk_init(struct kvr_actor *a)
 		.arena_data_off = a->slots->arena_data_off,
 		.slot_bytes = a->slots->slot_bytes,
 		.report_gone = true,
+		.read_only = cfg->l2.read_only,
 	};
 	int rc = kvr_l2_durability_parse(cfg->l2.durability, &sc.durability);
 	if (rc) {
@@ -408,6 +478,8 @@ static int disk_init(struct kvr_actor *a)
 		return -ENOMEM;
 	d->a = a;
 	d->slots = a->slots;
+	d->read_only = cfg->l2.read_only;
+	d->root = dir;
 	d->send_timeout_ns = DISK_SEND_TIMEOUT_NS;
 	d->in = kvr_actor_ring_w(a, "disk.req.%u", idx);
 	d->out = kvr_actor_ring_w(a, "disk.rep.%u", idx);
@@ -425,7 +497,7 @@ static int disk_init(struct kvr_actor *a)
 	for (uint32_t i = 0; i < d->qd; i++)
 		d->reqs[i].next_free = i + 1 < d->qd ? i + 1 : DISK_REQ_NONE;
 	d->free_req = 0;
-	if (mkdir(dir, 0700) == 0)
+	if (!d->read_only && mkdir(dir, 0700) == 0)
 		kvr_info("l2 %s: created", dir);
 	rc = open_store(d, dir, &sc);
 	if (rc)
@@ -450,6 +522,8 @@ static void disk_fini(struct kvr_actor *a)
 		kvr_warn("%u requests unanswered at stop", d->inflight);
 	if (d->dropped)
 		kvr_warn("%llu messages to the lookup actor dropped", (unsigned long long)d->dropped);
+	if (d->refused)
+		kvr_warn("%llu L2 writes refused (l2.read_only)", (unsigned long long)d->refused);
 	kvr_l2_store_close(d->store);
 	free(d->reqs);
 	free(d);

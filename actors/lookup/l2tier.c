@@ -69,6 +69,7 @@ struct l2tier {
 	uint32_t pseq;
 	unsigned writes_inflight;
 	bool write_back;          /* l2.mode "write-back": written when L1 must make room */
+	bool read_only;           /* l2.read_only: nothing is ever written (write_back is false) */
 };
 
 static uint64_t mix(kvr_key k, unsigned lane)
@@ -186,7 +187,9 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->a = a;
 	t->idx = idx;
 	t->n_disks = n;
-	t->write_back = strcmp(a->cfg.l2.mode, "write-back") == 0;
+	t->read_only = a->cfg.l2.read_only;
+	/* read-only: no demotion and no eviction veto; an evicted block is on disk or gone */
+	t->write_back = !t->read_only && strcmp(a->cfg.l2.mode, "write-back") == 0;
 	if (t->write_back)
 		kvr_index_set_evict_hook(idx, on_disk_hook, t);
 	t->n_workers = a->ctl->max_workers;
@@ -245,13 +248,15 @@ static void write_lane(struct l2tier *t, kvr_key key, unsigned lane, uint32_t sl
 
 void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
 {
-	if (!t || t->write_back || l2t_has(t, key, lane))
+	if (!t || t->write_back || t->read_only || l2t_has(t, key, lane))
 		return;
 	write_lane(t, key, lane, slot, epoch);
 }
 
 static void write_lane(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
 {
+	if (t->read_only)
+		return; /* the only sender of L2_WRITE: nothing is written in read-only mode */
 	/* Pin the slot for the disk actor now, before anything can evict it: it unpins when
 	 * the write is done. (We are the evictor, so this pin cannot race an eviction.) */
 	if (kvr_slot_pin(t->a->slots, slot, epoch, KVR_L2_PIN_WORKER)) {

@@ -21,6 +21,11 @@
  *     and committed. The reply covers the blocks up to the first read that failed.
  * A disk actor is chosen by key (key.hi % n_dirs). Reads outstanding on a disk actor that
  * died are aborted once its successor has drained the requests left in its ring.
+ *
+ * With l2.read_only nothing is ever written: no write-through (l2t_committed does nothing),
+ * no write-back (l2.mode is ignored: l2t_demote returns 0 and no eviction veto is set, so
+ * an L1 eviction just frees the slot; a promoted block is on disk already). Lookups over L2
+ * and promotions work as above.
  */
 
 #define L2T_MAX_DISKS 8
@@ -45,7 +50,7 @@ void l2t_close(struct l2tier *t);
  * promotion finishes, *done is filled and 2 is returned (the caller replies). */
 int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m, struct l2t_done *done);
 
-/* A lane was committed in L1: write it through (no-op without L2 or when on disk already). */
+/* A lane was committed in L1: write it through (no-op without L2, read-only, or when on disk already). */
 void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch);
 
 /* Extend a lookup of keys[0..total) whose L1 prefix is `matched` blocks (refs[0..matched)
@@ -65,7 +70,7 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done);
 
 /* Write-back: L1 is full of blocks not on disk yet: write up to `want` of the least
  * recently used ones (they become evictable when their writes complete). Returns how many
- * writes were sent (0 without write-back). */
+ * writes were sent (0 without write-back, and always 0 read-only). */
 unsigned l2t_demote(struct l2tier *t, unsigned want);
 
 /* Writes sent and not yet answered (their slots are pinned). */

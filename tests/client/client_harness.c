@@ -108,9 +108,9 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	if (o->l2_dir)
 		snprintf(l2, sizeof(l2),
 			 ",\n  \"l2\": {\"dirs\": [\"%s\"], \"capacity_bytes\": %llu, \"durability\": \"block\", "
-			 "\"mode\": \"%s\"}",
+			 "\"mode\": \"%s\"%s}",
 			 o->l2_dir, (unsigned long long)(o->l2_bytes ? o->l2_bytes : 64ull << 20),
-			 o->l2_mode ? o->l2_mode : "write-through");
+			 o->l2_mode ? o->l2_mode : "write-through", o->l2_extra ? o->l2_extra : "");
 	char json[4096];
 	snprintf(json, sizeof(json),
 		 "{\n"

@@ -46,6 +46,7 @@ struct ct_opts {
 	const char *l2_dir;        /* an L2 tier in this directory (NULL = none) */
 	uint64_t l2_bytes;         /* its cap; 0 = 64 MiB */
 	const char *l2_mode;       /* NULL = "write-through" */
+	const char *l2_extra;      /* spliced into the "l2" object after mode, e.g. ", \"read_only\": true" */
 };
 
 struct ct_env {
