@@ -14,6 +14,7 @@
 
 #include "kvr_config.h"
 #include "kvr_ctl.h"
+#include "kvr_dcp.h"
 #include "kvr_geometry.h"
 #include "kvr_keys.h"
 #include "kvr_list.h"
@@ -116,6 +117,11 @@ const char *kvr_last_error(const struct kvr_client *c)
 unsigned kvr_worker_slot(const struct kvr_client *c)
 {
 	return c->worker;
+}
+
+size_t kvr_rank_tokens(const struct kvr_client *c, size_t n_tokens)
+{
+	return (size_t)kvr_dcp_rank_tokens(n_tokens, c->geom.dcp_size, c->geom.dcp_interleave, c->geom.dcp_rank);
 }
 
 unsigned kvr_inflight(const struct kvr_client *c)
@@ -332,8 +338,14 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 		if (ls == KVR_ACTOR_READY && ss == KVR_ACTOR_READY)
 			break;
 		if (ls == KVR_ACTOR_FAILED || ss == KVR_ACTOR_FAILED || kvr_now_ns() >= deadline) {
-			rc = fail(c, -ETIMEDOUT, "attach: loader %s, storer %s after %lld ms", kvr_actor_state_name(ls),
-				  kvr_actor_state_name(ss), (long long)(c->timeout_ns / 1000000));
+			if (c->info.group_ranks > 1)
+				rc = fail(c, -ETIMEDOUT, "attach: the DCP group's gather actor is %s after %lld ms: it starts "
+					  "once all %u ranks of the group attached", kvr_actor_state_name(ls),
+					  (long long)(c->timeout_ns / 1000000), c->info.group_ranks);
+			else
+				rc = fail(c, -ETIMEDOUT, "attach: loader %s, storer %s after %lld ms",
+					  kvr_actor_state_name(ls), kvr_actor_state_name(ss),
+					  (long long)(c->timeout_ns / 1000000));
 			goto err;
 		}
 		usleep(1000);

@@ -74,6 +74,16 @@ const char *kvr_last_error(const struct kvr_client *c);
 /* Worker slot and TP lane assigned at attach. */
 unsigned kvr_worker_slot(const struct kvr_client *c);
 
+/*
+ * Tokens among the first n_tokens of a sequence that this rank holds. Without DCP that is
+ * n_tokens; a DCP rank (dcp_size D, interleave I) holds the tokens t with (t / I) mod D ==
+ * its dcp_rank, so one canonical block of block_tokens tokens is block_tokens / D tokens
+ * in the rank's engine block. Size a rank's KV allocations with this, not with the
+ * global count (seed 003). Keys, lookups and the block lists of kvr_load()/kvr_store()
+ * stay global: one engine block id per canonical block.
+ */
+size_t kvr_rank_tokens(const struct kvr_client *c, size_t n_tokens);
+
 struct kvr_lookup_result {
 	uint32_t matched_tokens;  /* leading tokens whose blocks are stored on every rank */
 	uint32_t matched_blocks;

@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 
 #include "../shm/shm_test.h"
 #include "../supervisor/sup_harness.h"
+#include "../../supervisor/sup.h"
 #include "kvr_dcp.h"
 #include "kvr_geometry.h"
 #include "kvr_proto.h"
@@ -32,8 +34,10 @@ static void teardown(void)
 
 TestSuite(dcp_kvringd, .init = setup, .fini = teardown, .timeout = 60);
 
-/* A config with an explicit model (no preset) and an arena of n_slots slots. */
-static void write_config(const char *model_json, unsigned max_workers, uint64_t lane_bytes, unsigned n_slots)
+/* A config with a model (explicit or a preset) and an arena of n_slots slots; DCP stores
+ * wait dcp_timeout_ms for every rank of their group. */
+static void write_config_dcp(const char *model_json, unsigned max_workers, uint64_t lane_bytes, unsigned n_slots,
+			     unsigned dcp_timeout_ms)
 {
 	char json[4096];
 	snprintf(json, sizeof(json),
@@ -46,12 +50,18 @@ static void write_config(const char *model_json, unsigned max_workers, uint64_t 
 		 "    \"health_interval_ms\": 1000, \"drain_timeout_ms\": 3000},\n"
 		 "  \"model\": %s,\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"lru\"},\n"
-		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": 50}\n"
+		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": 50},\n"
+		 "  \"dcp\": {\"store_timeout_ms\": %u}\n"
 		 "}\n",
 		 inst.sock, max_workers, model_json,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * kvr_slots_slot_bytes(lane_bytes)),
-		 (unsigned long long)(16 * lane_bytes));
+		 (unsigned long long)(16 * lane_bytes), dcp_timeout_ms);
 	h_write_config_raw(&inst, json);
+}
+
+static void write_config(const char *model_json, unsigned max_workers, uint64_t lane_bytes, unsigned n_slots)
+{
+	write_config_dcp(model_json, max_workers, lane_bytes, n_slots, 10000);
 }
 
 /* ---- MLA, TP 4: one rank stores, four look up and load -------------------------------- */
@@ -333,8 +343,7 @@ Test(dcp_kvringd, bad_geometry_refused_with_reason)
 	expect_refused(&g, kvr_geometry_kv_extent(&g), -EINVAL,
 		       "geometry: dcp: block_tokens 16 is not a multiple of dcp_size 2 x dcp_interleave 16 = 32 (in "
 		       "block 0 rank 0 would hold 16 tokens, rank 1 0)");
-	/* a valid DCP shard (8 of the 16 tokens a page) is refused rather than stored as if it
-	 * were the whole block (seed 003: rank 0's shard alone): the gather stage is not wired */
+	/* DCP ranks: a group is dcp_size consecutive TP ranks (TP rank 0 is DCP rank 0) */
 	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&h, 2, 2, 64, 2, 8, 4), 0);
 	h.block_tokens = 16;
 	h.tp_size = 2;
@@ -344,7 +353,12 @@ Test(dcp_kvringd, bad_geometry_refused_with_reason)
 	cr_assert_eq(kvr_geometry_validate(&h, kvr_geometry_kv_extent(&h), err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(kvr_dcp_canonical_lane_bytes(&h), lane, "its canonical lane is the instance's");
 	expect_refused(&h, kvr_geometry_kv_extent(&h), -EINVAL,
-		       "geometry mismatch: 8192 bytes per block on this rank, the instance's slots hold 16384");
+		       "geometry: dcp_rank: 1, but TP rank 0 is DCP rank 0 of its group (dcp_rank = tp_rank mod dcp_size "
+		       "2)");
+	/* a DCP 2 group of a TP 2 engine stores one lane of all 4 heads: not this model */
+	h.dcp_rank = 0;
+	expect_refused(&h, kvr_geometry_kv_extent(&h), -EINVAL,
+		       "geometry mismatch: tp_size 1, the instance serves 2 (model.tp_size)");
 
 	/* the refusals left nothing behind: rank 0 attaches next to rank 1 */
 	g = mha_rank(0);
@@ -358,4 +372,398 @@ Test(dcp_kvringd, bad_geometry_refused_with_reason)
 	cr_assert_eq(attached, 2);
 	close(s0);
 	close(s1);
+}
+
+/* ---- DCP through the gather actor ------------------------------------------------------ */
+
+/*
+ * A DCP rank's engine block holds its share of one canonical block: block_tokens / D rows
+ * (local token j is global token kvr_dcp_global_token(j, D, I, rank)), then an optional
+ * per-token tail. Content is a function of (prompt block, layer, global token, byte) for
+ * rows and of (prompt block, layer, rank's layout, byte) for tails, so any rank under any
+ * layout knows exactly what its pages must hold after a load.
+ */
+#define G_BLOCK 16   /* canonical block tokens */
+#define G_NB 12      /* engine blocks per rank */
+#define G_TP 4
+#define G_PROMPT 3   /* full blocks stored */
+
+struct grank {
+	struct kvr_client *c;
+	struct kvr_geometry g;
+	int fd;
+	uint8_t *kv;
+	uint64_t bytes;
+	int rc;
+	char err[256];
+};
+
+static struct grank granks[G_TP];
+
+struct glayout {
+	unsigned layers;
+	uint32_t row;            /* bytes of one token's row (dtype 1) */
+	uint32_t tail_per_token; /* opaque tail bytes per token of a page */
+	unsigned block;          /* canonical block tokens */
+};
+
+static void grank_close(struct grank *r)
+{
+	kvr_detach(r->c);
+	r->c = NULL;
+	if (r->kv)
+		munmap(r->kv, r->bytes);
+	r->kv = NULL;
+	if (r->fd >= 0)
+		close(r->fd);
+	r->fd = -1;
+}
+
+static void granks_close(void)
+{
+	for (unsigned i = 0; i < G_TP; i++)
+		grank_close(&granks[i]);
+}
+
+/* MLA rank tp_rank of TP 4 under (D, I): its pages of lay.block / D tokens. */
+static void grank_geometry(struct grank *r, const struct glayout *lay, unsigned tp_rank, unsigned d, unsigned il)
+{
+	uint32_t rt = lay->block / d;
+	struct kvr_geometry *g = &r->g;
+	cr_assert_eq(kvr_geometry_fill_vllm_mla(g, lay->layers, lay->row, 1, rt, G_NB), 0);
+	g->block_tokens = lay->block;
+	g->tp_size = G_TP;
+	g->tp_rank = tp_rank;
+	g->dcp_size = d;
+	g->dcp_rank = tp_rank % d;
+	g->dcp_interleave = il;
+	uint64_t page = (uint64_t)rt * (lay->row + lay->tail_per_token);
+	for (unsigned l = 0; l < lay->layers; l++) {
+		struct kvr_region reg = {.offset = (uint64_t)l * G_NB * page, .stride = page, .page_bytes = (uint32_t)page,
+					 .sem_bytes = rt * lay->row};
+		cr_assert_eq(kvr_geometry_set_region(g, l, &reg), 0);
+	}
+}
+
+static void *attach_thread(void *arg)
+{
+	struct grank *r = arg;
+	struct kvr_attach_opts o = {
+		.socket = inst.sock, .geometry = &r->g, .kv_fd = r->fd, .kv_bytes = r->bytes, .timeout_ms = 8000};
+	r->rc = kvr_attach(&o, &r->c);
+	if (r->rc)
+		snprintf(r->err, sizeof(r->err), "%s", kvr_last_error(NULL));
+	return NULL;
+}
+
+/* Attach all four ranks of TP 4 under (D, I) at once: a DCP rank's attach returns when
+ * its whole group is there (the gather actor then serves it). */
+static void granks_open(const struct glayout *lay, unsigned d, unsigned il)
+{
+	pthread_t t[G_TP];
+	for (unsigned i = 0; i < G_TP; i++) {
+		struct grank *r = &granks[i];
+		memset(r, 0, sizeof(*r));
+		grank_geometry(r, lay, i, d, il);
+		r->bytes = kvr_geometry_kv_extent(&r->g);
+		r->fd = memfd_create("dcp-gather-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		cr_assert(r->fd >= 0);
+		cr_assert_eq(ftruncate(r->fd, (off_t)r->bytes), 0);
+		r->kv = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+		cr_assert(r->kv != MAP_FAILED);
+		memset(r->kv, 0xa5, r->bytes); /* canary */
+		cr_assert_eq(pthread_create(&t[i], NULL, attach_thread, r), 0);
+	}
+	for (unsigned i = 0; i < G_TP; i++)
+		pthread_join(t[i], NULL);
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(granks[i].rc, 0, "rank %u (dcp %u/%u) attach: %d %s; log:\n%s", i, i % d, d, granks[i].rc,
+			     granks[i].err, h_read_file(inst.log));
+}
+
+static uint8_t row_byte(uint64_t seed, unsigned b, unsigned l, uint64_t t, uint32_t k)
+{
+	uint64_t x = seed ^ ((uint64_t)b << 48) ^ ((uint64_t)l << 40) ^ (t << 20) ^ k;
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 29;
+	return (uint8_t)x;
+}
+
+static uint8_t tail_byte(uint64_t seed, unsigned b, unsigned l, const struct kvr_geometry *g, uint32_t k)
+{
+	return row_byte(~seed, b, l, ((uint64_t)g->dcp_size << 8 | g->dcp_interleave) << 5 | g->dcp_rank, k);
+}
+
+static uint8_t *gpage(const struct grank *r, unsigned l, uint32_t block)
+{
+	struct kvr_region g = kvr_geometry_region(&r->g, l);
+	return r->kv + g.offset + (uint64_t)block * g.stride;
+}
+
+/* Write prompt block b into engine block `block` of rank r: its tokens' rows, its tail. */
+static void gfill(struct grank *r, const struct glayout *lay, uint64_t seed, unsigned b, uint32_t block)
+{
+	const struct kvr_geometry *g = &r->g;
+	uint32_t rt = lay->block / g->dcp_size;
+	for (unsigned l = 0; l < lay->layers; l++) {
+		uint8_t *p = gpage(r, l, block);
+		for (uint32_t j = 0; j < rt; j++) {
+			uint64_t t = kvr_dcp_global_token(j, g->dcp_size, g->dcp_interleave, g->dcp_rank);
+			for (uint32_t k = 0; k < lay->row; k++)
+				p[j * lay->row + k] = row_byte(seed, b, l, t, k);
+		}
+		for (uint32_t k = 0; k < rt * lay->tail_per_token; k++)
+			p[rt * lay->row + k] = tail_byte(seed, b, l, g, k);
+	}
+}
+
+/* Whether engine block `block` of rank r holds prompt block b exactly (rows and, when
+ * `tails`, the tail written under the same layout); names the first wrong byte. */
+static void gcheck(const struct grank *r, const struct glayout *lay, uint64_t seed, unsigned b, uint32_t block)
+{
+	const struct kvr_geometry *g = &r->g;
+	uint32_t rt = lay->block / g->dcp_size;
+	for (unsigned l = 0; l < lay->layers; l++) {
+		const uint8_t *p = gpage(r, l, block);
+		for (uint32_t j = 0; j < rt; j++) {
+			uint64_t t = kvr_dcp_global_token(j, g->dcp_size, g->dcp_interleave, g->dcp_rank);
+			for (uint32_t k = 0; k < lay->row; k++)
+				if (p[j * lay->row + k] != row_byte(seed, b, l, t, k))
+					cr_assert_fail("TP rank %u (DCP %u/%u, I %u) block %u layer %u: local token %u (global %llu) "
+						 "byte %u is %02x, stored %02x", g->tp_rank, g->dcp_rank, g->dcp_size,
+						 g->dcp_interleave, block, l, j, (unsigned long long)t, k,
+						 p[j * lay->row + k], row_byte(seed, b, l, t, k));
+		}
+		for (uint32_t k = 0; k < rt * lay->tail_per_token; k++)
+			if (p[rt * lay->row + k] != tail_byte(seed, b, l, g, k))
+				cr_assert_fail("TP rank %u (DCP %u/%u) block %u layer %u: tail byte %u differs (seed 002: a page "
+					 "tail must round-trip)", g->tp_rank, g->dcp_rank, g->dcp_size, block, l, k);
+	}
+}
+
+/* Engine block `block` of rank r was not written by any load: still the canary. */
+static void gcheck_canary(const struct grank *r, const struct glayout *lay, uint32_t block)
+{
+	for (unsigned l = 0; l < lay->layers; l++) {
+		const uint8_t *p = gpage(r, l, block);
+		for (uint32_t k = 0; k < r->g.page_bytes[l]; k++)
+			if (p[k] != 0xa5)
+				cr_assert_fail("TP rank %u block %u layer %u byte %u: touched", r->g.tp_rank, block, l, k);
+	}
+}
+
+static struct kvr_completion gwait(struct grank *r, uint64_t req, uint32_t op)
+{
+	struct kvr_completion c;
+	int n = kvr_wait(r->c, &c, 1, 8000);
+	cr_assert_eq(n, 1, "rank %u: no completion of request %llu: %d %s", r->g.tp_rank, (unsigned long long)req, n,
+		     kvr_last_error(r->c));
+	cr_assert_eq(c.req_id, req);
+	cr_assert_eq(c.op, op);
+	return c;
+}
+
+/* Every rank stores the prompt from its engine blocks src[rank][0..G_PROMPT). Returns
+ * the blocks stored over all groups (the other groups of an MLA engine find them present). */
+static unsigned gstore_all(const struct glayout *lay, uint64_t seed, const uint32_t *tokens, size_t n_tokens,
+			   const uint32_t src[G_TP][G_PROMPT], uint64_t req)
+{
+	for (unsigned i = 0; i < G_TP; i++)
+		for (unsigned b = 0; b < G_PROMPT; b++)
+			gfill(&granks[i], lay, seed, b, src[i][b]);
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(kvr_store(granks[i].c, req, tokens, n_tokens, NULL, 0, src[i], G_PROMPT), 0, "rank %u: %s", i,
+			     kvr_last_error(granks[i].c));
+	unsigned stored = 0, per_group[G_TP] = {0};
+	for (unsigned i = 0; i < G_TP; i++) {
+		struct kvr_completion c = gwait(&granks[i], req, KVR_OP_STORE_DONE);
+		cr_assert_eq(c.status, 0, "rank %u store: %d", i, c.status);
+		cr_assert_eq(c.n_blocks, G_PROMPT);
+		cr_assert_eq(c.n_failed, 0);
+		cr_assert_eq(c.n_stored + c.n_present, G_PROMPT, "rank %u: %u stored + %u present", i, c.n_stored,
+			     c.n_present);
+		unsigned grp = i / granks[i].g.dcp_size;
+		if (granks[i].g.dcp_rank == 0) {
+			stored += c.n_stored;
+			per_group[grp] = c.n_stored;
+		} else {
+			cr_assert_eq(c.n_stored, per_group[grp], "ranks of one group report one store");
+		}
+	}
+	return stored;
+}
+
+/* Every rank looks the prompt up (all G_PROMPT blocks) and loads it into dst[rank]. */
+static void gload_all(const struct glayout *lay, uint64_t seed, const uint32_t *tokens, size_t n_tokens,
+		      const uint32_t dst[G_TP][G_PROMPT], uint64_t req)
+{
+	for (unsigned i = 0; i < G_TP; i++) {
+		struct kvr_lookup_result res;
+		cr_assert_eq(kvr_lookup(granks[i].c, req, tokens, n_tokens, NULL, 0, &res), 0, "%s",
+			     kvr_last_error(granks[i].c));
+		cr_assert_eq(res.matched_blocks, G_PROMPT, "rank %u (DCP %u/%u) matched %u blocks", i,
+			     granks[i].g.dcp_rank, granks[i].g.dcp_size, res.matched_blocks);
+		cr_assert_eq(kvr_load(granks[i].c, req, dst[i], G_PROMPT), 0, "rank %u: %s", i, kvr_last_error(granks[i].c));
+	}
+	for (unsigned i = 0; i < G_TP; i++) {
+		struct kvr_completion c = gwait(&granks[i], req, KVR_OP_LOAD_DONE);
+		cr_assert_eq(c.status, 0, "rank %u load: %d", i, c.status);
+		cr_assert_eq(c.n_failed, 0);
+		cr_assert_eq(c.diag.bytes, (uint64_t)G_PROMPT * kvr_geometry_lane_bytes(&granks[i].g),
+			     "rank %u moved %llu bytes: exactly its pages", i, (unsigned long long)c.diag.bytes);
+	}
+	for (unsigned i = 0; i < G_TP; i++)
+		for (uint32_t blk = 0; blk < G_NB; blk++) {
+			int j = -1;
+			for (int k = 0; k < G_PROMPT; k++)
+				if (dst[i][k] == blk)
+					j = k;
+			if (j >= 0)
+				gcheck(&granks[i], lay, seed, (unsigned)j, blk);
+			else
+				gcheck_canary(&granks[i], lay, blk);
+		}
+}
+
+static unsigned glookup_blocks(struct grank *r, const uint32_t *tokens, size_t n_tokens, uint64_t req)
+{
+	struct kvr_lookup_result res;
+	cr_assert_eq(kvr_lookup(r->c, req, tokens, n_tokens, NULL, 0, &res), 0, "%s", kvr_last_error(r->c));
+	return res.matched_blocks;
+}
+
+/* An MLA model with odd 561-byte rows (fp8), 3 layers, TP 4, 16-token blocks. */
+static const struct glayout odd_rows = {.layers = 3, .row = 561, .tail_per_token = 0, .block = G_BLOCK};
+
+static void gconfig(const struct glayout *lay, unsigned dcp_timeout_ms)
+{
+	char model[512];
+	snprintf(model, sizeof(model),
+		 "{\"preset\": \"\", \"model_id\": \"test/mla-561\", \"layers\": %u, \"kv_heads\": 1, "
+		 "\"head_dim\": %u, \"dtype_bytes\": 1, \"block_tokens\": %u, \"tp_size\": %u, \"attention\": \"mla\"}",
+		 lay->layers, lay->row, lay->block, G_TP);
+	write_config_dcp(model, 8, (uint64_t)lay->layers * lay->block * lay->row, 32, dcp_timeout_ms);
+}
+
+/* Store under DCP 2 (TP 4: two groups of two ranks), load under DCP 4 with interleave 2,
+ * under DCP 1 and under DCP 2 with interleave 8: byte-exact, nothing else written. */
+Test(dcp_kvringd, cross_layout_dcp2_to_dcp4_and_dcp1, .fini = granks_close)
+{
+	gconfig(&odd_rows, 10000);
+	h_start(&inst);
+	struct rng rng = {test_seed("dcp_kvringd::cross_layout_dcp2_to_dcp4_and_dcp1")};
+	uint64_t seed = rng_next(&rng);
+	uint32_t tokens[G_PROMPT * G_BLOCK + 5];
+	for (unsigned i = 0; i < sizeof(tokens) / sizeof(tokens[0]); i++)
+		tokens[i] = rng_below(&rng, 150000);
+	const size_t nt = sizeof(tokens) / sizeof(tokens[0]);
+
+	granks_open(&odd_rows, 2, 1);
+	/* the gather actors are what serves the DCP ranks */
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(atomic_load(&kvr_ctl_actor(inst.ctl, SUP_ACTOR_LOADER(kvr_worker_slot(granks[i].c)))->state),
+			     KVR_ACTOR_IDLE, "a DCP rank has no loader of its own");
+	cr_assert_eq(kvr_rank_tokens(granks[1].c, nt), 26, "DCP rank 1 of 2 holds 26 of the 53 tokens (8+8+8+2)");
+	cr_assert_eq(kvr_rank_tokens(granks[0].c, nt), 27);
+	const uint32_t src[G_TP][G_PROMPT] = {{5, 0, 9}, {1, 7, 3}, {2, 11, 4}, {8, 6, 10}};
+	cr_assert_eq(gstore_all(&odd_rows, seed, tokens, nt, src, 1), G_PROMPT,
+		     "MLA: one group stores each block, the other finds it present");
+	/* the same layout loads it back too */
+	const uint32_t back[G_TP][G_PROMPT] = {{3, 4, 8}, {0, 2, 5}, {9, 1, 7}, {11, 10, 0}};
+	for (unsigned i = 0; i < G_TP; i++)
+		memset(granks[i].kv, 0xa5, granks[i].bytes);
+	gload_all(&odd_rows, seed, tokens, nt, back, 2);
+	granks_close();
+
+	/* DCP 4, interleave 2: one group of four */
+	granks_open(&odd_rows, 4, 2);
+	const uint32_t dst4[G_TP][G_PROMPT] = {{7, 8, 9}, {0, 1, 2}, {11, 3, 6}, {4, 10, 5}};
+	gload_all(&odd_rows, seed, tokens, nt, dst4, 3);
+	granks_close();
+
+	/* DCP 1: every rank holds every token */
+	granks_open(&odd_rows, 1, 1);
+	const uint32_t dst1[G_TP][G_PROMPT] = {{0, 1, 2}, {11, 10, 9}, {6, 4, 5}, {3, 8, 7}};
+	gload_all(&odd_rows, seed, tokens, nt, dst1, 4);
+	granks_close();
+
+	/* and DCP 2 with interleave 8 */
+	granks_open(&odd_rows, 2, 8);
+	gload_all(&odd_rows, seed, tokens, nt, dst1, 5);
+}
+
+/* Seed 003: a connector that stored rank 0's shard alone. A DCP store that not every rank
+ * of the group sends is never committed: it fails after dcp.store_timeout_ms, every block
+ * listed, and no lookup finds it; once all ranks send it, it is stored. */
+Test(dcp_kvringd, store_needs_every_rank, .fini = granks_close)
+{
+	gconfig(&odd_rows, 300);
+	h_start(&inst);
+	struct rng rng = {test_seed("dcp_kvringd::store_needs_every_rank")};
+	uint64_t seed = rng_next(&rng);
+	uint32_t tokens[G_PROMPT * G_BLOCK];
+	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
+		tokens[i] = rng_below(&rng, 150000);
+	granks_open(&odd_rows, 4, 1);
+	const uint32_t src[G_PROMPT] = {4, 2, 9};
+	for (unsigned i = 0; i < G_TP; i++)
+		for (unsigned b = 0; b < G_PROMPT; b++)
+			gfill(&granks[i], &odd_rows, seed, b, src[b]);
+	/* ranks 0 and 2 send the store, 1 and 3 do not */
+	cr_assert_eq(kvr_store(granks[0].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	cr_assert_eq(kvr_store(granks[2].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	for (unsigned i = 0; i < G_TP; i += 2) {
+		struct kvr_completion c = gwait(&granks[i], 1, KVR_OP_STORE_DONE);
+		cr_assert_eq(c.status, -ETIMEDOUT, "rank %u: %d", i, c.status);
+		cr_assert_eq(c.n_stored, 0);
+		cr_assert_eq(c.n_failed, G_PROMPT);
+		for (unsigned b = 0; b < G_PROMPT; b++)
+			cr_assert_eq(c.failed[b], src[b]);
+	}
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(glookup_blocks(&granks[i], tokens, G_PROMPT * G_BLOCK, 10 + i), 0,
+			     "rank %u found a block stored from half the shards", i);
+	char *log = h_read_file(inst.log);
+	cr_assert(strstr(log, "no matching store from rank(s) 1,3 within 300 ms"), "log:\n%s", log);
+	free(log);
+
+	/* all four: stored once, and found by every rank */
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(kvr_store(granks[i].c, 2, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	for (unsigned i = 0; i < G_TP; i++) {
+		struct kvr_completion c = gwait(&granks[i], 2, KVR_OP_STORE_DONE);
+		cr_assert_eq(c.status, 0, "rank %u: %d", i, c.status);
+		cr_assert_eq(c.n_stored, G_PROMPT);
+	}
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(glookup_blocks(&granks[i], tokens, G_PROMPT * G_BLOCK, 20 + i), G_PROMPT);
+}
+
+/* Ranks of one group must agree on the layout; a rank that does not is refused, naming
+ * both layouts, and the group still forms with the right rank. */
+Test(dcp_kvringd, group_layout_mismatch_refused, .fini = granks_close)
+{
+	gconfig(&odd_rows, 10000);
+	h_start(&inst);
+	struct kvr_geometry g0, g1;
+	struct grank tmp;
+	grank_geometry(&tmp, &odd_rows, 0, 2, 1);
+	g0 = tmp.g;
+	grank_geometry(&tmp, &odd_rows, 1, 2, 2);
+	g1 = tmp.g;
+	struct kvr_proto_rep rep;
+	int s0;
+	raw_attach(&g0, kvr_geometry_kv_extent(&g0), &rep, &s0);
+	cr_assert_eq(rep.status, 0, "%s", rep.reason);
+	struct kvr_attach_info info;
+	memcpy(&info, rep.payload, sizeof(info));
+	cr_assert_eq(info.group_ranks, 2);
+	cr_assert_eq(info.loader_actor, info.storer_actor);
+	cr_assert_str_eq(kvr_ctl_actor(inst.ctl, info.loader_actor)->name, "gather.0");
+	expect_refused(&g1, kvr_geometry_kv_extent(&g1), -EINVAL,
+		       "DCP group 0 (TP ranks 0..1) has tp_size 4, dcp_size 2, dcp_interleave 1; this rank says 4, 2, 2");
+	/* the gather actor waits for the group */
+	cr_assert_eq(atomic_load(&kvr_ctl_actor(inst.ctl, info.loader_actor)->state), KVR_ACTOR_IDLE);
+	close(s0);
 }
