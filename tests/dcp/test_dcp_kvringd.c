@@ -767,3 +767,42 @@ Test(dcp_kvringd, group_layout_mismatch_refused, .fini = granks_close)
 	cr_assert_eq(atomic_load(&kvr_ctl_actor(inst.ctl, info.loader_actor)->state), KVR_ACTOR_IDLE);
 	close(s0);
 }
+
+/* Seed 002 at its production shape: DeepSeek-V3.2's fp8_ds_mla pages (656-byte records)
+ * with the indexer's 132-byte-per-token tail, TP 4 / DCP 4, 64-token blocks (the preset
+ * deepseek-v3.2-fp8, all 61 layers). Every rank's tail round-trips byte for byte; a tail
+ * cannot be re-split, so DCP 2 and DCP 1 ranks never see these blocks (their keys differ)
+ * instead of restoring garbage. */
+Test(dcp_kvringd, tails_round_trip_under_their_layout_only, .fini = granks_close, .timeout = 120)
+{
+	const struct glayout fp8 = {.layers = 61, .row = 656, .tail_per_token = 132, .block = 64};
+	uint64_t lane = 61ull * 64 * (656 + 132);
+	char model[256];
+	snprintf(model, sizeof(model), "{\"preset\": \"deepseek-v3.2-fp8\", \"block_tokens\": 64, \"tp_size\": %u}",
+		 G_TP);
+	write_config_dcp(model, 8, lane, 8, 10000);
+	h_start(&inst);
+	struct rng rng = {test_seed("dcp_kvringd::tails_round_trip_under_their_layout_only")};
+	uint64_t seed = rng_next(&rng);
+	uint32_t tokens[G_PROMPT * 64];
+	for (unsigned i = 0; i < G_PROMPT * 64; i++)
+		tokens[i] = rng_below(&rng, 150000);
+
+	granks_open(&fp8, 4, 1);
+	cr_assert_eq(granks[0].g.page_bytes[0], 16 * (656 + 132), "a rank's page: 16 records + 16 tail entries");
+	const uint32_t src[G_TP][G_PROMPT] = {{1, 2, 3}, {4, 5, 6}, {7, 8, 9}, {10, 11, 0}};
+	cr_assert_eq(gstore_all(&fp8, seed, tokens, G_PROMPT * 64, src, 1), G_PROMPT);
+	const uint32_t dst[G_TP][G_PROMPT] = {{9, 0, 5}, {3, 2, 1}, {11, 6, 4}, {8, 7, 10}};
+	for (unsigned i = 0; i < G_TP; i++)
+		memset(granks[i].kv, 0xa5, granks[i].bytes);
+	gload_all(&fp8, seed, tokens, G_PROMPT * 64, dst, 2);
+	granks_close();
+
+	granks_open(&fp8, 2, 1);
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(glookup_blocks(&granks[i], tokens, G_PROMPT * 64, 3), 0, "DCP 2 rank %u matched tail blocks of "
+			     "DCP 4", i);
+	granks_close();
+	granks_open(&fp8, 1, 1);
+	cr_assert_eq(glookup_blocks(&granks[0], tokens, G_PROMPT * 64, 4), 0, "DCP 1 matched tail blocks of DCP 4");
+}
