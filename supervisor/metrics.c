@@ -99,6 +99,14 @@ static uint64_t kind_sum(const struct kvr_ctl *c, unsigned kind, unsigned s)
 	return sum;
 }
 
+/* A transfer counter of one direction over every actor that moves it: loaders (or
+ * storers) and the gather actors, which count their stores KVR_STAT_XF_STORE_OFF further. */
+static uint64_t xf_sum(const struct kvr_ctl *c, bool store, unsigned s)
+{
+	return kind_sum(c, store ? KVR_ACTOR_STORER : KVR_ACTOR_LOADER, s) +
+	       kind_sum(c, KVR_ACTOR_GATHER, s + (store ? KVR_STAT_XF_STORE_OFF : 0));
+}
+
 static void actor_label(FILE *f, const char *metric, const struct kvr_actor_ent *e)
 {
 	fprintf(f, "%s{actor=\"", metric);
@@ -193,13 +201,16 @@ static void render_lookup(FILE *f, struct sup_metrics_view *v)
 }
 
 /* Sum of the latency histograms of every actor of a kind, as a Prometheus histogram. */
-static void histogram(FILE *f, const struct kvr_ctl *c, unsigned kind, const char *name, const char *help)
+static void histogram(FILE *f, const struct kvr_ctl *c, bool store, const char *name, const char *help)
 {
 	uint64_t b[KVR_HIST_BUCKETS] = {0}, sum_ns = 0;
+	unsigned kind = store ? KVR_ACTOR_STORER : KVR_ACTOR_LOADER;
 	for (unsigned i = 0; i < n_actors(c); i++) {
-		if (!actor_used(c, i) || kvr_ctl_actor(c, i)->kind != kind)
+		unsigned k_i = kvr_ctl_actor(c, i)->kind;
+		if (!actor_used(c, i) || (k_i != kind && k_i != KVR_ACTOR_GATHER))
 			continue;
-		const struct kvr_hist *h = kvr_stats_hist(kvr_ctl_stats(c, i), KVR_STAT_XF_HIST_FIRST);
+		unsigned first = KVR_STAT_XF_HIST_FIRST + (k_i == KVR_ACTOR_GATHER && store ? KVR_STAT_XF_STORE_OFF : 0);
+		const struct kvr_hist *h = kvr_stats_hist(kvr_ctl_stats(c, i), first);
 		sum_ns += atomic_load_explicit(&((struct kvr_hist *)h)->sum_ns, memory_order_relaxed);
 		for (unsigned k = 0; k < KVR_HIST_BUCKETS; k++)
 			b[k] += atomic_load_explicit(&((struct kvr_hist *)h)->bucket[k], memory_order_relaxed);
@@ -225,26 +236,26 @@ static void render_transfer(FILE *f, const struct kvr_ctl *c)
 	       "Blocks of completed store requests: stored (copied to L1 and committed), present (already stored), "
 	       "failed.");
 	fprintf(f, "kvring_store_blocks_total{result=\"stored\"} %llu\n",
-		(unsigned long long)kind_sum(c, KVR_ACTOR_STORER, KVR_STAT_XF_BLOCKS));
+		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_BLOCKS));
 	fprintf(f, "kvring_store_blocks_total{result=\"present\"} %llu\n",
-		(unsigned long long)kind_sum(c, KVR_ACTOR_STORER, KVR_STAT_XF_PRESENT_BLOCKS));
+		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_PRESENT_BLOCKS));
 	fprintf(f, "kvring_store_blocks_total{result=\"failed\"} %llu\n",
-		(unsigned long long)kind_sum(c, KVR_ACTOR_STORER, KVR_STAT_XF_FAILED_BLOCKS));
+		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_FAILED_BLOCKS));
 	family(f, "kvring_load_blocks_total", "counter",
 	       "Blocks of completed load requests: loaded into the worker's KV memory, or failed.");
 	fprintf(f, "kvring_load_blocks_total{result=\"loaded\"} %llu\n",
-		(unsigned long long)kind_sum(c, KVR_ACTOR_LOADER, KVR_STAT_XF_BLOCKS));
+		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_BLOCKS));
 	fprintf(f, "kvring_load_blocks_total{result=\"failed\"} %llu\n",
-		(unsigned long long)kind_sum(c, KVR_ACTOR_LOADER, KVR_STAT_XF_FAILED_BLOCKS));
+		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_FAILED_BLOCKS));
 	family(f, "kvring_bytes_total", "counter", "Bytes copied between workers' KV memory and a tier.");
 	fprintf(f, "kvring_bytes_total{direction=\"store\",tier=\"l1\"} %llu\n",
-		(unsigned long long)kind_sum(c, KVR_ACTOR_STORER, KVR_STAT_XF_BYTES));
+		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_BYTES));
 	fprintf(f, "kvring_bytes_total{direction=\"load\",tier=\"l1\"} %llu\n",
-		(unsigned long long)kind_sum(c, KVR_ACTOR_LOADER, KVR_STAT_XF_BYTES));
-	histogram(f, c, KVR_ACTOR_LOADER, "kvring_load_duration_seconds",
-		  "Load request latency in the loader: first request message received to reply sent.");
-	histogram(f, c, KVR_ACTOR_STORER, "kvring_store_duration_seconds",
-		  "Store request latency in the storer: first request message received to reply sent.");
+		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_BYTES));
+	histogram(f, c, false, "kvring_load_duration_seconds",
+		  "Load request latency in the loader (or gather actor): first request message received to reply sent.");
+	histogram(f, c, true, "kvring_store_duration_seconds",
+		  "Store request latency in the storer (or gather actor, waits for the group included): first request message received to reply sent.");
 	/* L2: what the lookup actor counted of the disk tier (block lanes) */
 	family(f, "kvring_l2_blocks_total", "counter",
 	       "Block lanes moved to and from the disk tier (L2) by result: read = promoted into L1 for a lookup, "

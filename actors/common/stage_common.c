@@ -140,10 +140,11 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned wor
 }
 
 int stage_worker_share(const struct stage_worker *src, struct stage_worker *sw, const char *req_fmt,
-		       const char *rep_fmt, unsigned pool_percent)
+		       const char *rep_fmt, unsigned pool_percent, unsigned stat_off)
 {
 	*sw = *src;
 	sw->owner = false;
+	sw->stat_off = stat_off;
 	sw->runs = NULL;
 	sw->dcp_runs = NULL;
 	sw->sorted = NULL;
@@ -258,7 +259,7 @@ int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blo
 			}
 			inflight++;
 			done += k;
-			kvr_actor_count(sw->a, KVR_STAT_XF_CHUNKS, 1);
+			kvr_actor_count(sw->a, KVR_STAT_XF_CHUNKS + sw->stat_off, 1);
 			continue;
 		}
 		struct kvr_xfer_stats s = {0};
@@ -281,12 +282,12 @@ int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blo
 void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int status, const void *body,
 		 size_t body_len, const uint32_t *failed, uint32_t n_failed, uint64_t first_ns)
 {
-	kvr_actor_count(sw->a, KVR_STAT_XF_REQUESTS, 1);
-	kvr_actor_count(sw->a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
+	kvr_actor_count(sw->a, KVR_STAT_XF_REQUESTS + sw->stat_off, 1);
+	kvr_actor_count(sw->a, KVR_STAT_XF_FAILED_BLOCKS + sw->stat_off, n_failed);
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0, body, body_len);
 	uint64_t now = kvr_now_ns(), deadline = now + STAGE_REPLY_TIMEOUT_NS;
-	kvr_hist_observe(kvr_stats_hist(sw->a->stats, KVR_STAT_XF_HIST_FIRST), now - first_ns);
+	kvr_hist_observe(kvr_stats_hist(sw->a->stats, KVR_STAT_XF_HIST_FIRST + sw->stat_off), now - first_ns);
 	int rc = kvr_msg_send(sw->rep, &m, deadline);
 	if (!rc && n_failed)
 		rc = kvr_list_send(sw->rep, KVR_MSG_BLOCKS, wire, 0, failed, n_failed, deadline);

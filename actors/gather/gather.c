@@ -208,7 +208,7 @@ static int gather_init(struct kvr_actor *a)
 			return -EINVAL;
 		}
 		rc = stage_worker_share(&rk->ld, &rk->st, "store.req.%u", "store.rep.%u",
-					100 - a->cfg.staging.load_percent);
+					100 - a->cfg.staging.load_percent, KVR_STAT_XF_STORE_OFF);
 		if (rc)
 			return rc;
 		unsigned dropped = stage_drop_pins(&rk->ld);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -805,4 +806,77 @@ Test(dcp_kvringd, tails_round_trip_under_their_layout_only, .fini = granks_close
 	granks_close();
 	granks_open(&fp8, 1, 1);
 	cr_assert_eq(glookup_blocks(&granks[0], tokens, G_PROMPT * 64, 4), 0, "DCP 1 matched tail blocks of DCP 4");
+}
+
+/* The gather actor serving a DCP rank: the consumer of its load ring. */
+static unsigned gather_of_rank(const struct grank *r)
+{
+	char name[KVR_RING_NAME_MAX];
+	snprintf(name, sizeof(name), "load.req.%u", kvr_worker_slot(r->c));
+	int i = kvr_ctl_find_ring(inst.ctl, name);
+	cr_assert_geq(i, 0);
+	int cons = kvr_ctl_ring_ent(inst.ctl, (unsigned)i)->consumer;
+	cr_assert_geq(cons, 0, "%s is consumed by %d", name, cons);
+	cr_assert_eq(kvr_ctl_actor(inst.ctl, (unsigned)cons)->kind, KVR_ACTOR_GATHER);
+	return (unsigned)cons;
+}
+
+/* A gather actor killed with SIGKILL is restarted and serves its group again; when a rank
+ * of the group detaches, the group's gather actor stops (the others' requests fail at
+ * once, -EPIPE) and starts again when the rank is back, with its new KV memory. */
+Test(dcp_kvringd, gather_restarts_and_group_reforms, .fini = granks_close)
+{
+	gconfig(&odd_rows, 10000);
+	h_start(&inst);
+	struct rng rng = {test_seed("dcp_kvringd::gather_restarts_and_group_reforms")};
+	uint64_t seed = rng_next(&rng);
+	uint32_t tokens[G_PROMPT * G_BLOCK];
+	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
+		tokens[i] = rng_below(&rng, 150000);
+	granks_open(&odd_rows, 2, 1);
+	const uint32_t src[G_TP][G_PROMPT] = {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9, 10, 11}};
+	cr_assert_eq(gstore_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, src, 1), G_PROMPT);
+
+	unsigned ga = gather_of_rank(&granks[0]);
+	cr_assert_eq(gather_of_rank(&granks[1]), ga, "TP ranks 0 and 1 are one group");
+	cr_assert_neq(gather_of_rank(&granks[2]), ga, "TP ranks 2 and 3 are the other");
+	struct kvr_actor_ent *e = kvr_ctl_actor(inst.ctl, ga);
+	uint32_t gen = atomic_load(&e->generation);
+	pid_t pid = atomic_load(&e->pid);
+	cr_assert_gt(pid, 0);
+	cr_assert_eq(kill(pid, SIGKILL), 0);
+	cr_assert(H_WAIT(atomic_load(&e->generation) != gen && atomic_load(&e->state) == KVR_ACTOR_READY, 5000),
+		  "%s not back: state %u; log:\n%s", e->name, atomic_load(&e->state), h_read_file(inst.log));
+	const uint32_t dst[G_TP][G_PROMPT] = {{11, 10, 9}, {8, 7, 6}, {5, 4, 3}, {2, 1, 0}};
+	for (unsigned i = 0; i < G_TP; i++)
+		memset(granks[i].kv, 0xa5, granks[i].bytes);
+	gload_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, dst, 2);
+
+	/* rank 1 leaves: its group's gather actor stops, rank 0 cannot load */
+	grank_close(&granks[1]);
+	cr_assert(H_WAIT(atomic_load(&e->state) == KVR_ACTOR_IDLE && atomic_load(&e->pid) == 0, 5000));
+	struct kvr_lookup_result res;
+	cr_assert_eq(kvr_lookup(granks[0].c, 3, tokens, G_PROMPT * G_BLOCK, NULL, 0, &res), 0);
+	cr_assert_eq(res.matched_blocks, G_PROMPT, "lookups do not need the gather actor");
+	cr_assert_eq(kvr_load(granks[0].c, 3, dst[0], G_PROMPT), -EPIPE);
+	cr_assert(strstr(kvr_last_error(granks[0].c), "not running"), "%s", kvr_last_error(granks[0].c));
+	/* the other group is not affected */
+	cr_assert_eq(atomic_load(&kvr_ctl_actor(inst.ctl, gather_of_rank(&granks[2]))->state), KVR_ACTOR_READY);
+
+	/* rank 1 is back (new KV memory): the group is served again */
+	struct grank *r1 = &granks[1];
+	memset(r1, 0, sizeof(*r1));
+	grank_geometry(r1, &odd_rows, 1, 2, 1);
+	r1->bytes = kvr_geometry_kv_extent(&r1->g);
+	r1->fd = memfd_create("dcp-gather-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	cr_assert(r1->fd >= 0);
+	cr_assert_eq(ftruncate(r1->fd, (off_t)r1->bytes), 0);
+	r1->kv = mmap(NULL, r1->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r1->fd, 0);
+	cr_assert(r1->kv != MAP_FAILED);
+	attach_thread(r1);
+	cr_assert_eq(r1->rc, 0, "%s", r1->err);
+	cr_assert_eq(gather_of_rank(r1), ga);
+	for (unsigned i = 0; i < G_TP; i++)
+		memset(granks[i].kv, 0xa5, granks[i].bytes);
+	gload_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, src, 4);
 }
