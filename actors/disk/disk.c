@@ -128,8 +128,8 @@ static void on_done(struct disk *d, const struct kvr_l2_done *c)
 		if (c->res && c->res != -ENOENT) {
 			char name[KVR_L2_NAME_MAX];
 			/* once per file: the store has dropped it from its index */
-			kvr_warn("l2 %s/%s: %s (%s): a miss; %s", kvr_l2_store_dir(d->store), kvr_l2_name_fmt(q.key, q.lane, name),
-				 kvr_l2_reason_name(c->reason), strerror(-c->res),
+			kvr_warn("l2 %s/%s: %s (%s): a miss; %s", kvr_l2_store_dir(d->store),
+				 kvr_l2_name_fmt(q.key, q.lane, name), kvr_l2_reason_name(c->reason), strerror(-c->res),
 				 d->read_only ? "left on disk (l2.read_only), not served again" : "removed");
 			if (d->read_only)
 				kvr_actor_count(d->a, KVR_STAT_DK_BAD_KEPT, 1);
@@ -397,8 +397,8 @@ static void log_read_only(struct disk *d, const char *dir, const struct kvr_l2_s
 	kvr_info("l2 %s: read-only: adopted %llu files (%llu MiB) of %llu entries; %llu skipped and left in place "
 		 "(%s), %llu foreign left alone; nothing on disk is created, written, renamed or removed; %.1f ms, "
 		 "%s I/O, capacity %llu MiB, queue depth %u",
-		 kvr_l2_store_dir(d->store), (unsigned long long)ad->adopted, (unsigned long long)(ad->adopted_bytes >> 20),
-		 (unsigned long long)ad->entries, (unsigned long long)ad->left_in_place, n ? why : "none",
+		 kvr_l2_store_dir(d->store), (unsigned long long)ad->adopted,
+		 (unsigned long long)(ad->adopted_bytes >> 20), (unsigned long long)ad->entries, (unsigned long long)ad->left_in_place, n ? why : "none",
 		 (unsigned long long)ad->left_alone, (double)ad->elapsed_ns / 1e6, st->direct ? "direct" : "buffered",
 		 (unsigned long long)(sc->capacity_bytes >> 20), sc->queue_depth);
 }
