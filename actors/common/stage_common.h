@@ -122,6 +122,7 @@ struct stage_store {
 	uint32_t *failed;                         /* one rank's block ids of those */
 	uint32_t cap;
 	uint64_t run_ns;                          /* when the store being run began (0: none) */
+	uint64_t refused_ro;                      /* stores refused under l2.read_only (logged once) */
 };
 
 /* Talk to the lookup actor over worker `owner`'s commit rings for `lane`; sends RESET
@@ -136,7 +137,8 @@ void stage_store_close(struct stage_store *ss);
  * PRESENT keys are not copied), copies every rank's shard of each allocated block into
  * it, commits, and answers each rank on its own ring with the same counts and its own
  * failed block ids. Any rank's copy failing fails the whole request for every rank and
- * aborts the slots: a block is never committed with a missing shard.
+ * aborts the slots: a block is never committed with a missing shard. An instance with
+ * l2.read_only answers every store -EROFS, every block failed.
  */
 void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
 		     unsigned n_ranks);

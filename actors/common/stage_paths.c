@@ -316,6 +316,12 @@ static int store_precheck(struct stage_store *ss, struct stage_worker *const *sw
 	uint32_t n = rq[0].n;
 	if (store_grow(ss, n))
 		return -ENOMEM;
+	if (ss->a->cfg.l2.read_only) {
+		/* serving a legacy store: nothing new is stored, in L1 or on disk */
+		if (!ss->refused_ro++)
+			kvr_warn("stores refused: this instance serves its L2 store read-only (l2.read_only)");
+		return -EROFS;
+	}
 	for (unsigned r = 0; r < n_ranks; r++) {
 		if (!stage_wire_current(ss->a, rq[r].wire))
 			return -ESTALE;
