@@ -426,6 +426,20 @@ static void granks_close(void)
 		grank_close(&granks[i]);
 }
 
+/* Detach every rank and wait until kvringd freed their worker slots (their actors, and
+ * the gather actors of their groups, exited), so the next layout's ranks find room. */
+static void granks_detach_all(void)
+{
+	granks_close();
+	bool all_free = H_WAIT(({
+		bool f = true;
+		for (unsigned i = 0; i < inst.ctl->max_workers; i++)
+			f &= atomic_load(&kvr_ctl_worker(inst.ctl, i)->state) == KVR_WORKER_FREE;
+		f;
+	}), 10000);
+	cr_assert(all_free, "worker slots not freed after detach; log:\n%s", h_read_file(inst.log));
+}
+
 /* MLA rank tp_rank of TP 4 under (D, I): its pages of lay.block / D tokens. */
 static void grank_geometry(struct grank *r, const struct glayout *lay, unsigned tp_rank, unsigned d, unsigned il)
 {
@@ -675,19 +689,19 @@ Test(dcp_kvringd, cross_layout_dcp2_to_dcp4_and_dcp1, .fini = granks_close)
 	for (unsigned i = 0; i < G_TP; i++)
 		memset(granks[i].kv, 0xa5, granks[i].bytes);
 	gload_all(&odd_rows, seed, tokens, nt, back, 2);
-	granks_close();
+	granks_detach_all();
 
 	/* DCP 4, interleave 2: one group of four */
 	granks_open(&odd_rows, 4, 2);
 	const uint32_t dst4[G_TP][G_PROMPT] = {{7, 8, 9}, {0, 1, 2}, {11, 3, 6}, {4, 10, 5}};
 	gload_all(&odd_rows, seed, tokens, nt, dst4, 3);
-	granks_close();
+	granks_detach_all();
 
 	/* DCP 1: every rank holds every token */
 	granks_open(&odd_rows, 1, 1);
 	const uint32_t dst1[G_TP][G_PROMPT] = {{0, 1, 2}, {11, 10, 9}, {6, 4, 5}, {3, 8, 7}};
 	gload_all(&odd_rows, seed, tokens, nt, dst1, 4);
-	granks_close();
+	granks_detach_all();
 
 	/* and DCP 2 with interleave 8 */
 	granks_open(&odd_rows, 2, 8);
@@ -797,13 +811,13 @@ Test(dcp_kvringd, tails_round_trip_under_their_layout_only, .fini = granks_close
 	for (unsigned i = 0; i < G_TP; i++)
 		memset(granks[i].kv, 0xa5, granks[i].bytes);
 	gload_all(&fp8, seed, tokens, G_PROMPT * 64, dst, 2);
-	granks_close();
+	granks_detach_all();
 
 	granks_open(&fp8, 2, 1);
 	for (unsigned i = 0; i < G_TP; i++)
 		cr_assert_eq(glookup_blocks(&granks[i], tokens, G_PROMPT * 64, 3), 0, "DCP 2 rank %u matched tail blocks of "
 			     "DCP 4", i);
-	granks_close();
+	granks_detach_all();
 	granks_open(&fp8, 1, 1);
 	cr_assert_eq(glookup_blocks(&granks[0], tokens, G_PROMPT * 64, 4), 0, "DCP 1 matched tail blocks of DCP 4");
 }
