@@ -400,6 +400,7 @@ struct grank {
 };
 
 static struct grank granks[G_TP];
+static unsigned gather_of_rank(const struct grank *r);
 
 struct glayout {
 	unsigned layers;
@@ -728,6 +729,9 @@ Test(dcp_kvringd, store_needs_every_rank, .fini = granks_close)
 	/* ranks 0 and 2 send the store, 1 and 3 do not */
 	cr_assert_eq(kvr_store(granks[0].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
 	cr_assert_eq(kvr_store(granks[2].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	/* while they wait the gather actor holds them (drain and inspect see it) */
+	const struct kvr_actor_ent *ge = kvr_ctl_actor(inst.ctl, gather_of_rank(&granks[0]));
+	cr_assert(H_WAIT(atomic_load(&ge->held) == 2, 250), "held %u", atomic_load(&ge->held));
 	for (unsigned i = 0; i < G_TP; i += 2) {
 		struct kvr_completion c = gwait(&granks[i], 1, KVR_OP_STORE_DONE);
 		cr_assert_eq(c.status, -ETIMEDOUT, "rank %u: %d", i, c.status);
@@ -736,6 +740,7 @@ Test(dcp_kvringd, store_needs_every_rank, .fini = granks_close)
 		for (unsigned b = 0; b < G_PROMPT; b++)
 			cr_assert_eq(c.failed[b], src[b]);
 	}
+	cr_assert_eq(atomic_load(&ge->held), 0);
 	for (unsigned i = 0; i < G_TP; i++)
 		cr_assert_eq(glookup_blocks(&granks[i], tokens, G_PROMPT * G_BLOCK, 10 + i), 0,
 			     "rank %u found a block stored from half the shards", i);

@@ -124,6 +124,7 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 		o->started_ns = a->started_ns;
 		o->ready_ns = a->ready_ns;
 		o->heartbeat_ns = LD(&a->heartbeat_ns);
+		o->held = LD(&a->held);
 	}
 	for (unsigned i = 0; i < s->max_workers; i++) {
 		const struct kvr_worker_ent *w = kvr_ctl_worker(c, i);
@@ -421,6 +422,16 @@ static void text_attention(FILE *out, const struct kvr_insp_snap *cur, const str
 		pline(out, "  actor %s: %s, %u restarts, last exit %s", x->name[0] ? x->name : "?",
 		      kvr_actor_state_name(x->state), x->restarts,
 		      fmt_exit(x->last_exit_code, x->last_exit_signal, a, sizeof(a)));
+	}
+	for (unsigned i = 0; i < cur->n_actors; i++) {
+		const struct kvr_insp_actor *x = &cur->actors[i];
+		if (x->kind != KVR_ACTOR_GATHER || !x->held)
+			continue;
+		if (!any)
+			pline(out, "attention");
+		any = true;
+		pline(out, "  actor %s: %u stores waiting for the rest of their DCP group", x->name[0] ? x->name : "?",
+		      x->held);
 	}
 	for (unsigned i = 0; i < cur->n_rings; i++) {
 		const struct kvr_insp_ring *r = &cur->rings[i];
@@ -753,6 +764,7 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 			jw_secs(&w, "heartbeat_age_s", s->now.mono_ns > a->heartbeat_ns ? s->now.mono_ns - a->heartbeat_ns : 0);
 		else
 			jw_null(&w, "heartbeat_age_s");
+		jw_u64(&w, "held", a->held);
 		jw_close(&w, '}');
 	}
 	jw_close(&w, ']');

@@ -54,6 +54,7 @@ struct kvr_insp_actor {
 	uint32_t kind, state, generation, restarts;
 	int32_t pid, last_exit_code, last_exit_signal;
 	uint64_t started_ns, ready_ns, heartbeat_ns; /* CLOCK_MONOTONIC, 0 = never */
+	uint32_t held;                               /* requests accepted, not answered (gather: waiting stores) */
 };
 
 struct kvr_insp_worker {
