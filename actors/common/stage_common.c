@@ -219,60 +219,91 @@ static int plan_dcp(struct stage_worker *sw, uint32_t dir, const uint32_t *block
 	return (int)n;
 }
 
-int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blocks, const uint64_t *slot_offs,
-		      uint32_t n, const struct kvr_xfer_dep *ready, struct kvr_xfer_stats *st)
+/* The copy runs of k blocks of one rank: count, or -errno (logged). */
+static int plan_chunk(struct stage_worker *sw, uint32_t dir, const uint32_t *blocks, const uint64_t *slot_offs,
+		      uint32_t k)
+{
+	uint64_t bytes = 0;
+	if (sw->dcp)
+		return plan_dcp(sw, dir, blocks, slot_offs, k, &bytes);
+	struct kvr_xfer_err xe = {0};
+	int nr = kvr_xfer_plan(&sw->layout, blocks, slot_offs, k, sw->runs, sw->cap_runs, &bytes, &xe);
+	if (nr < 0) {
+		char why[160];
+		kvr_xfer_err_format(&xe, why, sizeof(why));
+		kvr_warn("worker %u: copy plan refused: %s", sw->worker, why);
+	}
+	return nr;
+}
+
+static void add_stats(struct kvr_xfer_stats *st, const struct kvr_xfer_stats *s)
+{
+	st->bytes += s->bytes;
+	st->runs += s->runs;
+	st->copies += s->copies;
+	st->copy_ns += s->copy_ns;
+	st->queue_ns += s->queue_ns;
+}
+
+int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir, const uint32_t *const *blocks,
+		      const uint64_t *slot_offs, uint32_t n, const struct kvr_xfer_dep *const *ready,
+		      struct kvr_xfer_stats *st)
 {
 	/* Up to pool_leases chunks in flight; each waits for its copies before the lease is
-	 * reused. The host backend completes inside submit, the CUDA one asynchronously. */
-	uint64_t tickets[KVR_XFER_MAX_INFLIGHT];
-	uint32_t depth = sw->pool_leases < KVR_XFER_MAX_INFLIGHT ? sw->pool_leases : KVR_XFER_MAX_INFLIGHT;
+	 * reused. A chunk is submitted for every rank before any of it is waited for, so the
+	 * ranks' copies overlap (on CUDA: each rank's GPU over its own link). The host backend
+	 * completes inside submit, the CUDA one asynchronously. */
+	uint64_t tickets[KVR_XFER_MAX_INFLIGHT][KVR_ACTOR_MAX_KV];
+	uint32_t depth = KVR_XFER_MAX_INFLIGHT, chunk = UINT32_MAX;
+	if (!n_ranks || n_ranks > KVR_ACTOR_MAX_KV)
+		return -EINVAL;
+	for (unsigned r = 0; r < n_ranks; r++) {
+		if (sw[r]->pool_leases < depth)
+			depth = sw[r]->pool_leases;
+		if (sw[r]->chunk_blocks < chunk)
+			chunk = sw[r]->chunk_blocks;
+	}
 	uint32_t head = 0, inflight = 0;
 	int rc = 0;
 	for (uint32_t done = 0; done < n || inflight;) {
 		if (done < n && inflight < depth && !rc) {
-			uint32_t k = n - done < sw->chunk_blocks ? n - done : sw->chunk_blocks;
-			struct kvr_xfer_err xe = {0};
-			uint64_t bytes = 0;
-			int nr;
-			if (sw->dcp)
-				nr = plan_dcp(sw, dir, blocks + done, slot_offs + done, k, &bytes);
-			else
-				nr = kvr_xfer_plan(&sw->layout, blocks + done, slot_offs + done, k, sw->runs, sw->cap_runs,
-						   &bytes, &xe);
-			if (nr < 0 && sw->dcp) {
-				rc = nr;
-				n = done;
-				continue;
+			uint32_t k = n - done < chunk ? n - done : chunk, at = (head + inflight) % depth;
+			unsigned submitted = 0;
+			for (unsigned r = 0; r < n_ranks && !rc; r++) {
+				int nr = plan_chunk(sw[r], dir, blocks[r] + done, slot_offs + done, k);
+				if (nr < 0)
+					rc = nr;
+				else
+					rc = kvr_xfer_submit(sw[r]->xfer, dir, sw[r]->runs, (size_t)nr, ready ? ready[r] : NULL,
+							     &tickets[at][r]);
+				if (!rc)
+					submitted++;
 			}
-			if (nr < 0) {
-				char why[160];
-				kvr_xfer_err_format(&xe, why, sizeof(why));
-				kvr_warn("worker %u: copy plan refused: %s", sw->worker, why);
-				rc = nr;
-				n = done; /* stop issuing */
-				continue;
-			}
-			rc = kvr_xfer_submit(sw->xfer, dir, sw->runs, (size_t)nr, ready, &tickets[(head + inflight) % depth]);
 			if (rc) {
-				n = done;
+				/* this chunk's copies already submitted finish before anything is reused */
+				for (unsigned r = 0; r < submitted; r++) {
+					struct kvr_xfer_stats s = {0};
+					(void)kvr_xfer_wait(sw[r]->xfer, tickets[at][r], -1, &s);
+					add_stats(&st[r], &s);
+				}
+				n = done; /* stop issuing */
 				continue;
 			}
 			inflight++;
 			done += k;
-			kvr_actor_count(sw->a, KVR_STAT_XF_CHUNKS + sw->stat_off, 1);
+			for (unsigned r = 0; r < n_ranks; r++)
+				kvr_actor_count(sw[r]->a, KVR_STAT_XF_CHUNKS + sw[r]->stat_off, 1);
 			continue;
 		}
-		struct kvr_xfer_stats s = {0};
-		int wrc = kvr_xfer_wait(sw->xfer, tickets[head], -1, &s);
+		for (unsigned r = 0; r < n_ranks; r++) {
+			struct kvr_xfer_stats s = {0};
+			int wrc = kvr_xfer_wait(sw[r]->xfer, tickets[head][r], -1, &s);
+			if (wrc && !rc)
+				rc = wrc;
+			add_stats(&st[r], &s);
+		}
 		head = (head + 1) % depth;
 		inflight--;
-		if (wrc && !rc)
-			rc = wrc;
-		st->bytes += s.bytes;
-		st->runs += s.runs;
-		st->copies += s.copies;
-		st->copy_ns += s.copy_ns;
-		st->queue_ns += s.queue_ns;
 		if (done >= n && !inflight)
 			break;
 	}

@@ -56,13 +56,17 @@ int stage_worker_share(const struct stage_worker *src, struct stage_worker *sw, 
 		       const char *rep_fmt, unsigned pool_percent, unsigned stat_off);
 void stage_worker_close(struct stage_worker *sw);
 
-/* Copy n blocks between the worker's blocks and the slots at slot_offs, one staging lease
- * (chunk_blocks blocks) at a time, waiting for each lease's copies to complete before
- * reusing it. Every copy waits for `ready` first (NULL: nothing to wait for; CUDA stores:
- * the producer's event, of which each submission takes its own reference). Sums the stats
- * into *st. 0 or -errno (nothing more is copied after one). */
-int stage_copy_chunks(struct stage_worker *sw, uint32_t dir, const uint32_t *blocks, const uint64_t *slot_offs,
-		      uint32_t n, const struct kvr_xfer_dep *ready, struct kvr_xfer_stats *st);
+/* Copy n blocks between the workers' blocks and the slots at slot_offs for n_ranks ranks
+ * at once (a storer or loader: 1; a DCP group's store: every rank, blocks[r] being rank
+ * r's engine block ids of the same slots), one staging lease (chunk_blocks blocks) at a
+ * time, every rank's copies of a chunk submitted before any is waited for, each lease
+ * waited for before it is reused. Rank r's copies wait for ready[r] first (ready NULL or
+ * ready[r] NULL: nothing to wait for; CUDA stores: the producer's event, of which each
+ * submission takes its own reference). Adds rank r's stats into st[r]. 0 or -errno
+ * (nothing more is copied after one). */
+int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir, const uint32_t *const *blocks,
+		      const uint64_t *slot_offs, uint32_t n, const struct kvr_xfer_dep *const *ready,
+		      struct kvr_xfer_stats *st);
 
 /* Answer a request: the result message `type` (body of body_len bytes) followed, when
  * n_failed > 0, by the failed engine block ids as KVR_MSG_BLOCKS. Counts the request and its
@@ -117,7 +121,7 @@ struct stage_store {
 	struct kvr_msg_slot *written;             /* slots copied, to commit */
 	uint32_t *pos;                            /* their positions in the request */
 	uint64_t *slot_offs;
-	uint32_t *blocks;                         /* one rank's block ids of the copied positions */
+	uint32_t *blocks;                         /* per rank (cap apart): block ids of the copied positions */
 	uint32_t *fail_pos;                       /* positions not stored */
 	uint32_t *failed;                         /* one rank's block ids of those */
 	uint32_t cap;

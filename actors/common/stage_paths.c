@@ -122,7 +122,8 @@ static void load_execute(struct stage_worker *sw, struct stage_load *ld)
 	}
 
 	struct kvr_xfer_stats st = {0};
-	int rc = stage_copy_chunks(sw, KVR_XFER_SLOT_TO_KV, ld->blocks, ld->slot_offs, n_ok, NULL, &st);
+	const uint32_t *blocks = ld->blocks;
+	int rc = stage_copy_chunks(&sw, 1, KVR_XFER_SLOT_TO_KV, &blocks, ld->slot_offs, n_ok, NULL, &st);
 	for (uint32_t i = 0; i < n_ok; i++)
 		(void)kvr_slot_unpin(sw->slots, ld->slots[i], sw->worker);
 	if (rc) {
@@ -187,7 +188,9 @@ static int store_grow(struct stage_store *ss, uint32_t n)
 	GROW(written);
 	GROW(pos);
 	GROW(slot_offs);
-	GROW(blocks);
+	if (!(p = realloc(ss->blocks, (size_t)n * KVR_ACTOR_MAX_KV * sizeof(*ss->blocks))))
+		return -ENOMEM;
+	ss->blocks = p;
 	GROW(fail_pos);
 	GROW(failed);
 #undef GROW
@@ -397,15 +400,16 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 		}
 	}
 	memset(st, 0, sizeof(st));
-	for (unsigned r = 0; r < n_ranks && !rc; r++) {
+	const uint32_t *blocks[KVR_ACTOR_MAX_KV];
+	for (unsigned r = 0; r < n_ranks; r++) {
+		uint32_t *b = ss->blocks + (size_t)r * ss->cap;
 		for (uint32_t k = 0; k < n_copy; k++)
-			ss->blocks[k] = rq[r].items[ss->pos[k]].block;
-		rc = stage_copy_chunks(sw[r], KVR_XFER_KV_TO_SLOT, ss->blocks, ss->slot_offs, n_copy, readyp[r], &st[r]);
-		if (rc)
-			kvr_warn("store %llx: copy of worker %u failed: %s", (unsigned long long)rq[r].wire, sw[r]->worker,
-				 strerror(-rc));
+			b[k] = rq[r].items[ss->pos[k]].block;
+		blocks[r] = b;
 	}
+	rc = stage_copy_chunks(sw, n_ranks, KVR_XFER_KV_TO_SLOT, blocks, ss->slot_offs, n_copy, readyp, st);
 	if (rc) {
+		kvr_warn("store %llx: copy failed: %s", (unsigned long long)rq[0].wire, strerror(-rc));
 		fail_ranks(ss, sw, rq, n_ranks, rc);
 		(void)reset_lane(ss); /* aborts the WRITING slots: nothing partial becomes visible */
 		return;
