@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "gpu_test.h"
+#include "kvr_dcp.h"
 #include "kvr_geometry.h"
 
 /*
@@ -478,4 +479,170 @@ int main(int argc, char *argv[])
 		result = !criterion_run_all_tests(tests);
 	criterion_finalize(tests);
 	return result;
+}
+
+/* ---- DCP through CUDA memory: the gather actor's copies ------------------------------------ */
+
+#define DG_LAYERS 3
+#define DG_ROW 561 /* fp8 MLA record of an odd width */
+#define DG_BLOCK 16
+#define DG_NB 8
+#define DG_MAXD 4
+
+struct dg_rank {
+	struct kvr_geometry g;
+	struct gw w;
+	struct kvr_xfer *x;
+};
+
+static void dg_geometry(struct kvr_geometry *g, unsigned d, unsigned il, unsigned r)
+{
+	cr_assert_eq(kvr_geometry_fill_vllm_mla(g, DG_LAYERS, DG_ROW, 1, DG_BLOCK / d, DG_NB), 0);
+	g->block_tokens = DG_BLOCK;
+	g->tp_size = d;
+	g->tp_rank = r;
+	g->dcp_size = d;
+	g->dcp_rank = r;
+	g->dcp_interleave = il;
+}
+
+static uint8_t dg_byte(uint64_t seed, unsigned blk, unsigned l, uint64_t t, uint32_t k)
+{
+	return gpu_pat(seed, ((((uint64_t)blk * DG_LAYERS + l) * DG_BLOCK + t) * DG_ROW) + k);
+}
+
+/* Copy prompt blocks between D ranks' GPU KV memory (rank r's engine block ids[r][i]) and
+ * canonical slots, every rank's runs from kvr_dcp_lane_runs submitted before any is
+ * waited for — what the gather actor does through the same interface. */
+static void dg_move(struct dg_rank *rk, unsigned d, uint32_t dir, const uint32_t ids[DG_MAXD][2],
+		    const uint64_t *slot_offs, unsigned n)
+{
+	uint64_t tickets[DG_MAXD];
+	for (unsigned r = 0; r < d; r++) {
+		size_t per = kvr_dcp_lane_max_runs(&rk[r].g), nr = 0;
+		struct kvr_dcp_run *dr = calloc(per, sizeof(*dr));
+		struct kvr_xfer_run *runs = calloc(per * n, sizeof(*runs));
+		cr_assert(dr && runs);
+		char err[160];
+		for (unsigned i = 0; i < n; i++) {
+			int k = kvr_dcp_lane_runs(&rk[r].g, ids[r][i], slot_offs[i], dr, per, err, sizeof(err));
+			cr_assert_gt(k, 0, "lane runs: %s", err);
+			for (int j = 0; j < k; j++)
+				runs[nr++] = (struct kvr_xfer_run){.kv_off = dr[j].kv_off, .slot_off = dr[j].slot_off,
+								   .len = dr[j].len};
+		}
+		cr_assert_eq(kvr_xfer_submit(rk[r].x, dir, runs, nr, NULL, &tickets[r]), 0, "submit rank %u: %s", r,
+			     kvr_xfer_cuda_last_error());
+		free(dr);
+		free(runs);
+	}
+	for (unsigned r = 0; r < d; r++) {
+		struct kvr_xfer_stats st = {0};
+		cr_assert_eq(kvr_xfer_wait(rk[r].x, tickets[r], WAIT_NS, &st), 0, "wait rank %u: %s", r,
+			     kvr_xfer_cuda_last_error());
+	}
+}
+
+static void dg_open(struct dg_rank *rk, unsigned d, unsigned il, const struct gpu_arena *a, const char *mode)
+{
+	for (unsigned r = 0; r < d; r++) {
+		dg_geometry(&rk[r].g, d, il, r);
+		start_worker(&rk[r].w, kvr_geometry_kv_extent(&rk[r].g), 3, NULL);
+		memset(rk[r].w.mirror, 0, rk[r].w.kv_bytes);
+		cr_assert_eq(gw_cmd(&rk[r].w, GW_WRITE, 0, 0, rk[r].w.kv_bytes, 0, 0, NULL), 0);
+		rk[r].x = open_mode(&rk[r].w, a, mode);
+	}
+}
+
+static void dg_close(struct dg_rank *rk, unsigned d)
+{
+	for (unsigned r = 0; r < d; r++) {
+		struct gw_rep rep;
+		cr_assert_eq(gw_cmd(&rk[r].w, GW_GUARDS, 0, 0, 0, 0, 0, &rep), 0);
+		cr_assert_eq(rep.value, 0, "rank %u: %llu guard bytes changed", r, (unsigned long long)rep.value);
+		kvr_xfer_close(rk[r].x);
+		gw_stop(&rk[r].w);
+	}
+}
+
+/* Store two blocks under DCP 2 (each rank's 8 of 16 tokens, 561-byte rows, from its own
+ * GPU worker process), check the canonical slots byte for byte, load them under DCP 4 with
+ * interleave 2 and under DCP 1 into four / one other workers: every row where its global
+ * token says, everything else zero, no guard byte touched. */
+Test(gpu_xfer, dcp_gather_scatter)
+{
+	uint64_t seed = seed_of("dcp_gather_scatter");
+	struct kvr_geometry g1;
+	dg_geometry(&g1, 1, 1, 0);
+	uint64_t lane = kvr_geometry_lane_bytes(&g1), stride = (lane + 4095) / 4096 * 4096;
+	struct gpu_arena a = {.fd = -1};
+	cr_assert_eq(gpu_arena_create(&a, 2 * stride), 0);
+	const uint64_t slots[2] = {stride, 0};
+	for (unsigned m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+		static struct dg_rank rk[DG_MAXD];
+		/* gather under DCP 2 */
+		dg_open(rk, 2, 1, &a, modes[m]);
+		if (!rk[0].x) {
+			dg_close(rk, 2);
+			continue;
+		}
+		const uint32_t src[DG_MAXD][2] = {{5, 2}, {0, 7}};
+		for (unsigned r = 0; r < 2; r++) {
+			for (unsigned i = 0; i < 2; i++)
+				for (unsigned l = 0; l < DG_LAYERS; l++) {
+					struct kvr_region reg = kvr_geometry_region(&rk[r].g, l);
+					uint8_t *p = rk[r].w.mirror + reg.offset + (uint64_t)src[r][i] * reg.stride;
+					for (uint32_t j = 0; j < DG_BLOCK / 2; j++)
+						for (uint32_t k = 0; k < DG_ROW; k++)
+							p[j * DG_ROW + k] = dg_byte(seed, i, l, kvr_dcp_global_token(j, 2, 1, r), k);
+				}
+			cr_assert_eq(gw_cmd(&rk[r].w, GW_WRITE, 0, 0, rk[r].w.kv_bytes, 0, 0, NULL), 0);
+		}
+		memset(a.base, 0xA5, a.size);
+		dg_move(rk, 2, KVR_XFER_KV_TO_SLOT, src, slots, 2);
+		for (unsigned i = 0; i < 2; i++)
+			for (unsigned l = 0; l < DG_LAYERS; l++)
+				for (uint32_t t = 0; t < DG_BLOCK; t++)
+					for (uint32_t k = 0; k < DG_ROW; k++) {
+						uint64_t at = slots[i] + kvr_dcp_canonical_region_offset(&g1, l) +
+							      (uint64_t)t * DG_ROW + k;
+						if (a.base[at] != dg_byte(seed, i, l, t, k))
+							cr_assert_fail("%s: slot %u layer %u token %u byte %u is %#x, want %#x",
+								       modes[m], i, l, t, k, a.base[at],
+								       dg_byte(seed, i, l, t, k));
+					}
+		dg_close(rk, 2);
+
+		/* scatter under DCP 4 / interleave 2, then DCP 1 */
+		static const unsigned layouts[2][2] = {{4, 2}, {1, 1}};
+		for (unsigned y = 0; y < 2; y++) {
+			unsigned d = layouts[y][0], il = layouts[y][1];
+			dg_open(rk, d, il, &a, modes[m]);
+			const uint32_t dst[DG_MAXD][2] = {{1, 6}, {3, 4}, {7, 0}, {2, 5}};
+			dg_move(rk, d, KVR_XFER_SLOT_TO_KV, dst, slots, 2);
+			for (unsigned r = 0; r < d; r++) {
+				memset(rk[r].w.mirror, 0x77, rk[r].w.kv_bytes);
+				cr_assert_eq(gw_cmd(&rk[r].w, GW_READ, 0, 0, rk[r].w.kv_bytes, 0, 0, NULL), 0);
+				for (uint32_t b = 0; b < DG_NB; b++) {
+					int i = b == dst[r][0] ? 0 : b == dst[r][1] ? 1 : -1;
+					for (unsigned l = 0; l < DG_LAYERS; l++) {
+						struct kvr_region reg = kvr_geometry_region(&rk[r].g, l);
+						const uint8_t *p = rk[r].w.mirror + reg.offset + (uint64_t)b * reg.stride;
+						for (uint32_t j = 0; j < DG_BLOCK / d; j++)
+							for (uint32_t k = 0; k < DG_ROW; k++) {
+								uint8_t want = i < 0 ? 0 :
+									dg_byte(seed, (unsigned)i, l,
+										kvr_dcp_global_token(j, d, il, r), k);
+								if (p[j * DG_ROW + k] != want)
+									cr_assert_fail("%s: DCP %u/%u block %u layer %u row %u "
+										       "byte %u is %#x, want %#x", modes[m],
+										       r, d, b, l, j, k, p[j * DG_ROW + k], want);
+							}
+					}
+				}
+			}
+			dg_close(rk, d);
+		}
+	}
+	gpu_arena_destroy(&a);
 }
