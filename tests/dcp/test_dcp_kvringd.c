@@ -899,3 +899,48 @@ Test(dcp_kvringd, gather_restarts_and_group_reforms, .fini = granks_close)
 		memset(granks[i].kv, 0xa5, granks[i].bytes);
 	gload_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, src, 4);
 }
+
+/* SIGTERM while half of a DCP group sent a store: the drain waits for the store the
+ * gather actor holds; the other ranks' stores arrive during the drain, the blocks are
+ * stored (every rank answered 0), and only then kvringd exits 0. */
+Test(dcp_kvringd, drain_waits_for_a_group_store, .fini = granks_close)
+{
+	gconfig(&odd_rows, 5000);
+	h_start(&inst);
+	struct rng rng = {test_seed("dcp_kvringd::drain_waits_for_a_group_store")};
+	uint64_t seed = rng_next(&rng);
+	uint32_t tokens[G_PROMPT * G_BLOCK];
+	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
+		tokens[i] = rng_below(&rng, 150000);
+	granks_open(&odd_rows, 2, 1);
+	const uint32_t src[G_PROMPT] = {3, 1, 4};
+	for (unsigned i = 0; i < G_TP; i++)
+		for (unsigned b = 0; b < G_PROMPT; b++)
+			gfill(&granks[i], &odd_rows, seed, b, src[b]);
+	for (unsigned i = 0; i < G_TP; i += 2)
+		cr_assert_eq(kvr_store(granks[i].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	for (unsigned i = 0; i < G_TP; i += 2) {
+		const struct kvr_actor_ent *ge = kvr_ctl_actor(inst.ctl, gather_of_rank(&granks[i]));
+		cr_assert(H_WAIT(atomic_load(&ge->held) == 1, 2000), "%s holds %u", ge->name, atomic_load(&ge->held));
+	}
+	cr_assert_eq(kill(inst.pid, SIGTERM), 0);
+	cr_assert(H_WAIT(atomic_load(&inst.ctl->state) == KVR_INST_DRAINING, 2000), "not draining");
+	usleep(300 * 1000);
+	cr_assert_eq(atomic_load(&inst.ctl->state), KVR_INST_DRAINING, "drain did not wait for the held stores");
+	cr_assert_eq(waitpid(inst.pid, NULL, WNOHANG), 0, "kvringd exited with DCP stores held");
+	for (unsigned i = 1; i < G_TP; i += 2)
+		cr_assert_eq(kvr_store(granks[i].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	unsigned stored = 0;
+	for (unsigned i = 0; i < G_TP; i++) {
+		struct kvr_completion c = gwait(&granks[i], 1, KVR_OP_STORE_DONE);
+		cr_assert_eq(c.status, 0, "rank %u store during drain: %d", i, c.status);
+		cr_assert_eq(c.n_stored + c.n_present, G_PROMPT);
+		if (granks[i].g.dcp_rank == 0)
+			stored += c.n_stored;
+	}
+	cr_assert_eq(stored, G_PROMPT, "one group stored each block");
+	granks_close();
+	int st = h_wait_exit(inst.pid, 10000);
+	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit status %d", st);
+	inst.pid = 0;
+}
