@@ -65,170 +65,6 @@ static void write_config(const char *model_json, unsigned max_workers, uint64_t 
 	write_config_dcp(model_json, max_workers, lane_bytes, n_slots, 10000);
 }
 
-/* ---- MLA, TP 4: one rank stores, four look up and load -------------------------------- */
-
-/* DeepSeek-V3's latent (kv_lora_rank 512 + rope 64, bf16: 1152-byte rows) on 4 layers
- * instead of 61, 16-token blocks. */
-#define MLA_LAYERS 4
-#define MLA_LATENT 576
-#define MLA_BLOCK 16
-#define MLA_TP 4
-#define MLA_NB 8 /* engine blocks per rank */
-
-struct rank {
-	struct kvr_client *c;
-	struct kvr_geometry g;
-	int fd;
-	uint8_t *kv;
-	uint64_t bytes;
-};
-
-static struct rank ranks[MLA_TP];
-
-static void rank_close(struct rank *r)
-{
-	kvr_detach(r->c);
-	r->c = NULL;
-	if (r->kv)
-		munmap(r->kv, r->bytes);
-	r->kv = NULL;
-	if (r->fd >= 0)
-		close(r->fd);
-	r->fd = -1;
-}
-
-/* Runs before the suite's teardown (which stops kvringd). */
-static void mla_teardown(void)
-{
-	for (unsigned i = 0; i < MLA_TP; i++)
-		rank_close(&ranks[i]);
-}
-
-static uint8_t *page(const struct rank *r, unsigned region, uint32_t block)
-{
-	struct kvr_region g = kvr_geometry_region(&r->g, region);
-	return r->kv + g.offset + (uint64_t)block * g.stride;
-}
-
-static void rank_open(struct rank *r, unsigned tp_rank)
-{
-	memset(r, 0, sizeof(*r));
-	r->fd = -1;
-	cr_assert_eq(kvr_geometry_fill_vllm_mla(&r->g, MLA_LAYERS, MLA_LATENT, 2, MLA_BLOCK, MLA_NB), 0);
-	r->g.tp_size = MLA_TP;
-	r->g.tp_rank = tp_rank;
-	r->bytes = kvr_geometry_kv_extent(&r->g);
-	r->fd = memfd_create("dcp-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	cr_assert(r->fd >= 0);
-	cr_assert_eq(ftruncate(r->fd, (off_t)r->bytes), 0);
-	r->kv = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
-	cr_assert(r->kv != MAP_FAILED);
-	memset(r->kv, 0xa5, r->bytes); /* canary: no load may touch a block it was not given */
-	struct kvr_attach_opts o = {
-		.socket = inst.sock, .geometry = &r->g, .kv_fd = r->fd, .kv_bytes = r->bytes, .timeout_ms = 5000};
-	int rc = kvr_attach(&o, &r->c);
-	cr_assert_eq(rc, 0, "rank %u attach: %d (%s); log:\n%s", tp_rank, rc, kvr_last_error(r->c),
-		     h_read_file(inst.log));
-}
-
-static struct kvr_completion wait_one(struct rank *r, uint64_t req, uint32_t op)
-{
-	struct kvr_completion c;
-	int n = kvr_wait(r->c, &c, 1, 5000);
-	cr_assert_eq(n, 1, "no completion of request %llu: %d %s", (unsigned long long)req, n, kvr_last_error(r->c));
-	cr_assert_eq(c.req_id, req);
-	cr_assert_eq(c.op, op);
-	return c;
-}
-
-Test(dcp_kvringd, mla_tp4_one_stores_four_load, .fini = mla_teardown)
-{
-	uint64_t lane = (uint64_t)MLA_LAYERS * MLA_BLOCK * MLA_LATENT * 2;
-	char model[512];
-	snprintf(model, sizeof(model),
-		 "{\"preset\": \"\", \"model_id\": \"test/deepseek-v3-4-layers\", \"layers\": %u, \"kv_heads\": 1, "
-		 "\"head_dim\": %u, \"dtype_bytes\": 2, \"block_tokens\": %u, \"tp_size\": %u, \"attention\": \"mla\"}",
-		 MLA_LAYERS, MLA_LATENT, MLA_BLOCK, MLA_TP);
-	write_config(model, MLA_TP, lane, 32);
-	h_start(&inst);
-	for (unsigned r = 0; r < MLA_TP; r++)
-		rank_open(&ranks[r], r);
-
-	struct rng rng = {test_seed("dcp_kvringd::mla_tp4_one_stores_four_load")};
-	/* a 70-token prompt: 4 full blocks and 6 tokens that are never stored */
-	uint32_t tokens[70], other[70];
-	for (unsigned i = 0; i < 70; i++) {
-		tokens[i] = rng_below(&rng, 150000);
-		other[i] = tokens[i] ^ 1;
-	}
-	/* rank 2 stores its blocks 3, 0, 6, 1 (any rank may: every rank holds the latent) */
-	struct rank *st = &ranks[2];
-	const uint32_t src_blocks[4] = {3, 0, 6, 1};
-	for (unsigned b = 0; b < 4; b++)
-		for (unsigned l = 0; l < MLA_LAYERS; l++) {
-			uint8_t *p = page(st, l, src_blocks[b]);
-			for (uint32_t k = 0; k < st->g.page_bytes[l]; k++)
-				p[k] = (uint8_t)rng_next(&rng);
-		}
-	uint8_t *stored = malloc(st->bytes);
-	cr_assert(stored);
-	memcpy(stored, st->kv, st->bytes);
-	cr_assert_eq(kvr_store(st->c, 7, tokens, 70, NULL, 0, src_blocks, 4), 0, "%s", kvr_last_error(st->c));
-	struct kvr_completion c = wait_one(st, 7, KVR_OP_STORE_DONE);
-	cr_assert_eq(c.status, 0);
-	cr_assert_eq(c.n_blocks, 4);
-	cr_assert_eq(c.n_stored, 4, "one lane for MLA: 4 new blocks");
-	cr_assert_eq(c.n_present, 0);
-
-	/* every rank sees the same 64 tokens, none of the other prompt */
-	const uint32_t dst_blocks[MLA_TP][4] = {{4, 5, 2, 7}, {7, 6, 5, 4}, {2, 4, 5, 7}, {0, 1, 2, 3}};
-	for (unsigned r = 0; r < MLA_TP; r++) {
-		struct kvr_lookup_result res;
-		cr_assert_eq(kvr_lookup(ranks[r].c, 100 + r, tokens, 70, NULL, 0, &res), 0, "%s",
-			     kvr_last_error(ranks[r].c));
-		cr_assert_eq(res.matched_tokens, 64, "rank %u matched %u tokens", r, res.matched_tokens);
-		cr_assert_eq(res.matched_blocks, 4);
-		cr_assert_eq(kvr_lookup(ranks[r].c, 200 + r, other, 70, NULL, 0, &res), 0);
-		cr_assert_eq(res.matched_tokens, 0, "rank %u: another prompt matched %u tokens", r, res.matched_tokens);
-	}
-	/* all four load at once, then each checks its bytes */
-	for (unsigned r = 0; r < MLA_TP; r++)
-		cr_assert_eq(kvr_load(ranks[r].c, 100 + r, dst_blocks[r], 4), 0, "rank %u: %s", r,
-			     kvr_last_error(ranks[r].c));
-	for (unsigned r = 0; r < MLA_TP; r++) {
-		c = wait_one(&ranks[r], 100 + r, KVR_OP_LOAD_DONE);
-		cr_assert_eq(c.status, 0, "rank %u load: %d", r, c.status);
-		cr_assert_eq(c.n_failed, 0);
-		cr_assert_eq(c.diag.bytes, 4 * lane, "rank %u moved %llu bytes", r, (unsigned long long)c.diag.bytes);
-	}
-	for (unsigned r = 0; r < MLA_TP; r++) {
-		struct rank *rk = &ranks[r];
-		for (uint32_t b = 0; b < MLA_NB; b++) {
-			int j = -1; /* which stored block went to b */
-			for (int k = 0; k < 4; k++)
-				if (dst_blocks[r][k] == b)
-					j = k;
-			for (unsigned l = 0; l < MLA_LAYERS; l++) {
-				const uint8_t *got = page(rk, l, b);
-				uint32_t n = rk->g.page_bytes[l];
-				if (j >= 0) {
-					const uint8_t *want = stored + (page(st, l, src_blocks[j]) - st->kv);
-					cr_assert_eq(memcmp(got, want, n), 0,
-						     "rank %u block %u layer %u: not the stored bytes", r, b, l);
-				} else if (rk == st) {
-					cr_assert_eq(memcmp(got, stored + (got - rk->kv), n), 0,
-						     "rank %u block %u layer %u: touched", r, b, l);
-				} else {
-					for (uint32_t k = 0; k < n; k++)
-						cr_assert_eq(got[k], 0xa5, "rank %u block %u layer %u byte %u: touched",
-							     r, b, l, k);
-				}
-			}
-		}
-	}
-	free(stored);
-}
-
 /* ---- bad geometry at attach ----------------------------------------------------------- */
 
 /* Attach with geometry g over a fresh memfd of kv_bytes; the reply in *ret_rep. The
@@ -404,9 +240,11 @@ static unsigned gather_of_rank(const struct grank *r);
 
 struct glayout {
 	unsigned layers;
-	uint32_t row;            /* bytes of one token's row (dtype 1) */
+	uint32_t head_dim;       /* elements of one token's row (MLA: the latent record) */
+	uint32_t dtype;          /* bytes per element */
 	uint32_t tail_per_token; /* opaque tail bytes per token of a page */
 	unsigned block;          /* canonical block tokens */
+	uint32_t row;            /* head_dim x dtype: bytes of one token's row */
 };
 
 static void grank_close(struct grank *r)
@@ -446,7 +284,7 @@ static void grank_geometry(struct grank *r, const struct glayout *lay, unsigned 
 {
 	uint32_t rt = lay->block / d;
 	struct kvr_geometry *g = &r->g;
-	cr_assert_eq(kvr_geometry_fill_vllm_mla(g, lay->layers, lay->row, 1, rt, G_NB), 0);
+	cr_assert_eq(kvr_geometry_fill_vllm_mla(g, lay->layers, lay->head_dim, lay->dtype, rt, G_NB), 0);
 	g->block_tokens = lay->block;
 	g->tp_size = G_TP;
 	g->tp_rank = tp_rank;
@@ -650,7 +488,7 @@ static unsigned glookup_blocks(struct grank *r, const uint32_t *tokens, size_t n
 }
 
 /* An MLA model with odd 561-byte rows (fp8), 3 layers, TP 4, 16-token blocks. */
-static const struct glayout odd_rows = {.layers = 3, .row = 561, .tail_per_token = 0, .block = G_BLOCK};
+static const struct glayout odd_rows = {.layers = 3, .head_dim = 561, .dtype = 1, .block = G_BLOCK, .row = 561};
 
 static void gconfig(const struct glayout *lay, unsigned dcp_timeout_ms)
 {
@@ -658,7 +496,7 @@ static void gconfig(const struct glayout *lay, unsigned dcp_timeout_ms)
 	snprintf(model, sizeof(model),
 		 "{\"preset\": \"\", \"model_id\": \"test/mla-561\", \"layers\": %u, \"kv_heads\": 1, "
 		 "\"head_dim\": %u, \"dtype_bytes\": 1, \"block_tokens\": %u, \"tp_size\": %u, \"attention\": \"mla\"}",
-		 lay->layers, lay->row, lay->block, G_TP);
+		 lay->layers, lay->head_dim, lay->block, G_TP);
 	write_config_dcp(model, 8, (uint64_t)lay->layers * lay->block * lay->row, 32, dcp_timeout_ms);
 }
 
@@ -795,7 +633,7 @@ Test(dcp_kvringd, group_layout_mismatch_refused, .fini = granks_close)
  * instead of restoring garbage. */
 Test(dcp_kvringd, tails_round_trip_under_their_layout_only, .fini = granks_close, .timeout = 120)
 {
-	const struct glayout fp8 = {.layers = 61, .row = 656, .tail_per_token = 132, .block = 64};
+	const struct glayout fp8 = {.layers = 61, .head_dim = 656, .dtype = 1, .tail_per_token = 132, .block = 64, .row = 656};
 	uint64_t lane = 61ull * 64 * (656 + 132);
 	char model[256];
 	snprintf(model, sizeof(model), "{\"preset\": \"deepseek-v3.2-fp8\", \"block_tokens\": 64, \"tp_size\": %u}",
@@ -943,4 +781,96 @@ Test(dcp_kvringd, drain_waits_for_a_group_store, .fini = granks_close)
 	int st = h_wait_exit(inst.pid, 10000);
 	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit status %d", st);
 	inst.pid = 0;
+}
+
+/* ---- MLA, TP 4: one rank stores, four look up and load ------------------------------- */
+
+Test(dcp_kvringd, mla_tp4_one_stores_four_load, .fini = granks_close)
+{
+	/* DeepSeek-V3's latent (kv_lora_rank 512 + rope 64, bf16: 1152-byte rows) on 4 layers
+	 * instead of 61, 16-token blocks */
+	const struct glayout mla = {.layers = 4, .head_dim = 576, .dtype = 2, .block = 16, .row = 1152};
+	uint64_t lane = (uint64_t)mla.layers * mla.block * mla.row;
+	char model[512];
+	snprintf(model, sizeof(model),
+		 "{\"preset\": \"\", \"model_id\": \"test/deepseek-v3-4-layers\", \"layers\": %u, \"kv_heads\": 1, "
+		 "\"head_dim\": %u, \"dtype_bytes\": 2, \"block_tokens\": %u, \"tp_size\": %u, \"attention\": \"mla\"}",
+		 mla.layers, mla.head_dim, mla.block, G_TP);
+	write_config(model, G_TP, lane, 32);
+	h_start(&inst);
+	granks_open(&mla, 1, 1);
+
+	struct rng rng = {test_seed("dcp_kvringd::mla_tp4_one_stores_four_load")};
+	/* a 70-token prompt: 4 full blocks and 6 tokens that are never stored */
+	uint32_t tokens[70], other[70];
+	for (unsigned i = 0; i < 70; i++) {
+		tokens[i] = rng_below(&rng, 150000);
+		other[i] = tokens[i] ^ 1;
+	}
+	/* rank 2 stores its blocks 3, 0, 6, 1 (any rank may: every rank holds the latent) */
+	struct grank *st = &granks[2];
+	const uint32_t src_blocks[4] = {3, 0, 6, 1};
+	for (unsigned b = 0; b < 4; b++)
+		for (unsigned l = 0; l < mla.layers; l++) {
+			uint8_t *p = gpage(st, l, src_blocks[b]);
+			for (uint32_t k = 0; k < st->g.page_bytes[l]; k++)
+				p[k] = (uint8_t)rng_next(&rng);
+		}
+	uint8_t *stored = malloc(st->bytes);
+	cr_assert(stored);
+	memcpy(stored, st->kv, st->bytes);
+	cr_assert_eq(kvr_store(st->c, 7, tokens, 70, NULL, 0, src_blocks, 4), 0, "%s", kvr_last_error(st->c));
+	struct kvr_completion c = gwait(st, 7, KVR_OP_STORE_DONE);
+	cr_assert_eq(c.status, 0);
+	cr_assert_eq(c.n_blocks, 4);
+	cr_assert_eq(c.n_stored, 4, "one lane for MLA: 4 new blocks");
+	cr_assert_eq(c.n_present, 0);
+
+	/* every rank sees the same 64 tokens, none of the other prompt */
+	const uint32_t dst_blocks[G_TP][4] = {{4, 5, 2, 7}, {7, 6, 5, 4}, {2, 4, 5, 7}, {0, 1, 2, 3}};
+	for (unsigned r = 0; r < G_TP; r++) {
+		struct kvr_lookup_result res;
+		cr_assert_eq(kvr_lookup(granks[r].c, 100 + r, tokens, 70, NULL, 0, &res), 0, "%s",
+			     kvr_last_error(granks[r].c));
+		cr_assert_eq(res.matched_tokens, 64, "rank %u matched %u tokens", r, res.matched_tokens);
+		cr_assert_eq(res.matched_blocks, 4);
+		cr_assert_eq(kvr_lookup(granks[r].c, 200 + r, other, 70, NULL, 0, &res), 0);
+		cr_assert_eq(res.matched_tokens, 0, "rank %u: another prompt matched %u tokens", r, res.matched_tokens);
+	}
+	/* all four load at once, then each checks its bytes */
+	for (unsigned r = 0; r < G_TP; r++)
+		cr_assert_eq(kvr_load(granks[r].c, 100 + r, dst_blocks[r], 4), 0, "rank %u: %s", r,
+			     kvr_last_error(granks[r].c));
+	for (unsigned r = 0; r < G_TP; r++) {
+		c = gwait(&granks[r], 100 + r, KVR_OP_LOAD_DONE);
+		cr_assert_eq(c.status, 0, "rank %u load: %d", r, c.status);
+		cr_assert_eq(c.n_failed, 0);
+		cr_assert_eq(c.diag.bytes, 4 * lane, "rank %u moved %llu bytes", r, (unsigned long long)c.diag.bytes);
+	}
+	for (unsigned r = 0; r < G_TP; r++) {
+		struct grank *rk = &granks[r];
+		for (uint32_t b = 0; b < G_NB; b++) {
+			int j = -1; /* which stored block went to b */
+			for (int k = 0; k < 4; k++)
+				if (dst_blocks[r][k] == b)
+					j = k;
+			for (unsigned l = 0; l < mla.layers; l++) {
+				const uint8_t *got = gpage(rk, l, b);
+				uint32_t n = rk->g.page_bytes[l];
+				if (j >= 0) {
+					const uint8_t *want = stored + (gpage(st, l, src_blocks[j]) - st->kv);
+					cr_assert_eq(memcmp(got, want, n), 0,
+						     "rank %u block %u layer %u: not the stored bytes", r, b, l);
+				} else if (rk == st) {
+					cr_assert_eq(memcmp(got, stored + (got - rk->kv), n), 0,
+						     "rank %u block %u layer %u: touched", r, b, l);
+				} else {
+					for (uint32_t k = 0; k < n; k++)
+						cr_assert_eq(got[k], 0xa5, "rank %u block %u layer %u byte %u: touched",
+							     r, b, l, k);
+				}
+			}
+		}
+	}
+	free(stored);
 }
