@@ -547,23 +547,33 @@ Test(dcp_kvringd, cross_layout_dcp2_to_dcp4_and_dcp1, .fini = granks_close)
 	gload_all(&odd_rows, seed, tokens, nt, dst1, 5);
 }
 
+/* Start kvringd for odd_rows (DCP stores wait timeout_ms), draw a prompt of G_PROMPT
+ * full blocks into tokens, attach TP 4 under (D, I) and write prompt block b into engine
+ * block src[b] of every rank. Returns the content seed. */
+static uint64_t gsetup(const char *test, unsigned timeout_ms, unsigned d, unsigned il, uint32_t *tokens,
+		       const uint32_t src[G_PROMPT])
+{
+	gconfig(&odd_rows, timeout_ms);
+	h_start(&inst);
+	struct rng rng = {test_seed(test)};
+	uint64_t seed = rng_next(&rng);
+	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
+		tokens[i] = rng_below(&rng, 150000);
+	granks_open(&odd_rows, d, il);
+	for (unsigned i = 0; i < G_TP; i++)
+		for (unsigned b = 0; b < G_PROMPT; b++)
+			gfill(&granks[i], &odd_rows, seed, b, src[b]);
+	return seed;
+}
+
 /* Seed 003: a connector that stored rank 0's shard alone. A DCP store that not every rank
  * of the group sends is never committed: it fails after dcp.store_timeout_ms, every block
  * listed, and no lookup finds it; once all ranks send it, it is stored. */
 Test(dcp_kvringd, store_needs_every_rank, .fini = granks_close)
 {
-	gconfig(&odd_rows, 300);
-	h_start(&inst);
-	struct rng rng = {test_seed("dcp_kvringd::store_needs_every_rank")};
-	uint64_t seed = rng_next(&rng);
 	uint32_t tokens[G_PROMPT * G_BLOCK];
-	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
-		tokens[i] = rng_below(&rng, 150000);
-	granks_open(&odd_rows, 4, 1);
 	const uint32_t src[G_PROMPT] = {4, 2, 9};
-	for (unsigned i = 0; i < G_TP; i++)
-		for (unsigned b = 0; b < G_PROMPT; b++)
-			gfill(&granks[i], &odd_rows, seed, b, src[b]);
+	(void)gsetup("dcp_kvringd::store_needs_every_rank", 300, 4, 1, tokens, src);
 	/* ranks 0 and 2 send the store, 1 and 3 do not */
 	cr_assert_eq(kvr_store(granks[0].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
 	cr_assert_eq(kvr_store(granks[2].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
@@ -743,18 +753,9 @@ Test(dcp_kvringd, gather_restarts_and_group_reforms, .fini = granks_close)
  * stored (every rank answered 0), and only then kvringd exits 0. */
 Test(dcp_kvringd, drain_waits_for_a_group_store, .fini = granks_close)
 {
-	gconfig(&odd_rows, 5000);
-	h_start(&inst);
-	struct rng rng = {test_seed("dcp_kvringd::drain_waits_for_a_group_store")};
-	uint64_t seed = rng_next(&rng);
 	uint32_t tokens[G_PROMPT * G_BLOCK];
-	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
-		tokens[i] = rng_below(&rng, 150000);
-	granks_open(&odd_rows, 2, 1);
 	const uint32_t src[G_PROMPT] = {3, 1, 4};
-	for (unsigned i = 0; i < G_TP; i++)
-		for (unsigned b = 0; b < G_PROMPT; b++)
-			gfill(&granks[i], &odd_rows, seed, b, src[b]);
+	(void)gsetup("dcp_kvringd::drain_waits_for_a_group_store", 5000, 2, 1, tokens, src);
 	for (unsigned i = 0; i < G_TP; i += 2)
 		cr_assert_eq(kvr_store(granks[i].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
 	for (unsigned i = 0; i < G_TP; i += 2) {
