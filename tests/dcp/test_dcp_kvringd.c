@@ -606,6 +606,16 @@ Test(dcp_kvringd, store_needs_every_rank, .fini = granks_close)
 	}
 	for (unsigned i = 0; i < G_TP; i++)
 		cr_assert_eq(glookup_blocks(&granks[i], tokens, G_PROMPT * G_BLOCK, 20 + i), G_PROMPT);
+	/* the gather actor's store counters (what /metrics sums): 3 blocks stored once, 2 x 3
+	 * failed by the timeout, 2 + 4 requests answered; no loads */
+	const struct kvr_actor_stats *gs = kvr_ctl_stats(inst.ctl, gather_of_rank(&granks[0]));
+	const unsigned off = KVR_STAT_XF_STORE_OFF;
+	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_BLOCKS + off]), G_PROMPT);
+	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_FAILED_BLOCKS + off]), 2 * G_PROMPT);
+	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_REQUESTS + off]), 6);
+	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_BYTES + off]), 4ull * G_PROMPT * odd_rows.layers * 4 * odd_rows.row,
+		     "every rank's 4 rows of every layer of each block");
+	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_REQUESTS]), 0);
 }
 
 /* Ranks of one group must agree on the layout; a rank that does not is refused, naming
