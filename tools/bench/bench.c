@@ -1,4 +1,4 @@
-/* kvring-bench: the L1 benchmark — tp emulated workers store, look up, load and verify KV blocks through kvringd. */
+/* kvring-bench: the L1 benchmark — tp emulated workers (DCP groups too) store, look up, load and verify KV blocks through kvringd. */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -182,7 +182,7 @@ int main(int argc, char **argv)
 		if (pid == 0) {
 			(void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* no rank outlives a killed bench */
 			struct bench_rank_ctx ctx = {.o = &o, .pl = &pl, .socket = socket, .rank = r,
-						     .barrier = shared_barrier(&sh), .res = &sh.res[r],
+						     .barrier = shared_barrier(&sh), .res = &sh.res[r], .all = sh.res,
 						     .samples = rank_samples(&o, &sh, r)};
 			_exit(bench_rank_run(&ctx) ? 1 : 0);
 		}

@@ -36,11 +36,19 @@ struct bench_opts {
 	uint64_t l1_bytes;       /* --l1-bytes (spawn): 0 = workload + 25% */
 	int64_t timeout_ms;      /* per-call ceiling and per-batch completion wait */
 	bool evict;              /* --evict: small L1 + an L2 directory (with --spawn): both tiers serve */
-	bool dcp;                /* --dcp: decode context parallelism (not yet) */
+	uint32_t dcp;            /* --dcp: decode context parallel size D (divides tp; 1 = none) */
+	uint32_t interleave;     /* --interleave: DCP interleave I (block_tokens % (D * I) == 0) */
+	uint32_t load_dcp;       /* --load-dcp: the warm phase's D (0 = dcp): cross-layout loads */
+	uint32_t load_interleave; /* --load-interleave: the warm phase's I (0 = interleave) */
 };
 
+/* The warm phase's layout: load_dcp / load_interleave, or the store layout when not given. */
+uint32_t bench_load_dcp(const struct bench_opts *o);
+uint32_t bench_load_interleave(const struct bench_opts *o);
+
 /* Defaults, then argv. Returns 0; 1 when --help was printed to out; -EINVAL with a one-line
- * reason in err (always NUL-terminated). */
+ * reason in err (always NUL-terminated). Checks what needs no preset: --dcp and --load-dcp
+ * divide --tp, and both layouts obey the DCP rule (kvr_dcp_check's reason in err). */
 int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, char *err, size_t errlen);
 
 void bench_usage(FILE *f);
@@ -53,28 +61,47 @@ int bench_parse_size(const char *s, uint64_t *ret);
 
 /* ---- workload and pattern (pattern.c) --------------------------------------------------- */
 
+/* A DCP layout of the ranks (D = 1: the plain, non-DCP one) and what it makes of one block. */
+struct bench_layout {
+	uint32_t dcp, interleave;      /* D, I */
+	uint32_t groups;               /* tp / D */
+	uint64_t rank_bytes;           /* one block's pages on one rank (rows + tails): kvr_geometry_lane_bytes */
+	uint64_t kv_bytes;             /* one rank's KV memory */
+	uint32_t runs;                 /* copy runs of one block on one rank (kvr_dcp_lane_runs) */
+	uint64_t run_bytes;            /* the longest of them (I rows; D = 1: a whole page) */
+};
+
 /* What the options make, independent of any server. */
 struct bench_plan {
 	const struct kvr_preset *preset;
+	struct bench_layout st;        /* the cold phase's layout (--dcp, --interleave) */
+	struct bench_layout ld;        /* the warm phase's (--load-dcp, --load-interleave; default: st) */
+	uint32_t storing_groups;       /* groups that store in the cold phase: all (MHA: one lane each) or 1 (MLA) */
 	uint32_t full_blocks;          /* full blocks per prompt: input_len / block_tokens */
 	uint32_t blocks_per_prompt;    /* engine blocks a prompt takes: ceil(input_len / block_tokens) */
 	uint32_t num_blocks;           /* engine blocks per rank: concurrency x blocks_per_prompt */
 	uint32_t prefix_blocks;        /* full blocks made only of shared-prefix tokens */
-	uint32_t lanes;                /* tp (MHA) or 1 (MLA) */
-	uint64_t lane_bytes;           /* bytes of one block on one rank */
+	uint32_t lanes;                /* tp / D (MHA) or 1 (MLA) */
+	uint64_t lane_bytes;           /* one lane of a block: the canonical lane (D = 1: one rank's pages) */
 	uint64_t block_bytes;          /* across every lane */
-	uint64_t kv_bytes;             /* one rank's KV memory */
+	uint64_t kv_bytes;             /* one rank's KV memory (the larger of the two layouts') */
 	uint64_t unique_blocks;        /* distinct full blocks of the workload */
 	uint64_t unique_bytes;         /* unique_blocks x block_bytes: what L1 must hold */
 };
 
 /* Check the options against each other and the preset and derive the plan. -EINVAL with the
- * reason in err. */
+ * reason in err. Cross-layout loads (a warm layout other than the cold one) are refused for
+ * MHA models when D differs (the instance's lanes are tp / D) and for presets with page
+ * tails (those blocks load only under the layout that stored them). */
 int bench_plan_make(const struct bench_opts *o, struct bench_plan *ret, char *err, size_t errlen);
 
-/* Geometry of rank `rank` under the plan. 0 or what kvr_preset_geometry returns. */
-int bench_rank_geometry(const struct bench_opts *o, const struct bench_plan *pl, uint32_t rank,
-			struct kvr_geometry *ret);
+/* Geometry of TP rank `rank` under DCP layout (dcp, interleave): the preset's vLLM layout for
+ * block_tokens / dcp tokens a page (MHA: the heads of lane rank / dcp of tp / dcp lanes),
+ * then block_tokens (the canonical block), tp_size, tp_rank and the DCP fields set. D = 1 is
+ * the plain geometry. 0, -EINVAL (dcp does not divide tp or block_tokens) or what
+ * kvr_preset_geometry returns. */
+int bench_rank_geometry(const struct bench_opts *o, const struct bench_plan *pl, uint32_t rank, uint32_t dcp,
+			uint32_t interleave, struct kvr_geometry *ret);
 
 /* Tokens of prompt p (input_len of them): the shared prefix (prefix_len tokens, a function of
  * seed only), then tokens that are a function of (seed, p). */
@@ -84,8 +111,9 @@ void bench_prompt_tokens(const struct bench_opts *o, uint32_t p, uint32_t *ret_t
  * s_{i-1}), s_{-1} a constant. Identical prefixes give identical seeds. */
 void bench_content_seeds(const uint32_t *tokens, uint32_t n_blocks, uint32_t block_tokens, uint64_t *ret_seeds);
 
-/* Seed of a block's bytes on one rank (MLA: every rank holds the same bytes: rank ignored). */
-uint64_t bench_block_seed(uint64_t content_seed, uint32_t rank, bool mla);
+/* Seed of a block's bytes in one lane (MLA: every rank holds the same bytes: lane ignored). The
+ * lane of TP rank t is t / D (a DCP group stores one lane). */
+uint64_t bench_block_seed(uint64_t content_seed, uint32_t lane, bool mla);
 
 /* The pattern: byte `pos` of a lane is byte (pos % 8) of splitmix64(seed, pos / 8). Fill
  * dst[0..len) with lane bytes [pos, pos + len). */
@@ -95,9 +123,21 @@ void bench_pattern_fill(uint64_t seed, uint64_t pos, void *dst, size_t len);
  * first differing byte, or -1 when all match. */
 int64_t bench_pattern_check(uint64_t seed, uint64_t pos, const void *src, size_t len);
 
-/* Fill / check engine block `block` of KV memory kv (one lane: its regions in order). */
+/* Fill / check engine block `block` of a rank's KV memory kv. The bytes are those of the
+ * block's canonical lane (its regions' canonical pages in order, kvr_dcp.h): under (D, I),
+ * local row j of region i is global token t = kvr_dcp_global_token(j, D, I, dcp_rank) and
+ * holds lane bytes [off_i + t * row, + row) of the pattern, off_i =
+ * kvr_dcp_canonical_region_offset(g, i); the region's tail holds lane bytes
+ * [off_i + block_tokens * row + dcp_rank * tail, + tail) of the pattern seeded by
+ * bench_tail_seed(seed, D, I). So every row byte is a function of (block, region, GLOBAL
+ * token, byte) and every tail byte of (block, region, layout, rank, byte): a row loaded at
+ * the wrong place or a tail of another layout or rank fails the check. With D = 1 this is
+ * the lane pattern: the pages in region order, bytes [0, lane_bytes). */
 void bench_block_fill(const struct kvr_geometry *g, uint8_t *kv, uint32_t block, uint64_t seed);
 bool bench_block_check(const struct kvr_geometry *g, const uint8_t *kv, uint32_t block, uint64_t seed);
+
+/* The tail pattern's seed under (D, I): seed itself when D = 1, else seed mixed with D and I. */
+uint64_t bench_tail_seed(uint64_t seed, uint32_t dcp, uint32_t interleave);
 /* Zero engine block `block`; and whether every byte of it is zero. */
 void bench_block_zero(const struct kvr_geometry *g, uint8_t *kv, uint32_t block);
 bool bench_block_is_zero(const struct kvr_geometry *g, const uint8_t *kv, uint32_t block);
@@ -116,6 +156,7 @@ struct bench_dist bench_dist_of(uint64_t *v, size_t n);
 /* The goals the report checks (docs/benchmarks.md). */
 #define BENCH_STORE_GOAL_MIN 0.85    /* kvring store throughput / memcpy throughput */
 #define BENCH_LOAD_GOAL_MAX 1.10     /* kvring load time / memcpy time */
+#define BENCH_COPY_GOAL_MIN 0.70     /* DCP gather (store) and scatter (load, per rank) GB/s / memcpy GB/s */
 
 /* bytes / ns in GB/s (10^9 bytes per second); 0 when ns is 0. */
 double bench_gbps(uint64_t bytes, uint64_t ns);
@@ -127,22 +168,27 @@ const char *bench_fmt_ns(char *buf, size_t len, double ns);
 
 #define BENCH_ERR_MAX 256
 
+/* Cold-phase counts (requests, tokens, blocks, stored, present, bytes, memcpy) are the storing
+ * group's, kept by its DCP rank 0 (D = 1: every storing rank); errors and failed blocks are
+ * every rank's own. */
 struct bench_rank_result {
 	/* cold */
 	uint64_t st_requests, st_tokens, st_blocks, st_stored, st_present;
-	uint64_t st_bytes;          /* newly stored bytes (n_stored x lane_bytes) */
-	uint64_t st_ns;             /* sum of batch windows: first submit -> last completion */
+	uint64_t st_bytes;          /* newly stored bytes (n_stored x lane_bytes: canonical lanes) */
+	uint64_t st_ns;             /* sum of batch windows: the group's first submit -> its last completion */
+	uint64_t batch_t0, batch_t1; /* this rank's window of the current batch, for its group's rank 0 */
 	uint64_t st_fill_ns;        /* pattern generation, outside the windows */
 	uint64_t st_errors, st_failed_blocks;
-	uint64_t st_memcpy_ns;      /* the same bytes, same pieces, memcpy */
+	uint64_t st_memcpy_ns;      /* the same bytes, same pieces (every rank's runs), one memcpy thread */
 	uint64_t st_samples;        /* store completions with samples: entries used in bench_samples.st_lat_ns */
 	/* warm */
 	uint64_t ld_requests, ld_tokens, ld_matched_tokens, ld_matched_blocks;
 	uint64_t ld_l2_blocks;      /* matched blocks the lookup promoted from L2 */
-	uint64_t ld_bytes;          /* loaded bytes (matched blocks x lane_bytes) */
+	uint64_t ld_bytes;          /* loaded bytes (loaded blocks x the rank's page bytes of a block) */
 	uint64_t ld_ns;             /* sum of batch windows: first lookup -> last completion */
+	uint64_t ld_load_ns;        /* sum of batch windows: first load submit -> last completion */
 	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts;
-	uint64_t ld_memcpy_ns;
+	uint64_t ld_memcpy_ns;      /* the rank's loaded bytes, its pieces (copy runs), memcpy */
 	uint64_t ld_verify_ns;
 	uint64_t ld_samples;        /* lookups with samples: entries used in struct bench_samples */
 	char err[BENCH_ERR_MAX];    /* the first error, for the report */
@@ -171,6 +217,10 @@ struct bench_summary {
 	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts, ld_misses;
 	uint64_t ld_l2_blocks, ld_l1_hits, ld_l1_misses; /* tiers: L1 hits + L2 reads = matched blocks */
 	double hit_rate, ld_gbps, ld_memcpy_gbps, ld_time_ratio; /* ratio: kvring time / memcpy time */
+	uint64_t ld_load_ns;         /* the slowest rank's load windows (lookups not included) */
+	double ld_load_gbps, ld_load_ratio; /* ld_bytes / ld_load_ns; ld_load_gbps / ld_memcpy_gbps */
+	double ld_rank_ratio[KVR_MAX_TP];   /* per rank: its load GB/s / its memcpy GB/s (= memcpy / load time) */
+	double ld_rank_ratio_min;           /* the smallest of them (ranks that loaded) */
 	struct bench_dist lat, hash, index, rt;
 	uint64_t hash_index_p50_ns;  /* p50 of hash + index per lookup */
 	uint64_t errors;             /* every error of the run, spawn and exit status included */
@@ -260,6 +310,7 @@ struct bench_rank_ctx {
 	uint32_t rank;
 	struct bench_barrier *barrier;
 	struct bench_rank_result *res;
+	struct bench_rank_result *all;  /* every rank's result (tp), res among them: a group's rank 0 reads its group's */
 	struct bench_samples samples;
 };
 
@@ -286,7 +337,9 @@ int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, 
  * or -ETIMEDOUT (killed after the timeout) / -EINTR (it died by a signal) / -errno. */
 int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log, char *err, size_t errlen);
 
-/* The config JSON --spawn writes (exposed for tests). Caller frees. */
+/* The config JSON --spawn writes (exposed for tests): the model preset with the canonical
+ * block (model.tp_size: tp, or the lanes tp / dcp for MHA), max_workers tp (2 x tp when the
+ * warm layout differs from the cold one: every rank attaches again). Caller frees. */
 char *bench_server_config(const struct bench_opts *o, const struct bench_plan *pl, const char *socket);
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvr_dcp.h"
 #include "kvr_log.h"
 #include "bench.h"
 
@@ -44,7 +45,12 @@ void bench_usage(FILE *f)
 		"  --quiet              no table\n"
 		"  --dry-run            print the workload plan and exit; connects to nothing\n"
 		"  --evict              with --spawn: L1 a third of the workload + an L2 directory\n"
-		"  --dcp                decode context parallelism layout (not yet)\n"
+		"  --dcp N              decode context parallel size: groups of N consecutive TP ranks,\n"
+		"                       each rank holds 1/N of every block's tokens (default 1; divides --tp)\n"
+		"  --interleave N       DCP interleave: a rank holds runs of N consecutive tokens (default 1;\n"
+		"                       --block-tokens must be a multiple of --dcp x --interleave)\n"
+		"  --load-dcp N         the warm phase's DCP size (default --dcp): load under another layout\n"
+		"  --load-interleave N  the warm phase's interleave (default --interleave)\n"
 		"  --help               this text\n",
 		kvr_preset_list());
 }
@@ -129,10 +135,36 @@ int bench_parse_phases(const char *s, unsigned *ret)
 	return 0;
 }
 
+uint32_t bench_load_dcp(const struct bench_opts *o)
+{
+	return o->load_dcp ? o->load_dcp : o->dcp;
+}
+
+uint32_t bench_load_interleave(const struct bench_opts *o)
+{
+	return o->load_interleave ? o->load_interleave : o->interleave;
+}
+
+/* A DCP group is D consecutive TP ranks, and every rank must hold block_tokens / D tokens of
+ * every block (kvr_dcp.h's rule). */
+static int check_layout(const struct bench_opts *o, const char *dname, uint32_t d, const char *iname, uint32_t il,
+			char *err, size_t errlen)
+{
+	if (o->tp % d)
+		return kvr_errf(err, errlen, -EINVAL, "%s %u does not divide --tp %u (a DCP group is %u consecutive TP ranks)",
+				dname, d, o->tp, d);
+	char why[160];
+	if (kvr_dcp_check(o->block_tokens, d, il, why, sizeof(why)))
+		return kvr_errf(err, errlen, -EINVAL, "%s %u %s %u with --block-tokens %u: %s", dname, d, iname, il,
+				o->block_tokens, why);
+	return 0;
+}
+
 enum {
 	OPT_SOCKET = 256, OPT_SPAWN, OPT_KVRINGD, OPT_L1_BYTES, OPT_MODEL, OPT_TP, OPT_BLOCK_TOKENS, OPT_PROMPTS,
 	OPT_INPUT_LEN, OPT_PREFIX_LEN, OPT_CONCURRENCY, OPT_SEED, OPT_PHASES, OPT_JSON, OPT_QUIET, OPT_DRY_RUN,
-	OPT_ALLOW_MISSES, OPT_TIMEOUT, OPT_EVICT, OPT_DCP, OPT_PLOT, OPT_NO_PLOT, OPT_HELP,
+	OPT_ALLOW_MISSES, OPT_TIMEOUT, OPT_EVICT, OPT_DCP, OPT_INTERLEAVE, OPT_LOAD_DCP, OPT_LOAD_INTERLEAVE, OPT_PLOT,
+	OPT_NO_PLOT, OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -157,7 +189,10 @@ static const struct option long_opts[] = {
 	{"allow-misses", no_argument, NULL, OPT_ALLOW_MISSES},
 	{"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
 	{"evict", no_argument, NULL, OPT_EVICT},
-	{"dcp", no_argument, NULL, OPT_DCP},
+	{"dcp", required_argument, NULL, OPT_DCP},
+	{"interleave", required_argument, NULL, OPT_INTERLEAVE},
+	{"load-dcp", required_argument, NULL, OPT_LOAD_DCP},
+	{"load-interleave", required_argument, NULL, OPT_LOAD_INTERLEAVE},
 	{"help", no_argument, NULL, OPT_HELP},
 	{NULL, 0, NULL, 0},
 };
@@ -175,6 +210,8 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		.seed = 1,
 		.phases = BENCH_COLD | BENCH_WARM,
 		.timeout_ms = 30000,
+		.dcp = 1,
+		.interleave = 1,
 	};
 	if (errlen)
 		err[0] = '\0';
@@ -233,7 +270,10 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 				o.timeout_ms = (int64_t)v64;
 			break;
 		case OPT_EVICT: o.evict = true; break;
-		case OPT_DCP: o.dcp = true; break;
+		case OPT_DCP: rc = parse_u32(optarg, 1, KVR_DCP_MAX, &o.dcp); break;
+		case OPT_INTERLEAVE: rc = parse_u32(optarg, 1, 4096, &o.interleave); break;
+		case OPT_LOAD_DCP: rc = parse_u32(optarg, 1, KVR_DCP_MAX, &o.load_dcp); break;
+		case OPT_LOAD_INTERLEAVE: rc = parse_u32(optarg, 1, 4096, &o.load_interleave); break;
 		case OPT_HELP:
 			bench_usage(out);
 			return 1;
@@ -256,6 +296,12 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		return kvr_errf(err, errlen, -EINVAL, "--plot and --no-plot exclude each other");
 	if (o.prefix_len > o.input_len)
 		return kvr_errf(err, errlen, -EINVAL, "--prefix-len %u is longer than --input-len %u", o.prefix_len, o.input_len);
+	int rc = check_layout(&o, "--dcp", o.dcp, "--interleave", o.interleave, err, errlen);
+	if (!rc)
+		rc = check_layout(&o, "--load-dcp", bench_load_dcp(&o), "--load-interleave", bench_load_interleave(&o), err,
+				  errlen);
+	if (rc)
+		return rc;
 	*ret = o;
 	return 0;
 }

@@ -2,16 +2,19 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <xxhash.h>
 
 #include "bench.h"
+#include "kvr_dcp.h"
 
 #define GOLDEN 0x9e3779b97f4a7c15ull
 #define VOCAB 151936u                     /* Qwen's vocabulary: token ids stay realistic */
 #define CHAIN_SEED 0x6b7672696e672d62ull  /* "kvring-b" */
 #define PREFIX_TAG 0x7072656669780000ull  /* "prefix" */
+#define TAIL_TAG 0x7461696c00000000ull    /* "tail" */
 
 static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errlen, const char *fmt, ...)
@@ -39,13 +42,43 @@ static inline uint64_t stream_word(uint64_t seed, uint64_t i)
 	return mix64(seed + (i + 1) * GOLDEN);
 }
 
+/* Geometry of rank 0 under (dcp, interleave), validated, and what it makes of one block. */
+static int layout_make(const struct bench_opts *o, const struct bench_plan *pl, uint32_t dcp, uint32_t il,
+		       struct bench_layout *ret, struct kvr_geometry *ret_g, char *err, size_t errlen)
+{
+	struct kvr_geometry g;
+	int rc = bench_rank_geometry(o, pl, 0, dcp, il, &g);
+	if (rc)
+		return fail(err, errlen, "--model %s with --tp %u --dcp %u --block-tokens %u: no geometry (%s; the TP "
+			    "size of a lane, tp / dcp, must divide the %u KV heads or be a multiple of them)", o->model, o->tp,
+			    dcp, o->block_tokens, strerror(-rc), pl->preset->kv_heads_total);
+	char why[KVR_GEOM_ERR_MAX];
+	if (kvr_geometry_validate(&g, kvr_geometry_kv_extent(&g), why, sizeof(why)))
+		return fail(err, errlen, "--model %s, dcp %u, interleave %u: invalid geometry: %s", o->model, dcp, il, why);
+	size_t cap = kvr_dcp_lane_max_runs(&g);
+	struct kvr_dcp_run *runs = calloc(cap ? cap : 1, sizeof(*runs));
+	if (!runs)
+		return fail(err, errlen, "out of memory");
+	int n = kvr_dcp_lane_runs(&g, 0, 0, runs, cap, why, sizeof(why));
+	uint64_t longest = 0;
+	for (int k = 0; k < n; k++)
+		longest = runs[k].len > longest ? runs[k].len : longest;
+	free(runs);
+	if (n <= 0)
+		return fail(err, errlen, "--model %s, dcp %u, interleave %u: no copy runs: %s", o->model, dcp, il,
+			    n ? why : "none");
+	*ret = (struct bench_layout){.dcp = dcp, .interleave = il, .groups = o->tp / dcp,
+				     .rank_bytes = kvr_geometry_lane_bytes(&g), .kv_bytes = kvr_geometry_kv_extent(&g),
+				     .runs = (uint32_t)n, .run_bytes = longest};
+	*ret_g = g;
+	return 0;
+}
+
 int bench_plan_make(const struct bench_opts *o, struct bench_plan *ret, char *err, size_t errlen)
 {
 	struct bench_plan pl = {0};
 	if (o->evict && !o->spawn)
 		return fail(err, errlen, "--evict needs --spawn: it sizes L1 small and gives kvringd an L2 directory");
-	if (o->dcp)
-		return fail(err, errlen, "--dcp: the decode-context-parallel workload is not implemented yet");
 	pl.preset = kvr_preset_find(o->model);
 	if (!pl.preset)
 		return fail(err, errlen, "--model: unknown preset \"%s\" (known: %s)", o->model, kvr_preset_list());
@@ -64,26 +97,56 @@ int bench_plan_make(const struct bench_opts *o, struct bench_plan *ret, char *er
 	pl.num_blocks = (uint32_t)nb;
 	pl.prefix_blocks = o->prefix_len / o->block_tokens;
 
-	struct kvr_geometry g;
-	int rc = kvr_preset_geometry(pl.preset, o->tp, 0, o->block_tokens, pl.num_blocks, &g);
+	uint32_t ld_dcp = bench_load_dcp(o), ld_il = bench_load_interleave(o);
+	if (o->dcp == 0 || o->tp % o->dcp || ld_dcp == 0 || o->tp % ld_dcp)
+		return fail(err, errlen, "--dcp %u / --load-dcp %u must divide --tp %u", o->dcp, ld_dcp, o->tp);
+	bool mla = pl.preset->attention == KVR_ATTN_MLA;
+	struct kvr_geometry g, gl;
+	int rc = layout_make(o, &pl, o->dcp, o->interleave, &pl.st, &g, err, errlen);
+	if (!rc)
+		rc = layout_make(o, &pl, ld_dcp, ld_il, &pl.ld, &gl, err, errlen);
 	if (rc)
-		return fail(err, errlen, "--model %s with --tp %u --block-tokens %u: no geometry (%s; TP must divide the "
-			    "%u KV heads or be a multiple of them)", o->model, o->tp, o->block_tokens, strerror(-rc),
-			    pl.preset->kv_heads_total);
-	pl.lanes = kvr_geometry_lanes(&g);
-	pl.lane_bytes = kvr_geometry_lane_bytes(&g);
-	pl.block_bytes = kvr_geometry_block_bytes_all_ranks(&g);
-	pl.kv_bytes = kvr_geometry_kv_extent(&g);
+		return rc;
+	bool cross = ld_dcp != o->dcp || (ld_dcp > 1 && ld_il != o->interleave);
+	if (cross && !mla && ld_dcp != o->dcp)
+		return fail(err, errlen, "--load-dcp %u with --dcp %u: %s is MHA/GQA, whose lanes are tp / dcp (%u, %u): "
+			    "one instance serves one of them", ld_dcp, o->dcp, o->model, o->tp / o->dcp, o->tp / ld_dcp);
+	bool tail = kvr_geometry_has_tail(&g);
+	if (cross && !kvr_dcp_layout_compatible(tail, o->dcp, o->interleave, ld_dcp, ld_il))
+		return fail(err, errlen, "--load-dcp %u --load-interleave %u: %s has page tails, whose blocks load only "
+			    "under the layout that stored them (dcp %u, interleave %u)", ld_dcp, ld_il, o->model, o->dcp,
+			    o->interleave);
+	pl.storing_groups = mla ? 1 : pl.st.groups;
+	pl.lanes = kvr_geometry_lanes(&g) / (mla ? 1 : o->dcp);
+	pl.lane_bytes = kvr_dcp_canonical_lane_bytes(&g);
+	pl.block_bytes = pl.lane_bytes * pl.lanes;
+	pl.kv_bytes = pl.st.kv_bytes > pl.ld.kv_bytes ? pl.st.kv_bytes : pl.ld.kv_bytes;
 	pl.unique_blocks = (uint64_t)pl.prefix_blocks + (uint64_t)o->prompts * (pl.full_blocks - pl.prefix_blocks);
 	pl.unique_bytes = pl.unique_blocks * pl.block_bytes;
 	*ret = pl;
 	return 0;
 }
 
-int bench_rank_geometry(const struct bench_opts *o, const struct bench_plan *pl, uint32_t rank,
-			struct kvr_geometry *ret)
+int bench_rank_geometry(const struct bench_opts *o, const struct bench_plan *pl, uint32_t rank, uint32_t dcp,
+			uint32_t interleave, struct kvr_geometry *ret)
 {
-	return kvr_preset_geometry(pl->preset, o->tp, rank, o->block_tokens, pl->num_blocks, ret);
+	if (!dcp || !interleave || o->tp % dcp || o->block_tokens % dcp || rank >= o->tp)
+		return -EINVAL;
+	bool mla = pl->preset->attention == KVR_ATTN_MLA;
+	struct kvr_geometry g;
+	/* a page holds the rank's block_tokens / D tokens; MHA: the D ranks of a group share their lane's heads */
+	int rc = kvr_preset_geometry(pl->preset, mla ? o->tp : o->tp / dcp, mla ? rank : rank / dcp,
+				     o->block_tokens / dcp, pl->num_blocks, &g);
+	if (rc)
+		return rc;
+	g.block_tokens = o->block_tokens;
+	g.tp_size = o->tp;
+	g.tp_rank = rank;
+	g.dcp_size = dcp;
+	g.dcp_rank = rank % dcp;
+	g.dcp_interleave = interleave;
+	*ret = g;
+	return 0;
 }
 
 void bench_prompt_tokens(const struct bench_opts *o, uint32_t p, uint32_t *ret_tokens)
@@ -102,9 +165,14 @@ void bench_content_seeds(const uint32_t *tokens, uint32_t n_blocks, uint32_t blo
 	}
 }
 
-uint64_t bench_block_seed(uint64_t content_seed, uint32_t rank, bool mla)
+uint64_t bench_block_seed(uint64_t content_seed, uint32_t lane, bool mla)
 {
-	return mix64(content_seed ^ (mla ? 0 : ((uint64_t)rank + 1) * GOLDEN));
+	return mix64(content_seed ^ (mla ? 0 : ((uint64_t)lane + 1) * GOLDEN));
+}
+
+uint64_t bench_tail_seed(uint64_t seed, uint32_t dcp, uint32_t interleave)
+{
+	return dcp <= 1 ? seed : mix64(seed ^ TAIL_TAG ^ ((uint64_t)dcp << 32 | interleave));
 }
 
 void bench_pattern_fill(uint64_t seed, uint64_t pos, void *dst, size_t len)
@@ -164,28 +232,56 @@ static uint8_t *page_of(const struct kvr_geometry *g, const uint8_t *kv, uint32_
 	return (uint8_t *)kv + reg.offset + (uint64_t)block * reg.stride;
 }
 
+/* Walk the pieces of engine block `block` (bench_block_fill's contract): for each run of
+ * consecutive global rows and each tail, `fn` gets the page bytes, the pattern seed and the
+ * canonical lane position. Stops at the first piece fn refuses (returns false). */
+static bool walk_block(const struct kvr_geometry *g, const uint8_t *kv, uint32_t block, uint64_t seed,
+		       bool (*fn)(uint8_t *p, uint64_t seed, uint64_t pos, uint32_t len))
+{
+	uint32_t d = g->dcp_size ? g->dcp_size : 1, il = g->dcp_interleave ? g->dcp_interleave : 1;
+	uint32_t rt = g->block_tokens / d;
+	uint64_t tseed = bench_tail_seed(seed, d, il), off = 0;
+	for (unsigned i = 0; i < g->n_regions; i++) {
+		uint32_t len;
+		uint8_t *p = page_of(g, kv, block, i, &len);
+		if (d == 1) { /* the canonical page is the page: one piece */
+			if (!fn(p, seed, off, len))
+				return false;
+			off += len;
+			continue;
+		}
+		uint32_t sem = g->sem_bytes[i], row = sem / rt, tail = len - sem;
+		for (uint32_t j = 0; j < rt; j += il) { /* I local rows are I consecutive global rows */
+			uint64_t t = kvr_dcp_global_token(j, d, il, g->dcp_rank);
+			if (!fn(p + (uint64_t)j * row, seed, off + t * row, il * row))
+				return false;
+		}
+		if (tail && !fn(p + sem, tseed, off + (uint64_t)g->block_tokens * row + (uint64_t)g->dcp_rank * tail, tail))
+			return false;
+		off += kvr_dcp_canonical_page_bytes(row, tail, g->block_tokens, d);
+	}
+	return true;
+}
+
+static bool fill_piece(uint8_t *p, uint64_t seed, uint64_t pos, uint32_t len)
+{
+	bench_pattern_fill(seed, pos, p, len);
+	return true;
+}
+
+static bool check_piece(uint8_t *p, uint64_t seed, uint64_t pos, uint32_t len)
+{
+	return bench_pattern_check(seed, pos, p, len) < 0;
+}
+
 void bench_block_fill(const struct kvr_geometry *g, uint8_t *kv, uint32_t block, uint64_t seed)
 {
-	uint64_t pos = 0;
-	for (unsigned r = 0; r < g->n_regions; r++) {
-		uint32_t len;
-		uint8_t *p = page_of(g, kv, block, r, &len);
-		bench_pattern_fill(seed, pos, p, len);
-		pos += len;
-	}
+	(void)walk_block(g, kv, block, seed, fill_piece);
 }
 
 bool bench_block_check(const struct kvr_geometry *g, const uint8_t *kv, uint32_t block, uint64_t seed)
 {
-	uint64_t pos = 0;
-	for (unsigned r = 0; r < g->n_regions; r++) {
-		uint32_t len;
-		const uint8_t *p = page_of(g, kv, block, r, &len);
-		if (bench_pattern_check(seed, pos, p, len) >= 0)
-			return false;
-		pos += len;
-	}
-	return true;
+	return walk_block(g, kv, block, seed, check_piece);
 }
 
 void bench_block_zero(const struct kvr_geometry *g, uint8_t *kv, uint32_t block)

@@ -220,8 +220,12 @@ char *bench_plot_script(const struct bench_plot_input *in, const char *data_path
 	struct tm tm;
 	if (localtime_r(&in->when, &tm))
 		strftime(when, sizeof(when), "%Y-%m-%d %H:%M", &tm);
-	snprintf(title, sizeof(title), "kvring-bench: %s (%s), tp %u, %u prompts x %u tokens (shared prefix %u), %s%s",
-		 o->model, in->pl->preset->hf_id, o->tp, o->prompts, o->input_len, o->prefix_len, when,
+	char dcp[48] = "";
+	if (o->dcp > 1 || bench_load_dcp(o) > 1)
+		snprintf(dcp, sizeof(dcp), ", dcp %u / %u (load %u / %u)", o->dcp, o->interleave, bench_load_dcp(o),
+			 bench_load_interleave(o));
+	snprintf(title, sizeof(title), "kvring-bench: %s (%s), tp %u%s, %u prompts x %u tokens (shared prefix %u), %s%s",
+		 o->model, in->pl->preset->hf_id, o->tp, dcp, o->prompts, o->input_len, o->prefix_len, when,
 		 in->s->ok ? "" : ", FAILED");
 	fprintf(f, "# kvring-bench plot script (fed to gnuplot on stdin)\n");
 	fprintf(f, "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"

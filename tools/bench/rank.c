@@ -1,4 +1,4 @@
-/* kvring-bench rank process: one emulated TP worker — KV memory, attach, cold/warm phases, memcpy baselines. */
+/* kvring-bench rank process: one emulated TP (and DCP) worker — KV memory, attach, cold/warm phases, memcpy baselines. */
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -15,6 +15,7 @@
 #include <kvring/kvring.h>
 
 #include "bench.h"
+#include "kvr_dcp.h"
 #include "kvr_time.h"
 
 #define WAIT_BATCH 64
@@ -74,11 +75,15 @@ struct rank {
 	const struct bench_opts *o;
 	const struct bench_plan *pl;
 	struct bench_rank_result *res;
+	const struct bench_layout *lay; /* the layout attached now (pl->st or pl->ld) */
 	struct kvr_geometry g;
 	bool mla;
+	uint32_t group;       /* DCP group: tp_rank / D */
+	uint32_t lane;        /* the lane its group stores (MLA: 0) */
 	int kv_fd;
-	uint8_t *kv;          /* the engine's KV memory (kv_bytes) */
-	uint8_t *scratch;     /* memcpy baseline: num_blocks lane-contiguous blocks */
+	uint8_t *kv;          /* the engine's KV memory (lay->kv_bytes) */
+	uint64_t kv_bytes;
+	uint8_t *scratch;     /* memcpy baseline: num_blocks canonical lanes, laid out like slots */
 	uint64_t scratch_bytes;
 	struct kvr_client *c;
 	uint32_t *tokens;     /* inflight x input_len */
@@ -99,6 +104,19 @@ static void note(struct rank *r, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* Whether this rank keeps its group's cold-phase counts: DCP rank 0 (every rank when D = 1). */
+static bool group_leader(const struct rank *r)
+{
+	return r->g.dcp_rank == 0;
+}
+
+/* Whether this rank stores in the cold phase: every group under MHA (one lane each), the first
+ * group under MLA (every group holds the same latent). */
+static bool storing(const struct rank *r)
+{
+	return r->group < r->pl->storing_groups;
+}
+
 /* Tokens, seeds and engine block ids of batch entry i holding prompt p. */
 static void prepare_prompt(struct rank *r, uint32_t i, uint32_t p)
 {
@@ -111,7 +129,7 @@ static void prepare_prompt(struct rank *r, uint32_t i, uint32_t p)
 
 static uint64_t seed_of(struct rank *r, uint32_t i, uint32_t b)
 {
-	return bench_block_seed(r->seeds[(size_t)i * r->pl->full_blocks + b], r->x->rank, r->mla);
+	return bench_block_seed(r->seeds[(size_t)i * r->pl->full_blocks + b], r->lane, r->mla);
 }
 
 /* Collect completions until `want` have arrived or the deadline passes; on_done is called for
@@ -140,6 +158,16 @@ static int collect(struct rank *r, unsigned want, void (*on_done)(struct rank *,
 	return 0;
 }
 
+static int sync_all(struct rank *r, const char *where)
+{
+	int rc = bench_barrier_wait(r->x->barrier, r->o->timeout_ms * 4);
+	if (rc == -ETIMEDOUT)
+		note(r, "the other ranks did not reach %s", where);
+	else if (rc)
+		note(r, "another rank failed before %s", where);
+	return rc;
+}
+
 /* ---- cold ---------------------------------------------------------------------------------- */
 
 static void store_done(struct rank *r, const struct kvr_completion *d, void *arg)
@@ -157,49 +185,85 @@ static void store_done(struct rank *r, const struct kvr_completion *d, void *arg
 		     strerror(-d->status), d->n_failed, d->n_blocks);
 	}
 	res->st_failed_blocks += d->n_failed;
-	res->st_stored += d->n_stored;
-	res->st_present += d->n_present;
-	res->st_bytes += (uint64_t)d->n_stored * r->pl->lane_bytes;
+	if (group_leader(r)) { /* every rank of a DCP group gets the group's counts */
+		res->st_stored += d->n_stored;
+		res->st_present += d->n_present;
+		res->st_bytes += (uint64_t)d->n_stored * r->pl->lane_bytes;
+	}
 	if (!d->status && res->st_samples < r->o->prompts)
 		r->x->samples.st_lat_ns[res->st_samples++] = d->diag.total_ns;
 }
 
+/* One batch of stores: every rank of a storing group sends its own STORE of the same prompts
+ * (a DCP group's block is committed once all its ranks sent it). Window: submit -> last
+ * completion of this rank, in res->batch_t0/t1. */
+static int store_batch(struct rank *r, uint32_t base, uint32_t k)
+{
+	const struct bench_opts *o = r->o;
+	const struct bench_plan *pl = r->pl;
+	struct bench_rank_result *res = r->res;
+	bool lead = group_leader(r);
+	uint64_t t0 = kvr_now_ns();
+	unsigned sent = 0;
+	for (uint32_t i = 0; i < k; i++) {
+		int rc = kvr_store(r->c, base + i + 1, r->tokens + (size_t)i * o->input_len, o->input_len, NULL, 0,
+				   r->blocks + (size_t)i * pl->blocks_per_prompt, pl->full_blocks);
+		if (lead) {
+			res->st_requests++;
+			res->st_tokens += o->input_len;
+			res->st_blocks += pl->full_blocks;
+		}
+		if (rc) {
+			res->st_errors++;
+			note(r, "kvr_store(prompt %u): %s", base + i, kvr_last_error(r->c));
+			continue;
+		}
+		sent++;
+	}
+	int rc = collect(r, sent, store_done, NULL);
+	res->batch_t0 = t0;
+	res->batch_t1 = kvr_now_ns();
+	if (rc)
+		res->st_errors++;
+	return rc;
+}
+
+/* The cold phase in lockstep: every batch starts at a barrier, so the ranks of a group submit
+ * together, and ends at one; then the group's rank 0 adds the group's window (its earliest
+ * submit to its latest completion) to st_ns. Ranks that do not store meet the same barriers. */
 static int phase_cold(struct rank *r)
 {
 	const struct bench_opts *o = r->o;
 	const struct bench_plan *pl = r->pl;
 	struct bench_rank_result *res = r->res;
-	if (r->mla && r->x->rank) /* MLA: every rank holds the same latent; rank 0 stores it */
-		return 0;
+	bool stores = storing(r);
 	for (uint32_t base = 0; base < o->prompts; base += r->inflight) {
 		uint32_t k = o->prompts - base < r->inflight ? o->prompts - base : r->inflight;
-		uint64_t t = kvr_now_ns();
-		for (uint32_t i = 0; i < k; i++) {
-			prepare_prompt(r, i, base + i);
-			for (uint32_t b = 0; b < pl->full_blocks; b++)
-				bench_block_fill(&r->g, r->kv, r->blocks[(size_t)i * pl->blocks_per_prompt + b], seed_of(r, i, b));
-		}
-		uint64_t t0 = kvr_now_ns();
-		res->st_fill_ns += t0 - t;
-		unsigned sent = 0;
-		for (uint32_t i = 0; i < k; i++) {
-			int rc = kvr_store(r->c, base + i + 1, r->tokens + (size_t)i * o->input_len, o->input_len, NULL, 0,
-					   r->blocks + (size_t)i * pl->blocks_per_prompt, pl->full_blocks);
-			res->st_requests++;
-			res->st_tokens += o->input_len;
-			res->st_blocks += pl->full_blocks;
-			if (rc) {
-				res->st_errors++;
-				note(r, "kvr_store(prompt %u): %s", base + i, kvr_last_error(r->c));
-				continue;
+		if (stores) {
+			uint64_t t = kvr_now_ns();
+			for (uint32_t i = 0; i < k; i++) {
+				prepare_prompt(r, i, base + i);
+				for (uint32_t b = 0; b < pl->full_blocks; b++)
+					bench_block_fill(&r->g, r->kv, r->blocks[(size_t)i * pl->blocks_per_prompt + b],
+							 seed_of(r, i, b));
 			}
-			sent++;
+			res->st_fill_ns += kvr_now_ns() - t;
 		}
-		int rc = collect(r, sent, store_done, NULL);
-		res->st_ns += kvr_now_ns() - t0;
-		if (rc) {
-			res->st_errors++;
+		int rc = sync_all(r, "a store batch");
+		if (!rc && stores)
+			rc = store_batch(r, base, k);
+		if (!rc)
+			rc = sync_all(r, "the end of a store batch");
+		if (rc)
 			return rc;
+		if (stores && group_leader(r)) {
+			const struct bench_rank_result *g = r->x->all + r->group * r->g.dcp_size;
+			uint64_t t0 = g[0].batch_t0, t1 = g[0].batch_t1;
+			for (uint32_t q = 1; q < r->g.dcp_size; q++) {
+				t0 = g[q].batch_t0 < t0 ? g[q].batch_t0 : t0;
+				t1 = g[q].batch_t1 > t1 ? g[q].batch_t1 : t1;
+			}
+			res->st_ns += t1 - t0;
 		}
 	}
 	return 0;
@@ -209,6 +273,7 @@ static int phase_cold(struct rank *r)
 
 struct warm_batch {
 	uint32_t base, k;
+	uint64_t t_load;             /* the first load's submit; 0 = none yet */
 	uint32_t matched[1024];      /* per batch entry (concurrency <= 1024) */
 	bool looked_up[1024];        /* the lookup succeeded: the entry has samples */
 	int32_t status[1024];        /* load status; 1 = no completion (yet) */
@@ -255,7 +320,8 @@ static unsigned warm_submit(struct rank *r, struct warm_batch *wb)
 		res->ld_requests++;
 		res->ld_tokens += o->input_len;
 		int rc = kvr_lookup(r->c, req, r->tokens + (size_t)i * o->input_len, o->input_len, NULL, 0, &lr);
-		wb->lat_ns[i] = kvr_now_ns() - t;
+		uint64_t now = kvr_now_ns();
+		wb->lat_ns[i] = now - t;
 		if (rc) {
 			res->ld_errors++;
 			note(r, "kvr_lookup(prompt %u): %s", p, kvr_last_error(r->c));
@@ -277,6 +343,8 @@ static unsigned warm_submit(struct rank *r, struct warm_batch *wb)
 			wb->status[i] = 0;
 			continue;
 		}
+		if (!wb->t_load)
+			wb->t_load = now;
 		if (kvr_load(r->c, req, r->blocks + (size_t)i * r->pl->blocks_per_prompt, lr.matched_blocks)) {
 			res->ld_errors++;
 			note(r, "kvr_load(prompt %u, %u blocks): %s", p, lr.matched_blocks, kvr_last_error(r->c));
@@ -302,7 +370,7 @@ static void warm_verify(struct rank *r, struct warm_batch *wb)
 					exact = false;
 					continue;
 				}
-				res->ld_bytes += r->pl->lane_bytes;
+				res->ld_bytes += r->lay->rank_bytes;
 				if (!bench_block_check(&r->g, r->kv, id, seed_of(r, i, b))) {
 					res->ld_mismatch_blocks++;
 					exact = false;
@@ -341,6 +409,7 @@ static int phase_warm(struct rank *r)
 		uint32_t k = o->prompts - base < r->inflight ? o->prompts - base : r->inflight;
 		wb->base = base;
 		wb->k = k;
+		wb->t_load = 0;
 		memset(wb->failed, 0, (size_t)k * bpp);
 		for (uint32_t i = 0; i < k; i++) {
 			prepare_prompt(r, i, base + i);
@@ -353,7 +422,10 @@ static int phase_warm(struct rank *r)
 		uint64_t t0 = kvr_now_ns();
 		unsigned sent = warm_submit(r, wb);
 		rc = collect(r, sent, load_done, wb);
-		res->ld_ns += kvr_now_ns() - t0;
+		uint64_t t1 = kvr_now_ns();
+		res->ld_ns += t1 - t0;
+		if (wb->t_load)
+			res->ld_load_ns += t1 - wb->t_load;
 		if (rc)
 			res->ld_errors++;
 		uint64_t tv = kvr_now_ns();
@@ -367,64 +439,130 @@ static int phase_warm(struct rank *r)
 
 /* ---- memcpy baselines --------------------------------------------------------------------- */
 
-/* Copy n blocks between the engine's KV memory and lane-contiguous scratch blocks, one region
- * page per memcpy (the pieces kvring copies). to_engine: scratch -> KV (load), else KV ->
- * scratch (store). Returns the elapsed ns. */
-static uint64_t baseline(struct rank *r, uint64_t n, bool to_engine)
+/* The copy runs of every engine block of geometry g against canonical lane blk of the scratch
+ * (slot offset blk x lane_bytes): runs of block b at *ret_runs + b * cap, counts in
+ * (*ret_n)[b]. What kvringd's stages plan (kvr_dcp_lane_runs). 0 or -errno (noted). */
+static int plan_runs(struct rank *r, const struct kvr_geometry *g, struct kvr_dcp_run **ret_runs, uint32_t **ret_n,
+		     size_t *ret_cap)
 {
+	uint32_t nb = r->pl->num_blocks;
+	size_t cap = kvr_dcp_lane_max_runs(g);
+	struct kvr_dcp_run *runs = calloc((size_t)nb * cap, sizeof(*runs));
+	uint32_t *n = calloc(nb, sizeof(*n));
+	if (!runs || !n) {
+		free(runs);
+		free(n);
+		note(r, "out of memory for the baseline's copy runs");
+		return -ENOMEM;
+	}
+	for (uint32_t b = 0; b < nb; b++) {
+		char err[160];
+		int k = kvr_dcp_lane_runs(g, b, (uint64_t)b * r->pl->lane_bytes, runs + b * cap, cap, err, sizeof(err));
+		if (k < 0) {
+			note(r, "copy runs of block %u: %s", b, err[0] ? err : strerror(-k));
+			free(runs);
+			free(n);
+			return k;
+		}
+		n[b] = (uint32_t)k;
+	}
+	*ret_runs = runs;
+	*ret_n = n;
+	*ret_cap = cap;
+	return 0;
+}
+
+/* Store baseline, run by a storing group's rank 0: one thread copies what the group's gather
+ * did: for `n` blocks, every rank's runs from its KV memory into canonical lanes of the
+ * scratch (block j -> engine block and lane j mod num_blocks), in the gather actor's order: a
+ * request's blocks (full_blocks of them) rank after rank. The other ranks' KV memory is a
+ * resident buffer of the same layout. Sets *ret_ns; 0 or -errno. */
+static int store_baseline(struct rank *r, uint64_t n, uint64_t *ret_ns)
+{
+	uint32_t d = r->g.dcp_size, nb = r->pl->num_blocks;
+	struct kvr_dcp_run *runs[KVR_DCP_MAX] = {0};
+	uint32_t *counts[KVR_DCP_MAX] = {0};
+	size_t cap = 0;
+	uint8_t *src[KVR_DCP_MAX] = {r->kv};
+	uint64_t peer_bytes = (uint64_t)(d - 1) * r->kv_bytes;
+	void *peers = MAP_FAILED;
+	int rc = 0;
+	if (peer_bytes) {
+		peers = mmap(NULL, peer_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (peers == MAP_FAILED) {
+			rc = -errno;
+			note(r, "baseline: the other ranks' KV memory (%llu bytes): %s", (unsigned long long)peer_bytes,
+			     strerror(errno));
+			return rc;
+		}
+		memset(peers, 0x3c, peer_bytes);
+	}
+	for (uint32_t q = 0; q < d && !rc; q++) {
+		struct kvr_geometry g = r->g;
+		g.tp_rank = r->group * d + q;
+		g.dcp_rank = q;
+		if (q)
+			src[q] = (uint8_t *)peers + (uint64_t)(q - 1) * r->kv_bytes;
+		rc = plan_runs(r, &g, &runs[q], &counts[q], &cap);
+	}
+	if (!rc) {
+		uint32_t per_req = r->pl->full_blocks;
+		uint64_t t0 = kvr_now_ns();
+		for (uint64_t j0 = 0; j0 < n; j0 += per_req) {
+			uint64_t j1 = n - j0 < per_req ? n : j0 + per_req;
+			for (uint32_t q = 0; q < d; q++)
+				for (uint64_t j = j0; j < j1; j++) {
+					uint32_t b = (uint32_t)(j % nb);
+					const struct kvr_dcp_run *ru = runs[q] + b * cap;
+					for (uint32_t k = 0; k < counts[q][b]; k++)
+						memcpy(r->scratch + ru[k].slot_off, src[q] + ru[k].kv_off, ru[k].len);
+				}
+		}
+		*ret_ns = kvr_now_ns() - t0;
+		__asm__ volatile("" : : "r"(r->scratch), "r"(peers) : "memory"); /* the copies are observable */
+	}
+	for (uint32_t q = 0; q < d; q++) {
+		free(runs[q]);
+		free(counts[q]);
+	}
+	if (peers != MAP_FAILED)
+		munmap(peers, peer_bytes);
+	return rc;
+}
+
+/* Load baseline, every rank: its runs of `n` blocks from canonical lanes of the scratch into
+ * its KV memory (what its loads scattered), block after block. Sets *ret_ns; 0 or -errno. */
+static int load_baseline(struct rank *r, uint64_t n, uint64_t *ret_ns)
+{
+	struct kvr_dcp_run *runs;
+	uint32_t *counts, nb = r->pl->num_blocks;
+	size_t cap;
+	int rc = plan_runs(r, &r->g, &runs, &counts, &cap);
+	if (rc)
+		return rc;
 	uint64_t t0 = kvr_now_ns();
 	for (uint64_t j = 0; j < n; j++) {
-		uint32_t blk = (uint32_t)(j % r->pl->num_blocks);
-		uint8_t *lane = r->scratch + (uint64_t)blk * r->pl->lane_bytes;
-		uint64_t pos = 0;
-		for (unsigned i = 0; i < r->g.n_regions; i++) {
-			struct kvr_region reg = kvr_geometry_region(&r->g, i);
-			uint8_t *page = r->kv + reg.offset + (uint64_t)blk * reg.stride;
-			if (to_engine)
-				memcpy(page, lane + pos, reg.page_bytes);
-			else
-				memcpy(lane + pos, page, reg.page_bytes);
-			pos += reg.page_bytes;
-		}
+		uint32_t b = (uint32_t)(j % nb);
+		const struct kvr_dcp_run *ru = runs + b * cap;
+		for (uint32_t k = 0; k < counts[b]; k++)
+			memcpy(r->kv + ru[k].kv_off, r->scratch + ru[k].slot_off, ru[k].len);
 	}
-	uint64_t ns = kvr_now_ns() - t0;
-	__asm__ volatile("" : : "r"(r->scratch), "r"(r->kv) : "memory"); /* the copies are observable */
-	return ns;
+	*ret_ns = kvr_now_ns() - t0;
+	__asm__ volatile("" : : "r"(r->scratch), "r"(r->kv) : "memory");
+	free(runs);
+	free(counts);
+	return 0;
 }
 
 /* ---- setup ---------------------------------------------------------------------------------- */
 
+/* Buffers that do not depend on the layout: the baseline's scratch, prompts, block ids. */
 static int setup(struct rank *r)
 {
 	const struct bench_opts *o = r->o;
 	const struct bench_plan *pl = r->pl;
-	int rc = bench_rank_geometry(o, pl, r->x->rank, &r->g);
-	if (rc) {
-		note(r, "geometry: %s", strerror(-rc));
-		return rc;
-	}
-	r->mla = r->g.attention == KVR_ATTN_MLA;
+	int rc;
 	r->inflight = o->concurrency < o->prompts ? o->concurrency : o->prompts;
-	char name[64];
-	snprintf(name, sizeof(name), "kvring-bench-kv.%u", r->x->rank);
-	r->kv_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (r->kv_fd < 0) {
-		rc = -errno;
-		note(r, "memfd_create: %s", strerror(errno));
-		return rc;
-	}
-	if (ftruncate(r->kv_fd, (off_t)pl->kv_bytes) < 0) {
-		rc = -errno;
-		note(r, "KV memory of %llu bytes: %s", (unsigned long long)pl->kv_bytes, strerror(errno));
-		return rc;
-	}
-	void *kv = mmap(NULL, pl->kv_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->kv_fd, 0);
-	if (kv == MAP_FAILED) {
-		rc = -errno;
-		note(r, "mmap of the KV memory: %s", strerror(errno));
-		return rc;
-	}
-	r->kv = kv;
 	r->scratch_bytes = (uint64_t)pl->num_blocks * pl->lane_bytes;
 	void *sc = mmap(NULL, r->scratch_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (sc == MAP_FAILED) {
@@ -433,9 +571,7 @@ static int setup(struct rank *r)
 		return rc;
 	}
 	r->scratch = sc;
-	/* resident before anything is timed, as an engine's KV memory and a warm arena are */
-	memset(r->kv, 0, pl->kv_bytes);
-	memset(r->scratch, 0x5a, r->scratch_bytes);
+	memset(r->scratch, 0x5a, r->scratch_bytes); /* resident before anything is timed, as a warm arena is */
 	r->tokens = calloc((size_t)r->inflight * o->input_len, sizeof(*r->tokens));
 	r->seeds = calloc((size_t)r->inflight * pl->full_blocks, sizeof(*r->seeds));
 	r->blocks = calloc((size_t)r->inflight * pl->blocks_per_prompt, sizeof(*r->blocks));
@@ -443,61 +579,113 @@ static int setup(struct rank *r)
 		note(r, "out of memory");
 		return -ENOMEM;
 	}
+	return 0;
+}
+
+/* The KV memory and the attachment under layout lay: geometry, memfd, attach. A DCP rank's
+ * kvr_attach returns once its whole group attached (the ranks attach concurrently). */
+static int kv_open(struct rank *r, const struct bench_layout *lay)
+{
+	const struct bench_opts *o = r->o;
+	int rc = bench_rank_geometry(o, r->pl, r->x->rank, lay->dcp, lay->interleave, &r->g);
+	if (rc) {
+		note(r, "geometry (dcp %u, interleave %u): %s", lay->dcp, lay->interleave, strerror(-rc));
+		return rc;
+	}
+	r->lay = lay;
+	r->mla = r->g.attention == KVR_ATTN_MLA;
+	r->group = kvr_dcp_group_index(&r->g);
+	r->lane = kvr_dcp_lane(&r->g);
+	char name[64];
+	snprintf(name, sizeof(name), "kvring-bench-kv.%u", r->x->rank);
+	r->kv_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (r->kv_fd < 0) {
+		rc = -errno;
+		note(r, "memfd_create: %s", strerror(errno));
+		return rc;
+	}
+	if (ftruncate(r->kv_fd, (off_t)lay->kv_bytes) < 0) {
+		rc = -errno;
+		note(r, "KV memory of %llu bytes: %s", (unsigned long long)lay->kv_bytes, strerror(errno));
+		return rc;
+	}
+	void *kv = mmap(NULL, lay->kv_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->kv_fd, 0);
+	if (kv == MAP_FAILED) {
+		rc = -errno;
+		note(r, "mmap of the KV memory: %s", strerror(errno));
+		return rc;
+	}
+	r->kv = kv;
+	r->kv_bytes = lay->kv_bytes;
+	memset(r->kv, 0, lay->kv_bytes); /* resident before anything is timed, as an engine's KV memory is */
 	struct kvr_attach_opts ao = {.socket = r->x->socket, .geometry = &r->g, .kv_fd = r->kv_fd,
-				     .kv_bytes = pl->kv_bytes, .timeout_ms = o->timeout_ms};
+				     .kv_bytes = lay->kv_bytes, .timeout_ms = o->timeout_ms};
 	rc = kvr_attach(&ao, &r->c);
 	if (rc) {
-		note(r, "kvr_attach(%s): %s", r->x->socket ? r->x->socket : "the default socket", strerror(-rc));
+		note(r, "kvr_attach(%s, dcp %u, interleave %u): %s (%s)", r->x->socket ? r->x->socket : "the default socket",
+		     lay->dcp, lay->interleave, strerror(-rc), kvr_last_error(NULL));
 		return rc;
 	}
 	return 0;
 }
 
-static void teardown(struct rank *r)
+static void kv_close(struct rank *r)
 {
 	kvr_detach(r->c);
-	if (r->scratch)
-		munmap(r->scratch, r->scratch_bytes);
+	r->c = NULL;
 	if (r->kv)
-		munmap(r->kv, r->pl->kv_bytes);
+		munmap(r->kv, r->kv_bytes);
+	r->kv = NULL;
 	if (r->kv_fd >= 0)
 		close(r->kv_fd);
+	r->kv_fd = -1;
+}
+
+static void teardown(struct rank *r)
+{
+	kv_close(r);
+	if (r->scratch)
+		munmap(r->scratch, r->scratch_bytes);
 	free(r->tokens);
 	free(r->seeds);
 	free(r->blocks);
 }
 
-static int sync_all(struct rank *r, const char *where)
-{
-	int rc = bench_barrier_wait(r->x->barrier, r->o->timeout_ms * 4);
-	if (rc == -ETIMEDOUT)
-		note(r, "the other ranks did not reach %s", where);
-	else if (rc)
-		note(r, "another rank failed before %s", where);
-	return rc;
-}
-
 int bench_rank_run(struct bench_rank_ctx *x)
 {
 	struct rank r = {.x = x, .o = x->o, .pl = x->pl, .res = x->res, .kv_fd = -1};
+	const struct bench_plan *pl = x->pl;
+	bool cold = x->o->phases & BENCH_COLD, warm = x->o->phases & BENCH_WARM;
 	int rc = setup(&r);
 	if (!rc)
+		rc = kv_open(&r, cold ? &pl->st : &pl->ld);
+	if (!rc)
 		rc = sync_all(&r, "the start");
-	if (!rc && (x->o->phases & BENCH_COLD)) {
+	if (!rc && cold) {
 		rc = phase_cold(&r);
 		if (!rc)
 			rc = sync_all(&r, "the end of the cold phase");
-		if (!rc)
-			x->res->st_memcpy_ns = baseline(&r, x->res->st_stored, false);
+		if (!rc && storing(&r) && group_leader(&r))
+			rc = store_baseline(&r, x->res->st_stored, &x->res->st_memcpy_ns);
 		if (!rc)
 			rc = sync_all(&r, "the end of the store baseline");
 	}
-	if (!rc && (x->o->phases & BENCH_WARM)) {
+	if (!rc && warm && r.lay != &pl->ld &&
+	    (pl->ld.dcp != pl->st.dcp || pl->ld.interleave != pl->st.interleave)) {
+		/* cross-layout: every rank leaves, then attaches again under the warm layout */
+		kv_close(&r);
+		rc = sync_all(&r, "the detach of every rank");
+		if (!rc)
+			rc = kv_open(&r, &pl->ld);
+		if (!rc)
+			rc = sync_all(&r, "the attach under the warm layout");
+	}
+	if (!rc && warm) {
 		rc = phase_warm(&r);
 		if (!rc)
 			rc = sync_all(&r, "the end of the warm phase");
 		if (!rc)
-			x->res->ld_memcpy_ns = baseline(&r, x->res->ld_bytes / r.pl->lane_bytes, true);
+			rc = load_baseline(&r, x->res->ld_bytes / r.lay->rank_bytes, &x->res->ld_memcpy_ns);
 		if (!rc)
 			rc = sync_all(&r, "the end of the load baseline");
 	}

@@ -89,6 +89,7 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 		s.ld_l2_blocks += x->ld_l2_blocks;
 		s.ld_bytes += x->ld_bytes;
 		s.ld_ns = max_u64(s.ld_ns, x->ld_ns);
+		s.ld_load_ns = max_u64(s.ld_load_ns, x->ld_load_ns);
 		s.ld_memcpy_ns = max_u64(s.ld_memcpy_ns, x->ld_memcpy_ns);
 		s.ld_errors += x->ld_errors;
 		s.ld_failed_blocks += x->ld_failed_blocks;
@@ -103,6 +104,19 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 	s.ld_gbps = bench_gbps(s.ld_bytes, s.ld_ns);
 	s.ld_memcpy_gbps = bench_gbps(s.ld_bytes, s.ld_memcpy_ns);
 	s.ld_time_ratio = s.ld_memcpy_ns ? (double)s.ld_ns / (double)s.ld_memcpy_ns : 0;
+	s.ld_load_gbps = bench_gbps(s.ld_bytes, s.ld_load_ns);
+	s.ld_load_ratio = s.ld_memcpy_gbps > 0 ? s.ld_load_gbps / s.ld_memcpy_gbps : 0;
+	bool any = false;
+	for (uint32_t r = 0; r < o->tp && r < KVR_MAX_TP; r++) {
+		const struct bench_rank_result *x = &res[r];
+		if (!x->ld_bytes || !x->ld_load_ns || !x->ld_memcpy_ns)
+			continue;
+		/* its bytes / its load time against its bytes / its memcpy time */
+		s.ld_rank_ratio[r] = (double)x->ld_memcpy_ns / (double)x->ld_load_ns;
+		if (!any || s.ld_rank_ratio[r] < s.ld_rank_ratio_min)
+			s.ld_rank_ratio_min = s.ld_rank_ratio[r];
+		any = true;
+	}
 	uint64_t expect = s.ld_requests * pl->full_blocks;
 	s.ld_misses = expect > s.ld_matched_blocks ? expect - s.ld_matched_blocks : 0;
 	s.ld_l1_hits = s.ld_matched_blocks - s.ld_l2_blocks;
@@ -139,12 +153,24 @@ static double mib(uint64_t bytes)
 void bench_print_header(FILE *f, const struct bench_opts *o, const struct bench_plan *pl)
 {
 	fprintf(f, "kvring-bench %s: model %s (%s)\n", KVR_VERSION, o->model, pl->preset->hf_id);
-	fprintf(f, "geometry: tp %u, %u-token blocks of %.2f MiB per rank, %.2f MiB over %u lane%s\n", o->tp,
-		o->block_tokens, mib(pl->lane_bytes), mib(pl->block_bytes), pl->lanes, pl->lanes == 1 ? "" : "s");
+	fprintf(f, "geometry: tp %u, %u-token blocks of %.2f MiB per %s, %.2f MiB over %u lane%s\n", o->tp,
+		o->block_tokens, mib(pl->lane_bytes), o->dcp > 1 ? "lane" : "rank", mib(pl->block_bytes), pl->lanes,
+		pl->lanes == 1 ? "" : "s");
 	fprintf(f, "workload: %u prompts x %u tokens, shared prefix %u tokens, concurrency %u, seed %" PRIu64 "\n",
 		o->prompts, o->input_len, o->prefix_len, o->concurrency, o->seed);
 	fprintf(f, "          %" PRIu64 " distinct blocks = %.1f MiB over all ranks; engine KV memory %.1f MiB per "
 		"rank\n", pl->unique_blocks, mib(pl->unique_bytes), mib(pl->kv_bytes));
+	if (pl->st.dcp == 1 && pl->ld.dcp == 1 && pl->st.interleave == 1 && pl->ld.interleave == 1)
+		return;
+	fprintf(f, "dcp: cold D %u I %u, %u group%s of %u ranks, %u storing", pl->st.dcp, pl->st.interleave, pl->st.groups,
+		pl->st.groups == 1 ? "" : "s", pl->st.dcp, pl->storing_groups);
+	const struct bench_layout *l[2] = {&pl->st, &pl->ld};
+	for (int i = 0; i < 2; i++) {
+		if (i)
+			fprintf(f, "     warm D %u I %u", l[i]->dcp, l[i]->interleave);
+		fprintf(f, ": a rank's block %.2f MiB in %u runs <= %.1f KiB\n", mib(l[i]->rank_bytes), l[i]->runs,
+			(double)l[i]->run_bytes / 1024.0);
+	}
 }
 
 void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_plan *pl,
@@ -159,6 +185,10 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s %11.2f    >= %.2f %s\n", s->st_gbps,
 			s->st_memcpy_gbps, s->st_ratio, BENCH_STORE_GOAL_MIN,
 			s->st_bytes ? (s->st_ratio >= BENCH_STORE_GOAL_MIN ? "met" : "missed") : "-");
+		if (pl->st.dcp > 1)
+			fprintf(f, "  DCP gather, D %-2u     %14s %13s %11.2f    >= %.2f %s\n", pl->st.dcp, "", "",
+				s->st_ratio, BENCH_COPY_GOAL_MIN,
+				s->st_bytes ? (s->st_ratio >= BENCH_COPY_GOAL_MIN ? "met" : "missed") : "-");
 		fprintf(f, "  requests %" PRIu64 ", tokens %" PRIu64 ", blocks %" PRIu64 ": stored %" PRIu64
 			", already present %" PRIu64 ", failed %" PRIu64 ", errors %" PRIu64 "\n",
 			s->st_requests, s->st_tokens, s->st_blocks, s->st_stored, s->st_present, s->st_failed_blocks,
@@ -177,6 +207,14 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 			s->ld_time_ratio, BENCH_LOAD_GOAL_MAX,
 			s->ld_bytes ? (s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX ? "met" : "missed") : "-");
 		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s\n", s->ld_gbps, s->ld_memcpy_gbps);
+		fprintf(f, "  loads only (GB/s)      %9.2f GB/s %8.2f GB/s %11.2f    >= %.2f %s\n", s->ld_load_gbps,
+			s->ld_memcpy_gbps, s->ld_load_ratio, BENCH_COPY_GOAL_MIN,
+			s->ld_bytes ? (s->ld_load_ratio >= BENCH_COPY_GOAL_MIN ? "met" : "missed") : "-");
+		fprintf(f, "  per rank (GB/s ratio) ");
+		for (uint32_t r = 0; r < o->tp && r < KVR_MAX_TP; r++)
+			fprintf(f, " %.2f", s->ld_rank_ratio[r]);
+		fprintf(f, "   min %.2f  (%s)\n", s->ld_rank_ratio_min,
+			pl->ld.dcp > 1 ? "DCP scatter: its bytes, its runs" : "its bytes, its pages");
 		fprintf(f, "  hit rate %.2f %% (%" PRIu64 " of %" PRIu64 " tokens; %" PRIu64 " in full blocks), %" PRIu64
 			" blocks missed\n", 100.0 * s->hit_rate, s->ld_matched_tokens, s->ld_tokens,
 			s->ld_requests * pl->full_blocks * o->block_tokens, s->ld_misses);
@@ -247,6 +285,10 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 		cJSON_AddItemToArray(ph, cJSON_CreateString("cold"));
 	if (s->ran_warm)
 		cJSON_AddItemToArray(ph, cJSON_CreateString("warm"));
+	num(cfg, "dcp", o->dcp);
+	num(cfg, "interleave", o->interleave);
+	num(cfg, "load_dcp", bench_load_dcp(o));
+	num(cfg, "load_interleave", bench_load_interleave(o));
 	cJSON_AddBoolToObject(cfg, "spawn", o->spawn);
 	cJSON_AddBoolToObject(cfg, "allow_misses", o->allow_misses);
 
@@ -257,7 +299,16 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 	num(plan, "full_blocks_per_prompt", pl->full_blocks);
 	num(plan, "prefix_blocks", pl->prefix_blocks);
 	num(plan, "engine_blocks_per_rank", pl->num_blocks);
-	num(plan, "kv_bytes_per_rank", (double)pl->kv_bytes);
+	num(plan, "kv_bytes_per_rank", (double)pl->st.kv_bytes);
+	num(plan, "load_kv_bytes_per_rank", (double)pl->ld.kv_bytes);
+	num(plan, "dcp_groups", pl->st.groups);
+	num(plan, "storing_groups", pl->storing_groups);
+	num(plan, "rank_bytes", (double)pl->st.rank_bytes);
+	num(plan, "load_rank_bytes", (double)pl->ld.rank_bytes);
+	num(plan, "copy_runs_per_rank", pl->st.runs);
+	num(plan, "load_copy_runs_per_rank", pl->ld.runs);
+	num(plan, "copy_run_bytes_max", (double)pl->st.run_bytes);
+	num(plan, "load_copy_run_bytes_max", (double)pl->ld.run_bytes);
 	num(plan, "unique_blocks", (double)pl->unique_blocks);
 	num(plan, "unique_bytes", (double)pl->unique_bytes);
 
@@ -279,6 +330,8 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 		num(c, "ratio", s->st_ratio);
 		num(c, "goal_ratio_min", BENCH_STORE_GOAL_MIN);
 		cJSON_AddBoolToObject(c, "goal_met", s->st_bytes && s->st_ratio >= BENCH_STORE_GOAL_MIN);
+		num(c, "copy_goal_ratio_min", BENCH_COPY_GOAL_MIN);
+		cJSON_AddBoolToObject(c, "copy_goal_met", s->st_bytes && s->st_ratio >= BENCH_COPY_GOAL_MIN);
 		cJSON_AddItemToObject(c, "latency_ns", dist(&s->st_lat));
 	} else {
 		cJSON_AddNullToObject(root, "cold");
@@ -302,6 +355,15 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 		num(w, "time_ratio", s->ld_time_ratio);
 		num(w, "goal_time_ratio_max", BENCH_LOAD_GOAL_MAX);
 		cJSON_AddBoolToObject(w, "goal_met", s->ld_bytes && s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX);
+		num(w, "load_time_ns", (double)s->ld_load_ns);
+		num(w, "load_gbps", s->ld_load_gbps);
+		num(w, "load_ratio", s->ld_load_ratio);
+		cJSON *rr = cJSON_AddArrayToObject(w, "rank_load_ratio");
+		for (uint32_t r = 0; r < o->tp && r < KVR_MAX_TP; r++)
+			cJSON_AddItemToArray(rr, cJSON_CreateNumber(s->ld_rank_ratio[r]));
+		num(w, "rank_load_ratio_min", s->ld_rank_ratio_min);
+		num(w, "copy_goal_ratio_min", BENCH_COPY_GOAL_MIN);
+		cJSON_AddBoolToObject(w, "copy_goal_met", s->ld_bytes && s->ld_rank_ratio_min >= BENCH_COPY_GOAL_MIN);
 		cJSON_AddItemToObject(w, "latency_ns", dist(&s->lat));
 		cJSON *lk = cJSON_AddObjectToObject(w, "lookup");
 		cJSON_AddItemToObject(lk, "hash_ns", dist(&s->hash));

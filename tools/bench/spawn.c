@@ -36,11 +36,14 @@ char *bench_server_config(const struct bench_opts *o, const struct bench_plan *p
 		return NULL;
 	cJSON *inst = cJSON_AddObjectToObject(root, "instance");
 	cJSON_AddStringToObject(inst, "socket", socket);
-	cJSON_AddNumberToObject(inst, "max_workers", o->tp);
+	/* a cross-layout run attaches every rank twice; a slot is freed once its gather actor exited */
+	bool relayout = pl->ld.dcp != pl->st.dcp || pl->ld.interleave != pl->st.interleave;
+	cJSON_AddNumberToObject(inst, "max_workers", relayout ? 2 * o->tp : o->tp);
 	cJSON *model = cJSON_AddObjectToObject(root, "model");
 	cJSON_AddStringToObject(model, "preset", o->model);
 	cJSON_AddNumberToObject(model, "block_tokens", o->block_tokens);
-	cJSON_AddNumberToObject(model, "tp_size", o->tp);
+	/* the canonical block: MLA as without DCP; MHA's tp_size is the number of lanes, tp / dcp */
+	cJSON_AddNumberToObject(model, "tp_size", pl->preset->attention == KVR_ATTN_MLA ? o->tp : pl->lanes);
 	cJSON *l1 = cJSON_AddObjectToObject(root, "l1");
 	cJSON_AddNumberToObject(l1, "capacity_bytes", (double)cap);
 	if (o->evict) { /* L2 beside the socket: <tmpdir>/l2, twice the workload */

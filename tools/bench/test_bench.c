@@ -1,4 +1,4 @@
-/* Unit tests of kvring-bench's server-free parts: options, plan, prompts, pattern, stats, report, plot, barrier. */
+/* Tests of kvring-bench: options, plan, prompts, pattern, stats, report, plot, barrier; DCP runs through kvringd. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "bench.h"
+#include "kvr_dcp.h"
 
 TestSuite(bench);
 
@@ -53,6 +54,12 @@ Test(bench, opts_defaults)
 	cr_assert_null(o.socket);
 	cr_assert(!o.spawn && !o.quiet && !o.dry_run && !o.allow_misses);
 	cr_assert_eq(o.timeout_ms, 30000);
+	cr_assert_eq(o.dcp, 1);
+	cr_assert_eq(o.interleave, 1);
+	cr_assert_eq(o.load_dcp, 0);
+	cr_assert_eq(o.load_interleave, 0);
+	cr_assert_eq(bench_load_dcp(&o), 1, "the warm layout is the cold one");
+	cr_assert_eq(bench_load_interleave(&o), 1);
 }
 
 Test(bench, opts_every_option)
@@ -196,8 +203,8 @@ Test(bench, plan_glm_tp2_matches_design)
 	cr_assert_eq(pl.full_blocks, 78);
 	cr_assert_eq(pl.unique_blocks, 200 * 78);
 	struct kvr_geometry g0, g1;
-	cr_assert_eq(bench_rank_geometry(&o, &pl, 0, &g0), 0);
-	cr_assert_eq(bench_rank_geometry(&o, &pl, 1, &g1), 0);
+	cr_assert_eq(bench_rank_geometry(&o, &pl, 0, 1, 1, &g0), 0);
+	cr_assert_eq(bench_rank_geometry(&o, &pl, 1, 1, 1, &g1), 0);
 	cr_assert_eq(g0.tp_rank, 0);
 	cr_assert_eq(g1.tp_rank, 1);
 	cr_assert_eq(g1.tp_size, 2);
@@ -231,8 +238,9 @@ Test(bench, plan_mla_and_errors)
 	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), -EINVAL);
 	cr_assert(strstr(err, "--evict"), "%s", err);
 	o = defaults();
-	o.dcp = true;
+	o.dcp = 3; /* the parser refuses it first; the plan too */
 	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "--dcp 3"), "%s", err);
 
 	/* concurrency above prompts: only prompts are ever in flight */
 	o = defaults();
@@ -921,4 +929,433 @@ Test(bench, plot_png_through_gnuplot)
 	cr_assert_eq(bench_plot(&x.in, "/nonexistent/dir/p.png", err, sizeof(err)), -EIO);
 	cr_assert(strstr(err, "gnuplot"), "%s", err);
 	cr_assert_eq(leftovers(), 0);
+}
+
+/* ---- DCP: options, plan, pattern ------------------------------------------------------------ */
+
+Test(bench, opts_dcp_and_its_rules)
+{
+	struct bench_opts o;
+	char err[256];
+	cr_assert_eq(PARSE(&o, err, "--tp", "4", "--dcp", "2", "--interleave", "16"), 0, "%s", err);
+	cr_assert_eq(o.dcp, 2);
+	cr_assert_eq(o.interleave, 16);
+	cr_assert_eq(bench_load_dcp(&o), 2);
+	cr_assert_eq(bench_load_interleave(&o), 16);
+	cr_assert_eq(PARSE(&o, err, "--tp", "4", "--dcp", "2", "--load-dcp", "4", "--load-interleave", "8"), 0, "%s",
+		     err);
+	cr_assert_eq(bench_load_dcp(&o), 4);
+	cr_assert_eq(bench_load_interleave(&o), 8);
+	cr_assert_eq(PARSE(&o, err, "--tp", "4", "--dcp", "4", "--load-interleave", "2"), 0, "%s", err);
+	cr_assert_eq(bench_load_dcp(&o), 4, "--load-dcp defaults to --dcp alone");
+	cr_assert_eq(bench_load_interleave(&o), 2);
+
+	/* a DCP group is D consecutive TP ranks */
+	cr_assert_eq(PARSE(&o, err, "--tp", "4", "--dcp", "3"), -EINVAL);
+	cr_assert_str_eq(err, "--dcp 3 does not divide --tp 4 (a DCP group is 3 consecutive TP ranks)");
+	cr_assert_eq(PARSE(&o, err, "--dcp", "2"), -EINVAL, "--tp defaults to 1");
+	cr_assert(strstr(err, "--dcp 2 does not divide --tp 1"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--tp", "4", "--dcp", "2", "--load-dcp", "3"), -EINVAL);
+	cr_assert(strstr(err, "--load-dcp 3 does not divide --tp 4"), "%s", err);
+	/* the interleave rule, with kvr_dcp_check's reason */
+	cr_assert_eq(PARSE(&o, err, "--tp", "2", "--dcp", "2", "--interleave", "128"), -EINVAL);
+	cr_assert_str_eq(err, "--dcp 2 --interleave 128 with --block-tokens 128: dcp: block_tokens 128 is not a multiple "
+			      "of dcp_size 2 x dcp_interleave 128 = 256 (in block 0 rank 0 would hold 128 tokens, rank 1 0)");
+	cr_assert_eq(PARSE(&o, err, "--tp", "4", "--dcp", "4", "--block-tokens", "64", "--load-interleave", "32"), -EINVAL);
+	cr_assert(strstr(err, "--load-dcp 4 --load-interleave 32 with --block-tokens 64: dcp: block_tokens 64 is not a "
+			      "multiple of dcp_size 4 x dcp_interleave 32 = 128"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--tp", "2", "--dcp", "2", "--block-tokens", "24", "--interleave", "16"), -EINVAL);
+	cr_assert(strstr(err, "(in block 0 rank 0 would hold 16 tokens, rank 1 8)"), "%s", err);
+	/* D = 1: any interleave splits (it has no effect) */
+	cr_assert_eq(PARSE(&o, err, "--interleave", "16"), 0, "%s", err);
+	/* ranges */
+	cr_assert_eq(PARSE(&o, err, "--dcp", "0"), -EINVAL);
+	cr_assert(strstr(err, "out of range"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--tp", "16", "--dcp", "17"), -EINVAL);
+	cr_assert(strstr(err, "out of range"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--interleave", "0"), -EINVAL);
+	cr_assert_eq(PARSE(&o, err, "--dcp"), -EINVAL);
+	cr_assert(strstr(err, "needs a value"), "%s", err);
+}
+
+Test(bench, plan_dcp_mla_mha_and_cross_layout)
+{
+	struct bench_opts o = defaults();
+	struct bench_plan pl;
+	char err[256];
+	/* DeepSeek-V3 (61 layers, 1,152-byte latent rows), TP 4 / DCP 2 / I 16, 128-token blocks */
+	o.model = "deepseek-v3";
+	o.tp = 4;
+	o.dcp = 2;
+	o.interleave = 16;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl.lanes, 1);
+	cr_assert_eq(pl.lane_bytes, 61ull * 128 * 1152, "the canonical lane");
+	cr_assert_eq(pl.block_bytes, pl.lane_bytes);
+	cr_assert_eq(pl.st.dcp, 2);
+	cr_assert_eq(pl.st.groups, 2);
+	cr_assert_eq(pl.storing_groups, 1, "MLA: one group stores, every group holds the same latent");
+	cr_assert_eq(pl.st.rank_bytes, 61ull * 64 * 1152);
+	cr_assert_eq(pl.st.runs, 61 * 4, "64 rows a page in runs of 16");
+	cr_assert_eq(pl.st.run_bytes, 16 * 1152);
+	cr_assert_eq(pl.st.kv_bytes, 16 * pl.st.rank_bytes);
+	cr_assert_eq(memcmp(&pl.st, &pl.ld, sizeof(pl.st)), 0);
+	struct kvr_geometry g;
+	cr_assert_eq(bench_rank_geometry(&o, &pl, 3, 2, 16, &g), 0);
+	cr_assert(g.tp_rank == 3 && g.tp_size == 4 && g.dcp_size == 2 && g.dcp_rank == 1 && g.dcp_interleave == 16);
+	cr_assert_eq(g.block_tokens, 128, "the canonical block");
+	cr_assert_eq(g.page_bytes[60], 64 * 1152);
+	cr_assert_eq(kvr_dcp_group_index(&g), 1);
+	cr_assert_eq(kvr_geometry_validate(&g, kvr_geometry_kv_extent(&g), err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(bench_rank_geometry(&o, &pl, 4, 2, 16, &g), -EINVAL, "no rank 4 of 4");
+	cr_assert_eq(bench_rank_geometry(&o, &pl, 0, 3, 1, &g), -EINVAL, "3 does not divide 4");
+
+	/* cross-layout: rows load under any layout; the warm KV memory is the DCP 4 one */
+	o.load_dcp = 4;
+	o.load_interleave = 1;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl.ld.rank_bytes, 61ull * 32 * 1152);
+	cr_assert_eq(pl.ld.runs, 61 * 32);
+	cr_assert_eq(pl.ld.run_bytes, 1152);
+	cr_assert_eq(pl.kv_bytes, pl.st.kv_bytes, "the larger of the two");
+
+	/* deepseek-v3.2-fp8 at TP 4 / DCP 4, 64-token blocks: 16 rows of 656 + a 16 x 132-byte tail */
+	o = defaults();
+	o.model = "deepseek-v3.2-fp8";
+	o.tp = 4;
+	o.dcp = 4;
+	o.block_tokens = 64;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl.st.rank_bytes, 61ull * 16 * (656 + 132));
+	cr_assert_eq(pl.lane_bytes, 3076352, "docs/geometry.md: the same canonical lane at D = 1 and D = 4");
+	cr_assert_eq(pl.st.runs, 61 * 17, "16 row runs and a tail per page");
+	cr_assert_eq(pl.storing_groups, 1);
+	o.load_dcp = 2;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "page tails") && strstr(err, "(dcp 4, interleave 1)"), "%s", err);
+	o.load_dcp = 4;
+	o.load_interleave = 2; /* D = 4: the interleave is part of the layout */
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), -EINVAL);
+
+	/* MHA (qwen3-8b: 8 KV heads), TP 4 / DCP 2: two lanes of 4 heads, each stored by a group */
+	o = defaults();
+	o.tp = 4;
+	o.dcp = 2;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl.lanes, 2);
+	cr_assert_eq(pl.storing_groups, 2);
+	cr_assert_eq(pl.lane_bytes, 36ull * 2 * 128 * 4 * 128 * 2);
+	cr_assert_eq(pl.st.rank_bytes, pl.lane_bytes / 2);
+	cr_assert_eq(pl.block_bytes, 2 * pl.lane_bytes);
+	cr_assert_eq(bench_rank_geometry(&o, &pl, 2, 2, 1, &g), 0);
+	cr_assert(g.kv_heads == 4 && g.tp_rank == 2 && g.dcp_rank == 0 && kvr_dcp_lane(&g) == 1);
+	o.load_dcp = 4;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "MHA") && strstr(err, "(2, 1)"), "%s", err);
+	o.load_dcp = 2;
+	o.load_interleave = 4; /* same lanes, rows only: fine */
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+}
+
+/* A small DCP model: deepseek-v3.2-fp8 (656-byte rows, 132 tail bytes a token) at TP 2 /
+ * DCP 2 / I 2 with 16-token blocks, two engine blocks a rank. */
+static void small_dcp_plan(struct bench_opts *o, struct bench_plan *pl, uint32_t il)
+{
+	char err[256];
+	*o = defaults();
+	o->model = "deepseek-v3.2-fp8";
+	o->tp = 2;
+	o->dcp = 2;
+	o->interleave = il;
+	o->block_tokens = 16;
+	o->input_len = 32;
+	o->prefix_len = 0;
+	o->prompts = 1;
+	o->concurrency = 1;
+	cr_assert_eq(bench_plan_make(o, pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl->num_blocks, 2);
+}
+
+Test(bench, dcp_pattern_is_a_function_of_the_global_token)
+{
+	struct bench_opts o;
+	struct bench_plan pl;
+	small_dcp_plan(&o, &pl, 2);
+	struct kvr_geometry g[2];
+	uint8_t *kv[2];
+	const uint64_t seed = 0x1234;
+	for (uint32_t r = 0; r < 2; r++) {
+		cr_assert_eq(bench_rank_geometry(&o, &pl, r, 2, 2, &g[r]), 0);
+		kv[r] = calloc(1, pl.st.kv_bytes);
+		bench_block_fill(&g[r], kv[r], 1, seed);
+		cr_assert(bench_block_check(&g[r], kv[r], 1, seed));
+		cr_assert(bench_block_is_zero(&g[r], kv[r], 0), "block 0 untouched");
+	}
+	/* gather both ranks' pages with kvringd's runs: rows are the lane pattern in global order,
+	 * each rank's tail the tail pattern at its place */
+	uint8_t *lane = calloc(1, pl.lane_bytes);
+	struct kvr_dcp_run runs[61 * 9];
+	char err[160];
+	for (uint32_t r = 0; r < 2; r++) {
+		int n = kvr_dcp_lane_runs(&g[r], 1, 0, runs, 61 * 9, err, sizeof(err));
+		cr_assert_eq(n, 61 * 5, "%s", err);
+		for (int k = 0; k < n; k++)
+			memcpy(lane + runs[k].slot_off, kv[r] + runs[k].kv_off, runs[k].len);
+	}
+	const uint32_t row = 656, tail = 8 * 132;
+	uint64_t off = 0, tseed = bench_tail_seed(seed, 2, 2);
+	cr_assert_neq(tseed, seed);
+	cr_assert_eq(bench_tail_seed(seed, 1, 16), seed, "D = 1: the page is one piece of the lane pattern");
+	for (unsigned i = 0; i < 61; i++) {
+		cr_assert_eq(kvr_dcp_canonical_region_offset(&g[0], i), off);
+		cr_assert_eq(bench_pattern_check(seed, off, lane + off, 16 * row), -1, "region %u rows", i);
+		for (uint32_t r = 0; r < 2; r++) {
+			uint64_t t = off + 16 * row + r * tail;
+			cr_assert_eq(bench_pattern_check(tseed, t, lane + t, tail), -1, "region %u tail of rank %u", i, r);
+		}
+		off += 16 * row + 2 * tail;
+	}
+	cr_assert_eq(off, pl.lane_bytes);
+
+	/* rows at the wrong place fail: swap local rows 1 and 2 (global tokens 1 and 4) of region 7 */
+	struct kvr_region reg = kvr_geometry_region(&g[0], 7);
+	uint8_t *p = kv[0] + reg.offset + reg.stride, tmp[656];
+	memcpy(tmp, p + row, row);
+	memcpy(p + row, p + 2 * row, row);
+	memcpy(p + 2 * row, tmp, row);
+	cr_assert(!bench_block_check(&g[0], kv[0], 1, seed));
+	memcpy(p + 2 * row, p + row, row);
+	memcpy(p + row, tmp, row);
+	cr_assert(bench_block_check(&g[0], kv[0], 1, seed));
+	/* rank 1's page is not rank 0's, and a tail of another layout is not this one's */
+	cr_assert(!bench_block_check(&g[0], kv[1], 1, seed));
+	struct kvr_geometry g1 = g[0];
+	g1.dcp_interleave = 1;
+	uint8_t *other = calloc(1, pl.st.kv_bytes);
+	bench_block_fill(&g1, other, 1, seed);
+	memcpy(p + 8 * row, other + reg.offset + reg.stride + 8 * row, tail); /* region 7's tail under I = 1 */
+	cr_assert(!bench_block_check(&g[0], kv[0], 1, seed));
+	free(other);
+	free(lane);
+	free(kv[0]);
+	free(kv[1]);
+}
+
+Test(bench, spawn_config_dcp)
+{
+	struct bench_opts o = defaults();
+	struct bench_plan pl;
+	char err[256];
+	o.spawn = true;
+	o.tp = 4;
+	o.dcp = 2;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	char *text = bench_server_config(&o, &pl, "/s");
+	cJSON *root = cJSON_Parse(text);
+	cr_assert_eq(path(root, "model", "tp_size")->valuedouble, 2, "MHA: the instance serves tp / dcp lanes");
+	cr_assert_eq(path(root, "instance", "max_workers")->valuedouble, 4);
+	cr_assert_geq(path(root, "l1", "capacity_bytes")->valuedouble, (double)pl.unique_bytes * 1.25);
+	cJSON_Delete(root);
+	free(text);
+	o.model = "deepseek-v3";
+	o.load_dcp = 4;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	text = bench_server_config(&o, &pl, "/s");
+	root = cJSON_Parse(text);
+	cr_assert_eq(path(root, "model", "tp_size")->valuedouble, 4, "MLA: the model as without DCP");
+	cr_assert_eq(path(root, "instance", "max_workers")->valuedouble, 8, "every rank attaches twice");
+	cJSON_Delete(root);
+	free(text);
+}
+
+Test(bench, summary_rank_load_ratios)
+{
+	struct bench_opts o = defaults();
+	o.model = "deepseek-v3";
+	o.tp = 2;
+	o.dcp = 2;
+	o.prompts = 2;
+	struct bench_plan pl;
+	char err[256];
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	struct bench_rank_result res[2] = {0};
+	uint64_t z[2] = {0};
+	struct bench_samples smp[2] = {{z, z, z, z, z}, {z, z, z, z, z}};
+	for (int r = 0; r < 2; r++) {
+		res[r].ld_requests = 2;
+		res[r].ld_matched_blocks = 16;
+		res[r].ld_exact_prompts = 2;
+		res[r].ld_bytes = 16 * pl.st.rank_bytes;
+		res[r].ld_ns = 3000000;
+		res[r].ld_memcpy_ns = 1000000;
+	}
+	res[0].ld_load_ns = 2000000; /* 0.5 of memcpy */
+	res[1].ld_load_ns = 800000;  /* 1.25 */
+	res[0].st_stored = 10;
+	res[0].st_bytes = 10 * pl.lane_bytes;
+	res[0].st_ns = 4000000;
+	res[0].st_memcpy_ns = 3000000;
+	struct bench_summary s;
+	bench_summarise(&o, &pl, res, smp, 0, &s);
+	cr_assert_float_eq(s.ld_rank_ratio[0], 0.5, 1e-12);
+	cr_assert_float_eq(s.ld_rank_ratio[1], 1.25, 1e-12);
+	cr_assert_float_eq(s.ld_rank_ratio_min, 0.5, 1e-12);
+	cr_assert_eq(s.ld_load_ns, 2000000, "the slowest rank");
+	cr_assert_float_eq(s.ld_load_ratio, 0.5, 1e-9);
+	cr_assert_float_eq(s.st_ratio, 0.75, 1e-9, "the group's bytes over its window vs one memcpy thread");
+	char *text = bench_json(&o, &pl, &s);
+	cJSON *root = cJSON_Parse(text);
+	cr_assert_not_null(root, "%s", text);
+	cr_assert_eq(path(root, "config", "dcp")->valuedouble, 2);
+	cr_assert_eq(path(root, "config", "load_dcp")->valuedouble, 2);
+	cr_assert_eq(path(root, "plan", "rank_bytes")->valuedouble, (double)pl.st.rank_bytes);
+	cr_assert_eq(path(root, "plan", "copy_runs_per_rank")->valuedouble, 61 * 64);
+	cJSON *rr = path(root, "warm", "rank_load_ratio");
+	cr_assert_eq(cJSON_GetArraySize(rr), 2);
+	cr_assert_float_eq(cJSON_GetArrayItem(rr, 1)->valuedouble, 1.25, 1e-12);
+	cr_assert_float_eq(path(root, "warm", "rank_load_ratio_min")->valuedouble, 0.5, 1e-12);
+	cr_assert(cJSON_IsFalse(path(root, "warm", "copy_goal_met")), "0.5 < 0.7");
+	cr_assert(cJSON_IsTrue(path(root, "cold", "copy_goal_met")), "0.75 >= 0.7");
+	cr_assert_float_eq(path(root, "cold", "copy_goal_ratio_min")->valuedouble, 0.7, 1e-12);
+	cJSON_Delete(root);
+	free(text);
+
+	/* the table names the layout and fits 100 columns */
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	bench_print_header(f, &o, &pl);
+	bench_print_table(f, &o, &pl, &s);
+	fclose(f);
+	cr_assert(strstr(buf, "dcp: cold D 2 I 1, 1 group of 2 ranks, 1 storing: a rank's block 4.29 MiB in 3904 runs "
+			     "<= 1.1 KiB\n     warm D 2 I 1: a rank's block 4.29 MiB in 3904 runs <= 1.1 KiB\n"), "%s", buf);
+	cr_assert(strstr(buf, "  DCP gather, D 2 ") && strstr(buf, "0.75    >= 0.70 met"), "%s", buf);
+	cr_assert(strstr(buf, " 0.50 1.25   min 0.50"), "%s", buf);
+	for (char *line = buf, *nl; *line; line = nl + 1) {
+		nl = strchr(line, '\n');
+		cr_assert_not_null(nl);
+		cr_assert_leq(nl - line, 100, "line too long: %.*s", (int)(nl - line), line);
+	}
+	free(buf);
+}
+
+/* ---- DCP through a real kvringd (--spawn) ----------------------------------------------------- */
+
+/* Run kvring-bench from the build tree with args (--spawn --quiet --no-plot --json FILE added);
+ * returns its exit status and the parsed JSON (NULL when none). The output goes to a log that
+ * a failed assertion prints. */
+static int run_bench(const char *const *args, cJSON **ret_json, char *log, size_t loglen)
+{
+	const char *root = getenv("KVR_BUILD_ROOT");
+	cr_assert_not_null(root, "KVR_BUILD_ROOT is not set (meson test sets it)");
+	char exe[512], json[96], logp[96];
+	snprintf(exe, sizeof(exe), "%s/tools/bench/kvring-bench", root);
+	snprintf(json, sizeof(json), "/tmp/kvr-bench-dcp.%d.json", (int)getpid());
+	snprintf(logp, sizeof(logp), "/tmp/kvr-bench-dcp.%d.log", (int)getpid());
+	const char *argv[48] = {exe, "--spawn", "--quiet", "--no-plot", "--json", json};
+	size_t n = 6;
+	for (size_t i = 0; args[i]; i++) {
+		cr_assert_lt(n, 47);
+		argv[n++] = args[i];
+	}
+	argv[n] = NULL;
+	unlink(json);
+	fflush(NULL);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (!pid) {
+		FILE *l = freopen(logp, "w", stdout);
+		if (!l || dup2(fileno(stdout), STDERR_FILENO) < 0)
+			_exit(126);
+		execv(exe, (char *const *)argv);
+		_exit(127);
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	FILE *l = fopen(logp, "r");
+	size_t got = l ? fread(log, 1, loglen - 1, l) : 0;
+	log[got] = '\0';
+	if (l)
+		fclose(l);
+	unlink(logp);
+	*ret_json = NULL;
+	FILE *f = fopen(json, "r");
+	if (f) {
+		static char text[1 << 16];
+		size_t len = fread(text, 1, sizeof(text) - 1, f);
+		text[len] = '\0';
+		fclose(f);
+		*ret_json = cJSON_Parse(text);
+	}
+	unlink(json);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static double jnum(cJSON *root, const char *a, const char *b)
+{
+	return path(root, a, b)->valuedouble;
+}
+
+/* One run, every byte checked: ranks x prompts exact, every full block matched, the store and
+ * load ratios against memcpy present and > 0. */
+static void dcp_run(const char *model, uint32_t tp, const char *const *extra, uint32_t prompts, uint32_t blocks,
+		    uint32_t unique)
+{
+	char tps[16], pr[16], log[8192];
+	snprintf(tps, sizeof(tps), "%u", tp);
+	snprintf(pr, sizeof(pr), "%u", prompts);
+	const char *args[32] = {"--model", model, "--tp", tps, "--prompts", pr, "--concurrency", "2"};
+	size_t n = 8;
+	for (size_t i = 0; extra[i]; i++)
+		args[n++] = extra[i];
+	args[n] = NULL;
+	cJSON *j;
+	int rc = run_bench(args, &j, log, sizeof(log));
+	cr_assert_eq(rc, 0, "kvring-bench exit %d:\n%s", rc, log);
+	cr_assert_not_null(j, "no JSON:\n%s", log);
+	cr_assert(cJSON_IsTrue(path(j, "ok", NULL)));
+	cr_assert_eq(jnum(j, "errors", NULL), 0);
+	/* cold: the group's counts, canonical bytes */
+	cr_assert_eq(jnum(j, "cold", "stored_blocks"), unique, "%s", log);
+	cr_assert_eq(jnum(j, "cold", "stored_blocks") + jnum(j, "cold", "present_blocks"), prompts * blocks);
+	cr_assert_eq(jnum(j, "cold", "bytes"), unique * jnum(j, "plan", "lane_bytes"));
+	cr_assert_gt(jnum(j, "cold", "ratio"), 0);
+	cr_assert_gt(jnum(j, "cold", "memcpy_time_ns"), 0);
+	/* warm: every rank loads every prompt, every byte checked */
+	cJSON *v = path(j, "warm", "verify");
+	cr_assert_eq(cJSON_GetObjectItem(v, "exact_prompts")->valuedouble, tp * prompts);
+	cr_assert_eq(cJSON_GetObjectItem(v, "mismatch_blocks")->valuedouble, 0);
+	cr_assert_eq(cJSON_GetObjectItem(v, "stray_blocks")->valuedouble, 0);
+	cr_assert_eq(jnum(j, "warm", "matched_blocks"), tp * prompts * blocks);
+	cr_assert_eq(jnum(j, "warm", "bytes"), tp * prompts * blocks * jnum(j, "plan", "load_rank_bytes"));
+	cr_assert_gt(jnum(j, "warm", "load_ratio"), 0);
+	cJSON *rr = path(j, "warm", "rank_load_ratio");
+	cr_assert_eq(cJSON_GetArraySize(rr), (int)tp);
+	for (uint32_t r = 0; r < tp; r++)
+		cr_assert_gt(cJSON_GetArrayItem(rr, (int)r)->valuedouble, 0, "rank %u", r);
+	cr_assert_gt(jnum(j, "warm", "rank_load_ratio_min"), 0);
+	cJSON_Delete(j);
+}
+
+/* 3 prompts of 4 blocks of 64 tokens sharing their first block: 10 distinct blocks */
+#define SMALL "--block-tokens", "64", "--input-len", "256", "--prefix-len", "64"
+
+Test(bench, spawn_dcp2_mla, .timeout = 60)
+{
+	dcp_run("deepseek-v2-lite", 2, (const char *const[]){SMALL, "--dcp", "2", NULL}, 3, 4, 10);
+}
+
+Test(bench, spawn_dcp2_interleave8_mla, .timeout = 60)
+{
+	dcp_run("deepseek-v2-lite", 2, (const char *const[]){SMALL, "--dcp", "2", "--interleave", "8", NULL}, 3, 4, 10);
+}
+
+Test(bench, spawn_dcp2_tails_fp8, .timeout = 60)
+{
+	dcp_run("deepseek-v3.2-fp8", 2, (const char *const[]){SMALL, "--dcp", "2", "--interleave", "4", NULL}, 3, 4, 10);
+}
+
+Test(bench, spawn_dcp2_cross_layout_to_dcp1, .timeout = 60)
+{
+	dcp_run("deepseek-v2-lite", 2, (const char *const[]){SMALL, "--dcp", "2", "--load-dcp", "1", NULL}, 3, 4, 10);
 }
