@@ -187,6 +187,8 @@ struct bench_rank_result {
 	uint64_t ld_bytes;          /* loaded bytes (loaded blocks x the rank's page bytes of a block) */
 	uint64_t ld_ns;             /* sum of batch windows: first lookup -> last completion */
 	uint64_t ld_load_ns;        /* sum of batch windows: first load submit -> last completion */
+	uint64_t ld_group_ns;       /* group's rank 0: sum of its group's load windows (earliest submit, latest completion) */
+	uint64_t ld_group_memcpy_ns; /* group's rank 0: its group's loaded bytes, every rank's runs, one memcpy thread */
 	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts;
 	uint64_t ld_memcpy_ns;      /* the rank's loaded bytes, its pieces (copy runs), memcpy */
 	uint64_t ld_verify_ns;
@@ -221,6 +223,8 @@ struct bench_summary {
 	double ld_load_gbps, ld_load_ratio; /* ld_bytes / ld_load_ns; ld_load_gbps / ld_memcpy_gbps */
 	double ld_rank_ratio[KVR_MAX_TP];   /* per rank: its load GB/s / its memcpy GB/s (= memcpy / load time) */
 	double ld_rank_ratio_min;           /* the smallest of them (ranks that loaded) */
+	uint64_t ld_group_ns, ld_group_memcpy_ns; /* the slowest group's load windows and one-thread memcpy */
+	double ld_group_gbps, ld_group_memcpy_gbps, ld_group_ratio; /* ld_bytes over them; gbps / memcpy gbps */
 	struct bench_dist lat, hash, index, rt;
 	uint64_t hash_index_p50_ns;  /* p50 of hash + index per lookup */
 	uint64_t errors;             /* every error of the run, spawn and exit status included */

@@ -168,6 +168,22 @@ static int sync_all(struct rank *r, const char *where)
 	return rc;
 }
 
+/* The window of the current batch of this rank's group: its ranks' earliest batch_t0 to their
+ * latest batch_t1 (a batch_t0 of 0: that rank sent nothing). Call after the batch's closing
+ * barrier. */
+static uint64_t group_window(const struct rank *r)
+{
+	const struct bench_rank_result *g = r->x->all + r->group * r->g.dcp_size;
+	uint64_t t0 = UINT64_MAX, t1 = 0;
+	for (uint32_t q = 0; q < r->g.dcp_size; q++) {
+		if (!g[q].batch_t0)
+			continue;
+		t0 = g[q].batch_t0 < t0 ? g[q].batch_t0 : t0;
+		t1 = g[q].batch_t1 > t1 ? g[q].batch_t1 : t1;
+	}
+	return t1 > t0 ? t1 - t0 : 0;
+}
+
 /* ---- cold ---------------------------------------------------------------------------------- */
 
 static void store_done(struct rank *r, const struct kvr_completion *d, void *arg)
@@ -256,15 +272,8 @@ static int phase_cold(struct rank *r)
 			rc = sync_all(r, "the end of a store batch");
 		if (rc)
 			return rc;
-		if (stores && group_leader(r)) {
-			const struct bench_rank_result *g = r->x->all + r->group * r->g.dcp_size;
-			uint64_t t0 = g[0].batch_t0, t1 = g[0].batch_t1;
-			for (uint32_t q = 1; q < r->g.dcp_size; q++) {
-				t0 = g[q].batch_t0 < t0 ? g[q].batch_t0 : t0;
-				t1 = g[q].batch_t1 > t1 ? g[q].batch_t1 : t1;
-			}
-			res->st_ns += t1 - t0;
-		}
+		if (stores && group_leader(r))
+			res->st_ns += group_window(r);
 	}
 	return 0;
 }
@@ -419,6 +428,9 @@ static int phase_warm(struct rank *r)
 			wb->looked_up[i] = false;
 			wb->status[i] = 1;
 		}
+		rc = sync_all(r, "a load batch");
+		if (rc)
+			break;
 		uint64_t t0 = kvr_now_ns();
 		unsigned sent = warm_submit(r, wb);
 		rc = collect(r, sent, load_done, wb);
@@ -426,8 +438,15 @@ static int phase_warm(struct rank *r)
 		res->ld_ns += t1 - t0;
 		if (wb->t_load)
 			res->ld_load_ns += t1 - wb->t_load;
-		if (rc)
+		res->batch_t0 = wb->t_load;
+		res->batch_t1 = t1;
+		if (rc) {
 			res->ld_errors++;
+		} else {
+			rc = sync_all(r, "the end of a load batch");
+			if (!rc && group_leader(r))
+				res->ld_group_ns += group_window(r);
+		}
 		uint64_t tv = kvr_now_ns();
 		warm_verify(r, wb);
 		res->ld_verify_ns += kvr_now_ns() - tv;
@@ -472,19 +491,20 @@ static int plan_runs(struct rank *r, const struct kvr_geometry *g, struct kvr_dc
 	return 0;
 }
 
-/* Store baseline, run by a storing group's rank 0: one thread copies what the group's gather
- * did: for `n` blocks, every rank's runs from its KV memory into canonical lanes of the
- * scratch (block j -> engine block and lane j mod num_blocks), in the gather actor's order: a
- * request's blocks (full_blocks of them) rank after rank. The other ranks' KV memory is a
- * resident buffer of the same layout. Sets *ret_ns; 0 or -errno. */
-static int store_baseline(struct rank *r, uint64_t n, uint64_t *ret_ns)
+/* Group baseline, run by a group's rank 0: one thread copies what the group's gather actor
+ * (one thread too) copied: n[q] blocks of every rank q's runs between its KV memory and
+ * canonical lanes of the scratch (block j -> engine block and lane j mod num_blocks), in the
+ * actor's order: a request's blocks (full_blocks of them) rank after rank. to_engine: scratch
+ * -> KV (scatter, loads), else KV -> scratch (gather, stores). The other ranks' KV memory is
+ * a resident buffer of the same layout. Sets *ret_ns; 0 or -errno. */
+static int group_baseline(struct rank *r, const uint64_t *n, bool to_engine, uint64_t *ret_ns)
 {
 	uint32_t d = r->g.dcp_size, nb = r->pl->num_blocks;
 	struct kvr_dcp_run *runs[KVR_DCP_MAX] = {0};
 	uint32_t *counts[KVR_DCP_MAX] = {0};
 	size_t cap = 0;
-	uint8_t *src[KVR_DCP_MAX] = {r->kv};
-	uint64_t peer_bytes = (uint64_t)(d - 1) * r->kv_bytes;
+	uint8_t *kv[KVR_DCP_MAX] = {r->kv};
+	uint64_t peer_bytes = (uint64_t)(d - 1) * r->kv_bytes, most = 0;
 	void *peers = MAP_FAILED;
 	int rc = 0;
 	if (peer_bytes) {
@@ -502,24 +522,27 @@ static int store_baseline(struct rank *r, uint64_t n, uint64_t *ret_ns)
 		g.tp_rank = r->group * d + q;
 		g.dcp_rank = q;
 		if (q)
-			src[q] = (uint8_t *)peers + (uint64_t)(q - 1) * r->kv_bytes;
+			kv[q] = (uint8_t *)peers + (uint64_t)(q - 1) * r->kv_bytes;
 		rc = plan_runs(r, &g, &runs[q], &counts[q], &cap);
+		most = n[q] > most ? n[q] : most;
 	}
 	if (!rc) {
 		uint32_t per_req = r->pl->full_blocks;
 		uint64_t t0 = kvr_now_ns();
-		for (uint64_t j0 = 0; j0 < n; j0 += per_req) {
-			uint64_t j1 = n - j0 < per_req ? n : j0 + per_req;
+		for (uint64_t j0 = 0; j0 < most; j0 += per_req)
 			for (uint32_t q = 0; q < d; q++)
-				for (uint64_t j = j0; j < j1; j++) {
+				for (uint64_t j = j0; j < j0 + per_req && j < n[q]; j++) {
 					uint32_t b = (uint32_t)(j % nb);
 					const struct kvr_dcp_run *ru = runs[q] + b * cap;
-					for (uint32_t k = 0; k < counts[q][b]; k++)
-						memcpy(r->scratch + ru[k].slot_off, src[q] + ru[k].kv_off, ru[k].len);
+					for (uint32_t k = 0; k < counts[q][b]; k++) {
+						if (to_engine)
+							memcpy(kv[q] + ru[k].kv_off, r->scratch + ru[k].slot_off, ru[k].len);
+						else
+							memcpy(r->scratch + ru[k].slot_off, kv[q] + ru[k].kv_off, ru[k].len);
+					}
 				}
-		}
 		*ret_ns = kvr_now_ns() - t0;
-		__asm__ volatile("" : : "r"(r->scratch), "r"(peers) : "memory"); /* the copies are observable */
+		__asm__ volatile("" : : "r"(r->scratch), "r"(peers), "r"(r->kv) : "memory"); /* the copies are observable */
 	}
 	for (uint32_t q = 0; q < d; q++) {
 		free(runs[q]);
@@ -665,8 +688,12 @@ int bench_rank_run(struct bench_rank_ctx *x)
 		rc = phase_cold(&r);
 		if (!rc)
 			rc = sync_all(&r, "the end of the cold phase");
-		if (!rc && storing(&r) && group_leader(&r))
-			rc = store_baseline(&r, x->res->st_stored, &x->res->st_memcpy_ns);
+		if (!rc && storing(&r) && group_leader(&r)) {
+			uint64_t n[KVR_DCP_MAX];
+			for (uint32_t q = 0; q < r.g.dcp_size; q++)
+				n[q] = x->res->st_stored; /* every rank sent its shard of every stored block */
+			rc = group_baseline(&r, n, false, &x->res->st_memcpy_ns);
+		}
 		if (!rc)
 			rc = sync_all(&r, "the end of the store baseline");
 	}
@@ -688,6 +715,14 @@ int bench_rank_run(struct bench_rank_ctx *x)
 			rc = load_baseline(&r, x->res->ld_bytes / r.lay->rank_bytes, &x->res->ld_memcpy_ns);
 		if (!rc)
 			rc = sync_all(&r, "the end of the load baseline");
+		if (!rc && group_leader(&r)) {
+			uint64_t n[KVR_DCP_MAX];
+			for (uint32_t q = 0; q < r.g.dcp_size; q++)
+				n[q] = x->all[r.group * r.g.dcp_size + q].ld_bytes / r.lay->rank_bytes;
+			rc = group_baseline(&r, n, true, &x->res->ld_group_memcpy_ns);
+		}
+		if (!rc)
+			rc = sync_all(&r, "the end of the group load baseline");
 	}
 	if (rc)
 		bench_barrier_abort(x->barrier);

@@ -90,6 +90,8 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 		s.ld_bytes += x->ld_bytes;
 		s.ld_ns = max_u64(s.ld_ns, x->ld_ns);
 		s.ld_load_ns = max_u64(s.ld_load_ns, x->ld_load_ns);
+		s.ld_group_ns = max_u64(s.ld_group_ns, x->ld_group_ns);
+		s.ld_group_memcpy_ns = max_u64(s.ld_group_memcpy_ns, x->ld_group_memcpy_ns);
 		s.ld_memcpy_ns = max_u64(s.ld_memcpy_ns, x->ld_memcpy_ns);
 		s.ld_errors += x->ld_errors;
 		s.ld_failed_blocks += x->ld_failed_blocks;
@@ -106,6 +108,9 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 	s.ld_time_ratio = s.ld_memcpy_ns ? (double)s.ld_ns / (double)s.ld_memcpy_ns : 0;
 	s.ld_load_gbps = bench_gbps(s.ld_bytes, s.ld_load_ns);
 	s.ld_load_ratio = s.ld_memcpy_gbps > 0 ? s.ld_load_gbps / s.ld_memcpy_gbps : 0;
+	s.ld_group_gbps = bench_gbps(s.ld_bytes, s.ld_group_ns);
+	s.ld_group_memcpy_gbps = bench_gbps(s.ld_bytes, s.ld_group_memcpy_ns);
+	s.ld_group_ratio = s.ld_group_memcpy_gbps > 0 ? s.ld_group_gbps / s.ld_group_memcpy_gbps : 0;
 	bool any = false;
 	for (uint32_t r = 0; r < o->tp && r < KVR_MAX_TP; r++) {
 		const struct bench_rank_result *x = &res[r];
@@ -215,6 +220,9 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 			fprintf(f, " %.2f", s->ld_rank_ratio[r]);
 		fprintf(f, "   min %.2f  (%s)\n", s->ld_rank_ratio_min,
 			pl->ld.dcp > 1 ? "DCP scatter: its bytes, its runs" : "its bytes, its pages");
+		if (pl->ld.dcp > 1)
+			fprintf(f, "  DCP scatter, D %-2u     %9.2f GB/s %8.2f GB/s %11.2f    (a group: one thread each)\n",
+				pl->ld.dcp, s->ld_group_gbps, s->ld_group_memcpy_gbps, s->ld_group_ratio);
 		fprintf(f, "  hit rate %.2f %% (%" PRIu64 " of %" PRIu64 " tokens; %" PRIu64 " in full blocks), %" PRIu64
 			" blocks missed\n", 100.0 * s->hit_rate, s->ld_matched_tokens, s->ld_tokens,
 			s->ld_requests * pl->full_blocks * o->block_tokens, s->ld_misses);
@@ -362,6 +370,11 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 		for (uint32_t r = 0; r < o->tp && r < KVR_MAX_TP; r++)
 			cJSON_AddItemToArray(rr, cJSON_CreateNumber(s->ld_rank_ratio[r]));
 		num(w, "rank_load_ratio_min", s->ld_rank_ratio_min);
+		num(w, "group_load_time_ns", (double)s->ld_group_ns);
+		num(w, "group_load_gbps", s->ld_group_gbps);
+		num(w, "group_memcpy_time_ns", (double)s->ld_group_memcpy_ns);
+		num(w, "group_memcpy_gbps", s->ld_group_memcpy_gbps);
+		num(w, "group_load_ratio", s->ld_group_ratio);
 		num(w, "copy_goal_ratio_min", BENCH_COPY_GOAL_MIN);
 		cJSON_AddBoolToObject(w, "copy_goal_met", s->ld_bytes && s->ld_rank_ratio_min >= BENCH_COPY_GOAL_MIN);
 		cJSON_AddItemToObject(w, "latency_ns", dist(&s->lat));

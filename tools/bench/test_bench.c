@@ -1191,6 +1191,8 @@ Test(bench, summary_rank_load_ratios)
 	}
 	res[0].ld_load_ns = 2000000; /* 0.5 of memcpy */
 	res[1].ld_load_ns = 800000;  /* 1.25 */
+	res[0].ld_group_ns = 2000000; /* the group's rank 0: both ranks' bytes, one gather thread */
+	res[0].ld_group_memcpy_ns = 1800000;
 	res[0].st_stored = 10;
 	res[0].st_bytes = 10 * pl.lane_bytes;
 	res[0].st_ns = 4000000;
@@ -1203,6 +1205,8 @@ Test(bench, summary_rank_load_ratios)
 	cr_assert_eq(s.ld_load_ns, 2000000, "the slowest rank");
 	cr_assert_float_eq(s.ld_load_ratio, 0.5, 1e-9);
 	cr_assert_float_eq(s.st_ratio, 0.75, 1e-9, "the group's bytes over its window vs one memcpy thread");
+	cr_assert_float_eq(s.ld_group_ratio, 0.9, 1e-9);
+	cr_assert_float_eq(s.ld_group_gbps, (double)(32 * pl.st.rank_bytes) / 2e6, 1e-9);
 	char *text = bench_json(&o, &pl, &s);
 	cJSON *root = cJSON_Parse(text);
 	cr_assert_not_null(root, "%s", text);
@@ -1217,6 +1221,8 @@ Test(bench, summary_rank_load_ratios)
 	cr_assert(cJSON_IsFalse(path(root, "warm", "copy_goal_met")), "0.5 < 0.7");
 	cr_assert(cJSON_IsTrue(path(root, "cold", "copy_goal_met")), "0.75 >= 0.7");
 	cr_assert_float_eq(path(root, "cold", "copy_goal_ratio_min")->valuedouble, 0.7, 1e-12);
+	cr_assert_float_eq(path(root, "warm", "group_load_ratio")->valuedouble, 0.9, 1e-9);
+	cr_assert_eq(path(root, "warm", "group_memcpy_time_ns")->valuedouble, 1800000);
 	cJSON_Delete(root);
 	free(text);
 
@@ -1231,6 +1237,7 @@ Test(bench, summary_rank_load_ratios)
 			     "<= 1.1 KiB\n     warm D 2 I 1: a rank's block 4.29 MiB in 3904 runs <= 1.1 KiB\n"), "%s", buf);
 	cr_assert(strstr(buf, "  DCP gather, D 2 ") && strstr(buf, "0.75    >= 0.70 met"), "%s", buf);
 	cr_assert(strstr(buf, " 0.50 1.25   min 0.50"), "%s", buf);
+	cr_assert(strstr(buf, "  DCP scatter, D 2 ") && strstr(buf, "0.90    (a group: one thread each)"), "%s", buf);
 	for (char *line = buf, *nl; *line; line = nl + 1) {
 		nl = strchr(line, '\n');
 		cr_assert_not_null(nl);
@@ -1334,6 +1341,8 @@ static void dcp_run(const char *model, uint32_t tp, const char *const *extra, ui
 	for (uint32_t r = 0; r < tp; r++)
 		cr_assert_gt(cJSON_GetArrayItem(rr, (int)r)->valuedouble, 0, "rank %u", r);
 	cr_assert_gt(jnum(j, "warm", "rank_load_ratio_min"), 0);
+	cr_assert_gt(jnum(j, "warm", "group_load_ratio"), 0);
+	cr_assert_gt(jnum(j, "warm", "group_memcpy_time_ns"), 0);
 	cJSON_Delete(j);
 }
 
