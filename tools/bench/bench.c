@@ -1,4 +1,4 @@
-/* kvring-bench: the L1 benchmark — tp emulated workers (DCP groups too) store, look up, load and verify KV blocks through kvringd. */
+/* kvring-bench: the L1 benchmark — tp emulated workers (DCP groups too) store, look up, load, verify via kvringd. */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>

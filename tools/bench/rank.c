@@ -1,4 +1,4 @@
-/* kvring-bench rank process: one emulated TP (and DCP) worker — KV memory, attach, cold/warm phases, memcpy baselines. */
+/* kvring-bench rank process: one emulated TP/DCP worker — KV memory, attach, cold/warm phases, memcpy baselines. */
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
