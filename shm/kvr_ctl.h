@@ -174,9 +174,6 @@ enum kvr_stat_xfer { /* loader and storer */
 	KVR_STAT_XF_REQUESTS,         /* requests completed */
 	KVR_STAT_XF_HIST_FIRST,       /* struct kvr_hist of request latency (kvr_stats_hist()) ... */
 	KVR_STAT_XF_NEXT = KVR_STAT_XF_HIST_FIRST + KVR_HIST_BUCKETS + 2, /* ... up to here: the next free */
-	/* A gather actor loads and stores: its loads count at the KVR_STAT_XF_* indices, its
-	 * stores at KVR_STAT_XF_* + KVR_STAT_XF_STORE_OFF (a second block of the same shape). */
-	KVR_STAT_XF_STORE_OFF = KVR_STAT_XF_NEXT - KVR_STAT_FIRST_STAGE,
 };
 
 struct kvr_actor_stats {
@@ -192,7 +189,6 @@ struct kvr_hist {
 _Static_assert(sizeof(struct kvr_hist) == (KVR_HIST_BUCKETS + 2) * sizeof(uint64_t), "histogram is counters");
 _Static_assert(KVR_STAT_XF_HIST_FIRST + KVR_HIST_WORDS == KVR_STAT_XF_NEXT, "transfer histogram words");
 _Static_assert((int)KVR_STAT_XF_NEXT <= (int)KVR_STAT_MAX, "transfer histogram fits the stats");
-_Static_assert((int)KVR_STAT_XF_NEXT + (int)KVR_STAT_XF_STORE_OFF <= (int)KVR_STAT_MAX, "a gather's store block fits");
 
 /* Upper bound of bucket i < KVR_HIST_FINITE, in microseconds. */
 static inline uint64_t kvr_hist_bound_us(unsigned i)

@@ -73,7 +73,7 @@ struct kvr_attach_info {
 	uint32_t storer_actor;
 	uint32_t lookup_actor;
 	uint32_t group_ranks;    /* DCP: ranks of its group that must attach before the gather
-				  * actor serving it (loader_actor = storer_actor) is ready; else 1 */
+				  * actor storing for it (storer_actor) is ready; else 1 */
 };
 
 /* ---- ATTACH with CUDA KV memory (docs/cuda.md) -------------------------------------------

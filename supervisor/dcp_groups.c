@@ -7,16 +7,19 @@
 #include "sup.h"
 
 /*
- * A DCP rank does not get a loader and a storer of its own: one block's canonical lane
- * needs every rank's shard, so the D ranks of a group are served by one gather actor
- * (actors/gather). When a rank attaches, its six data rings (load, store and commit, both
- * directions) are rebound in the ring directory to the group's gather actor; the attach
- * reply names the gather actor as the worker's loader and storer, so the client library
- * addresses it, checks its liveness and stamps its generation exactly as it would a
- * loader's. The gather actor is started when the last rank of the group attached and is
- * stopped as soon as one leaves (its KV memory is gone; the group cannot store a block);
- * a returning rank restarts it. A slot of a rank that left is freed only after the gather
- * actor exited, and its rings then go back to its own loader and storer.
+ * A DCP rank's stores need every rank's shard of a block: the D ranks of a group store
+ * through one gather actor (actors/gather). When a rank attaches, its store and commit
+ * rings (both directions) are rebound in the ring directory to the group's gather actor,
+ * and the attach reply names that actor as the worker's storer, so the client library
+ * addresses it, checks its liveness and stamps its generation exactly as a storer's. The
+ * gather actor starts when the last rank of the group attached and stops as soon as one
+ * leaves (its KV memory is gone: the group cannot store a block); a returning rank
+ * restarts it. A slot of a rank that left is freed only after the gather actor exited,
+ * and its rings then go back to its own storer.
+ *
+ * Loads need nothing from the other ranks: each DCP rank keeps its own loader, which
+ * scatters its tokens out of the canonical lane (the same kvr_dcp runs), so the ranks'
+ * loads run in parallel, and keep working while the group is incomplete.
  *
  * Group slot g uses actor SUP_ACTOR_GATHER(cfg, g). Groups are keyed by tp_rank / D; every
  * rank of one group must declare the same tp_size, dcp_size and dcp_interleave.
@@ -24,12 +27,11 @@
 
 /* Per worker slot: the rings a DCP rank hands to its gather actor, and their endpoints
  * otherwise (the same rows as layout.c's worker ring table). */
-enum side { S_CLIENT, S_LOOKUP, S_LOADER, S_STORER };
+enum side { S_CLIENT, S_LOOKUP, S_STORER };
 static const struct {
 	const char *fmt;
 	enum side producer, consumer;
 } rebound[] = {
-	{"load.req.%u", S_CLIENT, S_LOADER},	{"load.rep.%u", S_LOADER, S_CLIENT},
 	{"store.req.%u", S_CLIENT, S_STORER},	{"store.rep.%u", S_STORER, S_CLIENT},
 	{"commit.req.%u", S_STORER, S_LOOKUP}, {"commit.rep.%u", S_LOOKUP, S_STORER},
 };
@@ -41,15 +43,13 @@ static int endpoint(enum side e, unsigned w, int gather)
 		return KVR_EP_CLIENT(w);
 	case S_LOOKUP:
 		return (int)SUP_ACTOR_LOOKUP;
-	case S_LOADER:
-		return gather >= 0 ? gather : (int)SUP_ACTOR_LOADER(w);
 	case S_STORER:
 		return gather >= 0 ? gather : (int)SUP_ACTOR_STORER(w);
 	}
 	return KVR_EP_SUPERVISOR;
 }
 
-/* Bind worker w's data rings to actor `gather`, or back to its own loader/storer (-1). */
+/* Bind worker w's store and commit rings to actor `gather`, or back to its own storer (-1). */
 static void bind_rings(struct sup *s, unsigned w, int gather)
 {
 	char name[KVR_RING_NAME_MAX];

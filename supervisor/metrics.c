@@ -99,12 +99,11 @@ static uint64_t kind_sum(const struct kvr_ctl *c, unsigned kind, unsigned s)
 	return sum;
 }
 
-/* A transfer counter of one direction over every actor that moves it: loaders (or
- * storers) and the gather actors, which count their stores KVR_STAT_XF_STORE_OFF further. */
+/* A transfer counter of one direction over every actor that moves it: the loaders, or the
+ * storers and the gather actors (a DCP group's stores). */
 static uint64_t xf_sum(const struct kvr_ctl *c, bool store, unsigned s)
 {
-	return kind_sum(c, store ? KVR_ACTOR_STORER : KVR_ACTOR_LOADER, s) +
-	       kind_sum(c, KVR_ACTOR_GATHER, s + (store ? KVR_STAT_XF_STORE_OFF : 0));
+	return store ? kind_sum(c, KVR_ACTOR_STORER, s) + kind_sum(c, KVR_ACTOR_GATHER, s) : kind_sum(c, KVR_ACTOR_LOADER, s);
 }
 
 static void actor_label(FILE *f, const char *metric, const struct kvr_actor_ent *e)
@@ -207,10 +206,9 @@ static void histogram(FILE *f, const struct kvr_ctl *c, bool store, const char *
 	unsigned kind = store ? KVR_ACTOR_STORER : KVR_ACTOR_LOADER;
 	for (unsigned i = 0; i < n_actors(c); i++) {
 		unsigned k_i = kvr_ctl_actor(c, i)->kind;
-		if (!actor_used(c, i) || (k_i != kind && k_i != KVR_ACTOR_GATHER))
+		if (!actor_used(c, i) || (k_i != kind && !(store && k_i == KVR_ACTOR_GATHER)))
 			continue;
-		unsigned first = KVR_STAT_XF_HIST_FIRST + (k_i == KVR_ACTOR_GATHER && store ? KVR_STAT_XF_STORE_OFF : 0);
-		const struct kvr_hist *h = kvr_stats_hist(kvr_ctl_stats(c, i), first);
+		const struct kvr_hist *h = kvr_stats_hist(kvr_ctl_stats(c, i), KVR_STAT_XF_HIST_FIRST);
 		sum_ns += atomic_load_explicit(&((struct kvr_hist *)h)->sum_ns, memory_order_relaxed);
 		for (unsigned k = 0; k < KVR_HIST_BUCKETS; k++)
 			b[k] += atomic_load_explicit(&((struct kvr_hist *)h)->bucket[k], memory_order_relaxed);
@@ -253,7 +251,7 @@ static void render_transfer(FILE *f, const struct kvr_ctl *c)
 	fprintf(f, "kvring_bytes_total{direction=\"load\",tier=\"l1\"} %llu\n",
 		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_BYTES));
 	histogram(f, c, false, "kvring_load_duration_seconds",
-		  "Load request latency in the loader (or gather actor): first request message received to reply sent.");
+		  "Load request latency in the loader: first request message received to reply sent.");
 	histogram(f, c, true, "kvring_store_duration_seconds",
 		  "Store request latency in the storer (or gather actor, waits for the group included): first request message received to reply sent.");
 	/* L2: what the lookup actor counted of the disk tier (block lanes) */

@@ -390,8 +390,8 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	}
 
 	const struct kvr_geometry *g = kvr_ctl_worker_geometry(s->ctl, (unsigned)w);
-	/* a DCP rank is served by its group's gather actor, every other worker by its own
-	 * loader and storer */
+	/* a DCP rank stores through its group's gather actor (and loads through its own
+	 * loader); every other worker has its own loader and storer */
 	int gather = -1;
 	if (g->dcp_size > 1) {
 		char why[256];
@@ -421,12 +421,11 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	s->worker_conn[w] = c;
 	kvr_info("worker %d attached (pid %d, generation %u)", w, (int)c->pid, we->generation);
 
-	if (gather < 0) {
-		sup_actor_start(s, &s->actors[SUP_ACTOR_LOADER((unsigned)w)]);
+	sup_actor_start(s, &s->actors[SUP_ACTOR_LOADER((unsigned)w)]);
+	if (gather < 0)
 		sup_actor_start(s, &s->actors[SUP_ACTOR_STORER((unsigned)w)]);
-	} else {
+	else
 		sup_groups_update(s);
-	}
 
 	rep.worker = (uint32_t)w;
 	rep.n_fds = 3;
@@ -439,7 +438,7 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 		.slot_bytes = s->slots->slot_bytes,
 		.lane_bytes = s->lane_bytes,
 		.kv_bytes = s->kv_bytes[w],
-		.loader_actor = gather >= 0 ? (uint32_t)gather : SUP_ACTOR_LOADER((unsigned)w),
+		.loader_actor = SUP_ACTOR_LOADER((unsigned)w),
 		.storer_actor = gather >= 0 ? (uint32_t)gather : SUP_ACTOR_STORER((unsigned)w),
 		.lookup_actor = SUP_ACTOR_LOOKUP,
 		.group_ranks = g->dcp_size,

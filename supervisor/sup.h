@@ -82,8 +82,8 @@ struct sup_conn {
 };
 
 /* A DCP group being formed or served: dcp_size consecutive TP ranks, one gather actor
- * (actor SUP_ACTOR_GATHER(.., slot)) that serves every member's loads and stores once all
- * of them attached (dcp_groups.c). */
+ * (actor SUP_ACTOR_GATHER(.., slot)) that serves every member's stores once all of them
+ * attached (dcp_groups.c); each member loads through its own loader. */
 struct sup_dcp_group {
 	bool used;
 	uint32_t tp_size, dcp_size, interleave;
@@ -210,14 +210,14 @@ void sup_workers_update(struct sup *s);
 
 void sup_groups_init(struct sup *s);
 /* Worker slot w (validated DCP rank geometry g, not yet attached) joins its group: its
- * rings are handed to the group's gather actor, which starts once every rank is there.
+ * store rings are handed to the group's gather actor, which starts once every rank is there.
  * The gather actor's index, or -errno with one line in err (another layout in the same
  * group, no free group slot). */
 int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char *err, size_t errlen);
 /* Worker w left: its group's gather actor stops (the group is incomplete). */
 void sup_group_leave(struct sup *s, unsigned w);
 /* Whether detached worker w's slot can be freed (its gather actor exited); when it can,
- * its rings go back to its own loader and storer. Non-DCP workers: true. */
+ * its store rings go back to its own storer. Non-DCP workers: true. */
 bool sup_group_release(struct sup *s, unsigned w);
 /* Start the gather actor of every complete group that is not running. */
 void sup_groups_update(struct sup *s);

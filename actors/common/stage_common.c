@@ -126,7 +126,6 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned wor
 			strerror(-rc));
 		return rc;
 	}
-	sw->owner = true;
 	if (sw->dcp)
 		kvr_info("serving worker %u (DCP rank %u of %u, interleave %u, lane %u, %u regions, %llu of %llu bytes per "
 			 "block, lease %u blocks x %u)", sw->worker, sw->geom.dcp_rank, sw->geom.dcp_size,
@@ -139,33 +138,13 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned wor
 	return 0;
 }
 
-int stage_worker_share(const struct stage_worker *src, struct stage_worker *sw, const char *req_fmt,
-		       const char *rep_fmt, unsigned pool_percent, unsigned stat_off)
-{
-	*sw = *src;
-	sw->owner = false;
-	sw->stat_off = stat_off;
-	sw->runs = NULL;
-	sw->dcp_runs = NULL;
-	sw->sorted = NULL;
-	sw->req = kvr_actor_ring_w(sw->a, req_fmt, sw->worker);
-	sw->rep = kvr_actor_ring_w(sw->a, rep_fmt, sw->worker);
-	if (!sw->req || !sw->rep) {
-		kvr_err("worker %u: rings %s / %s not found", sw->worker, req_fmt, rep_fmt);
-		return -ENOENT;
-	}
-	return size_pool(sw, pool_percent);
-}
-
 void stage_worker_close(struct stage_worker *sw)
 {
 	if (!sw)
 		return;
-	if (sw->owner) {
-		kvr_xfer_close(sw->xfer);
-		kvr_cuda_events_unmap(&sw->events);
-		free(sw->regions);
-	}
+	kvr_xfer_close(sw->xfer);
+	kvr_cuda_events_unmap(&sw->events);
+	free(sw->regions);
 	sw->xfer = NULL;
 	sw->regions = NULL;
 	free(sw->runs);
@@ -292,7 +271,7 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 			inflight++;
 			done += k;
 			for (unsigned r = 0; r < n_ranks; r++)
-				kvr_actor_count(sw[r]->a, KVR_STAT_XF_CHUNKS + sw[r]->stat_off, 1);
+				kvr_actor_count(sw[r]->a, KVR_STAT_XF_CHUNKS, 1);
 			continue;
 		}
 		for (unsigned r = 0; r < n_ranks; r++) {
@@ -313,12 +292,12 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int status, const void *body,
 		 size_t body_len, const uint32_t *failed, uint32_t n_failed, uint64_t first_ns)
 {
-	kvr_actor_count(sw->a, KVR_STAT_XF_REQUESTS + sw->stat_off, 1);
-	kvr_actor_count(sw->a, KVR_STAT_XF_FAILED_BLOCKS + sw->stat_off, n_failed);
+	kvr_actor_count(sw->a, KVR_STAT_XF_REQUESTS, 1);
+	kvr_actor_count(sw->a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0, body, body_len);
 	uint64_t now = kvr_now_ns(), deadline = now + STAGE_REPLY_TIMEOUT_NS;
-	kvr_hist_observe(kvr_stats_hist(sw->a->stats, KVR_STAT_XF_HIST_FIRST + sw->stat_off), now - first_ns);
+	kvr_hist_observe(kvr_stats_hist(sw->a->stats, KVR_STAT_XF_HIST_FIRST), now - first_ns);
 	int rc = kvr_msg_send(sw->rep, &m, deadline);
 	if (!rc && n_failed)
 		rc = kvr_list_send(sw->rep, KVR_MSG_BLOCKS, wire, 0, failed, n_failed, deadline);

@@ -1,4 +1,4 @@
-/* stage_common: what the loader and storer stages share — the worker's geometry, its KV memory, chunked copies. */
+/* stage_common: what the loader, storer and gather stages share — the worker's geometry, its KV memory, chunked copies. */
 #ifndef KVR_STAGE_COMMON_H
 #define KVR_STAGE_COMMON_H
 
@@ -37,8 +37,6 @@ struct stage_worker {
 	uint32_t chunk_blocks;        /* blocks per staging lease */
 	uint32_t pool_leases;         /* leases in this direction's pool */
 	struct kvr_ring *req, *rep;
-	bool owner;                   /* owns xfer, regions, events (the first of a shared pair) */
-	unsigned stat_off;            /* added to KVR_STAT_XF_* (a gather's stores: KVR_STAT_XF_STORE_OFF) */
 	bool cuda;                    /* the worker's KV memory is GPU memory (CUDA IPC) */
 	struct kvr_cuda_events events;/* CUDA: the producer events of its stores */
 };
@@ -49,11 +47,6 @@ struct stage_worker {
  * request/reply rings (printf patterns taking the worker slot). */
 int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned worker, int kv_fd, uint64_t kv_bytes,
 		      const char *req_fmt, const char *rep_fmt, unsigned pool_percent);
-/* The other direction for the same worker (a gather actor loads and stores): shares src's
- * transfer context (CUDA IPC handles open once per process), own rings and pool; counts
- * at KVR_STAT_XF_* + stat_off. Close it before src. */
-int stage_worker_share(const struct stage_worker *src, struct stage_worker *sw, const char *req_fmt,
-		       const char *rep_fmt, unsigned pool_percent, unsigned stat_off);
 void stage_worker_close(struct stage_worker *sw);
 
 /* Copy n blocks between the workers' blocks and the slots at slot_offs for n_ranks ranks

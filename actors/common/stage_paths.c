@@ -135,8 +135,8 @@ static void load_execute(struct stage_worker *sw, struct stage_load *ld)
 		load_reply(sw, ld, wire, rc, n, n_failed, &st, queue_ns);
 		return;
 	}
-	kvr_actor_count(sw->a, KVR_STAT_XF_BLOCKS + sw->stat_off, n_ok);
-	kvr_actor_count(sw->a, KVR_STAT_XF_BYTES + sw->stat_off, st.bytes);
+	kvr_actor_count(sw->a, KVR_STAT_XF_BLOCKS, n_ok);
+	kvr_actor_count(sw->a, KVR_STAT_XF_BYTES, st.bytes);
 	kvr_debug("load %llx: %u blocks, %u failed, %llu bytes, %llu runs, copy %llu us", (unsigned long long)wire, n,
 		  n_failed, (unsigned long long)st.bytes, (unsigned long long)st.runs,
 		  (unsigned long long)(st.copy_ns / 1000));
@@ -449,12 +449,12 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 	}
 
 	/* 4. answer every rank (blocks count once: a DCP group stores one canonical block) */
-	kvr_actor_count(ss->a, KVR_STAT_XF_BLOCKS + sw[0]->stat_off, committed);
-	kvr_actor_count(ss->a, KVR_STAT_XF_PRESENT_BLOCKS + sw[0]->stat_off, present);
+	kvr_actor_count(ss->a, KVR_STAT_XF_BLOCKS, committed);
+	kvr_actor_count(ss->a, KVR_STAT_XF_PRESENT_BLOCKS, present);
 	for (unsigned r = 0; r < n_ranks; r++) {
 		for (uint32_t k = 0; k < n_fail; k++)
 			ss->failed[k] = rq[r].items[ss->fail_pos[k]].block;
-		kvr_actor_count(ss->a, KVR_STAT_XF_BYTES + sw[r]->stat_off, st[r].bytes);
+		kvr_actor_count(ss->a, KVR_STAT_XF_BYTES, st[r].bytes);
 		store_reply(ss, sw[r], &rq[r], n_fail ? -EIO : 0, committed, present, n_fail, &st[r]);
 	}
 	ss->run_ns = 0;

@@ -514,10 +514,13 @@ Test(dcp_kvringd, cross_layout_dcp2_to_dcp4_and_dcp1, .fini = granks_close)
 	const size_t nt = sizeof(tokens) / sizeof(tokens[0]);
 
 	granks_open(&odd_rows, 2, 1);
-	/* the gather actors are what serves the DCP ranks */
-	for (unsigned i = 0; i < G_TP; i++)
-		cr_assert_eq(atomic_load(&kvr_ctl_actor(inst.ctl, SUP_ACTOR_LOADER(kvr_worker_slot(granks[i].c)))->state),
-			     KVR_ACTOR_IDLE, "a DCP rank has no loader of its own");
+	/* a DCP rank stores through its group's gather actor and loads through its own loader */
+	for (unsigned i = 0; i < G_TP; i++) {
+		unsigned w = kvr_worker_slot(granks[i].c);
+		cr_assert_eq(atomic_load(&kvr_ctl_actor(inst.ctl, SUP_ACTOR_STORER(w))->state), KVR_ACTOR_IDLE,
+			     "a DCP rank has no storer of its own");
+		cr_assert_eq(atomic_load(&kvr_ctl_actor(inst.ctl, SUP_ACTOR_LOADER(w))->state), KVR_ACTOR_READY);
+	}
 	cr_assert_eq(kvr_rank_tokens(granks[1].c, nt), 26, "DCP rank 1 of 2 holds 26 of the 53 tokens (8+8+8+2)");
 	cr_assert_eq(kvr_rank_tokens(granks[0].c, nt), 27);
 	const uint32_t src[G_TP][G_PROMPT] = {{5, 0, 9}, {1, 7, 3}, {2, 11, 4}, {8, 6, 10}};
@@ -606,16 +609,14 @@ Test(dcp_kvringd, store_needs_every_rank, .fini = granks_close)
 	}
 	for (unsigned i = 0; i < G_TP; i++)
 		cr_assert_eq(glookup_blocks(&granks[i], tokens, G_PROMPT * G_BLOCK, 20 + i), G_PROMPT);
-	/* the gather actor's store counters (what /metrics sums): 3 blocks stored once, 2 x 3
-	 * failed by the timeout, 2 + 4 requests answered; no loads */
+	/* the gather actor's store counters (what /metrics sums with the storers'): 3 blocks
+	 * stored once, 2 x 3 failed by the timeout, 2 + 4 requests answered */
 	const struct kvr_actor_stats *gs = kvr_ctl_stats(inst.ctl, gather_of_rank(&granks[0]));
-	const unsigned off = KVR_STAT_XF_STORE_OFF;
-	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_BLOCKS + off]), G_PROMPT);
-	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_FAILED_BLOCKS + off]), 2 * G_PROMPT);
-	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_REQUESTS + off]), 6);
-	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_BYTES + off]), 4ull * G_PROMPT * odd_rows.layers * 4 * odd_rows.row,
+	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_BLOCKS]), G_PROMPT);
+	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_FAILED_BLOCKS]), 2 * G_PROMPT);
+	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_REQUESTS]), 6);
+	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_BYTES]), 4ull * G_PROMPT * odd_rows.layers * 4 * odd_rows.row,
 		     "every rank's 4 rows of every layer of each block");
-	cr_assert_eq(atomic_load(&gs->c[KVR_STAT_XF_REQUESTS]), 0);
 }
 
 /* Ranks of one group must agree on the layout; a rank that does not is refused, naming
@@ -637,12 +638,12 @@ Test(dcp_kvringd, group_layout_mismatch_refused, .fini = granks_close)
 	struct kvr_attach_info info;
 	memcpy(&info, rep.payload, sizeof(info));
 	cr_assert_eq(info.group_ranks, 2);
-	cr_assert_eq(info.loader_actor, info.storer_actor);
-	cr_assert_str_eq(kvr_ctl_actor(inst.ctl, info.loader_actor)->name, "gather.0");
+	cr_assert_str_eq(kvr_ctl_actor(inst.ctl, info.storer_actor)->name, "gather.0");
+	cr_assert_eq(info.loader_actor, SUP_ACTOR_LOADER(rep.worker));
 	expect_refused(&g1, kvr_geometry_kv_extent(&g1), -EINVAL,
 		       "DCP group 0 (TP ranks 0..1) has tp_size 4, dcp_size 2, dcp_interleave 1; this rank says 4, 2, 2");
 	/* the gather actor waits for the group */
-	cr_assert_eq(atomic_load(&kvr_ctl_actor(inst.ctl, info.loader_actor)->state), KVR_ACTOR_IDLE);
+	cr_assert_eq(atomic_load(&kvr_ctl_actor(inst.ctl, info.storer_actor)->state), KVR_ACTOR_IDLE);
 	close(s0);
 }
 
@@ -685,11 +686,11 @@ Test(dcp_kvringd, tails_round_trip_under_their_layout_only, .fini = granks_close
 	cr_assert_eq(glookup_blocks(&granks[0], tokens, G_PROMPT * 64, 4), 0, "DCP 1 matched tail blocks of DCP 4");
 }
 
-/* The gather actor serving a DCP rank: the consumer of its load ring. */
+/* The gather actor storing for a DCP rank: the consumer of its store ring. */
 static unsigned gather_of_rank(const struct grank *r)
 {
 	char name[KVR_RING_NAME_MAX];
-	snprintf(name, sizeof(name), "load.req.%u", kvr_worker_slot(r->c));
+	snprintf(name, sizeof(name), "store.req.%u", kvr_worker_slot(r->c));
 	int i = kvr_ctl_find_ring(inst.ctl, name);
 	cr_assert_geq(i, 0);
 	int cons = kvr_ctl_ring_ent(inst.ctl, (unsigned)i)->consumer;
@@ -699,8 +700,9 @@ static unsigned gather_of_rank(const struct grank *r)
 }
 
 /* A gather actor killed with SIGKILL is restarted and serves its group again; when a rank
- * of the group detaches, the group's gather actor stops (the others' requests fail at
- * once, -EPIPE) and starts again when the rank is back, with its new KV memory. */
+ * of the group detaches, the group's gather actor stops (the others' stores fail at once,
+ * -EPIPE, their loads still work: each rank has its own loader) and starts again when the
+ * rank is back, with its new KV memory. */
 Test(dcp_kvringd, gather_restarts_and_group_reforms, .fini = granks_close)
 {
 	gconfig(&odd_rows, 10000);
@@ -724,19 +726,33 @@ Test(dcp_kvringd, gather_restarts_and_group_reforms, .fini = granks_close)
 	cr_assert_eq(kill(pid, SIGKILL), 0);
 	cr_assert(H_WAIT(atomic_load(&e->generation) != gen && atomic_load(&e->state) == KVR_ACTOR_READY, 5000),
 		  "%s not back: state %u; log:\n%s", e->name, atomic_load(&e->state), h_read_file(inst.log));
+	/* the restarted gather actor stores again: another prompt, its blocks new */
+	uint32_t tokens2[G_PROMPT * G_BLOCK];
+	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
+		tokens2[i] = tokens[i] + 1;
+	cr_assert_eq(gstore_all(&odd_rows, seed + 1, tokens2, G_PROMPT * G_BLOCK, src, 5), G_PROMPT);
 	const uint32_t dst[G_TP][G_PROMPT] = {{11, 10, 9}, {8, 7, 6}, {5, 4, 3}, {2, 1, 0}};
 	for (unsigned i = 0; i < G_TP; i++)
 		memset(granks[i].kv, 0xa5, granks[i].bytes);
-	gload_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, dst, 2);
+	gload_all(&odd_rows, seed + 1, tokens2, G_PROMPT * G_BLOCK, dst, 6);
+	for (unsigned i = 0; i < G_TP; i++)
+		for (unsigned b = 0; b < G_PROMPT; b++)
+			gfill(&granks[i], &odd_rows, seed, b, src[i][b]);
 
-	/* rank 1 leaves: its group's gather actor stops, rank 0 cannot load */
+	/* rank 1 leaves: its group's gather actor stops, rank 0 cannot store but still loads */
 	grank_close(&granks[1]);
 	cr_assert(H_WAIT(atomic_load(&e->state) == KVR_ACTOR_IDLE && atomic_load(&e->pid) == 0, 5000));
+	cr_assert_eq(kvr_store(granks[0].c, 3, tokens, G_PROMPT * G_BLOCK, NULL, 0, src[0], G_PROMPT), -EPIPE);
+	cr_assert(strstr(kvr_last_error(granks[0].c), "not running"), "%s", kvr_last_error(granks[0].c));
 	struct kvr_lookup_result res;
+	memset(granks[0].kv, 0xa5, granks[0].bytes);
 	cr_assert_eq(kvr_lookup(granks[0].c, 3, tokens, G_PROMPT * G_BLOCK, NULL, 0, &res), 0);
 	cr_assert_eq(res.matched_blocks, G_PROMPT, "lookups do not need the gather actor");
-	cr_assert_eq(kvr_load(granks[0].c, 3, dst[0], G_PROMPT), -EPIPE);
-	cr_assert(strstr(kvr_last_error(granks[0].c), "not running"), "%s", kvr_last_error(granks[0].c));
+	cr_assert_eq(kvr_load(granks[0].c, 3, dst[0], G_PROMPT), 0, "%s", kvr_last_error(granks[0].c));
+	struct kvr_completion lc = gwait(&granks[0], 3, KVR_OP_LOAD_DONE);
+	cr_assert_eq(lc.status, 0, "a rank loads on its own while its group is incomplete: %d", lc.status);
+	for (unsigned b = 0; b < G_PROMPT; b++)
+		gcheck(&granks[0], &odd_rows, seed, b, dst[0][b]);
 	/* the other group is not affected */
 	cr_assert_eq(atomic_load(&kvr_ctl_actor(inst.ctl, gather_of_rank(&granks[2]))->state), KVR_ACTOR_READY);
 
