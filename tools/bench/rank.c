@@ -492,7 +492,8 @@ static int plan_runs(struct rank *r, const struct kvr_geometry *g, struct kvr_dc
 }
 
 /* Group baseline, run by a group's rank 0: one thread copies what the group's gather actor
- * (one thread too) copied: n[q] blocks of every rank q's runs between its KV memory and
+ * (one thread too) copied for a store, or what the group's loaders (one per rank) copied
+ * for a load: n[q] blocks of every rank q's runs between its KV memory and
  * canonical lanes of the scratch (block j -> engine block and lane j mod num_blocks), in the
  * actor's order: a request's blocks (full_blocks of them) rank after rank. to_engine: scratch
  * -> KV (scatter, loads), else KV -> scratch (gather, stores). The other ranks' KV memory is

@@ -221,7 +221,7 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 		fprintf(f, "   min %.2f  (%s)\n", s->ld_rank_ratio_min,
 			pl->ld.dcp > 1 ? "DCP scatter: its bytes, its runs" : "its bytes, its pages");
 		if (pl->ld.dcp > 1)
-			fprintf(f, "  DCP scatter, D %-2u     %9.2f GB/s %8.2f GB/s %11.2f    (a group: one thread each)\n",
+			fprintf(f, "  DCP scatter, D %-2u     %9.2f GB/s %8.2f GB/s %11.2f    (a group: D loaders, 1 memcpy)\n",
 				pl->ld.dcp, s->ld_group_gbps, s->ld_group_memcpy_gbps, s->ld_group_ratio);
 		fprintf(f, "  hit rate %.2f %% (%" PRIu64 " of %" PRIu64 " tokens; %" PRIu64 " in full blocks), %" PRIu64
 			" blocks missed\n", 100.0 * s->hit_rate, s->ld_matched_tokens, s->ld_tokens,
