@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <kvring/kvring.h>
@@ -37,6 +38,8 @@ TestSuite(dcp_kvringd, .init = setup, .fini = teardown, .timeout = 60);
 
 /* A config with a model (explicit or a preset) and an arena of n_slots slots; DCP stores
  * wait dcp_timeout_ms for every rank of their group. */
+static const char *config_l2 = ""; /* a test's ",\n  \"l2\": {...}" section, or none */
+
 static void write_config_dcp(const char *model_json, unsigned max_workers, uint64_t lane_bytes, unsigned n_slots,
 			     unsigned dcp_timeout_ms)
 {
@@ -52,11 +55,11 @@ static void write_config_dcp(const char *model_json, unsigned max_workers, uint6
 		 "  \"model\": %s,\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"lru\"},\n"
 		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": 50},\n"
-		 "  \"dcp\": {\"store_timeout_ms\": %u}\n"
+		 "  \"dcp\": {\"store_timeout_ms\": %u}%s\n"
 		 "}\n",
 		 inst.sock, max_workers, model_json,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * kvr_slots_slot_bytes(lane_bytes)),
-		 (unsigned long long)(16 * lane_bytes), dcp_timeout_ms);
+		 (unsigned long long)(16 * lane_bytes), dcp_timeout_ms, config_l2);
 	h_write_config_raw(&inst, json);
 }
 
@@ -900,4 +903,39 @@ Test(dcp_kvringd, mla_tp4_one_stores_four_load, .fini = granks_close)
 		}
 	}
 	free(stored);
+}
+
+/* The disk tier keeps canonical blocks: stored under DCP 2 with L2 write-through, kvringd
+ * stopped (drained) and started again with an empty L1, the blocks are promoted from L2
+ * and load byte-exact under DCP 4 / I 2 (a decode node restarting with another layout). */
+Test(dcp_kvringd, l2_restart_then_another_layout, .fini = granks_close)
+{
+	char dir[512], l2[700];
+	snprintf(dir, sizeof(dir), "%s/l2", inst.dir);
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	snprintf(l2, sizeof(l2), ",\n  \"l2\": {\"dirs\": [\"%s\"], \"capacity_bytes\": %u, \"mode\": \"write-through\"}",
+		 dir, 64u << 20);
+	config_l2 = l2;
+	uint32_t tokens[G_PROMPT * G_BLOCK];
+	const uint32_t src[G_PROMPT] = {8, 3, 5};
+	uint64_t seed = gsetup("dcp_kvringd::l2_restart_then_another_layout", 10000, 2, 1, tokens, src);
+	config_l2 = "";
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(kvr_store(granks[i].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(gwait(&granks[i], 1, KVR_OP_STORE_DONE).status, 0);
+	granks_close();
+	cr_assert_eq(kill(inst.pid, SIGTERM), 0);
+	int st = h_wait_exit(inst.pid, 10000);
+	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit status %d", st);
+	inst.pid = 0;
+
+	h_start(&inst); /* same config, L1 empty: the blocks are on disk only */
+	granks_open(&odd_rows, 4, 2);
+	const uint32_t dst[G_TP][G_PROMPT] = {{0, 9, 2}, {6, 1, 11}, {4, 7, 3}, {10, 5, 8}};
+	struct kvr_lookup_result res;
+	cr_assert_eq(kvr_lookup(granks[0].c, 2, tokens, G_PROMPT * G_BLOCK, NULL, 0, &res), 0);
+	cr_assert_eq(res.matched_blocks, G_PROMPT);
+	cr_assert_eq(res.l2_blocks, G_PROMPT, "promoted from L2: %u", res.l2_blocks);
+	gload_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, dst, 3);
 }
