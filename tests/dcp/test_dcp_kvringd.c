@@ -247,7 +247,10 @@ struct glayout {
 	uint32_t dtype;          /* bytes per element */
 	uint32_t tail_per_token; /* opaque tail bytes per token of a page */
 	unsigned block;          /* canonical block tokens */
-	uint32_t row;            /* head_dim x dtype: bytes of one token's row */
+	uint32_t row;            /* bytes of one token's row in one region: head_dim x dtype
+				  * (MHA: x kv_heads) */
+	uint32_t kv_heads;       /* 0: MLA (one latent region a layer); else MHA/GQA with this
+				  * many KV heads a lane (K and V regions a layer) */
 };
 
 static void grank_close(struct grank *r)
@@ -282,12 +285,17 @@ static void granks_detach_all(void)
 	cr_assert(all_free, "worker slots not freed after detach; log:\n%s", h_read_file(inst.log));
 }
 
-/* MLA rank tp_rank of TP 4 under (D, I): its pages of lay.block / D tokens. */
+/* Rank tp_rank of TP 4 under (D, I): vLLM's MLA or MHA layout with pages of lay.block / D
+ * tokens, each followed by its tail. */
 static void grank_geometry(struct grank *r, const struct glayout *lay, unsigned tp_rank, unsigned d, unsigned il)
 {
 	uint32_t rt = lay->block / d;
 	struct kvr_geometry *g = &r->g;
-	cr_assert_eq(kvr_geometry_fill_vllm_mla(g, lay->layers, lay->head_dim, lay->dtype, rt, G_NB), 0);
+	if (lay->kv_heads)
+		cr_assert_eq(kvr_geometry_fill_vllm_layer_major(g, lay->layers, lay->kv_heads, lay->head_dim, lay->dtype, rt,
+								G_NB), 0);
+	else
+		cr_assert_eq(kvr_geometry_fill_vllm_mla(g, lay->layers, lay->head_dim, lay->dtype, rt, G_NB), 0);
 	g->block_tokens = lay->block;
 	g->tp_size = G_TP;
 	g->tp_rank = tp_rank;
@@ -295,7 +303,7 @@ static void grank_geometry(struct grank *r, const struct glayout *lay, unsigned 
 	g->dcp_rank = tp_rank % d;
 	g->dcp_interleave = il;
 	uint64_t page = (uint64_t)rt * (lay->row + lay->tail_per_token);
-	for (unsigned l = 0; l < lay->layers; l++) {
+	for (unsigned l = 0; l < g->n_regions; l++) {
 		struct kvr_region reg = {.offset = (uint64_t)l * G_NB * page, .stride = page, .page_bytes = (uint32_t)page,
 					 .sem_bytes = rt * lay->row};
 		cr_assert_eq(kvr_geometry_set_region(g, l, &reg), 0);
@@ -363,7 +371,7 @@ static void gfill(struct grank *r, const struct glayout *lay, uint64_t seed, uns
 {
 	const struct kvr_geometry *g = &r->g;
 	uint32_t rt = lay->block / g->dcp_size;
-	for (unsigned l = 0; l < lay->layers; l++) {
+	for (unsigned l = 0; l < g->n_regions; l++) {
 		uint8_t *p = gpage(r, l, block);
 		for (uint32_t j = 0; j < rt; j++) {
 			uint64_t t = kvr_dcp_global_token(j, g->dcp_size, g->dcp_interleave, g->dcp_rank);
@@ -381,7 +389,7 @@ static void gcheck(const struct grank *r, const struct glayout *lay, uint64_t se
 {
 	const struct kvr_geometry *g = &r->g;
 	uint32_t rt = lay->block / g->dcp_size;
-	for (unsigned l = 0; l < lay->layers; l++) {
+	for (unsigned l = 0; l < g->n_regions; l++) {
 		const uint8_t *p = gpage(r, l, block);
 		for (uint32_t j = 0; j < rt; j++) {
 			uint64_t t = kvr_dcp_global_token(j, g->dcp_size, g->dcp_interleave, g->dcp_rank);
@@ -402,7 +410,8 @@ static void gcheck(const struct grank *r, const struct glayout *lay, uint64_t se
 /* Engine block `block` of rank r was not written by any load: still the canary. */
 static void gcheck_canary(const struct grank *r, const struct glayout *lay, uint32_t block)
 {
-	for (unsigned l = 0; l < lay->layers; l++) {
+	(void)lay;
+	for (unsigned l = 0; l < r->g.n_regions; l++) {
 		const uint8_t *p = gpage(r, l, block);
 		for (uint32_t k = 0; k < r->g.page_bytes[l]; k++)
 			if (p[k] != 0xa5)
@@ -938,4 +947,62 @@ Test(dcp_kvringd, l2_restart_then_another_layout, .fini = granks_close)
 	cr_assert_eq(res.matched_blocks, G_PROMPT);
 	cr_assert_eq(res.l2_blocks, G_PROMPT, "promoted from L2: %u", res.l2_blocks);
 	gload_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, dst, 3);
+}
+
+/* GQA with DCP: 4 KV heads, TP 4 in two DCP groups of two. Each group holds 2 of the heads
+ * (its lane) for half the tokens a rank; the instance serves tp_size 2 (two lanes). A
+ * block is visible once both groups stored their lane (the quorum); then every rank loads
+ * its own heads and tokens byte-exact, under DCP 2 with interleave 1 and with interleave 8. */
+Test(dcp_kvringd, gqa_lanes_and_quorum, .fini = granks_close)
+{
+	const struct glayout gqa = {.layers = 2, .head_dim = 64, .dtype = 2, .block = G_BLOCK, .row = 2 * 64 * 2,
+				    .kv_heads = 2};
+	write_config("{\"preset\": \"\", \"model_id\": \"test/gqa\", \"layers\": 2, \"kv_heads\": 4, \"head_dim\": 64, "
+		     "\"dtype_bytes\": 2, \"block_tokens\": 16, \"tp_size\": 2}",
+		     8, 2ull * 2 * G_BLOCK * gqa.row, 32);
+	h_start(&inst);
+	struct rng rng = {test_seed("dcp_kvringd::gqa_lanes_and_quorum")};
+	uint64_t seed = rng_next(&rng);
+	uint32_t tokens[G_PROMPT * G_BLOCK];
+	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
+		tokens[i] = rng_below(&rng, 150000);
+	granks_open(&gqa, 2, 1);
+	/* lane = group: TP ranks 0, 1 store lane 0, TP ranks 2, 3 lane 1; each lane's content
+	 * differs (another seed per group), as different heads do */
+	const uint32_t src[G_TP][G_PROMPT] = {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9, 10, 11}};
+	for (unsigned i = 0; i < G_TP; i++)
+		for (unsigned b = 0; b < G_PROMPT; b++)
+			gfill(&granks[i], &gqa, seed + i / 2, b, src[i][b]);
+	for (unsigned i = 0; i < 2; i++)
+		cr_assert_eq(kvr_store(granks[i].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src[i], G_PROMPT), 0);
+	for (unsigned i = 0; i < 2; i++) {
+		struct kvr_completion c = gwait(&granks[i], 1, KVR_OP_STORE_DONE);
+		cr_assert_eq(c.status, 0);
+		cr_assert_eq(c.n_stored, G_PROMPT, "lane 0 stored");
+	}
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(glookup_blocks(&granks[i], tokens, G_PROMPT * G_BLOCK, 2), 0,
+			     "rank %u: visible with lane 1 missing", i);
+	for (unsigned i = 2; i < G_TP; i++)
+		cr_assert_eq(kvr_store(granks[i].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src[i], G_PROMPT), 0);
+	for (unsigned i = 2; i < G_TP; i++)
+		cr_assert_eq(gwait(&granks[i], 1, KVR_OP_STORE_DONE).n_stored, G_PROMPT, "lane 1 stored");
+
+	const uint32_t dst[G_TP][G_PROMPT] = {{11, 10, 9}, {8, 7, 6}, {5, 4, 3}, {2, 1, 0}};
+	for (unsigned il = 1; il <= 8; il += 7) {
+		if (il > 1) {
+			granks_detach_all();
+			granks_open(&gqa, 2, il);
+		}
+		for (unsigned i = 0; i < G_TP; i++) {
+			cr_assert_eq(glookup_blocks(&granks[i], tokens, G_PROMPT * G_BLOCK, 3 + il), G_PROMPT);
+			cr_assert_eq(kvr_load(granks[i].c, 3 + il, dst[i], G_PROMPT), 0, "%s", kvr_last_error(granks[i].c));
+		}
+		for (unsigned i = 0; i < G_TP; i++) {
+			struct kvr_completion c = gwait(&granks[i], 3 + il, KVR_OP_LOAD_DONE);
+			cr_assert_eq(c.status, 0, "rank %u: %d", i, c.status);
+			for (unsigned b = 0; b < G_PROMPT; b++)
+				gcheck(&granks[i], &gqa, seed + i / 2, b, dst[i][b]);
+		}
+	}
 }
