@@ -330,7 +330,8 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 	kvr_ring_claim_consumer(c->st_rep, me);
 	c->waiter = &kvr_ctl_worker(c->ctl, c->worker)->waiter;
 
-	/* kvringd starts our loader and storer on attach: wait until they serve. */
+	/* kvringd starts our loader and storer on attach (a DCP rank's storer: its group's gather
+	 * actor, once the group is complete): wait until they serve. */
 	uint64_t deadline = kvr_now_ns() + (uint64_t)c->timeout_ns;
 	for (;;) {
 		uint32_t ls = atomic_load(&kvr_ctl_actor(c->ctl, c->info.loader_actor)->state);
@@ -349,7 +350,12 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 					  (long long)(c->timeout_ns / 1000000));
 			goto err;
 		}
-		usleep(1000);
+		/* kvringd wakes this word on every state change of the actor (supervisor/actors.c) */
+		unsigned waiting = ls != KVR_ACTOR_READY ? c->info.loader_actor : c->info.storer_actor;
+		uint32_t seen = waiting == c->info.loader_actor ? ls : ss;
+		uint64_t now = kvr_now_ns(), left = deadline > now ? deadline - now : 0;
+		(void)kvr_futex_wait(&kvr_ctl_actor(c->ctl, waiting)->state, seen,
+				     (int64_t)(left < 50000000ull ? left : 50000000ull));
 	}
 	*ret_client = c;
 	return 0;

@@ -144,4 +144,10 @@ void kvr_waiter_finish(struct kvr_waiter *w);
 /* Wake every sleeper of w; a syscall only when one sleeps. */
 void kvr_waiter_wake(struct kvr_waiter *w);
 
+/* A shared (cross-process) futex on any 32-bit word of a shared mapping: sleep while *addr
+ * == val, up to timeout_ns (< 0: no limit). 0 (woken, or the word had changed), -ETIMEDOUT,
+ * -EINTR. kvr_futex_wake wakes every sleeper; the writer calls it after changing the word. */
+int kvr_futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns);
+void kvr_futex_wake(_Atomic uint32_t *addr);
+
 #endif

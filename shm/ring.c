@@ -118,7 +118,7 @@ void kvr_ring_claim_consumer(struct kvr_ring *r, pid_t pid)
 
 /* ---- waiters ------------------------------------------------------------------------ */
 
-static int futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
+int kvr_futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
 {
 	struct timespec ts, *tsp = NULL;
 	if (timeout_ns >= 0) {
@@ -132,6 +132,11 @@ static int futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
 	if (errno == EAGAIN) /* the word changed before we slept: a wake-up we did not miss */
 		return 0;
 	return -errno;
+}
+
+void kvr_futex_wake(_Atomic uint32_t *addr)
+{
+	syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
 #define WAKE_PENDING 0x80000000u /* in sleepers: a wake was sent and no sleeper re-armed since */
@@ -150,7 +155,7 @@ uint32_t kvr_waiter_prepare(struct kvr_waiter *w)
 
 int kvr_waiter_wait(struct kvr_waiter *w, uint32_t seen, int64_t timeout_ns)
 {
-	return futex_wait(&w->seq, seen, timeout_ns);
+	return kvr_futex_wait(&w->seq, seen, timeout_ns);
 }
 
 void kvr_waiter_finish(struct kvr_waiter *w)

@@ -123,6 +123,7 @@ static const char *name_of(const struct sup_actor *a)
 static void set_state(struct sup_actor *a, enum kvr_actor_state st)
 {
 	atomic_store(&a->ent->state, st);
+	kvr_futex_wake(&a->ent->state); /* a client attaching waits for READY on this word */
 }
 
 static unsigned state_of(const struct sup_actor *a)
