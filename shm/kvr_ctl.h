@@ -176,6 +176,60 @@ enum kvr_stat_xfer { /* loader and storer */
 	KVR_STAT_XF_NEXT = KVR_STAT_XF_HIST_FIRST + KVR_HIST_BUCKETS + 2, /* ... up to here: the next free */
 };
 
+/*
+ * The disk actor's (kind KVR_ACTOR_DISK, "disk.N" serves l2.dirs[N]: N is its entry's index).
+ * Counters are summed over the actor's starts (a restarted disk actor adds its own adoption
+ * again). Gauges are counters the running actor overwrites (atomic_store) with its store's
+ * state: after adoption, after every batch of completions (before their replies are sent) and
+ * after every request; they keep their last value while the actor is down.
+ */
+#define KVR_STAT_DK_REASON_MAX 19   /* = KVR_L2_R_MAX (actors/disk/l2file.h; disk.c asserts it) */
+#define KVR_STAT_DK_REASON_SLOTS 24 /* counters reserved for adoption reasons 1..KVR_STAT_DK_REASON_MAX-1 */
+
+enum kvr_stat_disk {
+	KVR_STAT_DK_ADOPTED = KVR_STAT_FIRST_STAGE, /* files adopted into the index at start */
+	KVR_STAT_DK_LEFT_IN_PLACE,    /* l2.read_only: files adoption skipped and did not remove
+				       * (tmp leftovers, bad files, foreign lanes, over the cap) */
+	KVR_STAT_DK_WRITES_REFUSED,   /* l2.read_only: L2_WRITEs answered -EROFS (no I/O issued) */
+	KVR_STAT_DK_BAD_KEPT,         /* l2.read_only: reads that found a bad file: a miss, the
+				       * file left on disk */
+	KVR_STAT_DK_BYTES,            /* gauge: bytes of the complete files the store indexes
+				       * (files x kvr_l2_file_bytes(lane bytes); writes in flight and
+				       * files being unlinked not included) */
+	KVR_STAT_DK_FILES,            /* gauge: complete files the store indexes (served) */
+	KVR_STAT_DK_CAPACITY_BYTES,   /* gauge: the store's cap: l2.capacity_bytes / number of l2.dirs */
+	KVR_STAT_DK_EVICTED,          /* files evicted (unlinked) to make room for a write under the cap
+				       * (adoption's over-cap deletions are counted by reason instead) */
+	KVR_STAT_DK_READS_DAMAGED,    /* reads that found a bad file (header, size, payload checksum):
+				       * a miss; the file is removed (left on disk with l2.read_only) */
+	KVR_STAT_DK_READS_VANISHED,   /* reads that found the file gone: a miss */
+	KVR_STAT_DK_READS_IO_ERROR,   /* reads that failed with an I/O error: as a damaged file */
+	KVR_STAT_DK_REJECTED_FIRST,   /* adoption: entries not adopted, by enum kvr_l2_reason r >= 1, in
+				       * counter kvr_stat_dk_rejected(r) (REASON_SLOTS of them) */
+	KVR_STAT_DK_NEXT = KVR_STAT_DK_REJECTED_FIRST + KVR_STAT_DK_REASON_SLOTS,
+};
+_Static_assert(KVR_STAT_DK_REASON_MAX - 1 <= KVR_STAT_DK_REASON_SLOTS, "disk adoption reasons fit their counters");
+_Static_assert((int)KVR_STAT_DK_NEXT <= (int)KVR_STAT_MAX, "disk counters fit the stats");
+
+/* The counter of adoption reason r (1 <= r < KVR_STAT_DK_REASON_MAX). */
+static inline unsigned kvr_stat_dk_rejected(unsigned r)
+{
+	return KVR_STAT_DK_REJECTED_FIRST + r - 1;
+}
+
+/* The name of adoption reason r as kvr_l2_reason_name() spells it ("tmp", "header_checksum",
+ * ...; tests/metrics checks they agree), for readers that do not link the disk tier; NULL
+ * out of range. */
+static inline const char *kvr_stat_dk_reason_name(unsigned r)
+{
+	static const char *const names[KVR_STAT_DK_REASON_MAX] = {
+		"ok", "foreign", "tmp", "not_regular", "short", "size", "magic", "version", "header_checksum",
+		"namespace", "key", "lane", "block_tokens", "lane_bytes", "fingerprint", "payload_checksum",
+		"vanished", "io_error", "over_cap",
+	};
+	return r < KVR_STAT_DK_REASON_MAX ? names[r] : NULL;
+}
+
 struct kvr_actor_stats {
 	_Atomic uint64_t c[KVR_STAT_MAX];
 };

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cJSON.h>
 #include <microhttpd.h>
 
 #include "kvr_log.h"
@@ -324,6 +325,130 @@ static void render_rings(FILE *f, const struct kvr_ctl *c)
 	}
 }
 
+/* ---- L2: the disk actors' stats pages ------------------------------------------------- */
+
+#define L2_DIRS_MAX 64
+
+/* l2.dirs of the effective config in the control segment (kvringd wrote it: valid JSON);
+ * dirs[i] points into *ret_json (the caller deletes it), NULL where there is none. */
+static void config_dirs(const struct kvr_ctl *c, cJSON **ret_json, const char *dirs[L2_DIRS_MAX])
+{
+	for (unsigned i = 0; i < L2_DIRS_MAX; i++)
+		dirs[i] = NULL;
+	*ret_json = cJSON_ParseWithLength(kvr_ctl_config_json(c), c->config_len);
+	const cJSON *l2 = cJSON_GetObjectItemCaseSensitive(*ret_json, "l2");
+	const cJSON *arr = cJSON_GetObjectItemCaseSensitive(l2, "dirs");
+	unsigned i = 0;
+	const cJSON *d;
+	cJSON_ArrayForEach(d, arr) {
+		if (i >= L2_DIRS_MAX)
+			break;
+		dirs[i++] = cJSON_IsString(d) ? d->valuestring : NULL;
+	}
+}
+
+/* `metric{dir="<l2.dirs[N]>"` for disk actor e (its name "disk.N" when the config does not
+ * name the dir); the caller adds further labels and the closing brace. */
+static void dir_label(FILE *f, const char *metric, const struct kvr_actor_ent *e, const char *const *dirs)
+{
+	const char *dir = e->index < L2_DIRS_MAX ? dirs[e->index] : NULL;
+	fprintf(f, "%s{dir=\"", metric);
+	if (dir)
+		label_value(f, dir, strlen(dir));
+	else
+		label_value(f, e->name, sizeof(e->name));
+	fputc('"', f);
+}
+
+static bool is_disk(const struct kvr_ctl *c, unsigned i)
+{
+	return actor_used(c, i) && kvr_ctl_actor(c, i)->kind == KVR_ACTOR_DISK;
+}
+
+/* One family of one stats counter per disk actor. */
+static void per_dir(FILE *f, const struct kvr_ctl *c, const char *const *dirs, const char *name, const char *type,
+		    const char *help, unsigned stat)
+{
+	family(f, name, type, help);
+	for (unsigned i = 0; i < n_actors(c); i++)
+		if (is_disk(c, i)) {
+			dir_label(f, name, kvr_ctl_actor(c, i), dirs);
+			fprintf(f, "} %llu\n", (unsigned long long)stat_of(c, i, stat));
+		}
+}
+
+static void render_l2(FILE *f, const struct kvr_ctl *c)
+{
+	bool any = false;
+	for (unsigned i = 0; i < n_actors(c) && !any; i++)
+		any = is_disk(c, i);
+	if (!any)
+		return; /* no l2.dirs: no per-dir series */
+	cJSON *json;
+	const char *dirs[L2_DIRS_MAX];
+	config_dirs(c, &json, dirs);
+
+	per_dir(f, c, dirs, "kvring_l2_bytes", "gauge",
+		"Bytes of the complete block files the disk actor serves (files x file size; header and padding "
+		"included).", KVR_STAT_DK_BYTES);
+	per_dir(f, c, dirs, "kvring_l2_files", "gauge", "Complete block files the disk actor serves.",
+		KVR_STAT_DK_FILES);
+	per_dir(f, c, dirs, "kvring_l2_capacity_bytes", "gauge",
+		"The disk actor's byte cap: l2.capacity_bytes divided by the number of l2.dirs.",
+		KVR_STAT_DK_CAPACITY_BYTES);
+
+	static const char adopt[] = "kvring_l2_adoption_files_total";
+	family(f, adopt, "counter",
+	       "Directory entries the disk actor found at start, by result: adopted, or the reason it was not.");
+	for (unsigned i = 0; i < n_actors(c); i++) {
+		if (!is_disk(c, i))
+			continue;
+		const struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
+		dir_label(f, adopt, e, dirs);
+		fprintf(f, ",result=\"adopted\"} %llu\n", (unsigned long long)stat_of(c, i, KVR_STAT_DK_ADOPTED));
+		for (unsigned r = 1; r < KVR_STAT_DK_REASON_MAX; r++) {
+			if (!strcmp(kvr_stat_dk_reason_name(r), "payload_checksum"))
+				continue; /* adoption reads headers only: a read finds these */
+			dir_label(f, adopt, e, dirs);
+			fprintf(f, ",result=\"%s\"} %llu\n", kvr_stat_dk_reason_name(r),
+				(unsigned long long)stat_of(c, i, kvr_stat_dk_rejected(r)));
+		}
+	}
+	per_dir(f, c, dirs, "kvring_l2_evicted_files_total", "counter",
+		"Files the disk actor deleted to make room for a write under its cap.", KVR_STAT_DK_EVICTED);
+
+	static const char fails[] = "kvring_l2_read_failures_total";
+	static const struct {
+		const char *reason;
+		unsigned stat;
+	} rf[] = {
+		{"damaged", KVR_STAT_DK_READS_DAMAGED},
+		{"vanished", KVR_STAT_DK_READS_VANISHED},
+		{"io_error", KVR_STAT_DK_READS_IO_ERROR},
+	};
+	family(f, fails, "counter",
+	       "Reads of indexed files that failed (a miss; the file is no longer served), by reason.");
+	for (unsigned i = 0; i < n_actors(c); i++)
+		for (size_t k = 0; is_disk(c, i) && k < sizeof(rf) / sizeof(rf[0]); k++) {
+			dir_label(f, fails, kvr_ctl_actor(c, i), dirs);
+			fprintf(f, ",reason=\"%s\"} %llu\n", rf[k].reason, (unsigned long long)stat_of(c, i, rf[k].stat));
+		}
+	per_dir(f, c, dirs, "kvring_l2_read_only_refused_writes_total", "counter",
+		"l2.read_only: L2 writes the disk actor refused (-EROFS, nothing written).", KVR_STAT_DK_WRITES_REFUSED);
+	static const char kept[] = "kvring_l2_read_only_kept_files_total";
+	family(f, kept, "counter",
+	       "l2.read_only: files not served but left on disk, by when they were found: at adoption (tmp, bad, "
+	       "other lanes, over the cap) or by a read (bad or unreadable).");
+	for (unsigned i = 0; i < n_actors(c); i++)
+		if (is_disk(c, i)) {
+			dir_label(f, kept, kvr_ctl_actor(c, i), dirs);
+			fprintf(f, ",found=\"adoption\"} %llu\n", (unsigned long long)stat_of(c, i, KVR_STAT_DK_LEFT_IN_PLACE));
+			dir_label(f, kept, kvr_ctl_actor(c, i), dirs);
+			fprintf(f, ",found=\"read\"} %llu\n", (unsigned long long)stat_of(c, i, KVR_STAT_DK_BAD_KEPT));
+		}
+	cJSON_Delete(json);
+}
+
 char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len)
 {
 	char *buf = NULL;
@@ -335,6 +460,7 @@ char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len)
 	render_actors(f, v->ctl);
 	render_lookup(f, v);
 	render_transfer(f, v->ctl);
+	render_l2(f, v->ctl);
 	if (v->slots)
 		render_l1(f, v->slots);
 	render_rings(f, v->ctl);

@@ -8,7 +8,6 @@
 #include <kvring/msg.h>
 
 #include "kvr_actor.h"
-#include "kvr_disk_stats.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_time.h"
@@ -31,7 +30,13 @@
  * place, L2_WRITE is answered -EROFS before it reaches the store (counted, logged once), a
  * read that finds a damaged file is a miss and the file stays. The lookup actor sends no
  * writes in this mode; a refusal means something else did.
+ *
+ * Stats page (enum kvr_stat_disk, kvr_ctl.h): counters for adoption (by reason), evictions,
+ * failed reads and read-only refusals; gauges (bytes, files, cap) published by publish()
+ * after adoption, after each batch of completions before their replies go out (so whoever
+ * got a reply reads gauges that include it) and after each request.
  */
+_Static_assert(KVR_L2_R_MAX == KVR_STAT_DK_REASON_MAX, "kvr_ctl.h's adoption reason counters follow l2file.h");
 
 #define DISK_SEND_TIMEOUT_NS (5ull * 1000000000ull) /* a reply ring full this long: reply dropped */
 #define DISK_FINI_TIMEOUT_NS (1ull * 1000000000ull)
@@ -62,7 +67,29 @@ struct disk {
 	bool read_only;             /* l2.read_only */
 	uint64_t refused;           /* L2_WRITEs refused (read-only) */
 	const char *root;           /* l2.dirs[i] */
+	uint64_t evictions_counted; /* store evictions already added to KVR_STAT_DK_EVICTED */
 };
+
+/* ---- stats ------------------------------------------------------------------------------- */
+
+static void gauge(struct disk *d, unsigned s, uint64_t v)
+{
+	atomic_store_explicit(&d->a->stats->c[s], v, memory_order_relaxed);
+}
+
+/* The store's state into the stats page: gauges overwritten, new evictions added. */
+static void publish(struct disk *d)
+{
+	struct kvr_l2_store_stats st;
+	kvr_l2_store_stats(d->store, &st);
+	gauge(d, KVR_STAT_DK_FILES, st.files);
+	gauge(d, KVR_STAT_DK_BYTES, st.files * st.file_bytes);
+	gauge(d, KVR_STAT_DK_CAPACITY_BYTES, st.capacity_bytes);
+	if (st.evictions > d->evictions_counted) {
+		kvr_actor_count(d->a, KVR_STAT_DK_EVICTED, st.evictions - d->evictions_counted);
+		d->evictions_counted = st.evictions;
+	}
+}
 
 /* ---- sending ----------------------------------------------------------------------------- */
 
@@ -125,6 +152,11 @@ static void on_done(struct disk *d, const struct kvr_l2_done *c)
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, 0, c->res);
 	} else {
 		/* res 0 only after the engine verified header and payload checksum */
+		if (c->res == -ENOENT)
+			kvr_actor_count(d->a, KVR_STAT_DK_READS_VANISHED, 1);
+		else if (c->res)
+			kvr_actor_count(d->a, c->reason == KVR_L2_R_IO ? KVR_STAT_DK_READS_IO_ERROR : KVR_STAT_DK_READS_DAMAGED,
+					1);
 		if (c->res && c->res != -ENOENT) {
 			char name[KVR_L2_NAME_MAX];
 			/* once per file: the store has dropped it from its index */
@@ -149,6 +181,8 @@ static int pump(struct disk *d, unsigned min_done)
 			kvr_err("l2 poll: %s", strerror(-n));
 			return n;
 		}
+		if (n)
+			publish(d); /* before the replies: they may tell someone to look */
 		for (int i = 0; i < n; i++)
 			on_done(d, &d->done[i]);
 		total += n;
@@ -369,6 +403,7 @@ static int disk_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct 
 		return -EBADMSG; /* replies and notices only flow the other way */
 	}
 	settle(d);
+	publish(d);
 	return 0;
 }
 
@@ -424,6 +459,10 @@ static int open_store(struct disk *d, const char *dir, struct kvr_l2_store_confi
 	struct kvr_l2_store_stats st;
 	kvr_l2_store_stats(d->store, &st);
 	kvr_actor_count(d->a, KVR_STAT_DK_ADOPTED, ad.adopted);
+	for (unsigned r = 1; r < KVR_L2_R_MAX; r++)
+		if (ad.rejected[r])
+			kvr_actor_count(d->a, kvr_stat_dk_rejected(r), ad.rejected[r]);
+	publish(d);
 	if (sc->read_only) {
 		log_read_only(d, dir, sc, &ad, &st);
 		return 0;
@@ -518,6 +557,7 @@ static void disk_fini(struct kvr_actor *a)
 		return;
 	d->send_timeout_ns = DISK_FINI_TIMEOUT_NS;
 	(void)settle_all(d);
+	publish(d);
 	if (d->inflight)
 		kvr_warn("%u requests unanswered at stop", d->inflight);
 	if (d->dropped)

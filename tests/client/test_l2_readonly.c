@@ -15,7 +15,6 @@
 #include <kvring/msg.h>
 
 #include "client_harness.h"
-#include "kvr_disk_stats.h"
 #include "l2store.h"
 
 /*

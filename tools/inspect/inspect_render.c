@@ -1,6 +1,7 @@
 /* inspect_render: copy a control segment's observable state (read-only) and print it as text or JSON. */
 #include "inspect_render.h"
 
+#include <cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -80,6 +81,50 @@ static void snap_ring(const struct kvr_ctl *c, unsigned i, struct kvr_insp_snap 
 	}
 }
 
+/* l2.dirs of the config JSON in the segment, from a private copy (the segment is not ours):
+ * a cJSON tree the caller deletes (NULL when it does not parse) and its "dirs" array. */
+static cJSON *config_dirs(const struct kvr_ctl *c, const cJSON **ret_dirs)
+{
+	*ret_dirs = NULL;
+	const char *src = kvr_ctl_config_json(c);
+	size_t n = strnlen(src, c->config_cap);
+	char *copy = malloc(n + 1);
+	if (!copy)
+		return NULL;
+	memcpy(copy, src, n);
+	copy[n] = '\0';
+	cJSON *json = cJSON_ParseWithLength(copy, n);
+	free(copy);
+	*ret_dirs = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(json, "l2"), "dirs");
+	return json;
+}
+
+static void snap_l2(const struct kvr_ctl *c, unsigned i, const cJSON *dirs, struct kvr_insp_l2 *o)
+{
+	const struct kvr_actor_ent *a = kvr_ctl_actor(c, i);
+	const struct kvr_actor_stats *st = kvr_ctl_stats(c, i);
+	o->actor = i;
+	copy_name(o->name, sizeof(o->name), a->name, KVR_ACTOR_NAME_MAX);
+	o->state = LD(&a->state);
+	o->dir_index = a->index;
+	const cJSON *d = a->index < (unsigned)cJSON_GetArraySize(dirs) ? cJSON_GetArrayItem(dirs, (int)a->index) : NULL;
+	if (cJSON_IsString(d))
+		copy_name(o->dir, sizeof(o->dir), d->valuestring, KVR_PATH_MAX);
+	o->used_bytes = LD(&st->c[KVR_STAT_DK_BYTES]);
+	o->files = LD(&st->c[KVR_STAT_DK_FILES]);
+	o->capacity_bytes = LD(&st->c[KVR_STAT_DK_CAPACITY_BYTES]);
+	o->adopted = LD(&st->c[KVR_STAT_DK_ADOPTED]);
+	for (unsigned r = 1; r < KVR_STAT_DK_REASON_MAX; r++)
+		o->rejected[r] = LD(&st->c[kvr_stat_dk_rejected(r)]);
+	o->evicted = LD(&st->c[KVR_STAT_DK_EVICTED]);
+	o->reads_damaged = LD(&st->c[KVR_STAT_DK_READS_DAMAGED]);
+	o->reads_vanished = LD(&st->c[KVR_STAT_DK_READS_VANISHED]);
+	o->reads_io_error = LD(&st->c[KVR_STAT_DK_READS_IO_ERROR]);
+	o->writes_refused = LD(&st->c[KVR_STAT_DK_WRITES_REFUSED]);
+	o->left_in_place = LD(&st->c[KVR_STAT_DK_LEFT_IN_PLACE]);
+	o->bad_kept = LD(&st->c[KVR_STAT_DK_BAD_KEPT]);
+}
+
 int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now, unsigned max_msgs,
 		      struct kvr_insp_snap **ret_snap)
 {
@@ -142,6 +187,18 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 	s->n_rings = n;
 	for (unsigned i = 0; i < n; i++)
 		snap_ring(c, i, s, &s->rings[i]);
+
+	cJSON *json = NULL;
+	const cJSON *dirs = NULL;
+	for (unsigned i = 0; i < s->max_actors; i++) {
+		const struct kvr_actor_ent *a = kvr_ctl_actor(c, i);
+		if (LD(&a->state) == KVR_ACTOR_UNUSED || a->kind != KVR_ACTOR_DISK)
+			continue;
+		if (!json)
+			json = config_dirs(c, &dirs);
+		snap_l2(c, i, dirs, &s->l2[s->n_l2++]);
+	}
+	cJSON_Delete(json);
 
 	*ret_snap = s;
 	return 0;
@@ -406,6 +463,91 @@ static void text_workers(FILE *out, const struct kvr_insp_snap *s)
 	}
 }
 
+/* Bytes in binary units, at most 10 characters: "512 B", "160.0 KiB", "1023.9 GiB". */
+static char *fmt_bytes(uint64_t b, char *buf, size_t len)
+{
+	static const char *const unit[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+	if (b < 1024) {
+		snprintf(buf, len, "%u B", (unsigned)b);
+		return buf;
+	}
+	double v = (double)b / 1024.0;
+	unsigned u = 0;
+	while (v >= 1023.95 && u + 1 < sizeof(unit) / sizeof(unit[0])) {
+		v /= 1024.0;
+		u++;
+	}
+	snprintf(buf, len, "%.1f %s", v, unit[u]);
+	return buf;
+}
+
+/* Items "name n" after a lead, wrapped at KVR_INSP_COLUMNS with continuation lines indented. */
+struct wrap {
+	FILE *out;
+	char line[KVR_INSP_COLUMNS + 1];
+	size_t len, indent;
+	unsigned items;
+};
+
+static void wrap_item(struct wrap *w, const char *name, uint64_t n)
+{
+	char item[64];
+	int k = snprintf(item, sizeof(item), "%s%s %" PRIu64, w->items ? ", " : "", name, n);
+	if (k < 0)
+		return;
+	if (w->len + (size_t)k > KVR_INSP_COLUMNS && w->items) {
+		pline(w->out, "%s,", w->line);
+		memset(w->line, ' ', w->indent);
+		w->len = w->indent;
+		k = snprintf(item, sizeof(item), "%s %" PRIu64, name, n);
+	}
+	w->len += (size_t)snprintf(w->line + w->len, sizeof(w->line) - w->len, "%s", item);
+	if (w->len >= sizeof(w->line))
+		w->len = sizeof(w->line) - 1;
+	w->items++;
+}
+
+static void text_l2(FILE *out, const struct kvr_insp_snap *s)
+{
+	if (!s->n_l2)
+		return;
+	pline(out, "l2");
+	for (unsigned i = 0; i < s->n_l2; i++) {
+		const struct kvr_insp_l2 *l = &s->l2[i];
+		char used[16], cap[16];
+		size_t plen = strlen(l->dir), room = KVR_INSP_COLUMNS - 4 - strlen(l->name);
+		if (!plen)
+			pline(out, "  %s  (l2.dirs[%u]: not in the config)", l->name, l->dir_index);
+		else if (plen <= room)
+			pline(out, "  %s  %s", l->name, l->dir);
+		else /* the end of a long path names the directory */
+			pline(out, "  %s  ...%s", l->name, l->dir + plen - (room - 3));
+		unsigned pct = l->capacity_bytes ? (unsigned)(l->used_bytes * 100 / l->capacity_bytes) : 0;
+		pline(out, "    used %s of %s (%u%%)  files %" PRIu64 "  evicted %" PRIu64,
+		      fmt_bytes(l->used_bytes, used, sizeof(used)), fmt_bytes(l->capacity_bytes, cap, sizeof(cap)), pct,
+		      l->files, l->evicted);
+		struct wrap w = {.out = out, .indent = 6};
+		w.len = (size_t)snprintf(w.line, sizeof(w.line), "    adopted %" PRIu64, l->adopted);
+		bool lead = false;
+		for (unsigned r = 1; r < KVR_STAT_DK_REASON_MAX; r++) {
+			if (!l->rejected[r])
+				continue;
+			if (!lead)
+				w.len += (size_t)snprintf(w.line + w.len, sizeof(w.line) - w.len, ", not adopted: ");
+			lead = true;
+			wrap_item(&w, kvr_stat_dk_reason_name(r), l->rejected[r]);
+		}
+		pline(out, "%s", w.line);
+		if (l->reads_damaged || l->reads_vanished || l->reads_io_error)
+			pline(out, "    reads failed: damaged %" PRIu64 ", vanished %" PRIu64 ", io_error %" PRIu64,
+			      l->reads_damaged, l->reads_vanished, l->reads_io_error);
+		if (l->writes_refused || l->left_in_place || l->bad_kept)
+			pline(out, "    read-only: %" PRIu64 " writes refused, kept %" PRIu64 " at adoption, %" PRIu64
+			      " after reads", l->writes_refused, l->left_in_place, l->bad_kept);
+	}
+	pline(out, "%s", "");
+}
+
 /* What needs a look, first: actors given up on or waiting to restart, full rings and their
  * blocked or stuck ends, rings whose consumer rejected messages. Nothing when all is well. */
 static void text_attention(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev)
@@ -532,6 +674,7 @@ int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struc
 	pline(out, "%s", "");
 	text_workers(out, cur);
 	pline(out, "%s", "");
+	text_l2(out, cur);
 	pline(out, cur->n_rings ? "rings" : "rings: none");
 	unsigned hidden = 0;
 	for (unsigned i = 0; i < cur->n_rings; i++) {
@@ -714,6 +857,40 @@ static void json_ring(struct jw *w, const struct kvr_insp_snap *cur, const struc
 	jw_close(w, '}');
 }
 
+static void json_l2(struct jw *w, const struct kvr_insp_l2 *l)
+{
+	jw_open(w, NULL, '{');
+	jw_str(w, "actor", l->name);
+	jw_u64(w, "actor_index", l->actor);
+	jw_str(w, "state", kvr_actor_state_name(l->state));
+	jw_u64(w, "dir_index", l->dir_index);
+	if (l->dir[0])
+		jw_str(w, "dir", l->dir);
+	else
+		jw_null(w, "dir");
+	jw_u64(w, "used_bytes", l->used_bytes);
+	jw_u64(w, "files", l->files);
+	jw_u64(w, "capacity_bytes", l->capacity_bytes);
+	jw_u64(w, "evicted_files", l->evicted);
+	jw_open(w, "adoption", '{');
+	jw_u64(w, "adopted", l->adopted);
+	for (unsigned r = 1; r < KVR_STAT_DK_REASON_MAX; r++)
+		if (strcmp(kvr_stat_dk_reason_name(r), "payload_checksum")) /* never at adoption */
+			jw_u64(w, kvr_stat_dk_reason_name(r), l->rejected[r]);
+	jw_close(w, '}');
+	jw_open(w, "read_failures", '{');
+	jw_u64(w, "damaged", l->reads_damaged);
+	jw_u64(w, "vanished", l->reads_vanished);
+	jw_u64(w, "io_error", l->reads_io_error);
+	jw_close(w, '}');
+	jw_u64(w, "read_only_refused_writes", l->writes_refused);
+	jw_open(w, "read_only_kept_files", '{');
+	jw_u64(w, "adoption", l->left_in_place);
+	jw_u64(w, "read", l->bad_kept);
+	jw_close(w, '}');
+	jw_close(w, '}');
+}
+
 int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev, bool pretty)
 {
 	if (!out || !cur)
@@ -792,6 +969,11 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 	jw_open(&w, "rings", '[');
 	for (unsigned i = 0; i < s->n_rings; i++)
 		json_ring(&w, cur, prev, &s->rings[i]);
+	jw_close(&w, ']');
+
+	jw_open(&w, "l2", '[');
+	for (unsigned i = 0; i < s->n_l2; i++)
+		json_l2(&w, &s->l2[i]);
 	jw_close(&w, ']');
 	jw_close(&w, '}');
 	fputc('\n', out);

@@ -8,6 +8,7 @@
 
 #include <kvring/msg.h>
 
+#include "kvr_config.h"
 #include "kvr_ctl.h"
 
 /*
@@ -28,6 +29,10 @@
  * "Now" is a parameter (both clocks), so rendering is deterministic: heartbeat ages use
  * the monotonic clock (heartbeat_ns is CLOCK_MONOTONIC), the uptime the real-time clock
  * (kvr_ctl.started_ns is CLOCK_REALTIME).
+ *
+ * Disk actors (kind KVR_ACTOR_DISK) also get their L2 stats copied (struct kvr_insp_l2): the
+ * gauges and counters of enum kvr_stat_disk, and the directory they serve, l2.dirs[N] of the
+ * effective config the segment carries (parsed from a private copy; "" when it names none).
  *
  * Renderers write to a FILE*. The text form fits 80 columns whatever the segment holds;
  * the JSON form is documented field by field in docs/inspect.md (schema version
@@ -79,6 +84,21 @@ struct kvr_insp_ring {
 	struct kvr_msg *msgs;       /* inside the snapshot's own storage */
 };
 
+/* One disk actor's L2 tier (enum kvr_stat_disk in kvr_ctl.h). */
+struct kvr_insp_l2 {
+	unsigned actor;                  /* actor slot */
+	char name[KVR_ACTOR_NAME_MAX + 1];
+	uint32_t state;                  /* enum kvr_actor_state */
+	uint32_t dir_index;              /* the actor entry's index: it serves l2.dirs[dir_index] */
+	char dir[KVR_PATH_MAX + 1];      /* that path; "" when the config does not name it */
+	uint64_t used_bytes, files, capacity_bytes;       /* gauges */
+	uint64_t adopted;
+	uint64_t rejected[KVR_STAT_DK_REASON_MAX];        /* adoption, by enum kvr_l2_reason ([0] unused) */
+	uint64_t evicted;
+	uint64_t reads_damaged, reads_vanished, reads_io_error;
+	uint64_t writes_refused, left_in_place, bad_kept; /* l2.read_only */
+};
+
 struct kvr_insp_snap {
 	struct kvr_insp_clock now;
 	unsigned max_msgs;
@@ -97,6 +117,8 @@ struct kvr_insp_snap {
 	unsigned n_rings;
 	struct kvr_insp_ring rings[KVR_CTL_MAX_RINGS];
 	struct kvr_msg *msg_store; /* n_rings * max_msgs messages */
+	unsigned n_l2;       /* disk actors, by actor slot */
+	struct kvr_insp_l2 l2[KVR_CTL_MAX_ACTORS];
 };
 
 /* Copy the observable state of c (a validated kvr_ctl_attach() result) at time now.
