@@ -32,10 +32,14 @@ static void fake_actor(struct kvr_ctl *c, unsigned i, const char *name, unsigned
 
 void m_fake_init(struct m_fake *f)
 {
+	m_fake_init_config(f, "{}");
+}
+
+void m_fake_init_config(struct m_fake *f, const char *json)
+{
 	memset(f, 0, sizeof(*f));
 	f->ctl_seg.fd = f->slots_seg.fd = -1;
-	const char json[] = "{}";
-	size_t sz = kvr_ctl_memsize(5, 2, fake_rings, 2, sizeof(json));
+	size_t sz = kvr_ctl_memsize(5, 2, fake_rings, 2, strlen(json) + 1);
 	cr_assert_gt(sz, 0);
 	cr_assert_eq(kvr_segment_create("kvr-test-metrics-ctl", KVR_SEG_CTL, sz, 1, 0, &f->ctl_seg), 0);
 	cr_assert_eq(kvr_ctl_init(&f->ctl_seg, 5, 2, fake_rings, 2, json), 0);
@@ -93,6 +97,28 @@ void m_fake_init(struct m_fake *f)
 	}
 }
 
+void m_fake_add_disk(struct m_fake *f, unsigned index, const char *name)
+{
+	struct kvr_ctl *c = f->ctl;
+	fake_actor(c, 4, name, KVR_ACTOR_DISK, KVR_ACTOR_READY);
+	kvr_ctl_actor(c, 4)->index = index;
+	atomic_store(&c->n_actors, 5);
+	struct kvr_actor_stats *st = kvr_ctl_stats(c, 4);
+	atomic_store(&st->c[KVR_STAT_DK_BYTES], 3 * 20480);
+	atomic_store(&st->c[KVR_STAT_DK_FILES], 3);
+	atomic_store(&st->c[KVR_STAT_DK_CAPACITY_BYTES], 1u << 20);
+	atomic_store(&st->c[KVR_STAT_DK_ADOPTED], 5);
+	atomic_store(&st->c[kvr_stat_dk_rejected(2)], 2); /* KVR_L2_R_TMP */
+	atomic_store(&st->c[kvr_stat_dk_rejected(18)], 7); /* KVR_L2_R_OVER_CAP */
+	atomic_store(&st->c[KVR_STAT_DK_EVICTED], 11);
+	atomic_store(&st->c[KVR_STAT_DK_READS_DAMAGED], 1);
+	atomic_store(&st->c[KVR_STAT_DK_READS_VANISHED], 2);
+	atomic_store(&st->c[KVR_STAT_DK_READS_IO_ERROR], 3);
+	atomic_store(&st->c[KVR_STAT_DK_WRITES_REFUSED], 4);
+	atomic_store(&st->c[KVR_STAT_DK_LEFT_IN_PLACE], 9);
+	atomic_store(&st->c[KVR_STAT_DK_BAD_KEPT], 6);
+}
+
 void m_fake_fini(struct m_fake *f)
 {
 	kvr_segment_close(&f->ctl_seg);
@@ -113,7 +139,7 @@ uint16_t m_free_port(void)
 	return ntohs(a.sin_port);
 }
 
-void m_write_config(struct h_inst *in, bool enabled, uint16_t port)
+static void write_config(struct h_inst *in, bool enabled, uint16_t port, const char *l2)
 {
 	char json[4096];
 	snprintf(json, sizeof(json),
@@ -128,12 +154,36 @@ void m_write_config(struct h_inst *in, bool enabled, uint16_t port)
 		 "    \"head_dim\": %u, \"dtype_bytes\": 2, \"block_tokens\": %u},\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"lru\"},\n"
 		 "  \"staging\": {\"ceiling_bytes\": \"1MiB\"},\n"
-		 "  \"metrics\": {\"enabled\": %s, \"listen\": \"127.0.0.1:%u\"}\n"
+		 "  \"metrics\": {\"enabled\": %s, \"listen\": \"127.0.0.1:%u\"}%s\n"
 		 "}\n",
 		 in->sock, M_LAYERS, M_HEADS, M_HEAD_DIM, M_BLOCK_TOKENS,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + M_SLOTS * M_LANE_BYTES), enabled ? "true" : "false",
-		 port);
+		 port, l2);
 	h_write_config_raw(in, json);
+}
+
+void m_write_config(struct h_inst *in, bool enabled, uint16_t port)
+{
+	write_config(in, enabled, port, "");
+}
+
+void m_write_config_l2(struct h_inst *in, uint16_t port, const char *l2_dir, uint64_t l2_bytes)
+{
+	char l2[512];
+	snprintf(l2, sizeof(l2),
+		 ",\n  \"l2\": {\"dirs\": [\"%s\"], \"capacity_bytes\": %llu, \"mode\": \"write-through\", "
+		 "\"durability\": \"none\"}",
+		 l2_dir, (unsigned long long)l2_bytes);
+	write_config(in, true, port, l2);
+}
+
+void m_start_l2(struct h_inst *in, uint16_t port, const char *l2_dir, uint64_t l2_bytes)
+{
+	m_write_config_l2(in, port, l2_dir, l2_bytes);
+	h_start(in);
+	struct kvr_actor_ent *lk = h_actor(in, "lookup"), *dk = h_actor(in, "disk.0");
+	cr_assert(lk && atomic_load(&lk->state) == KVR_ACTOR_READY, "the lookup actor is not ready");
+	cr_assert(dk && H_WAIT(atomic_load(&dk->state) == KVR_ACTOR_READY, 3000), "disk.0 is not ready");
 }
 
 void m_start(struct h_inst *in, bool enabled, uint16_t port)
@@ -329,9 +379,9 @@ void m_worker_close(struct m_worker *w)
 	w->kv_fd = -1;
 }
 
-#define PROMPT_TOKENS (4 * M_BLOCK_TOKENS)
+#define PROMPT_TOKENS M_PROMPT_TOKENS
 
-static void prompt(uint32_t *t, unsigned p)
+void m_prompt(uint32_t *t, unsigned p)
 {
 	for (unsigned i = 0; i < PROMPT_TOKENS; i++)
 		t[i] = 1000u * (p + 1) + i;
@@ -363,7 +413,7 @@ void m_workload(struct m_worker *w)
 	for (uint32_t b = 0; b < 12; b++)
 		fill_block(w, b, b);
 	for (unsigned p = 0; p < 3; p++) {
-		prompt(t, p);
+		m_prompt(t, p);
 		for (unsigned i = 0; i < 4; i++)
 			ids[i] = 4 * p + i;
 		int rc = kvr_store(w->c, 1 + p, t, PROMPT_TOKENS, NULL, 0, ids, 4);
@@ -374,7 +424,7 @@ void m_workload(struct m_worker *w)
 		cr_assert_eq(done[i].n_stored, 4, "store %llu stored %u", (unsigned long long)done[i].req_id,
 			     done[i].n_stored);
 
-	prompt(t, 0);
+	m_prompt(t, 0);
 	uint32_t first[4] = {0, 1, 2, 3};
 	cr_assert_eq(kvr_store(w->c, 4, t, PROMPT_TOKENS, NULL, 0, first, 4), 0);
 	wait_done(w, 1, KVR_OP_STORE_DONE, done);
@@ -385,7 +435,7 @@ void m_workload(struct m_worker *w)
 		fill_block(w, b, UINT32_MAX);
 	for (unsigned p = 0; p < 2; p++) {
 		struct kvr_lookup_result lr;
-		prompt(t, p);
+		m_prompt(t, p);
 		int rc = kvr_lookup(w->c, 10 + p, t, PROMPT_TOKENS, NULL, 0, &lr);
 		cr_assert_eq(rc, 0, "kvr_lookup: %s (%s)", strerror(-rc), kvr_last_error(w->c));
 		cr_assert_eq(lr.matched_blocks, 4);
@@ -400,7 +450,7 @@ void m_workload(struct m_worker *w)
 		check_block(w, 16 + b, b);
 
 	struct kvr_lookup_result lr;
-	prompt(t, 7);
+	m_prompt(t, 7);
 	cr_assert_eq(kvr_lookup(w->c, 12, t, PROMPT_TOKENS, NULL, 0, &lr), 0);
 	cr_assert_eq(lr.matched_blocks, 0);
 	cr_assert_eq(lr.matched_tokens, 0);

@@ -36,7 +36,20 @@ struct m_fake {
  * Slots (8): 2 committed, 1 committed and pinned (reading), 1 writing, 4 free.
  */
 void m_fake_init(struct m_fake *f);
+/* The same with config_json as the effective config in the control segment (m_fake_init: "{}"). */
+void m_fake_init_config(struct m_fake *f, const char *config_json);
 void m_fake_fini(struct m_fake *f);
+
+/* A disk actor in slot 4 (n_actors 5), READY, entry index `index`, with known stats: bytes
+ * 61440 (3 files of 20480), files 3, capacity 1 MiB, adopted 5, adoption tmp 2 and over_cap
+ * 7, evicted 11, read failures damaged 1 / vanished 2 / io_error 3, read-only refused writes
+ * 4, kept at adoption 9 and after reads 6. */
+void m_fake_add_disk(struct m_fake *f, unsigned index, const char *name);
+/* A config for m_fake_init_config whose l2.dirs[0] needs escaping in a label: the path
+ * /srv/kv"l2\a, as JSON text and as a Prometheus label value. */
+#define MF_ODD_DIR_JSON "/srv/kv\\\"l2\\\\a"
+#define MF_ODD_DIR_LABEL "/srv/kv\\\"l2\\\\a"
+#define MF_L2_CONFIG "{\"l2\": {\"dirs\": [\"" MF_ODD_DIR_JSON "\"], \"capacity_bytes\": 1048576}}"
 
 /* ---- kvringd with metrics ------------------------------------------------------------- */
 
@@ -58,6 +71,12 @@ void m_write_config(struct h_inst *in, bool enabled, uint16_t port);
 
 /* Write the config and start kvringd (h_start: waits for INSPECT and the lookup actor). */
 void m_start(struct h_inst *in, bool enabled, uint16_t port);
+
+/* The same with metrics on and an L2 tier: "l2": {"dirs": [l2_dir], "capacity_bytes":
+ * l2_bytes, "durability": "none"} (write-through, one disk actor disk.0); also waits until
+ * disk.0 is ready. */
+void m_write_config_l2(struct h_inst *in, uint16_t port, const char *l2_dir, uint64_t l2_bytes);
+void m_start_l2(struct h_inst *in, uint16_t port, const char *l2_dir, uint64_t l2_bytes);
 
 /* ---- HTTP --------------------------------------------------------------------------- */
 
@@ -106,5 +125,9 @@ void m_worker_close(struct m_worker *w);
  *   lookup an unknown prompt: 0 matched.
  */
 void m_workload(struct m_worker *w);
+
+/* The tokens of workload prompt p (M_PROMPT_TOKENS = 4 blocks). */
+#define M_PROMPT_TOKENS (4 * M_BLOCK_TOKENS)
+void m_prompt(uint32_t *tokens, unsigned p);
 
 #endif

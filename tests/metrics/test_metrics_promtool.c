@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "metrics_test.h"
 #include "sup.h"
@@ -58,6 +60,37 @@ Test(metrics_promtool, synthetic)
 	char *t = sup_metrics_render(&v, &len);
 	cr_assert(t);
 	check(t, "the synthetic instance (escaped labels, non-zero histogram)");
+	free(t);
+	m_fake_fini(&f);
+}
+
+/* The kvring_l2_* families: a live instance with an L2 directory after the workload (12
+ * files written through), and the synthetic disk actor whose dir needs escaping. */
+Test(metrics_promtool, l2_live_and_synthetic)
+{
+	char l2dir[160];
+	snprintf(l2dir, sizeof(l2dir), "%s/l2", inst.dir);
+	cr_assert_eq(mkdir(l2dir, 0700), 0);
+	uint16_t port = m_free_port();
+	m_start_l2(&inst, port, l2dir, 64ull << 20);
+	m_worker_attach(&worker, inst.sock);
+	m_workload(&worker);
+	cr_assert(H_WAIT(h_stat(&inst, "lookup", KVR_STAT_LK_L2_WRITES) == 12, 5000));
+	char *t = m_scrape(port);
+	char series[256];
+	snprintf(series, sizeof(series), "kvring_l2_files{dir=\"%s\"}", l2dir);
+	cr_assert_eq(m_get(t, series), 12);
+	check(t, "an instance with L2 after the workload");
+	free(t);
+
+	struct m_fake f;
+	m_fake_init_config(&f, MF_L2_CONFIG);
+	m_fake_add_disk(&f, 0, "disk.0");
+	struct sup_metrics_view v = {.ctl = f.ctl, .slots = f.slots, .block_tokens = MF_BLOCK_TOKENS};
+	size_t len;
+	t = sup_metrics_render(&v, &len);
+	cr_assert(t);
+	check(t, "the synthetic instance with a disk actor (escaped dir label)");
 	free(t);
 	m_fake_fini(&f);
 }
