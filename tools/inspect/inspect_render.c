@@ -463,6 +463,13 @@ static void text_workers(FILE *out, const struct kvr_insp_snap *s)
 	}
 }
 
+/* The name of adoption reason r, NULL for payload_checksum (adoption reads headers only). */
+static const char *adoption_reason(unsigned r)
+{
+	const char *n = kvr_stat_dk_reason_name(r);
+	return n && strcmp(n, "payload_checksum") ? n : NULL;
+}
+
 /* Bytes in binary units, at most 10 characters: "512 B", "160.0 KiB", "1023.9 GiB". */
 static char *fmt_bytes(uint64_t b, char *buf, size_t len)
 {
@@ -530,7 +537,7 @@ static void text_l2(FILE *out, const struct kvr_insp_snap *s)
 		w.len = (size_t)snprintf(w.line, sizeof(w.line), "    adopted %" PRIu64, l->adopted);
 		bool lead = false;
 		for (unsigned r = 1; r < KVR_STAT_DK_REASON_MAX; r++) {
-			if (!l->rejected[r])
+			if (!l->rejected[r] || !adoption_reason(r))
 				continue;
 			if (!lead)
 				w.len += (size_t)snprintf(w.line + w.len, sizeof(w.line) - w.len, ", not adopted: ");
@@ -875,8 +882,8 @@ static void json_l2(struct jw *w, const struct kvr_insp_l2 *l)
 	jw_open(w, "adoption", '{');
 	jw_u64(w, "adopted", l->adopted);
 	for (unsigned r = 1; r < KVR_STAT_DK_REASON_MAX; r++)
-		if (strcmp(kvr_stat_dk_reason_name(r), "payload_checksum")) /* never at adoption */
-			jw_u64(w, kvr_stat_dk_reason_name(r), l->rejected[r]);
+		if (adoption_reason(r))
+			jw_u64(w, adoption_reason(r), l->rejected[r]);
 	jw_close(w, '}');
 	jw_open(w, "read_failures", '{');
 	jw_u64(w, "damaged", l->reads_damaged);
