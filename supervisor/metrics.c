@@ -431,10 +431,12 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 	for (unsigned i = 0; i < n_actors(c); i++)
 		for (size_t k = 0; is_disk(c, i) && k < sizeof(rf) / sizeof(rf[0]); k++) {
 			dir_label(f, fails, kvr_ctl_actor(c, i), dirs);
-			fprintf(f, ",reason=\"%s\"} %llu\n", rf[k].reason, (unsigned long long)stat_of(c, i, rf[k].stat));
+			fprintf(f, ",reason=\"%s\"} %llu\n", rf[k].reason,
+				(unsigned long long)stat_of(c, i, rf[k].stat));
 		}
 	per_dir(f, c, dirs, "kvring_l2_read_only_refused_writes_total", "counter",
-		"l2.read_only: L2 writes the disk actor refused (-EROFS, nothing written).", KVR_STAT_DK_WRITES_REFUSED);
+		"l2.read_only: L2 writes the disk actor refused (-EROFS, nothing written).",
+		KVR_STAT_DK_WRITES_REFUSED);
 	static const char kept[] = "kvring_l2_read_only_kept_files_total";
 	family(f, kept, "counter",
 	       "l2.read_only: files not served but left on disk, by when they were found: at adoption (tmp, bad, "
@@ -442,7 +444,8 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 	for (unsigned i = 0; i < n_actors(c); i++)
 		if (is_disk(c, i)) {
 			dir_label(f, kept, kvr_ctl_actor(c, i), dirs);
-			fprintf(f, ",found=\"adoption\"} %llu\n", (unsigned long long)stat_of(c, i, KVR_STAT_DK_LEFT_IN_PLACE));
+			fprintf(f, ",found=\"adoption\"} %llu\n",
+				(unsigned long long)stat_of(c, i, KVR_STAT_DK_LEFT_IN_PLACE));
 			dir_label(f, kept, kvr_ctl_actor(c, i), dirs);
 			fprintf(f, ",found=\"read\"} %llu\n", (unsigned long long)stat_of(c, i, KVR_STAT_DK_BAD_KEPT));
 		}

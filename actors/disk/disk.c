@@ -154,11 +154,10 @@ static void on_done(struct disk *d, const struct kvr_l2_done *c)
 		/* res 0 only after the engine verified header and payload checksum */
 		if (c->res == -ENOENT)
 			kvr_actor_count(d->a, KVR_STAT_DK_READS_VANISHED, 1);
-		else if (c->res)
-			kvr_actor_count(d->a, c->reason == KVR_L2_R_IO ? KVR_STAT_DK_READS_IO_ERROR : KVR_STAT_DK_READS_DAMAGED,
-					1);
 		if (c->res && c->res != -ENOENT) {
 			char name[KVR_L2_NAME_MAX];
+			bool io = c->reason == KVR_L2_R_IO;
+			kvr_actor_count(d->a, io ? KVR_STAT_DK_READS_IO_ERROR : KVR_STAT_DK_READS_DAMAGED, 1);
 			/* once per file: the store has dropped it from its index */
 			kvr_warn("l2 %s/%s: %s (%s): a miss; %s", kvr_l2_store_dir(d->store),
 				 kvr_l2_name_fmt(q.key, q.lane, name), kvr_l2_reason_name(c->reason), strerror(-c->res),
