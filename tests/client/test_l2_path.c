@@ -184,13 +184,7 @@ Test(l2, damaged_file_is_a_miss)
 	ct_keys(&env, tokens[0], BLOCKS * BT, keys);
 	char hex[KVR_KEY_FMT_LEN], ns[KVR_KEY_FMT_LEN], path[768];
 	snprintf(path, sizeof(path), "%s/%s/%s.0.kvb", l2dir, kvr_key_fmt(env.slots->ns, ns), kvr_key_fmt(keys[2], hex));
-	FILE *f = fopen(path, "r+b");
-	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-	cr_assert_eq(fseek(f, 4096 + 100, SEEK_SET), 0);
-	int c = fgetc(f);
-	cr_assert_eq(fseek(f, 4096 + 100, SEEK_SET), 0);
-	fputc(c ^ 0x5a, f);
-	fclose(f);
+	h_flip_byte(path, 4096 + 100);
 
 	uint32_t got = ct_lookup(r, 300, tokens[0], BLOCKS * BT);
 	cr_assert_eq(got, 2, "blocks 0 and 1 verified, block 2 damaged: %u", got);

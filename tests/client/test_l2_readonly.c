@@ -193,26 +193,6 @@ static void ns_dir_of(char *buf, size_t len, const struct ct_env *e)
 	snprintf(buf, len, "%s/%s", l2dir, kvr_key_fmt(e->slots->ns, ns));
 }
 
-static void flip_byte(const char *path, long off)
-{
-	FILE *f = fopen(path, "r+b");
-	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-	cr_assert_eq(fseek(f, off, SEEK_SET), 0);
-	int c = fgetc(f);
-	cr_assert_neq(c, EOF);
-	cr_assert_eq(fseek(f, off, SEEK_SET), 0);
-	cr_assert_neq(fputc(c ^ 0x5a, f), EOF);
-	cr_assert_eq(fclose(f), 0);
-}
-
-static void write_file(const char *path, const char *text)
-{
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-	cr_assert_eq(fputs(text, f) >= 0, true);
-	cr_assert_eq(fclose(f), 0);
-}
-
 /* The legacy store: a 16-token kvringd (write-through) stores PROMPTS prompts of BLOCKS
  * blocks, every lane reaches the disk, SIGTERM. Leaves env stopped and ns (the 16-token
  * namespace directory) filled in. */
@@ -285,13 +265,13 @@ Test(l2ro, serves_legacy_store_changes_nothing)
 	char bad_payload[768], bad_header[768];
 	path_of(bad_payload, sizeof(bad_payload), keys16[2][5], 0);
 	path_of(bad_header, sizeof(bad_header), keys16[3][0], 0);
-	flip_byte(bad_payload, 4096 + 300);
-	flip_byte(bad_header, 200); /* a reserved header byte: caught by the header checksum */
+	h_flip_byte(bad_payload, 4096 + 300);
+	h_flip_byte(bad_header, 200); /* a reserved header byte: caught by the header checksum */
 	path_of(path, sizeof(path), keys16[2][0], 0);
 	snprintf(tmp, sizeof(tmp), "%s.tmp.%d.7", path, 99999);
-	write_file(tmp, "half a block");
+	h_write_file(tmp, "half a block");
 	snprintf(path, sizeof(path), "%s/NOTES.txt", ns);
-	write_file(path, "operator's notes\n");
+	h_write_file(path, "operator's notes\n");
 
 	struct snap before, before_root, after, after_root;
 	snapshot(ns, &before);
@@ -540,14 +520,14 @@ Test(l2ro, store_read_only_api)
 		set_mtime(p, now - 3600 * (7 - (time_t)i));
 	}
 	spath(p, sizeof(p), skey(5), 0);
-	flip_byte(p, 4096 + 17); /* the newest now */
+	h_flip_byte(p, 4096 + 17); /* the newest now */
 	spath(p, sizeof(p), skey(6), 0);
-	flip_byte(p, 300);
+	h_flip_byte(p, 300);
 	snprintf(tmp, sizeof(tmp), "%s.tmp.4242.1", p);
-	write_file(tmp, "x");
+	h_write_file(tmp, "x");
 	snprintf(nsdir, sizeof(nsdir), "%.*s", (int)(strrchr(p, '/') - p), p);
 	snprintf(p, sizeof(p), "%s/foreign.bin", nsdir);
-	write_file(p, "y");
+	h_write_file(p, "y");
 	struct snap before, after;
 	snapshot(nsdir, &before);
 

@@ -132,26 +132,6 @@ static void block_path(char *buf, size_t len, const char *ns_path, kvr_key ns, u
 	snprintf(buf, len, "%s/%s", ns_path, kvr_l2_name_fmt(keys[i], 0, name));
 }
 
-static void flip_byte(const char *path, long off)
-{
-	FILE *f = fopen(path, "r+b");
-	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-	cr_assert_eq(fseek(f, off, SEEK_SET), 0);
-	int c = fgetc(f);
-	cr_assert_neq(c, EOF);
-	cr_assert_eq(fseek(f, off, SEEK_SET), 0);
-	cr_assert_neq(fputc(c ^ 0x5a, f), EOF);
-	cr_assert_eq(fclose(f), 0);
-}
-
-static void write_file(const char *path, const char *text)
-{
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-	cr_assert(fputs(text, f) >= 0);
-	cr_assert_eq(fclose(f), 0);
-}
-
 static void set_mtime(const char *path, time_t sec)
 {
 	struct timespec ts[2] = {{.tv_sec = sec}, {.tv_sec = sec}};
@@ -333,9 +313,9 @@ Test(metrics_l2, adoption_after_restart)
 	ns_dir(ns_path, sizeof(ns_path), &ns);
 	cr_assert_eq(count_suffix(ns_path, ".kvb"), WRITTEN);
 	block_path(path, sizeof(path), ns_path, ns, 0, 0);
-	flip_byte(path, 200); /* a reserved header byte: the header checksum */
+	h_flip_byte(path, 200); /* a reserved header byte: the header checksum */
 	block_path(path, sizeof(path), ns_path, ns, 2, 3);
-	flip_byte(path, 4096 + 300); /* a payload byte: found by the first read */
+	h_flip_byte(path, 4096 + 300); /* a payload byte: found by the first read */
 	time_t t0 = time(NULL) - 100;
 	for (unsigned k = 0; k < WRITTEN; k++) {
 		block_path(path, sizeof(path), ns_path, ns, k / 4, k % 4);
@@ -343,9 +323,9 @@ Test(metrics_l2, adoption_after_restart)
 	}
 	block_path(path, sizeof(path), ns_path, ns, 0, 1);
 	snprintf(tmp, sizeof(tmp), "%s.tmp.99999.7", path);
-	write_file(tmp, "half a block");
+	h_write_file(tmp, "half a block");
 	snprintf(path, sizeof(path), "%s/NOTES.txt", ns_path);
-	write_file(path, "operator's notes\n");
+	h_write_file(path, "operator's notes\n");
 
 	port = m_free_port();
 	m_start_l2(&inst, port, l2dir, 8 * FB);

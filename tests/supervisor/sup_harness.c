@@ -147,6 +147,26 @@ char *h_read_file(const char *path)
 	return buf;
 }
 
+void h_flip_byte(const char *path, long off)
+{
+	FILE *f = fopen(path, "r+b");
+	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+	cr_assert_eq(fseek(f, off, SEEK_SET), 0);
+	int c = fgetc(f);
+	cr_assert_neq(c, EOF, "%s has no byte %ld", path, off);
+	cr_assert_eq(fseek(f, off, SEEK_SET), 0);
+	cr_assert_neq(fputc(c ^ 0x5a, f), EOF);
+	cr_assert_eq(fclose(f), 0);
+}
+
+void h_write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+	cr_assert(fputs(text, f) >= 0);
+	cr_assert_eq(fclose(f), 0);
+}
+
 bool h_log_contains(const struct h_inst *in, const char *s)
 {
 	char *text = h_read_file(in->log);

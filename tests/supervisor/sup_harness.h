@@ -64,6 +64,10 @@ int h_wait_exit(pid_t pid, int timeout_ms);
 /* Does the daemon's log contain s? */
 bool h_log_contains(const struct h_inst *in, const char *s);
 char *h_read_file(const char *path);
+/* Damage a file: XOR byte off with 0x5a (asserts the byte exists). */
+void h_flip_byte(const char *path, long off);
+/* Create or truncate path with text (asserts it worked). */
+void h_write_file(const char *path, const char *text);
 
 /* INSPECT: returns the read-only ctl fd, or -errno. */
 int h_inspect_fd(const char *sock);
