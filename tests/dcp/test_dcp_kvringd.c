@@ -499,6 +499,16 @@ static unsigned glookup_blocks(struct grank *r, const uint32_t *tokens, size_t n
 	return res.matched_blocks;
 }
 
+/* The test's seed (printed) -> a content seed, and n random prompt tokens. */
+static uint64_t gprompt(const char *test, uint32_t *tokens, size_t n)
+{
+	struct rng rng = {test_seed(test)};
+	uint64_t seed = rng_next(&rng);
+	for (size_t i = 0; i < n; i++)
+		tokens[i] = rng_below(&rng, 150000);
+	return seed;
+}
+
 /* An MLA model with odd 561-byte rows (fp8), 3 layers, TP 4, 16-token blocks. */
 static const struct glayout odd_rows = {.layers = 3, .head_dim = 561, .dtype = 1, .block = G_BLOCK, .row = 561};
 
@@ -518,11 +528,9 @@ Test(dcp_kvringd, cross_layout_dcp2_to_dcp4_and_dcp1, .fini = granks_close)
 {
 	gconfig(&odd_rows, 10000);
 	h_start(&inst);
-	struct rng rng = {test_seed("dcp_kvringd::cross_layout_dcp2_to_dcp4_and_dcp1")};
-	uint64_t seed = rng_next(&rng);
 	uint32_t tokens[G_PROMPT * G_BLOCK + 5];
-	for (unsigned i = 0; i < sizeof(tokens) / sizeof(tokens[0]); i++)
-		tokens[i] = rng_below(&rng, 150000);
+	uint64_t seed = gprompt("dcp_kvringd::cross_layout_dcp2_to_dcp4_and_dcp1", tokens,
+				 sizeof(tokens) / sizeof(tokens[0]));
 	const size_t nt = sizeof(tokens) / sizeof(tokens[0]);
 
 	granks_open(&odd_rows, 2, 1);
@@ -570,10 +578,7 @@ static uint64_t gsetup(const char *test, unsigned timeout_ms, unsigned d, unsign
 {
 	gconfig(&odd_rows, timeout_ms);
 	h_start(&inst);
-	struct rng rng = {test_seed(test)};
-	uint64_t seed = rng_next(&rng);
-	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
-		tokens[i] = rng_below(&rng, 150000);
+	uint64_t seed = gprompt(test, tokens, G_PROMPT * G_BLOCK);
 	granks_open(&odd_rows, d, il);
 	for (unsigned i = 0; i < G_TP; i++)
 		for (unsigned b = 0; b < G_PROMPT; b++)
@@ -673,11 +678,8 @@ Test(dcp_kvringd, tails_round_trip_under_their_layout_only, .fini = granks_close
 		 G_TP);
 	write_config_dcp(model, 8, lane, 8, 10000);
 	h_start(&inst);
-	struct rng rng = {test_seed("dcp_kvringd::tails_round_trip_under_their_layout_only")};
-	uint64_t seed = rng_next(&rng);
 	uint32_t tokens[G_PROMPT * 64];
-	for (unsigned i = 0; i < G_PROMPT * 64; i++)
-		tokens[i] = rng_below(&rng, 150000);
+	uint64_t seed = gprompt("dcp_kvringd::tails_round_trip_under_their_layout_only", tokens, G_PROMPT * 64);
 
 	granks_open(&fp8, 4, 1);
 	cr_assert_eq(granks[0].g.page_bytes[0], 16 * (656 + 132), "a rank's page: 16 records + 16 tail entries");
@@ -719,11 +721,8 @@ Test(dcp_kvringd, gather_restarts_and_group_reforms, .fini = granks_close)
 {
 	gconfig(&odd_rows, 10000);
 	h_start(&inst);
-	struct rng rng = {test_seed("dcp_kvringd::gather_restarts_and_group_reforms")};
-	uint64_t seed = rng_next(&rng);
 	uint32_t tokens[G_PROMPT * G_BLOCK];
-	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
-		tokens[i] = rng_below(&rng, 150000);
+	uint64_t seed = gprompt("dcp_kvringd::gather_restarts_and_group_reforms", tokens, G_PROMPT * G_BLOCK);
 	granks_open(&odd_rows, 2, 1);
 	const uint32_t src[G_TP][G_PROMPT] = {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9, 10, 11}};
 	cr_assert_eq(gstore_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, src, 1), G_PROMPT);
@@ -961,11 +960,8 @@ Test(dcp_kvringd, gqa_lanes_and_quorum, .fini = granks_close)
 		     "\"dtype_bytes\": 2, \"block_tokens\": 16, \"tp_size\": 2}",
 		     8, 2ull * 2 * G_BLOCK * gqa.row, 32);
 	h_start(&inst);
-	struct rng rng = {test_seed("dcp_kvringd::gqa_lanes_and_quorum")};
-	uint64_t seed = rng_next(&rng);
 	uint32_t tokens[G_PROMPT * G_BLOCK];
-	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
-		tokens[i] = rng_below(&rng, 150000);
+	uint64_t seed = gprompt("dcp_kvringd::gqa_lanes_and_quorum", tokens, G_PROMPT * G_BLOCK);
 	granks_open(&gqa, 2, 1);
 	/* lane = group: TP ranks 0, 1 store lane 0, TP ranks 2, 3 lane 1; each lane's content
 	 * differs (another seed per group), as different heads do */
