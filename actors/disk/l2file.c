@@ -1,7 +1,9 @@
 /* l2file: block file names, header build and validation, checksums (format in l2file.h). */
 #include "l2file.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -193,4 +195,18 @@ enum kvr_l2_reason kvr_l2_hdr_check(const struct kvr_l2_hdr *h, const struct kvr
 enum kvr_l2_reason kvr_l2_payload_check(const struct kvr_l2_hdr *h, const void *payload)
 {
 	return payload_xxh3(payload, (size_t)h->lane_bytes) == h->payload_xxh3 ? KVR_L2_OK : KVR_L2_R_PAYLOAD_CSUM;
+}
+
+DIR *kvr_l2_opendir(int dir_fd)
+{
+	int fd = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		int e = errno;
+		close(fd);
+		errno = e;
+	}
+	return d;
 }

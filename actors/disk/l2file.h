@@ -2,6 +2,7 @@
 #ifndef KVR_L2FILE_H
 #define KVR_L2FILE_H
 
+#include <dirent.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -149,5 +150,9 @@ enum kvr_l2_reason kvr_l2_hdr_check(const struct kvr_l2_hdr *h, const struct kvr
 
 /* Check a payload against the header's checksum (KVR_L2_OK or KVR_L2_R_PAYLOAD_CSUM). */
 enum kvr_l2_reason kvr_l2_payload_check(const struct kvr_l2_hdr *h, const void *payload);
+
+/* A directory stream over dir_fd's directory on a descriptor of its own (dir_fd stays
+ * open and unmoved). NULL with errno set on failure; closedir() when done. */
+DIR *kvr_l2_opendir(int dir_fd);
 
 #endif

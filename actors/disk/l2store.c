@@ -640,15 +640,9 @@ static int push_tmp(struct adopt *a, const char *name)
 static int adopt_scan(struct adopt *a)
 {
 	struct kvr_l2_store *s = a->s;
-	int fd = openat(s->dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
+	DIR *d = kvr_l2_opendir(s->dir_fd);
+	if (!d)
 		return -errno;
-	DIR *d = fdopendir(fd);
-	if (!d) {
-		int rc = -errno;
-		close(fd);
-		return rc;
-	}
 	int rc = 0;
 	struct dirent *de;
 	while ((errno = 0, de = readdir(d))) {

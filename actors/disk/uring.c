@@ -886,15 +886,9 @@ out:
 
 int kvr_l2io_probe_direct_ro(int dir_fd)
 {
-	int fd = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
+	DIR *d = kvr_l2_opendir(dir_fd);
+	if (!d)
 		return -errno;
-	DIR *d = fdopendir(fd);
-	if (!d) {
-		int rc = -errno;
-		close(fd);
-		return rc;
-	}
 	void *buf = NULL;
 	if (posix_memalign(&buf, KVR_L2_ALIGN, KVR_L2_ALIGN)) {
 		closedir(d);
