@@ -339,7 +339,10 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 		if (ls == KVR_ACTOR_READY && ss == KVR_ACTOR_READY)
 			break;
 		if (ls == KVR_ACTOR_FAILED || ss == KVR_ACTOR_FAILED || kvr_now_ns() >= deadline) {
-			if (c->info.group_ranks > 1)
+			if (c->info.group_ranks > 1 && ss == KVR_ACTOR_FAILED)
+				rc = fail(c, -EPIPE, "attach: the DCP group's gather actor FAILED (it kept crashing; "
+					  "kvringd's log says why)");
+			else if (c->info.group_ranks > 1)
 				rc = fail(c, -ETIMEDOUT, "attach: loader %s, the DCP group's gather actor %s after %lld ms: "
 					  "it starts once all %u ranks of the group attached", kvr_actor_state_name(ls),
 					  kvr_actor_state_name(ss), (long long)(c->timeout_ns / 1000000),

@@ -300,6 +300,7 @@ static void record_exit(struct sup_actor *a, int status)
 	}
 	a->pid = 0;
 	atomic_store(&a->ent->pid, 0);
+	atomic_store(&a->ent->held, 0); /* what it held died with it (its clients see it gone) */
 }
 
 static void describe_exit(int status, char *buf, size_t len)

@@ -3,7 +3,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <kvring/msg.h>
+
 #include "kvr_log.h"
+#include "kvr_time.h"
 #include "sup.h"
 
 /*
@@ -49,17 +52,50 @@ static int endpoint(enum side e, unsigned w, int gather)
 	return KVR_EP_SUPERVISOR;
 }
 
-/* Bind worker w's store and commit rings to actor `gather`, or back to its own storer (-1). */
+/* Bind worker w's store and commit rings to actor `gather`, or back to its own storer (-1).
+ * Called only while no actor serves them (a free slot joining; a released slot whose
+ * gather actor exited) and no client is attached. Messages left on them are dropped
+ * first: a request id carries the generation of the actor it was addressed to, and the
+ * storer and the gather actor count generations apart, so a stale request could pass for
+ * a current one of the other actor (a store of old keys with a new worker's blocks). The
+ * commit request ring is left alone: the lookup actor consumes it, and what it holds is
+ * owned by this worker slot, which the next storer's (or gather actor's) RESET clears. */
 static void bind_rings(struct sup *s, unsigned w, int gather)
 {
 	char name[KVR_RING_NAME_MAX];
 	for (size_t k = 0; k < sizeof(rebound) / sizeof(rebound[0]); k++) {
 		snprintf(name, sizeof(name), rebound[k].fmt, w);
 		int i = kvr_ctl_find_ring(s->ctl, name);
-		if (i < 0 || kvr_ctl_ring_rebind(s->ctl, (unsigned)i, endpoint(rebound[k].producer, w, gather),
-						  endpoint(rebound[k].consumer, w, gather)))
+		if (i < 0) {
 			kvr_err("ring %s missing from the directory", name);
+			continue;
+		}
+		if (rebound[k].consumer != S_LOOKUP) {
+			struct kvr_msg m;
+			unsigned dropped = 0;
+			while (kvr_ring_try_dequeue(kvr_ctl_ring(s->ctl, (unsigned)i), &m) == 0)
+				dropped++;
+			if (dropped)
+				kvr_info("ring %s: %u stale messages dropped before it changes hands", name, dropped);
+		}
+		(void)kvr_ctl_ring_rebind(s->ctl, (unsigned)i, endpoint(rebound[k].producer, w, gather),
+					  endpoint(rebound[k].consumer, w, gather));
 	}
+}
+
+/* Worker w still references group slot g (detaching, or a member). */
+static bool slot_referenced_by_other(const struct sup *s, unsigned g, const struct sup_dcp_group *gr)
+{
+	for (unsigned v = 0; v < KVR_CTL_MAX_WORKERS; v++) {
+		if (s->worker_group[v] != (int)g)
+			continue;
+		bool member = false;
+		for (unsigned r = 0; r < gr->dcp_size && r < KVR_DCP_MAX; r++)
+			member |= gr->members[r] == (int)v;
+		if (!member)
+			return true;
+	}
+	return false;
 }
 
 void sup_groups_init(struct sup *s)
@@ -88,6 +124,10 @@ int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char
 	int slot = -1;
 	if (!s->exe[KVR_ACTOR_GATHER][0])
 		return kvr_errf(err, errlen, -ENOENT, "DCP rank refused: this instance has no kvring-gather executable");
+	if (g->dcp_size > s->cfg.instance.max_workers)
+		return kvr_errf(err, errlen, -EINVAL,
+				"dcp_size %u > instance.max_workers %u: the DCP group could never be complete", g->dcp_size,
+				s->cfg.instance.max_workers);
 	for (unsigned i = 0; i < n && slot < 0; i++) {
 		struct sup_dcp_group *gr = &s->groups[i];
 		if (!gr->used || gr->index != idx)
@@ -115,7 +155,7 @@ int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char
 			continue;
 		struct sup_dcp_group *gr = &s->groups[i];
 		*gr = (struct sup_dcp_group){.used = true, .tp_size = g->tp_size, .dcp_size = g->dcp_size,
-					     .interleave = g->dcp_interleave, .index = idx};
+					     .interleave = g->dcp_interleave, .index = idx, .owner = -1};
 		for (unsigned r = 0; r < KVR_DCP_MAX; r++)
 			gr->members[r] = -1;
 		slot = (int)i;
@@ -162,17 +202,47 @@ bool sup_group_release(struct sup *s, unsigned w)
 	return true;
 }
 
+/* A gather actor that exited while its group is incomplete is not restarted, so nothing
+ * would RESET what it left WRITING (it may have been killed mid-store): kvringd sends the
+ * RESET on the owner's commit ring itself (its producer, the gather actor, is gone). */
+static void reset_owner(struct sup *s, struct sup_dcp_group *gr)
+{
+	gr->reset_due = false;
+	bool still_member = false;
+	for (unsigned r = 0; r < gr->dcp_size && r < KVR_DCP_MAX; r++)
+		still_member |= gr->members[r] == gr->owner;
+	if (gr->owner < 0 || !still_member)
+		return; /* the owner left: WORKER_GONE reclaimed its slots */
+	char name[KVR_RING_NAME_MAX];
+	snprintf(name, sizeof(name), "commit.req.%d", gr->owner);
+	int i = kvr_ctl_find_ring(s->ctl, name);
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_RESET, 0, (uint64_t)kvr_now_ns() << 8 | 0xff, 0, NULL, 0);
+	if (i < 0 || kvr_ring_try_enqueue(kvr_ctl_ring(s->ctl, (unsigned)i), &m))
+		kvr_warn("DCP group %u: RESET of worker %d's unfinished slots not sent", gr->index, gr->owner);
+}
+
 void sup_groups_update(struct sup *s)
 {
 	if (s->phase != PH_RUN)
 		return;
 	for (unsigned i = 0; i < SUP_N_GATHER(&s->cfg); i++) {
-		const struct sup_dcp_group *gr = &s->groups[i];
+		struct sup_dcp_group *gr = &s->groups[i];
 		struct sup_actor *a = gather_of(s, i);
-		if (gr->used && gr->n_members == gr->dcp_size && atomic_load(&a->ent->state) == KVR_ACTOR_IDLE &&
-		    a->pid <= 0) {
-			kvr_info("DCP group %u complete (%u ranks): starting %s", gr->index, gr->dcp_size, a->ent->name);
-			sup_actor_start(s, a);
+		if (!gr->used || a->pid > 0 || atomic_load(&a->ent->state) != KVR_ACTOR_IDLE)
+			continue;
+		if (gr->n_members != gr->dcp_size) {
+			if (gr->reset_due)
+				reset_owner(s, gr);
+			continue;
 		}
+		/* a rank that left and came back in another slot: start only once the old slot
+		 * was released (its rings back to its own storer), or it would stay DETACHING */
+		if (slot_referenced_by_other(s, i, gr))
+			continue;
+		kvr_info("DCP group %u complete (%u ranks): starting %s", gr->index, gr->dcp_size, a->ent->name);
+		gr->owner = gr->members[0];
+		gr->reset_due = true;
+		sup_actor_start(s, a);
 	}
 }

@@ -325,6 +325,17 @@ static int attach_validate(struct sup *s, struct sup_conn *c, unsigned w, const 
 	GEOM_FIELD(kv_heads, "model.kv_heads per rank");
 	GEOM_FIELD(head_dim, "model.head_dim");
 	GEOM_FIELD(dtype_bytes, "model.dtype_bytes");
+	/* A DCP rank's split of each page into rows and tail decides where its rows land in
+	 * the canonical block: it must be the model's (ranks of a group then agree too). */
+	for (unsigned i = 0; rank_g->dcp_size > 1 && i < g->n_regions && i < want.n_regions; i++)
+		if (g->sem_bytes[i] != want.sem_bytes[i]) {
+			char name[32];
+			kvr_geometry_region_name(g, i, name, sizeof(name));
+			rep_init(s, rep, -EINVAL, "geometry mismatch: region %u (%s) of this DCP rank's group holds %u bytes "
+				 "of token rows per block, the model %u (row width or page tail differ)", i, name,
+				 g->sem_bytes[i], want.sem_bytes[i]);
+			return -EINVAL;
+		}
 	uint64_t lane = kvr_geometry_lane_bytes(g);
 	if (lane != s->lane_bytes) {
 		if (rank_g->dcp_size > 1)

@@ -90,6 +90,9 @@ struct sup_dcp_group {
 	uint32_t index;                 /* tp_rank / dcp_size */
 	int members[KVR_DCP_MAX];       /* worker slot of each DCP rank, -1 while missing */
 	unsigned n_members;
+	int owner;                      /* the worker whose commit rings its gather actor uses */
+	bool reset_due;                 /* its gather actor ran: RESET the owner's slots if it
+					 * exits while the group is incomplete */
 };
 
 struct sup {

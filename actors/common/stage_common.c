@@ -242,10 +242,11 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 		if (sw[r]->chunk_blocks < chunk)
 			chunk = sw[r]->chunk_blocks;
 	}
-	uint32_t head = 0, inflight = 0;
+	uint32_t head = 0, inflight = 0, done = 0;
 	int rc = 0;
-	for (uint32_t done = 0; done < n || inflight;) {
-		if (done < n && inflight < depth && !rc) {
+	for (;;) {
+		/* after an error nothing more is issued; what is in flight is still reaped */
+		if (!rc && done < n && inflight < depth) {
 			uint32_t k = n - done < chunk ? n - done : chunk, at = (head + inflight) % depth;
 			unsigned submitted = 0;
 			for (unsigned r = 0; r < n_ranks && !rc; r++) {
@@ -265,7 +266,6 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 					(void)kvr_xfer_wait(sw[r]->xfer, tickets[at][r], -1, &s);
 					add_stats(&st[r], &s);
 				}
-				n = done; /* stop issuing */
 				continue;
 			}
 			inflight++;
@@ -274,6 +274,8 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 				kvr_actor_count(sw[r]->a, KVR_STAT_XF_CHUNKS, 1);
 			continue;
 		}
+		if (!inflight)
+			break;
 		for (unsigned r = 0; r < n_ranks; r++) {
 			struct kvr_xfer_stats s = {0};
 			int wrc = kvr_xfer_wait(sw[r]->xfer, tickets[head][r], -1, &s);
@@ -283,8 +285,6 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 		}
 		head = (head + 1) % depth;
 		inflight--;
-		if (done >= n && !inflight)
-			break;
 	}
 	return rc;
 }

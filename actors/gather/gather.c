@@ -38,6 +38,8 @@
  * backend memcpy runs, on CUDA each rank's device copies over its own link.
  */
 
+_Static_assert(KVR_DCP_MAX <= KVR_ACTOR_MAX_KV, "a DCP group fits the actor's KV table");
+
 #define GATHER_QUEUE 64                  /* stores one rank may be ahead of the slowest */
 #define GATHER_TICK_NS (50ull * 1000000ull) /* how often waiting stores are checked for expiry */
 
@@ -149,9 +151,22 @@ static void store_arrived(struct kvr_actor *a, struct gather *g, unsigned r)
 	match(a, g);
 }
 
+/* Whether some rank's store is on its way (messages unread, or a list half assembled): a
+ * waiting request is not expired then, its partner may be in there. */
+static bool store_arriving(const struct gather *g)
+{
+	for (unsigned r = 0; r < g->d; r++)
+		if (kvr_ring_count(g->r[r].st.req) ||
+		    (g->r[r].store_asm.got && g->r[r].store_asm.got < g->r[r].store_asm.total))
+			return true;
+	return false;
+}
+
 static void gather_tick(struct kvr_actor *a, uint64_t now)
 {
 	struct gather *g = a->data;
+	if (store_arriving(g))
+		return;
 	for (unsigned r = 0; r < g->d; r++) {
 		struct rank *rk = &g->r[r];
 		for (unsigned i = 0; i < rk->n;) {
@@ -222,8 +237,11 @@ static void gather_fini(struct kvr_actor *a)
 		return;
 	for (unsigned r = 0; r < g->d; r++) {
 		struct rank *rk = &g->r[r];
-		while (rk->n)
-			pend_remove(rk, rk->n - 1);
+		while (rk->n) {
+			/* stopping (drain timed out, or a rank left): answered, not dropped */
+			stage_store_fail(&g->ss, &rk->st, &rk->q[0].rq, -ESHUTDOWN);
+			pend_remove(rk, 0);
+		}
 		stage_worker_close(&rk->st);
 		kvr_list_asm_free(&rk->store_asm);
 	}

@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
@@ -19,6 +20,8 @@
 #include "../../supervisor/sup.h"
 #include "kvr_dcp.h"
 #include "kvr_geometry.h"
+#include "kvr_list.h"
+#include "kvr_keys.h"
 #include "kvr_proto.h"
 #include "kvr_slots.h"
 
@@ -1001,4 +1004,127 @@ Test(dcp_kvringd, gqa_lanes_and_quorum, .fini = granks_close)
 				gcheck(&granks[i], &gqa, seed + i / 2, b, dst[i][b]);
 		}
 	}
+}
+
+/* Review finding: a rank that leaves and comes back in another worker slot while its old
+ * slot's loader is still stopping. The group's gather actor must not start before the old
+ * slot was released (else that slot stays DETACHING for as long as the group runs, its KV
+ * memory held); it starts once the old loader exited, and the group stores again. */
+Test(dcp_kvringd, quick_rejoin_frees_the_old_slot, .fini = granks_close)
+{
+	uint32_t tokens[G_PROMPT * G_BLOCK];
+	const uint32_t src[G_PROMPT] = {1, 2, 3};
+	uint64_t seed = gsetup("dcp_kvringd::quick_rejoin_frees_the_old_slot", 10000, 2, 1, tokens, src);
+	unsigned w1 = kvr_worker_slot(granks[1].c);
+	struct kvr_actor_ent *ge = kvr_ctl_actor(inst.ctl, gather_of_rank(&granks[0]));
+	struct kvr_actor_ent *le = kvr_ctl_actor(inst.ctl, SUP_ACTOR_LOADER(w1));
+	pid_t lpid = atomic_load(&le->pid);
+	cr_assert_gt(lpid, 0);
+	cr_assert_eq(kill(lpid, SIGSTOP), 0); /* a loader slow to stop */
+	grank_close(&granks[1]);
+	cr_assert(H_WAIT(atomic_load(&ge->state) == KVR_ACTOR_IDLE && atomic_load(&ge->pid) == 0, 5000));
+
+	struct grank *r = &granks[1];
+	memset(r, 0, sizeof(*r));
+	grank_geometry(r, &odd_rows, 1, 2, 1);
+	r->bytes = kvr_geometry_kv_extent(&r->g);
+	r->fd = memfd_create("dcp-gather-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	cr_assert(r->fd >= 0);
+	cr_assert_eq(ftruncate(r->fd, (off_t)r->bytes), 0);
+	r->kv = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+	cr_assert(r->kv != MAP_FAILED);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, attach_thread, r), 0);
+	usleep(300 * 1000);
+	cr_assert_eq(atomic_load(&ge->state), KVR_ACTOR_IDLE, "gather actor started while the old slot is held");
+	cr_assert_eq(kill(lpid, SIGCONT), 0);
+	pthread_join(t, NULL);
+	cr_assert_eq(r->rc, 0, "%s", r->err);
+	cr_assert_neq(kvr_worker_slot(r->c), w1);
+	cr_assert(H_WAIT(atomic_load(&kvr_ctl_worker(inst.ctl, w1)->state) == KVR_WORKER_FREE, 5000),
+		  "worker slot %u of the departed rank is in state %u", w1, atomic_load(&kvr_ctl_worker(inst.ctl, w1)->state));
+	cr_assert_eq(atomic_load(&ge->state), KVR_ACTOR_READY);
+	for (unsigned b = 0; b < G_PROMPT; b++)
+		gfill(r, &odd_rows, seed, b, src[b]);
+	for (unsigned i = 0; i < 2; i++)
+		cr_assert_eq(kvr_store(granks[i].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	for (unsigned i = 0; i < 2; i++)
+		cr_assert_eq(gwait(&granks[i], 1, KVR_OP_STORE_DONE).n_stored, G_PROMPT);
+}
+
+/* Review finding: a STORE left on a DCP rank's store ring (addressed to the gather actor)
+ * must not be executed by the storer that serves the slot next (each counts its own
+ * generations): kvringd drops what is on the ring when it changes hands. */
+Test(dcp_kvringd, stale_store_does_not_cross_actors, .fini = granks_close)
+{
+	gconfig(&odd_rows, 10000);
+	h_start(&inst);
+	uint32_t tokens[G_PROMPT * G_BLOCK];
+	(void)gprompt("dcp_kvringd::stale_store_does_not_cross_actors", tokens, G_PROMPT * G_BLOCK);
+	granks_open(&odd_rows, 2, 1);
+	unsigned w1 = kvr_worker_slot(granks[1].c);
+	unsigned ga = gather_of_rank(&granks[1]);
+	uint32_t ggen = atomic_load(&kvr_ctl_actor(inst.ctl, ga)->generation);
+	kvr_key ns;
+	cr_assert_eq(kvr_geometry_namespace(&granks[1].g, "test/mla-561", "", &ns), 0);
+	grank_close(&granks[0]); /* the gather actor stops */
+	cr_assert(H_WAIT(atomic_load(&kvr_ctl_actor(inst.ctl, ga)->state) == KVR_ACTOR_IDLE, 5000));
+	/* a STORE rank 1's client had just sent to the (now stopped) gather actor */
+	kvr_key keys[G_PROMPT];
+	cr_assert_eq(kvr_keys_chain(ns, tokens, G_PROMPT * G_BLOCK, G_BLOCK, NULL, 0, keys, G_PROMPT), G_PROMPT);
+	struct kvr_msg_store_item items[G_PROMPT];
+	for (unsigned b = 0; b < G_PROMPT; b++)
+		items[b] = (struct kvr_msg_store_item){.key = {keys[b].lo, keys[b].hi}, .block = b};
+	/* a writable view of the control segment, from kvringd's own descriptor */
+	int cfd = -1;
+	char lnk[256], tgt[256];
+	for (int fdn = 0; fdn < 256 && cfd < 0; fdn++) {
+		snprintf(lnk, sizeof(lnk), "/proc/%d/fd/%d", (int)inst.pid, fdn);
+		ssize_t n = readlink(lnk, tgt, sizeof(tgt) - 1);
+		if (n > 0) {
+			tgt[n] = 0;
+			if (strstr(tgt, "kvring-ctl"))
+				cfd = open(lnk, O_RDWR);
+		}
+	}
+	cr_assert_geq(cfd, 0);
+	struct kvr_segment wseg;
+	struct kvr_ctl *wctl;
+	cr_assert_eq(kvr_segment_map(cfd, KVR_SEG_CTL, 1, &wseg), 0);
+	close(cfd);
+	cr_assert_eq(kvr_ctl_attach(&wseg, &wctl), 0);
+	char name[KVR_RING_NAME_MAX];
+	snprintf(name, sizeof(name), "store.req.%u", w1);
+	struct kvr_ring *ring = kvr_ctl_ring(wctl, (unsigned)kvr_ctl_find_ring(wctl, name));
+	uint64_t wire = ((uint64_t)(ggen & 0xffff) << 48) | 77;
+	cr_assert_eq(kvr_list_send(ring, KVR_MSG_STORE, wire, 0, items, G_PROMPT, 0), 0);
+	granks_detach_all();
+	cr_assert_eq(kvr_ring_count(ring), 0, "%s still holds the stale STORE", name);
+	kvr_segment_close(&wseg);
+	cr_assert(h_log_contains(&inst, "stale messages dropped before it changes hands"));
+	/* the next engine: TP 4 without DCP, a storer per rank: nothing was stored */
+	granks_open(&odd_rows, 1, 1);
+	usleep(200 * 1000);
+	cr_assert_eq(glookup_blocks(&granks[0], tokens, G_PROMPT * G_BLOCK, 9), 0,
+		     "a prompt nobody stored is a hit; log:\n%s", h_read_file(inst.log));
+}
+
+/* Review finding: ranks of one group that split a page into rows and tail differently
+ * (here rows of 560 and an 8-byte tail against the model's 561-byte rows) would write
+ * misaligned rows into one canonical block: refused at attach, naming the numbers. */
+Test(dcp_kvringd, rank_row_split_must_be_the_models)
+{
+	gconfig(&odd_rows, 10000);
+	h_start(&inst);
+	struct grank tmp;
+	grank_geometry(&tmp, &odd_rows, 0, 2, 1);
+	struct kvr_geometry g = tmp.g;
+	for (unsigned l = 0; l < g.n_regions; l++) {
+		struct kvr_region reg = kvr_geometry_region(&g, l);
+		reg.sem_bytes = 8 * 560; /* the page stays 8 x 561 bytes: the rest would be "tail" */
+		cr_assert_eq(kvr_geometry_set_region(&g, l, &reg), 0);
+	}
+	expect_refused(&g, kvr_geometry_kv_extent(&g), -EINVAL,
+		       "geometry mismatch: region 0 (layer 0) of this DCP rank's group holds 8960 bytes of token rows "
+		       "per block, the model 8976 (row width or page tail differ)");
 }
