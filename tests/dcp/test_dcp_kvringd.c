@@ -313,6 +313,21 @@ static void grank_geometry(struct grank *r, const struct glayout *lay, unsigned 
 	}
 }
 
+/* Rank tp_rank's geometry under (D, I) and its KV memory (a memfd, every byte the 0xa5
+ * canary: no load may touch a block it was not given); not attached yet. */
+static void grank_prepare(struct grank *r, const struct glayout *lay, unsigned tp_rank, unsigned d, unsigned il)
+{
+	memset(r, 0, sizeof(*r));
+	grank_geometry(r, lay, tp_rank, d, il);
+	r->bytes = kvr_geometry_kv_extent(&r->g);
+	r->fd = memfd_create("dcp-gather-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	cr_assert(r->fd >= 0);
+	cr_assert_eq(ftruncate(r->fd, (off_t)r->bytes), 0);
+	r->kv = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+	cr_assert(r->kv != MAP_FAILED);
+	memset(r->kv, 0xa5, r->bytes);
+}
+
 static void *attach_thread(void *arg)
 {
 	struct grank *r = arg;
@@ -330,17 +345,8 @@ static void granks_open(const struct glayout *lay, unsigned d, unsigned il)
 {
 	pthread_t t[G_TP];
 	for (unsigned i = 0; i < G_TP; i++) {
-		struct grank *r = &granks[i];
-		memset(r, 0, sizeof(*r));
-		grank_geometry(r, lay, i, d, il);
-		r->bytes = kvr_geometry_kv_extent(&r->g);
-		r->fd = memfd_create("dcp-gather-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-		cr_assert(r->fd >= 0);
-		cr_assert_eq(ftruncate(r->fd, (off_t)r->bytes), 0);
-		r->kv = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
-		cr_assert(r->kv != MAP_FAILED);
-		memset(r->kv, 0xa5, r->bytes); /* canary */
-		cr_assert_eq(pthread_create(&t[i], NULL, attach_thread, r), 0);
+		grank_prepare(&granks[i], lay, i, d, il);
+		cr_assert_eq(pthread_create(&t[i], NULL, attach_thread, &granks[i]), 0);
 	}
 	for (unsigned i = 0; i < G_TP; i++)
 		pthread_join(t[i], NULL);
@@ -772,14 +778,7 @@ Test(dcp_kvringd, gather_restarts_and_group_reforms, .fini = granks_close)
 
 	/* rank 1 is back (new KV memory): the group is served again */
 	struct grank *r1 = &granks[1];
-	memset(r1, 0, sizeof(*r1));
-	grank_geometry(r1, &odd_rows, 1, 2, 1);
-	r1->bytes = kvr_geometry_kv_extent(&r1->g);
-	r1->fd = memfd_create("dcp-gather-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	cr_assert(r1->fd >= 0);
-	cr_assert_eq(ftruncate(r1->fd, (off_t)r1->bytes), 0);
-	r1->kv = mmap(NULL, r1->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r1->fd, 0);
-	cr_assert(r1->kv != MAP_FAILED);
+	grank_prepare(r1, &odd_rows, 1, 2, 1);
 	attach_thread(r1);
 	cr_assert_eq(r1->rc, 0, "%s", r1->err);
 	cr_assert_eq(gather_of_rank(r1), ga);
@@ -1025,14 +1024,7 @@ Test(dcp_kvringd, quick_rejoin_frees_the_old_slot, .fini = granks_close)
 	cr_assert(H_WAIT(atomic_load(&ge->state) == KVR_ACTOR_IDLE && atomic_load(&ge->pid) == 0, 5000));
 
 	struct grank *r = &granks[1];
-	memset(r, 0, sizeof(*r));
-	grank_geometry(r, &odd_rows, 1, 2, 1);
-	r->bytes = kvr_geometry_kv_extent(&r->g);
-	r->fd = memfd_create("dcp-gather-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	cr_assert(r->fd >= 0);
-	cr_assert_eq(ftruncate(r->fd, (off_t)r->bytes), 0);
-	r->kv = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
-	cr_assert(r->kv != MAP_FAILED);
+	grank_prepare(r, &odd_rows, 1, 2, 1);
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, attach_thread, r), 0);
 	usleep(300 * 1000);
