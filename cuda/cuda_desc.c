@@ -11,19 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define PAGE 4096ull
+#include "kvr_log.h"
 
-static int why(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int why(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return rc;
-}
+#define PAGE 4096ull
 
 static uint64_t round_up(uint64_t v, uint64_t a)
 {
@@ -43,31 +33,31 @@ static int all_zero(const void *p, size_t n)
 static int header_check(const struct kvr_cuda_desc *d, uint64_t fd_bytes, char *err, size_t errlen)
 {
 	if (d->magic != KVR_CUDA_DESC_MAGIC)
-		return why(err, errlen, -EBADMSG, "magic %#x, want %#x", d->magic, KVR_CUDA_DESC_MAGIC);
+		return kvr_errf(err, errlen, -EBADMSG, "magic %#x, want %#x", d->magic, KVR_CUDA_DESC_MAGIC);
 	if (d->version != KVR_CUDA_DESC_VERSION)
-		return why(err, errlen, -EBADMSG, "version %u, want %u", d->version, KVR_CUDA_DESC_VERSION);
+		return kvr_errf(err, errlen, -EBADMSG, "version %u, want %u", d->version, KVR_CUDA_DESC_VERSION);
 	if (d->n_ranges == 0 || d->n_ranges > KVR_CUDA_MAX_RANGES)
-		return why(err, errlen, -EBADMSG, "n_ranges %u: must be 1..%u", d->n_ranges, KVR_CUDA_MAX_RANGES);
+		return kvr_errf(err, errlen, -EBADMSG, "n_ranges %u: must be 1..%u", d->n_ranges, KVR_CUDA_MAX_RANGES);
 	if (d->n_events > KVR_CUDA_MAX_EVENTS || (d->n_events & (d->n_events - 1)))
-		return why(err, errlen, -EBADMSG, "n_events %u: must be 0 or a power of two <= %u", d->n_events,
+		return kvr_errf(err, errlen, -EBADMSG, "n_events %u: must be 0 or a power of two <= %u", d->n_events,
 			   KVR_CUDA_MAX_EVENTS);
 	if (!all_zero(d->reserved, sizeof(d->reserved)))
-		return why(err, errlen, -EBADMSG, "reserved header bytes are not zero");
+		return kvr_errf(err, errlen, -EBADMSG, "reserved header bytes are not zero");
 	if (d->kv_bytes == 0)
-		return why(err, errlen, -EBADMSG, "kv_bytes is 0");
+		return kvr_errf(err, errlen, -EBADMSG, "kv_bytes is 0");
 	if (d->ranges_off != sizeof(*d))
-		return why(err, errlen, -EBADMSG, "ranges_off %llu, want %zu", (unsigned long long)d->ranges_off,
+		return kvr_errf(err, errlen, -EBADMSG, "ranges_off %llu, want %zu", (unsigned long long)d->ranges_off,
 			   sizeof(*d));
 	uint64_t ranges_end = d->ranges_off + (uint64_t)d->n_ranges * sizeof(struct kvr_cuda_range);
 	if (d->events_off < ranges_end || d->events_off % 64 || d->events_off > (1ull << 40))
-		return why(err, errlen, -EBADMSG, "events_off %llu: must be a multiple of 64 at or after %llu",
+		return kvr_errf(err, errlen, -EBADMSG, "events_off %llu: must be a multiple of 64 at or after %llu",
 			   (unsigned long long)d->events_off, (unsigned long long)ranges_end);
 	uint64_t events_end = d->events_off + (uint64_t)d->n_events * sizeof(struct kvr_cuda_event);
 	if (d->desc_bytes < events_end || d->desc_bytes % PAGE || d->desc_bytes > (1ull << 40))
-		return why(err, errlen, -EBADMSG, "desc_bytes %llu: must be a multiple of 4096 at or after %llu",
+		return kvr_errf(err, errlen, -EBADMSG, "desc_bytes %llu: must be a multiple of 4096 at or after %llu",
 			   (unsigned long long)d->desc_bytes, (unsigned long long)events_end);
 	if (fd_bytes && (d->kv_bytes > fd_bytes || d->desc_bytes > fd_bytes))
-		return why(err, errlen, -EBADMSG, "kv_bytes %llu / desc_bytes %llu exceed the fd's %llu bytes",
+		return kvr_errf(err, errlen, -EBADMSG, "kv_bytes %llu / desc_bytes %llu exceed the fd's %llu bytes",
 			   (unsigned long long)d->kv_bytes, (unsigned long long)d->desc_bytes,
 			   (unsigned long long)fd_bytes);
 	return 0;
@@ -79,17 +69,17 @@ static int ranges_check(const struct kvr_cuda_range *r, uint32_t n, uint64_t kv_
 	for (uint32_t i = 0; i < n; i++) {
 		uint64_t end, aend;
 		if (r[i].bytes == 0)
-			return why(err, errlen, -EBADMSG, "range %u: 0 bytes", i);
+			return kvr_errf(err, errlen, -EBADMSG, "range %u: 0 bytes", i);
 		if (r[i].reserved)
-			return why(err, errlen, -EBADMSG, "range %u: reserved field not zero", i);
+			return kvr_errf(err, errlen, -EBADMSG, "range %u: reserved field not zero", i);
 		if (__builtin_add_overflow(r[i].kv_offset, r[i].bytes, &end) || end > kv_bytes)
-			return why(err, errlen, -EBADMSG, "range %u: [%llu, +%llu) beyond the %llu KV bytes", i,
+			return kvr_errf(err, errlen, -EBADMSG, "range %u: [%llu, +%llu) beyond the %llu KV bytes", i,
 				   (unsigned long long)r[i].kv_offset, (unsigned long long)r[i].bytes,
 				   (unsigned long long)kv_bytes);
 		if (__builtin_add_overflow(r[i].alloc_offset, r[i].bytes, &aend))
-			return why(err, errlen, -EBADMSG, "range %u: alloc_offset + bytes overflows", i);
+			return kvr_errf(err, errlen, -EBADMSG, "range %u: alloc_offset + bytes overflows", i);
 		if (i > 0 && r[i].kv_offset < prev_end)
-			return why(err, errlen, -EBADMSG,
+			return kvr_errf(err, errlen, -EBADMSG,
 				   "range %u: kv_offset %llu overlaps or precedes range %u (ends %llu)", i,
 				   (unsigned long long)r[i].kv_offset, i - 1, (unsigned long long)prev_end);
 		prev_end = end;
@@ -102,7 +92,7 @@ int kvr_cuda_desc_check(const void *blob, size_t len, uint64_t fd_bytes, char *e
 	struct kvr_cuda_desc d;
 
 	if (!blob || len < sizeof(d))
-		return why(err, errlen, -EBADMSG, "descriptor of %zu bytes: shorter than its %zu-byte header", len,
+		return kvr_errf(err, errlen, -EBADMSG, "descriptor of %zu bytes: shorter than its %zu-byte header", len,
 			   sizeof(d));
 	memcpy(&d, blob, sizeof(d));
 	int rc = header_check(&d, fd_bytes, err, errlen);
@@ -110,7 +100,7 @@ int kvr_cuda_desc_check(const void *blob, size_t len, uint64_t fd_bytes, char *e
 		return rc;
 	uint64_t need = d.ranges_off + (uint64_t)d.n_ranges * sizeof(struct kvr_cuda_range);
 	if (len < need)
-		return why(err, errlen, -EBADMSG, "descriptor of %zu bytes: its %u ranges need %llu", len, d.n_ranges,
+		return kvr_errf(err, errlen, -EBADMSG, "descriptor of %zu bytes: its %u ranges need %llu", len, d.n_ranges,
 			   (unsigned long long)need);
 	/* The blob is malloc'd or mapped: ranges at offset 96 are 8-byte aligned. */
 	return ranges_check((const struct kvr_cuda_range *)((const uint8_t *)blob + d.ranges_off), d.n_ranges,
@@ -162,20 +152,20 @@ int kvr_cuda_desc_read(int fd, void **ret_blob, size_t *ret_len, char *err, size
 	int rc = probe(fd, &d, &fd_bytes);
 
 	if (rc == -ENOMSG)
-		return why(err, errlen, rc, "not a CUDA KV descriptor");
+		return kvr_errf(err, errlen, rc, "not a CUDA KV descriptor");
 	if (rc)
-		return why(err, errlen, rc, "reading the KV descriptor: %s", strerror(-rc));
+		return kvr_errf(err, errlen, rc, "reading the KV descriptor: %s", strerror(-rc));
 	rc = header_check(&d, fd_bytes, err, errlen);
 	if (rc)
 		return rc;
 	size_t len = (size_t)(d.ranges_off + (uint64_t)d.n_ranges * sizeof(struct kvr_cuda_range));
 	void *blob = malloc(len);
 	if (!blob)
-		return why(err, errlen, -ENOMEM, "out of memory");
+		return kvr_errf(err, errlen, -ENOMEM, "out of memory");
 	rc = pread_all(fd, blob, len, 0);
 	if (rc) {
 		free(blob);
-		return why(err, errlen, rc == -ENODATA ? -EBADMSG : rc, "reading the KV descriptor's ranges: %s",
+		return kvr_errf(err, errlen, rc == -ENODATA ? -EBADMSG : rc, "reading the KV descriptor's ranges: %s",
 			   strerror(rc == -ENODATA ? EBADMSG : -rc));
 	}
 	/* Checked on our copy: the header read first is not trusted twice. */
@@ -207,9 +197,9 @@ int kvr_cuda_desc_create(const struct kvr_cuda_range *ranges, uint32_t n, uint64
 	int rc;
 
 	if (!ranges || !device_uuid || !ret)
-		return why(err, errlen, -EINVAL, "NULL argument");
+		return kvr_errf(err, errlen, -EINVAL, "NULL argument");
 	if (n == 0 || n > KVR_CUDA_MAX_RANGES)
-		return why(err, errlen, -EINVAL, "%u ranges: must be 1..%u", n, KVR_CUDA_MAX_RANGES);
+		return kvr_errf(err, errlen, -EINVAL, "%u ranges: must be 1..%u", n, KVR_CUDA_MAX_RANGES);
 	memcpy(d.device_uuid, device_uuid, sizeof(d.device_uuid));
 	d.events_off = round_up(d.ranges_off + (uint64_t)n * sizeof(*ranges), 64);
 	d.desc_bytes = round_up(d.events_off + (uint64_t)n_events * sizeof(struct kvr_cuda_event), PAGE);
@@ -219,16 +209,16 @@ int kvr_cuda_desc_create(const struct kvr_cuda_range *ranges, uint32_t n, uint64
 	uint64_t fd_bytes = kv_bytes > d.desc_bytes ? kv_bytes : d.desc_bytes;
 	int fd = memfd_create("kvring-cuda-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
-		return why(err, errlen, -errno, "memfd_create: %s", strerror(errno));
+		return kvr_errf(err, errlen, -errno, "memfd_create: %s", strerror(errno));
 	void *map = MAP_FAILED;
 	if (ftruncate(fd, (off_t)fd_bytes) < 0) {
-		rc = why(err, errlen, -errno, "ftruncate to %llu bytes: %s", (unsigned long long)fd_bytes,
+		rc = kvr_errf(err, errlen, -errno, "ftruncate to %llu bytes: %s", (unsigned long long)fd_bytes,
 			 strerror(errno));
 		goto fail;
 	}
 	map = mmap(NULL, (size_t)d.desc_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED) {
-		rc = why(err, errlen, -errno, "mmap: %s", strerror(errno));
+		rc = kvr_errf(err, errlen, -errno, "mmap: %s", strerror(errno));
 		goto fail;
 	}
 	memcpy(map, &d, sizeof(d));
@@ -236,7 +226,7 @@ int kvr_cuda_desc_create(const struct kvr_cuda_range *ranges, uint32_t n, uint64
 	/* The mapping above stays writable (the event table); no new writable mapping, no
 	 * write(), no resize from here on. */
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0) {
-		rc = why(err, errlen, -errno, "sealing the descriptor: %s", strerror(errno));
+		rc = kvr_errf(err, errlen, -errno, "sealing the descriptor: %s", strerror(errno));
 		goto fail;
 	}
 	*ret = (struct kvr_cuda_export){

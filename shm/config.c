@@ -1,5 +1,6 @@
 /* config: kvringd's JSON configuration; one key table drives the strict parser, defaults, effective JSON, docs. */
 #include "kvr_config.h"
+#include "kvr_log.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -207,19 +208,7 @@ static const char *const checks_doc[] = {
 
 /* --- errors -------------------------------------------------------------------------------------------------- */
 
-static int __attribute__((format(printf, 4, 5))) fail(int r, char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen > 0) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return r;
-}
-
-#define FAIL(...) fail(-EINVAL, err, errlen, __VA_ARGS__)
+#define FAIL(...) kvr_errf(err, errlen, -EINVAL, __VA_ARGS__)
 
 /* A JSON-supplied name or value made printable for a one-line message (and cut at 64 bytes). */
 static const char *clean(const char *s, char *buf, size_t n)
@@ -898,12 +887,12 @@ int kvr_config_load_file(const char *path, struct kvr_config *cfg, char *err, si
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		r = -errno;
-		return fail(r, err, errlen, "config %s: %s", path, strerror_r(-r, ebuf, sizeof(ebuf)));
+		return kvr_errf(err, errlen, r, "config %s: %s", path, strerror_r(-r, ebuf, sizeof(ebuf)));
 	}
 	text = malloc(CONFIG_FILE_MAX + 2);
 	if (!text) {
 		close(fd);
-		return fail(-ENOMEM, err, errlen, "config %s: out of memory", path);
+		return kvr_errf(err, errlen, -ENOMEM, "config %s: out of memory", path);
 	}
 	/* Read one byte past the cap to tell "exactly 1 MiB" from "larger". */
 	while (n <= CONFIG_FILE_MAX) {
@@ -912,7 +901,7 @@ int kvr_config_load_file(const char *path, struct kvr_config *cfg, char *err, si
 			continue;
 		if (got < 0) {
 			r = -errno;
-			fail(r, err, errlen, "config %s: %s", path, strerror_r(-r, ebuf, sizeof(ebuf)));
+			kvr_errf(err, errlen, r, "config %s: %s", path, strerror_r(-r, ebuf, sizeof(ebuf)));
 			goto out;
 		}
 		if (got == 0)
@@ -920,7 +909,7 @@ int kvr_config_load_file(const char *path, struct kvr_config *cfg, char *err, si
 		n += (size_t)got;
 	}
 	if (n > CONFIG_FILE_MAX) {
-		r = fail(-EFBIG, err, errlen, "config %s: larger than 1 MiB", path);
+		r = kvr_errf(err, errlen, -EFBIG, "config %s: larger than 1 MiB", path);
 		goto out;
 	}
 	if (memchr(text, '\0', n)) {

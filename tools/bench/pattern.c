@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "bench.h"
+#include "kvr_log.h"
 #include "kvr_dcp.h"
 
 #define GOLDEN 0x9e3779b97f4a7c15ull
@@ -15,18 +16,6 @@
 #define CHAIN_SEED 0x6b7672696e672d62ull  /* "kvring-b" */
 #define PREFIX_TAG 0x7072656669780000ull  /* "prefix" */
 #define TAIL_TAG 0x7461696c00000000ull    /* "tail" */
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return -EINVAL;
-}
 
 /* splitmix64's output function. */
 static inline uint64_t mix64(uint64_t z)
@@ -49,23 +38,23 @@ static int layout_make(const struct bench_opts *o, const struct bench_plan *pl, 
 	struct kvr_geometry g;
 	int rc = bench_rank_geometry(o, pl, 0, dcp, il, &g);
 	if (rc)
-		return fail(err, errlen, "--model %s with --tp %u --dcp %u --block-tokens %u: no geometry (%s; the TP "
+		return kvr_errf(err, errlen, -EINVAL, "--model %s with --tp %u --dcp %u --block-tokens %u: no geometry (%s; the TP "
 			    "size of a lane, tp / dcp, must divide the %u KV heads or be a multiple of them)", o->model, o->tp,
 			    dcp, o->block_tokens, strerror(-rc), pl->preset->kv_heads_total);
 	char why[KVR_GEOM_ERR_MAX];
 	if (kvr_geometry_validate(&g, kvr_geometry_kv_extent(&g), why, sizeof(why)))
-		return fail(err, errlen, "--model %s, dcp %u, interleave %u: invalid geometry: %s", o->model, dcp, il, why);
+		return kvr_errf(err, errlen, -EINVAL, "--model %s, dcp %u, interleave %u: invalid geometry: %s", o->model, dcp, il, why);
 	size_t cap = kvr_dcp_lane_max_runs(&g);
 	struct kvr_dcp_run *runs = calloc(cap ? cap : 1, sizeof(*runs));
 	if (!runs)
-		return fail(err, errlen, "out of memory");
+		return kvr_errf(err, errlen, -EINVAL, "out of memory");
 	int n = kvr_dcp_lane_runs(&g, 0, 0, runs, cap, why, sizeof(why));
 	uint64_t longest = 0;
 	for (int k = 0; k < n; k++)
 		longest = runs[k].len > longest ? runs[k].len : longest;
 	free(runs);
 	if (n <= 0)
-		return fail(err, errlen, "--model %s, dcp %u, interleave %u: no copy runs: %s", o->model, dcp, il,
+		return kvr_errf(err, errlen, -EINVAL, "--model %s, dcp %u, interleave %u: no copy runs: %s", o->model, dcp, il,
 			    n ? why : "none");
 	*ret = (struct bench_layout){.dcp = dcp, .interleave = il, .groups = o->tp / dcp,
 				     .rank_bytes = kvr_geometry_lane_bytes(&g), .kv_bytes = kvr_geometry_kv_extent(&g),
@@ -78,28 +67,28 @@ int bench_plan_make(const struct bench_opts *o, struct bench_plan *ret, char *er
 {
 	struct bench_plan pl = {0};
 	if (o->evict && !o->spawn)
-		return fail(err, errlen, "--evict needs --spawn: it sizes L1 small and gives kvringd an L2 directory");
+		return kvr_errf(err, errlen, -EINVAL, "--evict needs --spawn: it sizes L1 small and gives kvringd an L2 directory");
 	pl.preset = kvr_preset_find(o->model);
 	if (!pl.preset)
-		return fail(err, errlen, "--model: unknown preset \"%s\" (known: %s)", o->model, kvr_preset_list());
+		return kvr_errf(err, errlen, -EINVAL, "--model: unknown preset \"%s\" (known: %s)", o->model, kvr_preset_list());
 	if (o->input_len < o->block_tokens)
-		return fail(err, errlen, "--input-len %u is shorter than one block (%u tokens): nothing to store",
+		return kvr_errf(err, errlen, -EINVAL, "--input-len %u is shorter than one block (%u tokens): nothing to store",
 			    o->input_len, o->block_tokens);
 	if (o->prefix_len > o->input_len)
-		return fail(err, errlen, "--prefix-len %u is longer than --input-len %u", o->prefix_len, o->input_len);
+		return kvr_errf(err, errlen, -EINVAL, "--prefix-len %u is longer than --input-len %u", o->prefix_len, o->input_len);
 	pl.full_blocks = o->input_len / o->block_tokens;
 	pl.blocks_per_prompt = (o->input_len + o->block_tokens - 1) / o->block_tokens;
 	uint64_t inflight = o->concurrency < o->prompts ? o->concurrency : o->prompts;
 	uint64_t nb = inflight * pl.blocks_per_prompt;
 	if (nb > UINT32_MAX)
-		return fail(err, errlen, "%llu engine blocks per rank: too many (lower --concurrency or --input-len)",
+		return kvr_errf(err, errlen, -EINVAL, "%llu engine blocks per rank: too many (lower --concurrency or --input-len)",
 			    (unsigned long long)nb);
 	pl.num_blocks = (uint32_t)nb;
 	pl.prefix_blocks = o->prefix_len / o->block_tokens;
 
 	uint32_t ld_dcp = bench_load_dcp(o), ld_il = bench_load_interleave(o);
 	if (o->dcp == 0 || o->tp % o->dcp || ld_dcp == 0 || o->tp % ld_dcp)
-		return fail(err, errlen, "--dcp %u / --load-dcp %u must divide --tp %u", o->dcp, ld_dcp, o->tp);
+		return kvr_errf(err, errlen, -EINVAL, "--dcp %u / --load-dcp %u must divide --tp %u", o->dcp, ld_dcp, o->tp);
 	bool mla = pl.preset->attention == KVR_ATTN_MLA;
 	struct kvr_geometry g, gl;
 	int rc = layout_make(o, &pl, o->dcp, o->interleave, &pl.st, &g, err, errlen);
@@ -109,11 +98,11 @@ int bench_plan_make(const struct bench_opts *o, struct bench_plan *ret, char *er
 		return rc;
 	bool cross = ld_dcp != o->dcp || (ld_dcp > 1 && ld_il != o->interleave);
 	if (cross && !mla && ld_dcp != o->dcp)
-		return fail(err, errlen, "--load-dcp %u with --dcp %u: %s is MHA/GQA, whose lanes are tp / dcp (%u, %u): "
+		return kvr_errf(err, errlen, -EINVAL, "--load-dcp %u with --dcp %u: %s is MHA/GQA, whose lanes are tp / dcp (%u, %u): "
 			    "one instance serves one of them", ld_dcp, o->dcp, o->model, o->tp / o->dcp, o->tp / ld_dcp);
 	bool tail = kvr_geometry_has_tail(&g);
 	if (cross && !kvr_dcp_layout_compatible(tail, o->dcp, o->interleave, ld_dcp, ld_il))
-		return fail(err, errlen, "--load-dcp %u --load-interleave %u: %s has page tails, whose blocks load only "
+		return kvr_errf(err, errlen, -EINVAL, "--load-dcp %u --load-interleave %u: %s has page tails, whose blocks load only "
 			    "under the layout that stored them (dcp %u, interleave %u)", ld_dcp, ld_il, o->model, o->dcp,
 			    o->interleave);
 	pl.storing_groups = mla ? 1 : pl.st.groups;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "kvr_log.h"
 
 #define GNUPLOT_TIMEOUT_MS 60000
 #define PNG_WIDTH 1400
@@ -273,18 +274,6 @@ int bench_which(const char *name, const char *path_env, char *ret, size_t len)
 	return -ENOENT;
 }
 
-static int errf(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int errf(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-	if (errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return rc;
-}
-
 /* -errno, but never -ENOENT: that one means "gnuplot is not installed". */
 static int neg_errno(void)
 {
@@ -382,18 +371,18 @@ int bench_plot(struct bench_plot_input *in, const char *png_path, char *err, siz
 		err[0] = '\0';
 	rc = bench_which("gnuplot", getenv("PATH"), gnuplot, sizeof(gnuplot));
 	if (rc)
-		return errf(err, errlen, rc, "%s", rc == -ENOENT ? "gnuplot not found" : "gnuplot: path too long");
+		return kvr_errf(err, errlen, rc, "%s", rc == -ENOENT ? "gnuplot not found" : "gnuplot: path too long");
 
 	snprintf(data, sizeof(data), "/tmp/kvring-bench-plot.%d.XXXXXX", (int)getpid());
 	data_fd = mkostemp(data, O_CLOEXEC);
 	if (data_fd < 0) {
-		rc = errf(err, errlen, neg_errno(), "temp data file: %s", strerror(errno));
+		rc = kvr_errf(err, errlen, neg_errno(), "temp data file: %s", strerror(errno));
 		data[0] = '\0';
 		goto out;
 	}
 	f = fdopen(data_fd, "w");
 	if (!f) {
-		rc = errf(err, errlen, neg_errno(), "temp data file: %s", strerror(errno));
+		rc = kvr_errf(err, errlen, neg_errno(), "temp data file: %s", strerror(errno));
 		goto out;
 	}
 	data_fd = -1;
@@ -402,12 +391,12 @@ int bench_plot(struct bench_plot_input *in, const char *png_path, char *err, siz
 		rc = -EIO;
 	f = NULL;
 	if (rc) {
-		rc = errf(err, errlen, rc, "cannot write the data file %s", data);
+		rc = kvr_errf(err, errlen, rc, "cannot write the data file %s", data);
 		goto out;
 	}
 	script = bench_plot_script(in, data, png_path);
 	if (!script) {
-		rc = errf(err, errlen, -ENOMEM, "out of memory");
+		rc = kvr_errf(err, errlen, -ENOMEM, "out of memory");
 		goto out;
 	}
 
@@ -417,13 +406,13 @@ int bench_plot(struct bench_plot_input *in, const char *png_path, char *err, siz
 		(void)unlink(errpath);
 	null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
 	if (err_fd < 0 || null_fd < 0 || pipe2(pipe_fd, O_CLOEXEC)) {
-		rc = errf(err, errlen, neg_errno(), "cannot start gnuplot: %s", strerror(errno));
+		rc = kvr_errf(err, errlen, neg_errno(), "cannot start gnuplot: %s", strerror(errno));
 		goto out;
 	}
 	fflush(NULL);
 	pid = fork();
 	if (pid < 0) {
-		rc = errf(err, errlen, neg_errno(), "fork: %s", strerror(errno));
+		rc = kvr_errf(err, errlen, neg_errno(), "fork: %s", strerror(errno));
 		goto out;
 	}
 	if (pid == 0) {
@@ -439,18 +428,18 @@ int bench_plot(struct bench_plot_input *in, const char *png_path, char *err, siz
 	pipe_fd[1] = -1;
 	status = wait_child(pid, GNUPLOT_TIMEOUT_MS);
 	if (status < 0) {
-		rc = errf(err, errlen, status, "waiting for gnuplot: %s", strerror(-status));
+		rc = kvr_errf(err, errlen, status, "waiting for gnuplot: %s", strerror(-status));
 		goto out;
 	}
 	first_error(err_fd, line, sizeof(line));
 	if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-		rc = errf(err, errlen, -EIO, "gnuplot %s %d%s%s",
+		rc = kvr_errf(err, errlen, -EIO, "gnuplot %s %d%s%s",
 			  WIFEXITED(status) ? "exited with status" : "killed by signal",
 			  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), line[0] ? ": " : "", line);
 		goto out;
 	}
 	if (frc || stat(png_path, &st) || !st.st_size) {
-		rc = errf(err, errlen, -EIO, "gnuplot wrote no %s%s%s", png_path, line[0] ? ": " : "", line);
+		rc = kvr_errf(err, errlen, -EIO, "gnuplot wrote no %s%s%s", png_path, line[0] ? ": " : "", line);
 		goto out;
 	}
 	rc = 0;
