@@ -501,24 +501,34 @@ unsigned kvr_l2_store_pending(const struct kvr_l2_store *s)
 	return s->reqs_busy + (unsigned)s->unlinks.n;
 }
 
+/* Queue the unlinks that wait for room, then reap what the engine finished — waiting for
+ * at least one when want_more and anything is in flight (*ret_waited says whether) — and
+ * account each. The number reaped, or -errno. */
+static int reap_once(struct kvr_l2_store *s, bool want_more, bool *ret_waited)
+{
+	issue_unlinks(s);
+	bool wait = want_more && kvr_l2io_busy(s->io) > 0;
+	*ret_waited = wait;
+	int n = kvr_l2io_reap(s->io, s->iobuf, s->io_qd, wait ? 1 : 0);
+	for (int i = 0; i < n; i++) {
+		int rc = on_io_done(s, &s->iobuf[i]);
+		if (rc)
+			return rc;
+	}
+	return n;
+}
+
 int kvr_l2_store_poll(struct kvr_l2_store *s, struct kvr_l2_done *ret, unsigned max, unsigned min_done)
 {
 	if (!s || (max && !ret))
 		return -EINVAL;
 	if (min_done > max)
 		min_done = max;
-	unsigned qd = s->io_qd;
 	for (;;) {
-		issue_unlinks(s);
-		bool wait = s->done.n < min_done && kvr_l2io_busy(s->io) > 0;
-		int n = kvr_l2io_reap(s->io, s->iobuf, qd, wait ? 1 : 0);
+		bool wait;
+		int n = reap_once(s, s->done.n < min_done, &wait);
 		if (n < 0)
 			return n;
-		for (int i = 0; i < n; i++) {
-			int rc = on_io_done(s, &s->iobuf[i]);
-			if (rc)
-				return rc;
-		}
 		if (s->done.n >= min_done || (!kvr_l2io_busy(s->io) && !s->unlinks.n))
 			break;
 		if (!n && !wait)
@@ -532,19 +542,13 @@ int kvr_l2_store_poll(struct kvr_l2_store *s, struct kvr_l2_done *ret, unsigned 
 
 int kvr_l2_store_flush(struct kvr_l2_store *s)
 {
-	unsigned qd = s->io_qd;
 	for (;;) {
-		issue_unlinks(s);
-		if (!kvr_l2io_busy(s->io))
-			return 0; /* issue_unlinks emptied the queue when the engine was idle */
-		int n = kvr_l2io_reap(s->io, s->iobuf, qd, 1);
+		bool waited;
+		int n = reap_once(s, true, &waited);
 		if (n < 0)
 			return n;
-		for (int i = 0; i < n; i++) {
-			int rc = on_io_done(s, &s->iobuf[i]);
-			if (rc)
-				return rc;
-		}
+		if (!waited && !kvr_l2io_busy(s->io))
+			return 0; /* nothing was in flight after the unlinks were queued: flushed */
 	}
 }
 
