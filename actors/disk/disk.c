@@ -278,10 +278,31 @@ static void drop_stale_pins(struct disk *d, unsigned idx, unsigned n_dirs)
 
 /* ---- requests ---------------------------------------------------------------------------- */
 
+/* Start the I/O of an L2_WRITE (from a COMMITTED slot) or L2_READ (into the WRITING slot
+ * the lookup actor allocated): the slot must still hold the block the request names, in
+ * that state and epoch (-ESTALE: another block is there now). 0 when submitted (answered
+ * on completion), else what submit() or the checks said; no request slot is kept then. */
+static int start_io(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b, unsigned slot_state, unsigned type)
+{
+	kvr_key key = {b->key_lo, b->key_hi};
+	if (kvr_slot_state(d->slots, b->slot) != slot_state || kvr_slot_epoch(d->slots, b->slot) != b->epoch ||
+	    !slot_is(d, b->slot, key, b->lane))
+		return -ESTALE;
+	uint32_t r = req_wait(d);
+	if (r == DISK_REQ_NONE)
+		return -EIO;
+	d->reqs[r] = (struct disk_req){.req_id = req_id, .key = key, .slot = b->slot, .epoch = b->epoch,
+				       .lane = b->lane, .type = type, .next_free = DISK_REQ_NONE};
+	void *data = kvr_slot_data(d->slots, d->a->arena_seg.base, b->slot);
+	int rc = submit(d, type == KVR_MSG_L2_WRITE, key, b->lane, data, r);
+	if (rc)
+		req_put(d, r);
+	return rc;
+}
+
 static void do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b)
 {
 	kvr_key key = {b->key_lo, b->key_hi};
-	int rc;
 	if (d->read_only) {
 		/* never reaches the store or io_uring; the pin the sender took is released as on
 		 * any other failure */
@@ -299,61 +320,22 @@ static void do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, -EINVAL);
 		return;
 	}
-	if (kvr_slot_state(d->slots, b->slot) != KVR_SLOT_COMMITTED || kvr_slot_epoch(d->slots, b->slot) != b->epoch ||
-	    !slot_is(d, b->slot, key, b->lane)) {
-		rc = -ESTALE; /* the slot holds another block than the request names */
-		goto fail;
-	}
-	uint32_t r = req_wait(d);
-	if (r == DISK_REQ_NONE) {
-		rc = -EIO;
-		goto fail;
-	}
-	d->reqs[r] = (struct disk_req){.req_id = req_id, .key = key, .slot = b->slot, .epoch = b->epoch,
-				       .lane = b->lane, .type = KVR_MSG_L2_WRITE, .next_free = DISK_REQ_NONE};
-	void *src = kvr_slot_data(d->slots, d->a->arena_seg.base, b->slot);
-	rc = submit(d, true, key, b->lane, src, r);
+	int rc = start_io(d, req_id, b, KVR_SLOT_COMMITTED, KVR_MSG_L2_WRITE);
 	if (rc == 0)
 		return; /* answered on completion (on_done unpins) */
-	req_put(d, r);
-	if (rc == KVR_L2_PRESENT || rc == KVR_L2_INFLIGHT) {
-		(void)kvr_slot_unpin(d->slots, b->slot, KVR_L2_PIN_WORKER);
-		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, KVR_L2F_PRESENT, 0);
-		return;
-	}
-fail:
+	bool present = rc == KVR_L2_PRESENT || rc == KVR_L2_INFLIGHT;
 	(void)kvr_slot_unpin(d->slots, b->slot, KVR_L2_PIN_WORKER);
-	send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, rc);
+	send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, present ? KVR_L2F_PRESENT : 0,
+		present ? 0 : rc);
 }
 
 static void do_read(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b)
 {
 	kvr_key key = {b->key_lo, b->key_hi};
-	int rc;
 	/* the lookup actor allocated the slot for this block (WRITING) and owns it */
-	if (b->slot >= d->slots->n_slots) {
-		rc = -EINVAL;
-		goto fail;
-	}
-	if (kvr_slot_state(d->slots, b->slot) != KVR_SLOT_WRITING || kvr_slot_epoch(d->slots, b->slot) != b->epoch ||
-	    !slot_is(d, b->slot, key, b->lane)) {
-		rc = -ESTALE;
-		goto fail;
-	}
-	uint32_t r = req_wait(d);
-	if (r == DISK_REQ_NONE) {
-		rc = -EIO;
-		goto fail;
-	}
-	d->reqs[r] = (struct disk_req){.req_id = req_id, .key = key, .slot = b->slot, .epoch = b->epoch,
-				       .lane = b->lane, .type = KVR_MSG_L2_READ, .next_free = DISK_REQ_NONE};
-	void *dst = kvr_slot_data(d->slots, d->a->arena_seg.base, b->slot);
-	rc = submit(d, false, key, b->lane, dst, r);
-	if (rc == 0)
-		return;
-	req_put(d, r);
-fail:
-	send_l2(d, KVR_MSG_L2_READ_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, rc);
+	int rc = b->slot >= d->slots->n_slots ? -EINVAL : start_io(d, req_id, b, KVR_SLOT_WRITING, KVR_MSG_L2_READ);
+	if (rc)
+		send_l2(d, KVR_MSG_L2_READ_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, rc);
 }
 
 static void do_sync(struct disk *d, uint64_t req_id)
