@@ -394,20 +394,30 @@ static void batch_done(struct kvr_l2io *io)
 
 /* ---- read and probe -------------------------------------------------------------------- */
 
+/* A failed step of a read or probe: the file is gone (ENOENT) or not a regular file
+ * (ELOOP from O_NOFOLLOW, EISDIR) — a miss with its reason — else an I/O error.
+ * open_only: only the open step can tell ENOENT and ELOOP apart from I/O errors. */
+static unsigned step_error(const struct op *op, bool open_only, int *ret_res)
+{
+	int res = op->err;
+	bool at_open = !open_only || op->err_step == S_OPEN;
+	*ret_res = res;
+	if (at_open && res == -ENOENT)
+		return KVR_L2_R_VANISHED;
+	if ((at_open && res == -ELOOP) || res == -EISDIR) {
+		*ret_res = -EBADMSG;
+		return KVR_L2_R_NOTREG;
+	}
+	return KVR_L2_R_IO;
+}
+
 static int finish_read(struct kvr_l2io *io, struct op *op)
 {
 	int res = 0;
 	unsigned reason = KVR_L2_OK;
 	const struct kvr_l2_hdr *h = (const struct kvr_l2_hdr *)hdr_buf(io, op);
 	if (op->err) {
-		res = op->err;
-		reason = KVR_L2_R_IO;
-		if (op->err_step == S_OPEN && res == -ENOENT)
-			reason = KVR_L2_R_VANISHED;
-		else if ((op->err_step == S_OPEN && res == -ELOOP) || res == -EISDIR) {
-			res = -EBADMSG;
-			reason = KVR_L2_R_NOTREG;
-		}
+		reason = step_error(op, true, &res);
 	} else if (!(op->ok & BIT(S_HDR))) {
 		res = -EBADMSG;
 		reason = KVR_L2_R_SHORT;
@@ -431,14 +441,7 @@ static int finish_probe(struct kvr_l2io *io, struct op *op)
 		res = -EBADMSG;
 		reason = KVR_L2_R_NOTREG;
 	} else if (op->err) {
-		res = op->err;
-		reason = KVR_L2_R_IO;
-		if (res == -ENOENT)
-			reason = KVR_L2_R_VANISHED;
-		else if (res == -ELOOP || res == -EISDIR) {
-			res = -EBADMSG;
-			reason = KVR_L2_R_NOTREG;
-		}
+		reason = step_error(op, false, &res);
 	} else if (!(op->ok & BIT(S_HDR))) {
 		res = -EBADMSG;
 		reason = KVR_L2_R_SHORT;
