@@ -16,6 +16,7 @@
 #include "kvr_ctl.h"
 #include "kvr_dcp.h"
 #include "kvr_geometry.h"
+#include "kvr_grow.h"
 #include "kvr_keys.h"
 #include "kvr_list.h"
 #include "kvr_proto.h"
@@ -415,18 +416,9 @@ void kvr_detach(struct kvr_client *c)
 
 static int push_done(struct kvr_client *c, const struct kvr_completion *d, uint32_t *failed)
 {
-	if (c->n_done == c->cap_done) {
-		unsigned cap = c->cap_done ? c->cap_done * 2 : 64;
-		struct kvr_completion *nd = realloc(c->done, cap * sizeof(*nd));
-		if (!nd)
-			return -ENOMEM;
-		c->done = nd;
-		uint32_t **nf = realloc(c->done_failed, cap * sizeof(*nf));
-		if (!nf)
-			return -ENOMEM;
-		c->done_failed = nf;
-		c->cap_done = cap;
-	}
+	unsigned cap_failed = c->cap_done; /* done and done_failed grow together */
+	if (KVR_GROW(c->done_failed, cap_failed, c->n_done + 1, 64) || KVR_GROW(c->done, c->cap_done, c->n_done + 1, 64))
+		return -ENOMEM;
 	c->done[c->n_done] = *d;
 	c->done_failed[c->n_done] = failed;
 	c->n_done++;
@@ -792,14 +784,8 @@ out:
 
 static int add_pending(struct kvr_client *c, const struct pending *p)
 {
-	if (c->n_pend == c->cap_pend) {
-		unsigned cap = c->cap_pend ? c->cap_pend * 2 : 64;
-		struct pending *np = realloc(c->pend, cap * sizeof(*np));
-		if (!np)
-			return -ENOMEM;
-		c->pend = np;
-		c->cap_pend = cap;
-	}
+	if (KVR_GROW(c->pend, c->cap_pend, c->n_pend + 1, 64))
+		return -ENOMEM;
 	c->pend[c->n_pend++] = *p;
 	return 0;
 }

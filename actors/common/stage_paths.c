@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvr_grow.h"
 #include "kvr_log.h"
 #include "kvr_time.h"
 
@@ -54,19 +55,8 @@ static int load_grow(struct stage_load *ld, uint32_t n)
 {
 	if (n <= ld->cap)
 		return 0;
-	uint32_t *b = realloc(ld->blocks, n * sizeof(*b));
-	if (b)
-		ld->blocks = b;
-	uint64_t *o = realloc(ld->slot_offs, n * sizeof(*o));
-	if (o)
-		ld->slot_offs = o;
-	uint32_t *s = realloc(ld->slots, n * sizeof(*s));
-	if (s)
-		ld->slots = s;
-	uint32_t *f = realloc(ld->failed, n * sizeof(*f));
-	if (f)
-		ld->failed = f;
-	if (!b || !o || !s || !f)
+	if (kvr_realloc_n(&ld->blocks, n, sizeof(*ld->blocks)) || kvr_realloc_n(&ld->slot_offs, n, sizeof(*ld->slot_offs)) ||
+	    kvr_realloc_n(&ld->slots, n, sizeof(*ld->slots)) || kvr_realloc_n(&ld->failed, n, sizeof(*ld->failed)))
 		return -ENOMEM;
 	ld->cap = n;
 	return 0;
@@ -177,23 +167,11 @@ static int store_grow(struct stage_store *ss, uint32_t n)
 {
 	if (n <= ss->cap)
 		return 0;
-	void *p;
-#define GROW(field)                                                   \
-	do {                                                          \
-		if (!(p = realloc(ss->field, n * sizeof(*ss->field)))) \
-			return -ENOMEM;                               \
-		ss->field = p;                                        \
-	} while (0)
-	GROW(keys);
-	GROW(written);
-	GROW(pos);
-	GROW(slot_offs);
-	if (!(p = realloc(ss->blocks, (size_t)n * KVR_ACTOR_MAX_KV * sizeof(*ss->blocks))))
+	if (kvr_realloc_n(&ss->keys, n, sizeof(*ss->keys)) || kvr_realloc_n(&ss->written, n, sizeof(*ss->written)) ||
+	    kvr_realloc_n(&ss->pos, n, sizeof(*ss->pos)) || kvr_realloc_n(&ss->slot_offs, n, sizeof(*ss->slot_offs)) ||
+	    kvr_realloc_n(&ss->blocks, (size_t)n * KVR_ACTOR_MAX_KV, sizeof(*ss->blocks)) ||
+	    kvr_realloc_n(&ss->fail_pos, n, sizeof(*ss->fail_pos)) || kvr_realloc_n(&ss->failed, n, sizeof(*ss->failed)))
 		return -ENOMEM;
-	ss->blocks = p;
-	GROW(fail_pos);
-	GROW(failed);
-#undef GROW
 	ss->cap = n;
 	return 0;
 }

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvr_grow.h"
 #include "kvr_time.h"
 
 #define NONE UINT32_MAX
@@ -611,28 +612,16 @@ struct adopt {
 
 static int push_cand(struct cand **v, size_t *n, size_t *cap, struct cand c)
 {
-	if (*n == *cap) {
-		size_t ncap = *cap ? *cap * 2 : 1024;
-		struct cand *nv = realloc(*v, ncap * sizeof(*nv));
-		if (!nv)
-			return -ENOMEM;
-		*v = nv;
-		*cap = ncap;
-	}
+	if (KVR_GROW(*v, *cap, *n + 1, 1024))
+		return -ENOMEM;
 	(*v)[(*n)++] = c;
 	return 0;
 }
 
 static int push_tmp(struct adopt *a, const char *name)
 {
-	if (a->n_tmp == a->cap_tmp) {
-		size_t ncap = a->cap_tmp ? a->cap_tmp * 2 : 64;
-		char **nv = realloc(a->tmp, ncap * sizeof(*nv));
-		if (!nv)
-			return -ENOMEM;
-		a->tmp = nv;
-		a->cap_tmp = ncap;
-	}
+	if (KVR_GROW(a->tmp, a->cap_tmp, a->n_tmp + 1, 64))
+		return -ENOMEM;
 	char *c = strdup(name);
 	if (!c)
 		return -ENOMEM;

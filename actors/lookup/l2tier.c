@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvr_grow.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_slots.h"
@@ -316,14 +317,8 @@ static int read_new(struct l2tier *t, uint32_t *ret)
 			*ret = i;
 			return 0;
 		}
-	if (t->n_reads == t->cap_reads) {
-		uint32_t cap = t->cap_reads ? t->cap_reads * 2 : 256;
-		struct read *r = realloc(t->reads, cap * sizeof(*r));
-		if (!r)
-			return -ENOMEM;
-		t->reads = r;
-		t->cap_reads = cap;
-	}
+	if (KVR_GROW(t->reads, t->cap_reads, t->n_reads + 1, 256))
+		return -ENOMEM;
 	*ret = t->n_reads++;
 	return 0;
 }
