@@ -196,7 +196,7 @@ static int spawn(struct sup *s, struct sup_actor *a)
 	unsigned n_kv = 0, kv_w[KVR_DCP_MAX];
 	if ((kind == KVR_ACTOR_LOADER || kind == KVR_ACTOR_STORER) && w < KVR_CTL_MAX_WORKERS && s->kv_fd[w] >= 0)
 		kv_w[n_kv++] = w;
-	if (gr && gr->n_members == gr->dcp_size) {
+	if (gr && sup_group_complete(gr)) {
 		size_t off = 0;
 		for (unsigned r = 0; r < gr->dcp_size; r++) {
 			kv_w[n_kv++] = (unsigned)gr->members[r];

@@ -100,9 +100,21 @@ static bool slot_referenced_by_other(const struct sup *s, unsigned g, const stru
 
 void sup_groups_init(struct sup *s)
 {
-	memset(s->groups, 0, sizeof(s->groups));
+	for (unsigned g = 0; g < sizeof(s->groups) / sizeof(s->groups[0]); g++) {
+		s->groups[g] = (struct sup_dcp_group){.owner = -1};
+		for (unsigned r = 0; r < KVR_DCP_MAX; r++)
+			s->groups[g].members[r] = -1;
+	}
 	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
 		s->worker_group[w] = -1;
+}
+
+unsigned sup_group_members(const struct sup_dcp_group *gr)
+{
+	unsigned n = 0;
+	for (unsigned r = 0; r < KVR_DCP_MAX; r++)
+		n += gr->members[r] >= 0;
+	return n;
 }
 
 const struct sup_dcp_group *sup_gather_group(const struct sup *s, unsigned actor)
@@ -130,7 +142,7 @@ int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char
 				s->cfg.instance.max_workers);
 	for (unsigned i = 0; i < n && slot < 0; i++) {
 		struct sup_dcp_group *gr = &s->groups[i];
-		if (!gr->used || gr->index != idx)
+		if (!sup_group_members(gr) || gr->index != idx)
 			continue;
 		if (gr->tp_size != g->tp_size || gr->dcp_size != g->dcp_size || gr->interleave != g->dcp_interleave)
 			return kvr_errf(err, errlen, -EINVAL,
@@ -145,7 +157,7 @@ int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char
 	}
 	/* a new group: a slot with no members whose gather actor has exited */
 	for (unsigned i = 0; i < n && slot < 0; i++) {
-		if (s->groups[i].used || gather_of(s, i)->pid > 0 ||
+		if (sup_group_members(&s->groups[i]) || gather_of(s, i)->pid > 0 ||
 		    atomic_load(&gather_of(s, i)->ent->state) != KVR_ACTOR_IDLE)
 			continue;
 		bool held = false;
@@ -154,7 +166,7 @@ int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char
 		if (held)
 			continue;
 		struct sup_dcp_group *gr = &s->groups[i];
-		*gr = (struct sup_dcp_group){.used = true, .tp_size = g->tp_size, .dcp_size = g->dcp_size,
+		*gr = (struct sup_dcp_group){.tp_size = g->tp_size, .dcp_size = g->dcp_size,
 					     .interleave = g->dcp_interleave, .index = idx, .owner = -1};
 		for (unsigned r = 0; r < KVR_DCP_MAX; r++)
 			gr->members[r] = -1;
@@ -165,11 +177,10 @@ int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char
 				s->cfg.instance.max_workers);
 	struct sup_dcp_group *gr = &s->groups[slot];
 	gr->members[g->dcp_rank] = (int)w;
-	gr->n_members++;
 	s->worker_group[w] = slot;
 	bind_rings(s, w, (int)SUP_ACTOR_GATHER(&s->cfg, (unsigned)slot));
 	kvr_info("worker %u joins DCP group %u as rank %u of %u (%u attached)", w, idx, g->dcp_rank, g->dcp_size,
-		 gr->n_members);
+		 sup_group_members(gr));
 	return (int)SUP_ACTOR_GATHER(&s->cfg, (unsigned)slot);
 }
 
@@ -180,12 +191,8 @@ void sup_group_leave(struct sup *s, unsigned w)
 		return;
 	struct sup_dcp_group *gr = &s->groups[slot];
 	for (unsigned r = 0; r < gr->dcp_size; r++)
-		if (gr->members[r] == (int)w) {
+		if (gr->members[r] == (int)w)
 			gr->members[r] = -1;
-			gr->n_members--;
-		}
-	if (!gr->n_members)
-		gr->used = false;
 	kvr_info("worker %u left DCP group %u: its gather actor stops until the group is complete again", w, gr->index);
 	sup_actor_event(s, gather_of(s, (unsigned)slot), EV_STOP, 0);
 }
@@ -229,9 +236,9 @@ void sup_groups_update(struct sup *s)
 	for (unsigned i = 0; i < SUP_N_GATHER(&s->cfg); i++) {
 		struct sup_dcp_group *gr = &s->groups[i];
 		struct sup_actor *a = gather_of(s, i);
-		if (!gr->used || a->pid > 0 || atomic_load(&a->ent->state) != KVR_ACTOR_IDLE)
+		if (!sup_group_members(gr) || a->pid > 0 || atomic_load(&a->ent->state) != KVR_ACTOR_IDLE)
 			continue;
-		if (gr->n_members != gr->dcp_size) {
+		if (!sup_group_complete(gr)) {
 			if (gr->reset_due)
 				reset_owner(s, gr);
 			continue;

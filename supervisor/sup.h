@@ -85,15 +85,21 @@ struct sup_conn {
  * (actor SUP_ACTOR_GATHER(.., slot)) that serves every member's stores once all of them
  * attached (dcp_groups.c); each member loads through its own loader. */
 struct sup_dcp_group {
-	bool used;
 	uint32_t tp_size, dcp_size, interleave;
 	uint32_t index;                 /* tp_rank / dcp_size */
-	int members[KVR_DCP_MAX];       /* worker slot of each DCP rank, -1 while missing */
-	unsigned n_members;
+	int members[KVR_DCP_MAX];       /* worker slot of each DCP rank, -1 while missing; a
+					 * group with no member is free */
 	int owner;                      /* the worker whose commit rings its gather actor uses */
 	bool reset_due;                 /* its gather actor ran: RESET the owner's slots if it
 					 * exits while the group is incomplete */
 };
+
+/* Members attached to a group, and whether all dcp_size are. */
+unsigned sup_group_members(const struct sup_dcp_group *gr);
+static inline bool sup_group_complete(const struct sup_dcp_group *gr)
+{
+	return gr->dcp_size && sup_group_members(gr) == gr->dcp_size;
+}
 
 struct sup {
 	struct kvr_config cfg;
