@@ -60,7 +60,6 @@ struct gather {
 	struct rank r[KVR_DCP_MAX];
 	struct stage_store ss;
 	uint64_t timeout_ns;
-	unsigned held;
 };
 
 static void update_held(struct kvr_actor *a, struct gather *g)
@@ -68,7 +67,6 @@ static void update_held(struct kvr_actor *a, struct gather *g)
 	unsigned held = 0;
 	for (unsigned r = 0; r < g->d; r++)
 		held += g->r[r].n;
-	g->held = held;
 	kvr_actor_set_held(a, held);
 }
 
@@ -89,6 +87,15 @@ static bool same_keys(const struct pend *a, const struct pend *b)
 	return true;
 }
 
+/* The first request of rank rk listing the same keys as p, or -1. */
+static int find_same(const struct rank *rk, const struct pend *p)
+{
+	for (unsigned j = 0; j < rk->n; j++)
+		if (same_keys(p, &rk->q[j]))
+			return (int)j;
+	return -1;
+}
+
 /* Run every store that all ranks sent, in rank 0's arrival order. */
 static void match(struct kvr_actor *a, struct gather *g)
 {
@@ -100,12 +107,9 @@ static void match(struct kvr_actor *a, struct gather *g)
 		bool all = true;
 		at[0] = i;
 		for (unsigned r = 1; r < g->d && all; r++) {
-			all = false;
-			for (unsigned j = 0; j < g->r[r].n && !all; j++)
-				if (same_keys(p0, &g->r[r].q[j])) {
-					at[r] = j;
-					all = true;
-				}
+			int j = find_same(&g->r[r], p0);
+			all = j >= 0;
+			at[r] = (unsigned)j;
 		}
 		if (!all) {
 			i++;
@@ -177,13 +181,9 @@ static void gather_tick(struct kvr_actor *a, uint64_t now)
 			}
 			char missing[KVR_DCP_MAX * 4] = "";
 			size_t off = 0;
-			for (unsigned o = 0; o < g->d; o++) {
-				bool has = o == r;
-				for (unsigned j = 0; j < g->r[o].n && !has; j++)
-					has = same_keys(p, &g->r[o].q[j]);
-				if (!has)
+			for (unsigned o = 0; o < g->d; o++)
+				if (o != r && find_same(&g->r[o], p) < 0)
 					off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%u", off ? "," : "", o);
-			}
 			kvr_warn("DCP store %llx of rank %u (%u blocks): no matching store from rank(s) %s within %llu ms: "
 				 "nothing stored (a canonical block needs every rank's shard)",
 				 (unsigned long long)p->rq.wire, r, p->rq.n, missing,
