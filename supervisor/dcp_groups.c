@@ -28,61 +28,6 @@
  * rank of one group must declare the same tp_size, dcp_size and dcp_interleave.
  */
 
-/* Per worker slot: the rings a DCP rank hands to its gather actor, and their endpoints
- * otherwise (the same rows as layout.c's worker ring table). */
-enum side { S_CLIENT, S_LOOKUP, S_STORER };
-static const struct {
-	const char *fmt;
-	enum side producer, consumer;
-} rebound[] = {
-	{"store.req.%u", S_CLIENT, S_STORER},	{"store.rep.%u", S_STORER, S_CLIENT},
-	{"commit.req.%u", S_STORER, S_LOOKUP}, {"commit.rep.%u", S_LOOKUP, S_STORER},
-};
-
-static int endpoint(enum side e, unsigned w, int gather)
-{
-	switch (e) {
-	case S_CLIENT:
-		return KVR_EP_CLIENT(w);
-	case S_LOOKUP:
-		return (int)SUP_ACTOR_LOOKUP;
-	case S_STORER:
-		return gather >= 0 ? gather : (int)SUP_ACTOR_STORER(w);
-	}
-	return KVR_EP_SUPERVISOR;
-}
-
-/* Bind worker w's store and commit rings to actor `gather`, or back to its own storer (-1).
- * Called only while no actor serves them (a free slot joining; a released slot whose
- * gather actor exited) and no client is attached. Messages left on them are dropped
- * first: a request id carries the generation of the actor it was addressed to, and the
- * storer and the gather actor count generations apart, so a stale request could pass for
- * a current one of the other actor (a store of old keys with a new worker's blocks). The
- * commit request ring is left alone: the lookup actor consumes it, and what it holds is
- * owned by this worker slot, which the next storer's (or gather actor's) RESET clears. */
-static void bind_rings(struct sup *s, unsigned w, int gather)
-{
-	char name[KVR_RING_NAME_MAX];
-	for (size_t k = 0; k < sizeof(rebound) / sizeof(rebound[0]); k++) {
-		snprintf(name, sizeof(name), rebound[k].fmt, w);
-		int i = kvr_ctl_find_ring(s->ctl, name);
-		if (i < 0) {
-			kvr_err("ring %s missing from the directory", name);
-			continue;
-		}
-		if (rebound[k].consumer != S_LOOKUP) {
-			struct kvr_msg m;
-			unsigned dropped = 0;
-			while (kvr_ring_try_dequeue(kvr_ctl_ring(s->ctl, (unsigned)i), &m) == 0)
-				dropped++;
-			if (dropped)
-				kvr_info("ring %s: %u stale messages dropped before it changes hands", name, dropped);
-		}
-		(void)kvr_ctl_ring_rebind(s->ctl, (unsigned)i, endpoint(rebound[k].producer, w, gather),
-					  endpoint(rebound[k].consumer, w, gather));
-	}
-}
-
 /* Worker w still references group slot g (detaching, or a member). */
 static bool slot_referenced_by_other(const struct sup *s, unsigned g, const struct sup_dcp_group *gr)
 {
@@ -178,7 +123,7 @@ int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char
 	struct sup_dcp_group *gr = &s->groups[slot];
 	gr->members[g->dcp_rank] = (int)w;
 	s->worker_group[w] = slot;
-	bind_rings(s, w, (int)SUP_ACTOR_GATHER(&s->cfg, (unsigned)slot));
+	sup_storer_rings_bind(s, w, (int)SUP_ACTOR_GATHER(&s->cfg, (unsigned)slot));
 	kvr_info("worker %u joins DCP group %u as rank %u of %u (%u attached)", w, idx, g->dcp_rank, g->dcp_size,
 		 sup_group_members(gr));
 	return (int)SUP_ACTOR_GATHER(&s->cfg, (unsigned)slot);
@@ -204,7 +149,7 @@ bool sup_group_release(struct sup *s, unsigned w)
 		return true;
 	if (gather_of(s, (unsigned)slot)->pid > 0)
 		return false;
-	bind_rings(s, w, -1);
+	sup_storer_rings_bind(s, w, -1);
 	s->worker_group[w] = -1;
 	return true;
 }

@@ -16,7 +16,8 @@
 /* Symbolic endpoints of the per-worker rings, resolved for worker slot w. */
 enum ep { EP_CLIENT, EP_LOOKUP, EP_LOADER, EP_STORER };
 
-static int ep_resolve(enum ep e, unsigned w)
+/* storer: the actor serving worker w's stores (-1: its own storer, SUP_ACTOR_STORER(w)). */
+static int ep_resolve(enum ep e, unsigned w, int storer)
 {
 	switch (e) {
 	case EP_CLIENT:
@@ -26,7 +27,7 @@ static int ep_resolve(enum ep e, unsigned w)
 	case EP_LOADER:
 		return (int)SUP_ACTOR_LOADER(w);
 	case EP_STORER:
-		return (int)SUP_ACTOR_STORER(w);
+		return storer >= 0 ? storer : (int)SUP_ACTOR_STORER(w);
 	}
 	return KVR_EP_SUPERVISOR;
 }
@@ -100,8 +101,8 @@ int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs
 	}
 	for (unsigned w = 0; w < cfg->instance.max_workers; w++)
 		for (size_t k = 0; k < sizeof(worker_rings) / sizeof(worker_rings[0]); k++) {
-			rc = add_spec(specs, cap, &n, capacity, ep_resolve(worker_rings[k].producer, w),
-				      ep_resolve(worker_rings[k].consumer, w), worker_rings[k].fmt, w);
+			rc = add_spec(specs, cap, &n, capacity, ep_resolve(worker_rings[k].producer, w, -1),
+				      ep_resolve(worker_rings[k].consumer, w, -1), worker_rings[k].fmt, w);
 			if (rc)
 				return rc;
 		}
@@ -115,6 +116,31 @@ int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs
 			return rc;
 	}
 	return (int)n;
+}
+
+void sup_storer_rings_bind(struct sup *s, unsigned w, int storer)
+{
+	char name[KVR_RING_NAME_MAX];
+	for (size_t k = 0; k < sizeof(worker_rings) / sizeof(worker_rings[0]); k++) {
+		enum ep prod = worker_rings[k].producer, cons = worker_rings[k].consumer;
+		if (prod != EP_STORER && cons != EP_STORER)
+			continue;
+		snprintf(name, sizeof(name), worker_rings[k].fmt, w);
+		int i = kvr_ctl_find_ring(s->ctl, name);
+		if (i < 0) {
+			kvr_err("ring %s missing from the directory", name);
+			continue;
+		}
+		if (cons != EP_LOOKUP) {
+			struct kvr_msg m;
+			unsigned dropped = 0;
+			while (kvr_ring_try_dequeue(kvr_ctl_ring(s->ctl, (unsigned)i), &m) == 0)
+				dropped++;
+			if (dropped)
+				kvr_info("ring %s: %u stale messages dropped before it changes hands", name, dropped);
+		}
+		(void)kvr_ctl_ring_rebind(s->ctl, (unsigned)i, ep_resolve(prod, w, storer), ep_resolve(cons, w, storer));
+	}
 }
 
 static int l1_slots(const struct kvr_config *cfg, uint64_t lane_bytes, uint32_t lanes, uint32_t *ret, char *err,

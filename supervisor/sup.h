@@ -158,6 +158,16 @@ struct sup {
  * which rings exist; the L1 work adds its rings here. Returns the count or -ENOSPC. */
 int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs, unsigned cap);
 
+/* Hand worker w's store-side rings (store.req/rep, commit.req/rep) to actor `storer` — a
+ * DCP group's gather actor — or back to w's own storer (-1), with the endpoints of the
+ * table sup_ring_specs builds from. kvringd calls it only while no actor serves them and
+ * no client is attached, and first drops what is left on them: a request id carries the
+ * generation of the actor it was addressed to, and a storer and a gather actor count
+ * generations apart, so a stale request could pass for a current one of the other actor.
+ * commit.req is left alone (the lookup actor consumes it; what it holds belongs to this
+ * worker slot, which the next storer's or gather actor's RESET clears). */
+void sup_storer_rings_bind(struct sup *s, unsigned w, int storer);
+
 /* Supervisor-side checks of a parsed config (limits of this build). 0 or -EINVAL with
  * "$.key: reason" in err. */
 int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen);
