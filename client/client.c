@@ -452,22 +452,28 @@ static void finish_pending(struct kvr_client *c, unsigned i)
 	remove_pending(c, i);
 }
 
+/* Complete pending request i as failed with `status`, every one of its blocks listed. */
+static void fail_pending(struct kvr_client *c, unsigned i, int status)
+{
+	struct pending *p = &c->pend[i];
+	p->done.status = status;
+	p->done.n_blocks = p->n_blocks;
+	free(p->failed);
+	p->failed = p->blocks;
+	p->blocks = NULL;
+	p->failed_total = p->n_blocks;
+	finish_pending(c, i);
+}
+
 /* Fail every request addressed to an actor that restarted or died: all their blocks. */
 static void reap_dead(struct kvr_client *c)
 {
 	for (unsigned i = 0; i < c->n_pend;) {
 		struct pending *p = &c->pend[i];
-		if (actor_alive(c, p->actor, p->gen)) {
+		if (actor_alive(c, p->actor, p->gen))
 			i++;
-			continue;
-		}
-		p->done.status = -EPIPE;
-		p->done.n_blocks = p->n_blocks;
-		free(p->failed);
-		p->failed = p->blocks;
-		p->blocks = NULL;
-		p->failed_total = p->n_blocks;
-		finish_pending(c, i);
+		else
+			fail_pending(c, i, -EPIPE);
 	}
 }
 
@@ -534,13 +540,7 @@ static void handle_reply(struct kvr_client *c, struct kvr_ring *ring, const stru
 bad:
 	/* A malformed reply: count it; the request fails as a whole (never trusted). */
 	atomic_fetch_add_explicit(&ring->rejected, 1, memory_order_relaxed);
-	p->done.status = -EPROTO;
-	p->done.n_blocks = p->n_blocks;
-	free(p->failed);
-	p->failed = p->blocks;
-	p->blocks = NULL;
-	p->failed_total = p->n_blocks;
-	finish_pending(c, (unsigned)i);
+	fail_pending(c, (unsigned)i, -EPROTO);
 }
 
 static void drain_replies(struct kvr_client *c)
