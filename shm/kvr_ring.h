@@ -144,6 +144,16 @@ void kvr_waiter_finish(struct kvr_waiter *w);
 /* Wake every sleeper of w; a syscall only when one sleeps. */
 void kvr_waiter_wake(struct kvr_waiter *w);
 
+/* One spin-wait step: tell the CPU we are spinning (PAUSE / YIELD). */
+static inline void kvr_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
 /* A shared (cross-process) futex on any 32-bit word of a shared mapping: sleep while *addr
  * == val, up to timeout_ns (< 0: no limit). 0 (woken, or the word had changed), -ETIMEDOUT,
  * -EINTR. kvr_futex_wake wakes every sleeper; the writer calls it after changing the word. */

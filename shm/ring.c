@@ -13,15 +13,6 @@
 
 #define KVR_RING_DEFAULT_SPIN_NS 10000u
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
 static inline uint8_t *slot_at(const struct kvr_ring *r, uint32_t idx)
 {
 	return (uint8_t *)r + r->data_off + (size_t)(idx & (r->capacity - 1)) * r->msg_size;
@@ -285,7 +276,7 @@ static int wait_until(struct kvr_ring *r, bool (*ready)(const struct kvr_ring *)
 			if (now >= spin_end)
 				break;
 		}
-		cpu_relax();
+		kvr_cpu_relax();
 	}
 
 	atomic_store_explicit(blocked_flag, 1, memory_order_relaxed);

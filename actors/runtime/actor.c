@@ -364,15 +364,6 @@ static int have_work(const struct kvr_actor *a)
 	return 0;
 }
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
 /* Spin until an input has work or the deadline passes; true when work arrived. */
 static bool spin_for_work(const struct kvr_actor *a, uint64_t deadline)
 {
@@ -381,7 +372,7 @@ static bool spin_for_work(const struct kvr_actor *a, uint64_t deadline)
 			return true;
 		if ((i & 63) == 0 && kvr_now_ns() >= deadline)
 			return false;
-		cpu_relax();
+		kvr_cpu_relax();
 	}
 }
 
