@@ -155,35 +155,35 @@ static void store_arrived(struct kvr_actor *a, struct gather *g, unsigned r)
 	match(a, g);
 }
 
-/* Whether some rank's store is on its way (messages unread, or a list half assembled): a
- * waiting request is not expired then, its partner may be in there. */
-static bool store_arriving(const struct gather *g)
+/* Whether rank r's next store is on its way (messages unread, or a list half assembled). */
+static bool store_arriving(const struct rank *rk)
 {
-	for (unsigned r = 0; r < g->d; r++)
-		if (kvr_ring_count(g->r[r].st.req) ||
-		    (g->r[r].store_asm.got && g->r[r].store_asm.got < g->r[r].store_asm.total))
-			return true;
-	return false;
+	return kvr_ring_count(rk->st.req) || (rk->store_asm.got && rk->store_asm.got < rk->store_asm.total);
 }
 
 static void gather_tick(struct kvr_actor *a, uint64_t now)
 {
 	struct gather *g = a->data;
-	if (store_arriving(g))
-		return;
 	for (unsigned r = 0; r < g->d; r++) {
 		struct rank *rk = &g->r[r];
 		for (unsigned i = 0; i < rk->n;) {
 			const struct pend *p = &rk->q[i];
+			char missing[KVR_DCP_MAX * 4] = "";
+			size_t off = 0;
+			bool arriving = false;
 			if (now - p->rq.first_ns < g->timeout_ns) {
 				i++;
 				continue;
 			}
-			char missing[KVR_DCP_MAX * 4] = "";
-			size_t off = 0;
 			for (unsigned o = 0; o < g->d; o++)
-				if (o != r && find_same(&g->r[o], p) < 0)
+				if (o != r && find_same(&g->r[o], p) < 0) {
 					off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%u", off ? "," : "", o);
+					arriving |= store_arriving(&g->r[o]);
+				}
+			if (arriving) {
+				i++; /* a missing rank's store may be the one still on its way */
+				continue;
+			}
 			kvr_warn("DCP store %llx of rank %u (%u blocks): no matching store from rank(s) %s within %llu ms: "
 				 "nothing stored (a canonical block needs every rank's shard)",
 				 (unsigned long long)p->rq.wire, r, p->rq.n, missing,
