@@ -111,28 +111,23 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 			 "\"mode\": \"%s\"%s}",
 			 o->l2_dir, (unsigned long long)(o->l2_bytes ? o->l2_bytes : 64ull << 20),
 			 o->l2_mode ? o->l2_mode : "write-through", o->l2_extra ? o->l2_extra : "");
-	char json[4096];
-	snprintf(json, sizeof(json),
-		 "{\n"
-		 "  \"instance\": {\"socket\": \"%s\", \"max_workers\": %u, \"log_level\": \"info\"},\n"
-		 "  \"rings\": {\"capacity\": 64},\n"
-		 "  \"supervisor\": {\"ready_timeout_ms\": 3000, \"stable_after_ms\": 1000,\n"
-		 "    \"restart_backoff_initial_ms\": 20, \"restart_backoff_max_ms\": 200,\n"
-		 "    \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": %u,\n"
-		 "    \"health_interval_ms\": %u, \"drain_timeout_ms\": 3000},\n"
-		 "  \"model\": {\"preset\": \"\", \"model_id\": \"test/tiny\", \"layers\": %u, \"kv_heads\": %u,\n"
+	char sup[512], sections[2048];
+	snprintf(sup, sizeof(sup),
+		 "\"ready_timeout_ms\": 3000, \"stable_after_ms\": 1000, \"restart_backoff_initial_ms\": 20, "
+		 "\"restart_backoff_max_ms\": 200, \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": %u, "
+		 "\"health_interval_ms\": %u, \"drain_timeout_ms\": 3000",
+		 o->crash_loop_max ? o->crash_loop_max : 5, o->health_ms ? o->health_ms : 1000);
+	snprintf(sections, sizeof(sections),
+		 ",\n  \"model\": {\"preset\": \"\", \"model_id\": \"test/tiny\", \"layers\": %u, \"kv_heads\": %u,\n"
 		 "    \"head_dim\": %u, \"dtype_bytes\": %u, \"block_tokens\": %u, \"tp_size\": %u},\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"%s\"},\n"
-		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}%s\n"
-		 "}\n",
-		 e->h.sock, o->max_workers ? o->max_workers : m->tp_size, o->crash_loop_max ? o->crash_loop_max : 5,
-		 o->health_ms ? o->health_ms : 1000, m->layers,
-		 m->kv_heads, m->head_dim, m->dtype_bytes, m->block_tokens, m->tp_size,
+		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}%s",
+		 m->layers, m->kv_heads, m->head_dim, m->dtype_bytes, m->block_tokens, m->tp_size,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * slot),
 		 o->eviction ? o->eviction : "lru",
 		 (unsigned long long)(o->staging_ceiling ? o->staging_ceiling : 64 * e->lane_bytes),
 		 o->load_percent ? o->load_percent : 50, (unsigned long long)o->staging_buffer, l2);
-	h_write_config_raw(&e->h, json);
+	h_write_config_with(&e->h, NULL, o->max_workers ? o->max_workers : m->tp_size, sup, sections);
 	h_start(&e->h);
 	struct kvr_actor_ent *lk = h_actor(&e->h, "lookup");
 	cr_assert(lk && atomic_load(&lk->state) == KVR_ACTOR_READY, "lookup not READY; log:\n%s",

@@ -46,24 +46,16 @@ static const char *config_l2 = ""; /* a test's ",\n  \"l2\": {...}" section, or 
 static void write_config_dcp(const char *model_json, unsigned max_workers, uint64_t lane_bytes, unsigned n_slots,
 			     unsigned dcp_timeout_ms)
 {
-	char json[4096];
-	snprintf(json, sizeof(json),
-		 "{\n"
-		 "  \"instance\": {\"socket\": \"%s\", \"max_workers\": %u, \"log_level\": \"info\"},\n"
-		 "  \"rings\": {\"capacity\": 64},\n"
-		 "  \"supervisor\": {\"ready_timeout_ms\": 3000, \"stable_after_ms\": 1000,\n"
-		 "    \"restart_backoff_initial_ms\": 20, \"restart_backoff_max_ms\": 200,\n"
-		 "    \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": 5,\n"
-		 "    \"health_interval_ms\": 1000, \"drain_timeout_ms\": 3000},\n"
-		 "  \"model\": %s,\n"
+	char sections[2048];
+	snprintf(sections, sizeof(sections),
+		 ",\n  \"model\": %s,\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"lru\"},\n"
 		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": 50},\n"
-		 "  \"dcp\": {\"store_timeout_ms\": %u}%s\n"
-		 "}\n",
-		 inst.sock, max_workers, model_json,
+		 "  \"dcp\": {\"store_timeout_ms\": %u}%s",
+		 model_json,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * kvr_slots_slot_bytes(lane_bytes)),
 		 (unsigned long long)(16 * lane_bytes), dcp_timeout_ms, config_l2);
-	h_write_config_raw(&inst, json);
+	h_write_config_with(&inst, NULL, max_workers, H_SUP_DATA, sections);
 }
 
 static void write_config(const char *model_json, unsigned max_workers, uint64_t lane_bytes, unsigned n_slots)

@@ -141,25 +141,17 @@ uint16_t m_free_port(void)
 
 static void write_config(struct h_inst *in, bool enabled, uint16_t port, const char *l2)
 {
-	char json[4096];
-	snprintf(json, sizeof(json),
-		 "{\n"
-		 "  \"instance\": {\"socket\": \"%s\", \"max_workers\": 2, \"log_level\": \"info\"},\n"
-		 "  \"rings\": {\"capacity\": 64},\n"
-		 "  \"supervisor\": {\"ready_timeout_ms\": 2000, \"stable_after_ms\": 1000,\n"
-		 "    \"restart_backoff_initial_ms\": 50, \"restart_backoff_max_ms\": 400,\n"
-		 "    \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": 3,\n"
-		 "    \"health_interval_ms\": 200, \"drain_timeout_ms\": 3000},\n"
-		 "  \"model\": {\"preset\": \"\", \"model_id\": \"kvring-metrics-test\", \"layers\": %u, \"kv_heads\": %u,\n"
+	char sections[2048];
+	snprintf(sections, sizeof(sections),
+		 ",\n  \"model\": {\"preset\": \"\", \"model_id\": \"kvring-metrics-test\", \"layers\": %u, \"kv_heads\": %u,\n"
 		 "    \"head_dim\": %u, \"dtype_bytes\": 2, \"block_tokens\": %u},\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"lru\"},\n"
 		 "  \"staging\": {\"ceiling_bytes\": \"1MiB\"},\n"
-		 "  \"metrics\": {\"enabled\": %s, \"listen\": \"127.0.0.1:%u\"}%s\n"
-		 "}\n",
-		 in->sock, M_LAYERS, M_HEADS, M_HEAD_DIM, M_BLOCK_TOKENS,
+		 "  \"metrics\": {\"enabled\": %s, \"listen\": \"127.0.0.1:%u\"}%s",
+		 M_LAYERS, M_HEADS, M_HEAD_DIM, M_BLOCK_TOKENS,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + M_SLOTS * M_LANE_BYTES), enabled ? "true" : "false",
 		 port, l2);
-	h_write_config_raw(in, json);
+	h_write_config_with(in, NULL, 2, H_SUP_WATCH, sections);
 }
 
 void m_write_config(struct h_inst *in, bool enabled, uint16_t port)

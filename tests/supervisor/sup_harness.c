@@ -73,21 +73,27 @@ void h_write_config_raw(struct h_inst *in, const char *json)
 	fclose(f);
 }
 
+void h_write_config_with(struct h_inst *in, const char *instance_extra, unsigned max_workers, const char *supervisor,
+			 const char *sections)
+{
+	char json[8192];
+	int n = snprintf(json, sizeof(json),
+			 "{\n"
+			 "  \"instance\": {\"socket\": \"%s\", \"max_workers\": %u, \"log_level\": \"info\"%s},\n"
+			 "  \"rings\": {\"capacity\": 64},\n"
+			 "  \"supervisor\": {%s}%s\n"
+			 "}\n",
+			 in->sock, max_workers, instance_extra ? instance_extra : "", supervisor, sections ? sections : "");
+	cr_assert(n > 0 && (size_t)n < sizeof(json), "test config longer than %zu bytes", sizeof(json));
+	h_write_config_raw(in, json);
+}
+
 void h_write_config(struct h_inst *in, unsigned max_workers, const char *extra_instance, const char *extra_supervisor)
 {
-	char json[4096];
-	snprintf(json, sizeof(json),
-		 "{\n"
-		 "  \"instance\": {\"socket\": \"%s\", \"max_workers\": %u, \"log_level\": \"info\"%s},\n"
-		 "  \"rings\": {\"capacity\": 64},\n"
-		 "  \"supervisor\": {\"ready_timeout_ms\": 2000, \"stable_after_ms\": 1000,\n"
-		 "    \"restart_backoff_initial_ms\": 50, \"restart_backoff_max_ms\": 400,\n"
-		 "    \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": 3,\n"
-		 "    \"health_interval_ms\": 200, \"drain_timeout_ms\": 3000%s},\n"
-		 "  \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}\n"
-		 "}\n",
-		 in->sock, max_workers, extra_instance ? extra_instance : "", extra_supervisor ? extra_supervisor : "");
-	h_write_config_raw(in, json);
+	char sup[1024];
+	snprintf(sup, sizeof(sup), "%s%s", H_SUP_WATCH, extra_supervisor ? extra_supervisor : "");
+	h_write_config_with(in, extra_instance, max_workers, sup,
+			    ",\n  \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}");
 }
 
 pid_t h_spawn_kvringd(struct h_inst *in, const char *const *args)

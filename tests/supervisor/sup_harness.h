@@ -52,6 +52,25 @@ void h_fini(struct h_inst *in);
 void h_write_config(struct h_inst *in, unsigned max_workers, const char *extra_instance, const char *extra_supervisor);
 void h_write_config_raw(struct h_inst *in, const char *json);
 
+/* Supervisor timings (the body of the "supervisor" object). H_SUP_WATCH: fast restarts and
+ * health pings, for tests of the supervisor itself; H_SUP_DATA: data-path tests, where a
+ * stopped actor must not be killed by missed pings within a test (pings every 1 s). */
+#define H_SUP_WATCH                                                                              \
+	"\"ready_timeout_ms\": 2000, \"stable_after_ms\": 1000, \"restart_backoff_initial_ms\": 50, " \
+	"\"restart_backoff_max_ms\": 400, \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": 3, "  \
+	"\"health_interval_ms\": 200, \"drain_timeout_ms\": 3000"
+#define H_SUP_DATA                                                                               \
+	"\"ready_timeout_ms\": 3000, \"stable_after_ms\": 1000, \"restart_backoff_initial_ms\": 20, " \
+	"\"restart_backoff_max_ms\": 200, \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": 5, "  \
+	"\"health_interval_ms\": 1000, \"drain_timeout_ms\": 3000"
+
+/* Write a config: the instance (this harness's socket, max_workers, log level info, then
+ * instance_extra: "" or ", \"key\": value"), rings of 64 messages, the supervisor object
+ * with the body `supervisor` (H_SUP_WATCH, H_SUP_DATA or a test's own), then `sections`:
+ * the other top-level members, each written as ",\n  \"name\": {...}". */
+void h_write_config_with(struct h_inst *in, const char *instance_extra, unsigned max_workers, const char *supervisor,
+			 const char *sections);
+
 /* Path of a built program under KVR_BUILD_ROOT. */
 void h_build_path(char *buf, size_t len, const char *rel);
 

@@ -326,14 +326,10 @@ Test(supervisor, ready_timeout_kills)
 	/* never writes the readiness byte */
 	make_actor_dir(dir, "#!/bin/sh\nexec sleep 30\n");
 	snprintf(extra, sizeof(extra), ", \"actor_dir\": \"%s\"", dir);
-	char json[2048];
-	snprintf(json, sizeof(json),
-		 "{\"instance\": {\"socket\": \"%s\", \"max_workers\": 1%s},"
-		 " \"supervisor\": {\"ready_timeout_ms\": 200, \"restart_backoff_initial_ms\": 50,"
-		 " \"restart_backoff_max_ms\": 100, \"crash_loop_max_deaths\": 2, \"crash_loop_window_s\": 10},"
-		 " \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}}",
-		 inst.sock, extra);
-	h_write_config_raw(&inst, json);
+	h_write_config_with(&inst, extra, 1,
+			    "\"ready_timeout_ms\": 200, \"restart_backoff_initial_ms\": 50, \"restart_backoff_max_ms\": 100, "
+			    "\"crash_loop_max_deaths\": 2, \"crash_loop_window_s\": 10",
+			    ",\n  \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}");
 	h_start(&inst);
 	struct kvr_actor_ent *e = h_actor(&inst, "lookup");
 	/* 200 ms, kill, 50 ms backoff, 200 ms, kill: FAILED after two deaths */

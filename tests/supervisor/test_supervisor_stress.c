@@ -28,18 +28,14 @@ TestSuite(supervisor_stress, .init = setup, .fini = teardown, .timeout = 120);
 
 static void write_lenient_config(unsigned drain_ms)
 {
-	char json[2048];
-	snprintf(json, sizeof(json),
-		 "{\"instance\": {\"socket\": \"%s\", \"max_workers\": 2},"
-		 " \"rings\": {\"capacity\": 64},"
-		 " \"supervisor\": {\"ready_timeout_ms\": 3000, \"stable_after_ms\": 100,"
-		 " \"restart_backoff_initial_ms\": 10, \"restart_backoff_max_ms\": 50,"
-		 " \"crash_loop_max_deaths\": 1000, \"crash_loop_window_s\": 10,"
-		 " \"health_interval_ms\": 200, \"drain_timeout_ms\": %u},"
-		 " \"model\": {\"tp_size\": 2},"
-		 " \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}}",
-		 inst.sock, drain_ms);
-	h_write_config_raw(&inst, json);
+	char sup[512];
+	snprintf(sup, sizeof(sup),
+		 "\"ready_timeout_ms\": 3000, \"stable_after_ms\": 100, \"restart_backoff_initial_ms\": 10, "
+		 "\"restart_backoff_max_ms\": 50, \"crash_loop_max_deaths\": 1000, \"crash_loop_window_s\": 10, "
+		 "\"health_interval_ms\": 200, \"drain_timeout_ms\": %u",
+		 drain_ms);
+	h_write_config_with(&inst, NULL, 2, sup,
+			    ",\n  \"model\": {\"tp_size\": 2},\n  \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}");
 }
 
 static struct kvr_actor_ent *wait_ready(const char *name)
