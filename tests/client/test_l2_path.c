@@ -99,29 +99,6 @@ static void load_all_exact(struct ct_rank *r, uint64_t req0)
 		cr_assert_eq(load_found_exact(r, req0 + p, p), BLOCKS, "prompt %u: not every block found in L1+L2", p);
 }
 
-static unsigned count_files(const char *dir, const char *suffix)
-{
-	unsigned n = 0;
-	DIR *d = opendir(dir);
-	if (!d)
-		return 0;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (e->d_name[0] == '.')
-			continue;
-		if (e->d_type == DT_DIR) {
-			char sub[512];
-			snprintf(sub, sizeof(sub), "%s/%s", dir, e->d_name);
-			n += count_files(sub, suffix);
-		} else {
-			size_t l = strlen(e->d_name), s = strlen(suffix);
-			n += l >= s && strcmp(e->d_name + l - s, suffix) == 0;
-		}
-	}
-	closedir(d);
-	return n;
-}
-
 static void stop_kvringd(void)
 {
 	ct_close_all();
@@ -151,7 +128,7 @@ Test(l2, survives_restart_byte_exact)
 	store_prompts(r);
 	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == PROMPTS * BLOCKS, 5000),
 		  "written through: %llu", (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES));
-	cr_assert_eq(count_files(l2dir, ".kvb"), PROMPTS * BLOCKS);
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), PROMPTS * BLOCKS);
 	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_EVICTED), 0, "L1 of 4 slots must have evicted");
 	load_all_exact(r, 100);
 	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0, "some blocks came from L2");
@@ -233,10 +210,10 @@ Test(l2, disk_actor_killed_mid_writes)
 		cr_assert_eq(ct_lookup(r, 50 + p, tokens[p], BLOCKS * BT), BLOCKS, "L1 serves prompt %u", p);
 	/* SIGTERM drains the writes still queued; then count what is complete on disk */
 	stop_kvringd();
-	unsigned complete = count_files(l2dir, ".kvb");
+	unsigned complete = h_count_files(l2dir, ".kvb");
 	cr_assert_leq(complete, PROMPTS * BLOCKS);
 	ct_start(&env, &tiny, &o);
-	cr_assert_eq(count_files(l2dir, ".kvb"), complete, "adoption keeps every complete file");
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), complete, "adoption keeps every complete file");
 	cr_assert(log_has_synced(complete), "the lookup actor learned of exactly %u files", complete);
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	unsigned served = 0;
@@ -269,7 +246,7 @@ Test(l2, disk_full_keeps_l1_serving)
 	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITE_FAILS), 0, "the disk filled up");
 	load_all_exact(r, 100); /* from L1 */
 	stop_kvringd();
-	cr_assert_eq(count_files(l2dir, ".kvb"), written, "only complete files under real names");
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), written, "only complete files under real names");
 
 	ct_start(&env, &tiny, &o);
 	cr_assert(log_has_synced((unsigned)written), "want %llu files adopted; log:\n%s", (unsigned long long)written,
@@ -306,12 +283,12 @@ Test(l2, kvringd_killed_mid_writes)
 	kvr_segment_close(&env.arena_seg);
 	h_unmap(&env.h);
 	usleep(200 * 1000); /* the other actors end on their parent's death */
-	unsigned complete = count_files(l2dir, ".kvb");
+	unsigned complete = h_count_files(l2dir, ".kvb");
 
 	ct_start(&env, &tiny, &o);
 	cr_assert(log_has_synced(complete), "adopted exactly the %u complete files", complete);
-	cr_assert_eq(count_files(l2dir, ".kvb"), complete);
-	cr_assert_eq(count_files(l2dir, ""), complete, "no temporary file left (dot files such as the lock aside)");
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), complete);
+	cr_assert_eq(h_count_files(l2dir, ""), complete, "no temporary file left (dot files such as the lock aside)");
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	unsigned served = 0;
 	for (unsigned p = 0; p < PROMPTS; p++)
@@ -332,13 +309,13 @@ Test(l2, write_back_demotes_on_eviction)
 	store_prompt(r, 0, 1000);
 	usleep(100 * 1000);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES), 0, "write-back writes nothing while L1 has room");
-	cr_assert_eq(count_files(l2dir, ".kvb"), 0);
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), 0);
 	for (unsigned p = 1; p < PROMPTS; p++)
 		store_prompt(r, p, 1000 + p); /* each one makes L1 demote the previous prompt */
 	uint64_t written = ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES);
 	cr_assert_eq(written, (PROMPTS - 1) * BLOCKS, "the evicted prompts were written, the last one was not: %llu",
 		     (unsigned long long)written);
-	cr_assert_eq(count_files(l2dir, ".kvb"), written);
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), written);
 	load_all_exact(r, 100);
 	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);

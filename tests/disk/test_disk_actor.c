@@ -37,39 +37,11 @@ static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16,
 
 #define TAG(prompt, i) (1000ull * (prompt) + (i) + 1)
 
-/* Block files (*.kvb) under every namespace directory of root. */
-static unsigned count_files(const char *root)
-{
-	unsigned n = 0;
-	DIR *d = opendir(root);
-	if (!d)
-		return 0;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (e->d_name[0] == '.')
-			continue;
-		char sub[PATH_MAX];
-		snprintf(sub, sizeof(sub), "%s/%s", root, e->d_name);
-		DIR *s = opendir(sub);
-		if (!s)
-			continue;
-		struct dirent *f;
-		while ((f = readdir(s))) {
-			size_t l = strlen(f->d_name);
-			if (l > 4 && !strcmp(f->d_name + l - 4, ".kvb"))
-				n++;
-		}
-		closedir(s);
-	}
-	closedir(d);
-	return n;
-}
-
 static unsigned wait_files(const char *root, unsigned want, int ms)
 {
 	uint64_t end = kvr_now_ns() + (uint64_t)ms * 1000000ull;
 	unsigned n;
-	while ((n = count_files(root)) < want && kvr_now_ns() < end)
+	while ((n = h_count_files(root, ".kvb")) < want && kvr_now_ns() < end)
 		usleep(10000);
 	return n;
 }
@@ -153,7 +125,7 @@ Test(disk_actor, eviction_reported_gone)
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES), 12);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITE_FAILS), 0);
 	usleep(100000);
-	cr_assert_eq(count_files(l2dir), 6, "the cap holds 6 files");
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), 6, "the cap holds 6 files");
 
 	uint32_t tokens[4 * 16];
 	ct_prompt(tokens, 4 * 16, 101);

@@ -105,22 +105,6 @@ static void ns_dir(char *buf, size_t len, kvr_key *ret_ns)
 	cr_assert(found, "no namespace directory in %s", l2dir);
 }
 
-/* Entries of dir whose name ends in suffix. */
-static unsigned count_suffix(const char *dir, const char *suffix)
-{
-	DIR *d = opendir(dir);
-	cr_assert_not_null(d);
-	struct dirent *de;
-	unsigned n = 0;
-	size_t sl = strlen(suffix);
-	while ((de = readdir(d))) {
-		size_t l = strlen(de->d_name);
-		n += l >= sl && !strcmp(de->d_name + l - sl, suffix);
-	}
-	closedir(d);
-	return n;
-}
-
 /* The file of workload prompt p block i (lane 0). */
 static void block_path(char *buf, size_t len, const char *ns_path, kvr_key ns, unsigned p, unsigned i)
 {
@@ -258,8 +242,8 @@ Test(metrics_l2, gauges_and_evictions)
 	char ns_path[256];
 	kvr_key ns;
 	ns_dir(ns_path, sizeof(ns_path), &ns);
-	cr_assert(H_WAIT(count_suffix(ns_path, ".kvb") == 8, 2000), "%u block files on disk",
-		  count_suffix(ns_path, ".kvb"));
+	cr_assert(H_WAIT(h_count_files(ns_path, ".kvb") == 8, 2000), "%u block files on disk",
+		  h_count_files(ns_path, ".kvb"));
 	/* the 8 on disk are workload blocks (the three stores commit interleaved, so which 4 were
 	 * the least recently written is not fixed) */
 	unsigned present = 0;
@@ -311,7 +295,7 @@ Test(metrics_l2, adoption_after_restart)
 	char ns_path[256], path[512], tmp[600];
 	kvr_key ns;
 	ns_dir(ns_path, sizeof(ns_path), &ns);
-	cr_assert_eq(count_suffix(ns_path, ".kvb"), WRITTEN);
+	cr_assert_eq(h_count_files(ns_path, ".kvb"), WRITTEN);
 	block_path(path, sizeof(path), ns_path, ns, 0, 0);
 	h_flip_byte(path, 200); /* a reserved header byte: the header checksum */
 	block_path(path, sizeof(path), ns_path, ns, 2, 3);
@@ -343,8 +327,8 @@ Test(metrics_l2, adoption_after_restart)
 	cr_assert_eq(l2v(t, "kvring_l2_evicted_files_total", ""), 0, "adoption's over-cap deletions are not evictions");
 	free(t);
 	/* tmp, the damaged header and the 3 over the cap removed; the foreign file left alone */
-	cr_assert_eq(count_suffix(ns_path, ".kvb"), 8);
-	cr_assert_eq(count_suffix(ns_path, ".7"), 0, "the tmp file is removed");
+	cr_assert_eq(h_count_files(ns_path, ".kvb"), 8);
+	cr_assert_eq(h_count_files(ns_path, ".7"), 0, "the tmp file is removed");
 	cr_assert_eq(access(path, F_OK), 0, "NOTES.txt is left alone");
 
 	/* prompt 1 is promoted whole; prompt 2's block 3 is damaged: 3 promoted, a miss */
@@ -369,7 +353,7 @@ Test(metrics_l2, adoption_after_restart)
 	cr_assert_eq(l2v(t, "kvring_l2_files", ""), 7);
 	cr_assert_eq(l2v(t, "kvring_l2_bytes", ""), 7 * FB);
 	cr_assert_eq(l2v(t, "kvring_l2_evicted_files_total", ""), 0);
-	cr_assert(H_WAIT(count_suffix(ns_path, ".kvb") == 7, 2000), "the damaged file is removed");
+	cr_assert(H_WAIT(h_count_files(ns_path, ".kvb") == 7, 2000), "the damaged file is removed");
 
 	const cJSON *l;
 	cJSON *doc = inspect_l2_matches(t, &l);

@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
@@ -151,6 +152,30 @@ char *h_read_file(const char *path)
 	fclose(f);
 	fclose(m);
 	return buf;
+}
+
+unsigned h_count_files(const char *dir, const char *suffix)
+{
+	unsigned n = 0;
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0;
+	size_t sl = strlen(suffix);
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		if (e->d_type == DT_DIR) {
+			char sub[PATH_MAX];
+			snprintf(sub, sizeof(sub), "%s/%s", dir, e->d_name);
+			n += h_count_files(sub, suffix);
+		} else {
+			size_t l = strlen(e->d_name);
+			n += l >= sl && !strcmp(e->d_name + l - sl, suffix);
+		}
+	}
+	closedir(d);
+	return n;
 }
 
 void h_flip_byte(const char *path, long off)

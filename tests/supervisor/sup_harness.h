@@ -83,6 +83,8 @@ int h_wait_exit(pid_t pid, int timeout_ms);
 /* Does the daemon's log contain s? */
 bool h_log_contains(const struct h_inst *in, const char *s);
 char *h_read_file(const char *path);
+/* Files under dir (any depth; names starting with '.' skipped) whose name ends in suffix. */
+unsigned h_count_files(const char *dir, const char *suffix);
 /* Damage a file: XOR byte off with 0x5a (asserts the byte exists). */
 void h_flip_byte(const char *path, long off);
 /* Create or truncate path with text (asserts it worked). */
