@@ -99,6 +99,10 @@ struct dt_arena {
 	uint32_t n_slots;
 };
 
+/* The arena members of a struct kvr_l2io_config / kvr_l2_store_config, from a dt_arena. */
+#define DT_ARENA_CFG(a) \
+	.arena = (a).base, .arena_bytes = (a).bytes, .arena_data_off = (a).data_off, .slot_bytes = (a).slot_bytes
+
 static inline int dt_arena_new(uint32_t n_slots, uint64_t lane_bytes, struct dt_arena *ret)
 {
 	uint64_t sb = kvr_l2_payload_bytes(lane_bytes);

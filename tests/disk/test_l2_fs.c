@@ -42,10 +42,7 @@ static void engine_enospc(enum kvr_l2_iomode mode)
 		.queue_depth = 4,
 		.durability = KVR_L2_DUR_BLOCK,
 		.io_mode = mode,
-		.arena = arena.base,
-		.arena_bytes = arena.bytes,
-		.arena_data_off = arena.data_off,
-		.slot_bytes = arena.slot_bytes,
+		DT_ARENA_CFG(arena),
 	};
 	struct kvr_l2io *io = NULL;
 	cr_assert_eq(kvr_l2io_open(&cfg, &io), 0);
@@ -84,10 +81,7 @@ static void store_fills_up(enum kvr_l2_iomode mode)
 		.queue_depth = 4,
 		.durability = KVR_L2_DUR_BATCH,
 		.io_mode = mode,
-		.arena = arena.base,
-		.arena_bytes = arena.bytes,
-		.arena_data_off = arena.data_off,
-		.slot_bytes = arena.slot_bytes,
+		DT_ARENA_CFG(arena),
 	};
 	struct kvr_l2_store *s = NULL;
 	cr_assert_eq(kvr_l2_store_open(&cfg, NULL, &s), 0);
@@ -169,10 +163,7 @@ Test(l2ramfs, auto_falls_back_to_buffered)
 		.queue_depth = 4,
 		.durability = KVR_L2_DUR_BATCH,
 		.io_mode = KVR_L2_IO_AUTO,
-		.arena = arena.base,
-		.arena_bytes = arena.bytes,
-		.arena_data_off = arena.data_off,
-		.slot_bytes = arena.slot_bytes,
+		DT_ARENA_CFG(arena),
 	};
 	struct kvr_l2_store *s = NULL;
 	cr_assert_eq(kvr_l2_store_open(&cfg, NULL, &s), 0);
@@ -213,10 +204,7 @@ Test(l2ramfs, forced_direct_fails_cleanly)
 		.ident = {.ns = {9, 9}, .fingerprint = {1, 1}, .block_tokens = 16, .lane_bytes = 20000},
 		.queue_depth = 2,
 		.io_mode = KVR_L2_IO_DIRECT,
-		.arena = arena.base,
-		.arena_bytes = arena.bytes,
-		.arena_data_off = arena.data_off,
-		.slot_bytes = arena.slot_bytes,
+		DT_ARENA_CFG(arena),
 	};
 	struct kvr_l2io *io = NULL;
 	cr_assert_eq(kvr_l2io_open(&cfg, &io), 0);

@@ -54,10 +54,7 @@ static struct kvr_l2io *engine(enum kvr_l2_iomode mode, enum kvr_l2_durability d
 		.queue_depth = qd,
 		.durability = dur,
 		.io_mode = mode,
-		.arena = arena.base,
-		.arena_bytes = arena.bytes,
-		.arena_data_off = arena.data_off,
-		.slot_bytes = arena.slot_bytes,
+		DT_ARENA_CFG(arena),
 	};
 	struct kvr_l2io *e = NULL;
 	int rc = kvr_l2io_open(&cfg, &e);

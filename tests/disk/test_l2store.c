@@ -53,10 +53,7 @@ static struct kvr_l2_store_config config(const struct kvr_l2_ident *id, uint64_t
 		.queue_depth = QD,
 		.durability = KVR_L2_DUR_NONE,
 		.io_mode = KVR_L2_IO_AUTO,
-		.arena = arena.base,
-		.arena_bytes = arena.bytes,
-		.arena_data_off = arena.data_off,
-		.slot_bytes = arena.slot_bytes,
+		DT_ARENA_CFG(arena),
 	};
 }
 
