@@ -24,7 +24,7 @@ static int loader_init(struct kvr_actor *a)
 		return -ENOMEM;
 	kvr_actor_set_data(a, l);
 	stage_load_init(&l->ld);
-	int rc = stage_worker_open(a, &l->sw, a->ent->index, a->kv_fd, a->kv_bytes, "load.req.%u", "load.rep.%u",
+	int rc = stage_worker_open(a, &l->sw, a->ent->index, a->n_kv ? a->kv_fds[0] : -1, a->kv_sizes[0], "load.req.%u", "load.rep.%u",
 				   a->cfg.staging.load_percent);
 	if (rc)
 		return rc;

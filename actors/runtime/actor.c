@@ -267,8 +267,6 @@ static int setup(struct kvr_actor *a, const struct actor_args *args)
 		a->kv_fds[i] = args->kv_fd[i];
 		a->kv_sizes[i] = args->kv_bytes[i];
 	}
-	a->kv_fd = args->n_kv ? args->kv_fd[0] : -1;
-	a->kv_bytes = args->n_kv ? args->kv_bytes[0] : 0;
 	a->n_group = args->n_group;
 	for (unsigned i = 0; i < args->n_group; i++)
 		a->group[i] = args->group[i];
@@ -464,8 +462,7 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 	int rc, exit_code = 1;
 
 	kvr_log_setup(stage->name, KVR_LOG_INFO);
-	*a = (struct kvr_actor){.stage = stage, .ctl_seg = {.fd = -1}, .arena_seg = {.fd = -1}, .slots_seg = {.fd = -1},
-				.kv_fd = -1};
+	*a = (struct kvr_actor){.stage = stage, .ctl_seg = {.fd = -1}, .arena_seg = {.fd = -1}, .slots_seg = {.fd = -1}};
 	if (!stage->on_msg || (stage->tick_ns && !stage->on_tick) || stage->wait_fd > 0) {
 		kvr_err("stage %s is incomplete", stage->name);
 		return 1;

@@ -88,9 +88,8 @@ struct kvr_actor {
 	const struct kvr_stage *stage;
 	struct kvr_segment ctl_seg, arena_seg, slots_seg;
 	struct kvr_slot_table *slots;  /* the L1 slot table (--slots-fd), NULL when not given */
-	int kv_fd;                     /* loader/storer: the worker's KV memory (--kv-fd), else -1 */
-	uint64_t kv_bytes;             /* its size (--kv-bytes) */
-	unsigned n_kv;                 /* every --kv-fd given, in order (kv_fd is the first) */
+	unsigned n_kv;                 /* KV memories given (--kv-fd / --kv-bytes), in order: a
+					* loader's or storer's worker (1), a gather actor's group */
 	int kv_fds[KVR_ACTOR_MAX_KV];
 	uint64_t kv_sizes[KVR_ACTOR_MAX_KV];
 	unsigned n_group;              /* gather: --group, the worker slot of each DCP rank */
