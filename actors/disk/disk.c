@@ -18,8 +18,8 @@
  * Requests come on "disk.req.<i>" from the lookup actor, replies and notices go out on
  * "disk.rep.<i>" (docs/l2.md, "The disk actor").
  *
- * Completions without a wait_fd: the runtime has no way to wake us on an io_uring
- * completion, so every I/O is submitted inside on_msg and finished before the runtime
+ * Completions inside on_msg: the runtime sleeps on ring futexes only and has no way to
+ * wake us on an io_uring completion, so every I/O is submitted inside on_msg and finished before the runtime
  * could go to sleep. After each request: when the input ring is empty, or every request
  * slot (queue_depth) is in use, completions are reaped — until nothing is in flight (ring
  * empty) or until a request slot frees (full depth) — and their replies sent. Requests

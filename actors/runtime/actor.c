@@ -463,7 +463,7 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 
 	kvr_log_setup(stage->name, KVR_LOG_INFO);
 	*a = (struct kvr_actor){.stage = stage, .ctl_seg = {.fd = -1}, .arena_seg = {.fd = -1}, .slots_seg = {.fd = -1}};
-	if (!stage->on_msg || (stage->tick_ns && !stage->on_tick) || stage->wait_fd > 0) {
+	if (!stage->on_msg || (stage->tick_ns && !stage->on_tick)) {
 		kvr_err("stage %s is incomplete", stage->name);
 		return 1;
 	}

@@ -48,10 +48,8 @@
  * KVR_STAT_MSGS_IN; a message the stage (or the runtime, for control messages) rejects
  * counts in KVR_STAT_MALFORMED and in the ring's `rejected`.
  *
- * TODO(disk, io_uring): a stage that must also wait on a file descriptor (an io_uring
- * completion eventfd) will set stage->wait_fd; the runtime will then sleep in poll() on
- * that fd plus an eventfd the rings signal, instead of the futex waiter. Until a stage
- * needs it, wait_fd must be -1 (or 0 in a zero-initialised struct: both mean none).
+ * The runtime sleeps on ring futexes only: a stage cannot be woken by another file
+ * descriptor, so a stage that starts I/O (the disk actor) finishes it inside on_msg.
  */
 
 #define KVR_ACTOR_MAX_RINGS 96 /* inputs and outputs per actor */
@@ -63,7 +61,6 @@ struct kvr_stage {
 	const char *name;          /* stage name for logs: "lookup" */
 	enum kvr_actor_kind kind;  /* the actor kind the control segment must list for us */
 	uint64_t tick_ns;          /* on_tick period; 0 = no tick */
-	int wait_fd;               /* reserved (see TODO above): must be <= 0 for now */
 
 	/* Called once after the rings are attached, before readiness. 0 or -errno (the
 	 * actor then exits 1). May store its state with kvr_actor_set_data(). */
