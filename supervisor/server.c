@@ -275,12 +275,12 @@ static void handle_inspect(struct sup *s, struct sup_conn *c)
 	} while (0)
 
 /* Validate what an attaching worker sends — its geometry (payload) and its KV memory
- * (one memfd) — against the instance's model, and adopt the memfd (fds[0] = -1). On
- * failure rep says what was wrong, naming the field and the numbers. */
-static int attach_validate(struct sup *s, struct sup_conn *c, unsigned w, const struct kvr_proto_req *req,
-			   int *fds, unsigned n_fds, struct kvr_proto_rep *rep)
+ * (one memfd) — against the instance's model, and adopt the memfd (fds[0] = -1). *ret_ns:
+ * the key namespace this worker uses (the instance's; a DCP rank with page tails: its
+ * layout's). On failure rep says what was wrong, naming the field and the numbers. */
+static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req *req, int *fds, unsigned n_fds,
+			   struct kvr_proto_rep *rep, kvr_key *ret_ns)
 {
-	(void)c;
 	if (req->payload_len != sizeof(struct kvr_geometry)) {
 		rep_init(s, rep, -EPROTO, "attach payload is %u bytes, a geometry is %zu", req->payload_len,
 			 sizeof(struct kvr_geometry));
@@ -364,6 +364,10 @@ static int attach_validate(struct sup *s, struct sup_conn *c, unsigned w, const 
 			return -EEXIST;
 		}
 	}
+	if (kvr_geometry_namespace(rank_g, s->cfg.model.model_id, s->cfg.model.cache_salt, ret_ns)) {
+		rep_init(s, rep, -EINVAL, "geometry: no key namespace for this rank's layout");
+		return -EINVAL;
+	}
 	memcpy(kvr_ctl_worker_geometry(s->ctl, w), rank_g, sizeof(*rank_g));
 	s->kv_fd[w] = fds[0];
 	s->kv_bytes[w] = kv_bytes;
@@ -394,7 +398,8 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 		goto reply;
 	}
 	rep_init(s, &rep, 0, NULL);
-	if (attach_validate(s, c, (unsigned)w, req, fds, n_fds, &rep) || rep.status) {
+	kvr_key ns;
+	if (attach_validate(s, (unsigned)w, req, fds, n_fds, &rep, &ns) || rep.status) {
 		if (!rep.status)
 			rep.status = -EINVAL;
 		goto reply;
@@ -414,9 +419,6 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 			goto reply;
 		}
 	}
-	kvr_key ns;
-	(void)kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns);
-
 	struct kvr_worker_ent *we = kvr_ctl_worker(s->ctl, (unsigned)w);
 	atomic_store(&we->pid, c->pid);
 	we->uid = c->uid;
