@@ -3,7 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <kvring/msg.h>
 
@@ -276,6 +278,43 @@ static void drop_stale_pins(struct disk *d, unsigned idx, unsigned n_dirs)
 		kvr_warn("dropped %u write pins left by a previous disk actor", dropped);
 }
 
+/* ---- the read gate (a test hook) ------------------------------------------------------------
+ * KVRING_TEST_READ_GATE=<dir> (inherited from kvringd's environment) holds every L2 read
+ * after its slot was checked and claimed and before its I/O is submitted, so a test can make
+ * a read complete as late as it likes (a worker dies meanwhile, another one stores): the
+ * actor appends "slot epoch key_lo key_hi lane" to <dir>/held.log, then blocks reading one
+ * byte from the FIFO <dir>/gate (the test mkfifo()s it and writes a byte per read to release).
+ * Unset: nothing of this runs. */
+static void read_gate(const struct kvr_msg_l2 *b)
+{
+	static const char *dir;
+	static bool looked;
+	if (!looked) {
+		dir = getenv("KVRING_TEST_READ_GATE");
+		looked = true;
+		if (dir)
+			kvr_warn("KVRING_TEST_READ_GATE=%s: every L2 read waits for the test's gate", dir);
+	}
+	if (!dir)
+		return;
+	char path[512];
+	snprintf(path, sizeof(path), "%s/held.log", dir);
+	int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		dprintf(fd, "%u %u %016llx %016llx %u\n", b->slot, b->epoch, (unsigned long long)b->key_lo,
+			(unsigned long long)b->key_hi, (unsigned)b->lane);
+		(void)close(fd);
+	}
+	snprintf(path, sizeof(path), "%s/gate", dir);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		char c;
+		while (read(fd, &c, 1) < 0 && errno == EINTR)
+			;
+		(void)close(fd);
+	}
+}
+
 /* ---- requests ---------------------------------------------------------------------------- */
 
 /* Start the I/O of an L2_WRITE (from a COMMITTED slot) or L2_READ (into the WRITING slot
@@ -294,6 +333,8 @@ static int start_io(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b,
 	d->reqs[r] = (struct disk_req){.req_id = req_id, .key = key, .slot = b->slot, .epoch = b->epoch,
 				       .lane = b->lane, .type = type, .next_free = DISK_REQ_NONE};
 	void *data = kvr_slot_data(d->slots, d->a->arena_seg.base, b->slot);
+	if (type == KVR_MSG_L2_READ)
+		read_gate(b);
 	int rc = submit(d, type == KVR_MSG_L2_WRITE, key, b->lane, data, r);
 	if (rc)
 		req_put(d, r);
