@@ -405,6 +405,7 @@ struct kvr_index {
 	uint32_t *htab, hmask; /* open addressing, linear probing: entry ids, NONE empty */
 	uint32_t *slot_ent;    /* [n_slots]: the entry a tracked slot belongs to, or NONE */
 	uint32_t *free_slots, n_free_slots;
+	uint32_t *draining, n_draining; /* aborted slots whose I/O is still in flight (DRAINING) */
 	uint32_t stamp;
 	uint64_t evictions, noroom;
 	kvr_index_evict_hook_fn evict_hook; /* may veto an eviction (write-back: not on disk yet) */
@@ -483,6 +484,40 @@ static void slot_release(struct kvr_index *idx, uint32_t s)
 {
 	idx->slot_ent[s] = NONE;
 	idx->free_slots[idx->n_free_slots++] = s;
+}
+
+/* An aborted slot: free now, or once its I/O is done (kvr_index_reap). */
+static void slot_aborted(struct kvr_index *idx, uint32_t s, int abort_rc)
+{
+	idx->slot_ent[s] = NONE;
+	if (abort_rc == 1)
+		idx->draining[idx->n_draining++] = s;
+	else if (abort_rc == 0)
+		idx->free_slots[idx->n_free_slots++] = s;
+}
+
+unsigned kvr_index_reap(struct kvr_index *idx)
+{
+	unsigned n = 0;
+	for (uint32_t k = 0; idx && k < idx->n_draining;) {
+		uint32_t s = idx->draining[k];
+		int rc = kvr_slot_drained(idx->t, s);
+		if (rc == -EBUSY) {
+			k++;
+			continue;
+		}
+		idx->draining[k] = idx->draining[--idx->n_draining];
+		if (rc == 0) {
+			idx->free_slots[idx->n_free_slots++] = s;
+			n++;
+		}
+	}
+	return n;
+}
+
+unsigned kvr_index_draining(const struct kvr_index *idx)
+{
+	return idx ? idx->n_draining : 0;
 }
 
 static bool block_pinned(const struct kvr_index *idx, uint32_t e)
@@ -567,7 +602,9 @@ static int index_alloc_arrays(struct kvr_index *idx, uint32_t n_slots, uint32_t 
 	idx->htab = malloc((size_t)hsize * sizeof(*idx->htab));
 	idx->slot_ent = malloc((size_t)n_slots * sizeof(*idx->slot_ent));
 	idx->free_slots = malloc((size_t)n_slots * sizeof(*idx->free_slots));
-	if (!idx->ents || !idx->ent_slots || !idx->free_ents || !idx->htab || !idx->slot_ent || !idx->free_slots)
+	idx->draining = malloc((size_t)n_slots * sizeof(*idx->draining));
+	if (!idx->ents || !idx->ent_slots || !idx->free_ents || !idx->htab || !idx->slot_ent || !idx->free_slots ||
+	    !idx->draining)
 		return -ENOMEM;
 	idx->hmask = hsize - 1;
 	return 0;
@@ -610,6 +647,7 @@ void kvr_index_free(struct kvr_index *idx)
 	free(idx->htab);
 	free(idx->slot_ent);
 	free(idx->free_slots);
+	free(idx->draining);
 	free(idx);
 }
 
@@ -659,7 +697,9 @@ int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t)
 		uint32_t st = kvr_slot_state(t, s);
 		if (st != KVR_SLOT_WRITING && st != KVR_SLOT_COMMITTED)
 			continue;
-		if (sl->lane >= idx->lanes || sl->block_tokens != t->block_tokens) {
+		/* a promotion of a lookup actor that died: nobody waits for it any more */
+		if (sl->lane >= idx->lanes || sl->block_tokens != t->block_tokens ||
+		    (st == KVR_SLOT_WRITING && sl->owner == KVR_SLOT_OWNER_LOOKUP)) {
 			release_stray(t, s);
 			continue;
 		}
@@ -686,10 +726,16 @@ int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t)
 			en->last_access = sl->last_access;
 		idx->slot_ent[s] = e;
 	}
-	/* free list after the strays were released; lowest slot on top */
-	for (uint32_t s = idx->n_slots; s-- > 0;)
-		if (kvr_slot_state(t, s) == KVR_SLOT_FREE)
+	/* free list after the strays were released; lowest slot on top. DRAINING slots (an
+	 * I/O of a dead actor may still be landing in them) wait for kvr_index_reap. */
+	idx->n_draining = 0;
+	for (uint32_t s = idx->n_slots; s-- > 0;) {
+		uint32_t st = kvr_slot_state(t, s);
+		if (st == KVR_SLOT_FREE)
 			idx->free_slots[idx->n_free_slots++] = s;
+		else if (st == KVR_SLOT_DRAINING)
+			idx->draining[idx->n_draining++] = s;
+	}
 
 	/* policy order: oldest first, so the most recent ends at the head */
 	uint32_t *order = malloc((size_t)(blocks ? blocks : 1) * sizeof(*order));
@@ -729,7 +775,8 @@ int kvr_index_match(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane, unsigned owner,
 		    struct kvr_index_ref *ret_slots, struct kvr_index_alloc_stats *ret_stats)
 {
-	if (!idx || lane >= idx->lanes || owner >= KVR_SLOT_MAX_WORKERS || (n && (!keys || !ret_slots)))
+	if (!idx || lane >= idx->lanes || (owner >= KVR_SLOT_MAX_WORKERS && owner != KVR_SLOT_OWNER_LOOKUP) ||
+	    (n && (!keys || !ret_slots)))
 		return -EINVAL;
 	struct kvr_index_alloc_stats st = {0};
 	const uint16_t bit = (uint16_t)(1u << lane);
@@ -753,6 +800,8 @@ int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 		}
 		uint32_t s = NONE, epoch = 0;
 		while (!gap && s == NONE) {
+			if (!idx->n_free_slots && idx->n_draining)
+				(void)kvr_index_reap(idx);
 			if (!idx->n_free_slots) {
 				if (evict_one(idx) < 0) {
 					gap = true;
@@ -774,8 +823,7 @@ int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 			/* cannot fail: every entry holds a slot and slot s is not tracked yet */
 			e = ent_new(idx, keys[i]);
 			if (e == NONE) {
-				(void)kvr_slot_abort(idx->t, s, epoch);
-				slot_release(idx, s);
+				slot_aborted(idx, s, kvr_slot_abort(idx->t, s, epoch));
 				ret_slots[i] = (struct kvr_index_ref){KVR_INDEX_NOROOM, 0};
 				st.noroom++;
 				gap = true;
@@ -849,21 +897,21 @@ int kvr_index_abort(struct kvr_index *idx, uint32_t slot, uint32_t epoch)
 	en->alloc_mask &= (uint16_t)~(1u << l);
 	en->commit_mask &= (uint16_t)~(1u << l);
 	*lane_slot(idx, e, l) = NONE;
-	slot_release(idx, slot);
+	slot_aborted(idx, slot, rc);
 	if (!en->alloc_mask)
 		ent_drop(idx, e, false);
-	return 0;
+	return rc;
 }
 
 int kvr_index_abort_owner(struct kvr_index *idx, unsigned w)
 {
-	if (!idx || w >= KVR_SLOT_MAX_WORKERS)
+	if (!idx || (w >= KVR_SLOT_MAX_WORKERS && w != KVR_SLOT_OWNER_LOOKUP))
 		return -EINVAL;
 	int n = 0;
 	for (uint32_t s = 0; s < idx->n_slots; s++) {
 		const struct kvr_slot *sl = kvr_slot_at(idx->t, s);
 		if (idx->slot_ent[s] != NONE && kvr_slot_state(idx->t, s) == KVR_SLOT_WRITING && sl->owner == w &&
-		    kvr_index_abort(idx, s, kvr_slot_epoch(idx->t, s)) == 0)
+		    kvr_index_abort(idx, s, kvr_slot_epoch(idx->t, s)) >= 0)
 			n++;
 	}
 	return n;
@@ -878,17 +926,25 @@ int kvr_index_release_worker(struct kvr_index *idx, unsigned w, struct kvr_slots
 	int rc = kvr_slots_release_worker(idx->t, w, &r);
 	if (rc < 0)
 		return rc;
-	/* WRITING slots of w the index did not track were returned to FREE by the table:
-	 * they are free slots now */
+	/* WRITING slots of w the index did not track were returned to FREE (or DRAINING) by
+	 * the table: they are free (or draining) slots now */
 	if (r.aborted) {
 		uint8_t *listed = calloc(idx->n_slots, 1);
 		if (!listed)
 			return -ENOMEM;
 		for (uint32_t k = 0; k < idx->n_free_slots; k++)
 			listed[idx->free_slots[k]] = 1;
-		for (uint32_t s = 0; s < idx->n_slots; s++)
-			if (!listed[s] && idx->slot_ent[s] == NONE && kvr_slot_state(idx->t, s) == KVR_SLOT_FREE)
+		for (uint32_t k = 0; k < idx->n_draining; k++)
+			listed[idx->draining[k]] = 1;
+		for (uint32_t s = 0; s < idx->n_slots; s++) {
+			if (listed[s] || idx->slot_ent[s] != NONE)
+				continue;
+			uint32_t st = kvr_slot_state(idx->t, s);
+			if (st == KVR_SLOT_FREE)
 				idx->free_slots[idx->n_free_slots++] = s;
+			else if (st == KVR_SLOT_DRAINING)
+				idx->draining[idx->n_draining++] = s;
+		}
 		free(listed);
 	}
 	r.aborted += (uint32_t)aborted;

@@ -105,7 +105,11 @@ struct kvr_worker_ent {
 	uint64_t attached_ns;
 	/* every ring the client consumes points its consumer waiter here */
 	_Alignas(8) struct kvr_waiter waiter;
-	uint8_t reserved[16];
+	/* the generation whose WORKER_GONE the lookup actor has handled (it writes it): kvringd
+	 * frees the worker slot only then, so a new worker in this slot never meets the abort
+	 * of its predecessor's slots */
+	_Atomic uint32_t gone_ack;
+	uint8_t reserved[12];
 };
 _Static_assert(sizeof(struct kvr_worker_ent) == 64, "worker entry");
 
@@ -162,7 +166,11 @@ enum kvr_stat_lookup {
 	KVR_STAT_LK_L2_READ_FAILS,    /* promotions that failed (missing or bad file, I/O error) */
 	KVR_STAT_LK_L2_WRITES,        /* block lanes written through to L2 */
 	KVR_STAT_LK_L2_WRITE_FAILS,   /* write-throughs that failed (disk full, I/O error) */
-	KVR_STAT_LK_L2_WRITES_SKIPPED,/* write-throughs not sent: the disk actor's ring was full */
+	KVR_STAT_LK_L2_WRITES_SKIPPED,/* L2 writes dropped because their slot changed while queued
+				       * (never expected: a queued lane cannot be evicted) */
+	KVR_STAT_LK_DRAINING,         /* gauge: aborted slots waiting for their I/O (DRAINING) */
+	KVR_STAT_LK_L2_WRITES_QUEUED, /* gauge: lanes waiting for their L2 write (queued or sent) */
+	KVR_STAT_LK_PINS_RELEASED,    /* lookup pins (KVR_PIN_LOOKUP) a predecessor left, dropped at start */
 };
 
 enum kvr_stat_xfer { /* loader and storer */
@@ -206,7 +214,10 @@ enum kvr_stat_disk {
 	KVR_STAT_DK_READS_IO_ERROR,   /* reads that failed with an I/O error: as a damaged file */
 	KVR_STAT_DK_REJECTED_FIRST,   /* adoption: entries not adopted, by enum kvr_l2_reason r >= 1, in
 				       * counter kvr_stat_dk_rejected(r) (REASON_SLOTS of them) */
-	KVR_STAT_DK_NEXT = KVR_STAT_DK_REJECTED_FIRST + KVR_STAT_DK_REASON_SLOTS,
+	KVR_STAT_DK_READS_DISCARDED = KVR_STAT_DK_REJECTED_FIRST + KVR_STAT_DK_REASON_SLOTS,
+				      /* reads that completed into a slot the lookup actor had aborted
+				       * meanwhile (its I/O pin kept the slot from reuse): bytes discarded */
+	KVR_STAT_DK_NEXT,
 };
 _Static_assert(KVR_STAT_DK_REASON_MAX - 1 <= KVR_STAT_DK_REASON_SLOTS, "disk adoption reasons fit their counters");
 _Static_assert((int)KVR_STAT_DK_NEXT <= (int)KVR_STAT_MAX, "disk counters fit the stats");

@@ -53,7 +53,9 @@ void kvr_index_free(struct kvr_index *idx);
  * slots the free list, recency order from last_access (the policy is re-filled oldest
  * first; S3-FIFO puts rebuilt blocks in its main queue). Slots that cannot belong to a
  * block (lane >= lanes, another block size, a second slot for the same key and lane) are
- * released (aborted / evicted) unless pinned; EVICTING slots are left alone.
+ * released (aborted / evicted) unless pinned, and so are WRITING slots owned by
+ * KVR_SLOT_OWNER_LOOKUP (promotions of a lookup actor that died); EVICTING slots are left
+ * alone; DRAINING slots wait for kvr_index_reap.
  * Returns the number of blocks, or -errno. */
 int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t);
 
@@ -71,7 +73,8 @@ struct kvr_index_alloc_stats {
 	uint32_t evicted;   /* blocks evicted to make room */
 };
 
-/* Allocate lane `lane` of keys[0..n) for worker `owner` (suffix-only). Per key,
+/* Allocate lane `lane` of keys[0..n) for `owner` (a worker slot, or KVR_SLOT_OWNER_LOOKUP
+ * for a promotion from L2) (suffix-only). Per key,
  * ret_slots[i] is:
  *   (slot, epoch)       a new WRITING slot: write the lane's bytes, then kvr_index_commit
  *   KVR_INDEX_PRESENT   this lane of the block is already allocated or committed
@@ -91,12 +94,20 @@ int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
  * when slot is out of range or belongs to another lane. */
 int kvr_index_commit(struct kvr_index *idx, unsigned lane, uint32_t slot, uint32_t epoch);
 
-/* The write of (slot, epoch) failed: WRITING -> FREE. A block left with no lane
- * disappears. 0, -ESTALE or -EINVAL as for commit. */
+/* The write of (slot, epoch) failed: WRITING -> FREE, 0; or -> DRAINING, 1, when an I/O
+ * into the slot is still in flight (the slot is reused only after kvr_index_reap found
+ * it drained). A block left with no lane disappears. -ESTALE or -EINVAL as for commit. */
 int kvr_index_abort(struct kvr_index *idx, uint32_t slot, uint32_t epoch);
 
-/* Abort every WRITING slot owned by worker w (its storer restarted). Returns the count. */
+/* Abort every WRITING slot owned by w: a worker slot (its storer restarted or it is gone,
+ * so nothing of it can still write) or KVR_SLOT_OWNER_LOOKUP. Returns the count. */
 int kvr_index_abort_owner(struct kvr_index *idx, unsigned w);
+
+/* DRAINING slots whose I/O is done (no pin left) go back to the free list. Returns how
+ * many did; kvr_index_alloc reaps too when it finds no free slot. */
+unsigned kvr_index_reap(struct kvr_index *idx);
+/* Slots waiting in DRAINING. */
+unsigned kvr_index_draining(const struct kvr_index *idx);
 
 /* Worker w is gone: abort its WRITING slots and drop all its pins. 0 or -EINVAL. */
 int kvr_index_release_worker(struct kvr_index *idx, unsigned w, struct kvr_slots_release *ret);

@@ -20,26 +20,43 @@
  * (kvr_slot_data()). A slot holds one lane (one TP rank's shard) of one block.
  *
  * State machine (FREE -> WRITING -> COMMITTED -> FREE, WRITING -> FREE on abort,
- * COMMITTED -> EVICTING -> FREE when a copy to L2 must finish first):
+ * COMMITTED -> EVICTING -> FREE when a copy to L2 must finish first, WRITING -> DRAINING ->
+ * FREE when an aborted slot still has I/O in flight):
  *
  *   alloc        FREE -> WRITING          epoch++, key/lane/owner set     else -EBUSY
  *   commit       WRITING -> COMMITTED     epoch must match                else -ESTALE
- *   abort        WRITING -> FREE          epoch must match                else -ESTALE
- *   pin(w)       COMMITTED, pins[w]++     epoch must match, else -ESTALE; -EOVERFLOW at 255
- *                                         (any process: the loader of worker w pins what it copies)
- *   unpin(w)     pins[w]--                any state; -ENOENT when pins[w] is already 0
+ *   abort        WRITING -> FREE          epoch must match                else -ESTALE;
+ *                WRITING -> DRAINING      (returns 1) when an I/O pin is held: a read may
+ *                                         still land in the slot, so it is not reusable
+ *   drained      DRAINING -> FREE         no pin left, else -EBUSY; -ESTALE when not DRAINING
+ *   pin(o)       COMMITTED, pin o++       epoch must match, else -ESTALE; -EOVERFLOW at 255
+ *   pin_io       WRITING or COMMITTED (as asked), io pin++: the disk actor around one I/O
+ *   unpin(o)     pin o--                  any state; -ENOENT when pin o is already 0
+ *   drop_pins(o) pin o = 0                a dead owner's pins (its successor calls it)
  *   evict_begin  COMMITTED -> EVICTING    all pins 0                      -EBUSY / -ESTALE
  *   evict_cancel EVICTING -> COMMITTED    epoch must match                else -ESTALE
  *   evict        COMMITTED|EVICTING -> FREE, all pins 0: -EBUSY when WRITING or pinned,
  *                                         -ESTALE when FREE or the epoch differs
  *
+ * Pins and their owners (DESIGN.md 7a: each pin has exactly one owner, and a restarted
+ * owner releases exactly what its predecessor held):
+ *   KVR_PIN_WORKER(w)  0..15  the loader of worker w, around a copy out of the slot;
+ *   KVR_PIN_LOOKUP     16     the lookup actor: the L1 prefix of a lookup that waits for
+ *                             promotions from L2 (a restarted lookup actor drops them all);
+ *   KVR_PIN_IO         17     the disk actor the slot's key routes to, for exactly one I/O in
+ *                             flight into or out of the slot (its successor drops them);
+ *   KVR_PIN_REMOTE     18     the remote (cluster) tier actor, likewise.
+ * A slot is reusable only once nothing can still write into it: an aborted slot with an
+ * I/O pin waits in DRAINING (key, lane and epoch kept, so its owner can be found) until
+ * the I/O is done or its actor is dead and replaced.
+ *
  * A committed slot with any pin > 0 is "reading" (inspect shows it so).
  *
  * Concurrency: the lookup actor is the single writer of state, epoch, key, lane, owner,
- * last_access and commit_seq. Loaders pin and unpin (pins[w] for their worker w) around a
- * copy out of a slot. Pin and eviction race safely: the pinner increments, fences, then
- * re-checks state and epoch; the evictor moves the slot to EVICTING, fences, then
- * re-checks the pins — at least one of them sees the other and backs off.
+ * last_access and commit_seq. Pin and eviction (and pin and abort) race safely: the
+ * pinner increments, fences, then re-checks state and epoch; the evictor moves the slot to
+ * EVICTING (the aborter to DRAINING), fences, then re-checks the pins — at least one of
+ * them sees the other and backs off.
  * state is published with release after the fields it covers are written, and read with
  * acquire. Functions taking a const table are safe on a read-only mapping.
  */
@@ -49,10 +66,17 @@ enum kvr_slot_state {
 	KVR_SLOT_WRITING = 1,
 	KVR_SLOT_COMMITTED = 2,
 	KVR_SLOT_EVICTING = 3,
-	KVR_SLOT_STATE_MAX = 4,
+	KVR_SLOT_DRAINING = 4,
+	KVR_SLOT_STATE_MAX = 5,
 };
 
 #define KVR_SLOT_MAX_WORKERS 16     /* pins[] entries: one per worker slot */
+#define KVR_PIN_WORKER(w) (w)
+#define KVR_PIN_LOOKUP 16u
+#define KVR_PIN_IO 17u
+#define KVR_PIN_REMOTE 18u
+#define KVR_PIN_OWNERS 19u
+#define KVR_SLOT_OWNER_LOOKUP 0xfeu /* owner of a WRITING slot the lookup actor fills from L2 */
 #define KVR_SLOT_ALIGN 4096u        /* slot_bytes and arena_data_off alignment (O_DIRECT) */
 #define KVR_SLOTS_ARENA_DATA_OFF 4096u /* where slot 0 starts in the arena (after its header) */
 #define KVR_SLOTS_MAGIC 0x53544f4c53524b56ull /* "VKRSLOTS" */
@@ -63,19 +87,23 @@ struct kvr_slot {
 	uint32_t epoch;           /* +1 per allocation; (slot, epoch) names one allocation */
 	kvr_key key;              /* the block's key (zero when FREE) */
 	uint16_t lane;            /* TP rank whose shard this is */
-	uint8_t owner;            /* worker slot that wrote (or is writing) it */
+	uint8_t owner;            /* worker slot that wrote (or is writing) it, or KVR_SLOT_OWNER_LOOKUP */
 	uint8_t flags;            /* reserved, 0 */
 	uint32_t block_tokens;    /* block size it was stored under */
 	uint64_t last_access;     /* table clock at commit / last hit */
 	uint32_t commit_seq;      /* table commit sequence at commit */
 	_Atomic uint8_t pins[KVR_SLOT_MAX_WORKERS]; /* loads of worker w holding it */
-	uint32_t reserved;
+	_Atomic uint8_t lk_pins;  /* KVR_PIN_LOOKUP */
+	_Atomic uint8_t io_pins;  /* KVR_PIN_IO */
+	_Atomic uint8_t rm_pins;  /* KVR_PIN_REMOTE */
+	uint8_t reserved;
 };
 _Static_assert(sizeof(struct kvr_slot) == 64, "a slot is one cache line");
 _Static_assert(offsetof(struct kvr_slot, key) == 8, "slot layout");
 _Static_assert(offsetof(struct kvr_slot, lane) == 24, "slot layout");
 _Static_assert(offsetof(struct kvr_slot, last_access) == 32, "slot layout");
 _Static_assert(offsetof(struct kvr_slot, pins) == 44, "slot layout");
+_Static_assert(offsetof(struct kvr_slot, lk_pins) == 60 && offsetof(struct kvr_slot, rm_pins) == 62, "slot layout");
 
 struct kvr_slot_table {
 	struct kvr_seg_hdr seg;   /* kind KVR_SEG_SLOTS */
@@ -149,24 +177,35 @@ static inline uint32_t kvr_slot_epoch(const struct kvr_slot_table *t, uint32_t i
 /* The next value of the table's logical clock (lookup only). */
 uint64_t kvr_slots_tick(struct kvr_slot_table *t);
 
-/* ---- transitions (lookup actor only, except unpin). Every one returns 0 or -errno; all
- * return -EINVAL for a slot index >= n_slots, a worker >= KVR_SLOT_MAX_WORKERS or a lane
+/* ---- transitions (lookup actor only, except the pins). Every one returns 0 or -errno; all
+ * return -EINVAL for a slot index >= n_slots, a pin owner >= KVR_PIN_OWNERS or a lane
  * >= tp_size. ---------------------------------------------------------------------------- */
 
-/* FREE -> WRITING for worker `owner` on `lane`; epoch+1 returned in *ret_epoch. */
+/* FREE -> WRITING for `owner` (a worker slot or KVR_SLOT_OWNER_LOOKUP) on `lane`; epoch+1
+ * returned in *ret_epoch. */
 int kvr_slot_alloc(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t lane, uint8_t owner,
 		   uint32_t *ret_epoch);
 /* WRITING -> COMMITTED; stamps last_access (clock) and commit_seq. */
 int kvr_slot_commit(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
-/* WRITING -> FREE. */
+/* WRITING -> FREE (0), or WRITING -> DRAINING (1) while an I/O pin is held: the slot must
+ * not be reused before kvr_slot_drained() says so. */
 int kvr_slot_abort(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
+/* DRAINING -> FREE once no pin is left (-EBUSY while one is; -ESTALE when not DRAINING). */
+int kvr_slot_drained(struct kvr_slot_table *t, uint32_t i);
 /* Record a hit: last_access = clock (COMMITTED only; -ESTALE otherwise). */
 int kvr_slot_touch(struct kvr_slot_table *t, uint32_t i, uint64_t clock);
-/* pins[w]++ on a COMMITTED slot of that epoch. */
-int kvr_slot_pin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned w);
-/* pins[w]-- (atomic; any process). -ENOENT when pins[w] is 0. */
-int kvr_slot_unpin(struct kvr_slot_table *t, uint32_t i, unsigned w);
-/* Sum of pins over every worker. */
+/* Pin `owner` (KVR_PIN_*) ++ on a COMMITTED slot of that epoch. */
+int kvr_slot_pin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned owner);
+/* The I/O pin ++ on a slot in `state` (KVR_SLOT_WRITING: a read fills it; KVR_SLOT_COMMITTED:
+ * a write copies it out) of that epoch; -ESTALE otherwise. Held until the I/O completed. */
+int kvr_slot_pin_io(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned state);
+/* Pin `owner` -- (atomic; any process). -ENOENT when it is 0. */
+int kvr_slot_unpin(struct kvr_slot_table *t, uint32_t i, unsigned owner);
+/* Pin `owner` of slot i set to 0 (its owner is dead); returns how many it held. */
+unsigned kvr_slot_drop_pins(struct kvr_slot_table *t, uint32_t i, unsigned owner);
+/* Pin `owner` of slot i. */
+unsigned kvr_slot_pins_of(const struct kvr_slot_table *t, uint32_t i, unsigned owner);
+/* Sum of pins over every owner. */
 unsigned kvr_slot_pins(const struct kvr_slot_table *t, uint32_t i);
 /* COMMITTED -> EVICTING (no pins). */
 int kvr_slot_evict_begin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
@@ -178,7 +217,8 @@ int kvr_slot_evict(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
 struct kvr_slots_release {
 	uint32_t unpinned_slots; /* slots on which pins[w] was > 0 */
 	uint32_t pins;           /* pins dropped in total */
-	uint32_t aborted;        /* WRITING slots owned by w returned to FREE */
+	uint32_t aborted;        /* WRITING slots owned by w returned to FREE (or DRAINING) */
+	uint32_t draining;       /* of those, left DRAINING: an I/O into them is in flight */
 };
 
 /* Worker w is gone: zero pins[w] on every slot and abort every WRITING slot it owns.
@@ -186,7 +226,7 @@ struct kvr_slots_release {
 int kvr_slots_release_worker(struct kvr_slot_table *t, unsigned w, struct kvr_slots_release *ret);
 
 struct kvr_slot_counts {
-	uint32_t by_state[KVR_SLOT_STATE_MAX]; /* FREE, WRITING, COMMITTED, EVICTING */
+	uint32_t by_state[KVR_SLOT_STATE_MAX]; /* FREE, WRITING, COMMITTED, EVICTING, DRAINING */
 	uint32_t reading;  /* COMMITTED with any pin > 0 */
 	uint32_t invalid;  /* state outside the enum (never expected) */
 	uint64_t pins;     /* sum of all pins */
@@ -195,7 +235,7 @@ struct kvr_slot_counts {
 /* Count slots by state (a snapshot; safe on a read-only mapping). */
 void kvr_slots_counts(const struct kvr_slot_table *t, struct kvr_slot_counts *ret);
 
-/* "free", "writing", "committed", "evicting" or "invalid". */
+/* "free", "writing", "committed", "evicting", "draining" or "invalid". */
 const char *kvr_slot_state_name(unsigned s);
 
 #endif

@@ -308,7 +308,10 @@ int kvr_msg_decode_l2(const struct kvr_msg *m, unsigned type, struct kvr_msg_l2 
 		return -EBADMSG;
 	memcpy(&b, m->body, sizeof(b));
 	bool done = t == KVR_MSG_L2_WRITE_DONE || t == KVR_MSG_L2_READ_DONE;
-	unsigned allowed = t == KVR_MSG_L2_WRITE_DONE ? KVR_L2F_PRESENT : t == KVR_MSG_L2_HAVE ? KVR_L2F_LAST : 0;
+	unsigned allowed = t == KVR_MSG_L2_WRITE_DONE ? KVR_L2F_PRESENT
+			   : t == KVR_MSG_L2_HAVE    ? KVR_L2F_LAST
+			   : t == KVR_MSG_L2_READ_DONE ? KVR_L2F_GONE
+			   : 0;
 	if ((b.flags & ~allowed) || (!done && b.status) || !status_ok(b.status))
 		return -EBADMSG;
 	if (b.lane == 0xffff && !(t == KVR_MSG_L2_HAVE && (b.flags & KVR_L2F_LAST)))

@@ -111,12 +111,31 @@ static inline uint32_t get_epoch(const struct kvr_slot *s)
 	return __atomic_load_n(&s->epoch, __ATOMIC_RELAXED);
 }
 
+static _Atomic uint8_t *pin_of(struct kvr_slot *s, unsigned owner)
+{
+	switch (owner) {
+	case KVR_PIN_LOOKUP:
+		return &s->lk_pins;
+	case KVR_PIN_IO:
+		return &s->io_pins;
+	case KVR_PIN_REMOTE:
+		return &s->rm_pins;
+	default:
+		return &s->pins[owner];
+	}
+}
+
+static unsigned pin_sum(const struct kvr_slot *s)
+{
+	unsigned sum = 0;
+	for (unsigned o = 0; o < KVR_PIN_OWNERS; o++)
+		sum += atomic_load_explicit(pin_of((struct kvr_slot *)s, o), memory_order_acquire);
+	return sum;
+}
+
 static bool any_pin(const struct kvr_slot *s)
 {
-	for (unsigned w = 0; w < KVR_SLOT_MAX_WORKERS; w++)
-		if (atomic_load_explicit(&s->pins[w], memory_order_acquire))
-			return true;
-	return false;
+	return pin_sum(s) != 0;
 }
 
 /* Back to FREE: the key and lane no longer mean anything. */
@@ -135,7 +154,7 @@ static void make_free(struct kvr_slot *s)
 int kvr_slot_alloc(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t lane, uint8_t owner,
 		   uint32_t *ret_epoch)
 {
-	if (!t || i >= t->n_slots || lane >= t->tp_size || owner >= KVR_SLOT_MAX_WORKERS)
+	if (!t || i >= t->n_slots || lane >= t->tp_size || (owner >= KVR_SLOT_MAX_WORKERS && owner != KVR_SLOT_OWNER_LOOKUP))
 		return -EINVAL;
 	struct kvr_slot *s = kvr_slot_at(t, i);
 	if (get_state(s) != KVR_SLOT_FREE)
@@ -175,6 +194,25 @@ int kvr_slot_abort(struct kvr_slot_table *t, uint32_t i, uint32_t epoch)
 	struct kvr_slot *s = kvr_slot_at(t, i);
 	if (get_state(s) != KVR_SLOT_WRITING || get_epoch(s) != epoch)
 		return -ESTALE;
+	set_state(s, KVR_SLOT_DRAINING);
+	/* Pairs with the fence in pin_in_state(): a disk actor that took its I/O pin before it
+	 * could see DRAINING is seen here, and the slot waits for its I/O. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (any_pin(s))
+		return 1;
+	make_free(s);
+	return 0;
+}
+
+int kvr_slot_drained(struct kvr_slot_table *t, uint32_t i)
+{
+	if (!t || i >= t->n_slots)
+		return -EINVAL;
+	struct kvr_slot *s = kvr_slot_at(t, i);
+	if (get_state(s) != KVR_SLOT_DRAINING)
+		return -ESTALE;
+	if (any_pin(s))
+		return -EBUSY;
 	make_free(s);
 	return 0;
 }
@@ -190,53 +228,78 @@ int kvr_slot_touch(struct kvr_slot_table *t, uint32_t i, uint64_t clock)
 	return 0;
 }
 
-int kvr_slot_pin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned w)
+/* pin `owner`++ if the slot is in `state` with `epoch`. */
+static int pin_in_state(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned owner, unsigned state)
 {
-	if (!t || i >= t->n_slots || w >= KVR_SLOT_MAX_WORKERS)
+	if (!t || i >= t->n_slots || owner >= KVR_PIN_OWNERS)
 		return -EINVAL;
 	struct kvr_slot *s = kvr_slot_at(t, i);
-	if (get_state(s) != KVR_SLOT_COMMITTED || get_epoch(s) != epoch)
+	if (get_state(s) != state || get_epoch(s) != epoch)
 		return -ESTALE;
-	uint8_t v = atomic_load_explicit(&s->pins[w], memory_order_relaxed);
+	_Atomic uint8_t *p = pin_of(s, owner);
+	uint8_t v = atomic_load_explicit(p, memory_order_relaxed);
 	do {
 		if (v == UINT8_MAX)
 			return -EOVERFLOW;
-	} while (!atomic_compare_exchange_weak_explicit(&s->pins[w], &v, (uint8_t)(v + 1), memory_order_seq_cst,
+	} while (!atomic_compare_exchange_weak_explicit(p, &v, (uint8_t)(v + 1), memory_order_seq_cst,
 							memory_order_relaxed));
-	/* Pairs with the fence in kvr_slot_evict_begin(): either we see the slot leave
-	 * COMMITTED (and back off), or the evictor sees our pin (and backs off). */
+	/* Pairs with the fences in kvr_slot_evict_begin() and kvr_slot_abort(): either we see
+	 * the slot leave `state` (and back off), or the evictor / aborter sees our pin. */
 	atomic_thread_fence(memory_order_seq_cst);
-	if (get_state(s) != KVR_SLOT_COMMITTED || get_epoch(s) != epoch) {
-		(void)kvr_slot_unpin(t, i, w);
+	if (get_state(s) != state || get_epoch(s) != epoch) {
+		(void)kvr_slot_unpin(t, i, owner);
 		return -ESTALE;
 	}
 	return 0;
 }
 
-int kvr_slot_unpin(struct kvr_slot_table *t, uint32_t i, unsigned w)
+int kvr_slot_pin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned owner)
 {
-	if (!t || i >= t->n_slots || w >= KVR_SLOT_MAX_WORKERS)
+	return pin_in_state(t, i, epoch, owner, KVR_SLOT_COMMITTED);
+}
+
+int kvr_slot_pin_io(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned state)
+{
+	if (state != KVR_SLOT_WRITING && state != KVR_SLOT_COMMITTED)
 		return -EINVAL;
-	struct kvr_slot *s = kvr_slot_at(t, i);
-	uint8_t v = atomic_load_explicit(&s->pins[w], memory_order_relaxed);
+	return pin_in_state(t, i, epoch, KVR_PIN_IO, state);
+}
+
+int kvr_slot_unpin(struct kvr_slot_table *t, uint32_t i, unsigned owner)
+{
+	if (!t || i >= t->n_slots || owner >= KVR_PIN_OWNERS)
+		return -EINVAL;
+	_Atomic uint8_t *p = pin_of(kvr_slot_at(t, i), owner);
+	uint8_t v = atomic_load_explicit(p, memory_order_relaxed);
 	do {
 		if (!v)
 			return -ENOENT;
-		/* release: the loader's reads of the slot bytes happen before the slot may be evicted */
-	} while (!atomic_compare_exchange_weak_explicit(&s->pins[w], &v, (uint8_t)(v - 1), memory_order_release,
+		/* release: the pinner's accesses to the slot bytes happen before the slot may be
+		 * evicted or freed (pairs with the acquire in any_pin()) */
+	} while (!atomic_compare_exchange_weak_explicit(p, &v, (uint8_t)(v - 1), memory_order_release,
 							memory_order_relaxed));
 	return 0;
+}
+
+unsigned kvr_slot_drop_pins(struct kvr_slot_table *t, uint32_t i, unsigned owner)
+{
+	if (!t || i >= t->n_slots || owner >= KVR_PIN_OWNERS)
+		return 0;
+	return atomic_exchange_explicit(pin_of(kvr_slot_at(t, i), owner), 0, memory_order_acq_rel);
+}
+
+unsigned kvr_slot_pins_of(const struct kvr_slot_table *t, uint32_t i, unsigned owner)
+{
+	if (!t || i >= t->n_slots || owner >= KVR_PIN_OWNERS)
+		return 0;
+	return atomic_load_explicit(pin_of(kvr_slot_at(t, i), owner), memory_order_acquire);
 }
 
 unsigned kvr_slot_pins(const struct kvr_slot_table *t, uint32_t i)
 {
 	if (!t || i >= t->n_slots)
 		return 0;
-	struct kvr_slot *s = kvr_slot_at(t, i);
-	unsigned sum = 0;
-	for (unsigned w = 0; w < KVR_SLOT_MAX_WORKERS; w++)
-		sum += atomic_load_explicit(&s->pins[w], memory_order_acquire);
-	return sum;
+	return pin_sum(kvr_slot_at(t, i));
 }
 
 int kvr_slot_evict_begin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch)
@@ -307,8 +370,9 @@ int kvr_slots_release_worker(struct kvr_slot_table *t, unsigned w, struct kvr_sl
 			r.pins += had;
 		}
 		if (get_state(s) == KVR_SLOT_WRITING && s->owner == w) {
-			make_free(s);
-			r.aborted++;
+			int rc = kvr_slot_abort(t, i, get_epoch(s));
+			r.aborted += rc >= 0;
+			r.draining += rc == 1;
 		}
 	}
 	if (ret)
@@ -346,6 +410,8 @@ const char *kvr_slot_state_name(unsigned s)
 		return "committed";
 	case KVR_SLOT_EVICTING:
 		return "evicting";
+	case KVR_SLOT_DRAINING:
+		return "draining";
 	default:
 		return "invalid";
 	}

@@ -161,11 +161,6 @@ int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "$.instance.socket: must be an absolute path");
 		return -EINVAL;
 	}
-	if (cfg->l2.n_dirs && cfg->instance.max_workers > KVR_L2_PIN_WORKER) {
-		snprintf(err, errlen, "$.instance.max_workers: at most %u with an L2 tier (l2.dirs): one pin slot of "
-			 "the slot table is the disk actors'", KVR_L2_PIN_WORKER);
-		return -EINVAL;
-	}
 	/* the model must resolve to a geometry and L1 must hold at least one block of it */
 	struct kvr_geometry g;
 	int rc = sup_model_geometry(cfg, 0, 1, &g, err, errlen);

@@ -468,29 +468,34 @@ reply:
 	(void)send_rep(c->fd, &rep, NULL, 0);
 }
 
-/* The worker is gone (connection closed or DETACH): stop its actors, free its slot once
- * they have exited (sup_workers_update). */
+/* The worker is gone (connection closed or DETACH): stop its actors; sup_workers_update
+ * announces it to the lookup actor once they have exited and frees its slot after that. */
 static void worker_detach(struct sup *s, struct sup_conn *c)
 {
 	unsigned w = (unsigned)c->worker;
 	struct kvr_worker_ent *we = kvr_ctl_worker(s->ctl, w);
 	c->worker = -1;
 	s->worker_conn[w] = NULL;
+	s->worker_gone_sent[w] = false;
 	atomic_store(&we->state, KVR_WORKER_DETACHING);
 	kvr_info("worker %u detached (pid %d)", w, (int)c->pid);
-
-	struct kvr_msg m;
-	struct kvr_msg_worker_gone gone = {.worker = w, .generation = we->generation};
-	kvr_msg_build(&m, KVR_MSG_WORKER_GONE, 0, 0, 0, &gone, sizeof(gone));
-	if (sup_actor_send(&s->actors[SUP_ACTOR_LOOKUP], &m))
-		kvr_warn("lookup ctl ring full: worker %u gone not announced", w);
-	/* The lookup actor (WORKER_GONE above) drops the worker's pins and reclaims its
-	 * unfinished slots; its KV memfd is closed once its loader and storer exited. */
 	sup_actor_event(s, &s->actors[SUP_ACTOR_LOADER(w)], EV_STOP, 0);
 	sup_actor_event(s, &s->actors[SUP_ACTOR_STORER(w)], EV_STOP, 0);
 	sup_group_leave(s, w);
 }
 
+/*
+ * A DETACHING worker slot goes FREE in three steps, each waiting for the one before:
+ *   1. its loader, its storer and its DCP group's gather actor have exited: nothing can
+ *      copy into or out of a slot for it any more;
+ *   2. WORKER_GONE goes to the lookup actor, which drops the worker's pins and aborts its
+ *      WRITING slots — only now, so no copy still running lands in a slot given to another
+ *      store (a full ctl ring is retried on the next pass);
+ *   3. the lookup actor acknowledged it (gone_ack == generation): only then may a new
+ *      worker attach in this slot, so its own WRITING slots can never be taken for its
+ *      predecessor's. A lookup actor that restarts meanwhile gets the message from its
+ *      ctl ring, which is kept across restarts.
+ */
 void sup_workers_update(struct sup *s)
 {
 	for (unsigned w = 0; w < s->cfg.instance.max_workers; w++) {
@@ -500,9 +505,20 @@ void sup_workers_update(struct sup *s)
 		const struct sup_actor *l = &s->actors[SUP_ACTOR_LOADER(w)], *st = &s->actors[SUP_ACTOR_STORER(w)];
 		if (l->pid > 0 || st->pid > 0 || !sup_group_release(s, w))
 			continue;
+		if (!s->worker_gone_sent[w]) {
+			struct kvr_msg m;
+			struct kvr_msg_worker_gone gone = {.worker = w, .generation = we->generation};
+			kvr_msg_build(&m, KVR_MSG_WORKER_GONE, 0, 0, 0, &gone, sizeof(gone));
+			if (sup_actor_send(&s->actors[SUP_ACTOR_LOOKUP], &m))
+				continue; /* ctl ring full: again on the next pass */
+			s->worker_gone_sent[w] = true;
+		}
+		if (atomic_load_explicit(&we->gone_ack, memory_order_acquire) != we->generation)
+			continue;
 		if (s->kv_fd[w] >= 0)
 			(void)close(s->kv_fd[w]);
 		s->kv_fd[w] = -1;
+		s->worker_gone_sent[w] = false;
 		atomic_store(&we->pid, 0);
 		atomic_store(&we->state, KVR_WORKER_FREE);
 		kvr_debug("worker slot %u free", w);

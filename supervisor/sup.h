@@ -130,6 +130,7 @@ struct sup {
 	struct sup_conn *worker_conn[KVR_CTL_MAX_WORKERS];
 	struct sup_dcp_group groups[KVR_CTL_MAX_WORKERS / 2];
 	int worker_group[KVR_CTL_MAX_WORKERS]; /* a DCP worker's group slot until its slot is free, else -1 */
+	bool worker_gone_sent[KVR_CTL_MAX_WORKERS]; /* a DETACHING worker's WORKER_GONE is on its way */
 
 	struct sup_metrics *metrics; /* the /metrics server, NULL when disabled */
 

@@ -70,7 +70,12 @@ struct disk {
 	uint64_t refused;           /* L2_WRITEs refused (read-only) */
 	const char *root;           /* l2.dirs[i] */
 	uint64_t evictions_counted; /* store evictions already added to KVR_STAT_DK_EVICTED */
+	uint64_t write_fails;       /* failed L2 writes (each counted; logged at most every 10 s) */
+	uint64_t write_fails_logged;
+	uint64_t write_fail_log_ns;
 };
+
+#define DISK_FAIL_LOG_NS (10ull * 1000000000ull)
 
 /* ---- stats ------------------------------------------------------------------------------- */
 
@@ -136,6 +141,32 @@ static void req_put(struct disk *d, uint32_t r)
 
 /* ---- completions ------------------------------------------------------------------------- */
 
+static bool slot_is(const struct disk *d, uint32_t slot, kvr_key key, uint16_t lane)
+{
+	const struct kvr_slot *s = kvr_slot_at(d->slots, slot);
+	return s->key.lo == key.lo && s->key.hi == key.hi && s->lane == lane;
+}
+
+/* A failed L2 write: counted by the lookup actor (WRITE_DONE status), logged here with the
+ * dir, the file and errno — the first one at once, then at most one line per 10 s that
+ * says how many failed in between. */
+static void write_failed(struct disk *d, kvr_key key, unsigned lane, int rc)
+{
+	d->write_fails++;
+	uint64_t now = kvr_now_ns();
+	if (d->write_fails_logged && now - d->write_fail_log_ns < DISK_FAIL_LOG_NS)
+		return;
+	char name[KVR_L2_NAME_MAX];
+	uint64_t since = d->write_fails - d->write_fails_logged - 1;
+	kvr_warn("l2 %s/%s: write failed: %s%s", kvr_l2_store_dir(d->store), kvr_l2_name_fmt(key, lane, name),
+		 strerror(-rc), since ? " (and more since the last report: see below)" : "");
+	if (since)
+		kvr_warn("l2 %s: %llu more writes failed in the last %llu s", d->root, (unsigned long long)since,
+			 (unsigned long long)((now - d->write_fail_log_ns) / 1000000000ull));
+	d->write_fails_logged = d->write_fails;
+	d->write_fail_log_ns = now;
+}
+
 static void on_done(struct disk *d, const struct kvr_l2_done *c)
 {
 	if (c->kind == KVR_L2_GONE) {
@@ -150,7 +181,10 @@ static void on_done(struct disk *d, const struct kvr_l2_done *c)
 	struct disk_req q = d->reqs[r];
 	req_put(d, r);
 	if (q.type == KVR_MSG_L2_WRITE) {
-		(void)kvr_slot_unpin(d->slots, q.slot, KVR_L2_PIN_WORKER);
+		/* the bytes are out of the slot: it may be evicted now */
+		(void)kvr_slot_unpin(d->slots, q.slot, KVR_PIN_IO);
+		if (c->res < 0)
+			write_failed(d, q.key, q.lane, c->res);
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, 0, c->res);
 	} else {
 		/* res 0 only after the engine verified header and payload checksum */
@@ -167,7 +201,19 @@ static void on_done(struct disk *d, const struct kvr_l2_done *c)
 			if (d->read_only)
 				kvr_actor_count(d->a, KVR_STAT_DK_BAD_KEPT, 1);
 		}
-		send_l2(d, KVR_MSG_L2_READ_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, 0, c->res);
+		/* the store no longer serves the file: vanished, damaged or unreadable */
+		uint16_t flags = c->res == -ENOENT || (c->res < 0 && c->reason != KVR_L2_OK) ? KVR_L2F_GONE : 0;
+		int res = c->res;
+		/* checked again at completion: the slot must still be the WRITING allocation the
+		 * read was started for (our I/O pin kept it from being reused, but the lookup actor
+		 * may have aborted it meanwhile: then the bytes are discarded with the slot) */
+		if (res == 0 && (kvr_slot_state(d->slots, q.slot) != KVR_SLOT_WRITING ||
+				 kvr_slot_epoch(d->slots, q.slot) != q.epoch || !slot_is(d, q.slot, q.key, q.lane))) {
+			kvr_actor_count(d->a, KVR_STAT_DK_READS_DISCARDED, 1);
+			res = -ESTALE;
+		}
+		(void)kvr_slot_unpin(d->slots, q.slot, KVR_PIN_IO);
+		send_l2(d, KVR_MSG_L2_READ_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, flags, res);
 	}
 }
 
@@ -240,42 +286,25 @@ static int submit(struct disk *d, bool put, kvr_key key, uint32_t lane, void *bu
 	}
 }
 
-static bool slot_is(const struct disk *d, uint32_t slot, kvr_key key, uint16_t lane)
-{
-	const struct kvr_slot *s = kvr_slot_at(d->slots, slot);
-	return s->key.lo == key.lo && s->key.hi == key.hi && s->lane == lane;
-}
-
-/* A predecessor that died in the middle of writes left their slots pinned (the lookup actor
- * pins a slot for us when it sends the write). Writes still queued in our ring will unpin
- * theirs when we serve them; every other write pin of a slot routed to this disk (keys are
- * routed by key.hi % n_dirs) belonged to a dead write: drop it. */
+/* The I/O pins of slots routed to this disk (keys are routed by key.hi % n_dirs) belong to
+ * this disk actor alone: we hold none yet, so any there is a predecessor's. It is dead and
+ * reaped (kvringd starts us only then), and a process's io_uring requests are finished or
+ * cancelled before it exits, so nothing it started can still land in those slots: release
+ * them. A DRAINING slot so released is freed by the lookup actor's next reap. */
 static void drop_stale_pins(struct disk *d, unsigned idx, unsigned n_dirs)
 {
-	uint32_t queued = kvr_ring_count(d->in), dropped = 0;
-	uint32_t *keep = calloc(queued ? queued : 1, sizeof(*keep));
-	uint32_t n_keep = 0;
-	for (uint32_t i = 0; keep && i < queued; i++) {
-		struct kvr_msg m;
-		struct kvr_msg_l2 b;
-		if (kvr_ring_peek(d->in, i, &m) == 0 && kvr_msg_decode_l2(&m, KVR_MSG_L2_WRITE, &b) == 0)
-			keep[n_keep++] = b.slot;
-	}
+	uint32_t dropped = 0, slots = 0;
 	for (uint32_t s = 0; s < d->slots->n_slots; s++) {
-		struct kvr_slot *sl = kvr_slot_at(d->slots, s);
-		if (!atomic_load(&sl->pins[KVR_L2_PIN_WORKER]) || sl->key.hi % (n_dirs ? n_dirs : 1) != idx)
+		const struct kvr_slot *sl = kvr_slot_at(d->slots, s);
+		if (!kvr_slot_pins_of(d->slots, s, KVR_PIN_IO) || sl->key.hi % (n_dirs ? n_dirs : 1) != idx)
 			continue;
-		bool queued_write = false;
-		for (uint32_t k = 0; k < n_keep && !queued_write; k++)
-			queued_write = keep[k] == s;
-		if (queued_write)
-			continue;
-		while (kvr_slot_unpin(d->slots, s, KVR_L2_PIN_WORKER) == 0)
-			dropped++;
+		unsigned n = kvr_slot_drop_pins(d->slots, s, KVR_PIN_IO);
+		dropped += n;
+		slots += n != 0;
 	}
-	free(keep);
 	if (dropped)
-		kvr_warn("dropped %u write pins left by a previous disk actor", dropped);
+		kvr_warn("released %u I/O pins on %u slots held by the previous disk.%u (its I/O ended with it)", dropped,
+			 slots, idx);
 }
 
 /* ---- the read gate (a test hook) ------------------------------------------------------------
@@ -324,20 +353,30 @@ static void read_gate(const struct kvr_msg_l2 *b)
 static int start_io(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b, unsigned slot_state, unsigned type)
 {
 	kvr_key key = {b->key_lo, b->key_hi};
-	if (kvr_slot_state(d->slots, b->slot) != slot_state || kvr_slot_epoch(d->slots, b->slot) != b->epoch ||
-	    !slot_is(d, b->slot, key, b->lane))
+	/* the I/O pin keeps the slot from being freed and reused until the I/O completed
+	 * (on_done drops it); taken before the key check, so the key cannot change under it */
+	int rc = kvr_slot_pin_io(d->slots, b->slot, b->epoch, slot_state);
+	if (rc)
+		return rc == -EOVERFLOW ? -EBUSY : -ESTALE;
+	if (!slot_is(d, b->slot, key, b->lane)) {
+		(void)kvr_slot_unpin(d->slots, b->slot, KVR_PIN_IO);
 		return -ESTALE;
+	}
 	uint32_t r = req_wait(d);
-	if (r == DISK_REQ_NONE)
+	if (r == DISK_REQ_NONE) {
+		(void)kvr_slot_unpin(d->slots, b->slot, KVR_PIN_IO);
 		return -EIO;
+	}
 	d->reqs[r] = (struct disk_req){.req_id = req_id, .key = key, .slot = b->slot, .epoch = b->epoch,
 				       .lane = b->lane, .type = type, .next_free = DISK_REQ_NONE};
 	void *data = kvr_slot_data(d->slots, d->a->arena_seg.base, b->slot);
 	if (type == KVR_MSG_L2_READ)
 		read_gate(b);
-	int rc = submit(d, type == KVR_MSG_L2_WRITE, key, b->lane, data, r);
-	if (rc)
+	rc = submit(d, type == KVR_MSG_L2_WRITE, key, b->lane, data, r);
+	if (rc) {
 		req_put(d, r);
+		(void)kvr_slot_unpin(d->slots, b->slot, KVR_PIN_IO);
+	}
 	return rc;
 }
 
@@ -345,18 +384,13 @@ static void do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b
 {
 	kvr_key key = {b->key_lo, b->key_hi};
 	if (d->read_only) {
-		/* never reaches the store or io_uring; the pin the sender took is released as on
-		 * any other failure */
+		/* never reaches the store or io_uring */
 		if (!d->refused++)
 			kvr_warn("l2 %s: L2_WRITE refused: l2.read_only (further refusals are only counted)", d->root);
 		kvr_actor_count(d->a, KVR_STAT_DK_WRITES_REFUSED, 1);
-		if (b->slot < d->slots->n_slots)
-			(void)kvr_slot_unpin(d->slots, b->slot, KVR_L2_PIN_WORKER);
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, -EROFS);
 		return;
 	}
-	/* the lookup actor pinned the slot for us when it sent the write (KVR_L2_PIN_WORKER):
-	 * it cannot be evicted until we unpin it below or on completion */
 	if (b->slot >= d->slots->n_slots) {
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, -EINVAL);
 		return;
@@ -365,7 +399,8 @@ static void do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b
 	if (rc == 0)
 		return; /* answered on completion (on_done unpins) */
 	bool present = rc == KVR_L2_PRESENT || rc == KVR_L2_INFLIGHT;
-	(void)kvr_slot_unpin(d->slots, b->slot, KVR_L2_PIN_WORKER);
+	if (!present && rc != -ESTALE)
+		write_failed(d, key, b->lane, rc);
 	send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, present ? KVR_L2F_PRESENT : 0,
 		present ? 0 : rc);
 }

@@ -36,7 +36,7 @@ struct pend {                 /* one promotion per worker (its client's lookup i
 	uint32_t waiting;
 	struct kvr_index_ref *refs;
 	uint8_t *state;
-	uint8_t *pinned;          /* refs[i] pinned (KVR_L2_PIN_WORKER) until the reply: later
+	uint8_t *pinned;          /* refs[i] pinned (KVR_PIN_LOOKUP) until the reply: later
 				   * allocations of the same promotion must not evict it */
 	uint32_t cap;
 	uint64_t index_ns;
@@ -50,7 +50,18 @@ struct read {                 /* an L2_READ in flight */
 	uint32_t slot, epoch;
 	unsigned disk;
 	uint32_t disk_gen;
-	bool orphan;              /* its disk actor died: abort once its successor drained */
+};
+
+/* Write queue: every lane to be written to L2 waits here until its disk actor answered.
+ * A lane with a write queued or sent cannot be evicted (evict_veto), so no write is ever
+ * skipped: a full disk ring only delays it (backpressure reaches ALLOCs through
+ * writes_inflight), and a disk actor that died has its unanswered writes sent again to its
+ * successor (a write of a lane already on disk is answered PRESENT, costing nothing). */
+enum { WQ_NONE = 0, WQ_QUEUED = 1, WQ_SENT = 2 };
+
+struct wfifo {                /* slots waiting to be sent to one disk actor, in commit order */
+	uint32_t *q;
+	uint32_t head, n, cap;
 };
 
 struct l2tier {
@@ -68,7 +79,11 @@ struct l2tier {
 	struct read *reads;
 	uint32_t n_reads, cap_reads, rseq;
 	uint32_t pseq;
-	unsigned writes_inflight;
+	unsigned writes_inflight;     /* lanes in the write queue (queued or sent) */
+	uint8_t *wq_state;            /* [n_slots] WQ_* */
+	uint32_t *wq_epoch;           /* [n_slots] the epoch the write was queued for */
+	struct wfifo wq[L2T_MAX_DISKS];
+	uint32_t n_slots;
 	bool write_back;          /* l2.mode "write-back": written when L1 must make room */
 	bool read_only;           /* l2.read_only: nothing is ever written (write_back is false) */
 };
@@ -160,18 +175,83 @@ static int send_l2(struct l2tier *t, unsigned disk, unsigned type, uint64_t id, 
 	struct kvr_msg_l2 b = {.key_lo = k.lo, .key_hi = k.hi, .slot = slot, .epoch = epoch, .lane = (uint16_t)lane};
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, 0, id, 0, type == KVR_MSG_L2_SYNC ? NULL : &b, type == KVR_MSG_L2_SYNC ? 0 : sizeof(b));
-	return type == KVR_MSG_L2_WRITE ? kvr_ring_try_enqueue(t->req[disk], &m) /* write-through never stalls lookups */
+	return type == KVR_MSG_L2_WRITE ? kvr_ring_try_enqueue(t->req[disk], &m) /* the write queue retries */
 					: kvr_msg_send(t->req[disk], &m, kvr_now_ns() + SEND_TIMEOUT_NS);
 }
 
-/* Write-back: a block may leave L1 only once every lane is on disk. */
-static bool on_disk_hook(void *ctx, kvr_key key)
+/* The eviction veto: a block with a lane in the write queue stays (its write must find it),
+ * and with write-back a block may leave L1 only once every lane is on disk. */
+static bool evict_veto_hook(void *ctx, kvr_key key)
 {
 	struct l2tier *t = ctx;
+	struct kvr_index_block b;
+	if (kvr_index_get(t->idx, key, &b) == 0)
+		for (unsigned l = 0; l < t->a->slots->quorum; l++)
+			if (b.slot[l] != KVR_SLOT_NONE && t->wq_state[b.slot[l]] != WQ_NONE)
+				return false;
+	if (!t->write_back)
+		return true;
 	for (unsigned l = 0; l < t->a->slots->quorum; l++)
 		if (!l2t_has(t, key, l))
 			return false;
 	return true;
+}
+
+/* ---- the write queue ---------------------------------------------------------------------- */
+
+static void wq_push(struct wfifo *f, uint32_t slot)
+{
+	f->q[(f->head + f->n++) % f->cap] = slot; /* cannot overflow: a slot is queued at most once */
+}
+
+/* Send what the disk actor's ring takes, in order. */
+static void wq_pump(struct l2tier *t, unsigned d)
+{
+	struct wfifo *f = &t->wq[d];
+	struct kvr_slot_table *st = t->a->slots;
+	while (f->n) {
+		uint32_t s = f->q[f->head];
+		const struct kvr_slot *sl = kvr_slot_at(st, s);
+		if (t->wq_state[s] == WQ_QUEUED) {
+			if (kvr_slot_state(st, s) != KVR_SLOT_COMMITTED || kvr_slot_epoch(st, s) != t->wq_epoch[s]) {
+				/* cannot happen while the veto holds; never write another block's bytes */
+				kvr_warn("l2 write of slot %u dropped: the slot changed while queued", s);
+				kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES_SKIPPED, 1);
+				t->wq_state[s] = WQ_NONE;
+				t->writes_inflight--;
+			} else if (send_l2(t, d, KVR_MSG_L2_WRITE, 0, sl->key, sl->lane, s, t->wq_epoch[s])) {
+				return; /* ring full: the next WRITE_DONE or tick sends it */
+			} else {
+				t->wq_state[s] = WQ_SENT;
+			}
+		}
+		f->head = (f->head + 1) % f->cap;
+		f->n--;
+	}
+}
+
+static int cmp_commit_seq(const void *a, const void *b, void *arg)
+{
+	const struct kvr_slot_table *st = arg;
+	uint32_t x = kvr_slot_at(st, *(const uint32_t *)a)->commit_seq, y = kvr_slot_at(st, *(const uint32_t *)b)->commit_seq;
+	return x < y ? -1 : x > y;
+}
+
+/* Disk actor d died: what it had taken off its ring is lost. Queue every unanswered write
+ * of d again, in commit order (the successor answers duplicates PRESENT). */
+static void wq_requeue(struct l2tier *t, unsigned d)
+{
+	struct wfifo *f = &t->wq[d];
+	struct kvr_slot_table *st = t->a->slots;
+	f->head = f->n = 0;
+	for (uint32_t s = 0; s < t->n_slots; s++)
+		if (t->wq_state[s] != WQ_NONE && route(t, kvr_slot_at(st, s)->key) == d) {
+			t->wq_state[s] = WQ_QUEUED;
+			f->q[f->n++] = s;
+		}
+	qsort_r(f->q, f->n, sizeof(*f->q), cmp_commit_seq, st);
+	if (f->n)
+		kvr_warn("disk.%u restarted: %u unanswered L2 writes queued again", d, f->n);
 }
 
 int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
@@ -191,14 +271,22 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->read_only = a->cfg.l2.read_only;
 	/* read-only: no demotion and no eviction veto; an evicted block is on disk or gone */
 	t->write_back = !t->read_only && strcmp(a->cfg.l2.mode, "write-back") == 0;
-	if (t->write_back)
-		kvr_index_set_evict_hook(idx, on_disk_hook, t);
 	t->n_workers = a->ctl->max_workers;
+	t->n_slots = a->slots->n_slots;
 	t->pend = calloc(t->n_workers, sizeof(*t->pend));
-	if (!t->pend || set_grow(t)) {
+	t->wq_state = calloc(t->n_slots, 1);
+	t->wq_epoch = calloc(t->n_slots, sizeof(*t->wq_epoch));
+	bool wq_ok = true;
+	for (unsigned d = 0; d < n; d++) {
+		t->wq[d].cap = t->n_slots;
+		wq_ok &= (t->wq[d].q = calloc(t->n_slots, sizeof(*t->wq[d].q))) != NULL;
+	}
+	if (!t->pend || !t->wq_state || !t->wq_epoch || !wq_ok || set_grow(t)) {
 		l2t_close(t);
 		return -ENOMEM;
 	}
+	if (!t->read_only)
+		kvr_index_set_evict_hook(idx, evict_veto_hook, t);
 	for (unsigned d = 0; d < n; d++) {
 		t->req[d] = kvr_actor_ring_w(a, "disk.req.%u", d);
 		t->rep[d] = kvr_actor_ring_w(a, "disk.rep.%u", d);
@@ -240,12 +328,17 @@ void l2t_close(struct l2tier *t)
 		free(t->pend[w].pinned);
 	}
 	free(t->pend);
+	for (unsigned d = 0; d < L2T_MAX_DISKS; d++)
+		free(t->wq[d].q);
+	free(t->wq_state);
+	free(t->wq_epoch);
 	free(t->reads);
 	free(t->set);
 	free(t);
 }
 
 static void write_lane(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch);
+static void write_through_missing(struct l2tier *t, unsigned d);
 
 void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
 {
@@ -256,20 +349,19 @@ void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, 
 
 static void write_lane(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
 {
-	if (t->read_only)
+	(void)lane;
+	if (t->read_only || slot >= t->n_slots)
 		return; /* the only sender of L2_WRITE: nothing is written in read-only mode */
-	/* Pin the slot for the disk actor now, before anything can evict it: it unpins when
-	 * the write is done. (We are the evictor, so this pin cannot race an eviction.) */
-	if (kvr_slot_pin(t->a->slots, slot, epoch, KVR_L2_PIN_WORKER)) {
-		kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES_SKIPPED, 1);
-		return;
-	}
-	if (send_l2(t, route(t, key), KVR_MSG_L2_WRITE, 0, key, lane, slot, epoch)) {
-		(void)kvr_slot_unpin(t->a->slots, slot, KVR_L2_PIN_WORKER);
-		kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES_SKIPPED, 1);
-		return;
-	}
+	if (t->wq_state[slot] != WQ_NONE)
+		return; /* queued already (the slot cannot have changed: the veto keeps it) */
+	/* No pin: the queue entry vetoes the eviction of this block (we are the evictor), and
+	 * the disk actor pins the slot itself for the time its I/O is in flight. */
+	t->wq_state[slot] = WQ_QUEUED;
+	t->wq_epoch[slot] = epoch;
 	t->writes_inflight++;
+	unsigned d = route(t, key);
+	wq_push(&t->wq[d], slot);
+	wq_pump(t, d);
 }
 
 unsigned l2t_writes_inflight(const struct l2tier *t)
@@ -358,7 +450,7 @@ static void unpin_all(struct l2tier *t, struct pend *p)
 {
 	for (uint32_t i = 0; i < p->n; i++)
 		if (p->pinned[i]) {
-			(void)kvr_slot_unpin(t->a->slots, p->refs[i].slot, KVR_L2_PIN_WORKER);
+			(void)kvr_slot_unpin(t->a->slots, p->refs[i].slot, KVR_PIN_LOOKUP);
 			p->pinned[i] = 0;
 		}
 }
@@ -393,13 +485,15 @@ static void extend_more(struct l2tier *t, unsigned worker)
 			uint32_t sl = b.slot[lane];
 			p->refs[i] = (struct kvr_index_ref){.slot = sl, .epoch = kvr_slot_epoch(t->a->slots, sl)};
 			p->state[i] = B_OK;
-			p->pinned[i] = kvr_slot_pin(t->a->slots, sl, p->refs[i].epoch, KVR_L2_PIN_WORKER) == 0;
+			p->pinned[i] = kvr_slot_pin(t->a->slots, sl, p->refs[i].epoch, KVR_PIN_LOOKUP) == 0;
 			p->n++;
 			continue;
 		}
 		struct kvr_index_ref r;
 		struct kvr_index_alloc_stats st = {0};
-		if (kvr_index_alloc(t->idx, &key, 1, lane, worker, &r, &st) || r.slot == KVR_INDEX_PRESENT)
+		/* the promotion slot is the lookup actor's, not the worker's: a worker that dies or
+		 * resets its storer cannot free a slot an L2 read is filling */
+		if (kvr_index_alloc(t->idx, &key, 1, lane, KVR_SLOT_OWNER_LOOKUP, &r, &st) || r.slot == KVR_INDEX_PRESENT)
 			break;
 		kvr_actor_count(t->a, KVR_STAT_LK_EVICTED, st.evicted);
 		if (r.slot == KVR_INDEX_NOROOM) {
@@ -457,7 +551,7 @@ int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, 
 	memset(p->state, B_OK, matched);
 	/* the L1 prefix too must survive the allocations of its promotions */
 	for (uint32_t i = 0; i < matched; i++)
-		p->pinned[i] = kvr_slot_pin(t->a->slots, refs[i].slot, refs[i].epoch, KVR_L2_PIN_WORKER) == 0;
+		p->pinned[i] = kvr_slot_pin(t->a->slots, refs[i].slot, refs[i].epoch, KVR_PIN_LOOKUP) == 0;
 	extend_more(t, worker);
 	if (!p->waiting && !p->stalled) { /* everything decided at once */
 		memcpy(refs, p->refs, (size_t)p->n * sizeof(*refs));
@@ -499,7 +593,7 @@ static int read_ended(struct l2tier *t, uint32_t ri, int status, struct l2t_done
 		return 0;
 	p->state[rd->block] = ok ? B_PROMOTED : B_FAIL;
 	if (ok)
-		p->pinned[rd->block] = kvr_slot_pin(t->a->slots, rd->slot, rd->epoch, KVR_L2_PIN_WORKER) == 0;
+		p->pinned[rd->block] = kvr_slot_pin(t->a->slots, rd->slot, rd->epoch, KVR_PIN_LOOKUP) == 0;
 	if (--p->waiting || p->stalled)
 		return 0;
 	finish(t, rd->worker, done);
@@ -526,14 +620,18 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 		if (b.flags & KVR_L2F_LAST) {
 			t->synced[d] = true;
 			kvr_info("disk.%u synced: %u block lanes on disk in all", d, t->set_n);
+			write_through_missing(t, d);
 		}
 		return 0;
 	case KVR_MSG_L2_GONE:
 		set_del(t, k, b.lane);
 		return 0;
 	case KVR_MSG_L2_WRITE_DONE:
-		if (t->writes_inflight)
+		if (b.slot < t->n_slots && t->wq_state[b.slot] == WQ_SENT && t->wq_epoch[b.slot] == b.epoch) {
+			t->wq_state[b.slot] = WQ_NONE;
 			t->writes_inflight--;
+		} /* else an answer to a write sent twice (after a disk actor restart), or by our predecessor */
+		wq_pump(t, d);
 		if (b.status == 0) {
 			set_add(t, k, b.lane);
 			kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES, 1);
@@ -557,7 +655,7 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 		if (ri >= t->n_reads || !t->reads[ri].used || t->reads[ri].rseq != (uint32_t)(m->hdr.req_id >> 32) ||
 		    t->reads[ri].slot != b.slot || t->reads[ri].epoch != b.epoch)
 			return 0; /* a read we already gave up on */
-		if (b.status)
+		if (b.flags & KVR_L2F_GONE)
 			set_del(t, k, b.lane); /* missing or bad on disk: it is not there any more */
 		return read_ended(t, ri, b.status, done) ? 2 : 0;
 	}
@@ -590,24 +688,42 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 		struct kvr_actor_ent *e = kvr_ctl_actor(t->a->ctl, t->disk_actor[d]);
 		uint32_t gen = atomic_load(&e->generation);
 		if (gen != t->disk_gen[d]) {
-			/* it died: what it had taken off its ring will never be answered */
-			for (uint32_t i = 0; i < t->n_reads; i++)
-				if (t->reads[i].used && t->reads[i].disk == d && t->reads[i].disk_gen != gen)
-					t->reads[i].orphan = true;
+			/* It died: what it had taken off its ring will never be answered. Its reads
+			 * are aborted now: a slot it may still be reading into keeps its I/O pin and
+			 * waits in DRAINING until the successor released its predecessor's pins, so
+			 * nothing is reused early. Its writes are sent again. */
 			t->disk_gen[d] = gen;
 			t->synced[d] = false;
-			t->writes_inflight = 0; /* approximate after a death: an ALLOC waits at most its deadline */
+			wq_requeue(t, d);
 			(void)send_l2(t, d, KVR_MSG_L2_SYNC, 0, (kvr_key){0, 0}, 0, 0, 0);
+			for (uint32_t i = 0; i < t->n_reads; i++) {
+				struct read *rd = &t->reads[i];
+				if (rd->used && rd->disk == d && rd->disk_gen != gen && read_ended(t, i, -EPIPE, done))
+					return 1;
+			}
 		}
-		/* abort orphans once the successor drained the old requests: it can no longer
-		 * write into their slots */
-		bool drained = atomic_load(&e->state) == KVR_ACTOR_READY && !kvr_ring_count(t->req[d]) &&
-			       !atomic_load(&e->busy);
-		for (uint32_t i = 0; drained && i < t->n_reads; i++) {
-			struct read *rd = &t->reads[i];
-			if (rd->used && rd->orphan && rd->disk == d && read_ended(t, i, -EPIPE, done))
-				return 1;
-		}
+		wq_pump(t, d);
 	}
 	return 0;
+}
+
+/* Write-through: after a sync (our start, or the disk actor's restart) every committed lane
+ * routed to disk d that is not on disk is written — writes a lookup actor that died had
+ * queued are not lost. */
+static void write_through_missing(struct l2tier *t, unsigned d)
+{
+	if (t->write_back || t->read_only)
+		return;
+	struct kvr_slot_table *st = t->a->slots;
+	unsigned n = 0;
+	for (uint32_t s = 0; s < t->n_slots; s++) {
+		const struct kvr_slot *sl = kvr_slot_at(st, s);
+		if (kvr_slot_state(st, s) != KVR_SLOT_COMMITTED || route(t, sl->key) != d || t->wq_state[s] != WQ_NONE ||
+		    l2t_has(t, sl->key, sl->lane))
+			continue;
+		write_lane(t, sl->key, sl->lane, s, kvr_slot_epoch(st, s));
+		n++;
+	}
+	if (n)
+		kvr_info("disk.%u: %u committed lanes not on disk written through", d, n);
 }

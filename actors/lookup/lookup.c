@@ -59,6 +59,15 @@ static int lookup_init(struct kvr_actor *a)
 	if (!l->slots)
 		return -EINVAL;
 	l->lanes = l->slots->quorum;
+	/* Lookup pins have one owner, us: whatever a predecessor left is its own (promotions
+	 * it was waiting for) and goes now, before the index looks at what is evictable. */
+	uint64_t dropped = 0;
+	for (uint32_t s = 0; s < l->slots->n_slots; s++)
+		dropped += kvr_slot_drop_pins(l->slots, s, KVR_PIN_LOOKUP);
+	if (dropped) {
+		kvr_actor_count(a, KVR_STAT_LK_PINS_RELEASED, dropped);
+		kvr_warn("released %llu lookup pins left by the previous lookup actor", (unsigned long long)dropped);
+	}
 	int rc = kvr_index_new(l->slots, a->cfg.l1.eviction, &l->idx);
 	if (rc) {
 		kvr_err("index: %s", strerror(-rc));
@@ -66,8 +75,8 @@ static int lookup_init(struct kvr_actor *a)
 	}
 	struct kvr_index_stats st;
 	kvr_index_stats(l->idx, &st);
-	kvr_info("index rebuilt from the slot table: %u blocks (%u visible), %u free slots, policy %s", st.blocks,
-		 st.visible, st.free_slots, st.policy);
+	kvr_info("index rebuilt from the slot table: %u blocks (%u visible), %u free slots, %u draining, policy %s",
+		 st.blocks, st.visible, st.free_slots, kvr_index_draining(l->idx), st.policy);
 	l->n_workers = a->ctl->max_workers;
 	l->w = calloc(l->n_workers, sizeof(*l->w));
 	if (!l->w)
@@ -320,8 +329,10 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 	if (l2rc == 2)
 		l2_done_reply(a, l, &done);
 	if (l2rc != 1) {
-		if (m->hdr.type == KVR_MSG_L2_WRITE_DONE)
-			alloc_retry_all(a, l); /* a write-through unpinned its slot */
+		if (m->hdr.type == KVR_MSG_L2_READ_DONE)
+			kvr_index_reap(l->idx); /* an aborted promotion's read may have ended */
+		if (m->hdr.type == KVR_MSG_L2_WRITE_DONE || m->hdr.type == KVR_MSG_L2_READ_DONE)
+			alloc_retry_all(a, l); /* a slot became evictable or free */
 		return l2rc == -EBADMSG ? -EBADMSG : 0;
 	}
 	if (ring == a->ctl_in) {
@@ -332,8 +343,10 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 		kvr_index_release_worker(l->idx, g.worker, &rel);
 		kvr_actor_count(a, KVR_STAT_LK_WORKERS_GONE, 1);
 		kvr_actor_count(a, KVR_STAT_LK_ABORTED, rel.aborted);
-		kvr_info("worker %u gone: %u pins dropped on %u slots, %u unfinished slots reclaimed", g.worker, rel.pins,
-			 rel.unpinned_slots, rel.aborted);
+		kvr_info("worker %u gone: %u pins dropped on %u slots, %u unfinished slots reclaimed (%u wait for I/O)",
+			 g.worker, rel.pins, rel.unpinned_slots, rel.aborted, rel.draining);
+		/* kvringd frees the worker slot once it sees this (kvr_worker_ent.gone_ack) */
+		atomic_store_explicit(&kvr_ctl_worker(a->ctl, g.worker)->gone_ack, g.generation, memory_order_release);
 		return 0;
 	}
 	for (unsigned wi = 0; wi < l->n_workers; wi++) {
@@ -387,7 +400,11 @@ static void lookup_on_tick(struct kvr_actor *a, uint64_t now)
 	struct l2t_done done;
 	while (l2t_tick(l->l2, &done) == 1)
 		l2_done_reply(a, l, &done);
+	kvr_index_reap(l->idx); /* aborted slots whose I/O ended are free again */
 	alloc_retry_all(a, l); /* ALLOCs past their deadline are answered NOROOM */
+	atomic_store_explicit(&a->stats->c[KVR_STAT_LK_DRAINING], kvr_index_draining(l->idx), memory_order_relaxed);
+	atomic_store_explicit(&a->stats->c[KVR_STAT_LK_L2_WRITES_QUEUED], l2t_writes_inflight(l->l2),
+			      memory_order_relaxed);
 }
 
 static const struct kvr_stage lookup_stage = {

@@ -207,14 +207,15 @@ int kvr_msg_decode_worker_gone(const struct kvr_msg *m, struct kvr_msg_worker_go
 int kvr_msg_decode_reset(const struct kvr_msg *m);
 
 /* ---- L2 ------------------------------------------------------------------------------
- * Every L1<->L2 message carries one block lane. The lookup actor pins the COMMITTED slot of
- * an L2_WRITE with pin index KVR_L2_PIN_WORKER (a worker slot reserved for the disk actors:
- * an instance with L2 has at most KVR_SLOT_MAX_WORKERS - 1 workers) before it sends it; the
- * disk actor unpins it when the write is done or refused. A read goes into a slot the lookup
- * actor allocated (WRITING) for the promotion and commits once it is verified. */
-#define KVR_L2_PIN_WORKER 15u
+ * Every L1<->L2 message carries one block lane and, for WRITE/READ, the (slot, epoch) it
+ * names. The lookup actor keeps the block of a queued L2_WRITE from eviction; the disk
+ * actor takes the slot's I/O pin (KVR_PIN_IO, kvr_slots.h) when it starts the I/O — after
+ * checking state and epoch — and drops it when the I/O completed, after checking them again.
+ * A read goes into a slot the lookup actor allocated (WRITING, owner KVR_SLOT_OWNER_LOOKUP)
+ * for the promotion and commits once it is verified. */
 #define KVR_L2F_PRESENT 0x1u /* L2_WRITE_DONE: nothing written, the file was already there */
 #define KVR_L2F_LAST 0x2u    /* L2_HAVE: the last answer to an L2_SYNC (it may carry no key: lane 0xffff) */
+#define KVR_L2F_GONE 0x4u    /* L2_READ_DONE: the file is not on disk (any more): forget it */
 
 struct kvr_msg_l2 {
 	uint64_t key_lo, key_hi;

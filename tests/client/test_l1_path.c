@@ -302,8 +302,20 @@ Test(client, quorum_rank_dies_before_commit)
 	cr_assert_eq(kill(child, SIGKILL), 0);
 	cr_assert_eq(waitpid(child, NULL, 0), child);
 	ct_untrack_child(child);
-	bool freed = H_WAIT(ct_count_state(&env, KVR_SLOT_WRITING) == 0, 3000);
-	cr_assert(freed, "the dead rank's WRITING slots were not reclaimed");
+	/* The storer is stopped, not dead: it could still copy into those slots, so they must
+	 * stay WRITING (not reclaimed, never given to another store) until it has exited. */
+	struct kvr_worker_ent *we = kvr_ctl_worker(env.h.ctl, (unsigned)w1);
+	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_DETACHING, 3000), "worker %d not detaching", w1);
+	cr_assert(h_pid_alive(sp));
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_WORKERS_GONE), gone0, "WORKER_GONE before its storer exited");
+	for (uint32_t i = 0; i < n; i++)
+		cr_assert_eq(kvr_slot_state(env.slots, got[i].slot), KVR_SLOT_WRITING);
+
+	/* let the supervisor stop storer.1: then the slots are reclaimed and the worker slot freed */
+	(void)kill(sp, SIGCONT);
+	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_FREE, 5000), "worker slot %d not freed", w1);
+	cr_assert(!h_pid_alive(sp));
+	cr_assert_eq(ct_count_state(&env, KVR_SLOT_WRITING), 0, "the dead rank's WRITING slots were not reclaimed");
 	for (uint32_t i = 0; i < n; i++)
 		cr_assert_eq(kvr_slot_state(env.slots, got[i].slot), KVR_SLOT_FREE);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_ABORTED), aborted0 + n);
@@ -311,11 +323,7 @@ Test(client, quorum_rank_dies_before_commit)
 	cr_assert_eq(ct_lookup(r0, 4, tokens, n * bt), 0);
 	cr_assert_eq(ct_count_state(&env, KVR_SLOT_COMMITTED), n, "rank 0's lane is kept");
 
-	/* let the supervisor stop storer.1 and free the slot; a new rank 1 completes the quorum */
-	(void)kill(sp, SIGCONT);
-	struct kvr_worker_ent *we = kvr_ctl_worker(env.h.ctl, (unsigned)w1);
-	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_FREE, 5000), "worker slot %d not freed", w1);
-	cr_assert(!h_pid_alive(sp));
+	/* a new rank 1 completes the quorum */
 	struct ct_rank *r1;
 	cr_assert_eq(ct_rank_open(&env, 1, 16, 0, &r1), 0, "%s", kvr_last_error(NULL));
 	for (uint32_t i = 0; i < n; i++)

@@ -600,3 +600,59 @@ Test(policy, lru_skips_unevictable)
 	cr_assert_eq(kvr_policy_new("lru", 0, 8, &p), -EINVAL);
 	kvr_policy_free(NULL);
 }
+
+/* Defect 1 (issue 11): a promotion slot whose L2 read is in flight (I/O pin) is neither
+ * given to the next allocation when its promotion is aborted, nor reclaimed by its
+ * requester's death: it is the lookup actor's (owner), and an aborted one drains first. */
+Test(index, aborted_slot_with_io_in_flight_is_not_reused)
+{
+	make(2, 1, 1, "lru");
+	kvr_key a = l1_key(1, 0), b = l1_key(2, 0), c = l1_key(3, 0);
+	struct kvr_index_ref ra, rb, rc;
+	cr_assert_eq(kvr_index_alloc(idx, &a, 1, 0, KVR_SLOT_OWNER_LOOKUP, &ra, NULL), 0);
+	cr_assert_lt(ra.slot, 2);
+	cr_assert_eq(kvr_slot_pin_io(t, ra.slot, ra.epoch, KVR_SLOT_WRITING), 0, "the disk actor starts the read");
+	cr_assert_eq(kvr_index_abort_owner(idx, 0), 0, "worker 0's reset does not touch the lookup's promotion");
+	cr_assert_eq(kvr_index_release_worker(idx, 0, NULL), 0);
+	cr_assert_eq(kvr_slot_state(t, ra.slot), KVR_SLOT_WRITING);
+
+	cr_assert_eq(kvr_index_abort(idx, ra.slot, ra.epoch), 1, "aborted while the read is in flight");
+	cr_assert_eq(kvr_slot_state(t, ra.slot), KVR_SLOT_DRAINING);
+	cr_assert_eq(kvr_index_draining(idx), 1);
+	cr_assert(!has(a));
+	/* two stores: the first gets the other slot, the second finds no room (the draining slot
+	 * is not free, and there is nothing evictable: b is still WRITING) */
+	cr_assert_eq(kvr_index_alloc(idx, &b, 1, 0, 1, &rb, NULL), 0);
+	cr_assert_neq(rb.slot, ra.slot, "the draining slot was handed out");
+	cr_assert_eq(kvr_index_alloc(idx, &c, 1, 0, 1, &rc, NULL), 0);
+	cr_assert_eq(rc.slot, KVR_INDEX_NOROOM);
+	cr_assert_eq(kvr_index_reap(idx), 0, "still pinned");
+
+	cr_assert_eq(kvr_slot_unpin(t, ra.slot, KVR_PIN_IO), 0, "the read completed");
+	cr_assert_eq(kvr_index_alloc(idx, &c, 1, 0, 1, &rc, NULL), 0);
+	cr_assert_eq(rc.slot, ra.slot, "reaped when the allocation needed it");
+	cr_assert_eq(rc.epoch, ra.epoch + 1);
+	cr_assert_eq(kvr_index_draining(idx), 0);
+}
+
+/* A lookup actor that died left promotion slots WRITING (owner lookup): its successor's
+ * rebuild aborts them, and one with a read in flight drains instead of going free. */
+Test(index, rebuild_aborts_a_dead_lookups_promotions)
+{
+	make(4, 1, 1, "lru");
+	kvr_key a = l1_key(1, 0), b = l1_key(2, 0), w = l1_key(3, 0);
+	struct kvr_index_ref ra, rb, rw;
+	cr_assert_eq(kvr_index_alloc(idx, &a, 1, 0, KVR_SLOT_OWNER_LOOKUP, &ra, NULL), 0);
+	cr_assert_eq(kvr_index_alloc(idx, &b, 1, 0, KVR_SLOT_OWNER_LOOKUP, &rb, NULL), 0);
+	cr_assert_eq(kvr_index_alloc(idx, &w, 1, 0, 2, &rw, NULL), 0);
+	cr_assert_eq(kvr_slot_pin_io(t, rb.slot, rb.epoch, KVR_SLOT_WRITING), 0);
+	cr_assert_geq(kvr_index_rebuild(idx, t), 0);
+	cr_assert_eq(kvr_slot_state(t, ra.slot), KVR_SLOT_FREE);
+	cr_assert_eq(kvr_slot_state(t, rb.slot), KVR_SLOT_DRAINING);
+	cr_assert_eq(kvr_slot_state(t, rw.slot), KVR_SLOT_WRITING, "a worker's store in progress is kept");
+	cr_assert(!has(a) && !has(b) && has(w));
+	cr_assert_eq(kvr_index_draining(idx), 1);
+	cr_assert_eq(kvr_slot_drop_pins(t, rb.slot, KVR_PIN_IO), 1);
+	cr_assert_eq(kvr_index_reap(idx), 1);
+	cr_assert_eq(kvr_slot_state(t, rb.slot), KVR_SLOT_FREE);
+}

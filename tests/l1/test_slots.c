@@ -137,8 +137,9 @@ Test(slots, attach_validates)
 }
 
 /* Bring slot 0 into a state; returns its epoch. */
-enum start { S_FREE, S_WRITING, S_COMMITTED, S_PINNED, S_EVICTING };
-static const char *start_name[] = {"free", "writing", "committed", "pinned", "evicting"};
+enum start { S_FREE, S_WRITING, S_COMMITTED, S_PINNED, S_EVICTING, S_IO_READ, S_IO_WRITE, S_DRAINING };
+static const char *start_name[] = {"free",	    "writing",		"committed", "pinned", "evicting",
+				   "writing+io pin", "committed+io pin", "draining"};
 
 static uint32_t bring(enum start s)
 {
@@ -148,18 +149,28 @@ static uint32_t bring(enum start s)
 	cr_assert_eq(kvr_slot_alloc(t, 0, K1, 1, 3, &ep), 0);
 	if (s == S_WRITING)
 		return ep;
+	if (s == S_IO_READ || s == S_DRAINING) {
+		cr_assert_eq(kvr_slot_pin_io(t, 0, ep, KVR_SLOT_WRITING), 0);
+		if (s == S_DRAINING)
+			cr_assert_eq(kvr_slot_abort(t, 0, ep), 1, "an aborted slot with I/O in flight drains");
+		return ep;
+	}
 	cr_assert_eq(kvr_slot_commit(t, 0, ep), 0);
 	if (s == S_PINNED)
 		cr_assert_eq(kvr_slot_pin(t, 0, ep, 5), 0);
 	if (s == S_EVICTING)
 		cr_assert_eq(kvr_slot_evict_begin(t, 0, ep), 0);
+	if (s == S_IO_WRITE)
+		cr_assert_eq(kvr_slot_pin_io(t, 0, ep, KVR_SLOT_COMMITTED), 0);
 	return ep;
 }
 
 enum op { O_ALLOC, O_COMMIT, O_COMMIT_OLD, O_ABORT, O_ABORT_OLD, O_PIN, O_PIN_OLD, O_UNPIN, O_EVICT_BEGIN,
-	  O_EVICT, O_EVICT_OLD };
-static const char *op_name[] = {"alloc", "commit", "commit(old epoch)", "abort", "abort(old epoch)", "pin",
-				"pin(old epoch)", "unpin", "evict_begin", "evict", "evict(old epoch)"};
+	  O_EVICT, O_EVICT_OLD, O_PIN_IO_W, O_PIN_IO_C, O_UNPIN_IO, O_DRAINED, O_PIN_LOOKUP };
+static const char *op_name[] = {"alloc",       "commit",     "commit(old epoch)", "abort",	 "abort(old epoch)",
+				"pin",	       "pin(old epoch)", "unpin",	       "evict_begin", "evict",
+				"evict(old epoch)", "pin_io(writing)", "pin_io(committed)", "unpin(io)", "drained",
+				"pin(lookup)"};
 
 static int do_op(enum op o, uint32_t ep)
 {
@@ -176,6 +187,11 @@ static int do_op(enum op o, uint32_t ep)
 	case O_EVICT_BEGIN: return kvr_slot_evict_begin(t, 0, ep);
 	case O_EVICT: return kvr_slot_evict(t, 0, ep);
 	case O_EVICT_OLD: return kvr_slot_evict(t, 0, ep - 1);
+	case O_PIN_IO_W: return kvr_slot_pin_io(t, 0, ep, KVR_SLOT_WRITING);
+	case O_PIN_IO_C: return kvr_slot_pin_io(t, 0, ep, KVR_SLOT_COMMITTED);
+	case O_UNPIN_IO: return kvr_slot_unpin(t, 0, KVR_PIN_IO);
+	case O_DRAINED: return kvr_slot_drained(t, 0);
+	case O_PIN_LOOKUP: return kvr_slot_pin(t, 0, ep, KVR_PIN_LOOKUP);
 	}
 	return -1;
 }
@@ -229,6 +245,29 @@ static const struct tcase {
 	{S_EVICTING, O_EVICT_BEGIN, -EBUSY, KVR_SLOT_EVICTING, 0},
 	{S_EVICTING, O_EVICT, 0, KVR_SLOT_FREE, 0},
 	{S_EVICTING, O_EVICT_OLD, -ESTALE, KVR_SLOT_EVICTING, 0},
+
+	/* I/O pins: a read fills a WRITING slot, a write copies a COMMITTED one out */
+	{S_WRITING, O_PIN_IO_W, 0, KVR_SLOT_WRITING, 1},
+	{S_WRITING, O_PIN_IO_C, -ESTALE, KVR_SLOT_WRITING, 0},
+	{S_COMMITTED, O_PIN_IO_C, 0, KVR_SLOT_COMMITTED, 1},
+	{S_COMMITTED, O_PIN_IO_W, -ESTALE, KVR_SLOT_COMMITTED, 0},
+	{S_COMMITTED, O_PIN_LOOKUP, 0, KVR_SLOT_COMMITTED, 1},
+	{S_FREE, O_PIN_IO_W, -ESTALE, KVR_SLOT_FREE, 0},
+	{S_EVICTING, O_PIN_IO_C, -ESTALE, KVR_SLOT_EVICTING, 0},
+	{S_IO_READ, O_ABORT, 1, KVR_SLOT_DRAINING, 1},   /* defect 1: never FREE while a read may land */
+	{S_IO_READ, O_COMMIT, 0, KVR_SLOT_COMMITTED, 1},
+	{S_IO_READ, O_UNPIN_IO, 0, KVR_SLOT_WRITING, 0},
+	{S_IO_READ, O_ALLOC, -EBUSY, KVR_SLOT_WRITING, 1},
+	{S_IO_WRITE, O_EVICT_BEGIN, -EBUSY, KVR_SLOT_COMMITTED, 1},
+	{S_IO_WRITE, O_EVICT, -EBUSY, KVR_SLOT_COMMITTED, 1},
+	{S_DRAINING, O_ALLOC, -EBUSY, KVR_SLOT_DRAINING, 1},
+	{S_DRAINING, O_DRAINED, -EBUSY, KVR_SLOT_DRAINING, 1},
+	{S_DRAINING, O_PIN_IO_W, -ESTALE, KVR_SLOT_DRAINING, 1},
+	{S_DRAINING, O_COMMIT, -ESTALE, KVR_SLOT_DRAINING, 1},
+	{S_DRAINING, O_ABORT, -ESTALE, KVR_SLOT_DRAINING, 1},
+	{S_DRAINING, O_EVICT, -ESTALE, KVR_SLOT_DRAINING, 1},
+	{S_DRAINING, O_UNPIN_IO, 0, KVR_SLOT_DRAINING, 0},
+	{S_WRITING, O_DRAINED, -ESTALE, KVR_SLOT_WRITING, 0},
 };
 
 Test(slots, transition_table)
@@ -244,6 +283,58 @@ Test(slots, transition_table)
 			     op_name[c->op], kvr_slot_state_name(kvr_slot_state(t, 0)), kvr_slot_state_name(c->state));
 		cr_expect_eq(kvr_slot_pins(t, 0), c->pins, "%s + %s: pins", start_name[c->from], op_name[c->op]);
 	}
+}
+
+/* The defect-1 lifecycle in order: a read holds its I/O pin, the slot is aborted, it waits
+ * in DRAINING (not allocatable) until the pin goes — by the read's completion or by the disk
+ * actor's successor dropping a dead predecessor's pins — and only then is FREE again. */
+Test(slots, draining_until_the_io_ends)
+{
+	uint32_t ep, ep2;
+	cr_assert_eq(kvr_slot_alloc(t, 2, K1, 0, KVR_SLOT_OWNER_LOOKUP, &ep), 0);
+	cr_assert_eq(kvr_slot_at(t, 2)->owner, KVR_SLOT_OWNER_LOOKUP);
+	cr_assert_eq(kvr_slot_pin_io(t, 2, ep, KVR_SLOT_WRITING), 0);
+	cr_assert_eq(kvr_slot_abort(t, 2, ep), 1);
+	cr_assert_eq(kvr_slot_state(t, 2), KVR_SLOT_DRAINING);
+	cr_assert(kvr_key_eq(kvr_slot_at(t, 2)->key, K1), "a draining slot keeps its key (its disk actor is found by it)");
+	cr_assert_eq(kvr_slot_alloc(t, 2, K2, 0, 1, &ep2), -EBUSY, "not reusable while the read may land");
+	cr_assert_eq(kvr_slot_drop_pins(t, 2, KVR_PIN_LOOKUP), 0, "another owner's pins are not touched");
+	cr_assert_eq(kvr_slot_pins_of(t, 2, KVR_PIN_IO), 1);
+	cr_assert_eq(kvr_slot_drop_pins(t, 2, KVR_PIN_IO), 1, "the dead disk actor's pin");
+	cr_assert_eq(kvr_slot_drained(t, 2), 0);
+	cr_assert_eq(kvr_slot_state(t, 2), KVR_SLOT_FREE);
+	cr_assert_eq(kvr_slot_alloc(t, 2, K2, 0, 1, &ep2), 0);
+	cr_assert_eq(ep2, ep + 1);
+
+	/* owners are separate counters: the lookup actor's pin is not a worker's */
+	cr_assert_eq(kvr_slot_commit(t, 2, ep2), 0);
+	cr_assert_eq(kvr_slot_pin(t, 2, ep2, KVR_PIN_LOOKUP), 0);
+	cr_assert_eq(kvr_slot_pin(t, 2, ep2, KVR_PIN_WORKER(15)), 0);
+	cr_assert_eq(kvr_slot_pins_of(t, 2, KVR_PIN_LOOKUP), 1);
+	cr_assert_eq(kvr_slot_pins_of(t, 2, 15), 1);
+	cr_assert_eq(kvr_slot_pins(t, 2), 2);
+	struct kvr_slots_release rel;
+	cr_assert_eq(kvr_slots_release_worker(t, 15, &rel), 0);
+	cr_assert_eq(rel.pins, 1);
+	cr_assert_eq(kvr_slot_pins_of(t, 2, KVR_PIN_LOOKUP), 1, "a worker's release leaves the lookup pin");
+	cr_assert_eq(kvr_slot_evict(t, 2, ep2), -EBUSY);
+	cr_assert_eq(kvr_slot_drop_pins(t, 2, KVR_PIN_LOOKUP), 1);
+	cr_assert_eq(kvr_slot_evict(t, 2, ep2), 0);
+
+	/* a worker that is gone: its WRITING slot with a read in flight drains too */
+	cr_assert_eq(kvr_slot_alloc(t, 3, K1, 0, 4, &ep), 0);
+	cr_assert_eq(kvr_slot_pin_io(t, 3, ep, KVR_SLOT_WRITING), 0);
+	cr_assert_eq(kvr_slots_release_worker(t, 4, &rel), 0);
+	cr_assert_eq(rel.aborted, 1);
+	cr_assert_eq(rel.draining, 1);
+	cr_assert_eq(kvr_slot_state(t, 3), KVR_SLOT_DRAINING);
+	cr_assert_eq(kvr_slot_unpin(t, 3, KVR_PIN_IO), 0);
+	cr_assert_eq(kvr_slot_drained(t, 3), 0);
+	struct kvr_slot_counts c;
+	kvr_slots_counts(t, &c);
+	cr_assert_eq(c.by_state[KVR_SLOT_DRAINING], 0);
+	cr_assert_eq(c.pins, 0);
+	cr_assert_str_eq(kvr_slot_state_name(KVR_SLOT_DRAINING), "draining");
 }
 
 Test(slots, fields_epochs_and_bad_args)
@@ -278,10 +369,11 @@ Test(slots, fields_epochs_and_bad_args)
 	cr_assert_eq(kvr_slot_alloc(t, N_SLOTS, K1, 0, 0, &ep), -EINVAL, "slot out of range");
 	cr_assert_eq(kvr_slot_alloc(t, 0, K1, 2, 0, &ep), -EINVAL, "lane >= tp_size");
 	cr_assert_eq(kvr_slot_alloc(t, 0, K1, 0, 16, &ep), -EINVAL, "owner >= 16");
+	cr_assert_eq(kvr_slot_alloc(t, 0, K1, 0, KVR_SLOT_OWNER_LOOKUP - 1, &ep), -EINVAL, "owner not a worker or lookup");
 	cr_assert_eq(kvr_slot_commit(t, N_SLOTS, 1), -EINVAL);
 	cr_assert_eq(kvr_slot_abort(t, N_SLOTS, 1), -EINVAL);
-	cr_assert_eq(kvr_slot_pin(t, 5, ep2, 16), -EINVAL);
-	cr_assert_eq(kvr_slot_unpin(t, 5, 16), -EINVAL);
+	cr_assert_eq(kvr_slot_pin(t, 5, ep2, KVR_PIN_OWNERS), -EINVAL);
+	cr_assert_eq(kvr_slot_unpin(t, 5, KVR_PIN_OWNERS), -EINVAL);
 	cr_assert_eq(kvr_slot_evict(t, N_SLOTS, 1), -EINVAL);
 	cr_assert_eq(kvr_slots_release_worker(t, 16, NULL), -EINVAL);
 	cr_assert_eq(kvr_slot_state(t, 0), KVR_SLOT_FREE, "nothing changed by rejected calls");
