@@ -285,6 +285,7 @@ static void render_l1(FILE *f, const struct kvr_slot_table *t)
 	fprintf(f, "kvring_l1_slots{state=\"writing\"} %u\n", sc.by_state[KVR_SLOT_WRITING]);
 	fprintf(f, "kvring_l1_slots{state=\"committed\"} %u\n", sc.by_state[KVR_SLOT_COMMITTED] - reading);
 	fprintf(f, "kvring_l1_slots{state=\"evicting\"} %u\n", sc.by_state[KVR_SLOT_EVICTING]);
+	fprintf(f, "kvring_l1_slots{state=\"draining\"} %u\n", sc.by_state[KVR_SLOT_DRAINING]);
 	fprintf(f, "kvring_l1_slots{state=\"reading\"} %u\n", reading);
 }
 

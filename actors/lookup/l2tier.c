@@ -382,7 +382,8 @@ unsigned l2t_demote(struct l2tier *t, unsigned want)
 	struct kvr_slot_table *st = t->a->slots;
 	for (uint32_t i = 0; i < st->n_slots; i++) {
 		struct kvr_slot *s = kvr_slot_at(st, i);
-		if (kvr_slot_state(st, i) != KVR_SLOT_COMMITTED || kvr_slot_pins(st, i) || l2t_has(t, s->key, s->lane))
+		if (kvr_slot_state(st, i) != KVR_SLOT_COMMITTED || kvr_slot_pins(st, i) || t->wq_state[i] != WQ_NONE ||
+		    l2t_has(t, s->key, s->lane))
 			continue;
 		if (n < want) {
 			pick[n++] = i;

@@ -13,14 +13,19 @@
  * With l2.dirs configured the lookup actor
  *   - learns what the disk actors hold (L2_SYNC at start -> L2_HAVE per block lane; then
  *     L2_WRITE_DONE adds, L2_GONE removes);
- *   - writes every lane it commits through to L2 (L2_WRITE; the disk actor pins the slot
- *     while it writes);
+ *   - writes every lane it commits through to L2 (L2_WRITE through a write queue: a lane
+ *     waits there, unevictable, until its disk actor answered — a full ring delays a write,
+ *     never drops it; a disk actor that died has its unanswered writes sent again);
  *   - extends a lookup past the L1 prefix over blocks whose every lane is in L1 or L2: the
  *     requester's lane is promoted — a slot allocated (WRITING, owned by the requester)
  *     and filled by an L2_READ — and the LOOKUP_REP waits until every read is verified
  *     and committed. The reply covers the blocks up to the first read that failed.
- * A disk actor is chosen by key (key.hi % n_dirs). Reads outstanding on a disk actor that
- * died are aborted once its successor has drained the requests left in its ring.
+ * A disk actor is chosen by key (key.hi % n_dirs). Promotion slots are the lookup actor's
+ * (KVR_SLOT_OWNER_LOOKUP), so a requester that dies or resets cannot free them. Reads
+ * outstanding on a disk actor that died are aborted at once: a slot the dead actor may
+ * still be reading into keeps its I/O pin and waits DRAINING until the successor released
+ * its predecessor's pins. A read that failed forgets the block lane only when the disk
+ * actor says the file is gone (KVR_L2F_GONE), not when the read was merely aborted.
  *
  * With l2.read_only nothing is ever written: no write-through (l2t_committed does nothing),
  * no write-back (l2.mode is ignored: l2t_demote returns 0 and no eviction veto is set, so
@@ -73,7 +78,7 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done);
  * writes were sent (0 without write-back, and always 0 read-only). */
 unsigned l2t_demote(struct l2tier *t, unsigned want);
 
-/* Writes sent and not yet answered (their slots are pinned). */
+/* Lanes in the write queue: queued or sent, not yet answered (they cannot be evicted). */
 unsigned l2t_writes_inflight(const struct l2tier *t);
 
 /* Whether (key, lane) is on disk. */

@@ -96,6 +96,7 @@ Test(metrics_render, lookup_transfer_l1_rings)
 	has_line(t, "kvring_l1_slots{state=\"writing\"} 1");
 	has_line(t, "kvring_l1_slots{state=\"committed\"} 2");
 	has_line(t, "kvring_l1_slots{state=\"evicting\"} 0");
+	has_line(t, "kvring_l1_slots{state=\"draining\"} 0");
 	has_line(t, "kvring_l1_slots{state=\"reading\"} 1");
 	has_line(t, "kvring_ring_fill_ratio{ring=\"lookup.req.0\"} 0.25");
 	has_line(t, "kvring_ring_fill_ratio{ring=\"ctl.lookup.in\"} 0");
