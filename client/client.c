@@ -26,8 +26,8 @@
 
 /*
  * Wire request ids carry the generation of the actor the client addressed in their top
- * 16 bits: an actor answers a request of another generation with -ESTALE and does no work
- * for it, so a request submitted to an actor that restarted is never executed by its
+ * 16 bits, then the worker slot's attach generation (16 bits), then a sequence (32 bits).
+ * An actor answers a request of another generation with -ESTALE and does no work for it, so a request submitted to an actor that restarted is never executed by its
  * successor behind the client's back (the client has already failed it).
  */
 #define WIRE_GEN_SHIFT 48
@@ -312,6 +312,10 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 		rc = fail(c, -EPROTO, "attach: worker slot %u out of range", c->worker);
 		goto err;
 	}
+	/* Wire ids unique across the attaches of this worker slot: a reply its previous owner
+	 * never read (it died with a request in flight) can still sit in a reply ring, and must
+	 * never be taken for the answer to one of ours — its slots hold another prompt's KV. */
+	c->next_wire = (uint64_t)(kvr_ctl_worker(c->ctl, c->worker)->generation & 0xffff) << 32;
 	c->lk_req = ring_named(c, "lookup.req.%u");
 	c->lk_rep = ring_named(c, "lookup.rep.%u");
 	c->ld_req = ring_named(c, "load.req.%u");

@@ -340,6 +340,7 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 		if (kvr_msg_decode_worker_gone(m, &g) || g.worker >= l->n_workers)
 			return -EBADMSG;
 		struct kvr_slots_release rel = {0};
+		l2t_cancel(l->l2, g.worker); /* no reply goes to a dead worker's ring (its reads finish) */
 		kvr_index_release_worker(l->idx, g.worker, &rel);
 		kvr_actor_count(a, KVR_STAT_LK_WORKERS_GONE, 1);
 		kvr_actor_count(a, KVR_STAT_LK_ABORTED, rel.aborted);

@@ -1,0 +1,427 @@
+/* Integrity under faults (issue 11): one regression test per slot-lifecycle defect, each causing its fault for real. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client_harness.h"
+
+/*
+ * Every test runs the real kvringd with an L2 tier and a tiny model (one 4 KiB slot per
+ * block lane). Faults are caused, not simulated: kill -9 of a worker or an actor, SIGSTOP
+ * of the disk actor, and the disk actor's read gate (KVRING_TEST_READ_GATE, disk.c), which
+ * holds every L2 read after its slot was claimed and before its I/O is submitted — a read
+ * that completes as late as the test wants. Each test ends with the slot table checked
+ * (only FREE and COMMITTED, no pins, once quiet) and every loaded byte compared.
+ */
+
+static struct ct_env env;
+static char l2dir[256], gatedir[256];
+static int gate_fd = -1;
+
+static void setup(void)
+{
+	ct_init(&env);
+	snprintf(l2dir, sizeof(l2dir), "%s/l2", env.h.dir);
+	snprintf(gatedir, sizeof(gatedir), "%s/gate", env.h.dir);
+	cr_assert_eq(mkdir(l2dir, 0700), 0);
+}
+
+static void teardown(void)
+{
+	if (env.h.pid > 0)
+		(void)kill(env.h.pid, SIGKILL);
+	ct_fini(&env);
+	if (gate_fd >= 0)
+		(void)close(gate_fd);
+	gate_fd = -1;
+	(void)unsetenv("KVRING_TEST_READ_GATE");
+}
+
+TestSuite(integrity, .init = setup, .fini = teardown, .timeout = 120);
+
+static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
+				     .tp_size = 1};
+
+#define BT 16
+#define BLOCKS 4
+#define MAXP 32
+#define TAG(p, i) (7000ull * (p) + (i) + 1)
+
+static uint32_t tokens[MAXP][BLOCKS * BT];
+
+/* ---- the read gate ---------------------------------------------------------------------- */
+
+/* Every L2 read of the kvringd started next waits at the gate. */
+static void gate_arm(void)
+{
+	char p[300];
+	cr_assert_eq(mkdir(gatedir, 0700), 0);
+	snprintf(p, sizeof(p), "%s/gate", gatedir);
+	cr_assert_eq(mkfifo(p, 0600), 0);
+	gate_fd = open(p, O_RDWR | O_CLOEXEC); /* O_RDWR: never blocks, writes never block */
+	cr_assert(gate_fd >= 0);
+	cr_assert_eq(setenv("KVRING_TEST_READ_GATE", gatedir, 1), 0);
+}
+
+/* Let n held (or future) reads go. */
+static void gate_release(unsigned n)
+{
+	char b[64] = {0};
+	while (n) {
+		unsigned k = n < sizeof(b) ? n : sizeof(b);
+		cr_assert_eq(write(gate_fd, b, k), (ssize_t)k);
+		n -= k;
+	}
+}
+
+/* Reads that reached the gate so far. */
+static unsigned gate_held(void)
+{
+	char p[300];
+	snprintf(p, sizeof(p), "%s/held.log", gatedir);
+	FILE *f = fopen(p, "r");
+	if (!f)
+		return 0;
+	unsigned n = 0;
+	for (int c; (c = fgetc(f)) != EOF;)
+		n += c == '\n';
+	fclose(f);
+	return n;
+}
+
+/* ---- workload ----------------------------------------------------------------------------- */
+
+/* The first n blocks of prompt p from engine blocks 0.. of r; asserts every one was stored. */
+static void store_n(struct ct_rank *r, unsigned p, uint32_t n)
+{
+	ct_prompt(tokens[p], BLOCKS * BT, 900 + p);
+	uint32_t blocks[BLOCKS];
+	for (uint32_t i = 0; i < n; i++) {
+		blocks[i] = i;
+		ct_fill(r, i, TAG(p, i));
+	}
+	struct ct_done d;
+	ct_store(r, 1000 + p, tokens[p], n * BT, blocks, n, &d);
+	cr_assert_eq(d.c.status, 0, "store of prompt %u: %d", p, d.c.status);
+	cr_assert_eq(d.c.n_stored + d.c.n_present, n, "prompt %u: %u stored, %u failed", p, d.c.n_stored,
+		     d.c.n_failed);
+}
+
+static void store_prompt(struct ct_rank *r, unsigned p)
+{
+	store_n(r, p, BLOCKS);
+}
+
+/* Look prompt p up, load what matched into blocks 8.. and compare every byte. Returns the
+ * blocks matched. */
+static uint32_t load_exact(struct ct_rank *r, uint64_t req, unsigned p)
+{
+	uint32_t got = ct_lookup(r, req, tokens[p], BLOCKS * BT);
+	if (!got)
+		return 0;
+	uint32_t dst[BLOCKS];
+	for (uint32_t i = 0; i < got; i++)
+		dst[i] = 8 + i;
+	struct ct_done d;
+	ct_load(r, req, dst, got, &d);
+	cr_assert_eq(d.c.status, 0, "prompt %u: load %d (%u failed)", p, d.c.status, d.c.n_failed);
+	for (uint32_t i = 0; i < got; i++) {
+		char why[200] = "";
+		cr_assert(ct_holds(r, dst[i], TAG(p, i), why, sizeof(why)), "prompt %u block %u: WRONG BYTES: %s", p, i,
+			  why);
+	}
+	return got;
+}
+
+static uint64_t lk(unsigned s)
+{
+	return ct_stat(&env, "lookup", s);
+}
+
+/* Once quiet the slot table holds only FREE and COMMITTED slots and no pin at all. */
+static bool table_clean(void)
+{
+	struct kvr_slot_counts c;
+	kvr_slots_counts(env.slots, &c);
+	return c.by_state[KVR_SLOT_WRITING] == 0 && c.by_state[KVR_SLOT_EVICTING] == 0 &&
+	       c.by_state[KVR_SLOT_DRAINING] == 0 && c.invalid == 0 && c.pins == 0;
+}
+
+static void assert_table_clean(void)
+{
+	bool ok = H_WAIT(table_clean(), 5000);
+	if (ok)
+		return;
+	for (uint32_t s = 0; s < env.slots->n_slots; s++) {
+		const struct kvr_slot *sl = kvr_slot_at(env.slots, s);
+		uint32_t st = kvr_slot_state(env.slots, s);
+		if (st != KVR_SLOT_FREE && (st != KVR_SLOT_COMMITTED || kvr_slot_pins(env.slots, s)))
+			cr_log_error("slot %u: %s owner %u lane %u pins %u (io %u lookup %u)", s, kvr_slot_state_name(st),
+				     sl->owner, sl->lane, kvr_slot_pins(env.slots, s),
+				     kvr_slot_pins_of(env.slots, s, KVR_PIN_IO), kvr_slot_pins_of(env.slots, s, KVR_PIN_LOOKUP));
+	}
+	cr_assert_fail("the slot table is not clean once quiet");
+}
+
+/* A worker in a child process (no Criterion asserts there): attaches, reports its worker
+ * slot, looks prompt p up (that starts its promotion reads) and waits to be killed. */
+static pid_t spawn_lookup_child(unsigned p, int *ret_worker)
+{
+	int pfd[2];
+	cr_assert_eq(pipe(pfd), 0);
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		close(pfd[0]);
+		struct kvr_geometry g;
+		int val = kvr_geometry_fill_vllm_layer_major(&g, env.m.layers, env.m.kv_heads, env.m.head_dim,
+							     env.m.dtype_bytes, env.m.block_tokens, 16);
+		int kv = memfd_create("ct-child-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		struct kvr_client *c = NULL;
+		if (!val && (kv < 0 || ftruncate(kv, (off_t)kvr_geometry_kv_extent(&g)) < 0))
+			val = -errno;
+		if (!val) {
+			struct kvr_attach_opts o = {.socket = env.h.sock, .geometry = &g, .kv_fd = kv,
+						    .kv_bytes = kvr_geometry_kv_extent(&g), .timeout_ms = 5000};
+			val = kvr_attach(&o, &c);
+			if (!val)
+				val = (int)kvr_worker_slot(c);
+		}
+		if (write(pfd[1], &val, sizeof(val)) != sizeof(val) || val < 0)
+			_exit(1);
+		struct kvr_lookup_result res;
+		(void)kvr_lookup(c, 1, tokens[p], BLOCKS * BT, NULL, 0, &res);
+		for (;;)
+			pause();
+	}
+	close(pfd[1]);
+	ct_track_child(pid);
+	struct pollfd pf = {.fd = pfd[0], .events = POLLIN};
+	cr_assert_eq(poll(&pf, 1, 8000), 1, "the lookup child did not report");
+	int val = -1;
+	cr_assert_eq(read(pfd[0], &val, sizeof(val)), (ssize_t)sizeof(val));
+	close(pfd[0]);
+	cr_assert(val >= 0, "the lookup child could not attach: %s", strerror(-val));
+	*ret_worker = val;
+	return pid;
+}
+
+/* The worker slot went back to FREE: its actors exited and the lookup actor handled its death. */
+static void wait_worker_free(unsigned w)
+{
+	struct kvr_worker_ent *we = kvr_ctl_worker(env.h.ctl, w);
+	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_FREE, 5000), "worker slot %u not freed", w);
+}
+
+/* Close rank r (this engine's only rank 0) and wait until its worker slot is free. */
+static void close_rank(struct ct_rank *r)
+{
+	unsigned w = r->worker;
+	ct_rank_close(r);
+	wait_worker_free(w);
+}
+
+static void kill_child(pid_t pid)
+{
+	cr_assert_eq(kill(pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(pid, NULL, 0), pid);
+	ct_untrack_child(pid);
+}
+
+/* L1 of 8 slots (two prompts): prompts 0..2 stored and written through; prompt 0 is only
+ * on disk afterwards, 1 and 2 in L1. */
+static struct ct_rank *three_prompts_one_on_disk(const struct ct_opts *o)
+{
+	ct_start(&env, &tiny, o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	for (unsigned p = 0; p < 3; p++) {
+		store_prompt(r, p);
+		cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == (p + 1) * BLOCKS, 5000), "prompt %u written through", p);
+	}
+	kvr_key k0;
+	ct_keys(&env, tokens[0], BT, &k0);
+	cr_assert_eq(ct_find_slot(&env, k0, 0), -1, "prompt 0 still in L1");
+	return r;
+}
+
+/*
+ * Defect 1: a late L2 read into a recycled slot. Worker A's lookup promotes prompt 0 from
+ * L2: 4 slots allocated, the first read held at the gate. A is killed -9. Worker B then
+ * stores prompt 3, which needs room. The held read completes only after that. Before the
+ * fix, A's death freed the promotion slots, B's store got them (LIFO) and the late read
+ * overwrote B's committed block with prompt 0's payload. Now the promotion slots belong to
+ * the lookup actor, an aborted one with its read in flight drains, and B's bytes are B's.
+ */
+Test(integrity, late_read_never_lands_in_a_recycled_slot)
+{
+	gate_arm();
+	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
+	close_rank(three_prompts_one_on_disk(&o)); /* one engine of TP 1: one rank 0 at a time */
+	uint64_t gone0 = lk(KVR_STAT_LK_WORKERS_GONE), reads0 = lk(KVR_STAT_LK_L2_READS);
+	int wa;
+	pid_t a = spawn_lookup_child(0, &wa);
+	cr_assert(H_WAIT(gate_held() >= 1, 5000), "no promotion read reached the gate");
+	cr_assert_eq(ct_count_state(&env, KVR_SLOT_WRITING), BLOCKS, "the promotion's slots");
+	kill_child(a);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_WORKERS_GONE) == gone0 + 1, 5000), "WORKER_GONE not handled");
+	wait_worker_free((unsigned)wa);
+
+	struct ct_rank *b;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &b), 0, "%s", kvr_last_error(NULL));
+	store_prompt(b, 3); /* needs room: evicts prompt 1 (the promotion's slots are not free) */
+	gate_release(64);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_READS) + lk(KVR_STAT_LK_L2_READ_FAILS) >= reads0 + BLOCKS, 5000),
+		  "the held reads did not finish");
+	cr_assert_eq(load_exact(b, 2000, 3), BLOCKS, "prompt 3 not all in L1");
+	cr_assert_eq(load_exact(b, 2001, 0), BLOCKS, "prompt 0 (promoted for the dead worker) in L1 or L2");
+	cr_assert_eq(load_exact(b, 2002, 2), BLOCKS);
+	assert_table_clean();
+	/* every file on disk still holds its own block: prompt 1 (evicted) comes back from L2 */
+	cr_assert_eq(load_exact(b, 2003, 1), BLOCKS);
+	assert_table_clean();
+}
+
+/*
+ * Defect 2: one pin index, two owners. A lookup that waits for promotions pins its L1
+ * prefix (the lookup actor's own pin); the lookup actor is killed -9 meanwhile. Before the
+ * fix those pins (shared with the disk actors') stayed forever and the promotion slots
+ * stayed WRITING. Now the successor drops every lookup pin at start and aborts the dead
+ * actor's promotions (the one with a read in flight drains until the read ends).
+ */
+Test(integrity, killed_lookup_leaves_no_pins)
+{
+	gate_arm();
+	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	/* prompt 0's first two blocks stay in L1, its last two go to disk only */
+	for (unsigned p = 0; p < 2; p++) {
+		store_prompt(r, p);
+		cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == (p + 1) * BLOCKS, 5000));
+	}
+	cr_assert_eq(ct_lookup(r, 10, tokens[0], 2 * BT), 2);
+	cr_assert_eq(load_exact(r, 11, 1), BLOCKS);
+	store_n(r, 2, 2); /* evicts prompt 0's blocks 2 and 3, the least recent */
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 2 * BLOCKS + 2, 5000));
+	cr_assert_eq(ct_lookup(r, 12, tokens[0], 2 * BT), 2, "prompt 0: 2 blocks in L1 (the lookup pins them)");
+	close_rank(r);
+	int w;
+	pid_t child = spawn_lookup_child(0, &w);
+	cr_assert(H_WAIT(gate_held() >= 1, 5000), "no promotion read reached the gate");
+	pid_t lpid = ct_actor_pid(&env, "lookup");
+	cr_assert_eq(kill(lpid, SIGKILL), 0);
+	pid_t np = ct_wait_ready(&env, "lookup", lpid, 5000);
+	cr_assert(np > 0 && np != lpid);
+	kill_child(child);
+	gate_release(64);
+	wait_worker_free((unsigned)w); /* the new lookup actor handled the child's death */
+	assert_table_clean();
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(load_exact(r, 20, 0), BLOCKS, "prompt 0 from L1 or L2 after the restart");
+	cr_assert_eq(load_exact(r, 21, 1), BLOCKS);
+	assert_table_clean();
+}
+
+/*
+ * Defect 3: an aborted promotion forgot that a block is on disk. The disk actor is killed
+ * -9 while a promotion read is held: the lookup actor aborts the promotion, the successor
+ * answers the reads still queued for it -ESTALE. Before the fix -ESTALE removed those block
+ * lanes from the on-disk set, so later lookups missed blocks whose files are intact.
+ */
+Test(integrity, aborted_promotion_keeps_the_block_on_disk)
+{
+	gate_arm();
+	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
+	close_rank(three_prompts_one_on_disk(&o));
+	int w;
+	pid_t child = spawn_lookup_child(0, &w);
+	cr_assert(H_WAIT(gate_held() >= 1, 5000), "no promotion read reached the gate");
+	pid_t dpid = ct_actor_pid(&env, "disk.0");
+	cr_assert_eq(kill(dpid, SIGKILL), 0);
+	cr_assert(ct_wait_ready(&env, "disk.0", dpid, 5000) > 0);
+	kill_child(child);
+	gate_release(64);
+	wait_worker_free((unsigned)w);
+	assert_table_clean();
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), 3 * BLOCKS, "every file is still there");
+	uint32_t got = load_exact(r, 30, 0);
+	cr_assert_eq(got, BLOCKS, "prompt 0's files are intact: all 4 blocks must be found (got %u; l2 reads %llu fails %llu)", got, (unsigned long long)lk(KVR_STAT_LK_L2_READS), (unsigned long long)lk(KVR_STAT_LK_L2_READ_FAILS));
+	assert_table_clean();
+}
+
+/*
+ * Defect 4: a dead disk actor failed stores instead of backpressuring. The disk actor is
+ * stopped, so L1 (8 slots) fills with lanes waiting for their write; a store that needs
+ * room waits for those writes; the disk actor is killed -9 meanwhile. Its successor gets
+ * the unanswered writes again, they complete, the waiting store finds room: nothing fails.
+ */
+Test(integrity, dead_disk_actor_backpressures_stores)
+{
+	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	pid_t dpid = ct_actor_pid(&env, "disk.0");
+	ct_stop_process(dpid);
+	store_prompt(r, 0);
+	store_prompt(r, 1);
+	/* prompt 2 needs room that only the stopped disk actor's writes can make */
+	ct_prompt(tokens[2], BLOCKS * BT, 902);
+	uint32_t blocks[BLOCKS] = {4, 5, 6, 7};
+	for (uint32_t i = 0; i < BLOCKS; i++)
+		ct_fill(r, blocks[i], TAG(2, i));
+	cr_assert_eq(kvr_store(r->c, 1002, tokens[2], BLOCKS * BT, NULL, 0, blocks, BLOCKS), 0);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES_QUEUED) > 0, 3000), "writes are not waiting");
+	cr_assert_eq(kill(dpid, SIGKILL), 0);
+	(void)kill(dpid, SIGCONT);
+	struct ct_done d;
+	ct_wait_done(r, &d, 10000);
+	cr_assert_eq(d.c.status, 0, "store while the disk actor died: %d", d.c.status);
+	cr_assert_eq(d.c.n_stored, BLOCKS, "%u stored, %u failed: a dead disk actor is backpressure, not NOROOM",
+		     d.c.n_stored, d.c.n_failed);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) >= 3 * BLOCKS, 5000), "every lane reaches L2: %llu",
+		  (unsigned long long)lk(KVR_STAT_LK_L2_WRITES));
+	cr_assert_eq(lk(KVR_STAT_LK_L2_WRITE_FAILS), 0);
+	for (unsigned p = 0; p < 3; p++)
+		cr_assert_eq(load_exact(r, 40 + p, p), BLOCKS);
+	assert_table_clean();
+}
+
+/*
+ * Defect 5: write-through silently dropped writes when the disk actor's ring was full
+ * (rings hold 64 messages here). With the disk actor stopped, 20 prompts commit 80 lanes;
+ * when it runs again every one of them is written (none skipped), in order.
+ */
+Test(integrity, write_through_never_skips_on_a_full_ring)
+{
+	const unsigned P = 20;
+	struct ct_opts o = {.l1_slots = 96, .l2_dir = l2dir, .max_workers = 2};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	pid_t dpid = ct_actor_pid(&env, "disk.0");
+	ct_stop_process(dpid);
+	for (unsigned p = 0; p < P; p++)
+		store_prompt(r, p);
+	cr_assert_eq(lk(KVR_STAT_LK_L2_WRITES_SKIPPED), 0);
+	cr_assert_eq(kill(dpid, SIGCONT), 0);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == P * BLOCKS, 10000), "written: %llu of %u",
+		  (unsigned long long)lk(KVR_STAT_LK_L2_WRITES), P * BLOCKS);
+	cr_assert_eq(lk(KVR_STAT_LK_L2_WRITES_SKIPPED), 0);
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), P * BLOCKS);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES_QUEUED) == 0, 3000));
+	assert_table_clean();
+}
