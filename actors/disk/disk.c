@@ -307,14 +307,16 @@ static void drop_stale_pins(struct disk *d, unsigned idx, unsigned n_dirs)
 			 slots, idx);
 }
 
-/* ---- the read gate (a test hook) ------------------------------------------------------------
+/* ---- the I/O gate (a test hook) -------------------------------------------------------------
  * KVRING_TEST_READ_GATE=<dir> (inherited from kvringd's environment) holds every L2 read
  * after its slot was checked and claimed and before its I/O is submitted, so a test can make
  * a read complete as late as it likes (a worker dies meanwhile, another one stores): the
  * actor appends "slot epoch key_lo key_hi lane" to <dir>/held.log, then blocks reading one
  * byte from the FIFO <dir>/gate (the test mkfifo()s it and writes a byte per read to release).
+ * When the FIFO <dir>/wgate exists too, every L2 write waits there the same way (logged to
+ * <dir>/wheld.log): a write the actor has taken off its ring and not finished.
  * Unset: nothing of this runs. */
-static void read_gate(const struct kvr_msg_l2 *b)
+static void io_gate(const struct kvr_msg_l2 *b, bool write)
 {
 	static const char *dir;
 	static bool looked;
@@ -327,14 +329,17 @@ static void read_gate(const struct kvr_msg_l2 *b)
 	if (!dir)
 		return;
 	char path[512];
-	snprintf(path, sizeof(path), "%s/held.log", dir);
-	int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	snprintf(path, sizeof(path), "%s/%s", dir, write ? "wgate" : "gate");
+	if (write && access(path, F_OK) != 0)
+		return;
+	char log[512];
+	snprintf(log, sizeof(log), "%s/%s", dir, write ? "wheld.log" : "held.log");
+	int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 	if (fd >= 0) {
 		dprintf(fd, "%u %u %016llx %016llx %u\n", b->slot, b->epoch, (unsigned long long)b->key_lo,
 			(unsigned long long)b->key_hi, (unsigned)b->lane);
 		(void)close(fd);
 	}
-	snprintf(path, sizeof(path), "%s/gate", dir);
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd >= 0) {
 		char c;
@@ -370,8 +375,7 @@ static int start_io(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b,
 	d->reqs[r] = (struct disk_req){.req_id = req_id, .key = key, .slot = b->slot, .epoch = b->epoch,
 				       .lane = b->lane, .type = type, .next_free = DISK_REQ_NONE};
 	void *data = kvr_slot_data(d->slots, d->a->arena_seg.base, b->slot);
-	if (type == KVR_MSG_L2_READ)
-		read_gate(b);
+	io_gate(b, type == KVR_MSG_L2_WRITE);
 	rc = submit(d, type == KVR_MSG_L2_WRITE, key, b->lane, data, r);
 	if (rc) {
 		req_put(d, r);

@@ -627,18 +627,20 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 	case KVR_MSG_L2_GONE:
 		set_del(t, k, b.lane);
 		return 0;
-	case KVR_MSG_L2_WRITE_DONE:
-		if (b.slot < t->n_slots && t->wq_state[b.slot] == WQ_SENT && t->wq_epoch[b.slot] == b.epoch) {
+	case KVR_MSG_L2_WRITE_DONE: {
+		bool ours = b.slot < t->n_slots && t->wq_state[b.slot] == WQ_SENT && t->wq_epoch[b.slot] == b.epoch;
+		if (ours) {
 			t->wq_state[b.slot] = WQ_NONE;
 			t->writes_inflight--;
-		} /* else an answer to a write sent twice (after a disk actor restart), or by our predecessor */
+		}
 		wq_pump(t, d);
 		if (b.status == 0) {
 			set_add(t, k, b.lane);
-			kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES, 1);
-		} else {
+			kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES, ours ? 1 : 0);
+		} else if (ours) {
 			kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITE_FAILS, 1);
-		}
+		} /* else the answer to a write sent twice (after a disk actor restart) or by our
+		   * predecessor: the write that counts was answered already */
 		/* room may have freed: promotions that waited for it go on */
 		for (unsigned w = 0; w < t->n_workers; w++) {
 			struct pend *p = &t->pend[w];
@@ -651,6 +653,7 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 			}
 		}
 		return 0;
+	}
 	case KVR_MSG_L2_READ_DONE: {
 		uint32_t ri = (uint32_t)m->hdr.req_id;
 		if (ri >= t->n_reads || !t->reads[ri].used || t->reads[ri].rseq != (uint32_t)(m->hdr.req_id >> 32) ||

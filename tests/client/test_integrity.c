@@ -25,7 +25,7 @@
 
 static struct ct_env env;
 static char l2dir[256], gatedir[256];
-static int gate_fd = -1;
+static int gate_fd = -1, wgate_fd = -1;
 
 static void setup(void)
 {
@@ -42,7 +42,9 @@ static void teardown(void)
 	ct_fini(&env);
 	if (gate_fd >= 0)
 		(void)close(gate_fd);
-	gate_fd = -1;
+	if (wgate_fd >= 0)
+		(void)close(wgate_fd);
+	gate_fd = wgate_fd = -1;
 	(void)unsetenv("KVRING_TEST_READ_GATE");
 }
 
@@ -72,22 +74,36 @@ static void gate_arm(void)
 	cr_assert_eq(setenv("KVRING_TEST_READ_GATE", gatedir, 1), 0);
 }
 
-/* Let n held (or future) reads go. */
-static void gate_release(unsigned n)
+/* Every L2 write waits at the gate too (gate_arm first). */
+static void wgate_arm(void)
+{
+	char p[300];
+	snprintf(p, sizeof(p), "%s/wgate", gatedir);
+	cr_assert_eq(mkfifo(p, 0600), 0);
+	wgate_fd = open(p, O_RDWR | O_CLOEXEC);
+	cr_assert(wgate_fd >= 0);
+}
+
+static void release(int fd, unsigned n)
 {
 	char b[64] = {0};
 	while (n) {
 		unsigned k = n < sizeof(b) ? n : sizeof(b);
-		cr_assert_eq(write(gate_fd, b, k), (ssize_t)k);
+		cr_assert_eq(write(fd, b, k), (ssize_t)k);
 		n -= k;
 	}
 }
 
-/* Reads that reached the gate so far. */
-static unsigned gate_held(void)
+/* Let n held (or future) reads go. */
+static void gate_release(unsigned n)
+{
+	release(gate_fd, n);
+}
+
+static unsigned lines_of(const char *name)
 {
 	char p[300];
-	snprintf(p, sizeof(p), "%s/held.log", gatedir);
+	snprintf(p, sizeof(p), "%s/%s", gatedir, name);
 	FILE *f = fopen(p, "r");
 	if (!f)
 		return 0;
@@ -96,6 +112,12 @@ static unsigned gate_held(void)
 		n += c == '\n';
 	fclose(f);
 	return n;
+}
+
+/* Reads that reached the gate so far. */
+static unsigned gate_held(void)
+{
+	return lines_of("held.log");
 }
 
 /* ---- workload ----------------------------------------------------------------------------- */
@@ -334,67 +356,109 @@ Test(integrity, killed_lookup_leaves_no_pins)
 }
 
 /*
- * Defect 3: an aborted promotion forgot that a block is on disk. The disk actor is killed
- * -9 while a promotion read is held: the lookup actor aborts the promotion, the successor
- * answers the reads still queued for it -ESTALE. Before the fix -ESTALE removed those block
- * lanes from the on-disk set, so later lookups missed blocks whose files are intact.
+ * Defect 3: an aborted promotion forgot that a block is on disk. A promotion of prompt 0
+ * is in flight (first read held) when its requester is killed -9. Before the fix that freed
+ * the promotion slots, the disk actor answered the reads still queued -ESTALE, and -ESTALE
+ * removed those block lanes from the on-disk set: later lookups missed blocks whose files
+ * are intact. Now the promotion completes for L1 (the slots are the lookup actor's), and a
+ * lane is forgotten only when the disk actor says its file is gone. Then the disk actor is
+ * killed with a promotion in flight too: the same must hold across its restart.
  */
 Test(integrity, aborted_promotion_keeps_the_block_on_disk)
 {
 	gate_arm();
 	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
 	close_rank(three_prompts_one_on_disk(&o));
+	uint64_t reads0 = lk(KVR_STAT_LK_L2_READS) + lk(KVR_STAT_LK_L2_READ_FAILS);
 	int w;
 	pid_t child = spawn_lookup_child(0, &w);
 	cr_assert(H_WAIT(gate_held() >= 1, 5000), "no promotion read reached the gate");
+	kill_child(child);
+	wait_worker_free((unsigned)w);
+	gate_release(64);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_READS) + lk(KVR_STAT_LK_L2_READ_FAILS) >= reads0 + BLOCKS, 5000),
+		  "the promotion's reads did not end");
+	assert_table_clean();
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
+	/* push prompt 0 out of L1 again: every one of its blocks must come back from disk */
+	store_prompt(r, 3);
+	store_prompt(r, 4);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 5 * BLOCKS, 5000));
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), 5 * BLOCKS, "every file is there");
+	uint32_t got = load_exact(r, 30, 0);
+	cr_assert_eq(got, BLOCKS, "prompt 0's files are intact: all 4 blocks must be found, got %u", got);
+	assert_table_clean();
+
+	/* and with the disk actor killed while a promotion read is held */
+	store_prompt(r, 1);
+	store_prompt(r, 2); /* prompt 0 out of L1 once more */
+	uint32_t held = gate_held();
+	close_rank(r);
+	child = spawn_lookup_child(0, &w);
+	cr_assert(H_WAIT(gate_held() > held, 5000), "no promotion read reached the gate");
 	pid_t dpid = ct_actor_pid(&env, "disk.0");
 	cr_assert_eq(kill(dpid, SIGKILL), 0);
 	cr_assert(ct_wait_ready(&env, "disk.0", dpid, 5000) > 0);
 	kill_child(child);
-	gate_release(64);
 	wait_worker_free((unsigned)w);
+	gate_release(64);
 	assert_table_clean();
-	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
-	cr_assert_eq(h_count_files(l2dir, ".kvb"), 3 * BLOCKS, "every file is still there");
-	uint32_t got = load_exact(r, 30, 0);
-	cr_assert_eq(got, BLOCKS, "prompt 0's files are intact: all 4 blocks must be found (got %u; l2 reads %llu fails %llu)", got, (unsigned long long)lk(KVR_STAT_LK_L2_READS), (unsigned long long)lk(KVR_STAT_LK_L2_READ_FAILS));
+	got = load_exact(r, 31, 0);
+	cr_assert_eq(got, BLOCKS, "after the disk actor's restart: got %u of prompt 0", got);
 	assert_table_clean();
 }
 
 /*
- * Defect 4: a dead disk actor failed stores instead of backpressuring. The disk actor is
- * stopped, so L1 (8 slots) fills with lanes waiting for their write; a store that needs
- * room waits for those writes; the disk actor is killed -9 meanwhile. Its successor gets
- * the unanswered writes again, they complete, the waiting store finds room: nothing fails.
+ * Defect 4: a dead disk actor failed stores instead of backpressuring. L1 (8 slots) fills
+ * with lanes waiting for their write; the disk actor has taken the first write off its ring
+ * and holds it (the write gate); a store that needs room waits for those writes. The disk
+ * actor is killed -9 with that write in hand. Before the fix the lookup actor forgot every
+ * write in flight when it saw the death and answered the waiting store NOROOM at once. Now
+ * the dead actor's unanswered writes go to its successor again, they complete, the waiting
+ * store finds room: nothing fails, and every lane reaches L2.
  */
 Test(integrity, dead_disk_actor_backpressures_stores)
 {
+	gate_arm();
+	wgate_arm();
 	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
 	ct_start(&env, &tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
-	pid_t dpid = ct_actor_pid(&env, "disk.0");
-	ct_stop_process(dpid);
 	store_prompt(r, 0);
 	store_prompt(r, 1);
-	/* prompt 2 needs room that only the stopped disk actor's writes can make */
+	cr_assert(H_WAIT(lines_of("wheld.log") == 1, 3000), "the disk actor holds no write");
+	struct kvr_ring *dreq = ct_ring(&env, "disk.req.0");
+	/* prompt 2 needs room that only those writes can make */
 	ct_prompt(tokens[2], BLOCKS * BT, 902);
 	uint32_t blocks[BLOCKS] = {4, 5, 6, 7};
 	for (uint32_t i = 0; i < BLOCKS; i++)
 		ct_fill(r, blocks[i], TAG(2, i));
 	cr_assert_eq(kvr_store(r->c, 1002, tokens[2], BLOCKS * BT, NULL, 0, blocks, BLOCKS), 0);
-	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES_QUEUED) > 0, 3000), "writes are not waiting");
+	pid_t dpid = ct_actor_pid(&env, "disk.0");
+	uint32_t sent = atomic_load(&dreq->tail); /* the lookup actor is its only producer */
 	cr_assert_eq(kill(dpid, SIGKILL), 0);
-	(void)kill(dpid, SIGCONT);
+	cr_assert(ct_wait_ready(&env, "disk.0", dpid, 5000) > 0);
+	/* the lookup actor saw the death once it asks the successor for its list (L2_SYNC):
+	 * whatever it decides about the waiting store, it decides in that same pass */
+	cr_assert(H_WAIT(atomic_load(&dreq->tail) != sent, 3000), "the lookup actor did not notice the death");
 	struct ct_done d;
-	ct_wait_done(r, &d, 10000);
+	bool early = kvr_poll(r->c, &d.c, 1) == 1;
+	cr_assert(!early || d.c.status == 0, "the store failed when the disk actor died: %d (%u failed)", d.c.status,
+		  d.c.n_failed);
+	release(wgate_fd, 64);
+	if (!early)
+		ct_wait_done(r, &d, 10000);
 	cr_assert_eq(d.c.status, 0, "store while the disk actor died: %d", d.c.status);
 	cr_assert_eq(d.c.n_stored, BLOCKS, "%u stored, %u failed: a dead disk actor is backpressure, not NOROOM",
 		     d.c.n_stored, d.c.n_failed);
 	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) >= 3 * BLOCKS, 5000), "every lane reaches L2: %llu",
 		  (unsigned long long)lk(KVR_STAT_LK_L2_WRITES));
 	cr_assert_eq(lk(KVR_STAT_LK_L2_WRITE_FAILS), 0);
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), 3 * BLOCKS);
+	gate_release(64); /* promotion reads of the prompts evicted meanwhile */
 	for (unsigned p = 0; p < 3; p++)
 		cr_assert_eq(load_exact(r, 40 + p, p), BLOCKS);
 	assert_table_clean();
