@@ -396,15 +396,152 @@ static void table_defaults(struct kvr_config *c)
 	}
 }
 
+/* --- number texts -------------------------------------------------------------------------------------------- */
+
+/*
+ * cJSON keeps a number as a double only, and the double hides what was written: 1e-400 underflows to 0,
+ * 1024.0000000000001 rounds to 1024. So the parser pairs every number node with its text in the document
+ * and decides "is it an integer" on the text, exactly.
+ */
+struct numtext {
+	const cJSON *node;
+	const char *text;
+	size_t len;
+};
+
+struct numtexts {
+	struct numtext *v;
+	size_t n;
+};
+
+/* The number texts of json (valid JSON) in document order into v[0..max); returns how many there are. A
+ * number starts with '-' or a digit outside a string and runs over [0-9+-.eE] (cJSON took exactly that run,
+ * or the document would not have parsed). */
+static size_t scan_numbers(const char *json, struct numtext *v, size_t max)
+{
+	bool in_str = false;
+	size_t n = 0, len;
+
+	for (const char *p = json; *p; p++) {
+		if (in_str) {
+			if (*p == '\\' && p[1])
+				p++;
+			else if (*p == '"')
+				in_str = false;
+		} else if (*p == '"') {
+			in_str = true;
+		} else if (*p == '-' || (*p >= '0' && *p <= '9')) {
+			len = strspn(p, "0123456789+-.eE");
+			if (n < max)
+				v[n] = (struct numtext){ .text = p, .len = len };
+			n++;
+			p += len - 1;
+		}
+	}
+	return n;
+}
+
+/* The number nodes under item and its siblings, depth first (= document order), into v[0..max); *n counts. */
+static void tree_numbers(const cJSON *item, struct numtext *v, size_t max, size_t *n)
+{
+	for (; item; item = item->next) {
+		if (cJSON_IsNumber(item)) {
+			if (*n < max)
+				v[*n].node = item;
+			(*n)++;
+		} else if (item->child) {
+			tree_numbers(item->child, v, max, n);
+		}
+	}
+}
+
+/* Pair the number nodes of root with their texts in json. 0, -ENOMEM, or -EINVAL when the two do not
+ * pair up (not expected). ret->v is freed by the caller. */
+static int numtexts_build(const char *json, const cJSON *root, struct numtexts *ret)
+{
+	size_t n = scan_numbers(json, NULL, 0), nodes = 0;
+
+	ret->v = NULL;
+	ret->n = 0;
+	if (n == 0) {
+		tree_numbers(root, NULL, 0, &nodes);
+		return nodes == 0 ? 0 : -EINVAL;
+	}
+	ret->v = calloc(n, sizeof(*ret->v));
+	if (!ret->v)
+		return -ENOMEM;
+	(void) scan_numbers(json, ret->v, n);
+	tree_numbers(root, ret->v, n, &nodes);
+	if (nodes != n)
+		return -EINVAL;
+	ret->n = n;
+	return 0;
+}
+
+static const struct numtext *numtext_of(const struct numtexts *t, const cJSON *v)
+{
+	for (size_t i = 0; t && i < t->n; i++)
+		if (t->v[i].node == v)
+			return &t->v[i];
+	return NULL;
+}
+
+/* Whether the JSON number text s[0..len) is an integer, exactly: "2048", "2048.0", "1e3" and "1.5e1" are;
+ * "0.5", "1e-400" and "1024.0000000000001" are not. A text that does not read as a number is not. */
+static bool numtext_integral(const char *s, size_t len)
+{
+	size_t i = 0, digits = 0, frac = 0, last_nonzero = SIZE_MAX;
+	long long e = 0;
+	bool neg_e = false, point = false;
+
+	if (i < len && s[i] == '-')
+		i++;
+	for (; i < len && ((s[i] >= '0' && s[i] <= '9') || (s[i] == '.' && !point)); i++) {
+		if (s[i] == '.') {
+			point = true;
+			continue;
+		}
+		if (s[i] != '0')
+			last_nonzero = digits;
+		digits++;
+		frac += point;
+	}
+	if (digits == 0)
+		return false;
+	if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+		i++;
+		if (i < len && (s[i] == '+' || s[i] == '-'))
+			neg_e = s[i++] == '-';
+		if (i == len)
+			return false;
+		for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+			if (e < 1000000000)
+				e = e * 10 + (s[i] - '0');
+	}
+	if (i != len)
+		return false;
+	if (last_nonzero == SIZE_MAX)
+		return true; /* zero */
+	/* the digits read as an integer D ending in tz zeros, the value is D x 10^(e - frac): an integer
+	 * exactly when no nonzero digit lands right of the point */
+	long long tz = (long long)(digits - 1 - last_nonzero);
+	return tz + (neg_e ? -e : e) - (long long)frac >= 0;
+}
+
 /* --- values -------------------------------------------------------------------------------------------------- */
 
-/* A JSON number that must be an integer in [min, max]: never truncated, never clamped. */
-static int parse_uint(const struct kvr_key *k, const cJSON *v, const char *path, uint64_t *ret, char *err,
-		      size_t errlen)
+/* A JSON number that must be an integer in [min, max]: never truncated, never clamped, and never read as
+ * something other than what its text says (t: the document's number texts, NULL = the double only). */
+static int parse_uint(const struct kvr_key *k, const cJSON *v, const struct numtexts *t, const char *path,
+		      uint64_t *ret, char *err, size_t errlen)
 {
+	const struct numtext *nt = numtext_of(t, v);
 	double d = v->valuedouble;
 	char num[40], range[64];
 
+	if (nt && !numtext_integral(nt->text, nt->len))
+		return FAIL("%s: wrong type: expected unsigned integer, got fractional number %.*s", path,
+			    (int)(nt->len < 40 ? nt->len : 40), nt->text);
 	if (isfinite(d) && d > -9.2e18 && d < 9.2e18 && (double)(int64_t)d != d)
 		return FAIL("%s: wrong type: expected unsigned integer, got fractional number %s", path,
 			    fmt_double(d, num, sizeof(num)));
@@ -447,15 +584,15 @@ static int parse_size_str(const char *s, uint64_t *ret)
 	return -EINVAL;
 }
 
-static int parse_size(const struct kvr_key *k, const cJSON *v, const char *path, uint64_t *ret, char *err,
-		      size_t errlen)
+static int parse_size(const struct kvr_key *k, const cJSON *v, const struct numtexts *t, const char *path,
+		      uint64_t *ret, char *err, size_t errlen)
 {
 	char s[80], range[64];
 	uint64_t u;
 	int r;
 
 	if (cJSON_IsNumber(v))
-		return parse_uint(k, v, path, ret, err, errlen);
+		return parse_uint(k, v, t, path, ret, err, errlen);
 	if (!cJSON_IsString(v))
 		return FAIL("%s: wrong type: expected unsigned integer or size string, got %s", path,
 			    json_type_name(v));
@@ -561,7 +698,8 @@ static int parse_paths(const struct kvr_key *k, const cJSON *v, const char *path
 	return 0;
 }
 
-static int set_value(const struct kvr_key *k, const cJSON *v, struct kvr_config *c, char *err, size_t errlen)
+static int set_value(const struct kvr_key *k, const cJSON *v, const struct numtexts *t, struct kvr_config *c,
+		     char *err, size_t errlen)
 {
 	char path[96];
 	uint64_t u = 0;
@@ -573,12 +711,12 @@ static int set_value(const struct kvr_key *k, const cJSON *v, struct kvr_config 
 	case K_U32:
 		if (!cJSON_IsNumber(v))
 			return FAIL("%s: wrong type: expected unsigned integer, got %s", path, json_type_name(v));
-		r = parse_uint(k, v, path, &u, err, errlen);
+		r = parse_uint(k, v, t, path, &u, err, errlen);
 		if (r == 0)
 			set_u32(c, k, (uint32_t)u);
 		return r;
 	case K_SIZE:
-		r = parse_size(k, v, path, &u, err, errlen);
+		r = parse_size(k, v, t, path, &u, err, errlen);
 		if (r == 0)
 			set_u64(c, k, u);
 		return r;
@@ -617,8 +755,9 @@ static bool duplicate_before(const cJSON *first, const cJSON *item)
 	return false;
 }
 
-/* Apply every key of root to c; ret_set[i] tells whether keys[i] was given. */
-static int walk(const cJSON *root, struct kvr_config *c, bool *ret_set, char *err, size_t errlen)
+/* Apply every key of root to c; ret_set[i] tells whether keys[i] was given. t: root's number texts. */
+static int walk(const cJSON *root, const struct numtexts *t, struct kvr_config *c, bool *ret_set, char *err,
+		size_t errlen)
 {
 	char a[80], b[80];
 	const cJSON *sec, *item;
@@ -641,7 +780,7 @@ static int walk(const cJSON *root, struct kvr_config *c, bool *ret_set, char *er
 			k = key_find(sec->string, item->string);
 			if (!k)
 				return FAIL("$.%s.%s: unknown key", sec->string, clean(item->string, b, sizeof(b)));
-			r = set_value(k, item, c, err, errlen);
+			r = set_value(k, item, t, c, err, errlen);
 			if (r < 0)
 				return r;
 			ret_set[k - keys] = true;
@@ -841,6 +980,7 @@ static int check_nul_escape(const char *text, char *err, size_t errlen)
 int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t errlen)
 {
 	bool set[ARRAY_SIZE(keys)] = { false };
+	struct numtexts nums = { 0 };
 	struct kvr_config tmp;
 	const char *end = NULL;
 	unsigned line, col;
@@ -862,10 +1002,18 @@ int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t
 	}
 	table_defaults(&tmp);
 	r = check_nul_escape(json, err, errlen);
+	if (r == 0) {
+		r = numtexts_build(json, root, &nums);
+		if (r == -ENOMEM)
+			r = kvr_errf(err, errlen, -ENOMEM, "config: out of memory");
+		else if (r < 0)
+			r = FAIL("config: internal error: the numbers of the document do not pair up");
+	}
 	if (r == 0)
-		r = walk(root, &tmp, set, err, errlen);
+		r = walk(root, &nums, &tmp, set, err, errlen);
 	if (r == 0)
 		r = check_config(&tmp, set, err, errlen);
+	free(nums.v);
 	cJSON_Delete(root);
 	if (r == 0 && cfg)
 		memcpy(cfg, &tmp, sizeof(tmp));
@@ -1158,7 +1306,12 @@ char *kvr_config_doc_markdown(void)
 		  "\n"
 		  "Types: `uint32` is a JSON integer; `size` is bytes, a JSON integer or a string with a binary\n"
 		  "unit (`\"512MiB\"`, `\"64GiB\"`; units B, KiB, MiB, GiB, TiB, PiB), at most 1 PiB; `mode` is a\n"
-		  "string of 3 or 4 octal digits (`\"0600\"`); `enum` is one of the listed strings.\n");
+		  "string of 3 or 4 octal digits (`\"0600\"`); `enum` is one of the listed strings.\n"
+		  "\n"
+		  "An integer key takes a number whose text is an integer: `2048`, `2048.0` and `1e3` are;\n"
+		  "`0.5`, `1e-400` (which a double reads as 0) and `1024.0000000000001` (which a double reads as\n"
+		  "1024) are refused as fractional, whatever the double they round to. A size string has no\n"
+		  "fraction (`\"1.5GiB\"` is refused: write `\"1536MiB\"`).\n");
 	for (size_t s = 0; s < ARRAY_SIZE(sections); s++) {
 		const char *name = sections[s].name;
 		size_t nlen = strlen(name);

@@ -89,7 +89,7 @@ struct kvr_config {
 void kvr_config_defaults(struct kvr_config *cfg);
 
 /* Parse JSON text over the defaults. Returns 0, or -EINVAL with a one-line reason
- * ("$.path: why") in err (always NUL-terminated). *cfg is untouched on failure. */
+ * ("$.path: why") in err (always NUL-terminated), -ENOMEM. *cfg is untouched on failure. */
 int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t errlen);
 
 /* Read a file and parse it. -ENOENT/-EACCES/... with the reason in err. */

@@ -209,6 +209,29 @@ static const struct bad_case bad_cases[] = {
 	{ "{\"model\": {\"attention\": \"gqa\"}}", "$.model.attention: invalid value \"gqa\" (one of: mha, mla)" },
 	{ "{\"model\": {\"dtype_bytes\": 8}}", "$.model.dtype_bytes: out of range: 8 (must be 0..4)" },
 	{ "{\"model\": {\"tp_size\": 17}}", "$.model.tp_size: out of range: 17 (must be 1..16)" },
+	/* integer keys: the number's text decides, not the double it rounds to */
+	{ "{\"rings\": {\"spin_ns\": 1e-400}}",
+	  "$.rings.spin_ns: wrong type: expected unsigned integer, got fractional number 1e-400" },
+	{ "{\"rings\": {\"spin_ns\": -1e-400}}",
+	  "$.rings.spin_ns: wrong type: expected unsigned integer, got fractional number -1e-400" },
+	{ "{\"l1\": {\"capacity_bytes\": 1e-400, \"workload_prompts\": 1, \"workload_tokens\": 1}}",
+	  "$.l1.capacity_bytes: wrong type: expected unsigned integer, got fractional number 1e-400" },
+	{ "{\"supervisor\": {\"drain_timeout_ms\": 0.3}}",
+	  "$.supervisor.drain_timeout_ms: wrong type: expected unsigned integer, got fractional number 0.3" },
+	{ "{\"supervisor\": {\"drain_timeout_ms\": 1E-5}}",
+	  "$.supervisor.drain_timeout_ms: wrong type: expected unsigned integer, got fractional number 1E-5" },
+	{ "{\"rings\": {\"capacity\": 1024.0000000000001}}",
+	  "$.rings.capacity: wrong type: expected unsigned integer, got fractional number 1024.0000000000001" },
+	{ "{\"staging\": {\"buffer_bytes\": 40960.00000000001e-1}}",
+	  "$.staging.buffer_bytes: wrong type: expected unsigned integer, got fractional number 40960.00000000001e-1" },
+	/* numbers inside strings are not numbers: the texts pair with the right nodes */
+	{ "{\"model\": {\"model_id\": \"-1 2.5e3 \\\"7\\\" 0.5\"}, \"rings\": {\"capacity\": [1], \"spin_ns\": 2.5}}",
+	  "$.rings.capacity: wrong type: expected unsigned integer, got array" },
+	{ "{\"model\": {\"model_id\": \"-1 2.5e3 \\\"7\\\" 0.5\"}, \"rings\": {\"spin_ns\": 1e-400}}",
+	  "$.rings.spin_ns: wrong type: expected unsigned integer, got fractional number 1e-400" },
+	{ "{\"l1\": {\"capacity_bytes\": \"0.0000001GiB\"}}",
+	  "$.l1.capacity_bytes: invalid size \"0.0000001GiB\" (bytes, or a string like \"512MiB\"; units B, KiB, MiB, "
+	  "GiB, TiB, PiB)" },
 	/* not JSON: position of the error */
 	{ "", "config: not valid JSON near line 1 column 1" },
 	{ "{\"rings\": {\"capacity\": 1024,}}", "config: not valid JSON near line 1 column 30" },
@@ -341,6 +364,16 @@ static const struct good_case good_cases[] = {
 	GU32("{\"rings\": {\"capacity\": 1048576}}", rings.capacity, 1048576),
 	GU32("{\"rings\": {\"capacity\": 2048.0}}", rings.capacity, 2048),
 	GU32("{\"rings\": {\"spin_ns\": -0}}", rings.spin_ns, 0),
+	/* integral texts in every JSON form */
+	GU32("{\"rings\": {\"capacity\": 1.024e3}}", rings.capacity, 1024),
+	GU32("{\"rings\": {\"capacity\": 10240e-1}}", rings.capacity, 1024),
+	GU32("{\"rings\": {\"capacity\": 0.1024E+4}}", rings.capacity, 1024),
+	GU32("{\"rings\": {\"capacity\": 1024.000}}", rings.capacity, 1024),
+	GU32("{\"rings\": {\"spin_ns\": 0e400}}", rings.spin_ns, 0),
+	GU32("{\"rings\": {\"spin_ns\": -0.0e-5}}", rings.spin_ns, 0),
+	GU32("{\"rings\": {\"spin_ns\": 0.000}}", rings.spin_ns, 0),
+	GU64("{\"l1\": {\"capacity_bytes\": 11258999068426.24e2}}", l1.capacity_bytes, 1ull << 50),
+	GU32("{\"model\": {\"model_id\": \"0.5 1e-400\"}, \"rings\": {\"spin_ns\": 7}}", rings.spin_ns, 7),
 	GU32("{\"instance\": {\"socket_mode\": \"0660\"}}", instance.socket_mode, 0660),
 	GU32("{\"instance\": {\"socket_mode\": \"600\"}}", instance.socket_mode, 0600),
 	GU32("{\"instance\": {\"socket_mode\": \"0000\"}}", instance.socket_mode, 0),
@@ -752,8 +785,8 @@ static uint64_t rng_next(void)
 	return rng_state * 0x2545f4914f6cdd1dull;
 }
 
-/* Random byte edits of a valid config: every result is a clean accept or a one-line refusal, never a
- * changed *cfg on failure, and whatever is accepted round-trips. KVR_SEED=<n> replays a run. */
+/* Random byte edits of a valid config: every result is a clean accept or a one-line refusal (never an internal
+ * error), never a changed *cfg on failure, and whatever is accepted round-trips. KVR_SEED=<n> replays a run. */
 Test(config, mutations)
 {
 	const char *env = getenv("KVR_SEED");
@@ -790,6 +823,7 @@ Test(config, mutations)
 			cr_assert(!strncmp(err, "$", 1) || !strncmp(err, "config: ", 8), "seed %" PRIu64 ": '%s'", seed,
 				  err);
 			cr_assert_null(strchr(err, '\n'), "seed %" PRIu64 ": multi-line error '%s'", seed, err);
+			cr_assert_null(strstr(err, "internal error"), "seed %" PRIu64 ": '%s' for\n%s", seed, err, text);
 			cr_assert(is_pattern(&c), "seed %" PRIu64 ": *cfg changed on failure for\n%s", seed, text);
 		}
 	}
