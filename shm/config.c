@@ -210,13 +210,59 @@ static const char *const checks_doc[] = {
 
 #define FAIL(...) kvr_errf(err, errlen, -EINVAL, __VA_ARGS__)
 
-/* A JSON-supplied name or value made printable for a one-line message (and cut at 64 bytes). */
+/* Bytes of the well-formed UTF-8 sequence at s (RFC 3629: shortest form, no surrogates, at most
+ * U+10FFFF), 0 when there is none. s is NUL-terminated: a cut sequence stops at the NUL. */
+static size_t utf8_len(const char *s)
+{
+	const unsigned char *u = (const unsigned char *)s;
+	size_t n;
+
+	if (u[0] < 0x80)
+		return 1;
+	if (u[0] < 0xc2 || u[0] > 0xf4)
+		return 0; /* a continuation byte, an overlong lead (c0, c1) or beyond U+10FFFF */
+	n = u[0] < 0xe0 ? 2 : u[0] < 0xf0 ? 3 : 4;
+	for (size_t i = 1; i < n; i++)
+		if ((u[i] & 0xc0) != 0x80)
+			return 0;
+	if ((u[0] == 0xe0 && u[1] < 0xa0) || (u[0] == 0xed && u[1] > 0x9f) || (u[0] == 0xf0 && u[1] < 0x90) ||
+	    (u[0] == 0xf4 && u[1] > 0x8f))
+		return 0; /* overlong, a surrogate (U+D800..DFFF), or beyond U+10FFFF */
+	return n;
+}
+
+/* The first byte of s that does not start a well-formed UTF-8 sequence, NULL when s is all UTF-8. */
+static const char *utf8_invalid(const char *s)
+{
+	size_t n;
+
+	for (; *s; s += n) {
+		n = utf8_len(s);
+		if (!n)
+			return s;
+	}
+	return NULL;
+}
+
+/* A JSON-supplied name or value made printable for a one-line message (and cut at 64 bytes): control
+ * characters, quotes and bytes that are not UTF-8 become '?', and a cut never splits a character, so the
+ * message itself is valid UTF-8. */
 static const char *clean(const char *s, char *buf, size_t n)
 {
-	size_t i = 0;
+	size_t i = 0, len;
 
-	for (; *s && i + 4 < n && i < 64; s++)
-		buf[i++] = ((unsigned char)*s < 0x20 || *s == 0x7f || *s == '"') ? '?' : *s;
+	for (; *s && i + 4 < n && i < 64; s += len) {
+		len = utf8_len(s);
+		if (len > 1 && i + len + 4 < n && i + len <= 64) {
+			memcpy(buf + i, s, len);
+			i += len;
+			continue;
+		}
+		if (len > 1)
+			break;
+		buf[i++] = (len == 0 || (unsigned char)*s < 0x20 || *s == 0x7f || *s == '"') ? '?' : *s;
+		len = 1;
+	}
 	if (*s && i + 3 < n) {
 		memcpy(buf + i, "...", 3);
 		i += 3;
@@ -635,13 +681,19 @@ static int parse_mode(const struct kvr_key *k, const cJSON *v, const char *path,
 static int check_string(const struct kvr_key *k, const cJSON *v, const char *path, char *err, size_t errlen)
 {
 	char s[80];
-	const char *str;
+	const char *str, *bad;
 
 	if (!cJSON_IsString(v))
 		return FAIL("%s: wrong type: expected string, got %s", path, json_type_name(v));
 	str = v->valuestring;
 	if (strlen(str) >= k->size)
 		return FAIL("%s: too long (max %zu)", path, k->size - 1);
+	/* cJSON passes raw bytes through: one that is not UTF-8 would make the effective config (--check-config,
+	 * the control segment's copy) text that is no longer JSON */
+	bad = utf8_invalid(str);
+	if (bad)
+		return FAIL("%s: not valid UTF-8: byte 0x%02x at offset %zu", path, (unsigned)(unsigned char)*bad,
+			    (size_t)(bad - str));
 	if (((k->flags & F_ABS) || ((k->flags & F_ABS_OR_EMPTY) && str[0])) && str[0] != '/')
 		return FAIL("%s: not an absolute path: \"%s\"", path, clean(str, s, sizeof(s)));
 	return 0;
@@ -1296,8 +1348,9 @@ char *kvr_config_doc_markdown(void)
 		  "kvringd reads one JSON object with the sections below. Every key is optional: a missing key\n"
 		  "takes its default, so `{}` is a complete configuration. Parsing is strict: an unknown or\n"
 		  "duplicate key, a value of the wrong type, a number out of range or a fractional/negative\n"
-		  "number for an integer key, a string that is too long and inconsistent values (see the checks\n"
-		  "at the end) all refuse the file with one line naming the key and the reason, for example\n"
+		  "number for an integer key, a string that is too long or not valid UTF-8 and inconsistent\n"
+		  "values (see the checks at the end) all refuse the file with one line naming the key and the\n"
+		  "reason, for example\n"
 		  "\n"
 		  "    $.supervisor.restart_backoff_max_ms: out of range: 0 (must be 1..600000)\n"
 		  "\n"
@@ -1306,7 +1359,8 @@ char *kvr_config_doc_markdown(void)
 		  "\n"
 		  "Types: `uint32` is a JSON integer; `size` is bytes, a JSON integer or a string with a binary\n"
 		  "unit (`\"512MiB\"`, `\"64GiB\"`; units B, KiB, MiB, GiB, TiB, PiB), at most 1 PiB; `mode` is a\n"
-		  "string of 3 or 4 octal digits (`\"0600\"`); `enum` is one of the listed strings.\n"
+		  "string of 3 or 4 octal digits (`\"0600\"`); `enum` is one of the listed strings; `string`\n"
+		  "is UTF-8 (a byte that is not is refused with its offset, `\\u0000` is refused).\n"
 		  "\n"
 		  "An integer key takes a number whose text is an integer: `2048`, `2048.0` and `1e3` are;\n"
 		  "`0.5`, `1e-400` (which a double reads as 0) and `1024.0000000000001` (which a double reads as\n"

@@ -232,6 +232,30 @@ static const struct bad_case bad_cases[] = {
 	{ "{\"l1\": {\"capacity_bytes\": \"0.0000001GiB\"}}",
 	  "$.l1.capacity_bytes: invalid size \"0.0000001GiB\" (bytes, or a string like \"512MiB\"; units B, KiB, MiB, "
 	  "GiB, TiB, PiB)" },
+	/* strings are UTF-8: anything else would make the effective config stop being JSON */
+	{ "{\"model\": {\"model_id\": \"\xff\"}}", "$.model.model_id: not valid UTF-8: byte 0xff at offset 0" },
+	{ "{\"model\": {\"model_id\": \"caf\xc3\"}}", "$.model.model_id: not valid UTF-8: byte 0xc3 at offset 3" },
+	{ "{\"model\": {\"model_id\": \"caf\xc3\xa9\x80\"}}",
+	  "$.model.model_id: not valid UTF-8: byte 0x80 at offset 5" },
+	{ "{\"model\": {\"cache_salt\": \"\xc0\xaf\"}}", /* overlong '/' */
+	  "$.model.cache_salt: not valid UTF-8: byte 0xc0 at offset 0" },
+	{ "{\"model\": {\"cache_salt\": \"a\xe0\x80\xaf\"}}", /* overlong, 3 bytes */
+	  "$.model.cache_salt: not valid UTF-8: byte 0xe0 at offset 1" },
+	{ "{\"model\": {\"cache_salt\": \"ab\xed\xa0\x80\"}}", /* the surrogate U+D800 */
+	  "$.model.cache_salt: not valid UTF-8: byte 0xed at offset 2" },
+	{ "{\"model\": {\"cache_salt\": \"\xf4\x90\x80\x80\"}}", /* U+110000 */
+	  "$.model.cache_salt: not valid UTF-8: byte 0xf4 at offset 0" },
+	{ "{\"model\": {\"cache_salt\": \"\xf8\x88\x80\x80\x80\"}}",
+	  "$.model.cache_salt: not valid UTF-8: byte 0xf8 at offset 0" },
+	{ "{\"instance\": {\"socket\": \"/tmp/k\xfe.sock\"}}", "$.instance.socket: not valid UTF-8: byte 0xfe at offset 6" },
+	{ "{\"instance\": {\"actor_dir\": \"\x80\"}}", "$.instance.actor_dir: not valid UTF-8: byte 0x80 at offset 0" },
+	{ "{\"metrics\": {\"listen\": \"h\xff:1\"}}", "$.metrics.listen: not valid UTF-8: byte 0xff at offset 1" },
+	{ "{\"l2\": {\"dirs\": [\"/a\", \"/b\xc3\x28\"], \"capacity_bytes\": \"1TiB\"}}",
+	  "$.l2.dirs[1]: not valid UTF-8: byte 0xc3 at offset 2" },
+	/* and a refusal never echoes the bytes: its message stays UTF-8 */
+	{ "{\"l1\": {\"eviction\": \"lr\xffu\"}}", "$.l1.eviction: invalid value \"lr?u\" (one of: lru, s3fifo)" },
+	{ "{\"\xff\xfe\": {}}", "$.??: unknown key" },
+	{ "{\"l1\": {\"caf\xc3\xa9\xc3\": 1}}", "$.l1.caf\xc3\xa9?: unknown key" },
 	/* not JSON: position of the error */
 	{ "", "config: not valid JSON near line 1 column 1" },
 	{ "{\"rings\": {\"capacity\": 1024,}}", "config: not valid JSON near line 1 column 30" },
@@ -433,6 +457,9 @@ static const struct good_case good_cases[] = {
 	     model.dtype_bytes, 4),
 	GSTR("{\"model\": {\"cache_salt\": \"tenant-7\"}}", model.cache_salt, "tenant-7"),
 	GSTR("{\"model\": {\"model_id\": \"caf\\u00e9 \\\"x\\\"\"}}", model.model_id, "caf\xc3\xa9 \"x\""),
+	/* raw UTF-8 of every length, kept byte for byte */
+	GSTR("{\"model\": {\"model_id\": \"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf \xed\x9f\xbf\"}}", model.model_id,
+	     "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf \xed\x9f\xbf"),
 	GU32("{\"staging\": {\"load_percent\": 99, \"ceiling_bytes\": \"4GiB\"}}", staging.load_percent, 99),
 };
 
@@ -754,6 +781,97 @@ Test(config, load_file, .init = tmpdir_setup, .fini = tmpdir_teardown)
 	}
 }
 
+/* Whether s is well-formed UTF-8 (RFC 3629), written apart from the parser's own check. */
+static bool is_utf8(const char *s)
+{
+	const unsigned char *u = (const unsigned char *)s;
+
+	while (*u) {
+		uint32_t cp;
+		int n;
+
+		if (u[0] < 0x80) {
+			u++;
+			continue;
+		}
+		if ((u[0] & 0xe0) == 0xc0) {
+			n = 2;
+			cp = u[0] & 0x1f;
+		} else if ((u[0] & 0xf0) == 0xe0) {
+			n = 3;
+			cp = u[0] & 0x0f;
+		} else if ((u[0] & 0xf8) == 0xf0) {
+			n = 4;
+			cp = u[0] & 0x07;
+		} else {
+			return false;
+		}
+		for (int i = 1; i < n; i++) {
+			if ((u[i] & 0xc0) != 0x80)
+				return false;
+			cp = cp << 6 | (u[i] & 0x3f);
+		}
+		if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10ffff ||
+		    (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+		u += n;
+	}
+	return true;
+}
+
+/* What kvringd prints (--check-config) and embeds in the control segment stays JSON: every accepted string
+ * is UTF-8 and reads back byte for byte; a refused one never reaches it, and no error message echoes a byte
+ * that is not UTF-8, also where it is cut. */
+Test(config, utf8_effective_json)
+{
+	static const char id[] = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf";
+	struct kvr_config c, c2;
+	char json[512], err[512];
+	cJSON *root;
+	char *j;
+
+	snprintf(json, sizeof(json), "{\"model\": {\"model_id\": \"%s\", \"cache_salt\": \"\xc3\xa9\"}, "
+		 "\"l2\": {\"dirs\": [\"/srv/k\xc3\xa9\"], \"capacity_bytes\": \"1TiB\"}}", id);
+	cr_assert_eq(kvr_config_parse(json, &c, err, sizeof(err)), 0, "%s", err);
+	j = kvr_config_to_json(&c);
+	cr_assert_not_null(j);
+	cr_assert(is_utf8(j), "%s", j);
+	root = cJSON_Parse(j);
+	cr_assert_not_null(root, "%s", j);
+	cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "model_id")->valuestring, id);
+	cr_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "l2"), "dirs"), 0)->valuestring,
+			 "/srv/k\xc3\xa9");
+	cr_assert_eq(kvr_config_parse(j, &c2, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(memcmp(&c, &c2, sizeof(c)), 0);
+	cJSON_Delete(root);
+	free(j);
+
+	/* Latin-1 (what an editor in the wrong locale writes) is refused, *cfg untouched */
+	fill_pattern(&c);
+	cr_assert_eq(kvr_config_parse("{\"model\": {\"cache_salt\": \"caf\xe9\"}}", &c, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, "$.model.cache_salt: not valid UTF-8: byte 0xe9 at offset 3");
+	cr_assert(is_pattern(&c));
+
+	/* a name cut at 64 bytes is cut before a character, never inside one */
+	char name[128];
+	memset(name, 'b', 62);
+	memcpy(name + 62, "\xc3\xa9x", 4);
+	snprintf(json, sizeof(json), "{\"%s\": 1}", name);
+	cr_assert_eq(kvr_config_parse(json, &c, err, sizeof(err)), -EINVAL);
+	cr_assert(is_utf8(err), "%s", err);
+	cr_assert_eq(strncmp(err + 2 + 62, "\xc3\xa9...: unknown key", 18), 0, "%s", err);
+	memset(name, 'b', 63);
+	memcpy(name + 63, "\xc3\xa9x", 4);
+	snprintf(json, sizeof(json), "{\"%s\": 1}", name);
+	cr_assert_eq(kvr_config_parse(json, &c, err, sizeof(err)), -EINVAL);
+	cr_assert(is_utf8(err), "%s", err);
+	cr_assert_str_eq(err + 2 + 63, "...: unknown key");
+	/* a cut sequence at the end of a name */
+	cr_assert_eq(kvr_config_parse("{\"l1\": {\"x\xe2\x82\": 1}}", &c, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, "$.l1.x??: unknown key");
+	cr_assert(is_utf8(err));
+}
+
 Test(config, error_buffer)
 {
 	struct kvr_config c;
@@ -785,12 +903,13 @@ static uint64_t rng_next(void)
 	return rng_state * 0x2545f4914f6cdd1dull;
 }
 
-/* Random byte edits of a valid config: every result is a clean accept or a one-line refusal (never an internal
- * error), never a changed *cfg on failure, and whatever is accepted round-trips. KVR_SEED=<n> replays a run. */
+/* Random byte edits of a valid config: every result is a clean accept or a one-line refusal (UTF-8, never an
+ * internal error), never a changed *cfg on failure, and whatever is accepted is UTF-8 and round-trips.
+ * KVR_SEED=<n> replays a run. */
 Test(config, mutations)
 {
 	const char *env = getenv("KVR_SEED");
-	static const char alphabet[] = "{}[]\":,0123456789-.eE \\untrfalse/xMiGB";
+	static const char alphabet[] = "{}[]\":,0123456789-.eE \\untrfalse/xMiGB\xc3\xa9\xff\x80";
 	uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 	size_t len = strlen(full_json), accepted = 0, refused = 0;
 	char *text = malloc(len + 1);
@@ -813,6 +932,7 @@ Test(config, mutations)
 
 			accepted++;
 			cr_assert_not_null(j);
+			cr_assert(is_utf8(j), "seed %" PRIu64 ": effective config not UTF-8:\n%s", seed, j);
 			cr_assert_eq(kvr_config_parse(j, &c2, err, sizeof(err)), 0, "seed %" PRIu64 ": %s\n%s", seed,
 				     err, j);
 			cr_assert_eq(memcmp(&c, &c2, sizeof(c)), 0, "seed %" PRIu64 ": round trip of\n%s", seed, text);
@@ -823,6 +943,7 @@ Test(config, mutations)
 			cr_assert(!strncmp(err, "$", 1) || !strncmp(err, "config: ", 8), "seed %" PRIu64 ": '%s'", seed,
 				  err);
 			cr_assert_null(strchr(err, '\n'), "seed %" PRIu64 ": multi-line error '%s'", seed, err);
+			cr_assert(is_utf8(err), "seed %" PRIu64 ": error not UTF-8 '%s'", seed, err);
 			cr_assert_null(strstr(err, "internal error"), "seed %" PRIu64 ": '%s' for\n%s", seed, err, text);
 			cr_assert(is_pattern(&c), "seed %" PRIu64 ": *cfg changed on failure for\n%s", seed, text);
 		}
