@@ -114,8 +114,9 @@ static const struct kvr_key keys[] = {
 	U32("rings.spin_ns", rings.spin_ns, 10000, 0, 1000000, "ns",
 	    "bounded spin before a waiter sleeps on its futex"),
 
-	U32("supervisor.ready_timeout_ms", supervisor.ready_timeout_ms, 5000, 1, 600000, "ms",
-	    "an actor not ready by then is killed and counts as a death"),
+	U32("supervisor.ready_timeout_ms", supervisor.ready_timeout_ms, 5000, 100, 600000, "ms",
+	    "an actor not ready by then is killed and counts as a death; at least 100: an actor execs, maps the "
+	    "segments and attaches its rings before it can be ready (L2 adoption too)"),
 	U32("supervisor.stable_after_ms", supervisor.stable_after_ms, 1000, 0, 3600000, "ms",
 	    "an actor ready this long is restarted at once when it dies (backoff reset)"),
 	U32("supervisor.restart_backoff_initial_ms", supervisor.restart_backoff_initial_ms, 100, 1, 600000, "ms",

@@ -24,7 +24,7 @@ static const char full_json[] =
 	"  \"instance\": {\"socket\": \"/tmp/kvr-rt.sock\", \"socket_mode\": \"0660\", \"max_workers\": 16,\n"
 	"                \"log_level\": \"debug\", \"actor_dir\": \"/opt/kvring/actors\"},\n"
 	"  \"rings\": {\"capacity\": 4096, \"spin_ns\": 0},\n"
-	"  \"supervisor\": {\"ready_timeout_ms\": 1, \"stable_after_ms\": 0, \"restart_backoff_initial_ms\": 7,\n"
+	"  \"supervisor\": {\"ready_timeout_ms\": 100, \"stable_after_ms\": 0, \"restart_backoff_initial_ms\": 7,\n"
 	"                  \"restart_backoff_max_ms\": 7, \"crash_loop_window_s\": 86400,\n"
 	"                  \"crash_loop_max_deaths\": 1,\n"
 	"                  \"health_interval_ms\": 10, \"drain_timeout_ms\": 0},\n"
@@ -279,6 +279,11 @@ static const struct bad_case bad_cases[] = {
 	{ "{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\",\"/i\"], "
 	  "\"capacity_bytes\": 1}}",
 	  "$.l2.dirs: too many entries: 9 (max 8)" },
+	/* an actor needs more than a millisecond to exec, map its segments and attach its rings */
+	{ "{\"supervisor\": {\"ready_timeout_ms\": 1}}",
+	  "$.supervisor.ready_timeout_ms: out of range: 1 (must be 100..600000)" },
+	{ "{\"supervisor\": {\"ready_timeout_ms\": 99}}",
+	  "$.supervisor.ready_timeout_ms: out of range: 99 (must be 100..600000)" },
 	/* checks across keys */
 	{ "{\"rings\": {\"capacity\": 1000}}", "$.rings.capacity: 1000 is not a power of two" },
 	{ "{\"supervisor\": {\"restart_backoff_initial_ms\": 6000}}",
@@ -398,6 +403,7 @@ static const struct good_case good_cases[] = {
 	GU32("{\"rings\": {\"spin_ns\": 0.000}}", rings.spin_ns, 0),
 	GU64("{\"l1\": {\"capacity_bytes\": 11258999068426.24e2}}", l1.capacity_bytes, 1ull << 50),
 	GU32("{\"model\": {\"model_id\": \"0.5 1e-400\"}, \"rings\": {\"spin_ns\": 7}}", rings.spin_ns, 7),
+	GU32("{\"supervisor\": {\"ready_timeout_ms\": 100}}", supervisor.ready_timeout_ms, 100),
 	GU32("{\"instance\": {\"socket_mode\": \"0660\"}}", instance.socket_mode, 0660),
 	GU32("{\"instance\": {\"socket_mode\": \"600\"}}", instance.socket_mode, 0600),
 	GU32("{\"instance\": {\"socket_mode\": \"0000\"}}", instance.socket_mode, 0),
