@@ -197,6 +197,7 @@ static const char *const checks_doc[] = {
 	"\"\" becomes the preset's Hugging Face id.",
 	"`model.tp_size` divides `model.kv_heads`, or is a multiple of it (each rank then holds one replicated head, "
 	"as vLLM does), unless `model.attention` is \"mla\".",
+	"`model.tp_size` <= `instance.max_workers`: every rank of a TP group attaches as one worker.",
 	"`l1.capacity_bytes` 0: `l1.workload_prompts` and `l1.workload_tokens` are required (> 0).",
 	"Each staging pool (load: `staging.ceiling_bytes` x `staging.load_percent` / 100, store: the rest) holds at "
 	"least one buffer: `staging.buffer_bytes`, or when that is 0 one block of one rank "
@@ -954,6 +955,10 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 	if (!is_mla(c) && c->model.kv_heads % c->model.tp_size && c->model.tp_size % c->model.kv_heads)
 		return FAIL("$.model.tp_size: %" PRIu32 " neither divides model.kv_heads (%" PRIu32
 			    ") nor is a multiple of it", c->model.tp_size, c->model.kv_heads);
+	if (c->model.tp_size > c->instance.max_workers)
+		return FAIL("$.model.tp_size: %" PRIu32 " exceeds instance.max_workers (%" PRIu32 "): each rank of a "
+			    "TP group attaches as one worker, so no group could ever be complete",
+			    c->model.tp_size, c->instance.max_workers);
 	if (c->l1.capacity_bytes == 0 && c->l1.workload_prompts == 0)
 		return FAIL("$.l1.workload_prompts: required when l1.capacity_bytes is 0");
 	if (c->l1.capacity_bytes == 0 && c->l1.workload_tokens == 0)

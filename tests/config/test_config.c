@@ -304,6 +304,12 @@ static const struct bad_case bad_cases[] = {
 	  "$.model.dtype_bytes: 3 is not 1, 2 or 4" },
 	{ "{\"model\": {\"preset\": \"deepseek-v2-lite\", \"attention\": \"mha\"}}",
 	  "$.model.attention: \"mha\" conflicts with model.preset \"deepseek-v2-lite\" (mla)" },
+	{ "{\"model\": {\"tp_size\": 16}}",
+	  "$.model.tp_size: 16 exceeds instance.max_workers (8): each rank of a TP group attaches as one worker, so no "
+	  "group could ever be complete" },
+	{ "{\"instance\": {\"max_workers\": 2}, \"model\": {\"preset\": \"deepseek-v2-lite\", \"tp_size\": 4}}",
+	  "$.model.tp_size: 4 exceeds instance.max_workers (2): each rank of a TP group attaches as one worker, so no "
+	  "group could ever be complete" },
 	{ "{\"model\": {\"tp_size\": 3}}",
 	  "$.model.tp_size: 3 neither divides model.kv_heads (8) nor is a multiple of it" },
 	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 6, \"head_dim\": 128, \"dtype_bytes\": 2, "
@@ -443,7 +449,10 @@ static const struct good_case good_cases[] = {
 	GU32("{\"model\": {\"preset\": \"glm-4-9b-chat-1m\", \"tp_size\": 8}}", model.tp_size, 8),
 	GU32("{\"model\": {\"preset\": \"glm-4-9b-chat-1m\", \"tp_size\": 2}}", model.kv_heads, 4),
 	/* an MLA preset brings its attention kind; TP does not split the latent */
-	GSTR("{\"model\": {\"preset\": \"deepseek-v2-lite\", \"tp_size\": 16}}", model.attention, "mla"),
+	GSTR("{\"instance\": {\"max_workers\": 16}, \"model\": {\"preset\": \"deepseek-v2-lite\", \"tp_size\": 16}}",
+	     model.attention, "mla"),
+	/* as many workers as TP ranks is enough */
+	GU32("{\"instance\": {\"max_workers\": 2}, \"model\": {\"tp_size\": 2}}", model.tp_size, 2),
 	GU32("{\"model\": {\"preset\": \"deepseek-v2-lite\", \"attention\": \"mla\"}}", model.head_dim, 576),
 	GSTR("{\"model\": {\"preset\": \"qwen3-32b\", \"model_id\": \"Qwen/Qwen3-32B-AWQ\"}}", model.model_id,
 	     "Qwen/Qwen3-32B-AWQ"),
