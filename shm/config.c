@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvr_ctl.h"
@@ -202,10 +203,14 @@ static const char *const checks_doc[] = {
 	"Each staging pool (load: `staging.ceiling_bytes` x `staging.load_percent` / 100, store: the rest) holds at "
 	"least one buffer: `staging.buffer_bytes`, or when that is 0 one block of one rank "
 	"(layers x KV heads per rank x head_dim x dtype_bytes x block_tokens, x 2 for K and V unless MLA).",
-	"`l2.dirs` are absolute and distinct; with at least one dir `l2.capacity_bytes` is > 0 (no unbounded disk "
-	"tier). With no dirs L2 is off and `l2.capacity_bytes` is not used.",
+	"`l2.dirs` are absolute and distinct once `//`, `.` components and a trailing `/` are dropped (`/x/l2`, "
+	"`/x/l2/` and `/x/./l2` are one directory); with at least one dir `l2.capacity_bytes` is > 0 (no unbounded "
+	"disk tier). With no dirs L2 is off and `l2.capacity_bytes` is not used.",
 	"`l2.read_only` true: at least one `l2.dirs` entry (there is no disk store to serve otherwise).",
 	"`metrics.enabled`: `metrics.listen` is host:port with a port in 1..65535.",
+	"Reading a file (kvringd, `--check-config`) also looks at the disk: no two `l2.dirs` entries are one "
+	"directory by device and inode (a symlink, a bind mount), nor the same path under one existing directory "
+	"(a symlinked parent of a dir not created yet).",
 };
 
 /* --- errors -------------------------------------------------------------------------------------------------- */
@@ -718,10 +723,35 @@ static int parse_enum(const struct kvr_key *k, const cJSON *v, const char *path,
 	return FAIL("%s: invalid value \"%s\" (one of: %s)", path, clean(v->valuestring, s, sizeof(s)), list);
 }
 
+/* An absolute path with repeated '/', "." components and a trailing '/' dropped into buf (>= strlen(p) + 2):
+ * "/x//./l2/" -> "/x/l2". ".." is kept: through a symlink "a/.." is not where it looks (kvr_config_check_fs
+ * compares what exists by inode). */
+static const char *path_lexical(const char *p, char *buf)
+{
+	size_t n = 0, len;
+
+	buf[n++] = '/';
+	while (*p) {
+		p += strspn(p, "/");
+		len = strcspn(p, "/");
+		if (len == 0 || (len == 1 && p[0] == '.')) {
+			p += len;
+			continue;
+		}
+		if (n > 1)
+			buf[n++] = '/';
+		memcpy(buf + n, p, len);
+		n += len;
+		p += len;
+	}
+	buf[n] = '\0';
+	return buf;
+}
+
 static int parse_paths(const struct kvr_key *k, const cJSON *v, const char *path, struct kvr_config *c, char *err,
 		       size_t errlen)
 {
-	char epath[128], dpath[128];
+	char epath[128], dpath[128], a[80], b[80], na[KVR_PATH_MAX + 2], nb[KVR_PATH_MAX + 2];
 	const cJSON *e;
 	uint32_t n = 0, i = 0;
 	int r;
@@ -737,11 +767,15 @@ static int parse_paths(const struct kvr_key *k, const cJSON *v, const char *path
 		r = check_string(k, e, epath, err, errlen);
 		if (r < 0)
 			return r;
+		/* one directory under two spellings would get two disk actors over one store */
 		for (uint32_t j = 0; j < i; j++) {
-			if (strcmp((char *)field(c, k->off + j * k->size), e->valuestring))
+			const char *prev = field(c, k->off + j * k->size);
+
+			if (strcmp(path_lexical(prev, na), path_lexical(e->valuestring, nb)))
 				continue;
 			snprintf(dpath, sizeof(dpath), "%s[%" PRIu32 "]", path, j);
-			return FAIL("%s: duplicate of %s", epath, dpath);
+			return FAIL("%s: duplicate of %s: \"%s\" is the same directory as \"%s\"", epath, dpath,
+				    clean(e->valuestring, a, sizeof(a)), clean(prev, b, sizeof(b)));
 		}
 		set_str(field(c, k->off + i * k->size), k->size, e->valuestring);
 		i++;
@@ -1078,8 +1112,71 @@ int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t
 	return r;
 }
 
+/* Where an absolute path leads, for "the same directory": the deepest directory on it that exists (st_dev,
+ * st_ino; stat follows symlinks) and the lexical rest below it ("" when the whole path exists). */
+struct dir_id {
+	bool found;
+	dev_t dev;
+	ino_t ino;
+	char norm[KVR_PATH_MAX + 2];
+	const char *rest;
+};
+
+static void dir_identity(const char *path, struct dir_id *ret)
+{
+	struct stat st;
+	size_t cut;
+	char save;
+	bool ok;
+
+	path_lexical(path, ret->norm);
+	cut = strlen(ret->norm);
+	for (;;) {
+		save = ret->norm[cut];
+		ret->norm[cut] = '\0';
+		ok = stat(cut ? ret->norm : "/", &st) == 0;
+		ret->norm[cut] = save;
+		if (ok || cut == 0)
+			break;
+		do
+			cut--;
+		while (cut > 0 && ret->norm[cut] != '/');
+	}
+	ret->found = ok;
+	ret->dev = ok ? st.st_dev : 0;
+	ret->ino = ok ? st.st_ino : 0;
+	ret->rest = ret->norm + (ok ? cut : 0);
+}
+
+int kvr_config_check_fs(const struct kvr_config *cfg, char *err, size_t errlen)
+{
+	struct dir_id id[KVR_L2_MAX_DIRS];
+	char a[80], b[80];
+	uint32_t n;
+
+	if (err && errlen > 0)
+		err[0] = '\0';
+	if (!cfg)
+		return FAIL("config: no configuration");
+	n = cfg->l2.n_dirs < KVR_L2_MAX_DIRS ? cfg->l2.n_dirs : KVR_L2_MAX_DIRS;
+	for (uint32_t i = 0; i < n; i++) {
+		dir_identity(cfg->l2.dirs[i], &id[i]);
+		for (uint32_t j = 0; j < i; j++) {
+			if (!id[i].found || !id[j].found || id[i].dev != id[j].dev || id[i].ino != id[j].ino ||
+			    strcmp(id[i].rest, id[j].rest))
+				continue;
+			return FAIL("$.l2.dirs[%" PRIu32 "]: duplicate of $.l2.dirs[%" PRIu32 "]: \"%s\" is the same "
+				    "directory as \"%s\" (same device and inode%s)", i, j,
+				    clean(cfg->l2.dirs[i], a, sizeof(a)), clean(cfg->l2.dirs[j], b, sizeof(b)),
+				    id[i].rest[0] ? " of an existing parent" : "");
+		}
+	}
+	return 0;
+}
+
 int kvr_config_load_file(const char *path, struct kvr_config *cfg, char *err, size_t errlen)
 {
+	struct kvr_config tmp;
 	char ebuf[128];
 	size_t n = 0;
 	ssize_t got;
@@ -1123,7 +1220,11 @@ int kvr_config_load_file(const char *path, struct kvr_config *cfg, char *err, si
 		goto out;
 	}
 	text[n] = '\0';
-	r = kvr_config_parse(text, cfg, err, errlen);
+	r = kvr_config_parse(text, &tmp, err, errlen);
+	if (r == 0)
+		r = kvr_config_check_fs(&tmp, err, errlen);
+	if (r == 0 && cfg)
+		memcpy(cfg, &tmp, sizeof(tmp));
 out:
 	free(text);
 	close(fd);

@@ -275,7 +275,16 @@ static const struct bad_case bad_cases[] = {
 	  "$.instance.actor_dir: not an absolute path: \"build/actors\"" },
 	{ "{\"l2\": {\"dirs\": [\"data\"]}}", "$.l2.dirs[0]: not an absolute path: \"data\"" },
 	{ "{\"l2\": {\"dirs\": [\"/a\", \"/b\", \"/a\"], \"capacity_bytes\": 1}}",
-	  "$.l2.dirs[2]: duplicate of $.l2.dirs[0]" },
+	  "$.l2.dirs[2]: duplicate of $.l2.dirs[0]: \"/a\" is the same directory as \"/a\"" },
+	/* one directory, spelt twice: two disk actors would share one store */
+	{ "{\"l2\": {\"dirs\": [\"/x/l2\", \"/x/l2/\"], \"capacity_bytes\": \"1TiB\"}}",
+	  "$.l2.dirs[1]: duplicate of $.l2.dirs[0]: \"/x/l2/\" is the same directory as \"/x/l2\"" },
+	{ "{\"l2\": {\"dirs\": [\"/y\", \"/x/./l2\", \"/x/l2\"], \"capacity_bytes\": \"1TiB\"}}",
+	  "$.l2.dirs[2]: duplicate of $.l2.dirs[1]: \"/x/l2\" is the same directory as \"/x/./l2\"" },
+	{ "{\"l2\": {\"dirs\": [\"//x//l2//\", \"/x/l2/.\"], \"capacity_bytes\": \"1TiB\"}}",
+	  "$.l2.dirs[1]: duplicate of $.l2.dirs[0]: \"/x/l2/.\" is the same directory as \"//x//l2//\"" },
+	{ "{\"l2\": {\"dirs\": [\"/\", \"/./\"], \"capacity_bytes\": \"1TiB\"}}",
+	  "$.l2.dirs[1]: duplicate of $.l2.dirs[0]: \"/./\" is the same directory as \"/\"" },
 	{ "{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\",\"/i\"], "
 	  "\"capacity_bytes\": 1}}",
 	  "$.l2.dirs: too many entries: 9 (max 8)" },
@@ -434,6 +443,10 @@ static const struct good_case good_cases[] = {
 	GU32("{\"l2\": {\"dirs\": [], \"capacity_bytes\": 0}}", l2.n_dirs, 0),
 	GU32("{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\"], \"capacity_bytes\": 1}}",
 	     l2.n_dirs, 8),
+	/* distinct however alike they look; ".." is kept (through a symlink it is not where it looks) */
+	GU32("{\"l2\": {\"dirs\": [\"/x/l2\", \"/x/l22\", \"/x/l2/sub\", \"/x/y/../l2\"], \"capacity_bytes\": \"1TiB\"}}",
+	     l2.n_dirs, 4),
+	GSTR("{\"l2\": {\"dirs\": [\"/x/l2/\", \"/y\"], \"capacity_bytes\": \"1TiB\"}}", l2.dirs[0], "/x/l2/"),
 	GU32("{\"l2\": {\"queue_depth\": 1}}", l2.queue_depth, 1),
 	GBOOL("{\"l2\": {\"dirs\": [\"/srv/kv16\"], \"capacity_bytes\": \"1TiB\", \"read_only\": true}}", l2.read_only,
 	      true),
@@ -885,6 +898,101 @@ Test(config, utf8_effective_json)
 	cr_assert_eq(kvr_config_parse("{\"l1\": {\"x\xe2\x82\": 1}}", &c, err, sizeof(err)), -EINVAL);
 	cr_assert_str_eq(err, "$.l1.x??: unknown key");
 	cr_assert(is_utf8(err));
+}
+
+static void make_dir(const char *dir, const char *name)
+{
+	char p[256];
+
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	cr_assert_eq(mkdir(p, 0700), 0, "mkdir %s: %s", p, strerror(errno));
+}
+
+static void make_link(const char *dir, const char *name, const char *target)
+{
+	char p[256];
+
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	cr_assert_eq(symlink(target, p), 0, "symlink %s: %s", p, strerror(errno));
+}
+
+/* A config file whose l2.dirs are the given entries under tmpdir ("" = none), 1 TiB of L2. */
+static void write_dirs_config(const char *path, const char *const *dirs, size_t n)
+{
+	char text[2048];
+	size_t len = 0;
+
+	len += (size_t)snprintf(text + len, sizeof(text) - len, "{\"l2\": {\"capacity_bytes\": \"1TiB\", \"dirs\": [");
+	for (size_t i = 0; i < n; i++)
+		len += (size_t)snprintf(text + len, sizeof(text) - len, "%s\"%s/%s\"", i ? ", " : "", tmpdir, dirs[i]);
+	len += (size_t)snprintf(text + len, sizeof(text) - len, "]}}");
+	cr_assert_lt(len, sizeof(text));
+	write_file(path, text, len);
+}
+
+/* One directory under two names that only the disk tells apart (a symlink, a symlinked parent, "..") is
+ * refused when a file is read (kvringd, --check-config), naming both entries; kvr_config_parse, which the
+ * actors run on the embedded copy, never looks at the disk and accepts the same text. */
+Test(config, l2_dirs_same_directory_on_disk, .init = tmpdir_setup, .fini = tmpdir_teardown)
+{
+	static const struct {
+		const char *dirs[4];
+		size_t n;
+		int i, j;                  /* dirs[i] is refused as a duplicate of dirs[j]; i < 0: accepted */
+		const char *why;
+	} cases[] = {
+		{ { "l2", "link" }, 2, 1, 0, "same device and inode" },
+		{ { "l2", "other", "link/" }, 3, 2, 0, "same device and inode" },
+		{ { "other", "l2/../other" }, 2, 1, 0, "same device and inode" },
+		{ { "real/new", "other", "alias/new/" }, 3, 2, 0, "same device and inode of an existing parent" },
+		{ { "real/a/b", "alias/a/b" }, 2, 1, 0, "same device and inode of an existing parent" },
+		{ { "l2", "other", "real/new", "alias/new2" }, 4, -1, -1, NULL },
+		{ { "l2", "missing/l2", "missing2/l2" }, 3, -1, -1, NULL },
+	};
+	char path[256], text_path[512], want[512], err[512];
+	struct kvr_config c, p;
+
+	make_dir(tmpdir, "l2");
+	make_dir(tmpdir, "other");
+	make_dir(tmpdir, "real");
+	make_link(tmpdir, "link", "l2");
+	make_link(tmpdir, "alias", "real");
+	snprintf(path, sizeof(path), "%s/kvring.json", tmpdir);
+	for (size_t k = 0; k < ARRAY_SIZE(cases); k++) {
+		char *text;
+		size_t len;
+		int r;
+
+		write_dirs_config(path, cases[k].dirs, cases[k].n);
+		fill_pattern(&c);
+		r = kvr_config_load_file(path, &c, err, sizeof(err));
+		text = read_all(path, &len);
+		cr_assert_not_null(text);
+		cr_assert_eq(kvr_config_parse(text, &p, err + 256, sizeof(err) - 256), 0, "case %zu: parse: %s", k,
+			     err + 256);
+		free(text);
+		if (cases[k].i < 0) {
+			cr_expect_eq(r, 0, "case %zu: %s", k, err);
+			cr_expect_eq(memcmp(&c, &p, sizeof(c)), 0, "case %zu: the file reads as its text parses", k);
+			continue;
+		}
+		snprintf(want, sizeof(want), "$.l2.dirs[%d]: duplicate of $.l2.dirs[%d]: \"%s/%s\" is the same directory "
+			 "as \"%s/%s\" (%s)", cases[k].i, cases[k].j, tmpdir, cases[k].dirs[cases[k].i], tmpdir,
+			 cases[k].dirs[cases[k].j], cases[k].why);
+		cr_expect_eq(r, -EINVAL, "case %zu: %d", k, r);
+		cr_expect_str_eq(err, want, "case %zu", k);
+		cr_expect(is_pattern(&c), "case %zu: *cfg changed on failure", k);
+	}
+
+	/* the check on its own: a parsed config whose dirs were made aliases after it was parsed */
+	snprintf(text_path, sizeof(text_path), "{\"l2\": {\"capacity_bytes\": \"1TiB\", \"dirs\": [\"%s/later\", "
+		 "\"%s/later-alias\"]}}", tmpdir, tmpdir);
+	cr_assert_eq(kvr_config_parse(text_path, &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(kvr_config_check_fs(&c, err, sizeof(err)), 0, "%s", err);
+	make_dir(tmpdir, "later");
+	make_link(tmpdir, "later-alias", "later");
+	cr_assert_eq(kvr_config_check_fs(&c, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "$.l2.dirs[1]: duplicate of $.l2.dirs[0]: "), "%s", err);
 }
 
 Test(config, error_buffer)
