@@ -189,23 +189,29 @@ static const struct kvr_key keys[] = {
 
 /* The cross-key checks done after parsing, in the order check_config() makes them (for the docs). */
 static const char *const checks_doc[] = {
+	"`instance.socket_mode` has the owner's write bit (0200): only the instance owner's uid may attach, and "
+	"connecting to a Unix socket needs write permission.",
 	"`rings.capacity` is a power of two.",
 	"`supervisor.restart_backoff_initial_ms` <= `supervisor.restart_backoff_max_ms`.",
 	"`model.preset` \"\": `model.layers`, `model.kv_heads`, `model.head_dim` and `model.dtype_bytes` are required "
-	"(> 0), `model.dtype_bytes` is 1, 2 or 4. With a preset, each of them is 0 (taken from the preset) or equal "
-	"to the preset's value, "
+	"(> 0), `model.dtype_bytes` is 1, 2 or 4, and `model.model_id` is required (not \"\": it keeps two models "
+	"of one geometry apart in the key namespace). With a preset, each of them is 0 (taken from the preset) or "
+	"equal to the preset's value, "
 	"`model.attention` when given equals the preset's (else it is taken from the preset), and `model.model_id` "
 	"\"\" becomes the preset's Hugging Face id.",
 	"`model.tp_size` divides `model.kv_heads`, or is a multiple of it (each rank then holds one replicated head, "
 	"as vLLM does), unless `model.attention` is \"mla\".",
 	"`model.tp_size` <= `instance.max_workers`: every rank of a TP group attaches as one worker.",
+	"`l1.capacity_bytes` not 0: `l1.workload_prompts` and `l1.workload_tokens` are 0 (they would be ignored).",
 	"`l1.capacity_bytes` 0: `l1.workload_prompts` and `l1.workload_tokens` are required (> 0).",
 	"Each staging pool (load: `staging.ceiling_bytes` x `staging.load_percent` / 100, store: the rest) holds at "
 	"least one buffer: `staging.buffer_bytes`, or when that is 0 one block of one rank "
 	"(layers x KV heads per rank x head_dim x dtype_bytes x block_tokens, x 2 for K and V unless MLA).",
 	"`l2.dirs` are absolute and distinct once `//`, `.` components and a trailing `/` are dropped (`/x/l2`, "
 	"`/x/l2/` and `/x/./l2` are one directory); with at least one dir `l2.capacity_bytes` is > 0 (no unbounded "
-	"disk tier). With no dirs L2 is off and `l2.capacity_bytes` is not used.",
+	"disk tier) and each dir's share (`l2.capacity_bytes` / number of dirs) holds at least one block file "
+	"(4 KiB header + one block of one rank, rounded up to 4 KiB). With no dirs L2 is off and "
+	"`l2.capacity_bytes` is not used.",
 	"`l2.read_only` true: at least one `l2.dirs` entry (there is no disk store to serve otherwise).",
 	"`metrics.enabled`: `metrics.listen` is host:port with a port in 1..65535.",
 	"Reading a file (kvringd, `--check-config`) also looks at the disk: no two `l2.dirs` entries are one "
@@ -901,6 +907,9 @@ static int resolve_model(struct kvr_config *c, bool attention_set, char *err, si
 				return FAIL("$.model.%s: required when model.preset is empty", g[i].name);
 		if (c->model.dtype_bytes == 3)
 			return FAIL("$.model.dtype_bytes: 3 is not 1, 2 or 4");
+		if (c->model.model_id[0] == '\0')
+			return FAIL("$.model.model_id: required when model.preset is empty (without it two models of "
+				    "one geometry would share blocks)");
 		return 0;
 	}
 	p = kvr_preset_find(c->model.preset);
@@ -977,6 +986,9 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 	const char *pool;
 	int r;
 
+	if (!(c->instance.socket_mode & 0200))
+		return FAIL("$.instance.socket_mode: \"%04" PRIo32 "\" lacks owner write (0200): only the instance "
+			    "owner may attach, and connecting needs write permission", c->instance.socket_mode);
 	if (c->rings.capacity & (c->rings.capacity - 1))
 		return FAIL("$.rings.capacity: %" PRIu32 " is not a power of two", c->rings.capacity);
 	if (c->supervisor.restart_backoff_initial_ms > c->supervisor.restart_backoff_max_ms)
@@ -993,6 +1005,12 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 		return FAIL("$.model.tp_size: %" PRIu32 " exceeds instance.max_workers (%" PRIu32 "): each rank of a "
 			    "TP group attaches as one worker, so no group could ever be complete",
 			    c->model.tp_size, c->instance.max_workers);
+	if (c->l1.capacity_bytes && c->l1.workload_prompts)
+		return FAIL("$.l1.workload_prompts: only used when l1.capacity_bytes is 0 (it is %" PRIu64 ")",
+			    c->l1.capacity_bytes);
+	if (c->l1.capacity_bytes && c->l1.workload_tokens)
+		return FAIL("$.l1.workload_tokens: only used when l1.capacity_bytes is 0 (it is %" PRIu64 ")",
+			    c->l1.capacity_bytes);
 	if (c->l1.capacity_bytes == 0 && c->l1.workload_prompts == 0)
 		return FAIL("$.l1.workload_prompts: required when l1.capacity_bytes is 0");
 	if (c->l1.capacity_bytes == 0 && c->l1.workload_tokens == 0)
@@ -1012,6 +1030,14 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 
 	if (c->l2.n_dirs > 0 && c->l2.capacity_bytes == 0)
 		return FAIL("$.l2.capacity_bytes: required when l2.dirs is not empty");
+	/* each dir's share must hold one block file (a 4 KiB header + one rank's block, 4 KiB aligned: a lower
+	 * bound, the slot may be larger): else every write to it fails */
+	buf = block_bytes_per_rank(c);
+	buf = 4096 + (buf + 4095) / 4096 * 4096;
+	if (c->l2.n_dirs > 0 && c->l2.capacity_bytes / c->l2.n_dirs < buf)
+		return FAIL("$.l2.capacity_bytes: %" PRIu64 " split over %" PRIu32 " l2.dirs leaves %" PRIu64
+			    " bytes a dir, less than one block file (%" PRIu64 " bytes)", c->l2.capacity_bytes,
+			    c->l2.n_dirs, c->l2.capacity_bytes / c->l2.n_dirs, buf);
 	if (c->l2.read_only && c->l2.n_dirs == 0)
 		return FAIL("$.l2.read_only: needs l2.dirs (there is no disk store to serve)");
 	if (c->metrics.enabled && !listen_valid(c->metrics.listen))

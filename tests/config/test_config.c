@@ -311,6 +311,17 @@ static const struct bad_case bad_cases[] = {
 	  "$.model.attention: \"mla\" conflicts with model.preset \"qwen3-8b\" (mha)" },
 	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 3}}",
 	  "$.model.dtype_bytes: 3 is not 1, 2 or 4" },
+	/* an explicit geometry needs a model identity: the namespace would not tell two models apart */
+	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 2}}",
+	  "$.model.model_id: required when model.preset is empty (without it two models of one geometry would share "
+	  "blocks)" },
+	/* a socket its owner cannot connect to (nobody else may attach) */
+	{ "{\"instance\": {\"socket_mode\": \"0000\"}}",
+	  "$.instance.socket_mode: \"0000\" lacks owner write (0200): only the instance owner may attach, and "
+	  "connecting needs write permission" },
+	{ "{\"instance\": {\"socket_mode\": \"0466\"}}",
+	  "$.instance.socket_mode: \"0466\" lacks owner write (0200): only the instance owner may attach, and "
+	  "connecting needs write permission" },
 	{ "{\"model\": {\"preset\": \"deepseek-v2-lite\", \"attention\": \"mha\"}}",
 	  "$.model.attention: \"mha\" conflicts with model.preset \"deepseek-v2-lite\" (mla)" },
 	{ "{\"model\": {\"tp_size\": 16}}",
@@ -321,10 +332,15 @@ static const struct bad_case bad_cases[] = {
 	  "group could ever be complete" },
 	{ "{\"model\": {\"tp_size\": 3}}",
 	  "$.model.tp_size: 3 neither divides model.kv_heads (8) nor is a multiple of it" },
-	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 6, \"head_dim\": 128, \"dtype_bytes\": 2, "
-	  "\"tp_size\": 4}}",
+	{ "{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 40, \"kv_heads\": 6, \"head_dim\": 128, "
+	  "\"dtype_bytes\": 2, \"tp_size\": 4}}",
 	  "$.model.tp_size: 4 neither divides model.kv_heads (6) nor is a multiple of it" },
 	{ "{\"l1\": {\"capacity_bytes\": 0}}", "$.l1.workload_prompts: required when l1.capacity_bytes is 0" },
+	/* the workload keys size L1 only when its capacity is 0: else they would be ignored */
+	{ "{\"l1\": {\"workload_prompts\": 200, \"workload_tokens\": 10000}}",
+	  "$.l1.workload_prompts: only used when l1.capacity_bytes is 0 (it is 1073741824)" },
+	{ "{\"l1\": {\"capacity_bytes\": \"2GiB\", \"workload_tokens\": 10000}}",
+	  "$.l1.workload_tokens: only used when l1.capacity_bytes is 0 (it is 2147483648)" },
 	{ "{\"l1\": {\"capacity_bytes\": \"0\", \"workload_prompts\": 10}}",
 	  "$.l1.workload_tokens: required when l1.capacity_bytes is 0" },
 	{ "{\"staging\": {\"buffer_bytes\": \"200MiB\"}}",
@@ -335,6 +351,15 @@ static const struct bad_case bad_cases[] = {
 	{ "{\"staging\": {\"ceiling_bytes\": \"16MiB\"}}",
 	  "$.staging.ceiling_bytes: the load pool (8388608 bytes) cannot hold one block (18874368 bytes)" },
 	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"]}}", "$.l2.capacity_bytes: required when l2.dirs is not empty" },
+	/* qwen3-8b: one block file is 4096 + 18874368 bytes; a dir whose share is smaller could store nothing */
+	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"], \"capacity_bytes\": \"16MiB\"}}",
+	  "$.l2.capacity_bytes: 16777216 split over 1 l2.dirs leaves 16777216 bytes a dir, less than one block file "
+	  "(18878464 bytes)" },
+	{ "{\"l2\": {\"dirs\": [\"/mnt/a\", \"/mnt/b\"], \"capacity_bytes\": 37756927}}",
+	  "$.l2.capacity_bytes: 37756927 split over 2 l2.dirs leaves 18878463 bytes a dir, less than one block file "
+	  "(18878464 bytes)" },
+	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"], \"capacity_bytes\": 1, \"read_only\": true}}",
+	  "$.l2.capacity_bytes: 1 split over 1 l2.dirs leaves 1 bytes a dir, less than one block file (18878464 bytes)" },
 	{ "{\"l2\": {\"read_only\": true}}", "$.l2.read_only: needs l2.dirs (there is no disk store to serve)" },
 	{ "{\"l2\": {\"dirs\": [], \"read_only\": true, \"capacity_bytes\": \"1GiB\"}}",
 	  "$.l2.read_only: needs l2.dirs (there is no disk store to serve)" },
@@ -421,7 +446,7 @@ static const struct good_case good_cases[] = {
 	GU32("{\"supervisor\": {\"ready_timeout_ms\": 100}}", supervisor.ready_timeout_ms, 100),
 	GU32("{\"instance\": {\"socket_mode\": \"0660\"}}", instance.socket_mode, 0660),
 	GU32("{\"instance\": {\"socket_mode\": \"600\"}}", instance.socket_mode, 0600),
-	GU32("{\"instance\": {\"socket_mode\": \"0000\"}}", instance.socket_mode, 0),
+	GU32("{\"instance\": {\"socket_mode\": \"0200\"}}", instance.socket_mode, 0200),
 	GU32("{\"instance\": {\"max_workers\": 16}}", instance.max_workers, 16),
 	GSTR("{\"instance\": {\"socket\": \"/run/kvring/k.sock\"}}", instance.socket, "/run/kvring/k.sock"),
 	/* 107 bytes: the longest socket path that fits sun_path */
@@ -441,21 +466,24 @@ static const struct good_case good_cases[] = {
 	GSTR("{\"l2\": {\"dirs\": [\"/a\", \"/b\", \"/mnt/nvme1/kv\"], \"capacity_bytes\": \"1TiB\"}}", l2.dirs[2],
 	     "/mnt/nvme1/kv"),
 	GU32("{\"l2\": {\"dirs\": [], \"capacity_bytes\": 0}}", l2.n_dirs, 0),
-	GU32("{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\"], \"capacity_bytes\": 1}}",
-	     l2.n_dirs, 8),
+	GU32("{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\"], \"capacity_bytes\": "
+	     "\"1TiB\"}}", l2.n_dirs, 8),
 	/* distinct however alike they look; ".." is kept (through a symlink it is not where it looks) */
 	GU32("{\"l2\": {\"dirs\": [\"/x/l2\", \"/x/l22\", \"/x/l2/sub\", \"/x/y/../l2\"], \"capacity_bytes\": \"1TiB\"}}",
 	     l2.n_dirs, 4),
 	GSTR("{\"l2\": {\"dirs\": [\"/x/l2/\", \"/y\"], \"capacity_bytes\": \"1TiB\"}}", l2.dirs[0], "/x/l2/"),
+	/* each dir's share holds exactly one block file of qwen3-8b */
+	GU64("{\"l2\": {\"dirs\": [\"/mnt/a\", \"/mnt/b\"], \"capacity_bytes\": 37756928}}", l2.capacity_bytes,
+	     37756928),
 	GU32("{\"l2\": {\"queue_depth\": 1}}", l2.queue_depth, 1),
 	GBOOL("{\"l2\": {\"dirs\": [\"/srv/kv16\"], \"capacity_bytes\": \"1TiB\", \"read_only\": true}}", l2.read_only,
 	      true),
 	GBOOL("{\"l2\": {\"read_only\": false}}", l2.read_only, false),
 	/* model: explicit geometry (GLM-4-9B of DESIGN.md section 4), presets, MLA, values equal to a preset's */
-	GU32("{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 2, "
-	     "\"tp_size\": 2}}", model.kv_heads, 4),
-	GSTR("{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 2}}",
-	     model.model_id, ""),
+	GU32("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, "
+	     "\"dtype_bytes\": 2, \"tp_size\": 2}}", model.kv_heads, 4),
+	GSTR("{\"model\": {\"preset\": \"\", \"model_id\": \"THUDM/glm-4-9b\", \"layers\": 40, \"kv_heads\": 4, "
+	     "\"head_dim\": 128, \"dtype_bytes\": 2}}", model.model_id, "THUDM/glm-4-9b"),
 	GU32("{\"model\": {\"preset\": \"qwen3-32b\"}}", model.layers, 64),
 	GSTR("{\"model\": {\"preset\": \"qwen3-32b\"}}", model.model_id, "Qwen/Qwen3-32B"),
 	/* TP over more ranks than KV heads: heads replicated, as vLLM does */
@@ -475,14 +503,14 @@ static const struct good_case good_cases[] = {
 	GU32("{\"model\": {\"tp_size\": 8}}", model.tp_size, 8),
 	GU32("{\"model\": {\"block_tokens\": 16}}", model.block_tokens, 16),
 	GSTR("{\"model\": {\"attention\": \"mha\"}}", model.attention, "mha"),
-	GSTR("{\"model\": {\"preset\": \"\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, \"dtype_bytes\": 2, "
-	     "\"tp_size\": 4, \"attention\": \"mla\"}}", model.attention, "mla"),
-	GU32("{\"model\": {\"preset\": \"\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, \"dtype_bytes\": 2, "
-	     "\"tp_size\": 4, \"attention\": \"mla\"}}", model.tp_size, 4),
-	GU32("{\"model\": {\"preset\": \"\", \"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, \"dtype_bytes\": 1}}",
-	     model.dtype_bytes, 1),
-	GU32("{\"model\": {\"preset\": \"\", \"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, \"dtype_bytes\": 4}}",
-	     model.dtype_bytes, 4),
+	GSTR("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, "
+	     "\"dtype_bytes\": 2, \"tp_size\": 4, \"attention\": \"mla\"}}", model.attention, "mla"),
+	GU32("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, "
+	     "\"dtype_bytes\": 2, \"tp_size\": 4, \"attention\": \"mla\"}}", model.tp_size, 4),
+	GU32("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, "
+	     "\"dtype_bytes\": 1}}", model.dtype_bytes, 1),
+	GU32("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, "
+	     "\"dtype_bytes\": 4}}", model.dtype_bytes, 4),
 	GSTR("{\"model\": {\"cache_salt\": \"tenant-7\"}}", model.cache_salt, "tenant-7"),
 	GSTR("{\"model\": {\"model_id\": \"caf\\u00e9 \\\"x\\\"\"}}", model.model_id, "caf\xc3\xa9 \"x\""),
 	/* raw UTF-8 of every length, kept byte for byte */
