@@ -44,6 +44,7 @@ static const char *const reason_names[KVR_L2_R_MAX] = {
 	[KVR_L2_R_IO] = "io_error",
 	[KVR_L2_R_OVER_CAP] = "over_cap",
 	[KVR_L2_R_RESERVED] = "reserved",
+	[KVR_L2_R_MODE] = "mode",
 };
 
 const char *kvr_l2_reason_name(unsigned r)

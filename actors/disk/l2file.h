@@ -101,10 +101,11 @@ enum kvr_l2_reason {
 	KVR_L2_R_OVER_CAP,      /* adoption: deleted to fit the capacity */
 	KVR_L2_R_RESERVED,      /* a reserved header byte is not 0 under a good checksum: a layout this
 				 * build does not know (a writer that used them without a new version) */
+	KVR_L2_R_MODE,          /* adoption: permissions not 0600 that could not be set to 0600 (removed) */
 	KVR_L2_R_MAX,
 };
 
-/* "foreign", "tmp", ..., "over_cap", "reserved"; "unknown" out of range. */
+/* "foreign", "tmp", ..., "over_cap", "reserved", "mode"; "unknown" out of range. */
 const char *kvr_l2_reason_name(unsigned r);
 
 /* Bytes of a file that holds lane_bytes of payload: 4096 + lane_bytes rounded up to
