@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvr_ctl.h"
@@ -114,8 +115,9 @@ static const struct kvr_key keys[] = {
 	U32("rings.spin_ns", rings.spin_ns, 10000, 0, 1000000, "ns",
 	    "bounded spin before a waiter sleeps on its futex"),
 
-	U32("supervisor.ready_timeout_ms", supervisor.ready_timeout_ms, 5000, 1, 600000, "ms",
-	    "an actor not ready by then is killed and counts as a death"),
+	U32("supervisor.ready_timeout_ms", supervisor.ready_timeout_ms, 5000, 100, 600000, "ms",
+	    "an actor not ready by then is killed and counts as a death; at least 100: an actor execs, maps the "
+	    "segments and attaches its rings before it can be ready (L2 adoption too)"),
 	U32("supervisor.stable_after_ms", supervisor.stable_after_ms, 1000, 0, 3600000, "ms",
 	    "an actor ready this long is restarted at once when it dies (backoff reset)"),
 	U32("supervisor.restart_backoff_initial_ms", supervisor.restart_backoff_initial_ms, 100, 1, 600000, "ms",
@@ -187,36 +189,93 @@ static const struct kvr_key keys[] = {
 
 /* The cross-key checks done after parsing, in the order check_config() makes them (for the docs). */
 static const char *const checks_doc[] = {
+	"`instance.socket_mode` has the owner's write bit (0200): only the instance owner's uid may attach, and "
+	"connecting to a Unix socket needs write permission.",
 	"`rings.capacity` is a power of two.",
 	"`supervisor.restart_backoff_initial_ms` <= `supervisor.restart_backoff_max_ms`.",
 	"`model.preset` \"\": `model.layers`, `model.kv_heads`, `model.head_dim` and `model.dtype_bytes` are required "
-	"(> 0), `model.dtype_bytes` is 1, 2 or 4. With a preset, each of them is 0 (taken from the preset) or equal "
-	"to the preset's value, "
+	"(> 0), `model.dtype_bytes` is 1, 2 or 4, and `model.model_id` is required (not \"\": it keeps two models "
+	"of one geometry apart in the key namespace). With a preset, each of them is 0 (taken from the preset) or "
+	"equal to the preset's value, "
 	"`model.attention` when given equals the preset's (else it is taken from the preset), and `model.model_id` "
 	"\"\" becomes the preset's Hugging Face id.",
 	"`model.tp_size` divides `model.kv_heads`, or is a multiple of it (each rank then holds one replicated head, "
 	"as vLLM does), unless `model.attention` is \"mla\".",
+	"`model.tp_size` <= `instance.max_workers`: every rank of a TP group attaches as one worker.",
+	"`l1.capacity_bytes` not 0: `l1.workload_prompts` and `l1.workload_tokens` are 0 (they would be ignored).",
 	"`l1.capacity_bytes` 0: `l1.workload_prompts` and `l1.workload_tokens` are required (> 0).",
 	"Each staging pool (load: `staging.ceiling_bytes` x `staging.load_percent` / 100, store: the rest) holds at "
 	"least one buffer: `staging.buffer_bytes`, or when that is 0 one block of one rank "
 	"(layers x KV heads per rank x head_dim x dtype_bytes x block_tokens, x 2 for K and V unless MLA).",
-	"`l2.dirs` are absolute and distinct; with at least one dir `l2.capacity_bytes` is > 0 (no unbounded disk "
-	"tier). With no dirs L2 is off and `l2.capacity_bytes` is not used.",
+	"`l2.dirs` are absolute and distinct once `//`, `.` components and a trailing `/` are dropped (`/x/l2`, "
+	"`/x/l2/` and `/x/./l2` are one directory); with at least one dir `l2.capacity_bytes` is > 0 (no unbounded "
+	"disk tier) and each dir's share (`l2.capacity_bytes` / number of dirs) holds at least one block file "
+	"(4 KiB header + one block of one rank, rounded up to 4 KiB). With no dirs L2 is off and "
+	"`l2.capacity_bytes` is not used.",
 	"`l2.read_only` true: at least one `l2.dirs` entry (there is no disk store to serve otherwise).",
 	"`metrics.enabled`: `metrics.listen` is host:port with a port in 1..65535.",
+	"Reading a file (kvringd, `--check-config`) also looks at the disk: no two `l2.dirs` entries are one "
+	"directory by device and inode (a symlink, a bind mount), nor the same path under one existing directory "
+	"(a symlinked parent of a dir not created yet).",
 };
 
 /* --- errors -------------------------------------------------------------------------------------------------- */
 
 #define FAIL(...) kvr_errf(err, errlen, -EINVAL, __VA_ARGS__)
 
-/* A JSON-supplied name or value made printable for a one-line message (and cut at 64 bytes). */
+/* Bytes of the well-formed UTF-8 sequence at s (RFC 3629: shortest form, no surrogates, at most
+ * U+10FFFF), 0 when there is none. s is NUL-terminated: a cut sequence stops at the NUL. */
+static size_t utf8_len(const char *s)
+{
+	const unsigned char *u = (const unsigned char *)s;
+	size_t n;
+
+	if (u[0] < 0x80)
+		return 1;
+	if (u[0] < 0xc2 || u[0] > 0xf4)
+		return 0; /* a continuation byte, an overlong lead (c0, c1) or beyond U+10FFFF */
+	n = u[0] < 0xe0 ? 2 : u[0] < 0xf0 ? 3 : 4;
+	for (size_t i = 1; i < n; i++)
+		if ((u[i] & 0xc0) != 0x80)
+			return 0;
+	if ((u[0] == 0xe0 && u[1] < 0xa0) || (u[0] == 0xed && u[1] > 0x9f) || (u[0] == 0xf0 && u[1] < 0x90) ||
+	    (u[0] == 0xf4 && u[1] > 0x8f))
+		return 0; /* overlong, a surrogate (U+D800..DFFF), or beyond U+10FFFF */
+	return n;
+}
+
+/* The first byte of s that does not start a well-formed UTF-8 sequence, NULL when s is all UTF-8. */
+static const char *utf8_invalid(const char *s)
+{
+	size_t n;
+
+	for (; *s; s += n) {
+		n = utf8_len(s);
+		if (!n)
+			return s;
+	}
+	return NULL;
+}
+
+/* A JSON-supplied name or value made printable for a one-line message (and cut at 64 bytes): control
+ * characters, quotes and bytes that are not UTF-8 become '?', and a cut never splits a character, so the
+ * message itself is valid UTF-8. */
 static const char *clean(const char *s, char *buf, size_t n)
 {
-	size_t i = 0;
+	size_t i = 0, len;
 
-	for (; *s && i + 4 < n && i < 64; s++)
-		buf[i++] = ((unsigned char)*s < 0x20 || *s == 0x7f || *s == '"') ? '?' : *s;
+	for (; *s && i + 4 < n && i < 64; s += len) {
+		len = utf8_len(s);
+		if (len > 1 && i + len + 4 < n && i + len <= 64) {
+			memcpy(buf + i, s, len);
+			i += len;
+			continue;
+		}
+		if (len > 1)
+			break;
+		buf[i++] = (len == 0 || (unsigned char)*s < 0x20 || *s == 0x7f || *s == '"') ? '?' : *s;
+		len = 1;
+	}
 	if (*s && i + 3 < n) {
 		memcpy(buf + i, "...", 3);
 		i += 3;
@@ -396,15 +455,152 @@ static void table_defaults(struct kvr_config *c)
 	}
 }
 
+/* --- number texts -------------------------------------------------------------------------------------------- */
+
+/*
+ * cJSON keeps a number as a double only, and the double hides what was written: 1e-400 underflows to 0,
+ * 1024.0000000000001 rounds to 1024. So the parser pairs every number node with its text in the document
+ * and decides "is it an integer" on the text, exactly.
+ */
+struct numtext {
+	const cJSON *node;
+	const char *text;
+	size_t len;
+};
+
+struct numtexts {
+	struct numtext *v;
+	size_t n;
+};
+
+/* The number texts of json (valid JSON) in document order into v[0..max); returns how many there are. A
+ * number starts with '-' or a digit outside a string and runs over [0-9+-.eE] (cJSON took exactly that run,
+ * or the document would not have parsed). */
+static size_t scan_numbers(const char *json, struct numtext *v, size_t max)
+{
+	bool in_str = false;
+	size_t n = 0, len;
+
+	for (const char *p = json; *p; p++) {
+		if (in_str) {
+			if (*p == '\\' && p[1])
+				p++;
+			else if (*p == '"')
+				in_str = false;
+		} else if (*p == '"') {
+			in_str = true;
+		} else if (*p == '-' || (*p >= '0' && *p <= '9')) {
+			len = strspn(p, "0123456789+-.eE");
+			if (n < max)
+				v[n] = (struct numtext){ .text = p, .len = len };
+			n++;
+			p += len - 1;
+		}
+	}
+	return n;
+}
+
+/* The number nodes under item and its siblings, depth first (= document order), into v[0..max); *n counts. */
+static void tree_numbers(const cJSON *item, struct numtext *v, size_t max, size_t *n)
+{
+	for (; item; item = item->next) {
+		if (cJSON_IsNumber(item)) {
+			if (*n < max)
+				v[*n].node = item;
+			(*n)++;
+		} else if (item->child) {
+			tree_numbers(item->child, v, max, n);
+		}
+	}
+}
+
+/* Pair the number nodes of root with their texts in json. 0, -ENOMEM, or -EINVAL when the two do not
+ * pair up (not expected). ret->v is freed by the caller. */
+static int numtexts_build(const char *json, const cJSON *root, struct numtexts *ret)
+{
+	size_t n = scan_numbers(json, NULL, 0), nodes = 0;
+
+	ret->v = NULL;
+	ret->n = 0;
+	if (n == 0) {
+		tree_numbers(root, NULL, 0, &nodes);
+		return nodes == 0 ? 0 : -EINVAL;
+	}
+	ret->v = calloc(n, sizeof(*ret->v));
+	if (!ret->v)
+		return -ENOMEM;
+	(void) scan_numbers(json, ret->v, n);
+	tree_numbers(root, ret->v, n, &nodes);
+	if (nodes != n)
+		return -EINVAL;
+	ret->n = n;
+	return 0;
+}
+
+static const struct numtext *numtext_of(const struct numtexts *t, const cJSON *v)
+{
+	for (size_t i = 0; t && i < t->n; i++)
+		if (t->v[i].node == v)
+			return &t->v[i];
+	return NULL;
+}
+
+/* Whether the JSON number text s[0..len) is an integer, exactly: "2048", "2048.0", "1e3" and "1.5e1" are;
+ * "0.5", "1e-400" and "1024.0000000000001" are not. A text that does not read as a number is not. */
+static bool numtext_integral(const char *s, size_t len)
+{
+	size_t i = 0, digits = 0, frac = 0, last_nonzero = SIZE_MAX;
+	long long e = 0;
+	bool neg_e = false, point = false;
+
+	if (i < len && s[i] == '-')
+		i++;
+	for (; i < len && ((s[i] >= '0' && s[i] <= '9') || (s[i] == '.' && !point)); i++) {
+		if (s[i] == '.') {
+			point = true;
+			continue;
+		}
+		if (s[i] != '0')
+			last_nonzero = digits;
+		digits++;
+		frac += point;
+	}
+	if (digits == 0)
+		return false;
+	if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+		i++;
+		if (i < len && (s[i] == '+' || s[i] == '-'))
+			neg_e = s[i++] == '-';
+		if (i == len)
+			return false;
+		for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+			if (e < 1000000000)
+				e = e * 10 + (s[i] - '0');
+	}
+	if (i != len)
+		return false;
+	if (last_nonzero == SIZE_MAX)
+		return true; /* zero */
+	/* the digits read as an integer D ending in tz zeros, the value is D x 10^(e - frac): an integer
+	 * exactly when no nonzero digit lands right of the point */
+	long long tz = (long long)(digits - 1 - last_nonzero);
+	return tz + (neg_e ? -e : e) - (long long)frac >= 0;
+}
+
 /* --- values -------------------------------------------------------------------------------------------------- */
 
-/* A JSON number that must be an integer in [min, max]: never truncated, never clamped. */
-static int parse_uint(const struct kvr_key *k, const cJSON *v, const char *path, uint64_t *ret, char *err,
-		      size_t errlen)
+/* A JSON number that must be an integer in [min, max]: never truncated, never clamped, and never read as
+ * something other than what its text says (t: the document's number texts, NULL = the double only). */
+static int parse_uint(const struct kvr_key *k, const cJSON *v, const struct numtexts *t, const char *path,
+		      uint64_t *ret, char *err, size_t errlen)
 {
+	const struct numtext *nt = numtext_of(t, v);
 	double d = v->valuedouble;
 	char num[40], range[64];
 
+	if (nt && !numtext_integral(nt->text, nt->len))
+		return FAIL("%s: wrong type: expected unsigned integer, got fractional number %.*s", path,
+			    (int)(nt->len < 40 ? nt->len : 40), nt->text);
 	if (isfinite(d) && d > -9.2e18 && d < 9.2e18 && (double)(int64_t)d != d)
 		return FAIL("%s: wrong type: expected unsigned integer, got fractional number %s", path,
 			    fmt_double(d, num, sizeof(num)));
@@ -447,15 +643,15 @@ static int parse_size_str(const char *s, uint64_t *ret)
 	return -EINVAL;
 }
 
-static int parse_size(const struct kvr_key *k, const cJSON *v, const char *path, uint64_t *ret, char *err,
-		      size_t errlen)
+static int parse_size(const struct kvr_key *k, const cJSON *v, const struct numtexts *t, const char *path,
+		      uint64_t *ret, char *err, size_t errlen)
 {
 	char s[80], range[64];
 	uint64_t u;
 	int r;
 
 	if (cJSON_IsNumber(v))
-		return parse_uint(k, v, path, ret, err, errlen);
+		return parse_uint(k, v, t, path, ret, err, errlen);
 	if (!cJSON_IsString(v))
 		return FAIL("%s: wrong type: expected unsigned integer or size string, got %s", path,
 			    json_type_name(v));
@@ -498,13 +694,19 @@ static int parse_mode(const struct kvr_key *k, const cJSON *v, const char *path,
 static int check_string(const struct kvr_key *k, const cJSON *v, const char *path, char *err, size_t errlen)
 {
 	char s[80];
-	const char *str;
+	const char *str, *bad;
 
 	if (!cJSON_IsString(v))
 		return FAIL("%s: wrong type: expected string, got %s", path, json_type_name(v));
 	str = v->valuestring;
 	if (strlen(str) >= k->size)
 		return FAIL("%s: too long (max %zu)", path, k->size - 1);
+	/* cJSON passes raw bytes through: one that is not UTF-8 would make the effective config (--check-config,
+	 * the control segment's copy) text that is no longer JSON */
+	bad = utf8_invalid(str);
+	if (bad)
+		return FAIL("%s: not valid UTF-8: byte 0x%02x at offset %zu", path, (unsigned)(unsigned char)*bad,
+			    (size_t)(bad - str));
 	if (((k->flags & F_ABS) || ((k->flags & F_ABS_OR_EMPTY) && str[0])) && str[0] != '/')
 		return FAIL("%s: not an absolute path: \"%s\"", path, clean(str, s, sizeof(s)));
 	return 0;
@@ -527,10 +729,35 @@ static int parse_enum(const struct kvr_key *k, const cJSON *v, const char *path,
 	return FAIL("%s: invalid value \"%s\" (one of: %s)", path, clean(v->valuestring, s, sizeof(s)), list);
 }
 
+/* An absolute path with repeated '/', "." components and a trailing '/' dropped into buf (>= strlen(p) + 2):
+ * "/x//./l2/" -> "/x/l2". ".." is kept: through a symlink "a/.." is not where it looks (kvr_config_check_fs
+ * compares what exists by inode). */
+static const char *path_lexical(const char *p, char *buf)
+{
+	size_t n = 0, len;
+
+	buf[n++] = '/';
+	while (*p) {
+		p += strspn(p, "/");
+		len = strcspn(p, "/");
+		if (len == 0 || (len == 1 && p[0] == '.')) {
+			p += len;
+			continue;
+		}
+		if (n > 1)
+			buf[n++] = '/';
+		memcpy(buf + n, p, len);
+		n += len;
+		p += len;
+	}
+	buf[n] = '\0';
+	return buf;
+}
+
 static int parse_paths(const struct kvr_key *k, const cJSON *v, const char *path, struct kvr_config *c, char *err,
 		       size_t errlen)
 {
-	char epath[128], dpath[128];
+	char epath[128], dpath[128], a[80], b[80], na[KVR_PATH_MAX + 2], nb[KVR_PATH_MAX + 2];
 	const cJSON *e;
 	uint32_t n = 0, i = 0;
 	int r;
@@ -546,11 +773,15 @@ static int parse_paths(const struct kvr_key *k, const cJSON *v, const char *path
 		r = check_string(k, e, epath, err, errlen);
 		if (r < 0)
 			return r;
+		/* one directory under two spellings would get two disk actors over one store */
 		for (uint32_t j = 0; j < i; j++) {
-			if (strcmp((char *)field(c, k->off + j * k->size), e->valuestring))
+			const char *prev = field(c, k->off + j * k->size);
+
+			if (strcmp(path_lexical(prev, na), path_lexical(e->valuestring, nb)))
 				continue;
 			snprintf(dpath, sizeof(dpath), "%s[%" PRIu32 "]", path, j);
-			return FAIL("%s: duplicate of %s", epath, dpath);
+			return FAIL("%s: duplicate of %s: \"%s\" is the same directory as \"%s\"", epath, dpath,
+				    clean(e->valuestring, a, sizeof(a)), clean(prev, b, sizeof(b)));
 		}
 		set_str(field(c, k->off + i * k->size), k->size, e->valuestring);
 		i++;
@@ -561,7 +792,8 @@ static int parse_paths(const struct kvr_key *k, const cJSON *v, const char *path
 	return 0;
 }
 
-static int set_value(const struct kvr_key *k, const cJSON *v, struct kvr_config *c, char *err, size_t errlen)
+static int set_value(const struct kvr_key *k, const cJSON *v, const struct numtexts *t, struct kvr_config *c,
+		     char *err, size_t errlen)
 {
 	char path[96];
 	uint64_t u = 0;
@@ -573,12 +805,12 @@ static int set_value(const struct kvr_key *k, const cJSON *v, struct kvr_config 
 	case K_U32:
 		if (!cJSON_IsNumber(v))
 			return FAIL("%s: wrong type: expected unsigned integer, got %s", path, json_type_name(v));
-		r = parse_uint(k, v, path, &u, err, errlen);
+		r = parse_uint(k, v, t, path, &u, err, errlen);
 		if (r == 0)
 			set_u32(c, k, (uint32_t)u);
 		return r;
 	case K_SIZE:
-		r = parse_size(k, v, path, &u, err, errlen);
+		r = parse_size(k, v, t, path, &u, err, errlen);
 		if (r == 0)
 			set_u64(c, k, u);
 		return r;
@@ -617,8 +849,9 @@ static bool duplicate_before(const cJSON *first, const cJSON *item)
 	return false;
 }
 
-/* Apply every key of root to c; ret_set[i] tells whether keys[i] was given. */
-static int walk(const cJSON *root, struct kvr_config *c, bool *ret_set, char *err, size_t errlen)
+/* Apply every key of root to c; ret_set[i] tells whether keys[i] was given. t: root's number texts. */
+static int walk(const cJSON *root, const struct numtexts *t, struct kvr_config *c, bool *ret_set, char *err,
+		size_t errlen)
 {
 	char a[80], b[80];
 	const cJSON *sec, *item;
@@ -641,7 +874,7 @@ static int walk(const cJSON *root, struct kvr_config *c, bool *ret_set, char *er
 			k = key_find(sec->string, item->string);
 			if (!k)
 				return FAIL("$.%s.%s: unknown key", sec->string, clean(item->string, b, sizeof(b)));
-			r = set_value(k, item, c, err, errlen);
+			r = set_value(k, item, t, c, err, errlen);
 			if (r < 0)
 				return r;
 			ret_set[k - keys] = true;
@@ -674,6 +907,9 @@ static int resolve_model(struct kvr_config *c, bool attention_set, char *err, si
 				return FAIL("$.model.%s: required when model.preset is empty", g[i].name);
 		if (c->model.dtype_bytes == 3)
 			return FAIL("$.model.dtype_bytes: 3 is not 1, 2 or 4");
+		if (c->model.model_id[0] == '\0')
+			return FAIL("$.model.model_id: required when model.preset is empty (without it two models of "
+				    "one geometry would share blocks)");
 		return 0;
 	}
 	p = kvr_preset_find(c->model.preset);
@@ -750,6 +986,9 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 	const char *pool;
 	int r;
 
+	if (!(c->instance.socket_mode & 0200))
+		return FAIL("$.instance.socket_mode: \"%04" PRIo32 "\" lacks owner write (0200): only the instance "
+			    "owner may attach, and connecting needs write permission", c->instance.socket_mode);
 	if (c->rings.capacity & (c->rings.capacity - 1))
 		return FAIL("$.rings.capacity: %" PRIu32 " is not a power of two", c->rings.capacity);
 	if (c->supervisor.restart_backoff_initial_ms > c->supervisor.restart_backoff_max_ms)
@@ -762,6 +1001,16 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 	if (!is_mla(c) && c->model.kv_heads % c->model.tp_size && c->model.tp_size % c->model.kv_heads)
 		return FAIL("$.model.tp_size: %" PRIu32 " neither divides model.kv_heads (%" PRIu32
 			    ") nor is a multiple of it", c->model.tp_size, c->model.kv_heads);
+	if (c->model.tp_size > c->instance.max_workers)
+		return FAIL("$.model.tp_size: %" PRIu32 " exceeds instance.max_workers (%" PRIu32 "): each rank of a "
+			    "TP group attaches as one worker, so no group could ever be complete",
+			    c->model.tp_size, c->instance.max_workers);
+	if (c->l1.capacity_bytes && c->l1.workload_prompts)
+		return FAIL("$.l1.workload_prompts: only used when l1.capacity_bytes is 0 (it is %" PRIu64 ")",
+			    c->l1.capacity_bytes);
+	if (c->l1.capacity_bytes && c->l1.workload_tokens)
+		return FAIL("$.l1.workload_tokens: only used when l1.capacity_bytes is 0 (it is %" PRIu64 ")",
+			    c->l1.capacity_bytes);
 	if (c->l1.capacity_bytes == 0 && c->l1.workload_prompts == 0)
 		return FAIL("$.l1.workload_prompts: required when l1.capacity_bytes is 0");
 	if (c->l1.capacity_bytes == 0 && c->l1.workload_tokens == 0)
@@ -781,6 +1030,14 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 
 	if (c->l2.n_dirs > 0 && c->l2.capacity_bytes == 0)
 		return FAIL("$.l2.capacity_bytes: required when l2.dirs is not empty");
+	/* each dir's share must hold one block file (a 4 KiB header + one rank's block, 4 KiB aligned: a lower
+	 * bound, the slot may be larger): else every write to it fails */
+	buf = block_bytes_per_rank(c);
+	buf = 4096 + (buf + 4095) / 4096 * 4096;
+	if (c->l2.n_dirs > 0 && c->l2.capacity_bytes / c->l2.n_dirs < buf)
+		return FAIL("$.l2.capacity_bytes: %" PRIu64 " split over %" PRIu32 " l2.dirs leaves %" PRIu64
+			    " bytes a dir, less than one block file (%" PRIu64 " bytes)", c->l2.capacity_bytes,
+			    c->l2.n_dirs, c->l2.capacity_bytes / c->l2.n_dirs, buf);
 	if (c->l2.read_only && c->l2.n_dirs == 0)
 		return FAIL("$.l2.read_only: needs l2.dirs (there is no disk store to serve)");
 	if (c->metrics.enabled && !listen_valid(c->metrics.listen))
@@ -841,6 +1098,7 @@ static int check_nul_escape(const char *text, char *err, size_t errlen)
 int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t errlen)
 {
 	bool set[ARRAY_SIZE(keys)] = { false };
+	struct numtexts nums = { 0 };
 	struct kvr_config tmp;
 	const char *end = NULL;
 	unsigned line, col;
@@ -862,18 +1120,89 @@ int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t
 	}
 	table_defaults(&tmp);
 	r = check_nul_escape(json, err, errlen);
+	if (r == 0) {
+		r = numtexts_build(json, root, &nums);
+		if (r == -ENOMEM)
+			r = kvr_errf(err, errlen, -ENOMEM, "config: out of memory");
+		else if (r < 0)
+			r = FAIL("config: internal error: the numbers of the document do not pair up");
+	}
 	if (r == 0)
-		r = walk(root, &tmp, set, err, errlen);
+		r = walk(root, &nums, &tmp, set, err, errlen);
 	if (r == 0)
 		r = check_config(&tmp, set, err, errlen);
+	free(nums.v);
 	cJSON_Delete(root);
 	if (r == 0 && cfg)
 		memcpy(cfg, &tmp, sizeof(tmp));
 	return r;
 }
 
+/* Where an absolute path leads, for "the same directory": the deepest directory on it that exists (st_dev,
+ * st_ino; stat follows symlinks) and the lexical rest below it ("" when the whole path exists). */
+struct dir_id {
+	bool found;
+	dev_t dev;
+	ino_t ino;
+	char norm[KVR_PATH_MAX + 2];
+	const char *rest;
+};
+
+static void dir_identity(const char *path, struct dir_id *ret)
+{
+	struct stat st;
+	size_t cut;
+	char save;
+	bool ok;
+
+	path_lexical(path, ret->norm);
+	cut = strlen(ret->norm);
+	for (;;) {
+		save = ret->norm[cut];
+		ret->norm[cut] = '\0';
+		ok = stat(cut ? ret->norm : "/", &st) == 0;
+		ret->norm[cut] = save;
+		if (ok || cut == 0)
+			break;
+		do
+			cut--;
+		while (cut > 0 && ret->norm[cut] != '/');
+	}
+	ret->found = ok;
+	ret->dev = ok ? st.st_dev : 0;
+	ret->ino = ok ? st.st_ino : 0;
+	ret->rest = ret->norm + (ok ? cut : 0);
+}
+
+int kvr_config_check_fs(const struct kvr_config *cfg, char *err, size_t errlen)
+{
+	struct dir_id id[KVR_L2_MAX_DIRS];
+	char a[80], b[80];
+	uint32_t n;
+
+	if (err && errlen > 0)
+		err[0] = '\0';
+	if (!cfg)
+		return FAIL("config: no configuration");
+	n = cfg->l2.n_dirs < KVR_L2_MAX_DIRS ? cfg->l2.n_dirs : KVR_L2_MAX_DIRS;
+	for (uint32_t i = 0; i < n; i++) {
+		dir_identity(cfg->l2.dirs[i], &id[i]);
+		for (uint32_t j = 0; j < i; j++) {
+			if (!id[i].found || !id[j].found || id[i].dev != id[j].dev || id[i].ino != id[j].ino ||
+			    strcmp(id[i].rest, id[j].rest))
+				continue;
+			return FAIL("$.l2.dirs[%" PRIu32 "]: duplicate of $.l2.dirs[%" PRIu32 "]: \"%s\" is the same "
+				    "directory as \"%s\" (same device and inode%s)", i, j,
+				    clean(cfg->l2.dirs[i], a, sizeof(a)), clean(cfg->l2.dirs[j], b, sizeof(b)),
+				    id[i].rest[0] ? " of an existing parent" : "");
+		}
+	}
+	return 0;
+}
+
 int kvr_config_load_file(const char *path, struct kvr_config *cfg, char *err, size_t errlen)
 {
+	struct kvr_config tmp;
 	char ebuf[128];
 	size_t n = 0;
 	ssize_t got;
@@ -917,7 +1246,11 @@ int kvr_config_load_file(const char *path, struct kvr_config *cfg, char *err, si
 		goto out;
 	}
 	text[n] = '\0';
-	r = kvr_config_parse(text, cfg, err, errlen);
+	r = kvr_config_parse(text, &tmp, err, errlen);
+	if (r == 0)
+		r = kvr_config_check_fs(&tmp, err, errlen);
+	if (r == 0 && cfg)
+		memcpy(cfg, &tmp, sizeof(tmp));
 out:
 	free(text);
 	close(fd);
@@ -1148,8 +1481,9 @@ char *kvr_config_doc_markdown(void)
 		  "kvringd reads one JSON object with the sections below. Every key is optional: a missing key\n"
 		  "takes its default, so `{}` is a complete configuration. Parsing is strict: an unknown or\n"
 		  "duplicate key, a value of the wrong type, a number out of range or a fractional/negative\n"
-		  "number for an integer key, a string that is too long and inconsistent values (see the checks\n"
-		  "at the end) all refuse the file with one line naming the key and the reason, for example\n"
+		  "number for an integer key, a string that is too long or not valid UTF-8 and inconsistent\n"
+		  "values (see the checks at the end) all refuse the file with one line naming the key and the\n"
+		  "reason, for example\n"
 		  "\n"
 		  "    $.supervisor.restart_backoff_max_ms: out of range: 0 (must be 1..600000)\n"
 		  "\n"
@@ -1158,7 +1492,13 @@ char *kvr_config_doc_markdown(void)
 		  "\n"
 		  "Types: `uint32` is a JSON integer; `size` is bytes, a JSON integer or a string with a binary\n"
 		  "unit (`\"512MiB\"`, `\"64GiB\"`; units B, KiB, MiB, GiB, TiB, PiB), at most 1 PiB; `mode` is a\n"
-		  "string of 3 or 4 octal digits (`\"0600\"`); `enum` is one of the listed strings.\n");
+		  "string of 3 or 4 octal digits (`\"0600\"`); `enum` is one of the listed strings; `string`\n"
+		  "is UTF-8 (a byte that is not is refused with its offset, `\\u0000` is refused).\n"
+		  "\n"
+		  "An integer key takes a number whose text is an integer: `2048`, `2048.0` and `1e3` are;\n"
+		  "`0.5`, `1e-400` (which a double reads as 0) and `1024.0000000000001` (which a double reads as\n"
+		  "1024) are refused as fractional, whatever the double they round to. A size string has no\n"
+		  "fraction (`\"1.5GiB\"` is refused: write `\"1536MiB\"`).\n");
 	for (size_t s = 0; s < ARRAY_SIZE(sections); s++) {
 		const char *name = sections[s].name;
 		size_t nlen = strlen(name);

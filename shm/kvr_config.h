@@ -89,10 +89,21 @@ struct kvr_config {
 void kvr_config_defaults(struct kvr_config *cfg);
 
 /* Parse JSON text over the defaults. Returns 0, or -EINVAL with a one-line reason
- * ("$.path: why") in err (always NUL-terminated). *cfg is untouched on failure. */
+ * ("$.path: why") in err (always NUL-terminated), -ENOMEM. *cfg is untouched on failure.
+ * Pure: it never looks at the filesystem (the actors re-parse the copy kvringd embeds in the
+ * control segment, and must not fail over a disk that changed under a running instance). */
 int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t errlen);
 
-/* Read a file and parse it. -ENOENT/-EACCES/... with the reason in err. */
+/* The checks that need the filesystem, made by kvr_config_load_file (so by kvringd and
+ * --check-config): no two l2.dirs entries are one directory by (st_dev, st_ino) — a symlink,
+ * a bind mount — nor the same path below one existing directory (a symlinked parent of a dir
+ * that is not created yet). A path that does not exist at all is compared by its text only
+ * (kvr_config_parse already refuses "/x/l2" next to "/x/l2/" or "/x/./l2"). 0 or -EINVAL with
+ * "$.l2.dirs[j]: duplicate of $.l2.dirs[i]: ..." in err. */
+int kvr_config_check_fs(const struct kvr_config *cfg, char *err, size_t errlen);
+
+/* Read a file, parse it and make kvr_config_check_fs. -ENOENT/-EACCES/-EINVAL/... with the
+ * reason in err; *cfg is untouched on failure. */
 int kvr_config_load_file(const char *path, struct kvr_config *cfg, char *err, size_t errlen);
 
 /* The effective config as pretty JSON (every key, defaults filled in). Caller frees. */

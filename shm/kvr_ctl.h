@@ -191,7 +191,7 @@ enum kvr_stat_xfer { /* loader and storer */
  * state: after adoption, after every batch of completions (before their replies are sent) and
  * after every request; they keep their last value while the actor is down.
  */
-#define KVR_STAT_DK_REASON_MAX 19   /* = KVR_L2_R_MAX (actors/disk/l2file.h; disk.c asserts it) */
+#define KVR_STAT_DK_REASON_MAX 21   /* = KVR_L2_R_MAX (actors/disk/l2file.h; disk.c asserts it) */
 #define KVR_STAT_DK_REASON_SLOTS 24 /* counters reserved for adoption reasons 1..KVR_STAT_DK_REASON_MAX-1 */
 
 enum kvr_stat_disk {
@@ -236,7 +236,7 @@ static inline const char *kvr_stat_dk_reason_name(unsigned r)
 	static const char *const names[KVR_STAT_DK_REASON_MAX] = {
 		"ok", "foreign", "tmp", "not_regular", "short", "size", "magic", "version", "header_checksum",
 		"namespace", "key", "lane", "block_tokens", "lane_bytes", "fingerprint", "payload_checksum",
-		"vanished", "io_error", "over_cap",
+		"vanished", "io_error", "over_cap", "reserved", "mode",
 	};
 	return r < KVR_STAT_DK_REASON_MAX ? names[r] : NULL;
 }

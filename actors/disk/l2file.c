@@ -43,6 +43,8 @@ static const char *const reason_names[KVR_L2_R_MAX] = {
 	[KVR_L2_R_VANISHED] = "vanished",
 	[KVR_L2_R_IO] = "io_error",
 	[KVR_L2_R_OVER_CAP] = "over_cap",
+	[KVR_L2_R_RESERVED] = "reserved",
+	[KVR_L2_R_MODE] = "mode",
 };
 
 const char *kvr_l2_reason_name(unsigned r)
@@ -170,6 +172,26 @@ void kvr_l2_hdr_build(struct kvr_l2_hdr *h, const struct kvr_l2_ident *ident, kv
 	kvr_l2_hdr_seal(h);
 }
 
+/* Whether every reserved header byte (reserved0, reserved[]) is 0, as kvr_l2_hdr_build writes them. */
+static bool reserved_zero(const struct kvr_l2_hdr *h)
+{
+	const uint8_t *p = (const uint8_t *)h + offsetof(struct kvr_l2_hdr, reserved0);
+	const uint8_t *end = (const uint8_t *)h + offsetof(struct kvr_l2_hdr, hdr_xxh3);
+	uint64_t w, acc = 0;
+
+	_Static_assert(offsetof(struct kvr_l2_hdr, reserved0) + sizeof(h->reserved0) ==
+			       offsetof(struct kvr_l2_hdr, reserved) &&
+		       offsetof(struct kvr_l2_hdr, reserved) + sizeof(h->reserved) == offsetof(struct kvr_l2_hdr, hdr_xxh3),
+		       "the reserved bytes are one run, up to the checksum");
+	for (; p + 8 <= end; p += 8) {
+		memcpy(&w, p, 8);
+		acc |= w;
+	}
+	for (; p < end; p++)
+		acc |= *p;
+	return acc == 0;
+}
+
 enum kvr_l2_reason kvr_l2_hdr_check(const struct kvr_l2_hdr *h, const struct kvr_l2_ident *ident, kvr_key key,
 				    uint32_t lane)
 {
@@ -179,6 +201,8 @@ enum kvr_l2_reason kvr_l2_hdr_check(const struct kvr_l2_hdr *h, const struct kvr
 		return KVR_L2_R_VERSION;
 	if (h->hdr_xxh3 != XXH3_64bits(h, offsetof(struct kvr_l2_hdr, hdr_xxh3)))
 		return KVR_L2_R_HDR_CSUM;
+	if (!reserved_zero(h))
+		return KVR_L2_R_RESERVED;
 	if (!kvr_key_eq(h->ns, ident->ns))
 		return KVR_L2_R_NS;
 	if (!kvr_key_eq(h->key, key) || h->lane != lane)

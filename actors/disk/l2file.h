@@ -99,10 +99,13 @@ enum kvr_l2_reason {
 	KVR_L2_R_VANISHED,      /* the file was gone (read: a miss) */
 	KVR_L2_R_IO,            /* an I/O error other than the above */
 	KVR_L2_R_OVER_CAP,      /* adoption: deleted to fit the capacity */
+	KVR_L2_R_RESERVED,      /* a reserved header byte is not 0 under a good checksum: a layout this
+				 * build does not know (a writer that used them without a new version) */
+	KVR_L2_R_MODE,          /* adoption: permissions not 0600 that could not be set to 0600 (removed) */
 	KVR_L2_R_MAX,
 };
 
-/* "foreign", "tmp", ..., "over_cap"; "unknown" out of range. */
+/* "foreign", "tmp", ..., "over_cap", "reserved", "mode"; "unknown" out of range. */
 const char *kvr_l2_reason_name(unsigned r);
 
 /* Bytes of a file that holds lane_bytes of payload: 4096 + lane_bytes rounded up to
@@ -142,9 +145,9 @@ uint64_t kvr_l2_payload_hash(const void *payload, uint64_t lane_bytes);
 void kvr_l2_hdr_seal(struct kvr_l2_hdr *h);
 
 /* Check a header read from the file named (key, lane) against this configuration, in
- * this order: magic, version and hdr_bytes, header checksum, ns, key and lane,
- * block_tokens, lane_bytes, fingerprint. Returns KVR_L2_OK or the first failing reason.
- * Does not look at the payload. */
+ * this order: magic, version and hdr_bytes, header checksum, reserved bytes (reserved0 and
+ * reserved[] all 0), ns, key and lane, block_tokens, lane_bytes, fingerprint. Returns
+ * KVR_L2_OK or the first failing reason. Does not look at the payload. */
 enum kvr_l2_reason kvr_l2_hdr_check(const struct kvr_l2_hdr *h, const struct kvr_l2_ident *ident, kvr_key key,
 				    uint32_t lane);
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "kvr_grow.h"
+#include "kvr_log.h"
 #include "kvr_time.h"
 
 #define NONE UINT32_MAX
@@ -680,12 +681,41 @@ static int adopt_scan(struct adopt *a)
 	return rc;
 }
 
+/* Set an adopted block file that the probe found with other permission bits to 0600 (an older kvring wrote
+ * it 0644, or it was copied in). Through a descriptor opened without following a symlink, so only the file
+ * the probe checked is changed. 0 or -errno. */
+static int fix_file_mode(struct kvr_l2_store *s, kvr_key key, uint32_t lane)
+{
+	char name[KVR_L2_NAME_MAX];
+	struct stat st;
+	int fd = openat(s->dir_fd, kvr_l2_name_fmt(key, lane, name),
+			O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int rc = fstat(fd, &st) ? -errno : !S_ISREG(st.st_mode) ? -EBADMSG : fchmod(fd, 0600) ? -errno : 0;
+	close(fd);
+	return rc;
+}
+
 static void adopt_on_done(struct adopt *a, const struct kvr_l2io_done *d)
 {
+	struct kvr_l2io_done f;
+
 	if ((d->tag >> 56) == T_UNLINK) {
 		if (d->res == 0)
 			a->st->deleted++;
 		return;
+	}
+	if (d->res == 0 && d->mode != 0600 && !a->s->cfg.read_only) {
+		int rc = fix_file_mode(a->s, d->key, d->lane);
+		if (rc == 0) {
+			a->st->modes_fixed++;
+		} else {
+			f = *d;
+			f.res = rc;
+			f.reason = rc == -ENOENT ? KVR_L2_R_VANISHED : KVR_L2_R_MODE;
+			d = &f;
+		}
 	}
 	if (d->res == 0) {
 		a->ok[a->n_ok++] = (struct cand){d->key, d->lane, d->mtime_ns};
@@ -840,11 +870,57 @@ static int lock_dir(struct kvr_l2_store *s)
 			return errno == ENOENT ? 0 : -errno;
 		return flock_busy(s->lock_fd, LOCK_SH);
 	}
-	s->lock_fd = openat(s->dir_fd, KVR_L2_LOCK_NAME, O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
+	s->lock_fd = openat(s->dir_fd, KVR_L2_LOCK_NAME, O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (s->lock_fd < 0)
 		return -errno;
 	int rc = flock_busy(s->lock_fd, LOCK_EX);
 	return rc ? rc : flock_busy(s->dir_fd, LOCK_EX);
+}
+
+/* fd's permission bits made exactly mode (an existing file or directory may have any): 0 and *ret_was (its
+ * bits before) and *ret_fixed, or -EACCES when it is not ours to change (EPERM), another -errno. */
+static int fix_mode(int fd, mode_t mode, uint32_t *ret_was, bool *ret_fixed)
+{
+	struct stat st;
+
+	*ret_fixed = false;
+	if (fstat(fd, &st))
+		return -errno;
+	*ret_was = st.st_mode & 07777;
+	if ((st.st_mode & 07777) == mode)
+		return 0;
+	if (fchmod(fd, mode))
+		return errno == EPERM ? -EACCES : -errno;
+	*ret_fixed = true;
+	return 0;
+}
+
+/* A writable store's permissions (see the header): the namespace directory 0700, the lock file 0600, each
+ * change logged (a block file a reader of another uid could read is a leak of the KV cache). */
+static int fix_dir_modes(struct kvr_l2_store *s, struct kvr_l2_adopt_stats *st)
+{
+	uint32_t was = 0;
+	bool fixed;
+	int rc = fix_mode(s->dir_fd, 0700, &was, &fixed);
+	if (rc) {
+		kvr_err("l2 %s: namespace directory has mode %04o and cannot be set to 0700: %s", s->dir,
+			(unsigned)was, strerror(-rc));
+		return rc;
+	}
+	if (fixed) {
+		st->dir_mode_fixed = true;
+		st->dir_mode_was = was;
+		kvr_warn("l2 %s: namespace directory had mode %04o: now 0700", s->dir, (unsigned)was);
+	}
+	rc = fix_mode(s->lock_fd, 0600, &was, &fixed);
+	if (rc) {
+		kvr_err("l2 %s/%s: mode %04o cannot be set to 0600: %s", s->dir, KVR_L2_LOCK_NAME, (unsigned)was,
+			strerror(-rc));
+		return rc;
+	}
+	if (fixed)
+		kvr_warn("l2 %s/%s: had mode %04o: now 0600", s->dir, KVR_L2_LOCK_NAME, (unsigned)was);
+	return 0;
 }
 
 int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt_stats *ret_adopt,
@@ -888,7 +964,7 @@ int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt
 		rc = -errno;
 		goto fail;
 	}
-	if (!cfg->read_only && mkdirat(root_fd, hex, 0755) && errno != EEXIST) {
+	if (!cfg->read_only && mkdirat(root_fd, hex, 0700) && errno != EEXIST) {
 		rc = -errno;
 		goto fail;
 	}
@@ -904,6 +980,8 @@ int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt
 		goto fail;
 	} else {
 		rc = lock_dir(s);
+		if (!rc && !cfg->read_only)
+			rc = fix_dir_modes(s, &ast);
 		if (rc)
 			goto fail;
 	}
@@ -926,6 +1004,12 @@ int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt
 		rc = adopt(s, &ast);
 		if (rc)
 			goto fail;
+		if (ast.modes_fixed)
+			kvr_warn("l2 %s: %llu block files had modes other than 0600: now 0600", s->dir,
+				 (unsigned long long)ast.modes_fixed);
+		if (ast.rejected[KVR_L2_R_MODE])
+			kvr_warn("l2 %s: %llu block files could not be set to 0600: not adopted, removed", s->dir,
+				 (unsigned long long)ast.rejected[KVR_L2_R_MODE]);
 	}
 	if (root_fd >= 0)
 		close(root_fd);

@@ -17,6 +17,12 @@
  * Opening adopts what the directory already holds (DESIGN.md section 6):
  *   - the directory is created if needed and locked (flock on KVR_L2_LOCK_NAME): a second
  *     store on the same namespace directory gets -EBUSY;
+ *   - permissions, whatever the umask and whatever existed before: the namespace directory is
+ *     0700 (created so; an existing one with other bits is fchmod'ed to 0700, logged, and
+ *     ret_adopt->dir_mode_was says what it was; -EACCES when it cannot be: not ours), the
+ *     lock file 0600, every block file 0600 (created so by the engine; an adopted file with
+ *     other bits is set to 0600, counted in modes_fixed and logged; one that cannot be is not
+ *     adopted: removed, reason MODE). The root is the operator's and is not changed;
  *   - only <root>/<ns hex>/ is read: other namespaces' directories are never touched;
  *   - "*.kvb.tmp.*" leftovers are removed (reason TMP);
  *   - a name that does not parse (kvr_l2_name_parse), a directory or anything not ours is
@@ -46,8 +52,8 @@
  * Reads do not change mtime, so after a restart recency is that of the last write.
  *
  * Read-only (cfg.read_only): the store serves what the directory holds and never changes
- * it (no file or directory is created, written, renamed or removed; the engine is opened
- * read-only too):
+ * it (no file or directory is created, written, renamed, removed or chmod'ed: permissions
+ * are left as they are; the engine is opened read-only too):
  *   - the namespace directory is not created: when it does not exist the store opens
  *     empty (ret_adopt->no_dir) and every get is a miss;
  *   - the lock is shared: flock(LOCK_SH) on the namespace directory itself and on
@@ -93,6 +99,9 @@ struct kvr_l2_adopt_stats {
 	uint64_t left_alone;          /* foreign entries not touched */
 	uint64_t left_in_place;       /* read-only: tmp, bad and over-cap files not removed */
 	bool no_dir;                  /* read-only: the namespace directory does not exist */
+	bool dir_mode_fixed;          /* the namespace directory was not 0700 and was set to 0700 */
+	uint32_t dir_mode_was;        /* ...its permission bits before (when dir_mode_fixed) */
+	uint64_t modes_fixed;         /* block files whose permissions were not 0600, set to 0600 */
 	uint64_t rejected[KVR_L2_R_MAX]; /* per reason (TMP and OVER_CAP included) */
 	uint64_t elapsed_ns;
 };
@@ -141,7 +150,9 @@ struct kvr_l2_store;
 
 /* Create or adopt (see above). *ret_adopt (may be NULL) gets the adoption counts. Returns
  * 0 and *ret, or -EINVAL (bad config), -ENOENT (root missing), -EBUSY (another store has
- * the directory; read-only: a writable one), -ENOMEM, or an engine error (kvr_l2io_open). */
+ * the directory; read-only: a writable one), -EACCES (the namespace directory or the lock
+ * file is not 0700 / 0600 and cannot be made so), -ENOMEM, or an engine error
+ * (kvr_l2io_open). */
 int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt_stats *ret_adopt,
 		      struct kvr_l2_store **ret);
 

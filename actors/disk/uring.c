@@ -198,6 +198,7 @@ static void complete(struct kvr_l2io *io, struct op *op, int res, unsigned reaso
 	if (op->kind == KVR_L2IO_PROBE && (op->ok & BIT(S_STATX))) {
 		op->done.size = op->stx.stx_size;
 		op->done.mtime_ns = (int64_t)op->stx.stx_mtime.tv_sec * 1000000000ll + op->stx.stx_mtime.tv_nsec;
+		op->done.mode = op->stx.stx_mode & 07777;
 	}
 	io->st.ops[op->kind]++;
 	if (res)
@@ -244,7 +245,7 @@ static int write_chain(struct kvr_l2io *io, struct op *op)
 		case S_OPEN:
 			sqe = sqe_get(io, op, s);
 			io_uring_prep_openat_direct(sqe, io->dir_fd, op->tmp,
-						    O_CREAT | O_WRONLY | O_TRUNC | (io->direct ? O_DIRECT : 0), 0644,
+						    O_CREAT | O_WRONLY | O_TRUNC | (io->direct ? O_DIRECT : 0), 0600,
 						    op->idx);
 			io_uring_sqe_set_flags(sqe, link);
 			break;
@@ -744,8 +745,8 @@ int kvr_l2io_probe(struct kvr_l2io *io, kvr_key key, uint32_t lane, uint64_t tag
 		return rc;
 	}
 	struct io_uring_sqe *sqe = sqe_get(io, op, S_STATX);
-	io_uring_prep_statx(sqe, io->dir_fd, op->name, AT_SYMLINK_NOFOLLOW, STATX_TYPE | STATX_SIZE | STATX_MTIME,
-			    &op->stx);
+	io_uring_prep_statx(sqe, io->dir_fd, op->name, AT_SYMLINK_NOFOLLOW,
+			    STATX_TYPE | STATX_MODE | STATX_SIZE | STATX_MTIME, &op->stx);
 	/* O_DIRECT like reads: exactly the header's 4 KiB from the disk, no readahead of the payload */
 	sqe = sqe_get(io, op, S_OPEN);
 	io_uring_prep_openat_direct(sqe, io->dir_fd, op->name, O_RDONLY | O_NOFOLLOW | (io->direct ? O_DIRECT : 0), 0,

@@ -16,7 +16,7 @@
  * Operations (each one "op", at most queue_depth in flight; a new one gets -EAGAIN when
  * all are busy or completed but not yet reaped):
  *
- *   write   openat(tmp, O_CREAT|O_WRONLY|O_TRUNC [|O_DIRECT]) -> write header (from the
+ *   write   openat(tmp, O_CREAT|O_WRONLY|O_TRUNC [|O_DIRECT], 0600) -> write header (from the
  *           engine's own registered header buffer) -> write payload (from src: fixed when
  *           src lies in a registered arena piece) -> [fdatasync] -> close -> rename(tmp,
  *           name), linked into one chain on a direct (registered) file descriptor. The
@@ -42,8 +42,11 @@
  *           its owner (l2store) decides.
  *   unlink  unlinkat(name); a file already gone completes with 0.
  *   probe   statx(name) and openat -> read header -> close (buffered: the header only):
- *           completes with size, mtime and reason (KVR_L2_OK when the header checks and
- *           the size is kvr_l2_file_bytes(lane_bytes)). Used by adoption.
+ *           completes with size, mtime, permission bits and reason (KVR_L2_OK when the
+ *           header checks and the size is kvr_l2_file_bytes(lane_bytes)). Used by adoption.
+ *
+ * Permissions: block files (and their temporary names: the rename keeps the inode) are
+ * created 0600, which the umask can only narrow; the engine never creates a directory.
  *
  * Buffers: the arena [arena, arena + arena_bytes) is registered as fixed buffers in pieces
  * of at most 1 GiB that start at arena_data_off and hold a whole number of slot_bytes
@@ -120,6 +123,7 @@ struct kvr_l2io_done {
 	int res;                      /* 0 or -errno (see the op table above) */
 	uint64_t size;                /* probe: st_size */
 	int64_t mtime_ns;             /* probe: st_mtime in ns */
+	uint32_t mode;                /* probe: the permission bits (st_mode & 07777) */
 };
 
 struct kvr_l2io_stats {

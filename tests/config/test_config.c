@@ -24,7 +24,7 @@ static const char full_json[] =
 	"  \"instance\": {\"socket\": \"/tmp/kvr-rt.sock\", \"socket_mode\": \"0660\", \"max_workers\": 16,\n"
 	"                \"log_level\": \"debug\", \"actor_dir\": \"/opt/kvring/actors\"},\n"
 	"  \"rings\": {\"capacity\": 4096, \"spin_ns\": 0},\n"
-	"  \"supervisor\": {\"ready_timeout_ms\": 1, \"stable_after_ms\": 0, \"restart_backoff_initial_ms\": 7,\n"
+	"  \"supervisor\": {\"ready_timeout_ms\": 100, \"stable_after_ms\": 0, \"restart_backoff_initial_ms\": 7,\n"
 	"                  \"restart_backoff_max_ms\": 7, \"crash_loop_window_s\": 86400,\n"
 	"                  \"crash_loop_max_deaths\": 1,\n"
 	"                  \"health_interval_ms\": 10, \"drain_timeout_ms\": 0},\n"
@@ -209,6 +209,53 @@ static const struct bad_case bad_cases[] = {
 	{ "{\"model\": {\"attention\": \"gqa\"}}", "$.model.attention: invalid value \"gqa\" (one of: mha, mla)" },
 	{ "{\"model\": {\"dtype_bytes\": 8}}", "$.model.dtype_bytes: out of range: 8 (must be 0..4)" },
 	{ "{\"model\": {\"tp_size\": 17}}", "$.model.tp_size: out of range: 17 (must be 1..16)" },
+	/* integer keys: the number's text decides, not the double it rounds to */
+	{ "{\"rings\": {\"spin_ns\": 1e-400}}",
+	  "$.rings.spin_ns: wrong type: expected unsigned integer, got fractional number 1e-400" },
+	{ "{\"rings\": {\"spin_ns\": -1e-400}}",
+	  "$.rings.spin_ns: wrong type: expected unsigned integer, got fractional number -1e-400" },
+	{ "{\"l1\": {\"capacity_bytes\": 1e-400, \"workload_prompts\": 1, \"workload_tokens\": 1}}",
+	  "$.l1.capacity_bytes: wrong type: expected unsigned integer, got fractional number 1e-400" },
+	{ "{\"supervisor\": {\"drain_timeout_ms\": 0.3}}",
+	  "$.supervisor.drain_timeout_ms: wrong type: expected unsigned integer, got fractional number 0.3" },
+	{ "{\"supervisor\": {\"drain_timeout_ms\": 1E-5}}",
+	  "$.supervisor.drain_timeout_ms: wrong type: expected unsigned integer, got fractional number 1E-5" },
+	{ "{\"rings\": {\"capacity\": 1024.0000000000001}}",
+	  "$.rings.capacity: wrong type: expected unsigned integer, got fractional number 1024.0000000000001" },
+	{ "{\"staging\": {\"buffer_bytes\": 40960.00000000001e-1}}",
+	  "$.staging.buffer_bytes: wrong type: expected unsigned integer, got fractional number 40960.00000000001e-1" },
+	/* numbers inside strings are not numbers: the texts pair with the right nodes */
+	{ "{\"model\": {\"model_id\": \"-1 2.5e3 \\\"7\\\" 0.5\"}, \"rings\": {\"capacity\": [1], \"spin_ns\": 2.5}}",
+	  "$.rings.capacity: wrong type: expected unsigned integer, got array" },
+	{ "{\"model\": {\"model_id\": \"-1 2.5e3 \\\"7\\\" 0.5\"}, \"rings\": {\"spin_ns\": 1e-400}}",
+	  "$.rings.spin_ns: wrong type: expected unsigned integer, got fractional number 1e-400" },
+	{ "{\"l1\": {\"capacity_bytes\": \"0.0000001GiB\"}}",
+	  "$.l1.capacity_bytes: invalid size \"0.0000001GiB\" (bytes, or a string like \"512MiB\"; units B, KiB, MiB, "
+	  "GiB, TiB, PiB)" },
+	/* strings are UTF-8: anything else would make the effective config stop being JSON */
+	{ "{\"model\": {\"model_id\": \"\xff\"}}", "$.model.model_id: not valid UTF-8: byte 0xff at offset 0" },
+	{ "{\"model\": {\"model_id\": \"caf\xc3\"}}", "$.model.model_id: not valid UTF-8: byte 0xc3 at offset 3" },
+	{ "{\"model\": {\"model_id\": \"caf\xc3\xa9\x80\"}}",
+	  "$.model.model_id: not valid UTF-8: byte 0x80 at offset 5" },
+	{ "{\"model\": {\"cache_salt\": \"\xc0\xaf\"}}", /* overlong '/' */
+	  "$.model.cache_salt: not valid UTF-8: byte 0xc0 at offset 0" },
+	{ "{\"model\": {\"cache_salt\": \"a\xe0\x80\xaf\"}}", /* overlong, 3 bytes */
+	  "$.model.cache_salt: not valid UTF-8: byte 0xe0 at offset 1" },
+	{ "{\"model\": {\"cache_salt\": \"ab\xed\xa0\x80\"}}", /* the surrogate U+D800 */
+	  "$.model.cache_salt: not valid UTF-8: byte 0xed at offset 2" },
+	{ "{\"model\": {\"cache_salt\": \"\xf4\x90\x80\x80\"}}", /* U+110000 */
+	  "$.model.cache_salt: not valid UTF-8: byte 0xf4 at offset 0" },
+	{ "{\"model\": {\"cache_salt\": \"\xf8\x88\x80\x80\x80\"}}",
+	  "$.model.cache_salt: not valid UTF-8: byte 0xf8 at offset 0" },
+	{ "{\"instance\": {\"socket\": \"/tmp/k\xfe.sock\"}}", "$.instance.socket: not valid UTF-8: byte 0xfe at offset 6" },
+	{ "{\"instance\": {\"actor_dir\": \"\x80\"}}", "$.instance.actor_dir: not valid UTF-8: byte 0x80 at offset 0" },
+	{ "{\"metrics\": {\"listen\": \"h\xff:1\"}}", "$.metrics.listen: not valid UTF-8: byte 0xff at offset 1" },
+	{ "{\"l2\": {\"dirs\": [\"/a\", \"/b\xc3\x28\"], \"capacity_bytes\": \"1TiB\"}}",
+	  "$.l2.dirs[1]: not valid UTF-8: byte 0xc3 at offset 2" },
+	/* and a refusal never echoes the bytes: its message stays UTF-8 */
+	{ "{\"l1\": {\"eviction\": \"lr\xffu\"}}", "$.l1.eviction: invalid value \"lr?u\" (one of: lru, s3fifo)" },
+	{ "{\"\xff\xfe\": {}}", "$.??: unknown key" },
+	{ "{\"l1\": {\"caf\xc3\xa9\xc3\": 1}}", "$.l1.caf\xc3\xa9?: unknown key" },
 	/* not JSON: position of the error */
 	{ "", "config: not valid JSON near line 1 column 1" },
 	{ "{\"rings\": {\"capacity\": 1024,}}", "config: not valid JSON near line 1 column 30" },
@@ -228,10 +275,24 @@ static const struct bad_case bad_cases[] = {
 	  "$.instance.actor_dir: not an absolute path: \"build/actors\"" },
 	{ "{\"l2\": {\"dirs\": [\"data\"]}}", "$.l2.dirs[0]: not an absolute path: \"data\"" },
 	{ "{\"l2\": {\"dirs\": [\"/a\", \"/b\", \"/a\"], \"capacity_bytes\": 1}}",
-	  "$.l2.dirs[2]: duplicate of $.l2.dirs[0]" },
+	  "$.l2.dirs[2]: duplicate of $.l2.dirs[0]: \"/a\" is the same directory as \"/a\"" },
+	/* one directory, spelt twice: two disk actors would share one store */
+	{ "{\"l2\": {\"dirs\": [\"/x/l2\", \"/x/l2/\"], \"capacity_bytes\": \"1TiB\"}}",
+	  "$.l2.dirs[1]: duplicate of $.l2.dirs[0]: \"/x/l2/\" is the same directory as \"/x/l2\"" },
+	{ "{\"l2\": {\"dirs\": [\"/y\", \"/x/./l2\", \"/x/l2\"], \"capacity_bytes\": \"1TiB\"}}",
+	  "$.l2.dirs[2]: duplicate of $.l2.dirs[1]: \"/x/l2\" is the same directory as \"/x/./l2\"" },
+	{ "{\"l2\": {\"dirs\": [\"//x//l2//\", \"/x/l2/.\"], \"capacity_bytes\": \"1TiB\"}}",
+	  "$.l2.dirs[1]: duplicate of $.l2.dirs[0]: \"/x/l2/.\" is the same directory as \"//x//l2//\"" },
+	{ "{\"l2\": {\"dirs\": [\"/\", \"/./\"], \"capacity_bytes\": \"1TiB\"}}",
+	  "$.l2.dirs[1]: duplicate of $.l2.dirs[0]: \"/./\" is the same directory as \"/\"" },
 	{ "{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\",\"/i\"], "
 	  "\"capacity_bytes\": 1}}",
 	  "$.l2.dirs: too many entries: 9 (max 8)" },
+	/* an actor needs more than a millisecond to exec, map its segments and attach its rings */
+	{ "{\"supervisor\": {\"ready_timeout_ms\": 1}}",
+	  "$.supervisor.ready_timeout_ms: out of range: 1 (must be 100..600000)" },
+	{ "{\"supervisor\": {\"ready_timeout_ms\": 99}}",
+	  "$.supervisor.ready_timeout_ms: out of range: 99 (must be 100..600000)" },
 	/* checks across keys */
 	{ "{\"rings\": {\"capacity\": 1000}}", "$.rings.capacity: 1000 is not a power of two" },
 	{ "{\"supervisor\": {\"restart_backoff_initial_ms\": 6000}}",
@@ -250,14 +311,36 @@ static const struct bad_case bad_cases[] = {
 	  "$.model.attention: \"mla\" conflicts with model.preset \"qwen3-8b\" (mha)" },
 	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 3}}",
 	  "$.model.dtype_bytes: 3 is not 1, 2 or 4" },
+	/* an explicit geometry needs a model identity: the namespace would not tell two models apart */
+	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 2}}",
+	  "$.model.model_id: required when model.preset is empty (without it two models of one geometry would share "
+	  "blocks)" },
+	/* a socket its owner cannot connect to (nobody else may attach) */
+	{ "{\"instance\": {\"socket_mode\": \"0000\"}}",
+	  "$.instance.socket_mode: \"0000\" lacks owner write (0200): only the instance owner may attach, and "
+	  "connecting needs write permission" },
+	{ "{\"instance\": {\"socket_mode\": \"0466\"}}",
+	  "$.instance.socket_mode: \"0466\" lacks owner write (0200): only the instance owner may attach, and "
+	  "connecting needs write permission" },
 	{ "{\"model\": {\"preset\": \"deepseek-v2-lite\", \"attention\": \"mha\"}}",
 	  "$.model.attention: \"mha\" conflicts with model.preset \"deepseek-v2-lite\" (mla)" },
+	{ "{\"model\": {\"tp_size\": 16}}",
+	  "$.model.tp_size: 16 exceeds instance.max_workers (8): each rank of a TP group attaches as one worker, so no "
+	  "group could ever be complete" },
+	{ "{\"instance\": {\"max_workers\": 2}, \"model\": {\"preset\": \"deepseek-v2-lite\", \"tp_size\": 4}}",
+	  "$.model.tp_size: 4 exceeds instance.max_workers (2): each rank of a TP group attaches as one worker, so no "
+	  "group could ever be complete" },
 	{ "{\"model\": {\"tp_size\": 3}}",
 	  "$.model.tp_size: 3 neither divides model.kv_heads (8) nor is a multiple of it" },
-	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 6, \"head_dim\": 128, \"dtype_bytes\": 2, "
-	  "\"tp_size\": 4}}",
+	{ "{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 40, \"kv_heads\": 6, \"head_dim\": 128, "
+	  "\"dtype_bytes\": 2, \"tp_size\": 4}}",
 	  "$.model.tp_size: 4 neither divides model.kv_heads (6) nor is a multiple of it" },
 	{ "{\"l1\": {\"capacity_bytes\": 0}}", "$.l1.workload_prompts: required when l1.capacity_bytes is 0" },
+	/* the workload keys size L1 only when its capacity is 0: else they would be ignored */
+	{ "{\"l1\": {\"workload_prompts\": 200, \"workload_tokens\": 10000}}",
+	  "$.l1.workload_prompts: only used when l1.capacity_bytes is 0 (it is 1073741824)" },
+	{ "{\"l1\": {\"capacity_bytes\": \"2GiB\", \"workload_tokens\": 10000}}",
+	  "$.l1.workload_tokens: only used when l1.capacity_bytes is 0 (it is 2147483648)" },
 	{ "{\"l1\": {\"capacity_bytes\": \"0\", \"workload_prompts\": 10}}",
 	  "$.l1.workload_tokens: required when l1.capacity_bytes is 0" },
 	{ "{\"staging\": {\"buffer_bytes\": \"200MiB\"}}",
@@ -268,6 +351,15 @@ static const struct bad_case bad_cases[] = {
 	{ "{\"staging\": {\"ceiling_bytes\": \"16MiB\"}}",
 	  "$.staging.ceiling_bytes: the load pool (8388608 bytes) cannot hold one block (18874368 bytes)" },
 	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"]}}", "$.l2.capacity_bytes: required when l2.dirs is not empty" },
+	/* qwen3-8b: one block file is 4096 + 18874368 bytes; a dir whose share is smaller could store nothing */
+	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"], \"capacity_bytes\": \"16MiB\"}}",
+	  "$.l2.capacity_bytes: 16777216 split over 1 l2.dirs leaves 16777216 bytes a dir, less than one block file "
+	  "(18878464 bytes)" },
+	{ "{\"l2\": {\"dirs\": [\"/mnt/a\", \"/mnt/b\"], \"capacity_bytes\": 37756927}}",
+	  "$.l2.capacity_bytes: 37756927 split over 2 l2.dirs leaves 18878463 bytes a dir, less than one block file "
+	  "(18878464 bytes)" },
+	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"], \"capacity_bytes\": 1, \"read_only\": true}}",
+	  "$.l2.capacity_bytes: 1 split over 1 l2.dirs leaves 1 bytes a dir, less than one block file (18878464 bytes)" },
 	{ "{\"l2\": {\"read_only\": true}}", "$.l2.read_only: needs l2.dirs (there is no disk store to serve)" },
 	{ "{\"l2\": {\"dirs\": [], \"read_only\": true, \"capacity_bytes\": \"1GiB\"}}",
 	  "$.l2.read_only: needs l2.dirs (there is no disk store to serve)" },
@@ -341,9 +433,20 @@ static const struct good_case good_cases[] = {
 	GU32("{\"rings\": {\"capacity\": 1048576}}", rings.capacity, 1048576),
 	GU32("{\"rings\": {\"capacity\": 2048.0}}", rings.capacity, 2048),
 	GU32("{\"rings\": {\"spin_ns\": -0}}", rings.spin_ns, 0),
+	/* integral texts in every JSON form */
+	GU32("{\"rings\": {\"capacity\": 1.024e3}}", rings.capacity, 1024),
+	GU32("{\"rings\": {\"capacity\": 10240e-1}}", rings.capacity, 1024),
+	GU32("{\"rings\": {\"capacity\": 0.1024E+4}}", rings.capacity, 1024),
+	GU32("{\"rings\": {\"capacity\": 1024.000}}", rings.capacity, 1024),
+	GU32("{\"rings\": {\"spin_ns\": 0e400}}", rings.spin_ns, 0),
+	GU32("{\"rings\": {\"spin_ns\": -0.0e-5}}", rings.spin_ns, 0),
+	GU32("{\"rings\": {\"spin_ns\": 0.000}}", rings.spin_ns, 0),
+	GU64("{\"l1\": {\"capacity_bytes\": 11258999068426.24e2}}", l1.capacity_bytes, 1ull << 50),
+	GU32("{\"model\": {\"model_id\": \"0.5 1e-400\"}, \"rings\": {\"spin_ns\": 7}}", rings.spin_ns, 7),
+	GU32("{\"supervisor\": {\"ready_timeout_ms\": 100}}", supervisor.ready_timeout_ms, 100),
 	GU32("{\"instance\": {\"socket_mode\": \"0660\"}}", instance.socket_mode, 0660),
 	GU32("{\"instance\": {\"socket_mode\": \"600\"}}", instance.socket_mode, 0600),
-	GU32("{\"instance\": {\"socket_mode\": \"0000\"}}", instance.socket_mode, 0),
+	GU32("{\"instance\": {\"socket_mode\": \"0200\"}}", instance.socket_mode, 0200),
 	GU32("{\"instance\": {\"max_workers\": 16}}", instance.max_workers, 16),
 	GSTR("{\"instance\": {\"socket\": \"/run/kvring/k.sock\"}}", instance.socket, "/run/kvring/k.sock"),
 	/* 107 bytes: the longest socket path that fits sun_path */
@@ -363,24 +466,34 @@ static const struct good_case good_cases[] = {
 	GSTR("{\"l2\": {\"dirs\": [\"/a\", \"/b\", \"/mnt/nvme1/kv\"], \"capacity_bytes\": \"1TiB\"}}", l2.dirs[2],
 	     "/mnt/nvme1/kv"),
 	GU32("{\"l2\": {\"dirs\": [], \"capacity_bytes\": 0}}", l2.n_dirs, 0),
-	GU32("{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\"], \"capacity_bytes\": 1}}",
-	     l2.n_dirs, 8),
+	GU32("{\"l2\": {\"dirs\": [\"/a\",\"/b\",\"/c\",\"/d\",\"/e\",\"/f\",\"/g\",\"/h\"], \"capacity_bytes\": "
+	     "\"1TiB\"}}", l2.n_dirs, 8),
+	/* distinct however alike they look; ".." is kept (through a symlink it is not where it looks) */
+	GU32("{\"l2\": {\"dirs\": [\"/x/l2\", \"/x/l22\", \"/x/l2/sub\", \"/x/y/../l2\"], \"capacity_bytes\": \"1TiB\"}}",
+	     l2.n_dirs, 4),
+	GSTR("{\"l2\": {\"dirs\": [\"/x/l2/\", \"/y\"], \"capacity_bytes\": \"1TiB\"}}", l2.dirs[0], "/x/l2/"),
+	/* each dir's share holds exactly one block file of qwen3-8b */
+	GU64("{\"l2\": {\"dirs\": [\"/mnt/a\", \"/mnt/b\"], \"capacity_bytes\": 37756928}}", l2.capacity_bytes,
+	     37756928),
 	GU32("{\"l2\": {\"queue_depth\": 1}}", l2.queue_depth, 1),
 	GBOOL("{\"l2\": {\"dirs\": [\"/srv/kv16\"], \"capacity_bytes\": \"1TiB\", \"read_only\": true}}", l2.read_only,
 	      true),
 	GBOOL("{\"l2\": {\"read_only\": false}}", l2.read_only, false),
 	/* model: explicit geometry (GLM-4-9B of DESIGN.md section 4), presets, MLA, values equal to a preset's */
-	GU32("{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 2, "
-	     "\"tp_size\": 2}}", model.kv_heads, 4),
-	GSTR("{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 2}}",
-	     model.model_id, ""),
+	GU32("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, "
+	     "\"dtype_bytes\": 2, \"tp_size\": 2}}", model.kv_heads, 4),
+	GSTR("{\"model\": {\"preset\": \"\", \"model_id\": \"THUDM/glm-4-9b\", \"layers\": 40, \"kv_heads\": 4, "
+	     "\"head_dim\": 128, \"dtype_bytes\": 2}}", model.model_id, "THUDM/glm-4-9b"),
 	GU32("{\"model\": {\"preset\": \"qwen3-32b\"}}", model.layers, 64),
 	GSTR("{\"model\": {\"preset\": \"qwen3-32b\"}}", model.model_id, "Qwen/Qwen3-32B"),
 	/* TP over more ranks than KV heads: heads replicated, as vLLM does */
 	GU32("{\"model\": {\"preset\": \"glm-4-9b-chat-1m\", \"tp_size\": 8}}", model.tp_size, 8),
 	GU32("{\"model\": {\"preset\": \"glm-4-9b-chat-1m\", \"tp_size\": 2}}", model.kv_heads, 4),
 	/* an MLA preset brings its attention kind; TP does not split the latent */
-	GSTR("{\"model\": {\"preset\": \"deepseek-v2-lite\", \"tp_size\": 16}}", model.attention, "mla"),
+	GSTR("{\"instance\": {\"max_workers\": 16}, \"model\": {\"preset\": \"deepseek-v2-lite\", \"tp_size\": 16}}",
+	     model.attention, "mla"),
+	/* as many workers as TP ranks is enough */
+	GU32("{\"instance\": {\"max_workers\": 2}, \"model\": {\"tp_size\": 2}}", model.tp_size, 2),
 	GU32("{\"model\": {\"preset\": \"deepseek-v2-lite\", \"attention\": \"mla\"}}", model.head_dim, 576),
 	GSTR("{\"model\": {\"preset\": \"qwen3-32b\", \"model_id\": \"Qwen/Qwen3-32B-AWQ\"}}", model.model_id,
 	     "Qwen/Qwen3-32B-AWQ"),
@@ -390,16 +503,19 @@ static const struct good_case good_cases[] = {
 	GU32("{\"model\": {\"tp_size\": 8}}", model.tp_size, 8),
 	GU32("{\"model\": {\"block_tokens\": 16}}", model.block_tokens, 16),
 	GSTR("{\"model\": {\"attention\": \"mha\"}}", model.attention, "mha"),
-	GSTR("{\"model\": {\"preset\": \"\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, \"dtype_bytes\": 2, "
-	     "\"tp_size\": 4, \"attention\": \"mla\"}}", model.attention, "mla"),
-	GU32("{\"model\": {\"preset\": \"\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, \"dtype_bytes\": 2, "
-	     "\"tp_size\": 4, \"attention\": \"mla\"}}", model.tp_size, 4),
-	GU32("{\"model\": {\"preset\": \"\", \"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, \"dtype_bytes\": 1}}",
-	     model.dtype_bytes, 1),
-	GU32("{\"model\": {\"preset\": \"\", \"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, \"dtype_bytes\": 4}}",
-	     model.dtype_bytes, 4),
+	GSTR("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, "
+	     "\"dtype_bytes\": 2, \"tp_size\": 4, \"attention\": \"mla\"}}", model.attention, "mla"),
+	GU32("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, "
+	     "\"dtype_bytes\": 2, \"tp_size\": 4, \"attention\": \"mla\"}}", model.tp_size, 4),
+	GU32("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, "
+	     "\"dtype_bytes\": 1}}", model.dtype_bytes, 1),
+	GU32("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, "
+	     "\"dtype_bytes\": 4}}", model.dtype_bytes, 4),
 	GSTR("{\"model\": {\"cache_salt\": \"tenant-7\"}}", model.cache_salt, "tenant-7"),
 	GSTR("{\"model\": {\"model_id\": \"caf\\u00e9 \\\"x\\\"\"}}", model.model_id, "caf\xc3\xa9 \"x\""),
+	/* raw UTF-8 of every length, kept byte for byte */
+	GSTR("{\"model\": {\"model_id\": \"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf \xed\x9f\xbf\"}}", model.model_id,
+	     "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf \xed\x9f\xbf"),
 	GU32("{\"staging\": {\"load_percent\": 99, \"ceiling_bytes\": \"4GiB\"}}", staging.load_percent, 99),
 };
 
@@ -721,6 +837,192 @@ Test(config, load_file, .init = tmpdir_setup, .fini = tmpdir_teardown)
 	}
 }
 
+/* Whether s is well-formed UTF-8 (RFC 3629), written apart from the parser's own check. */
+static bool is_utf8(const char *s)
+{
+	const unsigned char *u = (const unsigned char *)s;
+
+	while (*u) {
+		uint32_t cp;
+		int n;
+
+		if (u[0] < 0x80) {
+			u++;
+			continue;
+		}
+		if ((u[0] & 0xe0) == 0xc0) {
+			n = 2;
+			cp = u[0] & 0x1f;
+		} else if ((u[0] & 0xf0) == 0xe0) {
+			n = 3;
+			cp = u[0] & 0x0f;
+		} else if ((u[0] & 0xf8) == 0xf0) {
+			n = 4;
+			cp = u[0] & 0x07;
+		} else {
+			return false;
+		}
+		for (int i = 1; i < n; i++) {
+			if ((u[i] & 0xc0) != 0x80)
+				return false;
+			cp = cp << 6 | (u[i] & 0x3f);
+		}
+		if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10ffff ||
+		    (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+		u += n;
+	}
+	return true;
+}
+
+/* What kvringd prints (--check-config) and embeds in the control segment stays JSON: every accepted string
+ * is UTF-8 and reads back byte for byte; a refused one never reaches it, and no error message echoes a byte
+ * that is not UTF-8, also where it is cut. */
+Test(config, utf8_effective_json)
+{
+	static const char id[] = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf";
+	struct kvr_config c, c2;
+	char json[512], err[512];
+	cJSON *root;
+	char *j;
+
+	snprintf(json, sizeof(json), "{\"model\": {\"model_id\": \"%s\", \"cache_salt\": \"\xc3\xa9\"}, "
+		 "\"l2\": {\"dirs\": [\"/srv/k\xc3\xa9\"], \"capacity_bytes\": \"1TiB\"}}", id);
+	cr_assert_eq(kvr_config_parse(json, &c, err, sizeof(err)), 0, "%s", err);
+	j = kvr_config_to_json(&c);
+	cr_assert_not_null(j);
+	cr_assert(is_utf8(j), "%s", j);
+	root = cJSON_Parse(j);
+	cr_assert_not_null(root, "%s", j);
+	cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "model_id")->valuestring, id);
+	cr_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "l2"), "dirs"), 0)->valuestring,
+			 "/srv/k\xc3\xa9");
+	cr_assert_eq(kvr_config_parse(j, &c2, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(memcmp(&c, &c2, sizeof(c)), 0);
+	cJSON_Delete(root);
+	free(j);
+
+	/* Latin-1 (what an editor in the wrong locale writes) is refused, *cfg untouched */
+	fill_pattern(&c);
+	cr_assert_eq(kvr_config_parse("{\"model\": {\"cache_salt\": \"caf\xe9\"}}", &c, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, "$.model.cache_salt: not valid UTF-8: byte 0xe9 at offset 3");
+	cr_assert(is_pattern(&c));
+
+	/* a name cut at 64 bytes is cut before a character, never inside one */
+	char name[128];
+	memset(name, 'b', 62);
+	memcpy(name + 62, "\xc3\xa9x", 4);
+	snprintf(json, sizeof(json), "{\"%s\": 1}", name);
+	cr_assert_eq(kvr_config_parse(json, &c, err, sizeof(err)), -EINVAL);
+	cr_assert(is_utf8(err), "%s", err);
+	cr_assert_eq(strncmp(err + 2 + 62, "\xc3\xa9...: unknown key", 18), 0, "%s", err);
+	memset(name, 'b', 63);
+	memcpy(name + 63, "\xc3\xa9x", 4);
+	snprintf(json, sizeof(json), "{\"%s\": 1}", name);
+	cr_assert_eq(kvr_config_parse(json, &c, err, sizeof(err)), -EINVAL);
+	cr_assert(is_utf8(err), "%s", err);
+	cr_assert_str_eq(err + 2 + 63, "...: unknown key");
+	/* a cut sequence at the end of a name */
+	cr_assert_eq(kvr_config_parse("{\"l1\": {\"x\xe2\x82\": 1}}", &c, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, "$.l1.x??: unknown key");
+	cr_assert(is_utf8(err));
+}
+
+static void make_dir(const char *dir, const char *name)
+{
+	char p[256];
+
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	cr_assert_eq(mkdir(p, 0700), 0, "mkdir %s: %s", p, strerror(errno));
+}
+
+static void make_link(const char *dir, const char *name, const char *target)
+{
+	char p[256];
+
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	cr_assert_eq(symlink(target, p), 0, "symlink %s: %s", p, strerror(errno));
+}
+
+/* A config file whose l2.dirs are the given entries under tmpdir ("" = none), 1 TiB of L2. */
+static void write_dirs_config(const char *path, const char *const *dirs, size_t n)
+{
+	char text[2048];
+	size_t len = 0;
+
+	len += (size_t)snprintf(text + len, sizeof(text) - len, "{\"l2\": {\"capacity_bytes\": \"1TiB\", \"dirs\": [");
+	for (size_t i = 0; i < n; i++)
+		len += (size_t)snprintf(text + len, sizeof(text) - len, "%s\"%s/%s\"", i ? ", " : "", tmpdir, dirs[i]);
+	len += (size_t)snprintf(text + len, sizeof(text) - len, "]}}");
+	cr_assert_lt(len, sizeof(text));
+	write_file(path, text, len);
+}
+
+/* One directory under two names that only the disk tells apart (a symlink, a symlinked parent, "..") is
+ * refused when a file is read (kvringd, --check-config), naming both entries; kvr_config_parse, which the
+ * actors run on the embedded copy, never looks at the disk and accepts the same text. */
+Test(config, l2_dirs_same_directory_on_disk, .init = tmpdir_setup, .fini = tmpdir_teardown)
+{
+	static const struct {
+		const char *dirs[4];
+		size_t n;
+		int i, j;                  /* dirs[i] is refused as a duplicate of dirs[j]; i < 0: accepted */
+		const char *why;
+	} cases[] = {
+		{ { "l2", "link" }, 2, 1, 0, "same device and inode" },
+		{ { "l2", "other", "link/" }, 3, 2, 0, "same device and inode" },
+		{ { "other", "l2/../other" }, 2, 1, 0, "same device and inode" },
+		{ { "real/new", "other", "alias/new/" }, 3, 2, 0, "same device and inode of an existing parent" },
+		{ { "real/a/b", "alias/a/b" }, 2, 1, 0, "same device and inode of an existing parent" },
+		{ { "l2", "other", "real/new", "alias/new2" }, 4, -1, -1, NULL },
+		{ { "l2", "missing/l2", "missing2/l2" }, 3, -1, -1, NULL },
+	};
+	char path[256], text_path[512], want[512], err[512];
+	struct kvr_config c, p;
+
+	make_dir(tmpdir, "l2");
+	make_dir(tmpdir, "other");
+	make_dir(tmpdir, "real");
+	make_link(tmpdir, "link", "l2");
+	make_link(tmpdir, "alias", "real");
+	snprintf(path, sizeof(path), "%s/kvring.json", tmpdir);
+	for (size_t k = 0; k < ARRAY_SIZE(cases); k++) {
+		char *text;
+		size_t len;
+		int r;
+
+		write_dirs_config(path, cases[k].dirs, cases[k].n);
+		fill_pattern(&c);
+		r = kvr_config_load_file(path, &c, err, sizeof(err));
+		text = read_all(path, &len);
+		cr_assert_not_null(text);
+		cr_assert_eq(kvr_config_parse(text, &p, err + 256, sizeof(err) - 256), 0, "case %zu: parse: %s", k,
+			     err + 256);
+		free(text);
+		if (cases[k].i < 0) {
+			cr_expect_eq(r, 0, "case %zu: %s", k, err);
+			cr_expect_eq(memcmp(&c, &p, sizeof(c)), 0, "case %zu: the file reads as its text parses", k);
+			continue;
+		}
+		snprintf(want, sizeof(want), "$.l2.dirs[%d]: duplicate of $.l2.dirs[%d]: \"%s/%s\" is the same directory "
+			 "as \"%s/%s\" (%s)", cases[k].i, cases[k].j, tmpdir, cases[k].dirs[cases[k].i], tmpdir,
+			 cases[k].dirs[cases[k].j], cases[k].why);
+		cr_expect_eq(r, -EINVAL, "case %zu: %d", k, r);
+		cr_expect_str_eq(err, want, "case %zu", k);
+		cr_expect(is_pattern(&c), "case %zu: *cfg changed on failure", k);
+	}
+
+	/* the check on its own: a parsed config whose dirs were made aliases after it was parsed */
+	snprintf(text_path, sizeof(text_path), "{\"l2\": {\"capacity_bytes\": \"1TiB\", \"dirs\": [\"%s/later\", "
+		 "\"%s/later-alias\"]}}", tmpdir, tmpdir);
+	cr_assert_eq(kvr_config_parse(text_path, &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(kvr_config_check_fs(&c, err, sizeof(err)), 0, "%s", err);
+	make_dir(tmpdir, "later");
+	make_link(tmpdir, "later-alias", "later");
+	cr_assert_eq(kvr_config_check_fs(&c, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "$.l2.dirs[1]: duplicate of $.l2.dirs[0]: "), "%s", err);
+}
+
 Test(config, error_buffer)
 {
 	struct kvr_config c;
@@ -752,12 +1054,13 @@ static uint64_t rng_next(void)
 	return rng_state * 0x2545f4914f6cdd1dull;
 }
 
-/* Random byte edits of a valid config: every result is a clean accept or a one-line refusal, never a
- * changed *cfg on failure, and whatever is accepted round-trips. KVR_SEED=<n> replays a run. */
+/* Random byte edits of a valid config: every result is a clean accept or a one-line refusal (UTF-8, never an
+ * internal error), never a changed *cfg on failure, and whatever is accepted is UTF-8 and round-trips.
+ * KVR_SEED=<n> replays a run. */
 Test(config, mutations)
 {
 	const char *env = getenv("KVR_SEED");
-	static const char alphabet[] = "{}[]\":,0123456789-.eE \\untrfalse/xMiGB";
+	static const char alphabet[] = "{}[]\":,0123456789-.eE \\untrfalse/xMiGB\xc3\xa9\xff\x80";
 	uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 	size_t len = strlen(full_json), accepted = 0, refused = 0;
 	char *text = malloc(len + 1);
@@ -780,6 +1083,7 @@ Test(config, mutations)
 
 			accepted++;
 			cr_assert_not_null(j);
+			cr_assert(is_utf8(j), "seed %" PRIu64 ": effective config not UTF-8:\n%s", seed, j);
 			cr_assert_eq(kvr_config_parse(j, &c2, err, sizeof(err)), 0, "seed %" PRIu64 ": %s\n%s", seed,
 				     err, j);
 			cr_assert_eq(memcmp(&c, &c2, sizeof(c)), 0, "seed %" PRIu64 ": round trip of\n%s", seed, text);
@@ -790,6 +1094,8 @@ Test(config, mutations)
 			cr_assert(!strncmp(err, "$", 1) || !strncmp(err, "config: ", 8), "seed %" PRIu64 ": '%s'", seed,
 				  err);
 			cr_assert_null(strchr(err, '\n'), "seed %" PRIu64 ": multi-line error '%s'", seed, err);
+			cr_assert(is_utf8(err), "seed %" PRIu64 ": error not UTF-8 '%s'", seed, err);
+			cr_assert_null(strstr(err, "internal error"), "seed %" PRIu64 ": '%s' for\n%s", seed, err, text);
 			cr_assert(is_pattern(&c), "seed %" PRIu64 ": *cfg changed on failure for\n%s", seed, text);
 		}
 	}

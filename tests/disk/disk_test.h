@@ -233,6 +233,26 @@ static inline int dt_flip(const char *path, off_t off)
 	return rc;
 }
 
+/* Set header byte off (0..4087) of a block file to v and reseal the header checksum, so the header reads
+ * as intact and only the byte itself can be refused. 0 or -errno. */
+static inline int dt_hdr_poke(const char *path, size_t off, uint8_t v)
+{
+	struct kvr_l2_hdr h;
+	int fd = open(path, O_RDWR);
+	if (fd < 0)
+		return -errno;
+	int rc = pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) ? 0 : -EIO;
+	if (!rc && off < offsetof(struct kvr_l2_hdr, hdr_xxh3)) {
+		((uint8_t *)&h)[off] = v;
+		kvr_l2_hdr_seal(&h);
+		rc = pwrite(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) ? 0 : -EIO;
+	} else if (!rc) {
+		rc = -EINVAL;
+	}
+	close(fd);
+	return rc;
+}
+
 /* Write a whole file. 0 or -errno. */
 static inline int dt_write_file(const char *path, const void *p, size_t len)
 {

@@ -134,6 +134,16 @@ Test(l2file, header_check_reasons)
 	EXPECT(KVR_L2_R_HDR_CSUM, h.reserved[1000] = 1);   /* a flipped reserved byte */
 	EXPECT(KVR_L2_R_HDR_CSUM, h.hdr_xxh3 ^= 1);
 	EXPECT(KVR_L2_R_HDR_CSUM, h.payload_xxh3 ^= 1);
+	/* a reserved byte that is not 0 under a good checksum: a layout this build does not know */
+	EXPECT(KVR_L2_R_RESERVED, h.reserved[1000] = 1; kvr_l2_hdr_seal(&h));
+	EXPECT(KVR_L2_R_RESERVED, h.reserved[0] = 0x80; kvr_l2_hdr_seal(&h));
+	EXPECT(KVR_L2_R_RESERVED, h.reserved[sizeof(h.reserved) - 1] = 1; kvr_l2_hdr_seal(&h));
+	EXPECT(KVR_L2_R_RESERVED, h.reserved0 = 1u << 24; kvr_l2_hdr_seal(&h));
+	EXPECT(KVR_L2_R_RESERVED, h.reserved0 = 1; kvr_l2_hdr_seal(&h));
+	/* ... checked before what the header says about the file: the first failure is the reason */
+	EXPECT(KVR_L2_R_RESERVED, h.reserved[7] = 1; h.key.lo ^= 1; kvr_l2_hdr_seal(&h));
+	/* the informational fields just before them are not reserved */
+	EXPECT(KVR_L2_OK, h.writer_pid = 0xffffffffu; h.created_ns = ~0ull; kvr_l2_hdr_seal(&h));
 	EXPECT(KVR_L2_R_KEY, h.key.lo ^= 1; kvr_l2_hdr_seal(&h));
 	EXPECT(KVR_L2_R_KEY, h.lane = 2; kvr_l2_hdr_seal(&h));
 	EXPECT(KVR_L2_OK, (void)0);
@@ -168,4 +178,5 @@ Test(l2file, payload_checksum)
 	for (unsigned r = 0; r < KVR_L2_R_MAX; r++)
 		cr_assert_str_neq(kvr_l2_reason_name(r), "unknown");
 	cr_assert_str_eq(kvr_l2_reason_name(KVR_L2_R_MAX), "unknown");
+	cr_assert_str_eq(kvr_l2_reason_name(KVR_L2_R_RESERVED), "reserved");
 }

@@ -290,9 +290,22 @@ Test(l2io, bad_and_vanished_reads)
 	cr_assert_eq(d.res, -EBADMSG);
 	cr_assert_eq(d.reason, KVR_L2_R_NOTREG);
 
+	/* a reserved header byte that is not 0 under a good checksum: damaged, never served */
+	static const size_t reserved_at[] = {100, 104, 3000, 4087};
+	for (unsigned i = 0; i < sizeof(reserved_at) / sizeof(reserved_at[0]); i++) {
+		kvr_key k = dt_key(9, i);
+		write_one(k, 1, path);
+		cr_assert_eq(dt_hdr_poke(path, reserved_at[i], 0x01), 0);
+		d = read_one(k, 1);
+		cr_assert_eq(d.res, -EBADMSG, "reserved byte %zu: res %d", reserved_at[i], d.res);
+		cr_assert_eq(d.reason, KVR_L2_R_RESERVED, "reserved byte %zu: reason %s", reserved_at[i],
+			     kvr_l2_reason_name(d.reason));
+		cr_assert(dt_exists(dir, strrchr(path, '/') + 1), "the engine leaves the file to its owner");
+	}
+
 	struct kvr_l2io_stats st;
 	kvr_l2io_stats(io, &st);
-	cr_assert_eq(st.failed[KVR_L2IO_READ], 2 + sizeof(cases) / sizeof(cases[0]) + 2);
+	cr_assert_eq(st.failed[KVR_L2IO_READ], 2 + sizeof(cases) / sizeof(cases[0]) + 2 + 4);
 	/* the engine still works: a good read after all that */
 	write_one(dt_key(7, 0), 3, path);
 	d = read_one(dt_key(7, 0), 3);

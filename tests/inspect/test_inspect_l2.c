@@ -112,7 +112,7 @@ Test(inspect_l2, text_section_exact)
 		"    adopted 12, not adopted: foreign 1, tmp 2, not_regular 3, short 4, size 5,\n"
 		"      magic 6, version 7, header_checksum 8, namespace 9, key 10, lane 11,\n"
 		"      block_tokens 12, lane_bytes 13, fingerprint 14, vanished 16, io_error 17,\n"
-		"      over_cap 18\n"
+		"      over_cap 18, reserved 19, mode 20\n"
 		"    reads failed: damaged 1, vanished 0, io_error 2\n"
 		"  disk.1  ...xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx/l2-b\n"
 		"    used 1000 B of 1.0 GiB (0%)  files 1  evicted 0\n"
