@@ -70,30 +70,6 @@ uint64_t ct_lane_bytes(const struct ct_model *m)
 	return (uint64_t)m->layers * 2 * m->block_tokens * per_rank * m->head_dim * m->dtype_bytes;
 }
 
-/* Open the daemon's own descriptor of memfd `name` (through /proc) with flags. */
-static int daemon_memfd(pid_t pid, const char *name, int flags)
-{
-	char dir[64], want[96];
-	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
-	snprintf(want, sizeof(want), "/memfd:%s ", name);
-	DIR *d = opendir(dir);
-	cr_assert(d, "open %s: %s", dir, strerror(errno));
-	int fd = -1;
-	struct dirent *de;
-	while (fd < 0 && (de = readdir(d))) {
-		char p[384], link[256];
-		snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
-		ssize_t n = readlink(p, link, sizeof(link) - 1);
-		if (n <= 0)
-			continue;
-		link[n] = 0;
-		if (strncmp(link, want, strlen(want)) == 0)
-			fd = open(p, flags | O_CLOEXEC);
-	}
-	closedir(d);
-	cr_assert(fd >= 0, "kvringd (pid %d) holds no memfd %s", (int)pid, name);
-	return fd;
-}
 
 void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *o)
 {
@@ -133,7 +109,7 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	cr_assert(lk && atomic_load(&lk->state) == KVR_ACTOR_READY, "lookup not READY; log:\n%s",
 		  h_read_file(e->h.log));
 
-	int fd = daemon_memfd(e->h.pid, "kvring-slots", O_RDONLY);
+	int fd = h_daemon_memfd(e->h.pid, "kvring-slots", O_RDONLY);
 	int rc = kvr_segment_map(fd, KVR_SEG_SLOTS, 0, &e->slots_seg);
 	close(fd);
 	cr_assert_eq(rc, 0, "map the slot table: %s", strerror(-rc));
@@ -143,12 +119,12 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 		     (unsigned long long)e->lane_bytes);
 	cr_assert_eq(e->slots->slot_bytes, slot);
 
-	fd = daemon_memfd(e->h.pid, "kvring-arena", O_RDONLY);
+	fd = h_daemon_memfd(e->h.pid, "kvring-arena", O_RDONLY);
 	rc = kvr_segment_map(fd, KVR_SEG_ARENA, 0, &e->arena_seg);
 	close(fd);
 	cr_assert_eq(rc, 0, "map the arena: %s", strerror(-rc));
 
-	fd = daemon_memfd(e->h.pid, "kvring-ctl", O_RDWR);
+	fd = h_daemon_memfd(e->h.pid, "kvring-ctl", O_RDWR);
 	rc = kvr_segment_map(fd, KVR_SEG_CTL, 1, &e->ctl_seg);
 	close(fd);
 	cr_assert_eq(rc, 0, "map the control segment: %s", strerror(-rc));

@@ -1112,3 +1112,74 @@ Test(dcp_kvringd, rank_row_split_must_be_the_models)
 		       "geometry mismatch: region 0 (layer 0) of this DCP rank's group holds 8960 bytes of token rows "
 		       "per block, the model 8976 (row width or page tail differ)");
 }
+
+/* Count of slots in `state` in a mapped slot table. */
+static uint32_t count_state(const struct kvr_slot_table *t, unsigned state)
+{
+	struct kvr_slot_counts c;
+	kvr_slots_counts(t, &c);
+	return state < KVR_SLOT_STATE_MAX ? c.by_state[state] : 0;
+}
+
+/*
+ * Defect 7 (issue 11): a gather actor killed while its DCP group leaves left WRITING slots
+ * until another group attached. The gather actor allocates under the group's owner (its
+ * first rank's worker slot). Here it is stopped and the test stands in for it on the
+ * owner's commit ring: 3 slots WRITING, then the owner detaches, then 3 more are allocated
+ * — what a gather actor that still runs after its owner left does — and the gather actor is
+ * killed -9. Before the fix kvringd announced the owner's death at once, so the second 3
+ * were never reclaimed. Now WORKER_GONE waits until the group's gather actor has exited.
+ */
+Test(dcp_kvringd, gather_killed_while_its_owner_leaves_leaks_no_slot, .fini = granks_close)
+{
+	gconfig(&odd_rows, 10000);
+	h_start(&inst);
+	granks_open(&odd_rows, 2, 1);
+	struct kvr_segment ctl_seg = {.fd = -1}, slots_seg = {.fd = -1};
+	struct kvr_ctl *ctl;
+	struct kvr_slot_table *st;
+	int fd = h_daemon_memfd(inst.pid, "kvring-ctl", O_RDWR);
+	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_CTL, 1, &ctl_seg), 0);
+	close(fd);
+	cr_assert_eq(kvr_ctl_attach(&ctl_seg, &ctl), 0);
+	fd = h_daemon_memfd(inst.pid, "kvring-slots", O_RDONLY);
+	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_SLOTS, 0, &slots_seg), 0);
+	close(fd);
+	cr_assert_eq(kvr_slots_attach(&slots_seg, &st), 0);
+
+	unsigned ga = gather_of_rank(&granks[0]), owner = kvr_worker_slot(granks[0].c);
+	struct kvr_actor_ent *e = kvr_ctl_actor(ctl, ga);
+	pid_t gpid = atomic_load(&e->pid);
+	cr_assert_gt(gpid, 0);
+	cr_assert_eq(kill(gpid, SIGSTOP), 0);
+	char name[KVR_RING_NAME_MAX];
+	snprintf(name, sizeof(name), "commit.req.%u", owner);
+	struct kvr_ring *creq = h_ring(ctl, name);
+	cr_assert(creq);
+	int lki = h_actor_index(ctl, "lookup");
+	cr_assert_geq(lki, 0);
+	_Atomic uint64_t *allocated = &kvr_ctl_stats(ctl, (unsigned)lki)->c[KVR_STAT_LK_ALLOCATED];
+	uint64_t a0 = atomic_load(allocated);
+	kvr_key keys[6];
+	for (unsigned i = 0; i < 6; i++)
+		keys[i] = (kvr_key){.lo = 0x7e57000 + i, .hi = 0xdcb0000 + i};
+	cr_assert_eq(kvr_list_send(creq, KVR_MSG_ALLOC, 0x71, 0, keys, 3, kvr_now_ns() + 2000000000ull), 0);
+	cr_assert(H_WAIT(atomic_load(allocated) == a0 + 3, 3000));
+	cr_assert_eq(count_state(st, KVR_SLOT_WRITING), 3);
+
+	grank_close(&granks[0]); /* the owner leaves; its group's gather actor is told to stop */
+	struct kvr_worker_ent *we = kvr_ctl_worker(ctl, owner);
+	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_DETACHING, 3000));
+	cr_assert_eq(kvr_list_send(creq, KVR_MSG_ALLOC, 0x72, 0, keys + 3, 3, kvr_now_ns() + 2000000000ull), 0);
+	cr_assert(H_WAIT(atomic_load(allocated) == a0 + 6, 3000), "the second ALLOC was not served");
+	cr_assert_eq(kill(gpid, SIGKILL), 0);
+	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_FREE, 5000), "the owner's worker slot is not freed");
+	cr_assert(H_WAIT(count_state(st, KVR_SLOT_WRITING) == 0, 3000), "%u slots left WRITING",
+		  count_state(st, KVR_SLOT_WRITING));
+	struct kvr_slot_counts c;
+	kvr_slots_counts(st, &c);
+	cr_assert_eq(c.pins, 0);
+	cr_assert_eq(c.by_state[KVR_SLOT_DRAINING] + c.by_state[KVR_SLOT_EVICTING], 0);
+	kvr_segment_close(&slots_seg);
+	kvr_segment_close(&ctl_seg);
+}

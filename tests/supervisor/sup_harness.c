@@ -419,3 +419,28 @@ int h_count_segment_users(ino_t ino, dev_t dev, char *who, size_t wholen)
 	closedir(proc);
 	return users;
 }
+
+/* Open the daemon's own descriptor of memfd `name` (through /proc) with flags. */
+int h_daemon_memfd(pid_t pid, const char *name, int flags)
+{
+	char dir[64], want[96];
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+	snprintf(want, sizeof(want), "/memfd:%s ", name);
+	DIR *d = opendir(dir);
+	cr_assert(d, "open %s: %s", dir, strerror(errno));
+	int fd = -1;
+	struct dirent *de;
+	while (fd < 0 && (de = readdir(d))) {
+		char p[384], link[256];
+		snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+		ssize_t n = readlink(p, link, sizeof(link) - 1);
+		if (n <= 0)
+			continue;
+		link[n] = 0;
+		if (strncmp(link, want, strlen(want)) == 0)
+			fd = open(p, flags | O_CLOEXEC);
+	}
+	closedir(d);
+	cr_assert(fd >= 0, "kvringd (pid %d) holds no memfd %s", (int)pid, name);
+	return fd;
+}

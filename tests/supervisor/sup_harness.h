@@ -119,6 +119,9 @@ void h_worker_close(struct h_worker *w);
 int h_actor_index(const struct kvr_ctl *c, const char *name);
 struct kvr_actor_ent *h_actor(const struct h_inst *in, const char *name);
 struct kvr_ring *h_ring(const struct kvr_ctl *c, const char *name);
+/* Open the daemon's own descriptor of memfd `name` ("kvring-ctl", "kvring-slots", ...)
+ * through /proc/<pid>/fd with flags: the test owns the daemon, so it may look inside. */
+int h_daemon_memfd(pid_t pid, const char *name, int flags);
 uint64_t h_stat(const struct h_inst *in, const char *actor, unsigned s);
 
 /* Is pid alive (and not a zombie)? */
