@@ -243,7 +243,19 @@ Test(l2, disk_full_keeps_l1_serving)
 			 total,
 			 5000));
 	uint64_t written = ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES);
-	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITE_FAILS), 0, "the disk filled up");
+	uint64_t failed = ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITE_FAILS);
+	cr_assert_gt(failed, 0, "the disk filled up");
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES_SKIPPED), 0, "no write is ever skipped");
+	/* a failed write is logged with its dir, file and errno — once, then rate-limited */
+	char want[400];
+	snprintf(want, sizeof(want), "write failed: %s", strerror(ENOSPC));
+	cr_assert(h_log_contains(&env.h, want), "no log line names the failed write; log:\n%s", h_read_file(env.h.log));
+	cr_assert(h_log_contains(&env.h, l2dir));
+	unsigned lines = 0;
+	for (const char *q = h_read_file(env.h.log); (q = strstr(q, "write failed:")); q++)
+		lines++;
+	cr_assert(lines >= 1 && lines < failed, "%u lines for %llu failed writes: not rate-limited", lines,
+		  (unsigned long long)failed);
 	load_all_exact(r, 100); /* from L1 */
 	stop_kvringd();
 	cr_assert_eq(h_count_files(l2dir, ".kvb"), written, "only complete files under real names");
