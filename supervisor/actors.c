@@ -151,9 +151,13 @@ static __attribute__((noreturn)) void child_exec(const char *exe, char *const ar
 	(void)signal(SIGPIPE, SIG_DFL); /* SIG_IGN would survive exec */
 	/* Own process group: a terminal's ^C reaches kvringd, which drains in order. */
 	(void)setpgid(0, 0);
-	/* An actor never outlives its supervisor: a new kvringd must find the memfds free. */
-	(void)prctl(PR_SET_PDEATHSIG, SIGTERM);
-	if (getppid() != parent)
+	/* An actor never outlives its supervisor: a new kvringd must find the memfds free, and
+	 * nothing is left to serve (no one restarts, answers or drains). SIGKILL, not SIGTERM:
+	 * an actor inside a handler (a store waiting up to 10 s for the lookup actor's reply)
+	 * or stopped (SIGSTOP, a debugger) would not act on SIGTERM for as long as that lasts.
+	 * If kvringd died between fork() and prctl(), the signal was never sent: then we have
+	 * been reparented, and getppid() tells. */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
 		_exit(1);
 	for (int i = 0; i < n_keep; i++)
 		if (fcntl(keep[i], F_SETFD, 0) < 0)

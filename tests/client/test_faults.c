@@ -1,0 +1,213 @@
+/* Integrity under faults (issue 11): kvringd killed mid-call, bad KV memory at attach, idle connections. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client_harness.h"
+#include "kvr_time.h"
+
+static struct ct_env env;
+
+/* Actor processes a test saw: killed in teardown, so a test that fails because they
+ * outlived kvringd (a stopped actor, deaf to SIGTERM) does not leave them behind. */
+static pid_t seen[KVR_CTL_MAX_ACTORS];
+static unsigned n_seen;
+
+static void setup(void)
+{
+	ct_init(&env);
+	n_seen = 0;
+}
+
+static void teardown(void)
+{
+	for (unsigned i = 0; i < n_seen; i++)
+		if (h_pid_alive(seen[i]))
+			(void)kill(seen[i], SIGKILL);
+	ct_fini(&env);
+}
+
+TestSuite(faults, .init = setup, .fini = teardown, .timeout = 60);
+
+static const struct ct_model tiny_tp2 = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
+					 .block_tokens = 16, .tp_size = 2};
+
+#define TAG(prompt, i) (1000ull * (prompt) + (i) + 1)
+
+static uint64_t ms_since(uint64_t t0)
+{
+	return (kvr_now_ns() - t0) / 1000000;
+}
+
+/* Record the pid of every running actor (the actor table of the INSPECT mapping). */
+static void record_actor_pids(void)
+{
+	unsigned n = atomic_load(&env.h.ctl->n_actors);
+	for (unsigned i = 0; i < n; i++) {
+		pid_t p = atomic_load(&kvr_ctl_actor(env.h.ctl, i)->pid);
+		if (p > 0 && n_seen < KVR_CTL_MAX_ACTORS)
+			seen[n_seen++] = p;
+	}
+}
+
+/* ---- defect 6: kvringd dies, nobody notices --------------------------------------------- */
+
+struct lookup_call {
+	struct kvr_client *c;
+	const uint32_t *tokens;
+	int rc;
+	uint64_t end_ns;
+};
+
+static void *lookup_thread(void *arg)
+{
+	struct lookup_call *l = arg;
+	struct kvr_lookup_result res;
+	l->rc = kvr_lookup(l->c, 99, l->tokens, 64, NULL, 0, &res);
+	l->end_ns = kvr_now_ns();
+	return NULL;
+}
+
+/* Collect completions until `want` arrived or kvr_wait says more never will. */
+static unsigned collect(struct ct_rank *r, struct ct_done *d, unsigned want, int *ret_last)
+{
+	unsigned got = 0;
+	int n = 0;
+	while (got < want) {
+		struct kvr_completion c;
+		n = kvr_wait(r->c, &c, 1, 5000);
+		if (n != 1)
+			break;
+		cr_assert(c.n_failed <= CT_MAX_FAILED);
+		d[got].c = c;
+		memcpy(d[got].failed, c.failed, c.n_failed * sizeof(uint32_t));
+		d[got].c.failed = d[got].failed;
+		got++;
+	}
+	*ret_last = n;
+	return got;
+}
+
+/*
+ * kill -9 of kvringd while both ranks have calls in flight: rank 0 a load and a store its
+ * stopped loader and storer hold; rank 1 a store whose storer is inside its handler,
+ * waiting for the stopped lookup actor's ALLOC reply, and a synchronous lookup the stopped
+ * lookup actor holds. Then:
+ *  - every actor process is gone within a second (parent-death SIGKILL; with SIGTERM the
+ *    stopped ones would never go and storer.1 would wait out its 10 s lookup timeout);
+ *  - every call fails -EPIPE within a second (the client sees the attach socket close),
+ *    not after its 5 s timeout: the load and stores as completions listing every block,
+ *    the lookup as its return value; later calls fail -EPIPE at once.
+ */
+Test(faults, kvringd_kill9_ends_actors_and_fails_calls)
+{
+	ct_start(&env, &tiny_tp2, NULL);
+	struct ct_rank *r0, *r1;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r0), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(ct_rank_open(&env, 1, 16, 0, &r1), 0, "%s", kvr_last_error(NULL));
+	uint32_t tokens[64], t2[64], src[4] = {0, 1, 2, 3}, dst[4] = {4, 5, 6, 7}, src2[4] = {8, 9, 10, 11};
+	ct_prompt(tokens, 64, 61);
+	ct_prompt(t2, 64, 62);
+	struct ct_rank *rk[2] = {r0, r1};
+	for (unsigned k = 0; k < 2; k++) {
+		for (uint32_t i = 0; i < 4; i++)
+			ct_fill(rk[k], src[i], TAG(61, i));
+		struct ct_done d;
+		ct_store(rk[k], 1, tokens, 64, src, 4, &d);
+		cr_assert_eq(d.c.status, 0);
+	}
+	cr_assert_eq(ct_lookup(r0, 2, tokens, 64), 4);
+
+	/* rank 0: a load and a store that its stopped loader and storer hold */
+	ct_stop_process(ct_actor_pid(&env, "loader.0"));
+	ct_stop_process(ct_actor_pid(&env, "storer.0"));
+	cr_assert_eq(kvr_load(r0->c, 2, dst, 4), 0, "%s", kvr_last_error(r0->c));
+	cr_assert_eq(kvr_store(r0->c, 3, t2, 64, NULL, 0, src2, 4), 0, "%s", kvr_last_error(r0->c));
+	cr_assert_eq(kvr_inflight(r0->c), 2);
+
+	/* rank 1: the lookup actor stops; storer.1 takes a store and waits for its ALLOC reply */
+	ct_stop_process(ct_actor_pid(&env, "lookup"));
+	cr_assert_eq(kvr_store(r1->c, 3, t2, 64, NULL, 0, src2, 4), 0, "%s", kvr_last_error(r1->c));
+	cr_assert(H_WAIT(kvr_ring_count(ct_ring(&env, "commit.req.1")) > 0, 2000),
+		  "storer.1 did not send its ALLOC");
+	cr_assert_eq(atomic_load(&h_actor(&env.h, "storer.1")->busy), 1, "storer.1 is not inside its handler");
+	/* and a synchronous lookup the stopped lookup actor holds (4 keys: 2 LOOKUP messages) */
+	struct lookup_call call = {.c = r1->c, .tokens = tokens, .rc = 1};
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, lookup_thread, &call), 0);
+	bool sent = H_WAIT(kvr_ring_count(ct_ring(&env, "lookup.req.1")) == 2, 2000);
+
+	record_actor_pids();
+	cr_assert_geq(n_seen, 5, "lookup, loader.0/1, storer.0/1 running");
+	uint64_t t0 = kvr_now_ns();
+	cr_assert_eq(kill(env.h.pid, SIGKILL), 0);
+	cr_assert_neq(h_wait_exit(env.h.pid, 2000), -1);
+	env.h.pid = 0;
+
+	/* the client: every call in flight fails -EPIPE at once */
+	pthread_join(th, NULL); /* bounded by the client's own 5 s timeout */
+	cr_assert(sent, "the lookup's 2 messages were not sent");
+	uint64_t lookup_ms = (call.end_ns - t0) / 1000000;
+	cr_assert_eq(call.rc, -EPIPE, "lookup returned %d: %s", call.rc, kvr_last_error(r1->c));
+	cr_assert(strstr(kvr_last_error(r1->c), "kvringd is gone"), "%s", kvr_last_error(r1->c));
+	cr_assert_lt(lookup_ms, 1000, "lookup failed after %llu ms", (unsigned long long)lookup_ms);
+
+	static struct ct_done d[4];
+	int last;
+	unsigned got = collect(r0, d, 2, &last);
+	uint64_t r0_ms = ms_since(t0);
+	cr_assert_eq(got, 2, "rank 0: %u of 2 completions within %llu ms (kvr_wait %d: %s)", got,
+		     (unsigned long long)r0_ms, last, kvr_last_error(r0->c));
+	cr_assert_lt(r0_ms, 1000, "rank 0's calls failed after %llu ms", (unsigned long long)r0_ms);
+	for (unsigned i = 0; i < 2; i++) {
+		bool load = d[i].c.op == KVR_OP_LOAD_DONE;
+		const uint32_t *ids = load ? dst : src2;
+		cr_assert_eq(d[i].c.status, -EPIPE, "%s: status %d", load ? "load" : "store", d[i].c.status);
+		cr_assert_eq(d[i].c.req_id, load ? 2u : 3u);
+		cr_assert_eq(d[i].c.n_failed, 4, "every block of the request is reported failed");
+		for (unsigned b = 0; b < 4; b++)
+			cr_assert_eq(d[i].failed[b], ids[b]);
+	}
+	cr_assert_neq(d[0].c.op, d[1].c.op, "one load and one store");
+	for (unsigned b = 0; b < 4; b++) {
+		char why[200] = "";
+		cr_assert(ct_holds(r0, dst[b], CT_CANARY, why, sizeof(why)), "nothing was loaded: %s", why);
+	}
+	got = collect(r1, d, 1, &last);
+	cr_assert_eq(got, 1, "rank 1's store: no completion (kvr_wait %d: %s)", last, kvr_last_error(r1->c));
+	cr_assert_eq(d[0].c.status, -EPIPE);
+	cr_assert_eq(d[0].c.n_failed, 4);
+	cr_assert_eq(kvr_inflight(r0->c) + kvr_inflight(r1->c), 0);
+
+	/* nothing more can complete: said at once, not after a timeout */
+	uint64_t t1 = kvr_now_ns();
+	struct kvr_completion c;
+	cr_assert_eq(kvr_wait(r0->c, &c, 1, 5000), -EPIPE);
+	cr_assert_lt(ms_since(t1), 100);
+	cr_assert_eq(kvr_poll(r1->c, &c, 1), -EPIPE);
+	struct kvr_lookup_result res;
+	cr_assert_eq(kvr_lookup(r0->c, 4, tokens, 64, NULL, 0, &res), -EPIPE);
+	cr_assert_eq(kvr_store(r0->c, 5, tokens, 64, NULL, 0, src, 4), -EPIPE);
+	cr_assert(strstr(kvr_last_error(r0->c), "kvringd is gone"), "%s", kvr_last_error(r0->c));
+	cr_assert_lt(ms_since(t1), 100, "calls after kvringd's death fail at once");
+
+	/* the actors: every process gone, the stopped ones too */
+	for (unsigned i = 0; i < n_seen; i++) {
+		bool gone = H_WAIT(!h_pid_alive(seen[i]), 1000);
+		cr_assert(gone, "actor pid %d still alive %llu ms after kvringd was killed", (int)seen[i],
+			  (unsigned long long)ms_since(t0));
+	}
+	fprintf(stderr, "faults/kvringd_kill9: lookup failed after %llu ms, rank 0's calls after %llu ms, "
+		"%u actors gone after %llu ms\n", (unsigned long long)lookup_ms, (unsigned long long)r0_ms, n_seen,
+		(unsigned long long)ms_since(t0));
+}
