@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <linux/magic.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -274,6 +276,78 @@ static void handle_inspect(struct sup *s, struct sup_conn *c)
 		}                                                                                           \
 	} while (0)
 
+/*
+ * The worker's KV memory descriptor, before any actor maps it: every loader and storer
+ * (and each restart of one) maps it shared read-write and copies through it, so memory an
+ * actor cannot map, or that can shrink under its mapping (SIGBUS in the actor), would
+ * crash-loop them and degrade the whole instance. Refused here instead, with the reason in
+ * rep: an O_PATH or not read-write descriptor, anything but a memfd (F_GET_SEALS fails),
+ * hugetlbfs, a memfd sealed against writes (unless it is a CUDA KV descriptor, which is
+ * sealed F_SEAL_FUTURE_WRITE on purpose, kvr_proto.h), one that cannot be sealed against
+ * shrinking. A memfd without F_SEAL_SHRINK is sealed here, before its size is read, so it
+ * can never be truncated afterwards. *ret_bytes: its size.
+ */
+static int kv_memory_check(struct sup *s, int fd, struct kvr_proto_rep *rep, uint64_t *ret_bytes)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0) {
+		rep_init(s, rep, -EBADF, "the KV memory descriptor is not usable: %s", strerror(errno));
+		return -EBADF;
+	}
+	if (fl & O_PATH) {
+		rep_init(s, rep, -EBADF, "the KV memory descriptor is an O_PATH descriptor: send the memfd opened "
+			 "read-write");
+		return -EBADF;
+	}
+	if ((fl & O_ACCMODE) != O_RDWR) {
+		rep_init(s, rep, -EBADF, "the KV memory descriptor is open %s: it must be open read-write",
+			 (fl & O_ACCMODE) == O_RDONLY ? "read-only" : "write-only");
+		return -EBADF;
+	}
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		rep_init(s, rep, -EBADF, "the KV memory descriptor is not a memfd (not even a regular file)");
+		return -EBADF;
+	}
+	struct statfs sfs;
+	if (fstatfs(fd, &sfs) == 0 && sfs.f_type == HUGETLBFS_MAGIC) {
+		rep_init(s, rep, -EINVAL, "the KV memory is a hugetlbfs memfd (MFD_HUGETLB): not supported, use a "
+			 "plain memfd");
+		return -EINVAL;
+	}
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0) {
+		rep_init(s, rep, -EBADF, "the KV memory is not a memfd (F_GET_SEALS: %s): a regular file can be "
+			 "truncated under the actors", strerror(errno));
+		return -EBADF;
+	}
+	if (seals & F_SEAL_WRITE) {
+		rep_init(s, rep, -EPERM, "the KV memory memfd is sealed against writes (F_SEAL_WRITE): loads could "
+			 "not write into it");
+		return -EPERM;
+	}
+	if (seals & F_SEAL_FUTURE_WRITE) {
+		uint32_t magic = 0;
+		if (pread(fd, &magic, sizeof(magic), 0) != (ssize_t)sizeof(magic) || magic != KVR_CUDA_DESC_MAGIC) {
+			rep_init(s, rep, -EPERM, "the KV memory memfd is sealed against writes (F_SEAL_FUTURE_WRITE) and "
+				 "is no CUDA KV descriptor");
+			return -EPERM;
+		}
+	}
+	if (!(seals & F_SEAL_SHRINK) && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		rep_init(s, rep, -EPERM, "the KV memory memfd cannot be sealed against shrinking (F_SEAL_SHRINK: %s): "
+			 "create it with MFD_ALLOW_SEALING", strerror(errno));
+		return -EPERM;
+	}
+	/* sealed: the size read now is a floor for as long as anyone holds the memfd */
+	if (fstat(fd, &st) < 0 || st.st_size <= 0) {
+		rep_init(s, rep, -EINVAL, "the KV memory memfd is empty");
+		return -EINVAL;
+	}
+	*ret_bytes = (uint64_t)st.st_size;
+	return 0;
+}
+
 /* Validate what an attaching worker sends — its geometry (payload) and its KV memory
  * (one memfd) — against the instance's model, and adopt the memfd (fds[0] = -1). *ret_ns:
  * the key namespace this worker uses (the instance's; a DCP rank with page tails: its
@@ -290,16 +364,16 @@ static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req
 		rep_init(s, rep, -EBADF, "attach needs exactly one descriptor (the KV memory), got %u", n_fds);
 		return -EBADF;
 	}
-	struct stat st;
-	if (fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
-		rep_init(s, rep, -EBADF, "the KV memory descriptor is not a memfd with a size");
-		return -EBADF;
-	}
-	uint64_t kv_bytes = (uint64_t)st.st_size;
+	uint64_t kv_bytes;
+	int rc = kv_memory_check(s, fds[0], rep, &kv_bytes);
+	if (rc)
+		return rc;
 	struct kvr_geometry gbuf, canon;
 	memcpy(&gbuf, req->payload, sizeof(gbuf));
 	const struct kvr_geometry *rank_g = &gbuf;
 	char err[KVR_GEOM_ERR_MAX];
+	/* also: every page lies inside the (sealed, so never smaller) KV memory, else
+	 * "region R (...): block B ends at E > kv_bytes N" */
 	if (kvr_geometry_validate(rank_g, kv_bytes, err, sizeof(err))) {
 		rep_init(s, rep, -EINVAL, "geometry: %s", err);
 		return -EINVAL;

@@ -58,9 +58,11 @@ struct kvr_cuda_kv {
 struct kvr_attach_opts {
 	const char *socket;                  /* kvringd socket; NULL = default */
 	const struct kvr_geometry *geometry; /* this rank's KV layout */
-	int kv_fd;                           /* host backend: memfd holding the KV memory, created
-					      * with MFD_ALLOW_SEALING: kvring seals it against
-					      * shrinking so a truncation cannot fault an actor */
+	int kv_fd;                           /* host backend: memfd holding the KV memory, open
+					      * read-write, created with MFD_ALLOW_SEALING (not
+					      * MFD_HUGETLB): kvringd seals it against shrinking at
+					      * attach so a truncation cannot fault an actor, and
+					      * refuses anything else, naming why (kvr_last_error) */
 	uint64_t kv_bytes;                   /* its size */
 	int64_t timeout_ms;                  /* per-call ceiling; 0 = 10000 */
 	const struct kvr_cuda_kv *cuda_kv;   /* NULL: host KV memory (kv_fd). Else the KV memory is

@@ -211,3 +211,186 @@ Test(faults, kvringd_kill9_ends_actors_and_fails_calls)
 		"%u actors gone after %llu ms\n", (unsigned long long)lookup_ms, (unsigned long long)r0_ms, n_seen,
 		(unsigned long long)ms_since(t0));
 }
+
+/* ---- defect 8: bad KV memory at attach -------------------------------------------------- */
+
+static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
+				     .tp_size = 1};
+
+/* The geometry ct_rank_open would attach rank 0 of e->m with (16 blocks). */
+static struct kvr_geometry rank0_geometry(const struct ct_env *e)
+{
+	struct kvr_geometry g;
+	const struct ct_model *m = &e->m;
+	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&g, m->layers, m->kv_heads / m->tp_size, m->head_dim,
+							  m->dtype_bytes, m->block_tokens, 16), 0);
+	g.tp_size = m->tp_size;
+	g.tp_rank = 0;
+	return g;
+}
+
+/* ATTACH over a new connection with kv as the KV memory; returns the reply's status and
+ * its reason in why. The connection is closed, or kept in *ret_sock when given. */
+static int raw_attach(const struct kvr_geometry *g, int kv, char *why, size_t whylen, int *ret_sock)
+{
+	int s = kvr_proto_connect(env.h.sock);
+	cr_assert(s >= 0, "connect: %s", strerror(-s));
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_ATTACH,
+				    .payload_len = sizeof(*g)};
+	memcpy(req.payload, g, sizeof(*g));
+	cr_assert_eq(kvr_proto_send(s, &req, offsetof(struct kvr_proto_req, payload) + sizeof(*g), &kv, 1), 0);
+	static struct kvr_proto_rep rep;
+	int fds[KVR_PROTO_MAX_FDS];
+	unsigned n_fds = 0;
+	memset(&rep, 0, sizeof(rep));
+	ssize_t n = kvr_proto_recv(s, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &n_fds);
+	cr_assert_gt(n, 0, "no attach reply: %s", n ? strerror((int)-n) : "connection closed");
+	for (unsigned i = 0; i < n_fds; i++)
+		close(fds[i]);
+	rep.reason[sizeof(rep.reason) - 1] = 0;
+	snprintf(why, whylen, "%s", rep.reason);
+	if (ret_sock)
+		*ret_sock = s;
+	else
+		close(s);
+	return rep.status;
+}
+
+static int kv_memfd(const char *name, unsigned flags, uint64_t bytes)
+{
+	int fd = memfd_create(name, MFD_CLOEXEC | flags);
+	if (fd >= 0 && ftruncate(fd, (off_t)bytes) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int reopen(int fd, int flags)
+{
+	char p[64];
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+	int r = open(p, flags | O_CLOEXEC);
+	cr_assert(r >= 0, "reopen %s: %s", p, strerror(errno));
+	return r;
+}
+
+struct bad_kv {
+	const char *what;
+	int fd;             /* -1: not available here (the row is skipped, and said so) */
+	int status;
+	const char *reason; /* a part of the reason the reply must carry */
+};
+
+/*
+ * Every kind of KV memory an actor could not map safely is refused at attach with a reason
+ * that names it, before any actor runs: no loader or storer starts, nothing restarts, the
+ * instance stays running. A memfd without F_SEAL_SHRINK is sealed by the attach, so it can
+ * never be truncated afterwards. Then a good worker attaches and round-trips exact bytes.
+ */
+Test(faults, bad_kv_memory_refused_at_attach)
+{
+	ct_start(&env, &tiny, &(struct ct_opts){.max_workers = 2});
+	struct kvr_geometry g = rank0_geometry(&env);
+	uint64_t need = kvr_geometry_kv_extent(&g);
+
+	unsigned n_act = atomic_load(&env.h.ctl->n_actors);
+	uint32_t restarts0[KVR_CTL_MAX_ACTORS], gen0[KVR_CTL_MAX_ACTORS];
+	for (unsigned i = 0; i < n_act; i++) {
+		restarts0[i] = __atomic_load_n(&kvr_ctl_actor(env.h.ctl, i)->restarts, __ATOMIC_RELAXED);
+		gen0[i] = atomic_load(&kvr_ctl_actor(env.h.ctl, i)->generation);
+	}
+
+	char path[160];
+	snprintf(path, sizeof(path), "%s/kv.file", env.h.dir);
+	int file = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	cr_assert(file >= 0 && ftruncate(file, (off_t)need) == 0);
+	/* a file on tmpfs answers F_GET_SEALS (sealed F_SEAL_SEAL); anywhere else it fails */
+	const char *file_why = fcntl(file, F_GET_SEALS) < 0 ? "is not a memfd" : "cannot be sealed against shrinking";
+	int good = kv_memfd("kv-good", MFD_ALLOW_SEALING, need);
+	cr_assert(good >= 0);
+	int write_sealed = kv_memfd("kv-wsealed", MFD_ALLOW_SEALING, need);
+	cr_assert(write_sealed >= 0 && fcntl(write_sealed, F_ADD_SEALS, F_SEAL_WRITE) == 0);
+	int seal_sealed = kv_memfd("kv-ssealed", MFD_ALLOW_SEALING, need);
+	cr_assert(seal_sealed >= 0 && fcntl(seal_sealed, F_ADD_SEALS, F_SEAL_SEAL) == 0);
+	/* hugetlb: a memfd of whole 2 MiB pages (none need to be free: nothing maps it) */
+	int huge = kv_memfd("kv-huge", MFD_ALLOW_SEALING | MFD_HUGETLB, (need + (2u << 20) - 1) & ~((2ull << 20) - 1));
+	struct bad_kv rows[] = {
+		{"a regular file", file, -EBADF, file_why},
+		{"an O_PATH descriptor", reopen(good, O_PATH), -EBADF, "O_PATH descriptor"},
+		{"a read-only descriptor", reopen(good, O_RDONLY), -EBADF, "open read-only: it must be open read-write"},
+		{"a memfd without MFD_ALLOW_SEALING", kv_memfd("kv-nosealing", 0, need), -EPERM,
+		 "cannot be sealed against shrinking (F_SEAL_SHRINK"},
+		{"a memfd sealed F_SEAL_SEAL without F_SEAL_SHRINK", seal_sealed, -EPERM,
+		 "cannot be sealed against shrinking (F_SEAL_SHRINK"},
+		{"a memfd sealed against writes", write_sealed, -EPERM, "sealed against writes (F_SEAL_WRITE)"},
+		{"a hugetlb memfd", huge, -EINVAL, "hugetlbfs memfd (MFD_HUGETLB): not supported"},
+		{"a memfd one byte too small", kv_memfd("kv-small", MFD_ALLOW_SEALING, need - 1), -EINVAL,
+		 "ends at"},
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct bad_kv *b = &rows[i];
+		if (b->fd < 0) {
+			fprintf(stderr, "faults/bad_kv_memory: %s: not available here (%s), skipped\n", b->what,
+				strerror(errno));
+			continue;
+		}
+		char why[KVR_PROTO_REASON_MAX];
+		int st = raw_attach(&g, b->fd, why, sizeof(why), NULL);
+		cr_assert_eq(st, b->status, "%s: status %d (%s), want %d; reason: %s", b->what, st, strerror(-st),
+			     b->status, why);
+		cr_assert(strstr(why, b->reason), "%s: reason \"%s\" does not say \"%s\"", b->what, why, b->reason);
+		cr_assert(h_log_contains(&env.h, why), "%s: kvringd did not log the refusal", b->what);
+		close(b->fd);
+	}
+	/* nothing started, nothing restarted, nothing degraded */
+	for (unsigned i = 0; i < n_act; i++) {
+		const struct kvr_actor_ent *a = kvr_ctl_actor(env.h.ctl, i);
+		cr_assert_eq(__atomic_load_n(&a->restarts, __ATOMIC_RELAXED), restarts0[i], "%s restarted", a->name);
+		cr_assert_eq(atomic_load(&a->generation), gen0[i], "%s was started by a refused attach", a->name);
+	}
+	cr_assert_eq(atomic_load(&env.h.ctl->state), KVR_INST_RUNNING);
+	for (unsigned w = 0; w < 2; w++)
+		cr_assert_eq(atomic_load(&kvr_ctl_worker(env.h.ctl, w)->state), KVR_WORKER_FREE);
+
+	/* a good memfd that was not sealed: the attach seals it, so it can never shrink now */
+	char why[KVR_PROTO_REASON_MAX];
+	int sock;
+	cr_assert_eq(fcntl(good, F_GET_SEALS) & F_SEAL_SHRINK, 0);
+	cr_assert_eq(raw_attach(&g, good, why, sizeof(why), &sock), 0, "good memfd refused: %s", why);
+	cr_assert(fcntl(good, F_GET_SEALS) & F_SEAL_SHRINK, "the attach did not seal it against shrinking");
+	cr_assert_eq(ftruncate(good, 4096), -1, "the KV memory could be truncated after attach");
+	cr_assert_eq(errno, EPERM);
+	cr_assert_eq(ftruncate(good, (off_t)need + 4096), 0, "growing stays allowed");
+	struct kvr_actor_ent *ld = h_actor(&env.h, "loader.0");
+	cr_assert(H_WAIT(atomic_load(&ld->state) == KVR_ACTOR_READY, 3000), "loader.0 not ready: %s",
+		  kvr_actor_state_name(atomic_load(&ld->state)));
+	close(sock);
+	close(good);
+	cr_assert(H_WAIT(atomic_load(&kvr_ctl_worker(env.h.ctl, 0)->state) == KVR_WORKER_FREE, 6000));
+
+	/* a worker through libkvring: attaches and moves exact bytes */
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
+	uint32_t tokens[64], src[4] = {0, 1, 2, 3}, dst[4] = {7, 6, 5, 4};
+	ct_prompt(tokens, 64, 81);
+	for (uint32_t i = 0; i < 4; i++)
+		ct_fill(r, src[i], TAG(81, i));
+	struct ct_done d;
+	ct_store(r, 1, tokens, 64, src, 4, &d);
+	cr_assert_eq(d.c.status, 0);
+	cr_assert_eq(d.c.n_stored, 4);
+	cr_assert_eq(ct_lookup(r, 2, tokens, 64), 4);
+	ct_load(r, 2, dst, 4, &d);
+	cr_assert_eq(d.c.status, 0);
+	cr_assert_eq(d.c.n_failed, 0);
+	for (uint32_t i = 0; i < 4; i++) {
+		char w[200] = "";
+		cr_assert(ct_holds(r, dst[i], TAG(81, i), w, sizeof(w)), "loaded block %u: %s", dst[i], w);
+	}
+	for (unsigned i = 0; i < n_act; i++) {
+		const struct kvr_actor_ent *a = kvr_ctl_actor(env.h.ctl, i);
+		cr_assert_eq(__atomic_load_n(&a->restarts, __ATOMIC_RELAXED), restarts0[i], "%s restarted", a->name);
+	}
+	cr_assert_eq(atomic_load(&env.h.ctl->state), KVR_INST_RUNNING);
+}
