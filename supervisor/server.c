@@ -163,8 +163,31 @@ static int send_rep(int fd, const struct kvr_proto_rep *rep, const int *fds, uns
 }
 
 static void conn_close(struct sup *s, struct sup_conn *c);
+static void conn_drop(struct sup *s, struct sup_conn *c);
 
-void sup_accept(struct sup *s)
+static uint64_t attach_timeout_ns(const struct sup *s)
+{
+	return (uint64_t)s->cfg.supervisor.attach_timeout_ms * 1000000ull;
+}
+
+/* At SUP_MAX_CONNS: close the un-attached connection with the earliest deadline (the one
+ * accepted first) so that a new peer gets in. Idle peers cannot lock out a real worker;
+ * an attached worker is never closed for room. False when every connection is a worker. */
+static bool make_room(struct sup *s)
+{
+	struct sup_conn *old = NULL;
+	for (struct sup_conn *c = s->conns; c; c = c->next) /* newest first: <= ends at the oldest */
+		if (c->worker < 0 && (!old || c->deadline <= old->deadline))
+			old = c;
+	if (!old)
+		return false;
+	kvr_debug("connection from pid %d closed to make room (not attached)", (int)old->pid);
+	conn_drop(s, old);
+	s->n_evicted++;
+	return true;
+}
+
+static void accept_all(struct sup *s, unsigned *evicted)
 {
 	for (;;) {
 		int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -210,6 +233,9 @@ void sup_accept(struct sup *s)
 				continue;
 			}
 		}
+		/* a peer that is refused anyway gets no room at another's expense */
+		if (!refused && s->n_conns >= SUP_MAX_CONNS && make_room(s))
+			(*evicted)++;
 		struct sup_conn *c = s->n_conns < SUP_MAX_CONNS ? calloc(1, sizeof(*c)) : NULL;
 		if (!c) {
 			if (refused) {
@@ -222,7 +248,8 @@ void sup_accept(struct sup *s)
 			continue;
 		}
 		*c = (struct sup_conn){.fd = fd, .watch = {W_CONN, c}, .pid = cr.pid, .uid = cr.uid, .worker = -1,
-				       .refused = refused, .next = s->conns};
+				       .refused = refused, .deadline = kvr_now_ns() + attach_timeout_ns(s),
+				       .next = s->conns};
 		if (sup_epoll_add(s, fd, &c->watch, EPOLLIN | EPOLLRDHUP) < 0) {
 			(void)close(fd);
 			free(c);
@@ -233,6 +260,16 @@ void sup_accept(struct sup *s)
 		s->n_refused += refused;
 		kvr_debug("connection from pid %d", (int)c->pid);
 	}
+}
+
+void sup_accept(struct sup *s)
+{
+	unsigned evicted = 0;
+	accept_all(s, &evicted);
+	if (evicted) /* one line per accept pass, not one per connection */
+		kvr_warn("connection limit (%d) reached: closed %u connection%s that had not attached, oldest first "
+			 "(%llu so far)", SUP_MAX_CONNS, evicted, evicted == 1 ? "" : "s",
+			 (unsigned long long)s->n_evicted);
 }
 
 void sup_accept_resume(struct sup *s, uint64_t now)
@@ -584,12 +621,14 @@ void sup_workers_update(struct sup *s)
 	sup_groups_update(s);
 }
 
-static void conn_close(struct sup *s, struct sup_conn *c)
+/* Close c's socket and take it off the list (not freed). */
+static void conn_unlink(struct sup *s, struct sup_conn *c)
 {
 	if (c->worker >= 0)
 		worker_detach(s, c);
 	sup_epoll_del(s, c->fd);
 	(void)close(c->fd);
+	c->fd = -1;
 	for (struct sup_conn **pp = &s->conns; *pp; pp = &(*pp)->next)
 		if (*pp == c) {
 			*pp = c->next;
@@ -597,13 +636,66 @@ static void conn_close(struct sup *s, struct sup_conn *c)
 		}
 	s->n_conns--;
 	s->n_refused -= c->refused;
+}
+
+static void conn_close(struct sup *s, struct sup_conn *c)
+{
+	conn_unlink(s, c);
 	free(c);
+}
+
+/* conn_close from inside an epoll batch (sup_accept): a later event of the same batch may
+ * still point at c, so it is freed after the batch (sup_conns_reap); sup_conn_input skips
+ * it meanwhile (fd -1). */
+static void conn_drop(struct sup *s, struct sup_conn *c)
+{
+	conn_unlink(s, c);
+	c->next = s->dropped;
+	s->dropped = c;
+}
+
+void sup_conns_reap(struct sup *s)
+{
+	while (s->dropped) {
+		struct sup_conn *c = s->dropped;
+		s->dropped = c->next;
+		free(c);
+	}
 }
 
 void sup_conns_close_all(struct sup *s)
 {
 	while (s->conns)
 		conn_close(s, s->conns);
+	sup_conns_reap(s);
+}
+
+uint64_t sup_conns_next_deadline(const struct sup *s)
+{
+	uint64_t next = 0;
+	for (const struct sup_conn *c = s->conns; c; c = c->next)
+		if (c->worker < 0 && (!next || c->deadline < next))
+			next = c->deadline;
+	return next;
+}
+
+void sup_conns_expire(struct sup *s, uint64_t now)
+{
+	unsigned n = 0;
+	for (struct sup_conn *c = s->conns, *next; c; c = next) {
+		next = c->next;
+		if (c->worker >= 0 || c->deadline > now)
+			continue;
+		kvr_debug("connection from pid %d closed: not attached within %u ms", (int)c->pid,
+			  s->cfg.supervisor.attach_timeout_ms);
+		conn_close(s, c);
+		n++;
+	}
+	s->n_idle_closed += n;
+	if (n) /* one line per pass */
+		kvr_warn("closed %u connection%s that did not attach within %u ms (supervisor.attach_timeout_ms; "
+			 "%llu so far)", n, n == 1 ? "" : "s", s->cfg.supervisor.attach_timeout_ms,
+			 (unsigned long long)s->n_idle_closed);
 }
 
 void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events)
@@ -613,6 +705,8 @@ void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events)
 	unsigned n_fds = 0;
 	const size_t hdr = offsetof(struct kvr_proto_req, payload);
 
+	if (c->fd < 0)
+		return; /* dropped earlier in this epoll batch (make_room) */
 	if (!(events & EPOLLIN)) {
 		conn_close(s, c);
 		return;
@@ -657,6 +751,7 @@ void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events)
 			rep_init(s, &rep, -ENOTCONN, "not attached");
 		} else {
 			worker_detach(s, c);
+			c->deadline = kvr_now_ns() + attach_timeout_ns(s); /* it may attach again */
 			rep_init(s, &rep, 0, NULL);
 		}
 		(void)send_rep(c->fd, &rep, NULL, 0);

@@ -394,3 +394,81 @@ Test(faults, bad_kv_memory_refused_at_attach)
 	}
 	cr_assert_eq(atomic_load(&env.h.ctl->state), KVR_INST_RUNNING);
 }
+
+/* ---- defect 10: idle connections lock out every attach ---------------------------------- */
+
+#define N_IDLE 130         /* more than kvringd's SUP_MAX_CONNS (128) */
+#define ATTACH_TIMEOUT_MS 1500
+
+/*
+ * 130 peers connect and never send a thing. A real worker (libkvring) attaching after them
+ * gets in at once — the oldest idle connections are closed to make room — instead of
+ * "too many connections"; every idle one is closed, none before attach_timeout_ms; the
+ * worker's own connection stays open past the timeout and it stores and loads.
+ */
+Test(faults, idle_connections_do_not_lock_out_attach)
+{
+	ct_start(&env, &tiny, &(struct ct_opts){.sup_extra = ", \"attach_timeout_ms\": 1500"});
+	static struct pollfd idle[N_IDLE];
+	uint64_t t_connect = 0;
+	for (unsigned i = 0; i < N_IDLE; i++) {
+		int fd = kvr_proto_connect(env.h.sock);
+		cr_assert(fd >= 0, "connection %u: %s", i, strerror(-fd));
+		idle[i] = (struct pollfd){.fd = fd, .events = POLLRDHUP};
+		t_connect = kvr_now_ns(); /* of the newest */
+	}
+
+	uint64_t t0 = kvr_now_ns();
+	struct ct_rank *r;
+	int rc = ct_rank_open(&env, 0, 16, 0, &r);
+	uint64_t attach_ms = ms_since(t0);
+	cr_assert_eq(rc, 0, "a worker could not attach behind %d idle connections: %s", N_IDLE, kvr_last_error(NULL));
+	cr_assert_lt(attach_ms, ATTACH_TIMEOUT_MS, "attach took %llu ms: it waited for the idle timeout",
+		     (unsigned long long)attach_ms);
+	cr_assert(h_log_contains(&env.h, "connection limit (128) reached: closed"));
+
+	/* every idle connection is closed: the oldest for room at once, the rest at the timeout */
+	unsigned closed = 0;
+	uint64_t newest_hup_ms = 0, deadline = kvr_now_ns() + (ATTACH_TIMEOUT_MS + 3000) * 1000000ull;
+	while (closed < N_IDLE && kvr_now_ns() < deadline) {
+		int n = poll(idle, N_IDLE, 100);
+		cr_assert_geq(n, 0);
+		for (unsigned i = 0; i < N_IDLE && n > 0; i++) {
+			if (idle[i].fd < 0 || !(idle[i].revents & (POLLHUP | POLLRDHUP)))
+				continue;
+			if (i == N_IDLE - 1)
+				newest_hup_ms = ms_since(t_connect);
+			close(idle[i].fd);
+			idle[i].fd = -1; /* poll ignores it now */
+			closed++;
+		}
+	}
+	for (unsigned i = 0; i < N_IDLE; i++)
+		if (idle[i].fd >= 0)
+			close(idle[i].fd);
+	cr_assert_eq(closed, N_IDLE, "%u of %d idle connections closed within %d ms", closed, N_IDLE,
+		     ATTACH_TIMEOUT_MS + 3000);
+	cr_assert_geq(newest_hup_ms, ATTACH_TIMEOUT_MS, "the newest idle connection was closed after %llu ms",
+		      (unsigned long long)newest_hup_ms);
+	cr_assert(h_log_contains(&env.h, "that did not attach within 1500 ms (supervisor.attach_timeout_ms"));
+
+	/* the attached worker was not closed: still attached, and it works */
+	cr_assert_eq(atomic_load(&kvr_ctl_worker(env.h.ctl, r->worker)->state), KVR_WORKER_ATTACHED);
+	uint32_t tokens[32], src[2] = {0, 1}, dst[2] = {5, 4};
+	ct_prompt(tokens, 32, 91);
+	ct_fill(r, 0, TAG(91, 0));
+	ct_fill(r, 1, TAG(91, 1));
+	struct ct_done d;
+	ct_store(r, 1, tokens, 32, src, 2, &d);
+	cr_assert_eq(d.c.status, 0);
+	cr_assert_eq(ct_lookup(r, 2, tokens, 32), 2);
+	ct_load(r, 2, dst, 2, &d);
+	cr_assert_eq(d.c.status, 0);
+	for (uint32_t i = 0; i < 2; i++) {
+		char w[200] = "";
+		cr_assert(ct_holds(r, dst[i], TAG(91, i), w, sizeof(w)), "loaded block %u: %s", dst[i], w);
+	}
+	fprintf(stderr, "faults/idle_connections: attach behind %d idle connections took %llu ms; the newest idle "
+		"one was closed after %llu ms (timeout %d ms)\n", N_IDLE, (unsigned long long)attach_ms,
+		(unsigned long long)newest_hup_ms, ATTACH_TIMEOUT_MS);
+}
