@@ -293,15 +293,13 @@ static void refresh_instance_state(struct sup *s)
 	}
 }
 
+/* The metrics thread reads these (metrics.c, relaxed atomic loads): store them atomically
+ * too. Relaxed is enough: a scrape wants each value, not an order between them. */
 static void record_exit(struct sup_actor *a, int status)
 {
-	if (WIFSIGNALED(status)) {
-		a->ent->last_exit_code = -1;
-		a->ent->last_exit_signal = WTERMSIG(status);
-	} else {
-		a->ent->last_exit_code = WEXITSTATUS(status);
-		a->ent->last_exit_signal = 0;
-	}
+	bool sig = WIFSIGNALED(status);
+	__atomic_store_n(&a->ent->last_exit_code, sig ? -1 : WEXITSTATUS(status), __ATOMIC_RELAXED);
+	__atomic_store_n(&a->ent->last_exit_signal, sig ? WTERMSIG(status) : 0, __ATOMIC_RELAXED);
 	a->pid = 0;
 	atomic_store(&a->ent->pid, 0);
 	atomic_store(&a->ent->held, 0); /* what it held died with it (its clients see it gone) */
@@ -436,7 +434,8 @@ void sup_actor_event(struct sup *s, struct sup_actor *a, enum sup_event ev, int 
 	}
 	case A_RESTART:
 		a->deadline = 0;
-		a->ent->restarts++;
+		/* one writer (this loop); the metrics thread loads it atomically */
+		__atomic_store_n(&a->ent->restarts, a->ent->restarts + 1, __ATOMIC_RELAXED);
 		do_spawn(s, a);
 		break;
 	case A_ESCALATE:
