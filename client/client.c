@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@
 #define WIRE_GEN_SHIFT 48
 #define MEMO_MAX 1024          /* lookups remembered for a following load */
 #define WAIT_SLICE_NS 20000000 /* re-check actor liveness this often while waiting */
+#define SUP_CHECK_NS 10000000  /* look at the attach socket at most this often (kvringd alive?) */
 
 struct memo {
 	uint64_t req_id;
@@ -58,7 +60,9 @@ struct pending {
 };
 
 struct kvr_client {
-	int sock;
+	int sock;                 /* the attach connection, open while attached */
+	bool sup_gone;            /* it closed: kvringd exited (or was killed); every call fails */
+	uint64_t sup_checked_ns;  /* when the socket was last looked at */
 	struct kvr_segment ctl_seg;
 	struct kvr_ctl *ctl;
 	struct kvr_attach_info info;
@@ -148,6 +152,30 @@ static bool actor_alive(const struct kvr_client *c, unsigned actor, uint32_t gen
 	const struct kvr_actor_ent *e = kvr_ctl_actor(c->ctl, actor);
 	return atomic_load(&e->generation) == gen && atomic_load(&e->state) == KVR_ACTOR_READY;
 }
+
+/*
+ * Is kvringd gone? The attach connection stays open for as long as we are attached and
+ * kvringd never writes on it unasked, so a hang-up on it means kvringd exited — however
+ * it died, the kernel closes its end. Its actors die with it (parent-death signal) but
+ * nobody marks them dead in the actor table, so this is the only way to know. A poll()
+ * of the socket, at most every SUP_CHECK_NS: every wait loop below re-checks once per
+ * WAIT_SLICE_NS slice, so a call in flight fails within about 20 ms.
+ */
+static bool sup_gone(struct kvr_client *c)
+{
+	if (c->sup_gone)
+		return true;
+	uint64_t now = kvr_now_ns();
+	if (now - c->sup_checked_ns < SUP_CHECK_NS)
+		return false;
+	c->sup_checked_ns = now;
+	struct pollfd p = {.fd = c->sock, .events = POLLRDHUP};
+	if (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)))
+		c->sup_gone = true;
+	return c->sup_gone;
+}
+
+#define SUP_GONE_WHY "kvringd is gone (the attach socket closed): detach and attach again"
 
 static uint64_t wire_id(struct kvr_client *c, uint32_t gen)
 {
@@ -343,6 +371,10 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 		uint32_t ss = atomic_load(&kvr_ctl_actor(c->ctl, c->info.storer_actor)->state);
 		if (ls == KVR_ACTOR_READY && ss == KVR_ACTOR_READY)
 			break;
+		if (sup_gone(c)) {
+			rc = fail(c, -EPIPE, "attach: %s", SUP_GONE_WHY);
+			goto err;
+		}
 		if (ls == KVR_ACTOR_FAILED || ss == KVR_ACTOR_FAILED || kvr_now_ns() >= deadline) {
 			if (c->info.group_ranks > 1 && ss == KVR_ACTOR_FAILED)
 				rc = fail(c, -EPIPE, "attach: the DCP group's gather actor FAILED (it kept crashing; "
@@ -469,12 +501,14 @@ static void fail_pending(struct kvr_client *c, unsigned i, int status)
 	finish_pending(c, i);
 }
 
-/* Fail every request addressed to an actor that restarted or died: all their blocks. */
+/* Fail every request addressed to an actor that restarted or died, or to any actor once
+ * kvringd is gone: all their blocks. */
 static void reap_dead(struct kvr_client *c)
 {
+	bool gone = sup_gone(c);
 	for (unsigned i = 0; i < c->n_pend;) {
 		struct pending *p = &c->pend[i];
-		if (actor_alive(c, p->actor, p->gen))
+		if (!gone && actor_alive(c, p->actor, p->gen))
 			i++;
 		else
 			fail_pending(c, i, -EPIPE);
@@ -585,6 +619,10 @@ int kvr_poll(struct kvr_client *c, struct kvr_completion *ret, unsigned max)
 		memmove(c->done_failed, c->done_failed + n, (c->n_done - n) * sizeof(*c->done_failed));
 		c->n_done -= n;
 	}
+	/* kvringd is gone and every completion (the failed requests) has been handed out:
+	 * nothing will ever complete again, so say so instead of returning 0 forever */
+	if (!n && !c->n_done && c->sup_gone)
+		return fail(c, -EPIPE, "%s", SUP_GONE_WHY);
 	return (int)n;
 }
 
@@ -623,6 +661,8 @@ static int send_msg(void *ctx, struct kvr_ring *r, const struct kvr_msg *m, uint
 		if (rc == 0)
 			return 0;
 		drain_replies(c);
+		if (sup_gone(c))
+			return -EPIPE;
 		uint64_t now = kvr_now_ns();
 		if (now >= deadline)
 			return -ETIMEDOUT;
@@ -693,6 +733,8 @@ int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, si
 
 	unsigned actor = c->info.lookup_actor;
 	uint32_t gen = actor_gen(c, actor);
+	if (sup_gone(c))
+		return fail(c, -EPIPE, "lookup: %s", SUP_GONE_WHY);
 	if (!actor_alive(c, actor, gen))
 		return fail(c, -EPIPE, "lookup: the lookup actor is not running (state %s)",
 			    kvr_actor_state_name(atomic_load(&kvr_ctl_actor(c->ctl, actor)->state)));
@@ -711,6 +753,10 @@ int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, si
 		struct kvr_msg m;
 		rc = kvr_ring_dequeue(c->lk_rep, &m, WAIT_SLICE_NS);
 		if (rc == -ETIMEDOUT || rc == -EINTR) {
+			if (sup_gone(c)) {
+				rc = fail(c, -EPIPE, "lookup: %s; treat as a miss", SUP_GONE_WHY);
+				goto out;
+			}
 			if (!actor_alive(c, actor, gen)) {
 				rc = fail(c, -EPIPE, "lookup: the lookup actor restarted; treat as a miss");
 				goto out;
@@ -809,6 +855,8 @@ static int submit(struct kvr_client *c, uint32_t op, unsigned actor, uint64_t re
 		  size_t n, const void *ipc_event, uint64_t *ret_wire)
 {
 	uint32_t gen = actor_gen(c, actor);
+	if (sup_gone(c))
+		return fail(c, -EPIPE, "%s: %s", op == KVR_OP_LOAD_DONE ? "load" : "store", SUP_GONE_WHY);
 	if (!actor_alive(c, actor, gen))
 		return fail(c, -EPIPE, "%s actor is not running (state %s)", op == KVR_OP_LOAD_DONE ? "loader" : "storer",
 			    kvr_actor_state_name(atomic_load(&kvr_ctl_actor(c->ctl, actor)->state)));

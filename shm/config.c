@@ -132,6 +132,9 @@ static const struct kvr_key keys[] = {
 	    "period of the health ping to every actor"),
 	U32("supervisor.drain_timeout_ms", supervisor.drain_timeout_ms, 30000, 0, 3600000, "ms",
 	    "on SIGTERM, how long in-flight work may take to finish"),
+	U32("supervisor.attach_timeout_ms", supervisor.attach_timeout_ms, 5000, 10, 600000, "ms",
+	    "a connection to the socket that has not attached this long after it was accepted (or after its "
+	    "last DETACH) is closed; with 128 connections open, the oldest such is closed to admit a new one"),
 
 	ENUM("model.preset", model.preset, "qwen3-8b", NULL,
 	     "model preset that fills the geometry (see Model presets); \"\" = give the geometry below"),

@@ -42,6 +42,7 @@ struct kvr_config {
 		uint32_t crash_loop_max_deaths;  /* ...and this many give up on the actor */
 		uint32_t health_interval_ms;     /* ping period */
 		uint32_t drain_timeout_ms;       /* SIGTERM: how long in-flight work may finish */
+		uint32_t attach_timeout_ms;      /* a connection not attached by then is closed */
 	} supervisor;
 	struct {
 		char preset[KVR_STR_MAX];    /* model preset name, "" = explicit geometry below */

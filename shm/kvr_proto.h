@@ -58,7 +58,13 @@ struct kvr_proto_rep {
 
 /* ATTACH: the request payload is the worker's struct kvr_geometry (kvr_geometry.h) and
  * one fd travels with it: the worker's KV memory (host backend: a memfd). The reply
- * payload is struct kvr_attach_info and its fds are [ctl, arena, slot table]. */
+ * payload is struct kvr_attach_info and its fds are [ctl, arena, slot table].
+ * kvringd refuses KV memory no actor could map safely, naming why in the reason: an
+ * O_PATH or not read-write fd, anything but a memfd, a hugetlbfs memfd, one sealed
+ * against writes (F_SEAL_WRITE; F_SEAL_FUTURE_WRITE unless it is a CUDA KV descriptor),
+ * one that cannot be sealed F_SEAL_SHRINK, one smaller than the geometry's extent. A
+ * memfd without F_SEAL_SHRINK gets it (before its size is read): it never shrinks after
+ * an accepted attach. */
 struct kvr_attach_info {
 	uint64_t ns_lo, ns_hi;   /* key namespace this worker's keys use (the instance's; a DCP
 				  * rank whose pages carry tails: also naming its layout) */
@@ -83,8 +89,8 @@ struct kvr_attach_info {
  * struct kvr_cuda_range at ranges_off, then the store-event table (n_events struct
  * kvr_cuda_event) at events_off. The worker fills it, seals it F_SEAL_SHRINK | F_SEAL_GROW |
  * F_SEAL_FUTURE_WRITE | F_SEAL_SEAL and keeps one writable mapping to fill event entries.
- * kvringd checks it like any KV memfd (a regular file at least as large as the geometry's
- * extent) and needs no change; an actor that does not know the format cannot map it
+ * kvringd checks it like any KV memfd (see ATTACH above: its F_SEAL_FUTURE_WRITE is
+ * accepted because it starts with the magic) and needs no change; an actor that does not know the format cannot map it
  * writable (EPERM) and fails instead of copying into it. Readers validate every field
  * (cuda/kvr_cuda.h: kvr_cuda_desc_read, kvr_cuda_desc_check) before using any.
  *

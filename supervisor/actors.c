@@ -151,9 +151,13 @@ static __attribute__((noreturn)) void child_exec(const char *exe, char *const ar
 	(void)signal(SIGPIPE, SIG_DFL); /* SIG_IGN would survive exec */
 	/* Own process group: a terminal's ^C reaches kvringd, which drains in order. */
 	(void)setpgid(0, 0);
-	/* An actor never outlives its supervisor: a new kvringd must find the memfds free. */
-	(void)prctl(PR_SET_PDEATHSIG, SIGTERM);
-	if (getppid() != parent)
+	/* An actor never outlives its supervisor: a new kvringd must find the memfds free, and
+	 * nothing is left to serve (no one restarts, answers or drains). SIGKILL, not SIGTERM:
+	 * an actor inside a handler (a store waiting up to 10 s for the lookup actor's reply)
+	 * or stopped (SIGSTOP, a debugger) would not act on SIGTERM for as long as that lasts.
+	 * If kvringd died between fork() and prctl(), the signal was never sent: then we have
+	 * been reparented, and getppid() tells. */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
 		_exit(1);
 	for (int i = 0; i < n_keep; i++)
 		if (fcntl(keep[i], F_SETFD, 0) < 0)
@@ -289,15 +293,13 @@ static void refresh_instance_state(struct sup *s)
 	}
 }
 
+/* The metrics thread reads these (metrics.c, relaxed atomic loads): store them atomically
+ * too. Relaxed is enough: a scrape wants each value, not an order between them. */
 static void record_exit(struct sup_actor *a, int status)
 {
-	if (WIFSIGNALED(status)) {
-		a->ent->last_exit_code = -1;
-		a->ent->last_exit_signal = WTERMSIG(status);
-	} else {
-		a->ent->last_exit_code = WEXITSTATUS(status);
-		a->ent->last_exit_signal = 0;
-	}
+	bool sig = WIFSIGNALED(status);
+	__atomic_store_n(&a->ent->last_exit_code, sig ? -1 : WEXITSTATUS(status), __ATOMIC_RELAXED);
+	__atomic_store_n(&a->ent->last_exit_signal, sig ? WTERMSIG(status) : 0, __ATOMIC_RELAXED);
 	a->pid = 0;
 	atomic_store(&a->ent->pid, 0);
 	atomic_store(&a->ent->held, 0); /* what it held died with it (its clients see it gone) */
@@ -432,7 +434,8 @@ void sup_actor_event(struct sup *s, struct sup_actor *a, enum sup_event ev, int 
 	}
 	case A_RESTART:
 		a->deadline = 0;
-		a->ent->restarts++;
+		/* one writer (this loop); the metrics thread loads it atomically */
+		__atomic_store_n(&a->ent->restarts, a->ent->restarts + 1, __ATOMIC_RELAXED);
 		do_spawn(s, a);
 		break;
 	case A_ESCALATE:

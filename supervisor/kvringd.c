@@ -70,6 +70,9 @@ static void arm_timer(struct sup *s)
 	uint64_t next = sup_actor_next_deadline(s);
 	if (s->accept_resume && (!next || s->accept_resume < next))
 		next = s->accept_resume;
+	uint64_t conn = sup_conns_next_deadline(s);
+	if (conn && (!next || conn < next))
+		next = conn;
 	if (s->phase == PH_DRAIN) {
 		uint64_t poll = kvr_now_ns() + SUP_DRAIN_POLL_NS;
 		uint64_t d = poll < s->drain_deadline ? poll : s->drain_deadline;
@@ -193,9 +196,11 @@ static void run(struct sup *s)
 				break;
 			}
 		}
+		sup_conns_reap(s); /* after the batch: no event of it points at them any more */
 		uint64_t now = kvr_now_ns();
 		sup_actor_timers(s, now);
 		sup_accept_resume(s, now);
+		sup_conns_expire(s, now);
 		sup_workers_update(s);
 		if (s->phase == PH_DRAIN) {
 			if (sup_drained(s))

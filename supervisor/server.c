@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <linux/magic.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -161,8 +163,31 @@ static int send_rep(int fd, const struct kvr_proto_rep *rep, const int *fds, uns
 }
 
 static void conn_close(struct sup *s, struct sup_conn *c);
+static void conn_drop(struct sup *s, struct sup_conn *c);
 
-void sup_accept(struct sup *s)
+static uint64_t attach_timeout_ns(const struct sup *s)
+{
+	return (uint64_t)s->cfg.supervisor.attach_timeout_ms * 1000000ull;
+}
+
+/* At SUP_MAX_CONNS: close the un-attached connection with the earliest deadline (the one
+ * accepted first) so that a new peer gets in. Idle peers cannot lock out a real worker;
+ * an attached worker is never closed for room. False when every connection is a worker. */
+static bool make_room(struct sup *s)
+{
+	struct sup_conn *old = NULL;
+	for (struct sup_conn *c = s->conns; c; c = c->next) /* newest first: <= ends at the oldest */
+		if (c->worker < 0 && (!old || c->deadline <= old->deadline))
+			old = c;
+	if (!old)
+		return false;
+	kvr_debug("connection from pid %d closed to make room (not attached)", (int)old->pid);
+	conn_drop(s, old);
+	s->n_evicted++;
+	return true;
+}
+
+static void accept_all(struct sup *s, unsigned *evicted)
 {
 	for (;;) {
 		int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -208,6 +233,9 @@ void sup_accept(struct sup *s)
 				continue;
 			}
 		}
+		/* a peer that is refused anyway gets no room at another's expense */
+		if (!refused && s->n_conns >= SUP_MAX_CONNS && make_room(s))
+			(*evicted)++;
 		struct sup_conn *c = s->n_conns < SUP_MAX_CONNS ? calloc(1, sizeof(*c)) : NULL;
 		if (!c) {
 			if (refused) {
@@ -220,7 +248,8 @@ void sup_accept(struct sup *s)
 			continue;
 		}
 		*c = (struct sup_conn){.fd = fd, .watch = {W_CONN, c}, .pid = cr.pid, .uid = cr.uid, .worker = -1,
-				       .refused = refused, .next = s->conns};
+				       .refused = refused, .deadline = kvr_now_ns() + attach_timeout_ns(s),
+				       .next = s->conns};
 		if (sup_epoll_add(s, fd, &c->watch, EPOLLIN | EPOLLRDHUP) < 0) {
 			(void)close(fd);
 			free(c);
@@ -231,6 +260,16 @@ void sup_accept(struct sup *s)
 		s->n_refused += refused;
 		kvr_debug("connection from pid %d", (int)c->pid);
 	}
+}
+
+void sup_accept(struct sup *s)
+{
+	unsigned evicted = 0;
+	accept_all(s, &evicted);
+	if (evicted) /* one line per accept pass, not one per connection */
+		kvr_warn("connection limit (%d) reached: closed %u connection%s that had not attached, oldest first "
+			 "(%llu so far)", SUP_MAX_CONNS, evicted, evicted == 1 ? "" : "s",
+			 (unsigned long long)s->n_evicted);
 }
 
 void sup_accept_resume(struct sup *s, uint64_t now)
@@ -274,6 +313,78 @@ static void handle_inspect(struct sup *s, struct sup_conn *c)
 		}                                                                                           \
 	} while (0)
 
+/*
+ * The worker's KV memory descriptor, before any actor maps it: every loader and storer
+ * (and each restart of one) maps it shared read-write and copies through it, so memory an
+ * actor cannot map, or that can shrink under its mapping (SIGBUS in the actor), would
+ * crash-loop them and degrade the whole instance. Refused here instead, with the reason in
+ * rep: an O_PATH or not read-write descriptor, anything but a memfd (F_GET_SEALS fails),
+ * hugetlbfs, a memfd sealed against writes (unless it is a CUDA KV descriptor, which is
+ * sealed F_SEAL_FUTURE_WRITE on purpose, kvr_proto.h), one that cannot be sealed against
+ * shrinking. A memfd without F_SEAL_SHRINK is sealed here, before its size is read, so it
+ * can never be truncated afterwards. *ret_bytes: its size.
+ */
+static int kv_memory_check(struct sup *s, int fd, struct kvr_proto_rep *rep, uint64_t *ret_bytes)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0) {
+		rep_init(s, rep, -EBADF, "the KV memory descriptor is not usable: %s", strerror(errno));
+		return -EBADF;
+	}
+	if (fl & O_PATH) {
+		rep_init(s, rep, -EBADF, "the KV memory descriptor is an O_PATH descriptor: send the memfd opened "
+			 "read-write");
+		return -EBADF;
+	}
+	if ((fl & O_ACCMODE) != O_RDWR) {
+		rep_init(s, rep, -EBADF, "the KV memory descriptor is open %s: it must be open read-write",
+			 (fl & O_ACCMODE) == O_RDONLY ? "read-only" : "write-only");
+		return -EBADF;
+	}
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		rep_init(s, rep, -EBADF, "the KV memory descriptor is not a memfd (not even a regular file)");
+		return -EBADF;
+	}
+	struct statfs sfs;
+	if (fstatfs(fd, &sfs) == 0 && sfs.f_type == HUGETLBFS_MAGIC) {
+		rep_init(s, rep, -EINVAL, "the KV memory is a hugetlbfs memfd (MFD_HUGETLB): not supported, use a "
+			 "plain memfd");
+		return -EINVAL;
+	}
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0) {
+		rep_init(s, rep, -EBADF, "the KV memory is not a memfd (F_GET_SEALS: %s): a regular file can be "
+			 "truncated under the actors", strerror(errno));
+		return -EBADF;
+	}
+	if (seals & F_SEAL_WRITE) {
+		rep_init(s, rep, -EPERM, "the KV memory memfd is sealed against writes (F_SEAL_WRITE): loads could "
+			 "not write into it");
+		return -EPERM;
+	}
+	if (seals & F_SEAL_FUTURE_WRITE) {
+		uint32_t magic = 0;
+		if (pread(fd, &magic, sizeof(magic), 0) != (ssize_t)sizeof(magic) || magic != KVR_CUDA_DESC_MAGIC) {
+			rep_init(s, rep, -EPERM, "the KV memory memfd is sealed against writes (F_SEAL_FUTURE_WRITE) and "
+				 "is no CUDA KV descriptor");
+			return -EPERM;
+		}
+	}
+	if (!(seals & F_SEAL_SHRINK) && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		rep_init(s, rep, -EPERM, "the KV memory memfd cannot be sealed against shrinking (F_SEAL_SHRINK: %s): "
+			 "create it with MFD_ALLOW_SEALING", strerror(errno));
+		return -EPERM;
+	}
+	/* sealed: the size read now is a floor for as long as anyone holds the memfd */
+	if (fstat(fd, &st) < 0 || st.st_size <= 0) {
+		rep_init(s, rep, -EINVAL, "the KV memory memfd is empty");
+		return -EINVAL;
+	}
+	*ret_bytes = (uint64_t)st.st_size;
+	return 0;
+}
+
 /* Validate what an attaching worker sends — its geometry (payload) and its KV memory
  * (one memfd) — against the instance's model, and adopt the memfd (fds[0] = -1). *ret_ns:
  * the key namespace this worker uses (the instance's; a DCP rank with page tails: its
@@ -290,16 +401,16 @@ static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req
 		rep_init(s, rep, -EBADF, "attach needs exactly one descriptor (the KV memory), got %u", n_fds);
 		return -EBADF;
 	}
-	struct stat st;
-	if (fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
-		rep_init(s, rep, -EBADF, "the KV memory descriptor is not a memfd with a size");
-		return -EBADF;
-	}
-	uint64_t kv_bytes = (uint64_t)st.st_size;
+	uint64_t kv_bytes;
+	int rc = kv_memory_check(s, fds[0], rep, &kv_bytes);
+	if (rc)
+		return rc;
 	struct kvr_geometry gbuf, canon;
 	memcpy(&gbuf, req->payload, sizeof(gbuf));
 	const struct kvr_geometry *rank_g = &gbuf;
 	char err[KVR_GEOM_ERR_MAX];
+	/* also: every page lies inside the (sealed, so never smaller) KV memory, else
+	 * "region R (...): block B ends at E > kv_bytes N" */
 	if (kvr_geometry_validate(rank_g, kv_bytes, err, sizeof(err))) {
 		rep_init(s, rep, -EINVAL, "geometry: %s", err);
 		return -EINVAL;
@@ -526,12 +637,14 @@ void sup_workers_update(struct sup *s)
 	sup_groups_update(s);
 }
 
-static void conn_close(struct sup *s, struct sup_conn *c)
+/* Close c's socket and take it off the list (not freed). */
+static void conn_unlink(struct sup *s, struct sup_conn *c)
 {
 	if (c->worker >= 0)
 		worker_detach(s, c);
 	sup_epoll_del(s, c->fd);
 	(void)close(c->fd);
+	c->fd = -1;
 	for (struct sup_conn **pp = &s->conns; *pp; pp = &(*pp)->next)
 		if (*pp == c) {
 			*pp = c->next;
@@ -539,13 +652,66 @@ static void conn_close(struct sup *s, struct sup_conn *c)
 		}
 	s->n_conns--;
 	s->n_refused -= c->refused;
+}
+
+static void conn_close(struct sup *s, struct sup_conn *c)
+{
+	conn_unlink(s, c);
 	free(c);
+}
+
+/* conn_close from inside an epoll batch (sup_accept): a later event of the same batch may
+ * still point at c, so it is freed after the batch (sup_conns_reap); sup_conn_input skips
+ * it meanwhile (fd -1). */
+static void conn_drop(struct sup *s, struct sup_conn *c)
+{
+	conn_unlink(s, c);
+	c->next = s->dropped;
+	s->dropped = c;
+}
+
+void sup_conns_reap(struct sup *s)
+{
+	while (s->dropped) {
+		struct sup_conn *c = s->dropped;
+		s->dropped = c->next;
+		free(c);
+	}
 }
 
 void sup_conns_close_all(struct sup *s)
 {
 	while (s->conns)
 		conn_close(s, s->conns);
+	sup_conns_reap(s);
+}
+
+uint64_t sup_conns_next_deadline(const struct sup *s)
+{
+	uint64_t next = 0;
+	for (const struct sup_conn *c = s->conns; c; c = c->next)
+		if (c->worker < 0 && (!next || c->deadline < next))
+			next = c->deadline;
+	return next;
+}
+
+void sup_conns_expire(struct sup *s, uint64_t now)
+{
+	unsigned n = 0;
+	for (struct sup_conn *c = s->conns, *next; c; c = next) {
+		next = c->next;
+		if (c->worker >= 0 || c->deadline > now)
+			continue;
+		kvr_debug("connection from pid %d closed: not attached within %u ms", (int)c->pid,
+			  s->cfg.supervisor.attach_timeout_ms);
+		conn_close(s, c);
+		n++;
+	}
+	s->n_idle_closed += n;
+	if (n) /* one line per pass */
+		kvr_warn("closed %u connection%s that did not attach within %u ms (supervisor.attach_timeout_ms; "
+			 "%llu so far)", n, n == 1 ? "" : "s", s->cfg.supervisor.attach_timeout_ms,
+			 (unsigned long long)s->n_idle_closed);
 }
 
 void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events)
@@ -555,6 +721,8 @@ void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events)
 	unsigned n_fds = 0;
 	const size_t hdr = offsetof(struct kvr_proto_req, payload);
 
+	if (c->fd < 0)
+		return; /* dropped earlier in this epoll batch (make_room) */
 	if (!(events & EPOLLIN)) {
 		conn_close(s, c);
 		return;
@@ -599,6 +767,7 @@ void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events)
 			rep_init(s, &rep, -ENOTCONN, "not attached");
 		} else {
 			worker_detach(s, c);
+			c->deadline = kvr_now_ns() + attach_timeout_ns(s); /* it may attach again */
 			rep_init(s, &rep, 0, NULL);
 		}
 		(void)send_rep(c->fd, &rep, NULL, 0);

@@ -72,12 +72,13 @@ struct sup_actor {
 };
 
 struct sup_conn {
-	int fd;
+	int fd;                  /* -1 once dropped (sup_conns_reap frees it) */
 	struct sup_watch watch;
 	pid_t pid;
 	uid_t uid;
 	int worker;              /* attached worker slot, -1 if none */
 	bool refused;            /* not the owner: answered -EACCES, closed on its next input */
+	uint64_t deadline;       /* not attached by then (CLOCK_MONOTONIC ns): closed */
 	struct sup_conn *next;
 };
 
@@ -127,6 +128,9 @@ struct sup {
 
 	struct sup_conn *conns;
 	unsigned n_conns, n_refused;
+	struct sup_conn *dropped;   /* closed while epoll events may still point at them */
+	uint64_t n_idle_closed;     /* connections closed for not attaching in time ... */
+	uint64_t n_evicted;         /* ... and to make room at SUP_MAX_CONNS, since start */
 	struct sup_conn *worker_conn[KVR_CTL_MAX_WORKERS];
 	struct sup_dcp_group groups[KVR_CTL_MAX_WORKERS / 2];
 	int worker_group[KVR_CTL_MAX_WORKERS]; /* a DCP worker's group slot until its slot is free, else -1 */
@@ -223,6 +227,16 @@ void sup_accept(struct sup *s);
 void sup_accept_resume(struct sup *s, uint64_t now);
 void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events);
 void sup_conns_close_all(struct sup *s);
+/* Un-attached connections (none yet, a refused peer, one that sent DETACH) are closed
+ * supervisor.attach_timeout_ms after they were accepted or detached, so idle peers cannot
+ * hold the SUP_MAX_CONNS connections; at the limit, accepting a new one closes the oldest
+ * un-attached one instead of refusing the newcomer. An attached worker is never closed. */
+/* Earliest such deadline (0 = none). */
+uint64_t sup_conns_next_deadline(const struct sup *s);
+/* Close the connections whose deadline passed. Call outside an epoll batch. */
+void sup_conns_expire(struct sup *s, uint64_t now);
+/* Free the connections sup_accept closed to make room; call after each epoll batch. */
+void sup_conns_reap(struct sup *s);
 /* Free DETACHING worker slots whose loader and storer have exited. */
 void sup_workers_update(struct sup *s);
 

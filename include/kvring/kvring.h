@@ -23,7 +23,11 @@ extern "C" {
  * Errors: every call returns 0 (or a count) or a negative errno; kvr_last_error() gives a
  * one-line reason for the last failure on this client. No call blocks longer than the
  * attach timeout. A dead or restarting actor surfaces as an error completion (-EPIPE for
- * the requests it had), never a hang.
+ * the requests it had), never a hang. So does kvringd's death, seen through the attach
+ * connection (kept open while attached) within about 20 ms: every request in flight
+ * completes with -EPIPE (all its blocks failed), a kvr_lookup() in progress returns
+ * -EPIPE, and from then on every call returns -EPIPE at once (kvr_poll()/kvr_wait() once
+ * those completions were collected): detach and attach again.
  *
  * Threading: a client is used by one thread at a time (the engine's worker thread).
  */
@@ -54,9 +58,11 @@ struct kvr_cuda_kv {
 struct kvr_attach_opts {
 	const char *socket;                  /* kvringd socket; NULL = default */
 	const struct kvr_geometry *geometry; /* this rank's KV layout */
-	int kv_fd;                           /* host backend: memfd holding the KV memory, created
-					      * with MFD_ALLOW_SEALING: kvring seals it against
-					      * shrinking so a truncation cannot fault an actor */
+	int kv_fd;                           /* host backend: memfd holding the KV memory, open
+					      * read-write, created with MFD_ALLOW_SEALING (not
+					      * MFD_HUGETLB): kvringd seals it against shrinking at
+					      * attach so a truncation cannot fault an actor, and
+					      * refuses anything else, naming why (kvr_last_error) */
 	uint64_t kv_bytes;                   /* its size */
 	int64_t timeout_ms;                  /* per-call ceiling; 0 = 10000 */
 	const struct kvr_cuda_kv *cuda_kv;   /* NULL: host KV memory (kv_fd). Else the KV memory is
@@ -155,7 +161,8 @@ struct kvr_completion {
 	struct kvr_load_diag diag;
 };
 
-/* Collect up to max completions without blocking; returns how many (0..max) or -errno. */
+/* Collect up to max completions without blocking; returns how many (0..max) or -errno
+ * (-EPIPE: kvringd is gone and every completion was collected). */
 int kvr_poll(struct kvr_client *c, struct kvr_completion *ret, unsigned max);
 /* As kvr_poll, waiting up to timeout_ms for at least one (0 = return at once). */
 int kvr_wait(struct kvr_client *c, struct kvr_completion *ret, unsigned max, int64_t timeout_ms);

@@ -91,8 +91,9 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	snprintf(sup, sizeof(sup),
 		 "\"ready_timeout_ms\": 3000, \"stable_after_ms\": 1000, \"restart_backoff_initial_ms\": 20, "
 		 "\"restart_backoff_max_ms\": 200, \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": %u, "
-		 "\"health_interval_ms\": %u, \"drain_timeout_ms\": 3000",
-		 o->crash_loop_max ? o->crash_loop_max : 5, o->health_ms ? o->health_ms : 1000);
+		 "\"health_interval_ms\": %u, \"drain_timeout_ms\": 3000%s",
+		 o->crash_loop_max ? o->crash_loop_max : 5, o->health_ms ? o->health_ms : 1000,
+		 o->sup_extra ? o->sup_extra : "");
 	snprintf(sections, sizeof(sections),
 		 ",\n  \"model\": {\"preset\": \"\", \"model_id\": \"test/tiny\", \"layers\": %u, \"kv_heads\": %u,\n"
 		 "    \"head_dim\": %u, \"dtype_bytes\": %u, \"block_tokens\": %u, \"tp_size\": %u},\n"

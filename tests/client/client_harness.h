@@ -47,6 +47,7 @@ struct ct_opts {
 	uint64_t l2_bytes;         /* its cap; 0 = 64 MiB */
 	const char *l2_mode;       /* NULL = "write-through" */
 	const char *l2_extra;      /* spliced into the "l2" object after mode, e.g. ", \"read_only\": true" */
+	const char *sup_extra;     /* spliced into the "supervisor" object, e.g. ", \"attach_timeout_ms\": 500" */
 };
 
 struct ct_env {
