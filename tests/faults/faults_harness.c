@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <kvring/msg.h>
+
 #include "../shm/shm_test.h"
 #include "l2file.h"
 
@@ -164,10 +166,11 @@ void fh_fill_canary(const struct fh_rank *r, uint32_t block)
 		memset(page_of(r, reg, block), FH_CANARY, r->g.page_bytes[reg]);
 }
 
-uint64_t fh_check(const struct fh_rank *r, uint32_t block, kvr_key key, struct fh_bad *ret_bad)
+/* fh_check against lane `ln` of key. */
+static uint64_t check_as(const struct fh_rank *r, uint32_t block, kvr_key key, unsigned ln, struct fh_bad *ret_bad)
 {
 	uint8_t lane[FH_LANE_BYTES];
-	fh_lane_content(key, r->lane, lane);
+	fh_lane_content(key, ln, lane);
 	uint64_t wrong = 0;
 	bool canary = true;
 	struct fh_bad first = {0};
@@ -193,6 +196,25 @@ uint64_t fh_check(const struct fh_rank *r, uint32_t block, kvr_key key, struct f
 		*ret_bad = first;
 	}
 	return wrong;
+}
+
+uint64_t fh_check(const struct fh_rank *r, uint32_t block, kvr_key key, struct fh_bad *ret_bad)
+{
+	return check_as(r, block, key, r->lane, ret_bad);
+}
+
+int fh_identify(const struct fh_rank *r, uint32_t block, const struct fh_prompt *p, unsigned n, unsigned *ret_block,
+		unsigned *ret_lane)
+{
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned b = 0; b < p[i].n; b++)
+			for (unsigned ln = 0; ln < FH_TP; ln++)
+				if (!check_as(r, block, p[i].keys[b], ln, NULL)) {
+					*ret_block = b;
+					*ret_lane = ln;
+					return (int)i;
+				}
+	return -1;
 }
 
 /* ---- the worker process ----------------------------------------------------------------- */
@@ -318,8 +340,8 @@ static int wait_done(struct wctx *w, unsigned i, uint64_t req, struct kvr_comple
 	}
 }
 
-/* Store prompt p from every rank of the role. */
-static void op_store(struct wctx *w, unsigned pi)
+/* Store prompt p from every rank of the role. Returns the errors seen (0: all answered). */
+static int op_store(struct wctx *w, unsigned pi)
 {
 	const struct fh_prompt *p = &w->cfg->prompts[pi];
 	uint32_t half = w->cfg->num_blocks / 2, src[FH_MAX_BLK];
@@ -327,6 +349,7 @@ static void op_store(struct wctx *w, unsigned pi)
 		src[b] = w->src_cur++ % half;
 	uint64_t req[2];
 	bool sent[2] = {false, false};
+	int errs = 0;
 	for (unsigned i = 0; i < w->n_ranks; i++) {
 		for (uint32_t b = 0; b < p->n; b++)
 			fh_fill(&w->r[i], src[b], p->keys[b]);
@@ -334,6 +357,7 @@ static void op_store(struct wctx *w, unsigned pi)
 		int rc = kvr_store(w->r[i].c, req[i], p->tokens, p->n * FH_BT, NULL, 0, src, p->n);
 		sent[i] = rc == 0;
 		if (rc) {
+			errs++;
 			count(w, FH_C_SUBMIT_ERRS, 1);
 			set_err(w, "store submit: %d %s", rc, kvr_last_error(w->r[i].c));
 		}
@@ -344,26 +368,30 @@ static void op_store(struct wctx *w, unsigned pi)
 		if (!sent[i])
 			continue;
 		if (!wait_done(w, i, req[i], &c, failed, FH_MAX_BLK))
-			return;
+			return errs + 1;
 		count(w, FH_C_STORES, 1);
 		count(w, FH_C_STORES_FAILED, c.status != 0);
 		count(w, FH_C_STORED_BLOCKS, c.n_stored);
+		errs += c.status != 0;
 	}
+	return errs;
 }
 
 /* Look prompt p up on every rank of the role and load what each one matched; every block
- * reported restored is compared byte by byte. */
-static void op_load(struct wctx *w, unsigned pi)
+ * reported restored is compared byte by byte. Returns the errors seen. */
+static int op_load(struct wctx *w, unsigned pi)
 {
 	const struct fh_prompt *p = &w->cfg->prompts[pi];
 	uint32_t half = w->cfg->num_blocks / 2;
 	uint32_t dst[2][FH_MAX_BLK], m[2] = {0, 0};
 	uint64_t req[2];
+	int errs = 0;
 	for (unsigned i = 0; i < w->n_ranks; i++) {
 		struct kvr_lookup_result res;
 		req[i] = ++w->r[i].next_req;
 		int rc = kvr_lookup(w->r[i].c, req[i], p->tokens, p->n * FH_BT, NULL, 0, &res);
 		if (rc) {
+			errs++;
 			count(w, FH_C_LOOKUP_ERRS, 1);
 			set_err(w, "lookup: %d %s", rc, kvr_last_error(w->r[i].c));
 			continue;
@@ -377,6 +405,7 @@ static void op_load(struct wctx *w, unsigned pi)
 		}
 		rc = kvr_load(w->r[i].c, req[i], dst[i], res.matched_blocks);
 		if (rc) {
+			errs++;
 			count(w, FH_C_SUBMIT_ERRS, 1);
 			set_err(w, "load submit: %d %s", rc, kvr_last_error(w->r[i].c));
 			continue;
@@ -389,9 +418,10 @@ static void op_load(struct wctx *w, unsigned pi)
 		struct kvr_completion c;
 		uint32_t failed[FH_MAX_BLK];
 		if (!wait_done(w, i, req[i], &c, failed, FH_MAX_BLK))
-			return;
+			return errs + 1;
 		count(w, FH_C_LOADS, 1);
 		count(w, FH_C_LOADS_FAILED, c.status != 0);
+		errs += c.status != 0;
 		for (uint32_t b = 0; b < m[i]; b++) {
 			bool miss = false;
 			for (uint32_t k = 0; k < c.n_failed && k < FH_MAX_BLK; k++)
@@ -408,9 +438,25 @@ static void op_load(struct wctx *w, unsigned pi)
 				count(w, FH_C_WRONG_BLOCKS, 1);
 				count(w, FH_C_WRONG_BYTES, wrong);
 				report_bad(w, i, pi, &bad);
+				unsigned ob, ol;
+				int op = fh_identify(&w->r[i], dst[i][b], w->cfg->prompts, w->cfg->n_prompts, &ob, &ol);
+				char what[96];
+				if (bad.canary)
+					snprintf(what, sizeof(what), "never written (the canary)");
+				else if (op >= 0)
+					snprintf(what, sizeof(what), "prompt %d block %u lane %u's bytes", op, ob, ol);
+				else
+					snprintf(what, sizeof(what), "no stored block's bytes");
+				fprintf(stderr, "faults: t=%.3f s: WRONG BYTES: %s (TP rank %u) loaded prompt %u block %u (key "
+					"%016llx%016llx lane %u): %llu of %llu bytes wrong from offset %u (0x%02x, want "
+					"0x%02x): %s\n", (double)(kvr_now_ns() - w->cfg->t0_ns) / 1e9, w->role->name,
+					w->r[i].g.tp_rank, pi, b, (unsigned long long)p->keys[b].hi,
+					(unsigned long long)p->keys[b].lo, w->r[i].lane, (unsigned long long)wrong,
+					(unsigned long long)fh_rank_share(&w->r[i]), bad.offset, bad.got, bad.want, what);
 			}
 		}
 	}
+	return errs;
 }
 
 static void ack(struct wctx *w, unsigned state, uint32_t seq)
@@ -441,15 +487,16 @@ static __attribute__((noreturn)) void worker_main(const struct fh_worker_cfg *cf
 			}
 		}
 		switch (cmd) {
-		case FH_CMD_RUN:
+		case FH_CMD_RUN: {
 			atomic_store(&sh->state, FH_W_RUNNING);
-			if (rng_below(&w.g, 100) < 40)
-				op_store(&w, rng_below(&w.g, cfg->n_prompts));
-			else
-				op_load(&w, rng_below(&w.g, cfg->n_prompts));
-			if (cfg->think_us)
+			unsigned p = rng_below(&w.g, cfg->n_prompts);
+			int errs = rng_below(&w.g, 100) < 40 ? op_store(&w, p) : op_load(&w, p);
+			if (errs) /* an actor is restarting: do not spin on its -EPIPE */
+				usleep(2000);
+			else if (cfg->think_us)
 				usleep(rng_below(&w.g, cfg->think_us));
 			break;
+		}
 		case FH_CMD_VERIFY:
 			if (done_seq != seq) {
 				atomic_store(&sh->state, FH_W_RUNNING);
@@ -512,7 +559,7 @@ uint32_t fh_slots_offending(const struct kvr_slot_table *t, bool dump, const cha
 			unsigned v = atomic_load(&((struct kvr_slot *)s)->pins[w]);
 			if (v && off < sizeof(pins))
 				off += (size_t)snprintf(pins + off, sizeof(pins) - off, " w%u:%u%s", w, v,
-							w == KVR_SLOT_MAX_WORKERS - 1 ? "(lookup/disk)" : "");
+							w == KVR_L2_PIN_WORKER ? "(lookup/disk)" : "");
 		}
 		fprintf(stderr, "  %s: slot %u %s epoch %u key %016llx%016llx lane %u owner %u pins%s\n", what, i,
 			kvr_slot_state_name(kvr_slot_state(t, i)), kvr_slot_epoch(t, i), (unsigned long long)s->key.hi,

@@ -98,6 +98,10 @@ struct fh_bad {               /* the first wrong byte of a block */
 /* Compare engine block `block` with key's lane: the number of wrong bytes (0: exact); the
  * first one in *ret_bad when not NULL. Bytes compared: fh_rank_share(r). */
 uint64_t fh_check(const struct fh_rank *r, uint32_t block, kvr_key key, struct fh_bad *ret_bad);
+/* Whose bytes a wrong block holds: the prompt index (and its block and lane) whose content
+ * it matches exactly, or -1. */
+int fh_identify(const struct fh_rank *r, uint32_t block, const struct fh_prompt *p, unsigned n, unsigned *ret_block,
+		unsigned *ret_lane);
 uint64_t fh_rank_share(const struct fh_rank *r);
 
 /* ---- worker processes ----------------------------------------------------------------- */
@@ -154,6 +158,7 @@ struct fh_worker_cfg {
 	int64_t hang_ms;                   /* a request not completed by then is a hang */
 	int64_t attach_timeout_ms;
 	unsigned think_us;                 /* at most this long between two operations */
+	uint64_t t0_ns;                    /* kvr_now_ns() of the test's start: times printed relative to it */
 };
 
 /* Fork the process of `role`: it attaches, then follows sh->cmd (RUN: random stores and
