@@ -18,6 +18,7 @@
 #include <kvring/msg.h>
 
 #include "../shm/shm_test.h"
+#include "kvr_ctl.h"
 #include "l2file.h"
 
 /* ---- content ---------------------------------------------------------------------------- */
@@ -543,7 +544,22 @@ bool fh_slot_offends(const struct kvr_slot_table *t, uint32_t i)
 	return (st != KVR_SLOT_FREE && st != KVR_SLOT_COMMITTED) || kvr_slot_pins(t, i) > 0;
 }
 
-uint32_t fh_slots_offending(const struct kvr_slot_table *t, bool dump, const char *what)
+/* "attached, TP rank 1 of 2" / "free" / "detaching": who worker slot w is now. */
+static const char *worker_now(const struct kvr_ctl *ctl, unsigned w, char *buf, size_t len)
+{
+	if (!ctl || w >= ctl->max_workers)
+		return "not a worker slot";
+	const struct kvr_worker_ent *we = kvr_ctl_worker(ctl, w);
+	uint32_t st = atomic_load(&we->state);
+	if (st == KVR_WORKER_ATTACHED)
+		snprintf(buf, len, "attached: TP rank %u of %u, DCP rank %u of %u", we->tp_rank, we->tp_size,
+			 we->dcp_rank, we->dcp_size);
+	else
+		snprintf(buf, len, "%s", st == KVR_WORKER_FREE ? "free" : "detaching");
+	return buf;
+}
+
+uint32_t fh_slots_offending(const struct kvr_slot_table *t, const struct kvr_ctl *ctl, bool dump, const char *what)
 {
 	uint32_t n = 0;
 	for (uint32_t i = 0; i < t->n_slots; i++) {
@@ -561,9 +577,11 @@ uint32_t fh_slots_offending(const struct kvr_slot_table *t, bool dump, const cha
 				off += (size_t)snprintf(pins + off, sizeof(pins) - off, " w%u:%u%s", w, v,
 							w == KVR_L2_PIN_WORKER ? "(lookup/disk)" : "");
 		}
-		fprintf(stderr, "  %s: slot %u %s epoch %u key %016llx%016llx lane %u owner %u pins%s\n", what, i,
+		char who[96];
+		fprintf(stderr, "  %s: slot %u %s epoch %u key %016llx%016llx lane %u owner %u (%s) pins%s\n", what, i,
 			kvr_slot_state_name(kvr_slot_state(t, i)), kvr_slot_epoch(t, i), (unsigned long long)s->key.hi,
-			(unsigned long long)s->key.lo, s->lane, s->owner, off ? pins : " none");
+			(unsigned long long)s->key.lo, s->lane, s->owner, worker_now(ctl, s->owner, who, sizeof(who)),
+			off ? pins : " none");
 	}
 	return n;
 }

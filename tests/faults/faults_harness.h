@@ -172,8 +172,10 @@ pid_t fh_worker_spawn(const struct fh_worker_cfg *cfg, const struct fh_role *rol
 
 /* A slot that is neither FREE nor COMMITTED, or holds a pin, once everything is quiet. */
 bool fh_slot_offends(const struct kvr_slot_table *t, uint32_t i);
-/* Slots that offend; each printed to stderr (state, epoch, key, lane, owner, pins) when dump. */
-uint32_t fh_slots_offending(const struct kvr_slot_table *t, bool dump, const char *what);
+/* Slots that offend; each printed to stderr (state, epoch, key, lane, owner — and what that
+ * worker slot is now, from ctl when not NULL — and pins by index) when dump. */
+struct kvr_ctl;
+uint32_t fh_slots_offending(const struct kvr_slot_table *t, const struct kvr_ctl *ctl, bool dump, const char *what);
 
 /* Every COMMITTED slot against its key's content: wrong ones counted (and printed). */
 uint32_t fh_l1_check(const struct kvr_slot_table *t, void *arena_base, uint32_t *ret_checked);

@@ -362,8 +362,8 @@ Test(faults, late_read_after_owner_died)
 		     (unsigned long long)wrong);
 
 	/* quiet: only FREE and COMMITTED, no pins; every committed slot holds its key's bytes */
-	bool clean = H_WAIT(fh_slots_offending(env.slots, false, NULL) == 0, 5000);
-	uint32_t leaked = fh_slots_offending(env.slots, !clean, "leaked");
+	bool clean = H_WAIT(fh_slots_offending(env.slots, NULL, false, NULL) == 0, 5000);
+	uint32_t leaked = fh_slots_offending(env.slots, env.h.ctl, !clean, "leaked");
 	cr_expect_eq(leaked, 0, "%u slots not FREE/COMMITTED or pinned once quiet", leaked);
 	uint32_t l1_checked, l1_wrong = fh_l1_check(env.slots, env.arena_seg.base, &l1_checked);
 	cr_expect_eq(l1_wrong, 0, "%u of %u committed slots hold wrong bytes", l1_wrong, l1_checked);
