@@ -1,4 +1,4 @@
-/* Integrity under faults: kill -9 of every actor kind and of workers under a mixed workload, write-through and write-back. */
+/* Integrity under faults: kill -9 of every actor kind and of workers, mixed workload, write-through and write-back. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <signal.h>
