@@ -80,14 +80,18 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	e->lane_bytes = ct_lane_bytes(m);
 	uint64_t slot = kvr_slots_slot_bytes(e->lane_bytes);
 	uint32_t n_slots = o->l1_slots ? o->l1_slots : 64;
-	char l2[512] = "";
+	char l2[768] = "";
 	if (o->l2_dir)
 		snprintf(l2, sizeof(l2),
-			 ",\n  \"l2\": {\"dirs\": [\"%s\"], \"capacity_bytes\": %llu, \"durability\": \"block\", "
+			 ",\n  \"l2\": {\"dirs\": [\"%s\"%s%s%s], \"capacity_bytes\": %llu, \"durability\": \"block\", "
 			 "\"mode\": \"%s\"%s}",
-			 o->l2_dir, (unsigned long long)(o->l2_bytes ? o->l2_bytes : 64ull << 20),
+			 o->l2_dir, o->l2_dir2 ? ", \"" : "", o->l2_dir2 ? o->l2_dir2 : "", o->l2_dir2 ? "\"" : "",
+			 (unsigned long long)(o->l2_bytes ? o->l2_bytes : 64ull << 20),
 			 o->l2_mode ? o->l2_mode : "write-through", o->l2_extra ? o->l2_extra : "");
-	char sup[512], sections[2048];
+	char dcp[64] = "";
+	if (o->dcp_timeout_ms)
+		snprintf(dcp, sizeof(dcp), ",\n  \"dcp\": {\"store_timeout_ms\": %u}", o->dcp_timeout_ms);
+	char sup[512], sections[3072];
 	snprintf(sup, sizeof(sup),
 		 "\"ready_timeout_ms\": 3000, \"stable_after_ms\": 1000, \"restart_backoff_initial_ms\": 20, "
 		 "\"restart_backoff_max_ms\": 200, \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": %u, "
@@ -98,12 +102,12 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 		 ",\n  \"model\": {\"preset\": \"\", \"model_id\": \"test/tiny\", \"layers\": %u, \"kv_heads\": %u,\n"
 		 "    \"head_dim\": %u, \"dtype_bytes\": %u, \"block_tokens\": %u, \"tp_size\": %u},\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"%s\"},\n"
-		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}%s",
+		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}%s%s",
 		 m->layers, m->kv_heads, m->head_dim, m->dtype_bytes, m->block_tokens, m->tp_size,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * slot),
 		 o->eviction ? o->eviction : "lru",
 		 (unsigned long long)(o->staging_ceiling ? o->staging_ceiling : 64 * e->lane_bytes),
-		 o->load_percent ? o->load_percent : 50, (unsigned long long)o->staging_buffer, l2);
+		 o->load_percent ? o->load_percent : 50, (unsigned long long)o->staging_buffer, l2, dcp);
 	h_write_config_with(&e->h, NULL, o->max_workers ? o->max_workers : m->tp_size, sup, sections);
 	h_start(&e->h);
 	struct kvr_actor_ent *lk = h_actor(&e->h, "lookup");

@@ -44,10 +44,12 @@ struct ct_opts {
 	unsigned health_ms;        /* 0 = 1000 (a stopped actor is killed after 5 missed pings) */
 	unsigned crash_loop_max;   /* deaths in 10 s that give up on an actor; 0 = 5 */
 	const char *l2_dir;        /* an L2 tier in this directory (NULL = none) */
+	const char *l2_dir2;       /* and a second directory (a second disk actor); NULL = one */
 	uint64_t l2_bytes;         /* its cap; 0 = 64 MiB */
 	const char *l2_mode;       /* NULL = "write-through" */
 	const char *l2_extra;      /* spliced into the "l2" object after mode, e.g. ", \"read_only\": true" */
 	const char *sup_extra;     /* spliced into the "supervisor" object, e.g. ", \"attach_timeout_ms\": 500" */
+	unsigned dcp_timeout_ms;   /* dcp.store_timeout_ms; 0 = the default */
 };
 
 struct ct_env {

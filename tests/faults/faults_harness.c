@@ -1,0 +1,687 @@
+/* Fault suites: key-derived KV bytes, ranks, the worker process loop, slot-table and L2 checks. */
+#include "faults_harness.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <kvring/msg.h>
+
+#include "../shm/shm_test.h"
+#include "kvr_ctl.h"
+#include "l2file.h"
+
+/* ---- content ---------------------------------------------------------------------------- */
+
+void fh_lane_content(kvr_key key, unsigned lane, uint8_t out[FH_LANE_BYTES])
+{
+	uint64_t base = mix64(key.lo ^ mix64(key.hi + 0x9e3779b97f4a7c15ull * (lane + 1)));
+	for (uint32_t w = 0; w < FH_LANE_BYTES / 8; w++) {
+		uint64_t v = mix64(base + w * 0xd1b54a32d192ed03ull);
+		memcpy(out + 8 * w, &v, 8);
+	}
+}
+
+/* ---- prompts ---------------------------------------------------------------------------- */
+
+static void random_tokens(uint32_t *t, size_t n, struct rng *g)
+{
+	for (size_t i = 0; i < n; i++)
+		t[i] = rng_below(g, 151000);
+}
+
+void fh_make_prompts(struct fh_prompt *p, unsigned n, unsigned families, unsigned max_blk, uint64_t seed, kvr_key ns)
+{
+	struct rng g = {seed ^ 0x70726f6d707473ull};
+	static uint32_t base[64][FH_MAX_BLK * FH_BT];
+	if (families > 64)
+		families = 64;
+	if (max_blk > FH_MAX_BLK)
+		max_blk = FH_MAX_BLK;
+	for (unsigned f = 0; f < families; f++)
+		random_tokens(base[f], FH_MAX_BLK * FH_BT, &g);
+	for (unsigned i = 0; i < n; i++) {
+		struct fh_prompt *q = &p[i];
+		uint32_t pre = 1 + rng_below(&g, max_blk), suf = rng_below(&g, max_blk - pre + 1);
+		q->n = pre + suf;
+		memcpy(q->tokens, base[rng_below(&g, families)], pre * FH_BT * sizeof(uint32_t));
+		random_tokens(q->tokens + pre * FH_BT, suf * FH_BT, &g);
+		(void)kvr_keys_chain(ns, q->tokens, q->n * FH_BT, FH_BT, NULL, 0, q->keys, q->n);
+	}
+}
+
+void fh_make_prompt(struct fh_prompt *p, unsigned n_blocks, uint64_t seed, kvr_key ns)
+{
+	struct rng g = {seed ^ 0x6f6e65ull};
+	memset(p, 0, sizeof(*p));
+	p->n = n_blocks < FH_MAX_BLK ? n_blocks : FH_MAX_BLK;
+	random_tokens(p->tokens, p->n * FH_BT, &g);
+	(void)kvr_keys_chain(ns, p->tokens, p->n * FH_BT, FH_BT, NULL, 0, p->keys, p->n);
+}
+
+/* ---- ranks ------------------------------------------------------------------------------ */
+
+int fh_rank_prepare(struct fh_rank *r, unsigned tp_size, unsigned tp_rank, unsigned dcp_size, unsigned il,
+		    uint32_t num_blocks)
+{
+	memset(r, 0, sizeof(*r));
+	r->fd = -1;
+	uint32_t rt = FH_BT / dcp_size;
+	struct kvr_geometry *g = &r->g;
+	int rc = kvr_geometry_fill_vllm_layer_major(g, FH_LAYERS, FH_LANE_HEADS, FH_HEAD_DIM, FH_DTYPE, rt, num_blocks);
+	if (rc)
+		return rc;
+	g->block_tokens = FH_BT;
+	g->tp_size = tp_size;
+	g->tp_rank = tp_rank;
+	g->dcp_size = dcp_size;
+	g->dcp_rank = tp_rank % dcp_size;
+	g->dcp_interleave = dcp_size > 1 ? il : 1;
+	uint64_t page = (uint64_t)rt * FH_ROW;
+	for (unsigned l = 0; l < g->n_regions; l++) {
+		struct kvr_region reg = {.offset = (uint64_t)l * num_blocks * page, .stride = page,
+					 .page_bytes = (uint32_t)page, .sem_bytes = (uint32_t)page};
+		if ((rc = kvr_geometry_set_region(g, l, &reg)))
+			return rc;
+	}
+	r->lane = tp_rank / dcp_size;
+	r->bytes = kvr_geometry_kv_extent(g);
+	r->fd = memfd_create("fh-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (r->fd < 0 || ftruncate(r->fd, (off_t)r->bytes) < 0)
+		goto fail;
+	r->kv = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+	if (r->kv == MAP_FAILED) {
+		r->kv = NULL;
+		goto fail;
+	}
+	memset(r->kv, FH_CANARY, r->bytes);
+	return 0;
+fail:
+	rc = -errno;
+	fh_rank_close(r);
+	return rc;
+}
+
+int fh_rank_attach(struct fh_rank *r, const char *sock, int64_t timeout_ms)
+{
+	struct kvr_attach_opts o = {.socket = sock, .geometry = &r->g, .kv_fd = r->fd, .kv_bytes = r->bytes,
+				    .timeout_ms = timeout_ms};
+	return kvr_attach(&o, &r->c);
+}
+
+void fh_rank_close(struct fh_rank *r)
+{
+	kvr_detach(r->c);
+	r->c = NULL;
+	if (r->kv)
+		munmap(r->kv, r->bytes);
+	r->kv = NULL;
+	if (r->fd >= 0)
+		close(r->fd);
+	r->fd = -1;
+}
+
+uint64_t fh_rank_share(const struct fh_rank *r)
+{
+	return kvr_geometry_lane_bytes(&r->g);
+}
+
+/* The rank's page of region reg of engine block `block`. */
+static uint8_t *page_of(const struct fh_rank *r, unsigned reg, uint32_t block)
+{
+	struct kvr_region g = kvr_geometry_region(&r->g, reg);
+	return r->kv + g.offset + (uint64_t)block * g.stride;
+}
+
+/* Whether global token t of a block is this rank's: (t / I) mod D == dcp_rank. */
+static bool owns(const struct fh_rank *r, uint32_t t)
+{
+	return (t / r->g.dcp_interleave) % r->g.dcp_size == r->g.dcp_rank;
+}
+
+void fh_fill(const struct fh_rank *r, uint32_t block, kvr_key key)
+{
+	uint8_t lane[FH_LANE_BYTES];
+	fh_lane_content(key, r->lane, lane);
+	for (unsigned reg = 0; reg < FH_REGIONS; reg++) {
+		uint8_t *p = page_of(r, reg, block);
+		for (uint32_t t = 0, j = 0; t < FH_BT; t++)
+			if (owns(r, t))
+				memcpy(p + FH_ROW * j++, lane + (reg * FH_BT + t) * FH_ROW, FH_ROW);
+	}
+}
+
+void fh_fill_canary(const struct fh_rank *r, uint32_t block)
+{
+	for (unsigned reg = 0; reg < FH_REGIONS; reg++)
+		memset(page_of(r, reg, block), FH_CANARY, r->g.page_bytes[reg]);
+}
+
+/* fh_check against lane `ln` of key. */
+static uint64_t check_as(const struct fh_rank *r, uint32_t block, kvr_key key, unsigned ln, struct fh_bad *ret_bad)
+{
+	uint8_t lane[FH_LANE_BYTES];
+	fh_lane_content(key, ln, lane);
+	uint64_t wrong = 0;
+	bool canary = true;
+	struct fh_bad first = {0};
+	for (unsigned reg = 0; reg < FH_REGIONS; reg++) {
+		const uint8_t *p = page_of(r, reg, block);
+		for (uint32_t t = 0, j = 0; t < FH_BT; t++) {
+			if (!owns(r, t))
+				continue;
+			const uint8_t *got = p + FH_ROW * j++, *want = lane + (reg * FH_BT + t) * FH_ROW;
+			for (uint32_t k = 0; k < FH_ROW; k++) {
+				canary &= got[k] == FH_CANARY;
+				if (got[k] == want[k])
+					continue;
+				if (!wrong++)
+					first = (struct fh_bad){.key = key, .lane = r->lane, .block = block,
+								.offset = (reg * FH_BT + t) * FH_ROW + k, .got = got[k],
+								.want = want[k]};
+			}
+		}
+	}
+	if (wrong && ret_bad) {
+		first.canary = canary;
+		*ret_bad = first;
+	}
+	return wrong;
+}
+
+uint64_t fh_check(const struct fh_rank *r, uint32_t block, kvr_key key, struct fh_bad *ret_bad)
+{
+	return check_as(r, block, key, r->lane, ret_bad);
+}
+
+int fh_identify(const struct fh_rank *r, uint32_t block, const struct fh_prompt *p, unsigned n, unsigned *ret_block,
+		unsigned *ret_lane)
+{
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned b = 0; b < p[i].n; b++)
+			for (unsigned ln = 0; ln < FH_TP; ln++)
+				if (!check_as(r, block, p[i].keys[b], ln, NULL)) {
+					*ret_block = b;
+					*ret_lane = ln;
+					return (int)i;
+				}
+	return -1;
+}
+
+/* ---- the worker process ----------------------------------------------------------------- */
+
+struct wctx {
+	const struct fh_worker_cfg *cfg;
+	const struct fh_role *role;
+	struct fh_wshared *sh;
+	struct rng g;
+	struct fh_rank r[2];
+	unsigned n_ranks;
+	bool attached;
+	uint32_t src_cur, dst_cur;
+};
+
+static void count(struct wctx *w, unsigned c, uint64_t n)
+{
+	atomic_fetch_add(&w->sh->c[c], n);
+}
+
+static void set_err(struct wctx *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(struct wctx *w, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(w->sh->last_err, sizeof(w->sh->last_err), fmt, ap);
+	va_end(ap);
+}
+
+static void detach_all(struct wctx *w)
+{
+	for (unsigned i = 0; i < w->n_ranks; i++)
+		fh_rank_close(&w->r[i]);
+	w->attached = false;
+}
+
+struct attach_arg {
+	struct fh_rank *r;
+	const struct fh_worker_cfg *cfg;
+	int rc;
+	char err[200];
+};
+
+static void *attach_thread(void *p)
+{
+	struct attach_arg *a = p;
+	a->rc = fh_rank_attach(a->r, a->cfg->sock, a->cfg->attach_timeout_ms);
+	if (a->rc)
+		snprintf(a->err, sizeof(a->err), "%s", kvr_last_error(NULL));
+	return NULL;
+}
+
+/* Attach every rank of the role (a DCP group's ranks at once: each attach returns when the
+ * whole group is there). */
+static int attach_all(struct wctx *w)
+{
+	const struct fh_role *ro = w->role;
+	int rc = 0;
+	for (unsigned i = 0; i < w->n_ranks && !rc; i++)
+		rc = ro->kind == FH_ROLE_TP
+			     ? fh_rank_prepare(&w->r[i], FH_TP, ro->tp_rank, 1, 1, w->cfg->num_blocks)
+			     : fh_rank_prepare(&w->r[i], FH_TP * w->cfg->dcp_size, ro->tp_rank + i, w->cfg->dcp_size,
+					       w->cfg->dcp_interleave, w->cfg->num_blocks);
+	struct attach_arg a[2] = {0};
+	pthread_t t[2];
+	bool started[2] = {false, false};
+	for (unsigned i = 0; i < w->n_ranks && !rc; i++) {
+		a[i] = (struct attach_arg){.r = &w->r[i], .cfg = w->cfg};
+		if (w->n_ranks == 1)
+			attach_thread(&a[i]);
+		else
+			started[i] = pthread_create(&t[i], NULL, attach_thread, &a[i]) == 0;
+	}
+	for (unsigned i = 0; i < w->n_ranks; i++)
+		if (started[i])
+			pthread_join(t[i], NULL);
+	for (unsigned i = 0; i < w->n_ranks && !rc; i++)
+		if (a[i].rc) {
+			rc = a[i].rc;
+			set_err(w, "attach of rank %u: %s", w->r[i].g.tp_rank, a[i].err);
+		}
+	if (rc) {
+		detach_all(w);
+		count(w, FH_C_ATTACH_FAILS, 1);
+		return rc;
+	}
+	count(w, FH_C_ATTACHES, 1);
+	w->attached = true;
+	return 0;
+}
+
+static void report_bad(struct wctx *w, unsigned rank, unsigned prompt, const struct fh_bad *b)
+{
+	uint32_t no = 0;
+	if (!atomic_compare_exchange_strong(&w->sh->have_bad, &no, 2))
+		return;
+	w->sh->bad = *b;
+	w->sh->bad_prompt = prompt;
+	w->sh->bad_rank = w->r[rank].g.tp_rank;
+	atomic_store(&w->sh->have_bad, 1);
+}
+
+/* One completion of request req on rank i: 1 when it came, 0 on a hang (counted, the
+ * ranks detached: the next operation attaches again). */
+static int wait_done(struct wctx *w, unsigned i, uint64_t req, struct kvr_completion *ret, uint32_t *failed,
+		     uint32_t cap)
+{
+	for (;;) {
+		int n = kvr_wait(w->r[i].c, ret, 1, w->cfg->hang_ms);
+		if (n == 1 && ret->req_id != req)
+			continue; /* a late completion of a request given up on */
+		if (n == 1) {
+			uint32_t k = ret->n_failed < cap ? ret->n_failed : cap;
+			if (k)
+				memcpy(failed, ret->failed, k * sizeof(*failed));
+			return 1;
+		}
+		count(w, FH_C_HANGS, 1);
+		set_err(w, "rank %u: request %llu: no completion within %lld ms (%d: %s)", w->r[i].g.tp_rank,
+			(unsigned long long)req, (long long)w->cfg->hang_ms, n, kvr_last_error(w->r[i].c));
+		detach_all(w);
+		return 0;
+	}
+}
+
+/* Store prompt p from every rank of the role. Returns the errors seen (0: all answered). */
+static int op_store(struct wctx *w, unsigned pi)
+{
+	const struct fh_prompt *p = &w->cfg->prompts[pi];
+	uint32_t half = w->cfg->num_blocks / 2, src[FH_MAX_BLK];
+	for (uint32_t b = 0; b < p->n; b++)
+		src[b] = w->src_cur++ % half;
+	uint64_t req[2];
+	bool sent[2] = {false, false};
+	int errs = 0;
+	for (unsigned i = 0; i < w->n_ranks; i++) {
+		for (uint32_t b = 0; b < p->n; b++)
+			fh_fill(&w->r[i], src[b], p->keys[b]);
+		req[i] = ++w->r[i].next_req;
+		int rc = kvr_store(w->r[i].c, req[i], p->tokens, p->n * FH_BT, NULL, 0, src, p->n);
+		sent[i] = rc == 0;
+		if (rc) {
+			errs++;
+			count(w, FH_C_SUBMIT_ERRS, 1);
+			set_err(w, "store submit: %d %s", rc, kvr_last_error(w->r[i].c));
+		}
+	}
+	for (unsigned i = 0; i < w->n_ranks; i++) {
+		struct kvr_completion c;
+		uint32_t failed[FH_MAX_BLK];
+		if (!sent[i])
+			continue;
+		if (!wait_done(w, i, req[i], &c, failed, FH_MAX_BLK))
+			return errs + 1;
+		count(w, FH_C_STORES, 1);
+		count(w, FH_C_STORES_FAILED, c.status != 0);
+		count(w, FH_C_STORED_BLOCKS, c.n_stored);
+		errs += c.status != 0;
+	}
+	return errs;
+}
+
+/* Look prompt p up on every rank of the role and load what each one matched; every block
+ * reported restored is compared byte by byte. Returns the errors seen. */
+static int op_load(struct wctx *w, unsigned pi)
+{
+	const struct fh_prompt *p = &w->cfg->prompts[pi];
+	uint32_t half = w->cfg->num_blocks / 2;
+	uint32_t dst[2][FH_MAX_BLK], m[2] = {0, 0};
+	uint64_t req[2];
+	int errs = 0;
+	for (unsigned i = 0; i < w->n_ranks; i++) {
+		struct kvr_lookup_result res;
+		req[i] = ++w->r[i].next_req;
+		int rc = kvr_lookup(w->r[i].c, req[i], p->tokens, p->n * FH_BT, NULL, 0, &res);
+		if (rc) {
+			errs++;
+			count(w, FH_C_LOOKUP_ERRS, 1);
+			set_err(w, "lookup: %d %s", rc, kvr_last_error(w->r[i].c));
+			continue;
+		}
+		count(w, FH_C_LOOKUPS, 1);
+		if (!res.matched_blocks)
+			continue;
+		for (uint32_t b = 0; b < res.matched_blocks; b++) {
+			dst[i][b] = half + w->dst_cur++ % half;
+			fh_fill_canary(&w->r[i], dst[i][b]);
+		}
+		rc = kvr_load(w->r[i].c, req[i], dst[i], res.matched_blocks);
+		if (rc) {
+			errs++;
+			count(w, FH_C_SUBMIT_ERRS, 1);
+			set_err(w, "load submit: %d %s", rc, kvr_last_error(w->r[i].c));
+			continue;
+		}
+		m[i] = res.matched_blocks;
+	}
+	for (unsigned i = 0; i < w->n_ranks; i++) {
+		if (!m[i])
+			continue;
+		struct kvr_completion c;
+		uint32_t failed[FH_MAX_BLK];
+		if (!wait_done(w, i, req[i], &c, failed, FH_MAX_BLK))
+			return errs + 1;
+		count(w, FH_C_LOADS, 1);
+		count(w, FH_C_LOADS_FAILED, c.status != 0);
+		errs += c.status != 0;
+		for (uint32_t b = 0; b < m[i]; b++) {
+			bool miss = false;
+			for (uint32_t k = 0; k < c.n_failed && k < FH_MAX_BLK; k++)
+				miss |= failed[k] == dst[i][b];
+			if (miss) {
+				count(w, FH_C_BLOCKS_MISSED, 1);
+				continue;
+			}
+			struct fh_bad bad;
+			uint64_t wrong = fh_check(&w->r[i], dst[i][b], p->keys[b], &bad);
+			count(w, FH_C_BLOCKS_CHECKED, 1);
+			count(w, FH_C_BYTES, fh_rank_share(&w->r[i]));
+			if (wrong) {
+				count(w, FH_C_WRONG_BLOCKS, 1);
+				count(w, FH_C_WRONG_BYTES, wrong);
+				report_bad(w, i, pi, &bad);
+				unsigned ob, ol;
+				int op = fh_identify(&w->r[i], dst[i][b], w->cfg->prompts, w->cfg->n_prompts, &ob, &ol);
+				char what[96];
+				if (bad.canary)
+					snprintf(what, sizeof(what), "never written (the canary)");
+				else if (op >= 0)
+					snprintf(what, sizeof(what), "prompt %d block %u lane %u's bytes", op, ob, ol);
+				else
+					snprintf(what, sizeof(what), "no stored block's bytes");
+				fprintf(stderr, "faults: t=%.3f s: WRONG BYTES: %s (TP rank %u) loaded prompt %u block %u (key "
+					"%016llx%016llx lane %u): %llu of %llu bytes wrong from offset %u (0x%02x, want "
+					"0x%02x): %s\n", (double)(kvr_now_ns() - w->cfg->t0_ns) / 1e9, w->role->name,
+					w->r[i].g.tp_rank, pi, b, (unsigned long long)p->keys[b].hi,
+					(unsigned long long)p->keys[b].lo, w->r[i].lane, (unsigned long long)wrong,
+					(unsigned long long)fh_rank_share(&w->r[i]), bad.offset, bad.got, bad.want, what);
+			}
+		}
+	}
+	return errs;
+}
+
+static void ack(struct wctx *w, unsigned state, uint32_t seq)
+{
+	atomic_store(&w->sh->state, state);
+	atomic_store(&w->sh->ack_seq, seq);
+}
+
+static __attribute__((noreturn)) void worker_main(const struct fh_worker_cfg *cfg, const struct fh_role *role,
+						  struct fh_wshared *sh, uint64_t seed)
+{
+	struct wctx w = {.cfg = cfg, .role = role, .sh = sh, .g = {seed},
+			 .n_ranks = role->kind == FH_ROLE_DCP ? 2 : 1};
+	w.src_cur = rng_below(&w.g, cfg->num_blocks);
+	w.dst_cur = rng_below(&w.g, cfg->num_blocks);
+	uint32_t done_seq = 0;
+	for (;;) {
+		uint32_t seq = atomic_load(&sh->cmd_seq), cmd = atomic_load(&sh->cmd);
+		if (cmd == FH_CMD_EXIT) {
+			detach_all(&w);
+			_exit(0);
+		}
+		if (!w.attached) {
+			atomic_store(&sh->state, FH_W_ATTACHING);
+			if (attach_all(&w)) {
+				usleep(20000);
+				continue;
+			}
+		}
+		switch (cmd) {
+		case FH_CMD_RUN: {
+			atomic_store(&sh->state, FH_W_RUNNING);
+			unsigned p = rng_below(&w.g, cfg->n_prompts);
+			int errs = rng_below(&w.g, 100) < 40 ? op_store(&w, p) : op_load(&w, p);
+			if (errs) /* an actor is restarting: do not spin on its -EPIPE */
+				usleep(2000);
+			else if (cfg->think_us)
+				usleep(rng_below(&w.g, cfg->think_us));
+			break;
+		}
+		case FH_CMD_VERIFY:
+			if (done_seq != seq) {
+				atomic_store(&sh->state, FH_W_RUNNING);
+				for (unsigned p = 0; p < cfg->n_prompts && w.attached; p++) {
+					op_load(&w, p);
+					count(&w, FH_C_VERIFIED, 1);
+				}
+				if (!w.attached)
+					break; /* a hang: attach and go through them again */
+				done_seq = seq;
+			}
+			ack(&w, FH_W_VERIFIED, seq);
+			usleep(2000);
+			break;
+		default: /* FH_CMD_QUIET: attached, doing nothing */
+			ack(&w, FH_W_IDLE, seq);
+			usleep(2000);
+			break;
+		}
+	}
+}
+
+pid_t fh_worker_spawn(const struct fh_worker_cfg *cfg, const struct fh_role *role, struct fh_wshared *sh,
+		      uint64_t seed)
+{
+	pid_t parent = getpid();
+	pid_t pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+			_exit(125);
+		atomic_store(&sh->pid, (int32_t)getpid());
+		worker_main(cfg, role, sh, seed);
+	}
+	return pid;
+}
+
+/* ---- the slot table ----------------------------------------------------------------------- */
+
+bool fh_slot_offends(const struct kvr_slot_table *t, uint32_t i)
+{
+	uint32_t st = kvr_slot_state(t, i);
+	return (st != KVR_SLOT_FREE && st != KVR_SLOT_COMMITTED) || kvr_slot_pins(t, i) > 0;
+}
+
+/* "attached, TP rank 1 of 2" / "free" / "detaching": who worker slot w is now. */
+static const char *worker_now(const struct kvr_ctl *ctl, unsigned w, char *buf, size_t len)
+{
+	if (!ctl || w >= ctl->max_workers)
+		return "not a worker slot";
+	const struct kvr_worker_ent *we = kvr_ctl_worker(ctl, w);
+	uint32_t st = atomic_load(&we->state);
+	if (st == KVR_WORKER_ATTACHED)
+		snprintf(buf, len, "attached: TP rank %u of %u, DCP rank %u of %u", we->tp_rank, we->tp_size,
+			 we->dcp_rank, we->dcp_size);
+	else
+		snprintf(buf, len, "%s", st == KVR_WORKER_FREE ? "free" : "detaching");
+	return buf;
+}
+
+uint32_t fh_slots_offending(const struct kvr_slot_table *t, const struct kvr_ctl *ctl, bool dump, const char *what)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < t->n_slots; i++) {
+		if (!fh_slot_offends(t, i))
+			continue;
+		n++;
+		if (!dump)
+			continue;
+		const struct kvr_slot *s = kvr_slot_at(t, i);
+		char pins[160] = "";
+		size_t off = 0;
+		for (unsigned o = 0; o < KVR_PIN_OWNERS; o++) {
+			unsigned v = kvr_slot_pins_of(t, i, o);
+			const char *who = o == KVR_PIN_LOOKUP ? "lookup" : o == KVR_PIN_IO ? "io" : o == KVR_PIN_REMOTE ? "remote" : "w";
+			if (v && off < sizeof(pins))
+				off += o < KVR_SLOT_MAX_WORKERS
+					       ? (size_t)snprintf(pins + off, sizeof(pins) - off, " %s%u:%u", who, o, v)
+					       : (size_t)snprintf(pins + off, sizeof(pins) - off, " %s:%u", who, v);
+		}
+		char who[96];
+		fprintf(stderr, "  %s: slot %u %s epoch %u key %016llx%016llx lane %u owner %u (%s) pins%s\n", what, i,
+			kvr_slot_state_name(kvr_slot_state(t, i)), kvr_slot_epoch(t, i), (unsigned long long)s->key.hi,
+			(unsigned long long)s->key.lo, s->lane, s->owner, worker_now(ctl, s->owner, who, sizeof(who)),
+			off ? pins : " none");
+	}
+	return n;
+}
+
+uint32_t fh_l1_check(const struct kvr_slot_table *t, void *arena_base, uint32_t *ret_checked)
+{
+	uint32_t wrong = 0, checked = 0;
+	uint8_t want[FH_LANE_BYTES];
+	for (uint32_t i = 0; i < t->n_slots; i++) {
+		if (kvr_slot_state(t, i) != KVR_SLOT_COMMITTED)
+			continue;
+		const struct kvr_slot *s = kvr_slot_at(t, i);
+		kvr_key key = s->key;
+		unsigned lane = s->lane;
+		fh_lane_content(key, lane, want);
+		const uint8_t *got = kvr_slot_data(t, arena_base, i);
+		/* the slot may have moved on since we read its key: only a stable epoch counts */
+		uint32_t ep = kvr_slot_epoch(t, i);
+		bool bad = memcmp(got, want, FH_LANE_BYTES) != 0;
+		if (kvr_slot_state(t, i) != KVR_SLOT_COMMITTED || kvr_slot_epoch(t, i) != ep)
+			continue;
+		checked++;
+		if (!bad)
+			continue;
+		wrong++;
+		uint32_t o = 0;
+		while (got[o] == want[o])
+			o++;
+		fprintf(stderr, "  L1: slot %u (key %016llx%016llx lane %u, epoch %u) holds wrong bytes from offset %u "
+			"(0x%02x, want 0x%02x)\n", i, (unsigned long long)key.hi, (unsigned long long)key.lo, lane, ep,
+			o, got[o], want[o]);
+	}
+	if (ret_checked)
+		*ret_checked = checked;
+	return wrong;
+}
+
+/* ---- L2 files ------------------------------------------------------------------------------ */
+
+static void scan_file(const char *path, const char *name, kvr_key ns, struct fh_l2_scan *acc)
+{
+	kvr_key key;
+	uint32_t lane;
+	if (kvr_l2_is_tmp_name(name)) {
+		acc->tmp++;
+		return;
+	}
+	if (kvr_l2_name_parse(name, &key, &lane))
+		return; /* not a block file (the lock, ...) */
+	acc->files++;
+	const uint64_t size = kvr_l2_file_bytes(FH_LANE_BYTES);
+	uint8_t *buf = malloc(size + 1);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 && buf ? pread(fd, buf, size + 1, 0) : -1;
+	if (fd >= 0)
+		close(fd);
+	struct kvr_l2_ident id = {.ns = ns, .fingerprint = ns, .block_tokens = FH_BT, .lane_bytes = FH_LANE_BYTES};
+	const struct kvr_l2_hdr *h = (const void *)buf;
+	enum kvr_l2_reason why = n != (ssize_t)size ? KVR_L2_R_SIZE : kvr_l2_hdr_check(h, &id, key, lane);
+	if (why == KVR_L2_OK)
+		why = kvr_l2_payload_check(h, buf + KVR_L2_HDR_BYTES);
+	if (why != KVR_L2_OK) {
+		acc->damaged++;
+		fprintf(stderr, "  L2: %s: damaged under a real name (%s; %zd bytes)\n", path, kvr_l2_reason_name(why), n);
+		free(buf);
+		return;
+	}
+	uint8_t want[FH_LANE_BYTES];
+	fh_lane_content(key, lane, want);
+	acc->bytes += FH_LANE_BYTES;
+	const uint8_t *got = buf + KVR_L2_HDR_BYTES;
+	if (memcmp(got, want, FH_LANE_BYTES)) {
+		uint32_t o = 0;
+		while (got[o] == want[o])
+			o++;
+		acc->wrong++;
+		fprintf(stderr, "  L2: %s: valid header and checksum, wrong bytes from offset %u (0x%02x, want 0x%02x)\n",
+			path, o, got[o], want[o]);
+	} else {
+		acc->ok++;
+	}
+	free(buf);
+}
+
+void fh_l2_scan(const char *dir, kvr_key ns, struct fh_l2_scan *acc)
+{
+	char nsd[KVR_KEY_FMT_LEN], sub[512];
+	snprintf(sub, sizeof(sub), "%s/%s", dir, kvr_l2_ns_dir_fmt(ns, nsd));
+	DIR *d = opendir(sub);
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		char path[800];
+		snprintf(path, sizeof(path), "%s/%s", sub, e->d_name);
+		scan_file(path, e->d_name, ns, acc);
+	}
+	closedir(d);
+}
