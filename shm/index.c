@@ -695,6 +695,11 @@ int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t)
 		idx->slot_ent[s] = NONE;
 		struct kvr_slot *sl = kvr_slot_at(t, s);
 		uint32_t st = kvr_slot_state(t, s);
+		/* EVICTING only ever lasts inside one eviction by the lookup actor: one that died
+		 * mid-eviction left it. Nothing was freed yet, the bytes are the block's: it goes
+		 * back to COMMITTED (a block left without some lanes is evicted in its turn). */
+		if (st == KVR_SLOT_EVICTING && kvr_slot_evict_cancel(t, s, kvr_slot_epoch(t, s)) == 0)
+			st = KVR_SLOT_COMMITTED;
 		if (st != KVR_SLOT_WRITING && st != KVR_SLOT_COMMITTED)
 			continue;
 		/* a promotion of a lookup actor that died: nobody waits for it any more */

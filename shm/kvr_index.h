@@ -54,8 +54,9 @@ void kvr_index_free(struct kvr_index *idx);
  * first; S3-FIFO puts rebuilt blocks in its main queue). Slots that cannot belong to a
  * block (lane >= lanes, another block size, a second slot for the same key and lane) are
  * released (aborted / evicted) unless pinned, and so are WRITING slots owned by
- * KVR_SLOT_OWNER_LOOKUP (promotions of a lookup actor that died); EVICTING slots are left
- * alone; DRAINING slots wait for kvr_index_reap.
+ * KVR_SLOT_OWNER_LOOKUP (promotions of a lookup actor that died); EVICTING slots (an
+ * eviction the dead lookup actor did not finish) go back to COMMITTED; DRAINING slots wait
+ * for kvr_index_reap.
  * Returns the number of blocks, or -errno. */
 int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t);
 

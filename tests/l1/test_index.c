@@ -656,3 +656,27 @@ Test(index, rebuild_aborts_a_dead_lookups_promotions)
 	cr_assert_eq(kvr_index_reap(idx), 1);
 	cr_assert_eq(kvr_slot_state(t, rb.slot), KVR_SLOT_FREE);
 }
+
+/* A lookup actor killed in the middle of an eviction leaves a lane EVICTING (found by the
+ * fault suite): its successor's rebuild returns it to COMMITTED — never left stuck, and never
+ * freed with a pinner racing it — and the block is evictable again. */
+Test(index, rebuild_finishes_an_interrupted_eviction)
+{
+	make(2, 1, 1, "lru");
+	kvr_key a = l1_key(1, 0), b = l1_key(2, 0), c = l1_key(3, 0);
+	store1(a);
+	store1(b);
+	struct kvr_index_block blk;
+	cr_assert_eq(kvr_index_get(idx, a, &blk), 0);
+	uint32_t s = blk.slot[0];
+	cr_assert_eq(kvr_slot_evict_begin(t, s, kvr_slot_epoch(t, s)), 0, "the dead actor's half-done eviction");
+	cr_assert_geq(kvr_index_rebuild(idx, t), 0);
+	cr_assert_eq(kvr_slot_state(t, s), KVR_SLOT_COMMITTED);
+	cr_assert(has(a));
+	store1(c); /* needs a victim: the rebuilt a is the least recent */
+	cr_assert(!has(a) && has(b) && has(c));
+	struct kvr_slot_counts cnt;
+	kvr_slots_counts(t, &cnt);
+	cr_assert_eq(cnt.by_state[KVR_SLOT_EVICTING], 0);
+	cr_assert_eq(cnt.by_state[KVR_SLOT_COMMITTED], 2);
+}
