@@ -50,7 +50,15 @@ struct read {                 /* an L2_READ in flight */
 	uint32_t slot, epoch;
 	unsigned disk;
 	uint32_t disk_gen;
+	uint64_t sent_ns;         /* when it was sent: unanswered after ANSWER_TIMEOUT_NS, it is lost */
 };
+
+/* A disk actor answers every request, but an answer can be lost: it drops a reply it could
+ * not send within its 5 s (our ring stayed full while we were blocked on a worker). A read
+ * or write unanswered this long is given up (a read: its promotion slot aborted, safe while
+ * an I/O may still land in it — it drains) or sent again (a write: duplicates cost nothing). */
+#define ANSWER_TIMEOUT_NS (8ull * 1000000000ull)
+#define ANSWER_SCAN_NS (1000000000ull)
 
 /* Write queue: every lane to be written to L2 waits here until its disk actor answered.
  * A lane with a write queued or sent cannot be evicted (evict_veto), so no write is ever
@@ -82,6 +90,9 @@ struct l2tier {
 	unsigned writes_inflight;     /* lanes in the write queue (queued or sent) */
 	uint8_t *wq_state;            /* [n_slots] WQ_* */
 	uint32_t *wq_epoch;           /* [n_slots] the epoch the write was queued for */
+	uint64_t *wq_sent_ns;         /* [n_slots] when it was sent (WQ_SENT) */
+	uint64_t last_scan_ns;        /* last look for lost answers */
+	uint64_t lost_answers;
 	struct wfifo wq[L2T_MAX_DISKS];
 	uint32_t n_slots;
 	bool write_back;          /* l2.mode "write-back": written when L1 must make room */
@@ -223,6 +234,7 @@ static void wq_pump(struct l2tier *t, unsigned d)
 				return; /* ring full: the next WRITE_DONE or tick sends it */
 			} else {
 				t->wq_state[s] = WQ_SENT;
+				t->wq_sent_ns[s] = kvr_now_ns();
 			}
 		}
 		f->head = (f->head + 1) % f->cap;
@@ -276,12 +288,13 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->pend = calloc(t->n_workers, sizeof(*t->pend));
 	t->wq_state = calloc(t->n_slots, 1);
 	t->wq_epoch = calloc(t->n_slots, sizeof(*t->wq_epoch));
+	t->wq_sent_ns = calloc(t->n_slots, sizeof(*t->wq_sent_ns));
 	bool wq_ok = true;
 	for (unsigned d = 0; d < n; d++) {
 		t->wq[d].cap = t->n_slots;
 		wq_ok &= (t->wq[d].q = calloc(t->n_slots, sizeof(*t->wq[d].q))) != NULL;
 	}
-	if (!t->pend || !t->wq_state || !t->wq_epoch || !wq_ok || set_grow(t)) {
+	if (!t->pend || !t->wq_state || !t->wq_epoch || !t->wq_sent_ns || !wq_ok || set_grow(t)) {
 		l2t_close(t);
 		return -ENOMEM;
 	}
@@ -332,6 +345,7 @@ void l2t_close(struct l2tier *t)
 		free(t->wq[d].q);
 	free(t->wq_state);
 	free(t->wq_epoch);
+	free(t->wq_sent_ns);
 	free(t->reads);
 	free(t->set);
 	free(t);
@@ -339,6 +353,7 @@ void l2t_close(struct l2tier *t)
 
 static void write_lane(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch);
 static void write_through_missing(struct l2tier *t, unsigned d);
+static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done);
 
 void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
 {
@@ -513,7 +528,8 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		unsigned d = route(t, key);
 		struct read *rd = &t->reads[ri];
 		*rd = (struct read){.used = true, .rseq = ++t->rseq, .worker = worker, .lane = lane, .pseq = p->seq,
-				    .block = i, .slot = r.slot, .epoch = r.epoch, .disk = d, .disk_gen = t->disk_gen[d]};
+				    .block = i, .slot = r.slot, .epoch = r.epoch, .disk = d, .disk_gen = t->disk_gen[d],
+				    .sent_ns = kvr_now_ns()};
 		uint64_t id = (uint64_t)rd->rseq << 32 | ri;
 		if (send_l2(t, d, KVR_MSG_L2_READ, id, key, lane, r.slot, r.epoch)) {
 			rd->used = false;
@@ -708,6 +724,44 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 		}
 		wq_pump(t, d);
 	}
+	return lost_answers(t, now, done);
+}
+
+/* Reads and writes whose answer never came (see ANSWER_TIMEOUT_NS), once a second. */
+static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
+{
+	if (now - t->last_scan_ns < ANSWER_SCAN_NS)
+		return 0;
+	t->last_scan_ns = now;
+	for (uint32_t i = 0; i < t->n_reads; i++) {
+		struct read *rd = &t->reads[i];
+		if (!rd->used || now - rd->sent_ns < ANSWER_TIMEOUT_NS)
+			continue;
+		if (!t->lost_answers++)
+			kvr_warn("disk.%u: an L2 read of slot %u unanswered for %llu s: given up (its answer was lost; "
+				 "further ones counted in the stop line)", rd->disk, rd->slot,
+				 (unsigned long long)(ANSWER_TIMEOUT_NS / 1000000000ull));
+		if (read_ended(t, i, -ETIMEDOUT, done)) {
+			t->last_scan_ns = 0; /* one promotion finished per call: look again at once */
+			return 1;
+		}
+	}
+	bool again[L2T_MAX_DISKS] = {false};
+	for (uint32_t s = 0; s < t->n_slots; s++) {
+		if (t->wq_state[s] != WQ_SENT || now - t->wq_sent_ns[s] < ANSWER_TIMEOUT_NS)
+			continue;
+		unsigned d = route(t, kvr_slot_at(t->a->slots, s)->key);
+		t->wq_state[s] = WQ_QUEUED;
+		wq_push(&t->wq[d], s);
+		again[d] = true;
+		t->lost_answers++;
+	}
+	for (unsigned d = 0; d < t->n_disks; d++)
+		if (again[d]) {
+			kvr_warn("disk.%u: L2 writes unanswered for %llu s: sent again", d,
+				 (unsigned long long)(ANSWER_TIMEOUT_NS / 1000000000ull));
+			wq_pump(t, d);
+		}
 	return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -334,6 +335,74 @@ uint32_t ct_lookup(struct ct_rank *r, uint64_t req, const uint32_t *tokens, size
 	cr_assert_eq(rc, 0, "rank %u lookup: %s", r->rank, kvr_last_error(r->c));
 	cr_assert_eq(res.matched_tokens, res.matched_blocks * r->g.block_tokens);
 	return res.matched_blocks;
+}
+
+uint32_t ct_lookup_load_exact(struct ct_rank *r, uint64_t req, const uint32_t *tokens, size_t n_tokens, uint32_t dst0,
+			      uint64_t tag0)
+{
+	uint32_t got = ct_lookup(r, req, tokens, n_tokens);
+	if (!got)
+		return 0;
+	uint32_t dst[64];
+	cr_assert_leq(got, 64);
+	for (uint32_t i = 0; i < got; i++)
+		dst[i] = dst0 + i;
+	struct ct_done d;
+	ct_load(r, req, dst, got, &d);
+	cr_assert_eq(d.c.status, 0, "request %llu: load %d (%u failed)", (unsigned long long)req, d.c.status,
+		     d.c.n_failed);
+	for (uint32_t i = 0; i < got; i++) {
+		char why[200] = "";
+		cr_assert(ct_holds(r, dst[i], tag0 + i, why, sizeof(why)), "request %llu block %u: WRONG BYTES: %s",
+			  (unsigned long long)req, i, why);
+	}
+	return got;
+}
+
+pid_t ct_spawn_rank_child(const struct ct_env *e, unsigned rank, uint32_t num_blocks, const uint32_t *lookup_tokens,
+			  size_t n_lookup_tokens, int *ret_worker)
+{
+	int pfd[2];
+	cr_assert_eq(pipe(pfd), 0);
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		close(pfd[0]);
+		struct kvr_geometry g;
+		int val = kvr_geometry_fill_vllm_layer_major(&g, e->m.layers, e->m.kv_heads / e->m.tp_size, e->m.head_dim,
+							     e->m.dtype_bytes, e->m.block_tokens, num_blocks);
+		g.tp_size = e->m.tp_size;
+		g.tp_rank = rank;
+		int kv = memfd_create("ct-child-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		struct kvr_client *c = NULL;
+		if (!val && (kv < 0 || ftruncate(kv, (off_t)kvr_geometry_kv_extent(&g)) < 0))
+			val = -errno;
+		if (!val) {
+			struct kvr_attach_opts o = {.socket = e->h.sock, .geometry = &g, .kv_fd = kv,
+						    .kv_bytes = kvr_geometry_kv_extent(&g), .timeout_ms = 5000};
+			val = kvr_attach(&o, &c);
+			if (!val)
+				val = (int)kvr_worker_slot(c);
+		}
+		if (write(pfd[1], &val, sizeof(val)) != sizeof(val) || val < 0)
+			_exit(1);
+		if (lookup_tokens) {
+			struct kvr_lookup_result res;
+			(void)kvr_lookup(c, 1, lookup_tokens, n_lookup_tokens, NULL, 0, &res);
+		}
+		for (;;)
+			pause();
+	}
+	close(pfd[1]);
+	ct_track_child(pid);
+	struct pollfd pf = {.fd = pfd[0], .events = POLLIN};
+	cr_assert_eq(poll(&pf, 1, 8000), 1, "the rank %u child did not report", rank);
+	int val = -1;
+	cr_assert_eq(read(pfd[0], &val, sizeof(val)), (ssize_t)sizeof(val));
+	close(pfd[0]);
+	cr_assert(val >= 0, "the rank %u child could not attach: %s", rank, strerror(-val));
+	*ret_worker = val;
+	return pid;
 }
 
 void ct_load(struct ct_rank *r, uint64_t req, const uint32_t *blocks, size_t n_blocks, struct ct_done *ret)

@@ -120,6 +120,19 @@ void ct_store(struct ct_rank *r, uint64_t req, const uint32_t *tokens, size_t n_
 uint32_t ct_lookup(struct ct_rank *r, uint64_t req, const uint32_t *tokens, size_t n_tokens);
 void ct_load(struct ct_rank *r, uint64_t req, const uint32_t *blocks, size_t n_blocks, struct ct_done *ret);
 
+/* Look tokens up and load what matched (at most 64 blocks) into engine blocks dst0, dst0+1,
+ * ...: asserts the load succeeded and that block i holds tag0 + i, byte by byte. Returns the
+ * blocks matched. */
+uint32_t ct_lookup_load_exact(struct ct_rank *r, uint64_t req, const uint32_t *tokens, size_t n_tokens, uint32_t dst0,
+			      uint64_t tag0);
+
+/* A rank in a child process (no Criterion asserts there): attaches as TP rank `rank` of the
+ * env's model with num_blocks engine blocks, reports its worker slot in *ret_worker, then —
+ * when lookup_tokens is not NULL — looks them up (that may start promotions), and waits to
+ * be killed. The child is tracked (ct_fini kills it). Fork before the test holds a client. */
+pid_t ct_spawn_rank_child(const struct ct_env *e, unsigned rank, uint32_t num_blocks, const uint32_t *lookup_tokens,
+			  size_t n_lookup_tokens, int *ret_worker);
+
 /* Slot table: the slot holding (key, lane) in any state other than FREE, or -1. */
 int ct_find_slot(const struct ct_env *e, kvr_key key, unsigned lane);
 uint32_t ct_count_state(const struct ct_env *e, unsigned state);

@@ -147,21 +147,7 @@ static void store_prompt(struct ct_rank *r, unsigned p)
  * blocks matched. */
 static uint32_t load_exact(struct ct_rank *r, uint64_t req, unsigned p)
 {
-	uint32_t got = ct_lookup(r, req, tokens[p], BLOCKS * BT);
-	if (!got)
-		return 0;
-	uint32_t dst[BLOCKS];
-	for (uint32_t i = 0; i < got; i++)
-		dst[i] = 8 + i;
-	struct ct_done d;
-	ct_load(r, req, dst, got, &d);
-	cr_assert_eq(d.c.status, 0, "prompt %u: load %d (%u failed)", p, d.c.status, d.c.n_failed);
-	for (uint32_t i = 0; i < got; i++) {
-		char why[200] = "";
-		cr_assert(ct_holds(r, dst[i], TAG(p, i), why, sizeof(why)), "prompt %u block %u: WRONG BYTES: %s", p, i,
-			  why);
-	}
-	return got;
+	return ct_lookup_load_exact(r, req, tokens[p], BLOCKS * BT, 8, TAG(p, 0));
 }
 
 static uint64_t lk(unsigned s)
@@ -194,47 +180,11 @@ static void assert_table_clean(void)
 	cr_assert_fail("the slot table is not clean once quiet");
 }
 
-/* A worker in a child process (no Criterion asserts there): attaches, reports its worker
- * slot, looks prompt p up (that starts its promotion reads) and waits to be killed. */
+/* A worker in a child process: attaches, looks prompt p up (that starts its promotion
+ * reads) and waits to be killed. */
 static pid_t spawn_lookup_child(unsigned p, int *ret_worker)
 {
-	int pfd[2];
-	cr_assert_eq(pipe(pfd), 0);
-	pid_t pid = fork();
-	cr_assert(pid >= 0);
-	if (pid == 0) {
-		close(pfd[0]);
-		struct kvr_geometry g;
-		int val = kvr_geometry_fill_vllm_layer_major(&g, env.m.layers, env.m.kv_heads, env.m.head_dim,
-							     env.m.dtype_bytes, env.m.block_tokens, 16);
-		int kv = memfd_create("ct-child-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-		struct kvr_client *c = NULL;
-		if (!val && (kv < 0 || ftruncate(kv, (off_t)kvr_geometry_kv_extent(&g)) < 0))
-			val = -errno;
-		if (!val) {
-			struct kvr_attach_opts o = {.socket = env.h.sock, .geometry = &g, .kv_fd = kv,
-						    .kv_bytes = kvr_geometry_kv_extent(&g), .timeout_ms = 5000};
-			val = kvr_attach(&o, &c);
-			if (!val)
-				val = (int)kvr_worker_slot(c);
-		}
-		if (write(pfd[1], &val, sizeof(val)) != sizeof(val) || val < 0)
-			_exit(1);
-		struct kvr_lookup_result res;
-		(void)kvr_lookup(c, 1, tokens[p], BLOCKS * BT, NULL, 0, &res);
-		for (;;)
-			pause();
-	}
-	close(pfd[1]);
-	ct_track_child(pid);
-	struct pollfd pf = {.fd = pfd[0], .events = POLLIN};
-	cr_assert_eq(poll(&pf, 1, 8000), 1, "the lookup child did not report");
-	int val = -1;
-	cr_assert_eq(read(pfd[0], &val, sizeof(val)), (ssize_t)sizeof(val));
-	close(pfd[0]);
-	cr_assert(val >= 0, "the lookup child could not attach: %s", strerror(-val));
-	*ret_worker = val;
-	return pid;
+	return ct_spawn_rank_child(&env, 0, 16, tokens[p], BLOCKS * BT, ret_worker);
 }
 
 /* The worker slot went back to FREE: its actors exited and the lookup actor handled its death. */
@@ -487,5 +437,38 @@ Test(integrity, write_through_never_skips_on_a_full_ring)
 	cr_assert_eq(lk(KVR_STAT_LK_L2_WRITES_SKIPPED), 0);
 	cr_assert_eq(h_count_files(l2dir, ".kvb"), P * BLOCKS);
 	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES_QUEUED) == 0, 3000));
+	assert_table_clean();
+}
+
+/*
+ * An answer lost between the disk actor and the lookup actor (the disk actor drops a reply
+ * it cannot send within 5 s, when the lookup actor's ring stays full): found by the fault
+ * suite as a promotion waiting forever, its slots WRITING and its prefix pinned. Here the
+ * test takes the promotion's reads off the stopped disk actor's ring itself, so no answer
+ * ever comes: the lookup actor gives them up after its answer timeout (8 s), the slots are
+ * freed and the pins dropped, and the blocks are still known on disk.
+ */
+Test(integrity, a_lost_disk_answer_is_given_up)
+{
+	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
+	close_rank(three_prompts_one_on_disk(&o));
+	pid_t dpid = ct_actor_pid(&env, "disk.0");
+	ct_stop_process(dpid);
+	int w;
+	pid_t child = spawn_lookup_child(0, &w);
+	struct kvr_ring *dreq = ct_ring(&env, "disk.req.0");
+	cr_assert(H_WAIT(kvr_ring_count(dreq) == BLOCKS, 3000), "the promotion's reads were not sent");
+	struct kvr_msg m;
+	for (unsigned i = 0; i < BLOCKS; i++) /* the disk actor is stopped: we are its ring's only reader */
+		cr_assert_eq(kvr_ring_try_dequeue(dreq, &m), 0);
+	cr_assert_eq(kill(dpid, SIGCONT), 0);
+	cr_assert_eq(ct_count_state(&env, KVR_SLOT_WRITING), BLOCKS);
+	cr_assert(H_WAIT(table_clean(), 15000), "the unanswered promotion was never given up");
+	cr_assert(h_log_contains(&env.h, "unanswered"));
+	kill_child(child);
+	wait_worker_free((unsigned)w);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(load_exact(r, 50, 0), BLOCKS, "prompt 0 is still known on disk");
 	assert_table_clean();
 }

@@ -200,50 +200,6 @@ Test(client, quorum_visible_only_when_every_rank_stored)
 	}
 }
 
-/* A rank-1 worker in a child process: attach, report the worker slot, wait to be killed.
- * No Criterion asserts in the child: it reports failure as a negative number. */
-static pid_t spawn_rank_child(unsigned rank, uint32_t num_blocks, int *ret_worker)
-{
-	int pfd[2];
-	cr_assert_eq(pipe(pfd), 0);
-	pid_t pid = fork();
-	cr_assert(pid >= 0);
-	if (pid == 0) {
-		close(pfd[0]);
-		struct kvr_geometry g;
-		int val = kvr_geometry_fill_vllm_layer_major(&g, env.m.layers, env.m.kv_heads / env.m.tp_size,
-							     env.m.head_dim, env.m.dtype_bytes, env.m.block_tokens,
-							     num_blocks);
-		g.tp_size = env.m.tp_size;
-		g.tp_rank = rank;
-		int kv = memfd_create("ct-child-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-		struct kvr_client *c = NULL;
-		if (!val && (kv < 0 || ftruncate(kv, (off_t)kvr_geometry_kv_extent(&g)) < 0))
-			val = -errno;
-		if (!val) {
-			struct kvr_attach_opts o = {.socket = env.h.sock, .geometry = &g, .kv_fd = kv,
-						    .kv_bytes = kvr_geometry_kv_extent(&g), .timeout_ms = 5000};
-			val = kvr_attach(&o, &c);
-			if (!val)
-				val = (int)kvr_worker_slot(c);
-		}
-		if (write(pfd[1], &val, sizeof(val)) != sizeof(val))
-			_exit(1);
-		for (;;)
-			pause();
-	}
-	close(pfd[1]);
-	ct_track_child(pid);
-	struct pollfd pf = {.fd = pfd[0], .events = POLLIN};
-	cr_assert_eq(poll(&pf, 1, 8000), 1, "the rank %u child did not report", rank);
-	int val = -1;
-	cr_assert_eq(read(pfd[0], &val, sizeof(val)), (ssize_t)sizeof(val));
-	close(pfd[0]);
-	cr_assert(val >= 0, "the rank %u child could not attach: %s", rank, strerror(-val));
-	*ret_worker = val;
-	return pid;
-}
-
 /*
  * Rank 1 dies before it commits: with storer.1 stopped the test stands in for it on
  * commit.req.1 / commit.rep.1 (SPSC: their real producer and consumer is stopped), so slots
@@ -256,7 +212,7 @@ Test(client, quorum_rank_dies_before_commit)
 	ct_start(&env, &tiny_tp2, NULL);
 	/* fork before this process holds any client: the child must not inherit its socket */
 	int w1;
-	pid_t child = spawn_rank_child(1, 16, &w1);
+	pid_t child = ct_spawn_rank_child(&env, 1, 16, NULL, 0, &w1);
 	struct ct_rank *r0;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r0), 0);
 	cr_assert_neq((unsigned)w1, r0->worker);

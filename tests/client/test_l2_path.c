@@ -64,20 +64,7 @@ static void store_prompt(struct ct_rank *r, unsigned p, uint64_t seed)
  * blocks found. */
 static uint32_t load_found_exact(struct ct_rank *r, uint64_t req, unsigned p)
 {
-	uint32_t got = ct_lookup(r, req, tokens[p], BLOCKS * BT);
-	if (!got)
-		return 0;
-	uint32_t dst[BLOCKS];
-	for (uint32_t i = 0; i < got; i++)
-		dst[i] = 8 + i;
-	struct ct_done d;
-	ct_load(r, req, dst, got, &d);
-	cr_assert_eq(d.c.status, 0, "prompt %u load: %d (%u failed)", p, d.c.status, d.c.n_failed);
-	for (uint32_t i = 0; i < got; i++) {
-		char why[200] = "";
-		cr_assert(ct_holds(r, dst[i], TAG(p, i), why, sizeof(why)), "prompt %u block %u: %s", p, i, why);
-	}
-	return got;
+	return ct_lookup_load_exact(r, req, tokens[p], BLOCKS * BT, 8, TAG(p, 0));
 }
 
 static void store_prompts(struct ct_rank *r)

@@ -45,7 +45,7 @@
 #define FAULTS_PER_ROUND 45
 #define N_ROLES 3
 #define N_PROMPTS 48
-#define QUIET_MS 5000
+#define QUIET_MS 12000 /* > the lookup actor's 8 s give-up on an L2 answer a disk actor lost (l2tier.c) */
 #define ROUND_CAP_MS 40000 /* a round that cannot find victims ends anyway */
 
 static struct ct_env env;
