@@ -34,6 +34,15 @@ static int dt_rm_cb(const char *path, const struct stat *sb, int flag, struct FT
 }
 
 /* rm -rf path (no error if it does not exist). */
+/* Open a store with cfg; asserts it opened. */
+static inline struct kvr_l2_store *dt_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt_stats *ast)
+{
+	struct kvr_l2_store *st = NULL;
+	int rc = kvr_l2_store_open(cfg, ast, &st);
+	cr_assert_eq(rc, 0, "kvr_l2_store_open: %s", strerror(-rc));
+	return st;
+}
+
 static inline void dt_rmrf(const char *path)
 {
 	(void)nftw(path, dt_rm_cb, 16, FTW_DEPTH | FTW_PHYS);

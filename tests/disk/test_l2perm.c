@@ -55,14 +55,6 @@ static struct kvr_l2_store_config config(kvr_key ns, enum kvr_l2_durability dur)
 	};
 }
 
-static struct kvr_l2_store *open_cfg(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt_stats *ast)
-{
-	struct kvr_l2_store *st = NULL;
-	int rc = kvr_l2_store_open(cfg, ast, &st);
-	cr_assert_eq(rc, 0, "kvr_l2_store_open: %s", strerror(-rc));
-	return st;
-}
-
 static kvr_key K(unsigned i)
 {
 	return dt_key(43, i);
@@ -144,7 +136,7 @@ Test(l2perm, created_modes_whatever_the_umask)
 		struct kvr_l2_adopt_stats a;
 		umask(cases[i].umask);
 		struct kvr_l2_store_config cfg = config((kvr_key){0x100 + i, 0x200}, cases[i].dur);
-		s = open_cfg(&cfg, &a);
+		s = dt_store_open(&cfg, &a);
 		snprintf(dir, sizeof(dir), "%s", kvr_l2_store_dir(s));
 		cr_assert(!a.dir_mode_fixed, "umask %04o: a new directory is made 0700", (unsigned)cases[i].umask);
 		snprintf(when, sizeof(when), "umask %04o, after open", (unsigned)cases[i].umask);
@@ -169,7 +161,7 @@ Test(l2perm, existing_wider_modes_fixed_at_open)
 	enum { N = sizeof(file_modes) / sizeof(file_modes[0]) };
 	char dir[256], p[512];
 	struct kvr_l2_store_config cfg = config(ID.ns, KVR_L2_DUR_NONE);
-	s = open_cfg(&cfg, NULL);
+	s = dt_store_open(&cfg, NULL);
 	put_n(s, 0, N);
 	snprintf(dir, sizeof(dir), "%s", kvr_l2_store_dir(s));
 	kvr_l2_store_close(s);
@@ -186,7 +178,7 @@ Test(l2perm, existing_wider_modes_fixed_at_open)
 
 	umask(022);
 	struct kvr_l2_adopt_stats a;
-	s = open_cfg(&cfg, &a);
+	s = dt_store_open(&cfg, &a);
 	cr_assert(a.dir_mode_fixed);
 	cr_assert_eq(a.dir_mode_was, 02755);
 	cr_assert_eq(a.modes_fixed, N - 1, "every file not 0600 was set to 0600 (%llu)",
@@ -205,7 +197,7 @@ Test(l2perm, existing_wider_modes_fixed_at_open)
 	kvr_l2_store_close(s);
 	s = NULL;
 
-	s = open_cfg(&cfg, &a);
+	s = dt_store_open(&cfg, &a);
 	cr_assert(!a.dir_mode_fixed);
 	cr_assert_eq(a.modes_fixed, 0);
 	cr_assert_eq(a.adopted, N + 3);
@@ -217,7 +209,7 @@ Test(l2perm, read_only_changes_no_mode)
 {
 	char dir[256], p[512];
 	struct kvr_l2_store_config cfg = config(ID.ns, KVR_L2_DUR_NONE);
-	s = open_cfg(&cfg, NULL);
+	s = dt_store_open(&cfg, NULL);
 	put_n(s, 0, 3);
 	snprintf(dir, sizeof(dir), "%s", kvr_l2_store_dir(s));
 	kvr_l2_store_close(s);
@@ -230,7 +222,7 @@ Test(l2perm, read_only_changes_no_mode)
 
 	cfg.read_only = true;
 	struct kvr_l2_adopt_stats a;
-	s = open_cfg(&cfg, &a);
+	s = dt_store_open(&cfg, &a);
 	cr_assert_eq(a.adopted, 3);
 	cr_assert(!a.dir_mode_fixed);
 	cr_assert_eq(a.modes_fixed, 0);
@@ -311,7 +303,7 @@ Test(l2perm, not_ours_is_refused)
 		cr_skip_test("needs root to create files of another uid");
 	char dir[256], p[512];
 	struct kvr_l2_store_config cfg = config(ID.ns, KVR_L2_DUR_NONE);
-	s = open_cfg(&cfg, NULL);
+	s = dt_store_open(&cfg, NULL);
 	put_n(s, 0, 3);
 	snprintf(dir, sizeof(dir), "%s", kvr_l2_store_dir(s));
 	kvr_l2_store_close(s);

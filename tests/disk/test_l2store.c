@@ -57,18 +57,10 @@ static struct kvr_l2_store_config config(const struct kvr_l2_ident *id, uint64_t
 	};
 }
 
-static struct kvr_l2_store *open_cfg(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt_stats *ast)
-{
-	struct kvr_l2_store *st = NULL;
-	int rc = kvr_l2_store_open(cfg, ast, &st);
-	cr_assert_eq(rc, 0, "kvr_l2_store_open: %s", strerror(-rc));
-	return st;
-}
-
 static struct kvr_l2_store *open_store(uint64_t cap_files, struct kvr_l2_adopt_stats *ast)
 {
 	struct kvr_l2_store_config cfg = config(&ID, cap_files);
-	return open_cfg(&cfg, ast);
+	return dt_store_open(&cfg, ast);
 }
 
 /* One completion, waiting for it. */
@@ -254,7 +246,7 @@ Test(l2store, cap_smaller_than_a_file)
 {
 	struct kvr_l2_store_config cfg = config(&ID, 1);
 	cfg.capacity_bytes = FB - 1;
-	s = open_cfg(&cfg, NULL);
+	s = dt_store_open(&cfg, NULL);
 	cr_assert_eq(kvr_l2_store_put(s, K(0), 0, dt_slot(&arena, 0), 0), -ENOSPC);
 	struct kvr_l2_store_stats st;
 	kvr_l2_store_stats(s, &st);
@@ -403,7 +395,7 @@ Test(l2store, adoption_table)
 	other_ns.ns.lo ^= 0xff;
 	{
 		struct kvr_l2_store_config cfg = config(&other_ns, 100);
-		struct kvr_l2_store *o = open_cfg(&cfg, NULL);
+		struct kvr_l2_store *o = dt_store_open(&cfg, NULL);
 		for (unsigned i = 0; i < 3; i++)
 			cr_assert_eq(put_wait(o, dt_key(7, i), 0, i), 0);
 		kvr_l2_store_close(o);
@@ -562,12 +554,12 @@ Test(l2store, directory_lock)
 	struct kvr_l2_ident other = ID;
 	other.ns.hi++;
 	cfg = config(&other, 10);
-	two = open_cfg(&cfg, NULL);
+	two = dt_store_open(&cfg, NULL);
 	kvr_l2_store_close(two);
 	kvr_l2_store_close(s);
 	s = NULL;
 	cfg = config(&ID, 10);
-	s = open_cfg(&cfg, NULL);
+	s = dt_store_open(&cfg, NULL);
 	cfg.root = "/nonexistent/kvr-l2";
 	cr_assert_eq(kvr_l2_store_open(&cfg, NULL, &two), -ENOENT);
 	cfg = config(&ID, 10);
