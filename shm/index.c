@@ -486,7 +486,8 @@ static void slot_release(struct kvr_index *idx, uint32_t s)
 	idx->free_slots[idx->n_free_slots++] = s;
 }
 
-/* An aborted slot: free now, or once its I/O is done (kvr_index_reap). */
+/* An aborted slot: free now, or once its I/O is done (kvr_index_reap). The draining list
+ * also holds evicted lanes whose final step met a pinner backing off (still EVICTING). */
 static void slot_aborted(struct kvr_index *idx, uint32_t s, int abort_rc)
 {
 	idx->slot_ent[s] = NONE;
@@ -501,7 +502,9 @@ unsigned kvr_index_reap(struct kvr_index *idx)
 	unsigned n = 0;
 	for (uint32_t k = 0; idx && k < idx->n_draining;) {
 		uint32_t s = idx->draining[k];
-		int rc = kvr_slot_drained(idx->t, s);
+		int rc = kvr_slot_state(idx->t, s) == KVR_SLOT_EVICTING
+				 ? kvr_slot_evict(idx->t, s, kvr_slot_epoch(idx->t, s))
+				 : kvr_slot_drained(idx->t, s);
 		if (rc == -EBUSY) {
 			k++;
 			continue;
@@ -578,10 +581,15 @@ static int evict_one(struct kvr_index *idx)
 			uint32_t s = *lane_slot(idx, e, l);
 			if (s == NONE)
 				continue;
-			if (kvr_slot_evict(idx->t, s, kvr_slot_epoch(idx->t, s)) == 0)
+			if (kvr_slot_evict(idx->t, s, kvr_slot_epoch(idx->t, s)) == 0) {
 				slot_release(idx, s);
-			else
-				idx->slot_ent[s] = NONE; /* never reuse a slot we could not free */
+			} else {
+				/* a loader's pin came between evict_begin and evict: it backs off (the slot
+				 * is EVICTING, it pins only COMMITTED), so the slot is freed by a later reap,
+				 * never reused before (found by faults_stress: a slot left EVICTING) */
+				idx->slot_ent[s] = NONE;
+				idx->draining[idx->n_draining++] = s;
+			}
 			*lane_slot(idx, e, l) = NONE;
 		}
 		ent_drop(idx, e, true);

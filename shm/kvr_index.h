@@ -104,7 +104,8 @@ int kvr_index_abort(struct kvr_index *idx, uint32_t slot, uint32_t epoch);
  * so nothing of it can still write) or KVR_SLOT_OWNER_LOOKUP. Returns the count. */
 int kvr_index_abort_owner(struct kvr_index *idx, unsigned w);
 
-/* DRAINING slots whose I/O is done (no pin left) go back to the free list. Returns how
+/* DRAINING slots whose I/O is done (no pin left), and evicted lanes left EVICTING because
+ * a loader's pin attempt overlapped the eviction, go back to the free list. Returns how
  * many did; kvr_index_alloc reaps too when it finds no free slot. */
 unsigned kvr_index_reap(struct kvr_index *idx);
 /* Slots waiting in DRAINING. */
