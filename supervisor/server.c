@@ -296,10 +296,16 @@ static void handle_inspect(struct sup *s, struct sup_conn *c)
 		(void)send_rep(c->fd, &rep, NULL, 0);
 		return;
 	}
+	/* the slot table too (read-only the same way): kvring-inspect shows states and pins */
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", s->slots_seg.fd);
+	int fds[2] = {ro, s->slots_seg.fd >= 0 ? open(p, O_RDONLY | O_CLOEXEC) : -1};
+	unsigned n = fds[1] >= 0 ? 2 : 1;
 	rep_init(s, &rep, 0, NULL);
-	rep.n_fds = 1;
-	int rc = send_rep(c->fd, &rep, &ro, 1);
+	rep.n_fds = n;
+	int rc = send_rep(c->fd, &rep, fds, n);
 	(void)close(ro);
+	if (fds[1] >= 0)
+		(void)close(fds[1]);
 	kvr_debug("inspect from pid %d%s", (int)c->pid, rc ? ": reply not sent" : "");
 }
 

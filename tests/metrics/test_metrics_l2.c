@@ -204,6 +204,25 @@ static cJSON *inspect_l2_matches(const char *scrape, const cJSON **ret_l2)
 	const cJSON *kept = cJSON_GetObjectItemCaseSensitive(l, "read_only_kept_files");
 	cr_assert_eq(jnum(kept, "adoption"), 0);
 	cr_assert_eq(jnum(kept, "read"), 0);
+	/* the slot table kvringd hands to INSPECT: states and pins agree with /metrics */
+	const cJSON *sl = cJSON_GetObjectItemCaseSensitive(doc, "l1_slots");
+	cr_assert(cJSON_IsObject(sl), "l1_slots missing");
+	const char *const st[] = {"free", "writing", "evicting", "draining"};
+	double sum = jnum(sl, "committed");
+	cr_assert_eq(sum, m_get(scrape, "kvring_l1_slots{state=\"committed\"}") +
+				  m_get(scrape, "kvring_l1_slots{state=\"reading\"}"));
+	for (unsigned i = 0; i < 4; i++) {
+		char series[64];
+		snprintf(series, sizeof(series), "kvring_l1_slots{state=\"%s\"}", st[i]);
+		cr_assert_eq(jnum(sl, st[i]), m_get(scrape, series), "l1_slots.%s", st[i]);
+		sum += jnum(sl, st[i]);
+	}
+	cr_assert_eq(sum, jnum(sl, "slots"), "the states add up to the slot count");
+	cr_assert_gt(jnum(sl, "committed"), 0);
+	const cJSON *pins = cJSON_GetObjectItemCaseSensitive(sl, "pins");
+	const char *const owners[] = {"loaders", "lookup", "io", "remote"};
+	for (unsigned i = 0; i < 4; i++)
+		cr_assert_eq(jnum(pins, owners[i]), 0, "a quiet instance holds no %s pin", owners[i]);
 	*ret_l2 = l;
 	return doc;
 }
@@ -268,6 +287,8 @@ Test(metrics_l2, gauges_and_evictions)
 	cr_assert(has_line(text, want), "no \"%s\" in:\n%s", want, text);
 	cr_assert(has_line(text, "    used 160.0 KiB of 160.0 KiB (100%)  files 8  evicted 4"), "text:\n%s", text);
 	cr_assert(has_line(text, "    adopted 0"), "text:\n%s", text);
+	cr_assert(strstr(text, "\nL1 slots ") && strstr(text, "  pins: loaders 0  lookup 0  io 0  remote 0\n"),
+		  "no slot table in the text:\n%s", text);
 	free(text);
 	free(t);
 }

@@ -223,11 +223,13 @@ int h_inspect_fd(const char *sock)
 	close(fd);
 	if (rc)
 		return rc;
-	if (rep.status || n_fds != 1) {
+	if (rep.status || n_fds < 1) {
 		for (unsigned i = 0; i < n_fds; i++)
 			close(fds[i]);
 		return rep.status ? rep.status : -EPROTO;
 	}
+	for (unsigned i = 1; i < n_fds; i++) /* the slot table: not needed here */
+		close(fds[i]);
 	return fds[0];
 }
 

@@ -390,6 +390,38 @@ static void text_instance(FILE *out, const struct kvr_insp_snap *s)
 	      attached, s->max_workers, s->n_rings);
 }
 
+void kvr_insp_snapshot_slots(struct kvr_insp_snap *s, const struct kvr_slot_table *t)
+{
+	if (!s || !t)
+		return;
+	s->has_slots = true;
+	s->n_slots = t->n_slots;
+	kvr_slots_counts(t, &s->slots);
+	memset(s->pins_by, 0, sizeof(s->pins_by));
+	for (uint32_t i = 0; i < t->n_slots; i++) {
+		for (unsigned w = 0; w < KVR_SLOT_MAX_WORKERS; w++)
+			s->pins_by[0] += kvr_slot_pins_of(t, i, KVR_PIN_WORKER(w));
+		s->pins_by[1] += kvr_slot_pins_of(t, i, KVR_PIN_LOOKUP);
+		s->pins_by[2] += kvr_slot_pins_of(t, i, KVR_PIN_IO);
+		s->pins_by[3] += kvr_slot_pins_of(t, i, KVR_PIN_REMOTE);
+	}
+}
+
+/* The slot table: states, and pins by owner (a quiet instance has only free and committed
+ * slots and no pin; writing, evicting, draining and pins belong to work in flight). */
+static void text_slots(FILE *out, const struct kvr_insp_snap *s)
+{
+	if (!s->has_slots)
+		return;
+	const struct kvr_slot_counts *c = &s->slots;
+	pline(out, "L1 slots %u: free %u  writing %u  committed %u (reading %u)", s->n_slots,
+	      c->by_state[KVR_SLOT_FREE], c->by_state[KVR_SLOT_WRITING], c->by_state[KVR_SLOT_COMMITTED], c->reading);
+	pline(out, "  evicting %u  draining %u%s  pins: loaders %" PRIu64 "  lookup %" PRIu64 "  io %" PRIu64
+	      "  remote %" PRIu64, c->by_state[KVR_SLOT_EVICTING], c->by_state[KVR_SLOT_DRAINING],
+	      c->invalid ? "  INVALID" : "", s->pins_by[0], s->pins_by[1], s->pins_by[2], s->pins_by[3]);
+	pline(out, "%s", "");
+}
+
 /* A loader/storer slot of a free worker: idle and never started. */
 static bool actor_idle(const struct kvr_insp_actor *a)
 {
@@ -677,6 +709,7 @@ int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struc
 	text_instance(out, cur);
 	pline(out, "%s", "");
 	text_attention(out, cur, prev);
+	text_slots(out, cur);
 	text_actors(out, cur);
 	pline(out, "%s", "");
 	text_workers(out, cur);
@@ -953,6 +986,27 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 	}
 	jw_close(&w, ']');
 
+	if (s->has_slots) {
+		const struct kvr_slot_counts *c = &s->slots;
+		jw_open(&w, "l1_slots", '{');
+		jw_u64(&w, "slots", s->n_slots);
+		jw_u64(&w, "free", c->by_state[KVR_SLOT_FREE]);
+		jw_u64(&w, "writing", c->by_state[KVR_SLOT_WRITING]);
+		jw_u64(&w, "committed", c->by_state[KVR_SLOT_COMMITTED]);
+		jw_u64(&w, "reading", c->reading);
+		jw_u64(&w, "evicting", c->by_state[KVR_SLOT_EVICTING]);
+		jw_u64(&w, "draining", c->by_state[KVR_SLOT_DRAINING]);
+		jw_u64(&w, "invalid", c->invalid);
+		jw_open(&w, "pins", '{');
+		jw_u64(&w, "loaders", s->pins_by[0]);
+		jw_u64(&w, "lookup", s->pins_by[1]);
+		jw_u64(&w, "io", s->pins_by[2]);
+		jw_u64(&w, "remote", s->pins_by[3]);
+		jw_close(&w, '}');
+		jw_close(&w, '}');
+	} else {
+		jw_null(&w, "l1_slots");
+	}
 	jw_open(&w, "workers", '[');
 	for (unsigned i = 0; i < s->n_workers; i++) {
 		const struct kvr_insp_worker *k = &s->workers[i];

@@ -10,6 +10,7 @@
 
 #include "kvr_config.h"
 #include "kvr_ctl.h"
+#include "kvr_slots.h"
 
 /*
  * Contract
@@ -119,6 +120,11 @@ struct kvr_insp_snap {
 	struct kvr_msg *msg_store; /* n_rings * max_msgs messages */
 	unsigned n_l2;       /* disk actors, by actor slot */
 	struct kvr_insp_l2 l2[KVR_CTL_MAX_ACTORS];
+	/* the L1 slot table (kvr_insp_snapshot_slots; kvringd hands it to INSPECT read-only) */
+	bool has_slots;
+	uint32_t n_slots;
+	struct kvr_slot_counts slots;
+	uint64_t pins_by[4]; /* loaders (all workers), lookup, io (disk actors), remote */
 };
 
 /* Copy the observable state of c (a validated kvr_ctl_attach() result) at time now.
@@ -126,6 +132,10 @@ struct kvr_insp_snap {
 int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now, unsigned max_msgs,
 		      struct kvr_insp_snap **ret_snap);
 void kvr_insp_snap_free(struct kvr_insp_snap *s);
+
+/* Add the slot table's state and pin counts to s (a snapshot, safe on a read-only mapping;
+ * t may be NULL: nothing added). */
+void kvr_insp_snapshot_slots(struct kvr_insp_snap *s, const struct kvr_slot_table *t);
 
 /* Human-readable text (<= 80 columns per line). */
 int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev);

@@ -67,7 +67,7 @@ static int parse_count(const char *s, unsigned *ret)
 
 /* Ask kvringd for the control segment. Returns a read-only mapping in *ret_seg, or exits
  * the way the contract says (message on stderr, status 1). */
-static int fetch_ctl(const char *path, struct kvr_segment *ret_seg)
+static int fetch_ctl(const char *path, struct kvr_segment *ret_seg, struct kvr_segment *ret_slots)
 {
 	int sock = kvr_proto_connect(path);
 	if (sock < 0) {
@@ -106,13 +106,16 @@ static int fetch_ctl(const char *path, struct kvr_segment *ret_seg)
 				strerror(-rc));
 		else
 			ret = 0;
+		/* the slot table, from a kvringd that sends it (older ones do not): optional */
+		if (!rc && n_fds >= 2 && kvr_segment_map(fds[1], KVR_SEG_SLOTS, 0, ret_slots))
+			ret_slots->base = NULL;
 	}
 	for (unsigned i = 0; i < n_fds; i++)
 		close(fds[i]);
 	return ret;
 }
 
-static int show(const struct kvr_segment *seg, unsigned max_msgs, bool json, bool watch, bool pretty, bool all,
+static int show(const struct kvr_segment *seg, const struct kvr_segment *slots_seg, unsigned max_msgs, bool json, bool watch, bool pretty, bool all,
 		struct kvr_insp_snap *prev, struct kvr_insp_snap **ret_snap)
 {
 	struct kvr_ctl *c;
@@ -129,6 +132,9 @@ static int show(const struct kvr_segment *seg, unsigned max_msgs, bool json, boo
 		return rc;
 	}
 	s->hide_idle = !all;
+	struct kvr_slot_table *t;
+	if (slots_seg->base && kvr_slots_attach(slots_seg, &t) == 0)
+		kvr_insp_snapshot_slots(s, t);
 	if (json) {
 		rc = kvr_insp_render_json(stdout, s, prev, pretty);
 	} else {
@@ -212,8 +218,8 @@ int main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 
-	struct kvr_segment seg;
-	if (fetch_ctl(path, &seg))
+	struct kvr_segment seg, slots = {.fd = -1};
+	if (fetch_ctl(path, &seg, &slots))
 		return EXIT_CONNECT;
 
 	struct sigaction sa = {.sa_handler = on_sigint}; /* no SA_RESTART: the sleep must end */
@@ -224,7 +230,7 @@ int main(int argc, char **argv)
 	int status = 0;
 	struct kvr_insp_snap *prev = NULL, *cur = NULL;
 	do {
-		int rc = show(&seg, max_msgs, json, watch, !watch, all, prev, &cur);
+		int rc = show(&seg, &slots, max_msgs, json, watch, !watch, all, prev, &cur);
 		kvr_insp_snap_free(prev);
 		prev = cur;
 		cur = NULL;
@@ -242,5 +248,7 @@ int main(int argc, char **argv)
 
 	kvr_insp_snap_free(prev);
 	kvr_segment_close(&seg);
+	if (slots.base)
+		kvr_segment_close(&slots);
 	return status;
 }
