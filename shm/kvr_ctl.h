@@ -171,6 +171,7 @@ enum kvr_stat_lookup {
 	KVR_STAT_LK_DRAINING,         /* gauge: aborted slots waiting for their I/O (DRAINING) */
 	KVR_STAT_LK_L2_WRITES_QUEUED, /* gauge: lanes waiting for their L2 write (queued or sent) */
 	KVR_STAT_LK_PINS_RELEASED,    /* lookup pins (KVR_PIN_LOOKUP) a predecessor left, dropped at start */
+	KVR_STAT_LK_L2_ANSWERS_LOST,  /* L2 reads given up and writes sent again: no answer within 8 s */
 };
 
 enum kvr_stat_xfer { /* loader and storer */

@@ -148,21 +148,17 @@ static bool slot_is(const struct disk *d, uint32_t slot, kvr_key key, uint16_t l
 }
 
 /* A failed L2 write: counted by the lookup actor (WRITE_DONE status), logged here with the
- * dir, the file and errno — the first one at once, then at most one line per 10 s that
- * says how many failed in between. */
+ * dir, the file and errno — the first at once, then at most one line per 10 s, which says
+ * how many failed since the line before. */
 static void write_failed(struct disk *d, kvr_key key, unsigned lane, int rc)
 {
-	d->write_fails++;
 	uint64_t now = kvr_now_ns();
-	if (d->write_fails_logged && now - d->write_fail_log_ns < DISK_FAIL_LOG_NS)
+	if (d->write_fails++ && now - d->write_fail_log_ns < DISK_FAIL_LOG_NS)
 		return;
 	char name[KVR_L2_NAME_MAX];
-	uint64_t since = d->write_fails - d->write_fails_logged - 1;
-	kvr_warn("l2 %s/%s: write failed: %s%s", kvr_l2_store_dir(d->store), kvr_l2_name_fmt(key, lane, name),
-		 strerror(-rc), since ? " (and more since the last report: see below)" : "");
-	if (since)
-		kvr_warn("l2 %s: %llu more writes failed in the last %llu s", d->root, (unsigned long long)since,
-			 (unsigned long long)((now - d->write_fail_log_ns) / 1000000000ull));
+	kvr_warn("l2 %s/%s: write failed: %s (%llu failed writes since the last such line)", kvr_l2_store_dir(d->store),
+		 kvr_l2_name_fmt(key, lane, name), strerror(-rc),
+		 (unsigned long long)(d->write_fails - d->write_fails_logged));
 	d->write_fails_logged = d->write_fails;
 	d->write_fail_log_ns = now;
 }

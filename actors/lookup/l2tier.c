@@ -67,6 +67,12 @@ struct read {                 /* an L2_READ in flight */
  * successor (a write of a lane already on disk is answered PRESENT, costing nothing). */
 enum { WQ_NONE = 0, WQ_QUEUED = 1, WQ_SENT = 2 };
 
+struct wq_ent {
+	uint8_t state;            /* WQ_* */
+	uint32_t epoch;           /* the epoch the write was queued for */
+	uint64_t sent_ns;         /* when it was sent (WQ_SENT) */
+};
+
 struct wfifo {                /* slots waiting to be sent to one disk actor, in commit order */
 	uint32_t *q;
 	uint32_t head, n, cap;
@@ -88,12 +94,9 @@ struct l2tier {
 	uint32_t n_reads, cap_reads, rseq;
 	uint32_t pseq;
 	unsigned writes_inflight;     /* lanes in the write queue (queued or sent) */
-	uint8_t *wq_state;            /* [n_slots] WQ_* */
-	uint32_t *wq_epoch;           /* [n_slots] the epoch the write was queued for */
-	uint64_t *wq_sent_ns;         /* [n_slots] when it was sent (WQ_SENT) */
+	struct wq_ent *wq;            /* [n_slots]: each slot's place in the write queue */
+	struct wfifo fifo[L2T_MAX_DISKS];
 	uint64_t last_scan_ns;        /* last look for lost answers */
-	uint64_t lost_answers;
-	struct wfifo wq[L2T_MAX_DISKS];
 	uint32_t n_slots;
 	bool write_back;          /* l2.mode "write-back": written when L1 must make room */
 	bool read_only;           /* l2.read_only: nothing is ever written (write_back is false) */
@@ -198,7 +201,7 @@ static bool evict_veto_hook(void *ctx, kvr_key key)
 	struct kvr_index_block b;
 	if (kvr_index_get(t->idx, key, &b) == 0)
 		for (unsigned l = 0; l < t->a->slots->quorum; l++)
-			if (b.slot[l] != KVR_SLOT_NONE && t->wq_state[b.slot[l]] != WQ_NONE)
+			if (b.slot[l] != KVR_SLOT_NONE && t->wq[b.slot[l]].state != WQ_NONE)
 				return false;
 	if (!t->write_back)
 		return true;
@@ -218,23 +221,23 @@ static void wq_push(struct wfifo *f, uint32_t slot)
 /* Send what the disk actor's ring takes, in order. */
 static void wq_pump(struct l2tier *t, unsigned d)
 {
-	struct wfifo *f = &t->wq[d];
+	struct wfifo *f = &t->fifo[d];
 	struct kvr_slot_table *st = t->a->slots;
 	while (f->n) {
 		uint32_t s = f->q[f->head];
 		const struct kvr_slot *sl = kvr_slot_at(st, s);
-		if (t->wq_state[s] == WQ_QUEUED) {
-			if (kvr_slot_state(st, s) != KVR_SLOT_COMMITTED || kvr_slot_epoch(st, s) != t->wq_epoch[s]) {
+		if (t->wq[s].state == WQ_QUEUED) {
+			if (kvr_slot_state(st, s) != KVR_SLOT_COMMITTED || kvr_slot_epoch(st, s) != t->wq[s].epoch) {
 				/* cannot happen while the veto holds; never write another block's bytes */
 				kvr_warn("l2 write of slot %u dropped: the slot changed while queued", s);
 				kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES_SKIPPED, 1);
-				t->wq_state[s] = WQ_NONE;
+				t->wq[s].state = WQ_NONE;
 				t->writes_inflight--;
-			} else if (send_l2(t, d, KVR_MSG_L2_WRITE, 0, sl->key, sl->lane, s, t->wq_epoch[s])) {
+			} else if (send_l2(t, d, KVR_MSG_L2_WRITE, 0, sl->key, sl->lane, s, t->wq[s].epoch)) {
 				return; /* ring full: the next WRITE_DONE or tick sends it */
 			} else {
-				t->wq_state[s] = WQ_SENT;
-				t->wq_sent_ns[s] = kvr_now_ns();
+				t->wq[s].state = WQ_SENT;
+				t->wq[s].sent_ns = kvr_now_ns();
 			}
 		}
 		f->head = (f->head + 1) % f->cap;
@@ -253,12 +256,12 @@ static int cmp_commit_seq(const void *a, const void *b, void *arg)
  * of d again, in commit order (the successor answers duplicates PRESENT). */
 static void wq_requeue(struct l2tier *t, unsigned d)
 {
-	struct wfifo *f = &t->wq[d];
+	struct wfifo *f = &t->fifo[d];
 	struct kvr_slot_table *st = t->a->slots;
 	f->head = f->n = 0;
 	for (uint32_t s = 0; s < t->n_slots; s++)
-		if (t->wq_state[s] != WQ_NONE && route(t, kvr_slot_at(st, s)->key) == d) {
-			t->wq_state[s] = WQ_QUEUED;
+		if (t->wq[s].state != WQ_NONE && route(t, kvr_slot_at(st, s)->key) == d) {
+			t->wq[s].state = WQ_QUEUED;
 			f->q[f->n++] = s;
 		}
 	qsort_r(f->q, f->n, sizeof(*f->q), cmp_commit_seq, st);
@@ -286,15 +289,13 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->n_workers = a->ctl->max_workers;
 	t->n_slots = a->slots->n_slots;
 	t->pend = calloc(t->n_workers, sizeof(*t->pend));
-	t->wq_state = calloc(t->n_slots, 1);
-	t->wq_epoch = calloc(t->n_slots, sizeof(*t->wq_epoch));
-	t->wq_sent_ns = calloc(t->n_slots, sizeof(*t->wq_sent_ns));
-	bool wq_ok = true;
+	t->wq = calloc(t->n_slots, sizeof(*t->wq));
+	bool fifo_ok = true;
 	for (unsigned d = 0; d < n; d++) {
-		t->wq[d].cap = t->n_slots;
-		wq_ok &= (t->wq[d].q = calloc(t->n_slots, sizeof(*t->wq[d].q))) != NULL;
+		t->fifo[d].cap = t->n_slots;
+		fifo_ok &= (t->fifo[d].q = calloc(t->n_slots, sizeof(*t->fifo[d].q))) != NULL;
 	}
-	if (!t->pend || !t->wq_state || !t->wq_epoch || !t->wq_sent_ns || !wq_ok || set_grow(t)) {
+	if (!t->pend || !t->wq || !fifo_ok || set_grow(t)) {
 		l2t_close(t);
 		return -ENOMEM;
 	}
@@ -342,16 +343,14 @@ void l2t_close(struct l2tier *t)
 	}
 	free(t->pend);
 	for (unsigned d = 0; d < L2T_MAX_DISKS; d++)
-		free(t->wq[d].q);
-	free(t->wq_state);
-	free(t->wq_epoch);
-	free(t->wq_sent_ns);
+		free(t->fifo[d].q);
+	free(t->wq);
 	free(t->reads);
 	free(t->set);
 	free(t);
 }
 
-static void write_lane(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch);
+static void write_lane(struct l2tier *t, kvr_key key, uint32_t slot, uint32_t epoch);
 static void write_through_missing(struct l2tier *t, unsigned d);
 static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done);
 
@@ -359,23 +358,22 @@ void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, 
 {
 	if (!t || t->write_back || t->read_only || l2t_has(t, key, lane))
 		return;
-	write_lane(t, key, lane, slot, epoch);
+	write_lane(t, key, slot, epoch);
 }
 
-static void write_lane(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
+static void write_lane(struct l2tier *t, kvr_key key, uint32_t slot, uint32_t epoch)
 {
-	(void)lane;
 	if (t->read_only || slot >= t->n_slots)
 		return; /* the only sender of L2_WRITE: nothing is written in read-only mode */
-	if (t->wq_state[slot] != WQ_NONE)
+	if (t->wq[slot].state != WQ_NONE)
 		return; /* queued already (the slot cannot have changed: the veto keeps it) */
 	/* No pin: the queue entry vetoes the eviction of this block (we are the evictor), and
 	 * the disk actor pins the slot itself for the time its I/O is in flight. */
-	t->wq_state[slot] = WQ_QUEUED;
-	t->wq_epoch[slot] = epoch;
+	t->wq[slot].state = WQ_QUEUED;
+	t->wq[slot].epoch = epoch;
 	t->writes_inflight++;
 	unsigned d = route(t, key);
-	wq_push(&t->wq[d], slot);
+	wq_push(&t->fifo[d], slot);
 	wq_pump(t, d);
 }
 
@@ -397,7 +395,7 @@ unsigned l2t_demote(struct l2tier *t, unsigned want)
 	struct kvr_slot_table *st = t->a->slots;
 	for (uint32_t i = 0; i < st->n_slots; i++) {
 		struct kvr_slot *s = kvr_slot_at(st, i);
-		if (kvr_slot_state(st, i) != KVR_SLOT_COMMITTED || kvr_slot_pins(st, i) || t->wq_state[i] != WQ_NONE ||
+		if (kvr_slot_state(st, i) != KVR_SLOT_COMMITTED || kvr_slot_pins(st, i) || t->wq[i].state != WQ_NONE ||
 		    l2t_has(t, s->key, s->lane))
 			continue;
 		if (n < want) {
@@ -413,7 +411,7 @@ unsigned l2t_demote(struct l2tier *t, unsigned want)
 	}
 	for (unsigned k = 0; k < n; k++) {
 		struct kvr_slot *s = kvr_slot_at(st, pick[k]);
-		write_lane(t, s->key, s->lane, pick[k], kvr_slot_epoch(st, pick[k]));
+		write_lane(t, s->key, pick[k], kvr_slot_epoch(st, pick[k]));
 	}
 	return n;
 }
@@ -644,9 +642,9 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 		set_del(t, k, b.lane);
 		return 0;
 	case KVR_MSG_L2_WRITE_DONE: {
-		bool ours = b.slot < t->n_slots && t->wq_state[b.slot] == WQ_SENT && t->wq_epoch[b.slot] == b.epoch;
+		bool ours = b.slot < t->n_slots && t->wq[b.slot].state == WQ_SENT && t->wq[b.slot].epoch == b.epoch;
 		if (ours) {
-			t->wq_state[b.slot] = WQ_NONE;
+			t->wq[b.slot].state = WQ_NONE;
 			t->writes_inflight--;
 		}
 		wq_pump(t, d);
@@ -737,10 +735,9 @@ static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
 		struct read *rd = &t->reads[i];
 		if (!rd->used || now - rd->sent_ns < ANSWER_TIMEOUT_NS)
 			continue;
-		if (!t->lost_answers++)
-			kvr_warn("disk.%u: an L2 read of slot %u unanswered for %llu s: given up (its answer was lost; "
-				 "further ones counted in the stop line)", rd->disk, rd->slot,
-				 (unsigned long long)(ANSWER_TIMEOUT_NS / 1000000000ull));
+		kvr_actor_count(t->a, KVR_STAT_LK_L2_ANSWERS_LOST, 1);
+		kvr_warn("disk.%u: the L2 read of slot %u unanswered for %llu s: given up (its answer was lost)", rd->disk,
+			 rd->slot, (unsigned long long)(ANSWER_TIMEOUT_NS / 1000000000ull));
 		if (read_ended(t, i, -ETIMEDOUT, done)) {
 			t->last_scan_ns = 0; /* one promotion finished per call: look again at once */
 			return 1;
@@ -748,13 +745,13 @@ static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
 	}
 	bool again[L2T_MAX_DISKS] = {false};
 	for (uint32_t s = 0; s < t->n_slots; s++) {
-		if (t->wq_state[s] != WQ_SENT || now - t->wq_sent_ns[s] < ANSWER_TIMEOUT_NS)
+		if (t->wq[s].state != WQ_SENT || now - t->wq[s].sent_ns < ANSWER_TIMEOUT_NS)
 			continue;
 		unsigned d = route(t, kvr_slot_at(t->a->slots, s)->key);
-		t->wq_state[s] = WQ_QUEUED;
-		wq_push(&t->wq[d], s);
+		t->wq[s].state = WQ_QUEUED;
+		wq_push(&t->fifo[d], s);
 		again[d] = true;
-		t->lost_answers++;
+		kvr_actor_count(t->a, KVR_STAT_LK_L2_ANSWERS_LOST, 1);
 	}
 	for (unsigned d = 0; d < t->n_disks; d++)
 		if (again[d]) {
@@ -776,10 +773,10 @@ static void write_through_missing(struct l2tier *t, unsigned d)
 	unsigned n = 0;
 	for (uint32_t s = 0; s < t->n_slots; s++) {
 		const struct kvr_slot *sl = kvr_slot_at(st, s);
-		if (kvr_slot_state(st, s) != KVR_SLOT_COMMITTED || route(t, sl->key) != d || t->wq_state[s] != WQ_NONE ||
+		if (kvr_slot_state(st, s) != KVR_SLOT_COMMITTED || route(t, sl->key) != d || t->wq[s].state != WQ_NONE ||
 		    l2t_has(t, sl->key, sl->lane))
 			continue;
-		write_lane(t, sl->key, sl->lane, s, kvr_slot_epoch(st, s));
+		write_lane(t, sl->key, s, kvr_slot_epoch(st, s));
 		n++;
 	}
 	if (n)

@@ -460,12 +460,20 @@ Test(integrity, a_lost_disk_answer_is_given_up)
 	struct kvr_ring *dreq = ct_ring(&env, "disk.req.0");
 	cr_assert(H_WAIT(kvr_ring_count(dreq) == BLOCKS, 3000), "the promotion's reads were not sent");
 	struct kvr_msg m;
-	for (unsigned i = 0; i < BLOCKS; i++) /* the disk actor is stopped: we are its ring's only reader */
+	for (unsigned i = 0; i < BLOCKS; i++) { /* the disk actor is stopped: we are its ring's only reader */
 		cr_assert_eq(kvr_ring_try_dequeue(dreq, &m), 0);
+		cr_assert_eq(m.hdr.type, KVR_MSG_L2_READ, "message %u on disk.req.0 is a %s", i,
+			     kvr_msg_type_name(m.hdr.type));
+	}
+	uint64_t ended0 = lk(KVR_STAT_LK_L2_READS) + lk(KVR_STAT_LK_L2_READ_FAILS);
 	cr_assert_eq(kill(dpid, SIGCONT), 0);
 	cr_assert_eq(ct_count_state(&env, KVR_SLOT_WRITING), BLOCKS);
 	cr_assert(H_WAIT(table_clean(), 15000), "the unanswered promotion was never given up");
-	cr_assert(h_log_contains(&env.h, "unanswered"));
+	cr_assert_eq(lk(KVR_STAT_LK_L2_READS) + lk(KVR_STAT_LK_L2_READ_FAILS), ended0 + BLOCKS,
+		     "the promotion's reads ended other than by being given up; log:\n%s", h_read_file(env.h.log));
+	/* the actor's line reaches kvringd's log a moment after its counters move */
+	cr_assert(H_WAIT(h_log_contains(&env.h, "unanswered"), 3000), "the give-up is not logged");
+	cr_assert_eq(lk(KVR_STAT_LK_L2_ANSWERS_LOST), BLOCKS, "every lost answer counted");
 	kill_child(child);
 	wait_worker_free((unsigned)w);
 	struct ct_rank *r;

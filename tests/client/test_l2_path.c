@@ -236,7 +236,7 @@ Test(l2, disk_full_keeps_l1_serving)
 	/* a failed write is logged with its dir, file and errno — once, then rate-limited */
 	char want[400];
 	snprintf(want, sizeof(want), "write failed: %s", strerror(ENOSPC));
-	cr_assert(h_log_contains(&env.h, want), "no log line names the failed write");
+	cr_assert(H_WAIT(h_log_contains(&env.h, want), 3000), "no log line names the failed write");
 	cr_assert(h_log_contains(&env.h, l2dir));
 	unsigned lines = 0;
 	char *log = h_read_file(env.h.log);
