@@ -28,8 +28,10 @@
 /*
  * Wire request ids carry the generation of the actor the client addressed in their top
  * 16 bits, then the worker slot's attach generation (16 bits), then a sequence (32 bits).
- * An actor answers a request of another generation with -ESTALE and does no work for it, so a request submitted to an actor that restarted is never executed by its
- * successor behind the client's back (the client has already failed it).
+ * An actor answers a request of another generation with -ESTALE and does no work for it,
+ * so a request submitted to an actor that restarted is never executed by its successor
+ * behind the client's back (the client has already failed it). The attach generation makes
+ * a reply left in a reply ring by the slot's previous owner unmatchable.
  */
 #define WIRE_GEN_SHIFT 48
 #define MEMO_MAX 1024          /* lookups remembered for a following load */

@@ -283,29 +283,32 @@ void sup_accept_resume(struct sup *s, uint64_t now)
 	(void)epoll_ctl(s->epfd, EPOLL_CTL_MOD, s->listen_fd, &ev);
 }
 
+/* A new, read-only open file description of segment fd fd (through /proc): an observer
+ * given it cannot map the segment writable. -1 (errno set) on failure. */
+static int reopen_ro(int fd)
+{
+	char p[64];
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+	return open(p, O_RDONLY | O_CLOEXEC);
+}
+
+/* INSPECT: the control segment and the slot table, both read-only. */
 static void handle_inspect(struct sup *s, struct sup_conn *c)
 {
 	struct kvr_proto_rep rep;
-	char p[64];
-	/* Re-opening the memfd through /proc gives a new, read-only open file description:
-	 * the observer cannot map it writable. */
-	snprintf(p, sizeof(p), "/proc/self/fd/%d", s->ctl_seg.fd);
-	int ro = open(p, O_RDONLY | O_CLOEXEC);
-	if (ro < 0) {
+	int fds[2] = {reopen_ro(s->ctl_seg.fd), -1};
+	if (fds[0] < 0) {
 		rep_init(s, &rep, -errno, "cannot open a read-only view of the control segment: %s", strerror(errno));
 		(void)send_rep(c->fd, &rep, NULL, 0);
 		return;
 	}
-	/* the slot table too (read-only the same way): kvring-inspect shows states and pins */
-	snprintf(p, sizeof(p), "/proc/self/fd/%d", s->slots_seg.fd);
-	int fds[2] = {ro, s->slots_seg.fd >= 0 ? open(p, O_RDONLY | O_CLOEXEC) : -1};
+	fds[1] = reopen_ro(s->slots_seg.fd); /* optional: kvring-inspect shows what it gets */
 	unsigned n = fds[1] >= 0 ? 2 : 1;
 	rep_init(s, &rep, 0, NULL);
 	rep.n_fds = n;
 	int rc = send_rep(c->fd, &rep, fds, n);
-	(void)close(ro);
-	if (fds[1] >= 0)
-		(void)close(fds[1]);
+	for (unsigned i = 0; i < n; i++)
+		(void)close(fds[i]);
 	kvr_debug("inspect from pid %d%s", (int)c->pid, rc ? ": reply not sent" : "");
 }
 

@@ -517,6 +517,14 @@ Test(supervisor, accept_without_fds_does_not_spin)
 	cr_assert_gt(n, 0, "no reply once fds are available again: %s", strerror((int)-n));
 	cr_assert_eq(rep.status, 0);
 	cr_assert_eq(n_fds, 2, "the control segment and the slot table");
+	for (unsigned i = 0; i < 2; i++) { /* both read-only: an observer cannot map them writable */
+		cr_assert_eq(fcntl(fds[i], F_GETFL) & O_ACCMODE, O_RDONLY);
+		void *wm = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[i], 0);
+		cr_assert_eq(wm, MAP_FAILED, "INSPECT fd %u maps writable", i);
+	}
+	struct kvr_segment slots_seg;
+	cr_assert_eq(kvr_segment_map(fds[1], KVR_SEG_SLOTS, 0, &slots_seg), 0, "the second fd is the slot table");
+	kvr_segment_close(&slots_seg);
 	close(fds[0]);
 	close(fds[1]);
 	close(sock);
