@@ -438,6 +438,8 @@ Test(integrity, write_through_never_skips_on_a_full_ring)
 	cr_assert_eq(lk(KVR_STAT_LK_L2_WRITES_SKIPPED), 0);
 	cr_assert_eq(h_count_files(l2dir, ".kvb"), P * BLOCKS);
 	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES_QUEUED) == 0, 3000));
+	for (unsigned p = 0; p < P; p++)
+		cr_assert_eq(load_exact(r, 60 + p, p), BLOCKS);
 	assert_table_clean();
 }
 

@@ -262,6 +262,17 @@ Test(client, quorum_rank_dies_before_commit)
 	 * stay WRITING (not reclaimed, never given to another store) until it has exited. */
 	struct kvr_worker_ent *we = kvr_ctl_worker(env.h.ctl, (unsigned)w1);
 	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_DETACHING, 3000), "worker %d not detaching", w1);
+	/* Step both processes past the point where WORKER_GONE would go: the loader exits and is
+	 * reaped (kvringd looks at the worker in the same loop pass), an INSPECT round trip means
+	 * that pass ended, and a lookup round trip means the lookup actor drained its ctl ring
+	 * (it does so before its other rings) after anything kvringd sent in it. */
+	char loader1[32];
+	snprintf(loader1, sizeof(loader1), "loader.%d", w1);
+	cr_assert(H_WAIT(ct_actor_pid(&env, loader1) <= 0, 5000), "%s did not exit", loader1);
+	int ifd = h_inspect_fd(env.h.sock);
+	cr_assert_geq(ifd, 0);
+	close(ifd);
+	cr_assert_eq(ct_lookup(r0, 5, tokens, n * bt), 0);
 	cr_assert(h_pid_alive(sp));
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_WORKERS_GONE), gone0, "WORKER_GONE before its storer exited");
 	for (uint32_t i = 0; i < n; i++)
