@@ -151,6 +151,25 @@ Test(l2perm, created_modes_whatever_the_umask)
 	}
 }
 
+/* A store of n blocks written with cfg, closed, then its namespace dir set to dir_mode, its
+ * lock file to 0644 and block i's file to file_modes[i]: what an older kvringd or another
+ * umask left. The namespace dir's path in dir. */
+static void store_then_widen(const struct kvr_l2_store_config *cfg, char *dir, size_t dirlen, unsigned n,
+			     mode_t dir_mode, const mode_t *file_modes)
+{
+	char p[512];
+	s = dt_store_open(cfg, NULL);
+	put_n(s, 0, n);
+	snprintf(dir, dirlen, "%s", kvr_l2_store_dir(s));
+	kvr_l2_store_close(s);
+	s = NULL;
+	cr_assert_eq(chmod(dir, dir_mode), 0);
+	snprintf(p, sizeof(p), "%s/%s", dir, KVR_L2_LOCK_NAME);
+	cr_assert_eq(chmod(p, 0644), 0);
+	for (unsigned i = 0; i < n; i++)
+		cr_assert_eq(chmod(dt_path(dir, K(i), 0, p), file_modes[i]), 0);
+}
+
 /* A store an older kvring left readable by everyone (a 0755 namespace directory, 0644 files, one setgid
  * bit and assorted other modes): opened under umask 022, every mode is 0700 / 0600 before anything is
  * served, the change counted (and logged), every block still adopted and served; new writes are 0600; a
@@ -161,17 +180,7 @@ Test(l2perm, existing_wider_modes_fixed_at_open)
 	enum { N = sizeof(file_modes) / sizeof(file_modes[0]) };
 	char dir[256], p[512];
 	struct kvr_l2_store_config cfg = config(ID.ns, KVR_L2_DUR_NONE);
-	s = dt_store_open(&cfg, NULL);
-	put_n(s, 0, N);
-	snprintf(dir, sizeof(dir), "%s", kvr_l2_store_dir(s));
-	kvr_l2_store_close(s);
-	s = NULL;
-
-	cr_assert_eq(chmod(dir, 02755), 0);
-	snprintf(p, sizeof(p), "%s/%s", dir, KVR_L2_LOCK_NAME);
-	cr_assert_eq(chmod(p, 0644), 0);
-	for (unsigned i = 0; i < N; i++)
-		cr_assert_eq(chmod(dt_path(dir, K(i), 0, p), file_modes[i]), 0);
+	store_then_widen(&cfg, dir, sizeof(dir), N, 02755, file_modes);
 	snprintf(p, sizeof(p), "%s/notes.txt", dir);
 	cr_assert_eq(dt_write_file(p, "hello", 5), 0);
 	cr_assert_eq(chmod(p, 0644), 0);
@@ -207,18 +216,10 @@ Test(l2perm, existing_wider_modes_fixed_at_open)
 /* l2.read_only never changes the disk, modes included: a 0755 / 0644 store is served as it is. */
 Test(l2perm, read_only_changes_no_mode)
 {
-	char dir[256], p[512];
+	char dir[256];
 	struct kvr_l2_store_config cfg = config(ID.ns, KVR_L2_DUR_NONE);
-	s = dt_store_open(&cfg, NULL);
-	put_n(s, 0, 3);
-	snprintf(dir, sizeof(dir), "%s", kvr_l2_store_dir(s));
-	kvr_l2_store_close(s);
-	s = NULL;
-	cr_assert_eq(chmod(dir, 0755), 0);
-	snprintf(p, sizeof(p), "%s/%s", dir, KVR_L2_LOCK_NAME);
-	cr_assert_eq(chmod(p, 0644), 0);
-	for (unsigned i = 0; i < 3; i++)
-		cr_assert_eq(chmod(dt_path(dir, K(i), 0, p), 0644), 0);
+	static const mode_t wide[] = {0644, 0644, 0644};
+	store_then_widen(&cfg, dir, sizeof(dir), 3, 0755, wide);
 
 	cfg.read_only = true;
 	struct kvr_l2_adopt_stats a;
