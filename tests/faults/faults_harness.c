@@ -1,5 +1,6 @@
 /* Fault suites: key-derived KV bytes, ranks, the worker process loop, slot-table and L2 checks. */
 #include "faults_harness.h"
+#include "kvr_ring.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -510,11 +511,11 @@ static __attribute__((noreturn)) void worker_main(const struct fh_worker_cfg *cf
 				done_seq = seq;
 			}
 			ack(&w, FH_W_VERIFIED, seq);
-			usleep(2000);
+			(void)kvr_futex_wait(&sh->cmd_seq, seq, 100000000); /* until the next command */
 			break;
 		default: /* FH_CMD_QUIET: attached, doing nothing */
 			ack(&w, FH_W_IDLE, seq);
-			usleep(2000);
+			(void)kvr_futex_wait(&sh->cmd_seq, seq, 100000000);
 			break;
 		}
 	}

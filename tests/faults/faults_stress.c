@@ -13,6 +13,7 @@
 #include "../shm/shm_test.h"
 #include "client_harness.h"
 #include "faults_harness.h"
+#include "kvr_ring.h"
 
 /*
  * One kvringd (model: faults_harness.h, TP 2) with an L1 of 40 slots in front of two L2
@@ -195,6 +196,7 @@ static uint32_t command(uint32_t cmd)
 	for (unsigned i = 0; i < N_ROLES; i++) {
 		atomic_store(&sh[i].cmd, cmd);
 		seq = atomic_fetch_add(&sh[i].cmd_seq, 1) + 1;
+		kvr_futex_wake(&sh[i].cmd_seq); /* an idle worker sleeps on it */
 	}
 	return seq; /* every role's sequence moves together */
 }
