@@ -538,7 +538,7 @@ static bool evictable(void *ctx, uint32_t e)
 	struct kvr_index *idx = ctx;
 	const struct ent *en = &idx->ents[e];
 	return en->mark != idx->stamp && en->alloc_mask == en->commit_mask && !block_pinned(idx, e) &&
-	       (!idx->evict_hook || idx->evict_hook(idx->evict_hook_ctx, en->key));
+	       (!idx->evict_hook || idx->evict_hook(idx->evict_hook_ctx, en->key, lane_slot(idx, e, 0)));
 }
 
 void kvr_index_set_evict_hook(struct kvr_index *idx, kvr_index_evict_hook_fn fn, void *ctx)

@@ -39,9 +39,10 @@ struct kvr_index;
  * (unknown policy, NULL), -ENOMEM. */
 int kvr_index_new(struct kvr_slot_table *t, const char *policy, struct kvr_index **ret);
 
-/* An eviction veto: called for a candidate block (after the index's own checks); false
- * keeps it (write-back L2: a block may leave L1 only once it is on disk). NULL = none. */
-typedef bool (*kvr_index_evict_hook_fn)(void *ctx, kvr_key key);
+/* An eviction veto: called for a candidate block (after the index's own checks) with its
+ * key and its slot per lane (lanes entries, KVR_SLOT_NONE where a lane has none); false
+ * keeps it (an L2 write of a lane is still queued; write-back: not on disk yet). NULL = none. */
+typedef bool (*kvr_index_evict_hook_fn)(void *ctx, kvr_key key, const uint32_t *lane_slots);
 void kvr_index_set_evict_hook(struct kvr_index *idx, kvr_index_evict_hook_fn fn, void *ctx);
 
 /* Free; accepts NULL. The slot table is left as it is. */

@@ -195,14 +195,12 @@ static int send_l2(struct l2tier *t, unsigned disk, unsigned type, uint64_t id, 
 
 /* The eviction veto: a block with a lane in the write queue stays (its write must find it),
  * and with write-back a block may leave L1 only once every lane is on disk. */
-static bool evict_veto_hook(void *ctx, kvr_key key)
+static bool evict_veto_hook(void *ctx, kvr_key key, const uint32_t *lane_slots)
 {
 	struct l2tier *t = ctx;
-	struct kvr_index_block b;
-	if (kvr_index_get(t->idx, key, &b) == 0)
-		for (unsigned l = 0; l < t->a->slots->quorum; l++)
-			if (b.slot[l] != KVR_SLOT_NONE && t->wq[b.slot[l]].state != WQ_NONE)
-				return false;
+	for (unsigned l = 0; l < t->a->slots->quorum; l++)
+		if (lane_slots[l] != KVR_SLOT_NONE && t->wq[lane_slots[l]].state != WQ_NONE)
+			return false;
 	if (!t->write_back)
 		return true;
 	for (unsigned l = 0; l < t->a->slots->quorum; l++)
