@@ -70,12 +70,12 @@ enum { WQ_NONE = 0, WQ_QUEUED = 1, WQ_SENT = 2 };
 struct wq_ent {
 	uint8_t state;            /* WQ_* */
 	uint32_t epoch;           /* the epoch the write was queued for */
+	uint32_t next;            /* WQ_QUEUED: the next slot in its disk's FIFO (KVR_SLOT_NONE last) */
 	uint64_t sent_ns;         /* when it was sent (WQ_SENT) */
 };
 
-struct wfifo {                /* slots waiting to be sent to one disk actor, in commit order */
-	uint32_t *q;
-	uint32_t head, n, cap;
+struct wfifo {                /* WQ_QUEUED slots of one disk actor, in commit order, linked by next */
+	uint32_t head, tail, n;
 };
 
 struct l2tier {
@@ -96,6 +96,7 @@ struct l2tier {
 	unsigned writes_inflight;     /* lanes in the write queue (queued or sent) */
 	struct wq_ent *wq;            /* [n_slots]: each slot's place in the write queue */
 	struct wfifo fifo[L2T_MAX_DISKS];
+	uint32_t *requeue;            /* [n_slots] scratch: a dead disk actor's writes, sorted */
 	uint64_t last_scan_ns;        /* last look for lost answers */
 	uint32_t n_slots;
 	bool write_back;          /* l2.mode "write-back": written when L1 must make room */
@@ -211,9 +212,16 @@ static bool evict_veto_hook(void *ctx, kvr_key key, const uint32_t *lane_slots)
 
 /* ---- the write queue ---------------------------------------------------------------------- */
 
-static void wq_push(struct wfifo *f, uint32_t slot)
+/* Append slot to disk d's FIFO (a slot is in at most one FIFO, once: only while QUEUED). */
+static void wq_push(struct l2tier *t, unsigned d, uint32_t slot)
 {
-	f->q[(f->head + f->n++) % f->cap] = slot; /* cannot overflow: a slot is queued at most once */
+	struct wfifo *f = &t->fifo[d];
+	t->wq[slot].next = KVR_SLOT_NONE;
+	if (f->n++)
+		t->wq[f->tail].next = slot;
+	else
+		f->head = slot;
+	f->tail = slot;
 }
 
 /* Send what the disk actor's ring takes, in order. */
@@ -222,7 +230,7 @@ static void wq_pump(struct l2tier *t, unsigned d)
 	struct wfifo *f = &t->fifo[d];
 	struct kvr_slot_table *st = t->a->slots;
 	while (f->n) {
-		uint32_t s = f->q[f->head];
+		uint32_t s = f->head;
 		const struct kvr_slot *sl = kvr_slot_at(st, s);
 		if (t->wq[s].state == WQ_QUEUED) {
 			if (kvr_slot_state(st, s) != KVR_SLOT_COMMITTED || kvr_slot_epoch(st, s) != t->wq[s].epoch) {
@@ -238,7 +246,7 @@ static void wq_pump(struct l2tier *t, unsigned d)
 				t->wq[s].sent_ns = kvr_now_ns();
 			}
 		}
-		f->head = (f->head + 1) % f->cap;
+		f->head = t->wq[s].next;
 		f->n--;
 	}
 }
@@ -254,17 +262,19 @@ static int cmp_commit_seq(const void *a, const void *b, void *arg)
  * of d again, in commit order (the successor answers duplicates PRESENT). */
 static void wq_requeue(struct l2tier *t, unsigned d)
 {
-	struct wfifo *f = &t->fifo[d];
 	struct kvr_slot_table *st = t->a->slots;
-	f->head = f->n = 0;
+	uint32_t n = 0, *order = t->requeue;
 	for (uint32_t s = 0; s < t->n_slots; s++)
-		if (t->wq[s].state != WQ_NONE && route(t, kvr_slot_at(st, s)->key) == d) {
-			t->wq[s].state = WQ_QUEUED;
-			f->q[f->n++] = s;
-		}
-	qsort_r(f->q, f->n, sizeof(*f->q), cmp_commit_seq, st);
-	if (f->n)
-		kvr_warn("disk.%u restarted: %u unanswered L2 writes queued again", d, f->n);
+		if (t->wq[s].state != WQ_NONE && route(t, kvr_slot_at(st, s)->key) == d)
+			order[n++] = s;
+	qsort_r(order, n, sizeof(*order), cmp_commit_seq, st);
+	t->fifo[d].n = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		t->wq[order[i]].state = WQ_QUEUED;
+		wq_push(t, d, order[i]);
+	}
+	if (n)
+		kvr_warn("disk.%u restarted: %u unanswered L2 writes queued again", d, n);
 }
 
 int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
@@ -288,12 +298,8 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->n_slots = a->slots->n_slots;
 	t->pend = calloc(t->n_workers, sizeof(*t->pend));
 	t->wq = calloc(t->n_slots, sizeof(*t->wq));
-	bool fifo_ok = true;
-	for (unsigned d = 0; d < n; d++) {
-		t->fifo[d].cap = t->n_slots;
-		fifo_ok &= (t->fifo[d].q = calloc(t->n_slots, sizeof(*t->fifo[d].q))) != NULL;
-	}
-	if (!t->pend || !t->wq || !fifo_ok || set_grow(t)) {
+	t->requeue = calloc(t->n_slots, sizeof(*t->requeue));
+	if (!t->pend || !t->wq || !t->requeue || set_grow(t)) {
 		l2t_close(t);
 		return -ENOMEM;
 	}
@@ -340,9 +346,8 @@ void l2t_close(struct l2tier *t)
 		free(t->pend[w].pinned);
 	}
 	free(t->pend);
-	for (unsigned d = 0; d < L2T_MAX_DISKS; d++)
-		free(t->fifo[d].q);
 	free(t->wq);
+	free(t->requeue);
 	free(t->reads);
 	free(t->set);
 	free(t);
@@ -371,7 +376,7 @@ static void write_lane(struct l2tier *t, kvr_key key, uint32_t slot, uint32_t ep
 	t->wq[slot].epoch = epoch;
 	t->writes_inflight++;
 	unsigned d = route(t, key);
-	wq_push(&t->fifo[d], slot);
+	wq_push(t, d, slot);
 	wq_pump(t, d);
 }
 
@@ -747,7 +752,7 @@ static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
 			continue;
 		unsigned d = route(t, kvr_slot_at(t->a->slots, s)->key);
 		t->wq[s].state = WQ_QUEUED;
-		wq_push(&t->fifo[d], s);
+		wq_push(t, d, s);
 		again[d] = true;
 		kvr_actor_count(t->a, KVR_STAT_LK_L2_ANSWERS_LOST, 1);
 	}
