@@ -41,6 +41,7 @@
 struct memo {
 	uint64_t req_id;
 	uint32_t n;
+	bool lease;                 /* from kvr_lease_take: its load's completion ends our part of it */
 	struct kvr_msg_slot *slots;
 };
 
@@ -59,6 +60,7 @@ struct pending {
 	uint32_t *failed;
 	uint32_t failed_total, failed_got;
 	uint32_t ev_plus1; /* CUDA store: its event-table entry + 1; 0 = none */
+	bool lease;        /* a load of a lease (req_id is the lease id): report LEASE_DONE */
 };
 
 struct kvr_client {
@@ -70,7 +72,8 @@ struct kvr_client {
 	struct kvr_attach_info info;
 	struct kvr_geometry geom;
 	kvr_key ns;
-	unsigned worker;
+	bool sched;               /* a scheduler client: lookups and leases only */
+	unsigned worker;          /* worker slot (scheduler: scheduler slot) */
 	int64_t timeout_ns;
 	struct kvr_ring *lk_req, *lk_rep, *ld_req, *ld_rep, *st_req, *st_rep;
 	struct kvr_waiter *waiter;
@@ -124,6 +127,11 @@ const char *kvr_last_error(const struct kvr_client *c)
 unsigned kvr_worker_slot(const struct kvr_client *c)
 {
 	return c->worker;
+}
+
+unsigned kvr_block_tokens(const struct kvr_client *c)
+{
+	return c->geom.block_tokens;
 }
 
 size_t kvr_rank_tokens(const struct kvr_client *c, size_t n_tokens)
@@ -256,6 +264,30 @@ fail:
 	return rc;
 }
 
+/* The engine identity record both attaches send; the strings are checked by kvringd too. */
+static int engine_fill(struct kvr_attach_engine *e, const char *engine_id, const char *model_ns, char *err,
+		       size_t errlen)
+{
+	memset(e, 0, sizeof(*e));
+	if (engine_id && strlen(engine_id) >= sizeof(e->engine_id)) {
+		snprintf(err, errlen, "attach: engine_id is %zu bytes, at most %zu", strlen(engine_id),
+			 sizeof(e->engine_id) - 1);
+		return -EINVAL;
+	}
+	if (model_ns && strlen(model_ns) >= sizeof(e->model_ns)) {
+		snprintf(err, errlen, "attach: model_ns is %zu bytes, at most %zu", strlen(model_ns),
+			 sizeof(e->model_ns) - 1);
+		return -EINVAL;
+	}
+	if (engine_id)
+		memcpy(e->engine_id, engine_id, strlen(engine_id));
+	if (model_ns)
+		memcpy(e->model_ns, model_ns, strlen(model_ns));
+	return 0;
+}
+_Static_assert(KVR_ENGINE_ID_MAX == sizeof(((struct kvr_attach_engine *)0)->engine_id), "engine id size");
+_Static_assert(KVR_MODEL_NS_MAX == sizeof(((struct kvr_attach_engine *)0)->model_ns), "model ns size");
+
 int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client)
 {
 	attach_err[0] = 0;
@@ -293,8 +325,15 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 		goto err;
 	}
 	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_ATTACH,
-				    .payload_len = sizeof(struct kvr_geometry)};
+				    .payload_len = sizeof(struct kvr_geometry) + sizeof(struct kvr_attach_engine)};
 	memcpy(req.payload, opts->geometry, sizeof(struct kvr_geometry));
+	struct kvr_attach_engine eng;
+	if ((rc = engine_fill(&eng, opts->engine_id, opts->model_ns, c->err, sizeof(c->err)))) {
+		if (opts->cuda_kv)
+			close(kv_fd);
+		goto err;
+	}
+	memcpy(req.payload + sizeof(struct kvr_geometry), &eng, sizeof(eng));
 	rc = kvr_proto_send(c->sock, &req, sizeof(req), &kv_fd, 1);
 	if (opts->cuda_kv)
 		close(kv_fd); /* kvringd holds its own now */
@@ -476,9 +515,13 @@ static int find_pending(struct kvr_client *c, uint64_t wire_id)
 	return -1;
 }
 
+static void lease_done(struct kvr_client *c, uint64_t lease_id, int status);
+
 static void finish_pending(struct kvr_client *c, unsigned i)
 {
 	struct pending *p = &c->pend[i];
+	if (p->lease && !c->sup_gone)
+		lease_done(c, p->req_id, p->done.status);
 	p->done.diag.total_ns = kvr_now_ns() - p->submit_ns;
 	p->done.n_failed = p->failed_total;
 	p->done.failed = NULL;
@@ -589,6 +632,8 @@ static void drain_replies(struct kvr_client *c)
 	struct kvr_ring *rings[2] = {c->ld_rep, c->st_rep};
 	for (int r = 0; r < 2; r++) {
 		unsigned n;
+		if (!rings[r])
+			continue; /* a scheduler client */
 		while ((n = kvr_ring_dequeue_burst(rings[r], m, 32)) > 0)
 			for (unsigned k = 0; k < n; k++)
 				handle_reply(c, rings[r], &m[k]);
@@ -639,6 +684,10 @@ int kvr_wait(struct kvr_client *c, struct kvr_completion *ret, unsigned max, int
 		if (now >= deadline)
 			return 0;
 		uint32_t seen = kvr_waiter_prepare(c->waiter);
+		if (c->sched) {
+			kvr_waiter_finish(c->waiter);
+			return 0; /* nothing ever completes on a scheduler client */
+		}
 		if (kvr_ring_count(c->ld_rep) || kvr_ring_count(c->st_rep)) {
 			kvr_waiter_finish(c->waiter);
 			continue;
@@ -712,59 +761,33 @@ static struct memo *memo_find(struct kvr_client *c, uint64_t req_id)
 	return NULL;
 }
 
-int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
-	       size_t extra_len, struct kvr_lookup_result *ret)
+/* Wait for the LOOKUP_REP (+ SLOTS) answering `wire` on the lookup reply ring (a lookup or
+ * a LEASE_TAKE). Stale replies of an earlier, timed-out request are skipped. *ret_slots:
+ * r->matched slots (NULL when none), the caller's to free. */
+static int await_slots(struct kvr_client *c, const char *what, unsigned actor, uint32_t gen, uint64_t wire,
+		       uint64_t deadline, uint32_t max_matched, struct kvr_msg_lookup_rep *r,
+		       struct kvr_msg_slot **ret_slots)
 {
-	if (!c || !ret || (!tokens && n_tokens) || (!extra && extra_len))
-		return fail(c, -EINVAL, "lookup: NULL argument");
-	memset(ret, 0, sizeof(*ret));
-	uint64_t t0 = kvr_now_ns();
-	size_t nk;
-	int rc = hash_keys(c, tokens, n_tokens, extra, extra_len, &nk);
-	if (rc)
-		return rc;
-	uint64_t t1 = kvr_now_ns();
-	ret->hash_ns = t1 - t0;
-	struct memo *old = memo_find(c, req_id);
-	if (old) {
-		free(old->slots);
-		old->slots = NULL;
-	}
-	if (nk == 0)
-		return 0;
-
-	unsigned actor = c->info.lookup_actor;
-	uint32_t gen = actor_gen(c, actor);
-	if (sup_gone(c))
-		return fail(c, -EPIPE, "lookup: %s", SUP_GONE_WHY);
-	if (!actor_alive(c, actor, gen))
-		return fail(c, -EPIPE, "lookup: the lookup actor is not running (state %s)",
-			    kvr_actor_state_name(atomic_load(&kvr_ctl_actor(c->ctl, actor)->state)));
-	uint64_t wire = wire_id(c, gen), deadline = t1 + (uint64_t)c->timeout_ns;
-	_Static_assert(sizeof(kvr_key) == sizeof(struct kvr_msg_key), "key wire format");
-	rc = send_list(c, c->lk_req, KVR_MSG_LOOKUP, wire, (uint8_t)c->info.lane, 0, c->keys, (uint32_t)nk, deadline);
-	if (rc)
-		return fail(c, rc, "lookup: sending the request: %s", strerror(-rc));
-
-	/* Wait for LOOKUP_REP (+ SLOTS). Stale replies of an earlier, timed-out lookup are skipped. */
-	struct kvr_msg_lookup_rep r = {0};
 	struct kvr_msg_slot *slots = NULL;
 	uint32_t got = 0;
 	bool have = false;
+	int rc;
+	*ret_slots = NULL;
+	memset(r, 0, sizeof(*r));
 	for (;;) {
 		struct kvr_msg m;
 		rc = kvr_ring_dequeue(c->lk_rep, &m, WAIT_SLICE_NS);
 		if (rc == -ETIMEDOUT || rc == -EINTR) {
 			if (sup_gone(c)) {
-				rc = fail(c, -EPIPE, "lookup: %s; treat as a miss", SUP_GONE_WHY);
+				rc = fail(c, -EPIPE, "%s: %s; treat as a miss", what, SUP_GONE_WHY);
 				goto out;
 			}
 			if (!actor_alive(c, actor, gen)) {
-				rc = fail(c, -EPIPE, "lookup: the lookup actor restarted; treat as a miss");
+				rc = fail(c, -EPIPE, "%s: the lookup actor restarted; treat as a miss", what);
 				goto out;
 			}
 			if (kvr_now_ns() >= deadline) {
-				rc = fail(c, -ETIMEDOUT, "lookup: no reply within %lld ms",
+				rc = fail(c, -ETIMEDOUT, "%s: no reply within %lld ms", what,
 					  (long long)(c->timeout_ns / 1000000));
 				goto out;
 			}
@@ -775,26 +798,31 @@ int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, si
 		if (m.hdr.req_id != wire)
 			continue;
 		if (!have) {
-			if (kvr_msg_decode_lookup_rep(&m, &r)) {
-				rc = fail(c, -EPROTO, "lookup: malformed reply");
+			if (kvr_msg_decode_lookup_rep(&m, r)) {
+				rc = fail(c, -EPROTO, "%s: malformed reply", what);
 				goto out;
 			}
 			have = true;
-			if (r.status == -ESTALE) { /* a new incarnation answered its dead predecessor's request */
-				rc = fail(c, -EPIPE, "lookup: the lookup actor restarted; treat as a miss");
+			if (r->status == -ESTALE) { /* a new incarnation answered its dead predecessor's request */
+				rc = fail(c, -EPIPE, "%s: the lookup actor restarted; treat as a miss", what);
 				goto out;
 			}
-			if (r.status < 0) {
-				rc = fail(c, r.status, "lookup: %s", strerror(-r.status));
+			if (r->status == -ENOENT) {
+				rc = fail(c, -ENOENT, "%s: no such lease (it ended, or the lookup actor restarted): "
+					  "compute the blocks", what);
 				goto out;
 			}
-			if (r.matched > nk || r.lane != c->info.lane) {
-				rc = fail(c, -EPROTO, "lookup: reply does not match the request");
+			if (r->status < 0) {
+				rc = fail(c, r->status, "%s: %s", what, strerror(-r->status));
 				goto out;
 			}
-			if (!r.matched)
+			if (r->matched > max_matched || r->lane != c->info.lane) {
+				rc = fail(c, -EPROTO, "%s: reply does not match the request", what);
+				goto out;
+			}
+			if (!r->matched)
 				break;
-			slots = calloc(r.matched, sizeof(*slots));
+			slots = calloc(r->matched, sizeof(*slots));
 			if (!slots) {
 				rc = fail(c, -ENOMEM, "out of memory");
 				goto out;
@@ -802,8 +830,8 @@ int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, si
 			continue;
 		}
 		struct kvr_msg_list_hdr h;
-		if (kvr_msg_decode_list(&m, KVR_MSG_SLOTS, &h) || h.total != r.matched) {
-			rc = fail(c, -EPROTO, "lookup: malformed slot list");
+		if (kvr_msg_decode_list(&m, KVR_MSG_SLOTS, &h) || h.total != r->matched) {
+			rc = fail(c, -EPROTO, "%s: malformed slot list", what);
 			goto out;
 		}
 		kvr_msg_list_items(&m, slots);
@@ -811,25 +839,311 @@ int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, si
 		if (!(m.hdr.flags & KVR_MSGF_MORE))
 			break;
 	}
-	if (r.matched && got != r.matched) {
-		rc = fail(c, -EPROTO, "lookup: slot list incomplete");
+	if (r->matched && got != r->matched) {
+		rc = fail(c, -EPROTO, "%s: slot list incomplete", what);
 		goto out;
 	}
+	*ret_slots = slots;
+	slots = NULL;
+	rc = 0;
+out:
+	free(slots);
+	return rc;
+}
+
+/* Remember matched slots under req_id for a following kvr_load (takes slots). */
+static void memo_put(struct kvr_client *c, uint64_t req_id, uint32_t n, bool lease, struct kvr_msg_slot *slots)
+{
+	struct memo *mm = &c->memo[c->memo_next++ % MEMO_MAX];
+	free(mm->slots);
+	*mm = (struct memo){.req_id = req_id, .n = n, .lease = lease, .slots = slots};
+}
+
+static void memo_forget(struct kvr_client *c, uint64_t req_id)
+{
+	struct memo *old = memo_find(c, req_id);
+	if (old) {
+		free(old->slots);
+		old->slots = NULL;
+	}
+}
+
+/* The lookup actor is ours to ask: 0 and its generation, or -EPIPE (kvr_last_error set). */
+static int lookup_actor_gen(struct kvr_client *c, const char *what, uint32_t *ret_gen)
+{
+	unsigned actor = c->info.lookup_actor;
+	uint32_t gen = actor_gen(c, actor);
+	if (sup_gone(c))
+		return fail(c, -EPIPE, "%s: %s", what, SUP_GONE_WHY);
+	if (!actor_alive(c, actor, gen))
+		return fail(c, -EPIPE, "%s: the lookup actor is not running (state %s)", what,
+			    kvr_actor_state_name(atomic_load(&kvr_ctl_actor(c->ctl, actor)->state)));
+	*ret_gen = gen;
+	return 0;
+}
+
+int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+	       size_t extra_len, struct kvr_lookup_result *ret)
+{
+	if (!c || !ret || (!tokens && n_tokens) || (!extra && extra_len))
+		return fail(c, -EINVAL, "lookup: NULL argument");
+	if (c->sched)
+		return fail(c, -EINVAL, "lookup: a scheduler client leases (kvr_lease), it does not load");
+	memset(ret, 0, sizeof(*ret));
+	uint64_t t0 = kvr_now_ns();
+	size_t nk;
+	int rc = hash_keys(c, tokens, n_tokens, extra, extra_len, &nk);
+	if (rc)
+		return rc;
+	uint64_t t1 = kvr_now_ns();
+	ret->hash_ns = t1 - t0;
+	memo_forget(c, req_id);
+	if (nk == 0)
+		return 0;
+
+	uint32_t gen;
+	if ((rc = lookup_actor_gen(c, "lookup", &gen)))
+		return rc;
+	uint64_t wire = wire_id(c, gen), deadline = t1 + (uint64_t)c->timeout_ns;
+	_Static_assert(sizeof(kvr_key) == sizeof(struct kvr_msg_key), "key wire format");
+	rc = send_list(c, c->lk_req, KVR_MSG_LOOKUP, wire, (uint8_t)c->info.lane, 0, c->keys, (uint32_t)nk, deadline);
+	if (rc)
+		return fail(c, rc, "lookup: sending the request: %s", strerror(-rc));
+	struct kvr_msg_lookup_rep r;
+	struct kvr_msg_slot *slots;
+	if ((rc = await_slots(c, "lookup", c->info.lookup_actor, gen, wire, deadline, (uint32_t)nk, &r, &slots)))
+		return rc;
 	ret->matched_blocks = r.matched;
 	ret->l2_blocks = r.promoted;
 	ret->matched_tokens = r.matched * c->geom.block_tokens;
 	ret->index_ns = r.index_ns;
 	ret->roundtrip_ns = kvr_now_ns() - t1;
-	if (r.matched) {
-		struct memo *mm = &c->memo[c->memo_next++ % MEMO_MAX];
-		free(mm->slots);
-		*mm = (struct memo){.req_id = req_id, .n = r.matched, .slots = slots};
-		slots = NULL;
+	if (r.matched)
+		memo_put(c, req_id, r.matched, false, slots);
+	return 0;
+}
+
+/* ---- leases (docs/architecture.md: scheduler and workers) ---------------------------------- */
+
+int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kvr_client **ret_client)
+{
+	attach_err[0] = 0;
+	if (!opts || !ret_client) {
+		snprintf(attach_err, sizeof(attach_err), "attach: missing options or result pointer");
+		return -EINVAL;
 	}
-	rc = 0;
-out:
-	free(slots);
+	struct kvr_client *c = calloc(1, sizeof(*c));
+	if (!c) {
+		snprintf(attach_err, sizeof(attach_err), "attach: out of memory");
+		return -ENOMEM;
+	}
+	c->sock = -1;
+	c->ctl_seg.fd = -1;
+	c->sched = true;
+	c->timeout_ns = (opts->timeout_ms > 0 ? opts->timeout_ms : 10000) * 1000000ll;
+	int rc, fds[KVR_PROTO_MAX_FDS];
+	unsigned nfds = 0;
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION,
+				    .op = KVR_OP_ATTACH_SCHED, .payload_len = sizeof(struct kvr_attach_engine)};
+	struct kvr_attach_engine eng;
+	if ((rc = engine_fill(&eng, opts->engine_id, opts->model_ns, c->err, sizeof(c->err))))
+		goto err;
+	memcpy(req.payload, &eng, sizeof(eng));
+	struct kvr_config defaults;
+	kvr_config_defaults(&defaults);
+	const char *path = opts->socket ? opts->socket : defaults.instance.socket;
+	c->sock = kvr_proto_connect(path);
+	if (c->sock < 0) {
+		rc = fail(c, c->sock, "cannot connect to %s: %s", path, strerror(-c->sock));
+		goto err;
+	}
+	if ((rc = kvr_proto_send(c->sock, &req, offsetof(struct kvr_proto_req, payload) + req.payload_len, NULL, 0))) {
+		rc = fail(c, rc, "attach request: %s", strerror(-rc));
+		goto err;
+	}
+	struct kvr_proto_rep rep;
+	ssize_t n = kvr_proto_recv(c->sock, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &nfds);
+	if (n <= 0) {
+		rc = fail(c, n ? (int)n : -ECONNRESET, "attach reply: %s", n ? strerror((int)-n) : "connection closed");
+		goto err;
+	}
+	if ((size_t)n < offsetof(struct kvr_proto_rep, payload) || rep.magic != KVR_PROTO_MAGIC ||
+	    rep.version != KVR_PROTO_VERSION) {
+		rc = fail(c, -EPROTO, "attach reply: malformed");
+		goto close_fds;
+	}
+	if (rep.status < 0) {
+		rep.reason[sizeof(rep.reason) - 1] = 0;
+		rc = fail(c, rep.status, "attach refused: %s", rep.reason);
+		goto close_fds;
+	}
+	if (nfds != 1 || rep.payload_len != sizeof(c->info)) {
+		rc = fail(c, -EPROTO, "attach reply: expected 1 fd and attach info, got %u fds", nfds);
+		goto close_fds;
+	}
+	memcpy(&c->info, rep.payload, sizeof(c->info));
+	c->worker = rep.worker;
+	c->ns = (kvr_key){.lo = c->info.ns_lo, .hi = c->info.ns_hi};
+	c->geom.block_tokens = c->info.block_tokens;
+	if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 1, &c->ctl_seg)) ||
+	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl))) {
+		rc = fail(c, rc, "attach: cannot map the instance's control segment: %s", strerror(-rc));
+		goto close_fds;
+	}
+	close(fds[0]);
+	nfds = 0;
+	if (!c->geom.block_tokens || c->worker >= c->ctl->max_schedulers ||
+	    c->info.lookup_actor >= c->ctl->max_actors) {
+		rc = fail(c, -EPROTO, "attach: scheduler slot %u or attach info out of range", c->worker);
+		goto err;
+	}
+	char name[KVR_RING_NAME_MAX];
+	snprintf(name, sizeof(name), "sched.req.%u", c->worker);
+	int i = kvr_ctl_find_ring(c->ctl, name);
+	c->lk_req = i < 0 ? NULL : kvr_ctl_ring(c->ctl, (unsigned)i);
+	snprintf(name, sizeof(name), "sched.rep.%u", c->worker);
+	i = kvr_ctl_find_ring(c->ctl, name);
+	c->lk_rep = i < 0 ? NULL : kvr_ctl_ring(c->ctl, (unsigned)i);
+	if (!c->lk_req || !c->lk_rep) {
+		rc = fail(c, -EPROTO, "attach: the instance has no rings for scheduler slot %u", c->worker);
+		goto err;
+	}
+	struct kvr_worker_ent *se = kvr_ctl_sched(c->ctl, c->worker);
+	c->next_wire = (uint64_t)(se->generation & 0xffff) << 32;
+	kvr_ring_claim_producer(c->lk_req, getpid());
+	kvr_ring_claim_consumer(c->lk_rep, getpid());
+	c->waiter = &se->waiter;
+	*ret_client = c;
+	return 0;
+close_fds:
+	for (unsigned k = 0; k < nfds; k++)
+		close(fds[k]);
+err:
+	snprintf(attach_err, sizeof(attach_err), "%s", c->err);
+	kvr_detach(c);
 	return rc;
+}
+
+int kvr_lease(struct kvr_client *c, uint64_t lease_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+	      size_t extra_len, const struct kvr_lease_opts *opts, struct kvr_lookup_result *ret)
+{
+	if (!c || !ret || (!tokens && n_tokens) || (!extra && extra_len))
+		return fail(c, -EINVAL, "lease: NULL argument");
+	if (!c->sched)
+		return fail(c, -EINVAL, "lease: a worker client looks up (kvr_lookup) or takes a lease (kvr_lease_take)");
+	/* every TP rank loads (MLA: each the same lane) */
+	uint32_t loaders = opts && opts->loaders ? opts->loaders : kvr_ctl_sched(c->ctl, c->worker)->tp_size;
+	uint32_t ttl = opts && opts->ttl_ms ? opts->ttl_ms : 30000;
+	if (loaders > KVR_MSG_LEASE_MAX_LOADERS || ttl > KVR_MSG_LEASE_MAX_TTL_MS)
+		return fail(c, -EINVAL, "lease: loaders %u (at most %u) or ttl_ms %u (at most %u) out of range", loaders,
+			    KVR_MSG_LEASE_MAX_LOADERS, ttl, KVR_MSG_LEASE_MAX_TTL_MS);
+	memset(ret, 0, sizeof(*ret));
+	uint64_t t0 = kvr_now_ns();
+	size_t nk;
+	int rc = hash_keys(c, tokens, n_tokens, extra, extra_len, &nk);
+	if (rc)
+		return rc;
+	uint64_t t1 = kvr_now_ns();
+	ret->hash_ns = t1 - t0;
+	if (nk == 0)
+		return kvr_lease_release(c, lease_id) == -EPIPE ? -EPIPE : 0; /* nothing to lease: drop an older one */
+	uint32_t gen;
+	if ((rc = lookup_actor_gen(c, "lease", &gen)))
+		return rc;
+	uint64_t wire = wire_id(c, gen), deadline = t1 + (uint64_t)c->timeout_ns;
+	struct kvr_msg_lease b = {.lease_id = lease_id, .ttl_ms = ttl, .loaders = loaders, .n_keys = (uint32_t)nk};
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_LEASE, 0, wire, 0, &b, sizeof(b));
+	if ((rc = send_msg(c, c->lk_req, &m, deadline)) ||
+	    (rc = send_list(c, c->lk_req, KVR_MSG_LOOKUP, wire, 0, 0, c->keys, (uint32_t)nk, deadline)))
+		return fail(c, rc, "lease: sending the request: %s", strerror(-rc));
+	for (;;) {
+		rc = kvr_ring_dequeue(c->lk_rep, &m, WAIT_SLICE_NS);
+		if (rc == -ETIMEDOUT || rc == -EINTR) {
+			if (sup_gone(c))
+				return fail(c, -EPIPE, "lease: %s; treat as a miss", SUP_GONE_WHY);
+			if (!actor_alive(c, c->info.lookup_actor, gen))
+				return fail(c, -EPIPE, "lease: the lookup actor restarted; treat as a miss");
+			if (kvr_now_ns() >= deadline)
+				return fail(c, -ETIMEDOUT, "lease: no reply within %lld ms",
+					    (long long)(c->timeout_ns / 1000000));
+			continue;
+		}
+		if (rc)
+			return fail(c, rc, "lease: %s", strerror(-rc));
+		if (m.hdr.req_id == wire)
+			break;
+	}
+	struct kvr_msg_lookup_rep r;
+	if (kvr_msg_decode_lease_rep(&m, &r) || r.matched > nk)
+		return fail(c, -EPROTO, "lease: malformed reply");
+	if (r.status == -ESTALE)
+		return fail(c, -EPIPE, "lease: the lookup actor restarted; treat as a miss");
+	if (r.status == -ENOSPC)
+		return fail(c, -ENOSPC, "lease: the lease table is full (l1.max_leases): nothing leased");
+	if (r.status < 0)
+		return fail(c, r.status, "lease: %s", strerror(-r.status));
+	ret->matched_blocks = r.matched;
+	ret->l2_blocks = r.promoted;
+	ret->matched_tokens = r.matched * c->geom.block_tokens;
+	ret->index_ns = r.index_ns;
+	ret->roundtrip_ns = kvr_now_ns() - t1;
+	return 0;
+}
+
+int kvr_lease_release(struct kvr_client *c, uint64_t lease_id)
+{
+	if (!c || !c->sched)
+		return fail(c, -EINVAL, "lease release: not a scheduler client");
+	if (sup_gone(c))
+		return fail(c, -EPIPE, "lease release: %s", SUP_GONE_WHY);
+	struct kvr_msg_lease b = {.lease_id = lease_id};
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_LEASE_RELEASE, 0, 0, 0, &b, sizeof(b));
+	if (kvr_ring_try_enqueue(c->lk_req, &m))
+		return fail(c, -EAGAIN, "lease release: the request ring is full; the lease ends by its ttl");
+	return 0;
+}
+
+int kvr_lease_take(struct kvr_client *c, uint64_t lease_id, struct kvr_lookup_result *ret)
+{
+	if (!c || !ret)
+		return fail(c, -EINVAL, "lease take: NULL argument");
+	if (c->sched)
+		return fail(c, -EINVAL, "lease take: a scheduler client does not load");
+	memset(ret, 0, sizeof(*ret));
+	memo_forget(c, lease_id);
+	uint32_t gen;
+	int rc;
+	if ((rc = lookup_actor_gen(c, "lease take", &gen)))
+		return rc;
+	uint64_t t1 = kvr_now_ns(), wire = wire_id(c, gen), deadline = t1 + (uint64_t)c->timeout_ns;
+	struct kvr_msg_lease b = {.lease_id = lease_id, .lane = (uint16_t)c->info.lane};
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_LEASE_TAKE, 0, wire, 0, &b, sizeof(b));
+	if ((rc = send_msg(c, c->lk_req, &m, deadline)))
+		return fail(c, rc, "lease take: sending the request: %s", strerror(-rc));
+	struct kvr_msg_lookup_rep r;
+	struct kvr_msg_slot *slots;
+	if ((rc = await_slots(c, "lease take", c->info.lookup_actor, gen, wire, deadline, KVR_MSG_MAX_LIST, &r,
+			      &slots)))
+		return rc;
+	ret->matched_blocks = r.matched;
+	ret->matched_tokens = r.matched * c->geom.block_tokens;
+	ret->roundtrip_ns = kvr_now_ns() - t1;
+	if (r.matched)
+		memo_put(c, lease_id, r.matched, true, slots);
+	return 0;
+}
+
+/* Our load of a lease completed: tell the lookup actor (no reply). A full ring only delays
+ * the lease's end to its ttl. */
+static void lease_done(struct kvr_client *c, uint64_t lease_id, int status)
+{
+	struct kvr_msg_lease b = {.lease_id = lease_id, .lane = (uint16_t)c->info.lane, .status = status};
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_LEASE_DONE, 0, 0, 0, &b, sizeof(b));
+	(void)kvr_ring_try_enqueue(c->lk_req, &m);
 }
 
 /* ---- load and store ---------------------------------------------------------------------- */
@@ -915,6 +1229,8 @@ int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, s
 {
 	if (!c || (!block_ids && n_blocks) || !n_blocks)
 		return fail(c, -EINVAL, "load: no blocks");
+	if (c->sched)
+		return fail(c, -EINVAL, "load: a scheduler client does not load");
 	struct memo *mm = memo_find(c, req_id);
 	if (!mm)
 		return fail(c, -ENOENT, "load: request %llu has no matched blocks (lookup first)",
@@ -933,6 +1249,7 @@ int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, s
 	uint64_t wire;
 	rc = submit(c, KVR_OP_LOAD_DONE, c->info.loader_actor, req_id, block_ids, n_blocks, NULL, &wire);
 	if (!rc) {
+		c->pend[find_pending(c, wire)].lease = mm->lease;
 		rc = send_list(c, c->ld_req, KVR_MSG_LOAD, wire, 0, 0, items, (uint32_t)n_blocks,
 			       kvr_now_ns() + (uint64_t)c->timeout_ns);
 		if (rc) {
@@ -953,6 +1270,8 @@ static int store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, 
 {
 	if (!c || (!tokens && n_tokens) || (!block_ids && n_blocks) || (!extra && extra_len))
 		return fail(c, -EINVAL, "store: NULL argument");
+	if (c->sched)
+		return fail(c, -EINVAL, "store: a scheduler client does not store");
 	size_t full = n_tokens / c->geom.block_tokens;
 	if (n_blocks != full)
 		return fail(c, -EINVAL, "store: %zu tokens make %zu full blocks of %u but %zu block ids were given",

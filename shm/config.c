@@ -85,6 +85,7 @@ struct kvr_section {
 static const char *const log_level_values[] = { "error", "warn", "info", "debug", NULL };
 static const char *const attention_values[] = { "mha", "mla", NULL };
 static const char *const eviction_values[] = { "lru", "s3fifo", NULL };
+static const char *const kv_layout_values[] = { "kv-split", "kv-fused", NULL };
 static const char *const l2_mode_values[] = { "write-through", "write-back", NULL };
 static const char *const durability_values[] = { "none", "block", "batch", NULL };
 
@@ -107,6 +108,9 @@ static const struct kvr_key keys[] = {
 	MODE("instance.socket_mode", instance.socket_mode, 0600, 0777, "permission bits of the socket"),
 	U32("instance.max_workers", instance.max_workers, 8, 1, KVR_CTL_MAX_WORKERS, "workers",
 	    "attachable worker slots (each gets one loader and one storer)"),
+	U32("instance.max_schedulers", instance.max_schedulers, 4, 0, KVR_CTL_MAX_SCHEDULERS, "schedulers",
+	    "attachable scheduler slots: an engine's scheduler attaches without KV memory to look prefixes up "
+	    "and lease them for its workers (libkvring kvr_attach_scheduler)"),
 	ENUM("instance.log_level", instance.log_level, "info", log_level_values, "least severe level that is logged"),
 	STR("instance.actor_dir", instance.actor_dir, F_ABS_OR_EMPTY, "",
 	    "directory of the actor executables; \"\" = the built-in location"),
@@ -151,6 +155,9 @@ static const struct kvr_key keys[] = {
 	U32("model.tp_size", model.tp_size, 1, 1, KVR_MAX_TP, "ranks", "tensor-parallel ranks of a worker group"),
 	ENUM("model.attention", model.attention, "mha", attention_values,
 	     "mha (MHA and GQA: K and V per head, split over TP ranks) or mla (one latent, same on every rank)"),
+	ENUM("model.kv_layout", model.kv_layout, "kv-split", kv_layout_values,
+	     "mha: kv-split = per layer a K page then a V page (vLLM's GPU backends); kv-fused = one page per "
+	     "layer holding K and V (vLLM's CPU backend); part of the key namespace"),
 	STR("model.cache_salt", model.cache_salt, 0, "",
 	    "mixed into the key namespace: different salts share no block"),
 
@@ -162,6 +169,9 @@ static const struct kvr_key keys[] = {
 	    "tokens per prompt when the capacity is derived"),
 	BOOL("l1.huge_pages", l1.huge_pages, true, "try huge pages (MFD_HUGETLB) for the arena, else normal pages"),
 	ENUM("l1.eviction", l1.eviction, "s3fifo", eviction_values, "eviction policy (s3fifo resists scans)"),
+	U32("l1.max_leases", l1.max_leases, 4096, 1, 1u << 20, "leases",
+	    "lookup leases held at once; a scheduler's lease beyond them is refused (-ENOSPC) and its prefix "
+	    "not pinned"),
 
 	SIZE("staging.ceiling_bytes", staging.ceiling_bytes, 256 * MiB, 4 * KiB,
 	     "staging bytes per worker, both pools"),
@@ -1004,6 +1014,9 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 	if (!is_mla(c) && c->model.kv_heads % c->model.tp_size && c->model.tp_size % c->model.kv_heads)
 		return FAIL("$.model.tp_size: %" PRIu32 " neither divides model.kv_heads (%" PRIu32
 			    ") nor is a multiple of it", c->model.tp_size, c->model.kv_heads);
+	if (is_mla(c) && !strcmp(c->model.kv_layout, "kv-fused"))
+		return FAIL("$.model.kv_layout: \"kv-fused\" is for K and V pages (mha); an mla layer has one latent "
+			    "page already");
 	if (c->model.tp_size > c->instance.max_workers)
 		return FAIL("$.model.tp_size: %" PRIu32 " exceeds instance.max_workers (%" PRIu32 "): each rank of a "
 			    "TP group attaches as one worker, so no group could ever be complete",

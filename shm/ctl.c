@@ -21,7 +21,7 @@ static int plan_layout(unsigned max_actors, unsigned max_workers, const struct k
 	p->actors_off = off;
 	off = ALIGN64(off + max_actors * sizeof(struct kvr_actor_ent));
 	p->workers_off = off;
-	off = ALIGN64(off + max_workers * sizeof(struct kvr_worker_ent));
+	off = ALIGN64(off + (max_workers + KVR_CTL_MAX_SCHEDULERS) * sizeof(struct kvr_worker_ent));
 	p->rings_off = off;
 	off = ALIGN64(off + KVR_CTL_MAX_RINGS * sizeof(struct kvr_ring_ent));
 	p->stats_off = off;
@@ -67,6 +67,7 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
 	memset((uint8_t *)c + sizeof(c->seg), 0, p.ring_area_off - sizeof(c->seg));
 	c->max_actors = max_actors;
 	c->max_workers = max_workers;
+	c->max_schedulers = KVR_CTL_MAX_SCHEDULERS;
 	c->max_rings = KVR_CTL_MAX_RINGS;
 	c->actors_off = p.actors_off;
 	c->workers_off = p.workers_off;
@@ -97,7 +98,7 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
 		int cons = rings[i].consumer;
 		if (cons >= 0 && (unsigned)cons < max_actors)
 			kvr_ring_set_consumer_waiter(r, &kvr_ctl_actor(c, (unsigned)cons)->waiter);
-		else if (KVR_EP_IS_CLIENT(cons) && (unsigned)KVR_EP_CLIENT_SLOT(cons) < max_workers)
+		else if (KVR_EP_IS_CLIENT(cons) && (unsigned)KVR_EP_CLIENT_SLOT(cons) < max_workers + KVR_CTL_MAX_SCHEDULERS)
 			kvr_ring_set_consumer_waiter(r, &kvr_ctl_worker(c, (unsigned)KVR_EP_CLIENT_SLOT(cons))->waiter);
 	}
 	atomic_store(&c->n_rings, n_rings);
@@ -133,13 +134,15 @@ int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl)
 		return -EPROTO;
 	uint64_t size = seg->size;
 	if (!c->max_actors || c->max_actors > KVR_CTL_MAX_ACTORS || c->max_workers > KVR_CTL_MAX_WORKERS ||
-	    c->max_rings != KVR_CTL_MAX_RINGS || atomic_load(&c->n_rings) > c->max_rings)
+	    c->max_schedulers != KVR_CTL_MAX_SCHEDULERS || c->max_rings != KVR_CTL_MAX_RINGS ||
+	    atomic_load(&c->n_rings) > c->max_rings)
 		return -EBADMSG;
 	/* The tables lie in kvr_ctl_init()'s order, none overlapping the next: a corrupt count or
 	 * offset must not make one table alias another (or the header). */
 	uint64_t end = sizeof(struct kvr_ctl);
 	if (!region_ok(c->actors_off, (uint64_t)c->max_actors * sizeof(struct kvr_actor_ent), size, &end) ||
-	    !region_ok(c->workers_off, (uint64_t)c->max_workers * sizeof(struct kvr_worker_ent), size, &end) ||
+	    !region_ok(c->workers_off, (uint64_t)(c->max_workers + c->max_schedulers) * sizeof(struct kvr_worker_ent),
+		       size, &end) ||
 	    !region_ok(c->rings_off, (uint64_t)c->max_rings * sizeof(struct kvr_ring_ent), size, &end) ||
 	    !region_ok(c->stats_off, (uint64_t)c->max_actors * sizeof(struct kvr_actor_stats), size, &end) ||
 	    !region_ok(c->config_off, c->config_cap, size, &end) ||
@@ -207,7 +210,7 @@ int kvr_ctl_ring_rebind(struct kvr_ctl *c, unsigned i, int producer, int consume
 	e->consumer = (int16_t)consumer;
 	if (consumer >= 0 && (unsigned)consumer < c->max_actors)
 		kvr_ring_set_consumer_waiter(r, &kvr_ctl_actor(c, (unsigned)consumer)->waiter);
-	else if (KVR_EP_IS_CLIENT(consumer) && (unsigned)KVR_EP_CLIENT_SLOT(consumer) < c->max_workers)
+	else if (KVR_EP_IS_CLIENT(consumer) && (unsigned)KVR_EP_CLIENT_SLOT(consumer) < c->max_workers + c->max_schedulers)
 		kvr_ring_set_consumer_waiter(r, &kvr_ctl_worker(c, (unsigned)KVR_EP_CLIENT_SLOT(consumer))->waiter);
 	return 0;
 }

@@ -288,6 +288,24 @@ int kvr_geometry_fill_vllm_layer_major(struct kvr_geometry *g, uint32_t layers, 
 	return 0;
 }
 
+int kvr_geometry_fill_vllm_fused(struct kvr_geometry *g, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+				 uint32_t dtype_bytes, uint32_t block_tokens, uint32_t num_blocks)
+{
+	if (!g || !layers || !kv_heads || !head_dim || !dtype_bytes || !block_tokens || !num_blocks ||
+	    layers > KVR_GEOM_MAX_REGIONS)
+		return -EINVAL;
+	struct kvr_geometry tmp;
+	init_common(&tmp, layers, kv_heads, head_dim, dtype_bytes, block_tokens, num_blocks, KVR_ATTN_MHA);
+	uint64_t page = 2ull * block_tokens * kv_heads * head_dim; /* K and V rows */
+	if (page > UINT32_MAX / dtype_bytes)
+		return -ERANGE;
+	int rc = fill_tensors(&tmp, layers, 1, page * dtype_bytes, num_blocks);
+	if (rc)
+		return rc;
+	*g = tmp;
+	return 0;
+}
+
 int kvr_geometry_fill_vllm_mla(struct kvr_geometry *g, uint32_t layers, uint32_t latent_dim, uint32_t dtype_bytes,
 			       uint32_t block_tokens, uint32_t num_blocks)
 {

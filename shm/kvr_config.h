@@ -26,6 +26,7 @@ struct kvr_config {
 		char socket[KVR_PATH_MAX];   /* Unix socket workers attach to */
 		uint32_t socket_mode;        /* permission bits of the socket, default 0600 */
 		uint32_t max_workers;        /* attachable worker slots (one loader+storer each) */
+		uint32_t max_schedulers;     /* attachable scheduler slots (lookups and leases only) */
 		char log_level[16];          /* error|warn|info|debug */
 		char actor_dir[KVR_PATH_MAX];/* where the actor executables live ("" = built-in) */
 	} instance;
@@ -54,6 +55,7 @@ struct kvr_config {
 		uint32_t block_tokens;
 		uint32_t tp_size;
 		char attention[8];           /* "mha" (MHA/GQA) or "mla" */
+		char kv_layout[16];          /* "kv-split" (K page, V page per layer) or "kv-fused" (one page) */
 		char cache_salt[KVR_STR_MAX];
 	} model;
 	struct {
@@ -62,6 +64,7 @@ struct kvr_config {
 		uint32_t workload_tokens;
 		bool huge_pages;             /* try MFD_HUGETLB for the arena */
 		char eviction[16];           /* "lru" or "s3fifo" */
+		uint32_t max_leases;         /* lookup leases held at once (the lookup actor's table) */
 	} l1;
 	struct {
 		uint64_t ceiling_bytes;      /* staging ceiling per worker */

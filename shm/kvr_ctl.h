@@ -14,7 +14,8 @@
  *
  *   struct kvr_ctl                       header, instance state, offsets
  *   struct kvr_actor_ent [max_actors]    one per actor slot (lookup, loader.N, storer.N, ...)
- *   struct kvr_worker_ent[max_workers]   one per attachable worker slot
+ *   struct kvr_worker_ent[max_workers    one per attachable worker slot, then
+ *                  + max_schedulers]     one per scheduler slot (kvr_ctl_sched)
  *   struct kvr_ring_ent  [max_rings]     the ring directory: name, offset, endpoints
  *   struct kvr_actor_stats[max_actors]   counters each actor writes and kvringd exports
  *   char config_json[config_cap]         the effective config, as --check-config prints it
@@ -29,6 +30,7 @@
 
 #define KVR_CTL_MAX_ACTORS 64
 #define KVR_CTL_MAX_WORKERS 16
+#define KVR_CTL_MAX_SCHEDULERS 16 /* scheduler slots: client entries after the workers' */
 #define KVR_CTL_MAX_RINGS 256
 #define KVR_ACTOR_NAME_MAX 24
 #define KVR_CTL_GEOM_BYTES 3072 /* per worker: the geometry it attached with (kvr_geometry.h) */
@@ -89,6 +91,13 @@ struct kvr_actor_ent {
 };
 _Static_assert(sizeof(struct kvr_actor_ent) == 128, "actor entry");
 
+enum kvr_client_kind {
+	KVR_CLIENT_WORKER = 0,    /* KV memory, a loader and a storer */
+	KVR_CLIENT_SCHEDULER = 1, /* lookups and leases only */
+};
+
+#define KVR_CTL_MAX_ENGINES 64 /* engines attached at once (engine indices 0..63) */
+
 enum kvr_worker_state {
 	KVR_WORKER_FREE = 0,
 	KVR_WORKER_ATTACHED = 1,
@@ -109,7 +118,9 @@ struct kvr_worker_ent {
 	 * frees the worker slot only then, so a new worker in this slot never meets the abort
 	 * of its predecessor's slots */
 	_Atomic uint32_t gone_ack;
-	uint8_t reserved[12];
+	uint16_t engine;        /* engine index kvringd gave its engine (workers and schedulers) */
+	uint8_t kind;           /* enum kvr_client_kind */
+	uint8_t reserved[9];
 };
 _Static_assert(sizeof(struct kvr_worker_ent) == 64, "worker entry");
 
@@ -172,6 +183,14 @@ enum kvr_stat_lookup {
 	KVR_STAT_LK_L2_WRITES_QUEUED, /* gauge: lanes waiting for their L2 write (queued or sent) */
 	KVR_STAT_LK_PINS_RELEASED,    /* lookup pins (KVR_PIN_LOOKUP) a predecessor left, dropped at start */
 	KVR_STAT_LK_L2_ANSWERS_LOST,  /* L2 reads given up and writes sent again: no answer within 8 s */
+	KVR_STAT_LK_LEASES,           /* gauge: lookup leases held (their blocks pinned) */
+	KVR_STAT_LK_LEASES_GRANTED,   /* leases granted to schedulers (of at least one block) */
+	KVR_STAT_LK_LEASES_TAKEN,     /* LEASE_TAKEs answered with the lease's slots */
+	KVR_STAT_LK_LEASES_LOADED,    /* leases ended: every loader reported its load done */
+	KVR_STAT_LK_LEASES_RELEASED,  /* leases ended by their scheduler (request finished) or replaced */
+	KVR_STAT_LK_LEASES_EXPIRED,   /* leases ended by their ttl */
+	KVR_STAT_LK_LEASES_REFUSED,   /* leases refused: table full (l1.max_leases) */
+	KVR_STAT_LK_LEASES_MISSING,   /* LEASE_TAKEs of a lease that did not exist (-ENOENT) */
 };
 
 enum kvr_stat_xfer { /* loader and storer */
@@ -294,7 +313,8 @@ struct kvr_ctl {
 	uint32_t config_len, config_cap;
 	char socket_path[108];
 	uint64_t geom_off;             /* per worker slot: its attach geometry (KVR_CTL_GEOM_BYTES each) */
-	uint8_t reserved[40];
+	uint32_t max_schedulers;       /* KVR_CTL_MAX_SCHEDULERS client entries after the workers' */
+	uint8_t reserved[36];
 };
 _Static_assert(offsetof(struct kvr_ctl, geom_off) == 272, "ctl header: 4 bytes of padding after socket_path");
 _Static_assert(sizeof(struct kvr_ctl) == 320, "ctl header");
@@ -306,6 +326,12 @@ static inline struct kvr_actor_ent *kvr_ctl_actor(const struct kvr_ctl *c, unsig
 static inline struct kvr_worker_ent *kvr_ctl_worker(const struct kvr_ctl *c, unsigned i)
 {
 	return (struct kvr_worker_ent *)((uint8_t *)c + c->workers_off) + i;
+}
+/* Scheduler slot i's client entry (kvr_worker_ent, kind KVR_CLIENT_SCHEDULER): the entries
+ * after the workers'. Its rings are sched.req.i / sched.rep.i; endpoint KVR_EP_CLIENT(max_workers + i). */
+static inline struct kvr_worker_ent *kvr_ctl_sched(const struct kvr_ctl *c, unsigned i)
+{
+	return kvr_ctl_worker(c, c->max_workers + i);
 }
 static inline struct kvr_ring_ent *kvr_ctl_ring_ent(const struct kvr_ctl *c, unsigned i)
 {

@@ -146,6 +146,12 @@ uint64_t kvr_geometry_kv_extent(const struct kvr_geometry *g);
 int kvr_geometry_fill_vllm_layer_major(struct kvr_geometry *g, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 				       uint32_t dtype_bytes, uint32_t block_tokens, uint32_t num_blocks);
 
+/* vLLM's CPU layout (model.kv_layout "kv-fused"): one tensor per layer [num_blocks, kv_heads,
+ * block_tokens, 2 * head_dim] holding K and V rows: one region per layer, page = stride =
+ * 2*block_tokens*kv_heads*head_dim*dtype_bytes, region l at offset l*num_blocks*page. */
+int kvr_geometry_fill_vllm_fused(struct kvr_geometry *g, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+				 uint32_t dtype_bytes, uint32_t block_tokens, uint32_t num_blocks);
+
 /* The same for vLLM's MLA layout: one tensor per layer [num_blocks, block_tokens,
  * latent_dim]; kv_heads = 1, head_dim = latent_dim, attention MLA. */
 int kvr_geometry_fill_vllm_mla(struct kvr_geometry *g, uint32_t layers, uint32_t latent_dim, uint32_t dtype_bytes,

@@ -33,6 +33,7 @@ enum kvr_proto_op {
 	KVR_OP_INSPECT = 1,
 	KVR_OP_ATTACH = 2,
 	KVR_OP_DETACH = 3,
+	KVR_OP_ATTACH_SCHED = 4,
 };
 
 struct kvr_proto_req {
@@ -71,7 +72,7 @@ struct kvr_attach_info {
 	uint32_t lane;           /* this worker's lane (its TP rank; DCP: its group's; MLA: 0) */
 	uint32_t lanes;          /* commit quorum: lanes per block */
 	uint32_t n_slots;
-	uint32_t reserved;
+	uint32_t block_tokens;   /* tokens per block (the instance's) */
 	uint64_t slot_bytes;     /* bytes per slot (lane bytes rounded up to 4 KiB) */
 	uint64_t lane_bytes;     /* bytes of one lane of one block */
 	uint64_t kv_bytes;       /* the KV memory size kvringd accepted */
@@ -81,6 +82,25 @@ struct kvr_attach_info {
 	uint32_t group_ranks;    /* DCP: ranks of its group that must attach before the gather
 				  * actor storing for it (storer_actor) is ready; else 1 */
 };
+
+/* The engine a worker or scheduler belongs to: the ATTACH payload's optional tail (after the
+ * geometry; a payload of just the geometry is engine "default", model_ns "") and the whole
+ * ATTACH_SCHED payload. Both strings NUL-terminated inside their arrays, reserved zero.
+ * engine_id: 1..47 bytes of [A-Za-z0-9._:-] ("" = "default"); one worker per (engine, TP
+ * rank, DCP rank). model_ns: printable ASCII, "" = the instance's model.model_id; it replaces
+ * model_id in the key namespace, so engines of different model_ns share no block. An engine
+ * keeps one model_ns while any of its clients is attached. */
+struct kvr_attach_engine {
+	char engine_id[48];
+	char model_ns[64];
+	uint32_t reserved[4];
+};
+_Static_assert(sizeof(struct kvr_attach_engine) == 128, "engine identity");
+
+/* ATTACH_SCHED: payload struct kvr_attach_engine, no fds. Reply: status 0, worker = the
+ * scheduler slot, fds [ctl], payload struct kvr_attach_info (ns, lanes, n_slots, block_tokens,
+ * lookup_actor; the worker-only fields 0). The connection stays open while attached, as for
+ * ATTACH. */
 
 /* ---- ATTACH with CUDA KV memory (docs/cuda.md) -------------------------------------------
  * The request does not change: payload = geometry, one fd. When the worker's KV memory is

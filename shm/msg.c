@@ -31,6 +31,11 @@ static const char *const type_names[KVR_MSG_TYPE_MAX] = {
 	[KVR_MSG_L2_SYNC] = "l2_sync",
 	[KVR_MSG_L2_HAVE] = "l2_have",
 	[KVR_MSG_L2_GONE] = "l2_gone",
+	[KVR_MSG_LEASE] = "lease",
+	[KVR_MSG_LEASE_REP] = "lease_rep",
+	[KVR_MSG_LEASE_RELEASE] = "lease_release",
+	[KVR_MSG_LEASE_TAKE] = "lease_take",
+	[KVR_MSG_LEASE_DONE] = "lease_done",
 };
 
 const char *kvr_msg_type_name(unsigned type)
@@ -294,6 +299,40 @@ int kvr_msg_decode_worker_gone(const struct kvr_msg *m, struct kvr_msg_worker_go
 int kvr_msg_decode_reset(const struct kvr_msg *m)
 {
 	return check_fixed(m, KVR_MSG_RESET, 0, 0);
+}
+
+int kvr_msg_decode_lease(const struct kvr_msg *m, unsigned type, struct kvr_msg_lease *ret)
+{
+	struct kvr_msg_lease b;
+	if (type < KVR_MSG_LEASE_RELEASE && type != KVR_MSG_LEASE)
+		return -EBADMSG;
+	if (type > KVR_MSG_LEASE_DONE || check_fixed(m, type, 0, sizeof(b)))
+		return -EBADMSG;
+	memcpy(&b, m->body, sizeof(b));
+	if (b.reserved || b.reserved2)
+		return -EBADMSG;
+	bool lease = type == KVR_MSG_LEASE, worker = type == KVR_MSG_LEASE_TAKE || type == KVR_MSG_LEASE_DONE;
+	if (lease ? (!b.ttl_ms || b.ttl_ms > KVR_MSG_LEASE_MAX_TTL_MS || !b.loaders ||
+		     b.loaders > KVR_MSG_LEASE_MAX_LOADERS || !b.n_keys || b.n_keys > KVR_MSG_MAX_LIST)
+		  : (b.ttl_ms || b.loaders || b.n_keys))
+		return -EBADMSG;
+	if ((!worker && b.lane) || (type != KVR_MSG_LEASE_DONE && b.status) || !status_ok(b.status))
+		return -EBADMSG;
+	*ret = b;
+	return 0;
+}
+
+int kvr_msg_decode_lease_rep(const struct kvr_msg *m, struct kvr_msg_lookup_rep *ret)
+{
+	struct kvr_msg_lookup_rep r;
+	if (!m || m->hdr.body_len != sizeof(r))
+		return -EBADMSG;
+	memcpy(&r, m->body, sizeof(r));
+	if (check_result(m, KVR_MSG_LEASE_REP, sizeof(r), false) || !status_ok(r.status) || r.promoted > r.matched ||
+	    r.matched > KVR_MSG_MAX_LIST || (r.status < 0 && r.matched))
+		return -EBADMSG;
+	*ret = r;
+	return 0;
 }
 
 int kvr_msg_decode_l2(const struct kvr_msg *m, unsigned type, struct kvr_msg_l2 *ret)

@@ -374,7 +374,9 @@ int main(int argc, char **argv)
 	s->epfd = s->sigfd = s->tfd = s->listen_fd = -1;
 	s->ctl_seg.fd = s->arena_seg.fd = s->slots_seg.fd = -1;
 	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
-		s->kv_fd[w] = -1;
+		s->kv_fd[w] = s->worker_engine[w] = -1;
+	for (unsigned i = 0; i < KVR_CTL_MAX_SCHEDULERS; i++)
+		s->sched_engine[i] = -1;
 	sup_groups_init(s);
 	if (check) {
 		if (load_config(check, &s->cfg))

@@ -1,5 +1,6 @@
 /* kvringd layout: which rings and actors an instance has, and the segments that hold them. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +107,15 @@ int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs
 			if (rc)
 				return rc;
 		}
+	/* scheduler slots: lookups and leases only, with the lookup actor */
+	for (unsigned i = 0; i < cfg->instance.max_schedulers; i++) {
+		int client = KVR_EP_CLIENT(cfg->instance.max_workers + i);
+		rc = add_spec(specs, cap, &n, capacity, client, (int)SUP_ACTOR_LOOKUP, "sched.req.%u", i);
+		if (!rc)
+			rc = add_spec(specs, cap, &n, capacity, (int)SUP_ACTOR_LOOKUP, client, "sched.rep.%u", i);
+		if (rc)
+			return rc;
+	}
 	/* L2: the lookup actor talks to each disk actor */
 	for (unsigned d = 0; d < cfg->l2.n_dirs; d++) {
 		int disk = (int)SUP_ACTOR_DISK(cfg->instance.max_workers, d);
@@ -212,7 +222,20 @@ int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num
 			 kvr_preset_list());
 		return -EINVAL;
 	}
-	if (p) {
+	bool fused = !strcmp(cfg->model.kv_layout, "kv-fused");
+	if (p && fused && (p->attention != KVR_ATTN_MHA || p->tail_per_token)) {
+		snprintf(err, errlen, "$.model.kv_layout: \"kv-fused\" does not apply to preset \"%s\" (%s)", p->name,
+			 p->attention != KVR_ATTN_MHA ? "mla" : "its pages carry a tail");
+		return -EINVAL;
+	} else if (p && fused) {
+		uint32_t tp = cfg->model.tp_size, heads = p->kv_heads_total;
+		rc = kvr_geometry_fill_vllm_fused(ret, p->layers, heads >= tp ? heads / tp : 1, p->head_dim,
+						  p->dtype_bytes, cfg->model.block_tokens, num_blocks);
+		if (!rc) {
+			ret->tp_size = tp;
+			ret->tp_rank = rank;
+		}
+	} else if (p) {
 		rc = kvr_preset_geometry(p, cfg->model.tp_size, rank, cfg->model.block_tokens, num_blocks, ret);
 	} else if (strcmp(cfg->model.attention, "mla") == 0) {
 		rc = kvr_geometry_fill_vllm_mla(ret, cfg->model.layers, cfg->model.head_dim, cfg->model.dtype_bytes,
@@ -224,8 +247,10 @@ int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num
 	} else {
 		uint32_t tp = cfg->model.tp_size, heads = cfg->model.kv_heads;
 		uint32_t per_rank = heads >= tp ? heads / tp : 1;
-		rc = kvr_geometry_fill_vllm_layer_major(ret, cfg->model.layers, per_rank, cfg->model.head_dim,
-							cfg->model.dtype_bytes, cfg->model.block_tokens, num_blocks);
+		rc = (strcmp(cfg->model.kv_layout, "kv-fused") ? kvr_geometry_fill_vllm_layer_major
+								: kvr_geometry_fill_vllm_fused)(
+			ret, cfg->model.layers, per_rank, cfg->model.head_dim, cfg->model.dtype_bytes,
+			cfg->model.block_tokens, num_blocks);
 		if (!rc) {
 			ret->tp_size = tp;
 			ret->tp_rank = rank;

@@ -165,6 +165,11 @@ static int send_rep(int fd, const struct kvr_proto_rep *rep, const int *fds, uns
 static void conn_close(struct sup *s, struct sup_conn *c);
 static void conn_drop(struct sup *s, struct sup_conn *c);
 
+static bool conn_attached(const struct sup_conn *c)
+{
+	return c->worker >= 0 || c->sched >= 0;
+}
+
 static uint64_t attach_timeout_ns(const struct sup *s)
 {
 	return (uint64_t)s->cfg.supervisor.attach_timeout_ms * 1000000ull;
@@ -177,7 +182,7 @@ static bool make_room(struct sup *s)
 {
 	struct sup_conn *old = NULL;
 	for (struct sup_conn *c = s->conns; c; c = c->next) /* newest first: <= ends at the oldest */
-		if (c->worker < 0 && (!old || c->deadline <= old->deadline))
+		if (!conn_attached(c) && (!old || c->deadline <= old->deadline))
 			old = c;
 	if (!old)
 		return false;
@@ -247,7 +252,7 @@ static void accept_all(struct sup *s, unsigned *evicted)
 			(void)close(fd);
 			continue;
 		}
-		*c = (struct sup_conn){.fd = fd, .watch = {W_CONN, c}, .pid = cr.pid, .uid = cr.uid, .worker = -1,
+		*c = (struct sup_conn){.fd = fd, .watch = {W_CONN, c}, .pid = cr.pid, .uid = cr.uid, .worker = -1, .sched = -1,
 				       .refused = refused, .deadline = kvr_now_ns() + attach_timeout_ns(s),
 				       .next = s->conns};
 		if (sup_epoll_add(s, fd, &c->watch, EPOLLIN | EPOLLRDHUP) < 0) {
@@ -398,14 +403,12 @@ static int kv_memory_check(struct sup *s, int fd, struct kvr_proto_rep *rep, uin
  * (one memfd) — against the instance's model, and adopt the memfd (fds[0] = -1). *ret_ns:
  * the key namespace this worker uses (the instance's; a DCP rank with page tails: its
  * layout's). On failure rep says what was wrong, naming the field and the numbers. */
+_Static_assert(sizeof(struct kvr_geometry) + sizeof(struct kvr_attach_engine) <= KVR_PROTO_PAYLOAD_MAX,
+	       "geometry and engine identity fit the attach payload");
+
 static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req *req, int *fds, unsigned n_fds,
-			   struct kvr_proto_rep *rep, kvr_key *ret_ns)
+			   const struct sup_engine_id *eng, struct kvr_proto_rep *rep, kvr_key *ret_ns)
 {
-	if (req->payload_len != sizeof(struct kvr_geometry)) {
-		rep_init(s, rep, -EPROTO, "attach payload is %u bytes, a geometry is %zu", req->payload_len,
-			 sizeof(struct kvr_geometry));
-		return -EPROTO;
-	}
 	if (n_fds != 1) {
 		rep_init(s, rep, -EBADF, "attach needs exactly one descriptor (the KV memory), got %u", n_fds);
 		return -EBADF;
@@ -469,22 +472,27 @@ static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req
 	}
 	kvr_key ns;
 	if (kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns) || !kvr_key_eq(ns, s->ns)) {
-		rep_init(s, rep, -EINVAL, "geometry mismatch: the page layout differs from the instance's model");
+		rep_init(s, rep, -EINVAL, "geometry mismatch: the page layout differs from the instance's model "
+			 "(model.kv_layout \"%s\": %u regions of %u bytes per block, this worker %u of %u)",
+			 s->cfg.model.kv_layout, s->geom.n_regions, s->geom.page_bytes[0], g->n_regions, g->page_bytes[0]);
 		return -EINVAL;
 	}
-	/* one worker per (TP rank, DCP rank) (MLA: every rank loads the same lane, still one
-	 * worker each) */
+	/* one worker per (engine, TP rank, DCP rank) (MLA: every rank loads the same lane, still
+	 * one worker each) */
 	for (unsigned i = 0; i < s->cfg.instance.max_workers; i++) {
 		const struct kvr_worker_ent *o = kvr_ctl_worker(s->ctl, i);
 		/* a DETACHING predecessor (its actors are stopping) does not block its successor */
 		if (i != w && atomic_load(&o->state) == KVR_WORKER_ATTACHED && o->tp_rank == rank_g->tp_rank &&
-		    o->dcp_rank == rank_g->dcp_rank) {
-			rep_init(s, rep, -EEXIST, "TP rank %u (DCP rank %u) is already attached (worker slot %u, pid %d)",
-				 rank_g->tp_rank, rank_g->dcp_rank, i, (int)atomic_load(&o->pid));
+		    o->dcp_rank == rank_g->dcp_rank && s->worker_engine[i] >= 0 &&
+		    !strcmp(s->engines[s->worker_engine[i]].id.id, eng->id)) {
+			rep_init(s, rep, -EEXIST, "engine \"%s\": TP rank %u (DCP rank %u) is already attached (worker "
+				 "slot %u, pid %d)", eng->id, rank_g->tp_rank, rank_g->dcp_rank, i,
+				 (int)atomic_load(&o->pid));
 			return -EEXIST;
 		}
 	}
-	if (kvr_geometry_namespace(rank_g, s->cfg.model.model_id, s->cfg.model.cache_salt, ret_ns)) {
+	struct sup_engine_id tmp = *eng;
+	if (kvr_geometry_namespace(rank_g, sup_engine_model(s, &tmp), s->cfg.model.cache_salt, ret_ns)) {
 		rep_init(s, rep, -EINVAL, "geometry: no key namespace for this rank's layout");
 		return -EINVAL;
 	}
@@ -506,8 +514,9 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 		rep_init(s, &rep, -ESHUTDOWN, "instance is shutting down");
 		goto reply;
 	}
-	if (c->worker >= 0) {
-		rep_init(s, &rep, -EALREADY, "already attached as worker %d", c->worker);
+	if (conn_attached(c)) {
+		rep_init(s, &rep, -EALREADY, "already attached as %s %d", c->worker >= 0 ? "worker" : "scheduler",
+			 c->worker >= 0 ? c->worker : c->sched);
 		goto reply;
 	}
 	for (unsigned i = 0; i < max && w < 0; i++)
@@ -518,10 +527,32 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 		goto reply;
 	}
 	rep_init(s, &rep, 0, NULL);
+	struct kvr_attach_engine ein = {0};
+	struct sup_engine_id eng;
+	char why[KVR_PROTO_REASON_MAX];
+	if (req->payload_len != sizeof(struct kvr_geometry) &&
+	    req->payload_len != sizeof(struct kvr_geometry) + sizeof(ein)) {
+		rep_init(s, &rep, -EPROTO, "attach payload is %u bytes: a geometry is %zu (+ %zu of engine identity)",
+			 req->payload_len, sizeof(struct kvr_geometry), sizeof(ein));
+		goto reply;
+	}
+	if (req->payload_len > sizeof(struct kvr_geometry))
+		memcpy(&ein, req->payload + sizeof(struct kvr_geometry), sizeof(ein));
+	if (sup_engine_parse(&ein, &eng, why, sizeof(why))) {
+		rep_init(s, &rep, -EINVAL, "%s", why);
+		goto reply;
+	}
 	kvr_key ns;
-	if (attach_validate(s, (unsigned)w, req, fds, n_fds, &rep, &ns) || rep.status) {
+	if (attach_validate(s, (unsigned)w, req, fds, n_fds, &eng, &rep, &ns) || rep.status) {
 		if (!rep.status)
 			rep.status = -EINVAL;
+		goto reply;
+	}
+	int engine = sup_engine_join(s, &eng, why, sizeof(why));
+	if (engine < 0) {
+		rep_init(s, &rep, engine, "%s", why);
+		(void)close(s->kv_fd[w]);
+		s->kv_fd[w] = -1;
 		goto reply;
 	}
 
@@ -530,10 +561,10 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	 * loader); every other worker has its own loader and storer */
 	int gather = -1;
 	if (g->dcp_size > 1) {
-		char why[256];
 		gather = sup_group_join(s, (unsigned)w, g, why, sizeof(why));
 		if (gather < 0) {
 			rep_init(s, &rep, gather, "%s", why);
+			sup_engine_leave(s, engine);
 			(void)close(s->kv_fd[w]);
 			s->kv_fd[w] = -1;
 			goto reply;
@@ -548,11 +579,15 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	we->dcp_rank = g->dcp_rank;
 	we->dcp_size = g->dcp_size;
 	we->attached_ns = kvr_now_ns();
+	we->engine = (uint16_t)engine;
+	we->kind = KVR_CLIENT_WORKER;
+	s->worker_engine[w] = engine;
 	atomic_store(&we->waiter.sleepers, 0);
 	atomic_store(&we->state, KVR_WORKER_ATTACHED);
 	c->worker = w;
 	s->worker_conn[w] = c;
-	kvr_info("worker %d attached (pid %d, generation %u)", w, (int)c->pid, we->generation);
+	kvr_info("worker %d attached (pid %d, generation %u, engine %d \"%s\", TP rank %u)", w, (int)c->pid,
+		 we->generation, engine, eng.id, g->tp_rank);
 
 	sup_actor_start(s, &s->actors[SUP_ACTOR_LOADER((unsigned)w)]);
 	if (gather < 0)
@@ -568,6 +603,7 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 		.lane = kvr_dcp_lane(g),
 		.lanes = s->lanes,
 		.n_slots = s->slots->n_slots,
+		.block_tokens = s->geom.block_tokens,
 		.slot_bytes = s->slots->slot_bytes,
 		.lane_bytes = s->lane_bytes,
 		.kv_bytes = s->kv_bytes[w],
@@ -588,6 +624,113 @@ reply:
 	(void)send_rep(c->fd, &rep, NULL, 0);
 }
 
+/* ATTACH_SCHED: an engine's scheduler takes a scheduler slot (no KV memory, no actors of
+ * its own): it gets the control segment and talks to the lookup actor on sched.req/rep.N. */
+static void handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr_proto_req *req, unsigned n_fds)
+{
+	struct kvr_proto_rep rep;
+	struct kvr_attach_engine ein;
+	struct sup_engine_id eng;
+	char why[KVR_PROTO_REASON_MAX];
+	unsigned max = s->cfg.instance.max_schedulers;
+	int slot = -1;
+
+	if (s->phase != PH_RUN) {
+		rep_init(s, &rep, -ESHUTDOWN, "instance is shutting down");
+		goto reply;
+	}
+	if (conn_attached(c)) {
+		rep_init(s, &rep, -EALREADY, "already attached");
+		goto reply;
+	}
+	if (n_fds) {
+		rep_init(s, &rep, -EBADF, "a scheduler attaches without descriptors, got %u", n_fds);
+		goto reply;
+	}
+	if (req->payload_len != sizeof(ein)) {
+		rep_init(s, &rep, -EPROTO, "scheduler attach payload is %u bytes, an engine identity is %zu",
+			 req->payload_len, sizeof(ein));
+		goto reply;
+	}
+	memcpy(&ein, req->payload, sizeof(ein));
+	if (sup_engine_parse(&ein, &eng, why, sizeof(why))) {
+		rep_init(s, &rep, -EINVAL, "%s", why);
+		goto reply;
+	}
+	for (unsigned i = 0; i < max && slot < 0; i++)
+		if (atomic_load(&kvr_ctl_sched(s->ctl, i)->state) == KVR_WORKER_FREE)
+			slot = (int)i;
+	if (slot < 0) {
+		rep_init(s, &rep, -EBUSY, "no free scheduler slot (instance.max_schedulers=%u)", max);
+		goto reply;
+	}
+	kvr_key ns;
+	int engine = sup_engine_join(s, &eng, why, sizeof(why));
+	if (engine < 0) {
+		rep_init(s, &rep, engine, "%s", why);
+		goto reply;
+	}
+	if (sup_engine_namespace(s, engine, &s->geom, &ns)) {
+		sup_engine_leave(s, engine);
+		rep_init(s, &rep, -EINVAL, "no key namespace for engine \"%s\"", eng.id);
+		goto reply;
+	}
+	struct kvr_worker_ent *se = kvr_ctl_sched(s->ctl, (unsigned)slot);
+	atomic_store(&se->pid, c->pid);
+	se->uid = c->uid;
+	se->generation++;
+	se->tp_rank = se->dcp_rank = 0;
+	se->tp_size = s->geom.tp_size;
+	se->dcp_size = 1;
+	se->attached_ns = kvr_now_ns();
+	se->engine = (uint16_t)engine;
+	se->kind = KVR_CLIENT_SCHEDULER;
+	atomic_store(&se->waiter.sleepers, 0);
+	atomic_store(&se->state, KVR_WORKER_ATTACHED);
+	c->sched = slot;
+	s->sched_engine[slot] = engine;
+	kvr_info("scheduler %d attached (pid %d, engine %d \"%s\")", slot, (int)c->pid, engine, eng.id);
+
+	rep_init(s, &rep, 0, NULL);
+	rep.worker = (uint32_t)slot;
+	rep.n_fds = 1;
+	struct kvr_attach_info info = {
+		.ns_lo = ns.lo,
+		.ns_hi = ns.hi,
+		.lanes = s->lanes,
+		.n_slots = s->slots->n_slots,
+		.block_tokens = s->geom.block_tokens,
+		.slot_bytes = s->slots->slot_bytes,
+		.lane_bytes = s->lane_bytes,
+		.lookup_actor = SUP_ACTOR_LOOKUP,
+		.group_ranks = 1,
+	};
+	memcpy(rep.payload, &info, sizeof(info));
+	rep.payload_len = sizeof(info);
+	int out[1] = {s->ctl_seg.fd};
+	if (send_rep(c->fd, &rep, out, 1))
+		kvr_warn("scheduler %d: attach reply not sent; it detaches when the connection closes", slot);
+	return;
+reply:
+	kvr_info("scheduler attach from pid %d refused: %s", (int)c->pid, rep.reason);
+	(void)send_rep(c->fd, &rep, NULL, 0);
+}
+
+/* A scheduler is gone: its slot is free at once. Its leases stay until their workers loaded
+ * them or their ttl passed (they belong to the engine, not to this connection); a reply
+ * still in its ring cannot be taken by the next one (wire ids carry the slot's generation). */
+static void sched_detach(struct sup *s, struct sup_conn *c)
+{
+	unsigned i = (unsigned)c->sched;
+	struct kvr_worker_ent *se = kvr_ctl_sched(s->ctl, i);
+	c->sched = -1;
+	sup_engine_leave(s, s->sched_engine[i]);
+	s->sched_engine[i] = -1;
+	atomic_store(&se->pid, 0);
+	atomic_store(&se->state, KVR_WORKER_FREE);
+	kvr_info("scheduler %u detached (pid %d)", i, (int)c->pid);
+}
+
 /* The worker is gone (connection closed or DETACH): stop its actors; sup_workers_update
  * announces it to the lookup actor once they have exited and frees its slot after that. */
 static void worker_detach(struct sup *s, struct sup_conn *c)
@@ -597,6 +740,8 @@ static void worker_detach(struct sup *s, struct sup_conn *c)
 	c->worker = -1;
 	s->worker_conn[w] = NULL;
 	s->worker_gone_sent[w] = false;
+	sup_engine_leave(s, s->worker_engine[w]);
+	s->worker_engine[w] = -1;
 	atomic_store(&we->state, KVR_WORKER_DETACHING);
 	kvr_info("worker %u detached (pid %d)", w, (int)c->pid);
 	sup_actor_event(s, &s->actors[SUP_ACTOR_LOADER(w)], EV_STOP, 0);
@@ -651,6 +796,8 @@ static void conn_unlink(struct sup *s, struct sup_conn *c)
 {
 	if (c->worker >= 0)
 		worker_detach(s, c);
+	if (c->sched >= 0)
+		sched_detach(s, c);
 	sup_epoll_del(s, c->fd);
 	(void)close(c->fd);
 	c->fd = -1;
@@ -699,7 +846,7 @@ uint64_t sup_conns_next_deadline(const struct sup *s)
 {
 	uint64_t next = 0;
 	for (const struct sup_conn *c = s->conns; c; c = c->next)
-		if (c->worker < 0 && (!next || c->deadline < next))
+		if (!conn_attached(c) && (!next || c->deadline < next))
 			next = c->deadline;
 	return next;
 }
@@ -709,7 +856,7 @@ void sup_conns_expire(struct sup *s, uint64_t now)
 	unsigned n = 0;
 	for (struct sup_conn *c = s->conns, *next; c; c = next) {
 		next = c->next;
-		if (c->worker >= 0 || c->deadline > now)
+		if (conn_attached(c) || c->deadline > now)
 			continue;
 		kvr_debug("connection from pid %d closed: not attached within %u ms", (int)c->pid,
 			  s->cfg.supervisor.attach_timeout_ms);
@@ -755,7 +902,8 @@ void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events)
 	struct kvr_proto_rep rep;
 	if (n < (ssize_t)hdr || req.magic != KVR_PROTO_MAGIC || req.version != KVR_PROTO_VERSION ||
 	    req.payload_len > KVR_PROTO_PAYLOAD_MAX || (size_t)n < hdr + req.payload_len ||
-	    (req.op != KVR_OP_INSPECT && req.op != KVR_OP_ATTACH && req.op != KVR_OP_DETACH)) {
+	    (req.op != KVR_OP_INSPECT && req.op != KVR_OP_ATTACH && req.op != KVR_OP_DETACH &&
+	     req.op != KVR_OP_ATTACH_SCHED)) {
 		rep_init(s, &rep, -EPROTO, "malformed request");
 		kvr_warn("malformed request from pid %d: closing the connection", (int)c->pid);
 		(void)send_rep(c->fd, &rep, NULL, 0);
@@ -771,11 +919,17 @@ void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events)
 	case KVR_OP_ATTACH:
 		handle_attach(s, c, &req, fds, n_fds);
 		break;
+	case KVR_OP_ATTACH_SCHED:
+		handle_attach_sched(s, c, &req, n_fds);
+		break;
 	case KVR_OP_DETACH:
-		if (c->worker < 0) {
+		if (!conn_attached(c)) {
 			rep_init(s, &rep, -ENOTCONN, "not attached");
 		} else {
-			worker_detach(s, c);
+			if (c->worker >= 0)
+				worker_detach(s, c);
+			else
+				sched_detach(s, c);
 			c->deadline = kvr_now_ns() + attach_timeout_ns(s); /* it may attach again */
 			rep_init(s, &rep, 0, NULL);
 		}

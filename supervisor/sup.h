@@ -11,6 +11,7 @@
 #include "kvr_ctl.h"
 #include "kvr_dcp.h"
 #include "kvr_geometry.h"
+#include "kvr_proto.h"
 #include "kvr_segment.h"
 #include "kvr_slots.h"
 
@@ -71,12 +72,23 @@ struct sup_actor {
 	unsigned missed;         /* pings missed in a row */
 };
 
+/* An engine (engines.c): its identity, and how many workers and schedulers of it are attached. */
+struct sup_engine_id {
+	char id[48];             /* never "" ("default") */
+	char model_ns[64];       /* "" = the instance's model.model_id */
+};
+struct sup_engine {
+	struct sup_engine_id id;
+	unsigned refs;           /* 0: the index is free */
+};
+
 struct sup_conn {
 	int fd;                  /* -1 once dropped (sup_conns_reap frees it) */
 	struct sup_watch watch;
 	pid_t pid;
 	uid_t uid;
 	int worker;              /* attached worker slot, -1 if none */
+	int sched;               /* attached scheduler slot, -1 if none */
 	bool refused;            /* not the owner: answered -EACCES, closed on its next input */
 	uint64_t deadline;       /* not attached by then (CLOCK_MONOTONIC ns): closed */
 	struct sup_conn *next;
@@ -137,6 +149,10 @@ struct sup {
 	bool worker_gone_sent[KVR_CTL_MAX_WORKERS]; /* a DETACHING worker's WORKER_GONE is on its way */
 
 	struct sup_metrics *metrics; /* the /metrics server, NULL when disabled */
+
+	struct sup_engine engines[KVR_CTL_MAX_ENGINES];
+	int worker_engine[KVR_CTL_MAX_WORKERS];  /* an attached worker's engine index, -1 if none */
+	int sched_engine[KVR_CTL_MAX_SCHEDULERS];
 
 	uint64_t accept_resume;  /* accept paused (out of fds) until then; 0 = not paused */
 	bool accept_failing;     /* accept has failed since the last success (logged once) */
@@ -239,6 +255,20 @@ void sup_conns_expire(struct sup *s, uint64_t now);
 void sup_conns_reap(struct sup *s);
 /* Free DETACHING worker slots whose loader and storer have exited. */
 void sup_workers_update(struct sup *s);
+
+/* ---- engines.c ---- */
+/* Validate an attach's engine identity into *ret ("" engine_id = "default"). 0, or -EINVAL
+ * with the reason in why. */
+int sup_engine_parse(const struct kvr_attach_engine *in, struct sup_engine_id *ret, char *why, size_t len);
+/* The engine's index (a new one, or the attached engine of that id: its model_ns must be
+ * the same), its client count +1. -EINVAL (model_ns differs) / -EBUSY (no free index), why set. */
+int sup_engine_join(struct sup *s, const struct sup_engine_id *e, char *why, size_t len);
+/* A client of engine ix left (ix < 0: none). */
+void sup_engine_leave(struct sup *s, int ix);
+/* The model name that goes into engine e's key namespace. */
+const char *sup_engine_model(const struct sup *s, const struct sup_engine_id *e);
+/* Key namespace of geometry g for engine ix (kvr_geometry_namespace with its model). */
+int sup_engine_namespace(const struct sup *s, int ix, const struct kvr_geometry *g, kvr_key *ret);
 
 /* ---- dcp_groups.c: DCP groups and their gather actors --------------------------------- */
 

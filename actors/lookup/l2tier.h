@@ -35,8 +35,9 @@
 
 #define L2T_MAX_DISKS 8
 
-struct l2t_done {             /* a promotion that finished: reply to this worker */
-	unsigned worker;
+struct l2t_done {             /* a promotion that finished: reply to this requester */
+	unsigned worker;          /* requester: a worker slot (< max_workers), else max_workers +
+				   * the scheduler slot whose lease it extends */
 	uint64_t wire;
 	unsigned lane;
 	uint32_t matched;         /* blocks to report */

@@ -10,6 +10,7 @@
 #include "kvr_log.h"
 #include "kvr_time.h"
 #include "l2tier.h"
+#include "leases.h"
 
 /*
  * One lookup actor per instance, the single writer of the slot table. Its index lives in
@@ -20,6 +21,10 @@
  *   commit.req.w   ALLOC keys            -> ALLOC_REP (slot | PRESENT | NOROOM per key)
  *                  COMMIT (slot, epoch)  -> COMMIT_REP (committed, became visible)
  *                  RESET                 -> COMMIT_REP (this worker's WRITING slots aborted)
+ *                  LEASE_TAKE id         -> LOOKUP_REP + SLOTS (its lane's slots of the lease)
+ *                  LEASE_DONE id         (its load of the lease completed)
+ *   sched.req.s    LEASE + LOOKUP keys   -> LEASE_REP (blocks leased; every lane pinned)
+ *                  LEASE_RELEASE id      (the lease ends)
  *   ctl.lookup.in  WORKER_GONE w         (pins of w dropped, its WRITING slots aborted)
  *
  * A reply ring that stays full for STAGE_REPLY_TIMEOUT means its reader is gone: the
@@ -38,6 +43,19 @@ struct lk_worker {
 	uint64_t alloc_deadline;
 };
 
+/* A scheduler slot: its lease request in assembly, then in progress while L2 promotes it
+ * (lane after lane, through l2tier requester max_workers + slot). */
+struct lk_sched {
+	struct kvr_ring *req, *rep;
+	struct kvr_list_asm keys;
+	struct kvr_msg_lease hdr;     /* the LEASE that announced the key list */
+	uint64_t hdr_wire;            /* its wire id; 0 = none */
+	bool promoting;               /* waiting for l2tier (lane `lane`) */
+	unsigned lane;
+	uint32_t l1_matched, promoted;
+	uint64_t index_ns;
+};
+
 struct lookup {
 	struct kvr_index *idx;
 	struct kvr_slot_table *slots;
@@ -47,6 +65,11 @@ struct lookup {
 	struct kvr_index_ref *refs;
 	uint32_t cap_refs;
 	struct l2tier *l2;            /* NULL without an L2 tier */
+	unsigned n_sched;
+	struct lk_sched *sched;
+	struct leases *leases;
+	struct kvr_index_ref *lease_refs; /* lanes x keys scratch for a grant */
+	size_t cap_lease_refs;
 };
 
 static int lookup_init(struct kvr_actor *a)
@@ -95,6 +118,21 @@ static int lookup_init(struct kvr_actor *a)
 		kvr_list_asm_init(&w->alloc, KVR_MSG_ALLOC);
 		kvr_list_asm_init(&w->commit, KVR_MSG_COMMIT);
 	}
+	l->n_sched = a->cfg.instance.max_schedulers;
+	l->sched = calloc(l->n_sched ? l->n_sched : 1, sizeof(*l->sched));
+	l->leases = leases_new(l->slots, a->cfg.l1.max_leases);
+	if (!l->sched || !l->leases)
+		return -ENOMEM;
+	for (unsigned i = 0; i < l->n_sched; i++) {
+		struct lk_sched *sc = &l->sched[i];
+		sc->req = kvr_actor_ring_w(a, "sched.req.%u", i);
+		sc->rep = kvr_actor_ring_w(a, "sched.rep.%u", i);
+		if (!sc->req || !sc->rep) {
+			kvr_err("rings of scheduler slot %u missing", i);
+			return -ENOENT;
+		}
+		kvr_list_asm_init(&sc->keys, KVR_MSG_LOOKUP);
+	}
 	int rc2 = l2t_open(a, l->idx, &l->l2);
 	if (rc2) {
 		kvr_err("L2 tier: %s", strerror(-rc2));
@@ -115,6 +153,11 @@ static void lookup_fini(struct kvr_actor *a)
 		free(l->w[i].alloc_refs);
 	}
 	free(l->w);
+	for (unsigned i = 0; l->sched && i < l->n_sched; i++)
+		kvr_list_asm_free(&l->sched[i].keys);
+	free(l->sched);
+	leases_free(l->leases);
+	free(l->lease_refs);
 	free(l->refs);
 	l2t_close(l->l2);
 	kvr_index_free(l->idx);
@@ -164,9 +207,15 @@ static void send_lookup_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, 
 	send_lookup_rep_refs(a, l, wi, wire, status, matched, 0, lane, index_ns, l->refs);
 }
 
+static void lease_l2_done(struct kvr_actor *a, struct lookup *l, unsigned si, const struct l2t_done *d);
+
 /* A lookup that waited for promotions from L2 is answered now. */
 static void l2_done_reply(struct kvr_actor *a, struct lookup *l, const struct l2t_done *d)
 {
+	if (d->worker >= l->n_workers) {
+		lease_l2_done(a, l, d->worker - l->n_workers, d);
+		return;
+	}
 	kvr_actor_count(a, KVR_STAT_LK_MATCHED, d->matched);
 	send_lookup_rep_refs(a, l, d->worker, d->wire, 0, d->matched, d->promoted, d->lane, d->index_ns, d->refs);
 }
@@ -321,6 +370,219 @@ static void do_commit(struct kvr_actor *a, struct lookup *l, unsigned wi)
 	send_commit_rep(a, l, wi, q->req_id, 0, committed, visible);
 }
 
+/* ---- leases ------------------------------------------------------------------------------ */
+
+#define WIRE_GEN(wire) ((uint32_t)((wire) >> 48))
+
+static bool wire_current(struct kvr_actor *a, uint64_t wire)
+{
+	return WIRE_GEN(wire) == (atomic_load(&a->ent->generation) & 0xffff);
+}
+
+static void send_lease_rep(struct kvr_actor *a, struct lookup *l, unsigned si, uint64_t wire, int status,
+			   uint32_t matched, uint32_t promoted, uint64_t index_ns)
+{
+	struct kvr_msg_lookup_rep r = {.status = status, .matched = matched, .promoted = promoted,
+				       .index_ns = index_ns};
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_LEASE_REP, status ? KVR_MSGF_ERROR : 0, wire, 0, &r, sizeof(r));
+	if (kvr_msg_send(l->sched[si].rep, &m, kvr_now_ns() + REPLY_TIMEOUT_NS)) {
+		kvr_actor_count(a, KVR_STAT_LK_REPLIES_DROPPED, 1);
+		kvr_err("scheduler %u does not read its replies: lease reply dropped", si);
+	}
+}
+
+static void lease_gauge(struct kvr_actor *a, struct lookup *l)
+{
+	atomic_store_explicit(&a->stats->c[KVR_STAT_LK_LEASES], leases_count(l->leases), memory_order_relaxed);
+}
+
+/* Every lane's slots of the visible prefix now: pin them under the lease and answer. */
+static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
+{
+	struct lk_sched *sc = &l->sched[si];
+	const kvr_key *keys = sc->keys.items;
+	uint32_t total = sc->keys.total;
+	uint16_t engine = kvr_ctl_sched(a->ctl, si)->engine;
+	sc->promoting = false;
+	size_t need = (size_t)l->lanes * total;
+	if (need > l->cap_lease_refs) {
+		struct kvr_index_ref *r = realloc(l->lease_refs, need * sizeof(*r));
+		if (!r) {
+			send_lease_rep(a, l, si, sc->hdr_wire, -ENOMEM, 0, 0, sc->index_ns);
+			return;
+		}
+		l->lease_refs = r;
+		l->cap_lease_refs = need;
+	}
+	uint64_t t0 = kvr_now_ns();
+	int n = (int)total;
+	for (unsigned lane = 0; lane < l->lanes && n > 0; lane++) {
+		int got = kvr_index_match(l->idx, keys, total, lane, l->lease_refs + (size_t)lane * total);
+		if (got < n)
+			n = got < 0 ? 0 : got;
+	}
+	/* the lanes were matched against one list length: compact to n blocks a lane */
+	for (unsigned lane = 1; lane < l->lanes && n > 0 && (uint32_t)n < total; lane++)
+		memmove(l->lease_refs + (size_t)lane * (uint32_t)n, l->lease_refs + (size_t)lane * total,
+			(size_t)n * sizeof(*l->lease_refs));
+	uint64_t deadline = kvr_now_ns() + (uint64_t)sc->hdr.ttl_ms * 1000000ull;
+	int got = leases_grant(l->leases, engine, sc->hdr.lease_id, (uint32_t)n, l->lanes, l->lease_refs,
+			       sc->hdr.loaders, deadline);
+	uint64_t dt = sc->index_ns + (kvr_now_ns() - t0);
+	kvr_actor_count(a, KVR_STAT_LK_LOOKUPS, 1);
+	kvr_actor_count(a, KVR_STAT_LK_KEYS, total);
+	if (got < 0) {
+		kvr_actor_count(a, KVR_STAT_LK_LEASES_REFUSED, 1);
+		send_lease_rep(a, l, si, sc->hdr_wire, got, 0, 0, dt);
+	} else {
+		if (got)
+			kvr_actor_count(a, KVR_STAT_LK_LEASES_GRANTED, 1);
+		kvr_actor_count(a, KVR_STAT_LK_MATCHED, (uint64_t)got);
+		kvr_actor_count(a, KVR_STAT_LK_MISSED, total - (uint64_t)got);
+		uint32_t promoted = sc->promoted < (uint32_t)got ? sc->promoted : (uint32_t)got;
+		send_lease_rep(a, l, si, sc->hdr_wire, 0, (uint32_t)got, promoted, dt);
+	}
+	lease_gauge(a, l);
+}
+
+/* Extend the lease over L2, lane `lane` (l2tier promotes one requester lane at a time).
+ * Returns whether it waits for promotions. */
+static bool lease_extend(struct lookup *l, unsigned si)
+{
+	struct lk_sched *sc = &l->sched[si];
+	const kvr_key *keys = sc->keys.items;
+	uint32_t total = sc->keys.total;
+	for (; sc->lane < l->lanes; sc->lane++) {
+		if (!refs(l, total))
+			return false;
+		int n = kvr_index_match(l->idx, keys, total, sc->lane, l->refs);
+		if (n < 0 || (uint32_t)n >= total)
+			return false;
+		int ext = l2t_extend(l->l2, l->n_workers + si, sc->hdr_wire, sc->lane, keys, total, (uint32_t)n, l->refs, 0);
+		if (ext == -EINPROGRESS) {
+			sc->promoting = true;
+			return true;
+		}
+		if (ext <= n)
+			return false; /* nothing on disk beyond the L1 prefix on this lane */
+	}
+	return false;
+}
+
+static void lease_l2_done(struct kvr_actor *a, struct lookup *l, unsigned si, const struct l2t_done *d)
+{
+	if (si >= l->n_sched || !l->sched[si].promoting)
+		return;
+	struct lk_sched *sc = &l->sched[si];
+	sc->promoting = false;
+	if (sc->lane == 0)
+		sc->promoted = d->promoted;
+	bool more = d->promoted > 0;
+	sc->lane++;
+	if (more && lease_extend(l, si))
+		return;
+	lease_finish(a, l, si);
+}
+
+static void do_lease(struct kvr_actor *a, struct lookup *l, unsigned si)
+{
+	struct lk_sched *sc = &l->sched[si];
+	uint64_t wire = sc->keys.req_id;
+	if (!sc->hdr_wire || sc->hdr_wire != wire || sc->hdr.n_keys != sc->keys.total) {
+		kvr_actor_count(a, KVR_STAT_MALFORMED, 1);
+		send_lease_rep(a, l, si, wire, -EPROTO, 0, 0, 0);
+		sc->hdr_wire = 0;
+		return;
+	}
+	if (!wire_current(a, wire)) {
+		kvr_actor_count(a, KVR_STAT_LK_STALE, 1);
+		send_lease_rep(a, l, si, wire, -ESTALE, 0, 0, 0);
+		return;
+	}
+	sc->lane = 0;
+	sc->promoted = 0;
+	sc->index_ns = 0;
+	if (l->l2 && lease_extend(l, si))
+		return; /* lease_l2_done goes on */
+	lease_finish(a, l, si);
+}
+
+static int on_sched_msg(struct kvr_actor *a, struct lookup *l, unsigned si, const struct kvr_msg *m)
+{
+	struct lk_sched *sc = &l->sched[si];
+	struct kvr_msg_lease b;
+	uint16_t engine = kvr_ctl_sched(a->ctl, si)->engine;
+	switch (m->hdr.type) {
+	case KVR_MSG_LEASE:
+		if (kvr_msg_decode_lease(m, KVR_MSG_LEASE, &b))
+			return -EBADMSG;
+		if (sc->promoting) /* its client gave up on the previous one */
+			l2t_cancel(l->l2, l->n_workers + si);
+		sc->promoting = false;
+		sc->hdr = b;
+		sc->hdr_wire = m->hdr.req_id;
+		return 0;
+	case KVR_MSG_LOOKUP: {
+		if (m->hdr.seq == 0 && sc->promoting) {
+			l2t_cancel(l->l2, l->n_workers + si);
+			sc->promoting = false;
+		}
+		int rc = kvr_list_feed(&sc->keys, m);
+		if (rc < 0)
+			return -EBADMSG;
+		if (rc == 1)
+			do_lease(a, l, si);
+		return 0;
+	}
+	case KVR_MSG_LEASE_RELEASE: {
+		if (kvr_msg_decode_lease(m, KVR_MSG_LEASE_RELEASE, &b))
+			return -EBADMSG;
+		struct lease *ls = leases_find(l->leases, engine, b.lease_id);
+		if (ls) {
+			leases_end(l->leases, ls, LEASE_RELEASED);
+			kvr_actor_count(a, KVR_STAT_LK_LEASES_RELEASED, 1);
+			lease_gauge(a, l);
+		}
+		return 0;
+	}
+	default:
+		return -EBADMSG;
+	}
+}
+
+/* A worker's LEASE_TAKE / LEASE_DONE (its lookup.req ring). */
+static int on_worker_lease(struct kvr_actor *a, struct lookup *l, unsigned wi, const struct kvr_msg *m)
+{
+	struct kvr_msg_lease b;
+	if (kvr_msg_decode_lease(m, m->hdr.type, &b))
+		return -EBADMSG;
+	uint16_t engine = kvr_ctl_worker(a->ctl, wi)->engine;
+	struct lease *ls = leases_find(l->leases, engine, b.lease_id);
+	if (m->hdr.type == KVR_MSG_LEASE_DONE) {
+		if (ls && ++ls->done >= ls->loaders) {
+			leases_end(l->leases, ls, LEASE_LOADED);
+			kvr_actor_count(a, KVR_STAT_LK_LEASES_LOADED, 1);
+			lease_gauge(a, l);
+		}
+		return 0;
+	}
+	uint64_t wire = m->hdr.req_id;
+	if (!wire_current(a, wire)) {
+		kvr_actor_count(a, KVR_STAT_LK_STALE, 1);
+		send_lookup_rep(a, l, wi, wire, -ESTALE, 0, b.lane, 0);
+	} else if (!ls) {
+		kvr_actor_count(a, KVR_STAT_LK_LEASES_MISSING, 1);
+		send_lookup_rep(a, l, wi, wire, -ENOENT, 0, b.lane, 0);
+	} else if (b.lane >= ls->lanes) {
+		send_lookup_rep(a, l, wi, wire, -EINVAL, 0, b.lane, 0);
+	} else {
+		kvr_actor_count(a, KVR_STAT_LK_LEASES_TAKEN, 1);
+		send_lookup_rep_refs(a, l, wi, wire, 0, ls->n, 0, b.lane, 0, ls->refs + (size_t)b.lane * ls->n);
+	}
+	return 0;
+}
+
 static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
 {
 	struct lookup *l = a->data;
@@ -353,6 +615,8 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 	for (unsigned wi = 0; wi < l->n_workers; wi++) {
 		struct lk_worker *w = &l->w[wi];
 		if (ring == w->lk_req) {
+			if (m->hdr.type == KVR_MSG_LEASE_TAKE || m->hdr.type == KVR_MSG_LEASE_DONE)
+				return on_worker_lease(a, l, wi, m);
 			if (m->hdr.seq == 0)
 				l2t_cancel(l->l2, wi); /* its keys buffer is about to be reused */
 			int rc = kvr_list_feed(&w->lookup, m);
@@ -391,13 +655,20 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 			return -EBADMSG;
 		}
 	}
+	for (unsigned si = 0; si < l->n_sched; si++)
+		if (ring == l->sched[si].req)
+			return on_sched_msg(a, l, si, m);
 	return -EBADMSG;
 }
 
 static void lookup_on_tick(struct kvr_actor *a, uint64_t now)
 {
-	(void)now;
 	struct lookup *l = a->data;
+	unsigned expired = leases_expire(l->leases, now);
+	if (expired) {
+		kvr_actor_count(a, KVR_STAT_LK_LEASES_EXPIRED, expired);
+		lease_gauge(a, l);
+	}
 	struct l2t_done done;
 	while (l2t_tick(l->l2, &done) == 1)
 		l2_done_reply(a, l, &done);

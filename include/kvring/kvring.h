@@ -34,6 +34,7 @@ extern "C" {
 
 struct kvr_client;
 struct kvr_geometry; /* <kvring/kvr_geometry.h>: layout, presets, validation */
+struct kvr_lookup_result; /* below */
 
 /*
  * CUDA KV memory (docs/cuda.md). The geometry's region offsets index one KV offset space;
@@ -68,7 +69,17 @@ struct kvr_attach_opts {
 	const struct kvr_cuda_kv *cuda_kv;   /* NULL: host KV memory (kv_fd). Else the KV memory is
 					      * GPU memory: kv_fd is ignored, kv_bytes is the size of
 					      * the KV offset space the ranges and geometry index */
+	const char *engine_id;               /* the engine this worker belongs to: one worker per
+					      * (engine, TP rank, DCP rank); NULL = "default".
+					      * 1..KVR_ENGINE_ID_MAX-1 bytes of [A-Za-z0-9._:-] */
+	const char *model_ns;                /* model namespace: engines with equal model_ns (and
+					      * the instance's geometry) share blocks, others share
+					      * none; NULL = the instance's model.model_id.
+					      * 1..KVR_MODEL_NS_MAX-1 printable bytes */
 };
+
+#define KVR_ENGINE_ID_MAX 48
+#define KVR_MODEL_NS_MAX 64
 
 int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client);
 void kvr_detach(struct kvr_client *c);
@@ -79,6 +90,62 @@ const char *kvr_last_error(const struct kvr_client *c);
 
 /* Worker slot and TP lane assigned at attach. */
 unsigned kvr_worker_slot(const struct kvr_client *c);
+
+/* Tokens per block of the instance (every lookup, lease and store counts whole blocks). */
+unsigned kvr_block_tokens(const struct kvr_client *c);
+
+/*
+ * Scheduler clients (an engine's scheduler, e.g. vLLM's): attach without KV memory and
+ * without a worker slot, only to look prefixes up and lease what they found for the
+ * engine's workers. One scheduler slot each (instance.max_schedulers).
+ *
+ *   kvr_attach_scheduler()  engine_id + model_ns as for a worker (same namespace rules);
+ *   kvr_lease()             lookup that pins the matched blocks, every lane, under
+ *                           (engine, lease_id) until released (below);
+ *   kvr_lease_release()     the request finished (or will not load): drop the lease.
+ *
+ * A worker of the same engine loads a lease with kvr_lease_take() + kvr_load(): exactly the
+ * leased blocks, which cannot be evicted meanwhile. A lease ends when `loaders` workers
+ * reported their load complete (libkvring does that when kvr_poll() returns the load's
+ * completion), when the scheduler releases it, or when its ttl passes (the blocks become
+ * evictable again; a later kvr_lease_take() gets -ENOENT). kvring-inspect counts them.
+ */
+struct kvr_sched_opts {
+	const char *socket;    /* NULL = default */
+	const char *engine_id; /* NULL = "default" */
+	const char *model_ns;  /* NULL = the instance's model.model_id */
+	int64_t timeout_ms;    /* per-call ceiling; 0 = 10000 */
+};
+
+int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kvr_client **ret_client);
+
+struct kvr_lease_opts {
+	uint32_t loaders;      /* workers that will load it (e.g. TP ranks); 0 = the model's tp_size */
+	uint32_t ttl_ms;       /* lease ends this long after it was granted; 0 = 30000 */
+};
+
+/*
+ * Look tokens up and lease the longest visible prefix (blocks on L2 are promoted to L1
+ * first, as for kvr_lookup) under lease_id, replacing an earlier lease of that id. ret:
+ * matched_tokens/_blocks/l2_blocks and timings as for kvr_lookup (index_ns is the lookup
+ * actor's work). A lease of 0 blocks is not kept. -EINVAL bad arguments or a worker client,
+ * -ENOSPC the lease table is full (lookup.max_leases; the prefix is not leased and
+ * matched is 0), -ETIMEDOUT, -EPIPE.
+ */
+int kvr_lease(struct kvr_client *c, uint64_t lease_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
+	      size_t extra_len, const struct kvr_lease_opts *opts, struct kvr_lookup_result *ret);
+
+/* Drop lease_id (no reply; a lease already gone is fine). 0, -EINVAL on a worker client,
+ * -EAGAIN when the ring is full (the lease then ends by its ttl), -EPIPE. */
+int kvr_lease_release(struct kvr_client *c, uint64_t lease_id);
+
+/*
+ * Worker side: fetch this rank's slots of lease_id (granted to a scheduler of this
+ * worker's engine) for a following kvr_load(c, lease_id, ...), as kvr_lookup would have
+ * remembered them. ret->matched_blocks: the leased blocks. -ENOENT no such lease (it ended,
+ * or the lookup actor restarted: recompute), -EINVAL on a scheduler client.
+ */
+int kvr_lease_take(struct kvr_client *c, uint64_t lease_id, struct kvr_lookup_result *ret);
 
 /*
  * Tokens among the first n_tokens of a sequence that this rank holds. Without DCP that is

@@ -54,6 +54,12 @@ enum kvr_msg_type {
 	KVR_MSG_L2_SYNC = 40,       /* lookup -> disk: list everything you hold (no body) */
 	KVR_MSG_L2_HAVE = 41,       /* disk -> lookup: (key, lane) is on disk; flags L2F_LAST ends a SYNC */
 	KVR_MSG_L2_GONE = 42,       /* disk -> lookup: (key, lane) left the disk (cap eviction, bad file) */
+	/* lookup leases (scheduler <-> lookup on sched.req/rep.N; worker -> lookup on lookup.req.W) */
+	KVR_MSG_LEASE = 44,         /* scheduler: lease what the KVR_MSG_LOOKUP list of this wire id matches */
+	KVR_MSG_LEASE_REP = 45,     /* lookup -> scheduler: result (body struct kvr_msg_lookup_rep, no list) */
+	KVR_MSG_LEASE_RELEASE = 46, /* scheduler: drop the lease (no reply) */
+	KVR_MSG_LEASE_TAKE = 47,    /* worker: my lane's slots of the lease -> LOOKUP_REP + SLOTS */
+	KVR_MSG_LEASE_DONE = 48,    /* worker: my load of the lease completed (no reply) */
 	KVR_MSG_TYPE_MAX = 64,
 };
 
@@ -205,6 +211,34 @@ int kvr_msg_decode_store_done(const struct kvr_msg *m, struct kvr_msg_store_done
 int kvr_msg_decode_commit_rep(const struct kvr_msg *m, struct kvr_msg_commit_rep *ret);
 int kvr_msg_decode_worker_gone(const struct kvr_msg *m, struct kvr_msg_worker_gone *ret);
 int kvr_msg_decode_reset(const struct kvr_msg *m);
+
+/* ---- leases ----------------------------------------------------------------------------
+ * An engine's scheduler leases a prefix: LEASE (its lease id, ttl, loaders) then the key list
+ * as a KVR_MSG_LOOKUP list of the same wire id, answered by one LEASE_REP. The lookup actor
+ * pins every lane of the matched blocks (KVR_PIN_LOOKUP) under (engine, lease id) until the
+ * lease's `loaders` LEASE_DONEs arrived, a LEASE_RELEASE, or the ttl. A worker of the same
+ * engine asks LEASE_TAKE for its lane's slots (answered like a lookup: LOOKUP_REP + SLOTS,
+ * -ENOENT when there is no such lease) and loads them; when its load completed it sends
+ * LEASE_DONE. Lease ids are the engine's own (its request ids); wire ids stay in the header. */
+struct kvr_msg_lease {
+	uint64_t lease_id;
+	uint32_t ttl_ms;        /* LEASE: 1..3600000; else 0 */
+	uint32_t loaders;       /* LEASE: 1..KVR_MSG_LEASE_MAX_LOADERS; else 0 */
+	uint32_t n_keys;        /* LEASE: the key list that follows, 1..KVR_MSG_MAX_LIST; else 0 */
+	uint16_t lane;          /* TAKE, DONE: the worker's lane; else 0 */
+	uint16_t reserved;
+	int32_t status;         /* DONE: the load's status (0 or -errno); else 0 */
+	uint32_t reserved2;
+};
+_Static_assert(sizeof(struct kvr_msg_lease) == 32, "lease body");
+#define KVR_MSG_LEASE_MAX_LOADERS 256u
+#define KVR_MSG_LEASE_MAX_TTL_MS 3600000u
+
+/* Validate a LEASE, LEASE_RELEASE, LEASE_TAKE or LEASE_DONE message of that type: the
+ * fields the type uses in range, the others zero. */
+int kvr_msg_decode_lease(const struct kvr_msg *m, unsigned type, struct kvr_msg_lease *ret);
+/* LEASE_REP: a struct kvr_msg_lookup_rep and no list (MORE never set). */
+int kvr_msg_decode_lease_rep(const struct kvr_msg *m, struct kvr_msg_lookup_rep *ret);
 
 /* ---- L2 ------------------------------------------------------------------------------
  * Every L1<->L2 message carries one block lane and, for WRITE/READ, the (slot, epoch) it

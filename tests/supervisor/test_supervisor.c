@@ -79,8 +79,10 @@ Test(supervisor, inspect_layout)
 		cr_assert_eq(atomic_load(&kvr_ctl_actor(c, i)->state), KVR_ACTOR_IDLE);
 		cr_assert_eq(atomic_load(&kvr_ctl_actor(c, i)->pid), 0);
 	}
-	/* 2 control rings per actor + 8 data rings per worker slot */
-	cr_assert_eq(atomic_load(&((struct kvr_ctl *)c)->n_rings), 2 * 6 + 8 * 2);
+	/* 2 control rings per actor + 8 data rings per worker slot + 2 per scheduler slot (4 by default) */
+	cr_assert_eq(atomic_load(&((struct kvr_ctl *)c)->n_rings), 2 * 6 + 8 * 2 + 2 * 4);
+	cr_assert_eq(kvr_ctl_find_ring(c, "sched.req.3") >= 0, true);
+	cr_assert_eq(kvr_ctl_ring_ent(c, (unsigned)kvr_ctl_find_ring(c, "sched.rep.0"))->consumer, KVR_EP_CLIENT(2));
 	static const struct {
 		const char *name;
 		int prod, cons;

@@ -1,0 +1,121 @@
+/* kvringd engines: which engine each worker and scheduler belongs to, and its key namespace. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kvr_log.h"
+#include "sup.h"
+
+/*
+ * Several inference engines share one instance. An engine is named by its engine_id (one
+ * worker per (engine, TP rank, DCP rank)) and brings a model namespace: engines of one
+ * model_ns share blocks (eight TP-1 replicas of a model keep one L1 copy of a prefix),
+ * engines of different model_ns share none, because model_ns replaces model.model_id in
+ * the key namespace (kvr_geometry_namespace). The instance's geometry still binds every
+ * engine: slots have one size.
+ *
+ * Engine indices (0..KVR_CTL_MAX_ENGINES-1) are what the lookup actor sees (a lease is
+ * keyed by (engine index, lease id)); an index is kept while any client of the engine is
+ * attached and reused after that.
+ */
+
+static bool id_char(char ch)
+{
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+	       ch == '_' || ch == ':' || ch == '-';
+}
+
+int sup_engine_parse(const struct kvr_attach_engine *in, struct sup_engine_id *ret, char *why, size_t len)
+{
+	const char *id = in->engine_id, *ns = in->model_ns;
+	size_t n_id = strnlen(id, sizeof(in->engine_id)), n_ns = strnlen(ns, sizeof(in->model_ns));
+	if (n_id == sizeof(in->engine_id)) {
+		snprintf(why, len, "engine_id: longer than %zu bytes", sizeof(in->engine_id) - 1);
+		return -EINVAL;
+	}
+	if (n_ns == sizeof(in->model_ns)) {
+		snprintf(why, len, "model_ns: longer than %zu bytes", sizeof(in->model_ns) - 1);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < n_id; i++)
+		if (!id_char(id[i])) {
+			snprintf(why, len, "engine_id: byte %zu (0x%02x) is not one of [A-Za-z0-9._:-]", i,
+				 (unsigned char)id[i]);
+			return -EINVAL;
+		}
+	for (size_t i = 0; i < n_ns; i++)
+		if ((unsigned char)ns[i] < 0x20 || (unsigned char)ns[i] > 0x7e) {
+			snprintf(why, len, "model_ns: byte %zu (0x%02x) is not printable ASCII", i, (unsigned char)ns[i]);
+			return -EINVAL;
+		}
+	for (size_t i = 0; i < sizeof(in->reserved) / sizeof(in->reserved[0]); i++)
+		if (in->reserved[i]) {
+			snprintf(why, len, "engine identity: reserved bytes not zero");
+			return -EINVAL;
+		}
+	/* the rest of each array must be zero too: the strings are compared as arrays */
+	for (size_t i = n_id; i < sizeof(in->engine_id); i++)
+		if (id[i]) {
+			snprintf(why, len, "engine_id: bytes after its NUL not zero");
+			return -EINVAL;
+		}
+	for (size_t i = n_ns; i < sizeof(in->model_ns); i++)
+		if (ns[i]) {
+			snprintf(why, len, "model_ns: bytes after its NUL not zero");
+			return -EINVAL;
+		}
+	memset(ret, 0, sizeof(*ret));
+	snprintf(ret->id, sizeof(ret->id), "%s", n_id ? id : "default");
+	memcpy(ret->model_ns, ns, n_ns);
+	return 0;
+}
+
+const char *sup_engine_model(const struct sup *s, const struct sup_engine_id *e)
+{
+	return e->model_ns[0] ? e->model_ns : s->cfg.model.model_id;
+}
+
+int sup_engine_join(struct sup *s, const struct sup_engine_id *e, char *why, size_t len)
+{
+	int free_ix = -1;
+	for (unsigned i = 0; i < KVR_CTL_MAX_ENGINES; i++) {
+		struct sup_engine *en = &s->engines[i];
+		if (!en->refs) {
+			if (free_ix < 0)
+				free_ix = (int)i;
+			continue;
+		}
+		if (strcmp(en->id.id, e->id))
+			continue;
+		if (strcmp(en->id.model_ns, e->model_ns)) {
+			snprintf(why, len, "engine \"%s\" is attached with model_ns \"%s\", not \"%s\"", e->id,
+				 sup_engine_model(s, &en->id), sup_engine_model(s, e));
+			return -EINVAL;
+		}
+		en->refs++;
+		return (int)i;
+	}
+	if (free_ix < 0) {
+		snprintf(why, len, "%u engines are attached already (the most an instance serves)", KVR_CTL_MAX_ENGINES);
+		return -EBUSY;
+	}
+	struct sup_engine *en = &s->engines[free_ix];
+	en->id = *e;
+	en->refs = 1;
+	kvr_info("engine %d: \"%s\", model namespace \"%s\"", free_ix, e->id, sup_engine_model(s, e));
+	return free_ix;
+}
+
+void sup_engine_leave(struct sup *s, int ix)
+{
+	if (ix < 0 || ix >= KVR_CTL_MAX_ENGINES || !s->engines[ix].refs)
+		return;
+	if (--s->engines[ix].refs == 0)
+		kvr_info("engine %d (\"%s\"): no client attached any more", ix, s->engines[ix].id.id);
+}
+
+int sup_engine_namespace(const struct sup *s, int ix, const struct kvr_geometry *g, kvr_key *ret)
+{
+	const struct sup_engine_id *e = &s->engines[ix].id;
+	return kvr_geometry_namespace(g, sup_engine_model(s, e), s->cfg.model.cache_salt, ret);
+}
