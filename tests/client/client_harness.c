@@ -142,6 +142,12 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 
 int ct_rank_open(struct ct_env *e, unsigned rank, uint32_t num_blocks, uint32_t head_dim, struct ct_rank **ret)
 {
+	return ct_rank_open_engine(e, rank, num_blocks, head_dim, NULL, NULL, ret);
+}
+
+int ct_rank_open_engine(struct ct_env *e, unsigned rank, uint32_t num_blocks, uint32_t head_dim,
+			const char *engine_id, const char *model_ns, struct ct_rank **ret)
+{
 	unsigned slot = 0;
 	while (slot < MAX_RANKS && rank_used[slot])
 		slot++;
@@ -167,7 +173,7 @@ int ct_rank_open(struct ct_env *e, unsigned rank, uint32_t num_blocks, uint32_t 
 	for (uint32_t b = 0; b < num_blocks; b++)
 		ct_fill(r, b, CT_CANARY);
 	struct kvr_attach_opts ao = {.socket = e->h.sock, .geometry = &r->g, .kv_fd = r->kv_fd, .kv_bytes = r->kv_bytes,
-				     .timeout_ms = 5000};
+				     .timeout_ms = 5000, .engine_id = engine_id, .model_ns = model_ns};
 	rc = kvr_attach(&ao, &r->c);
 	if (rc) {
 		ct_rank_close(r);

@@ -92,6 +92,9 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
  * kvr_attach returned; on success *ret points at a rank the harness owns (ct_close_all
  * closes it after the test body) whose every block holds CT_CANARY. */
 int ct_rank_open(struct ct_env *e, unsigned rank, uint32_t num_blocks, uint32_t head_dim, struct ct_rank **ret);
+/* The same as a worker of engine engine_id with model namespace model_ns (NULL: defaults). */
+int ct_rank_open_engine(struct ct_env *e, unsigned rank, uint32_t num_blocks, uint32_t head_dim,
+			const char *engine_id, const char *model_ns, struct ct_rank **ret);
 void ct_rank_close(struct ct_rank *r);
 void ct_close_all(void);
 

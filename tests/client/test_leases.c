@@ -1,0 +1,276 @@
+/* Engines and lookup leases (issue 12): several engines on one instance, a scheduler that leases, workers that load exactly the lease. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client_harness.h"
+
+/*
+ * The real kvringd, lookup, loader, storer (and disk) actors with a tiny model. A scheduler
+ * client (kvr_attach_scheduler) leases a prefix; the engine's workers take the lease and
+ * load it; the test checks the bytes, the lease counters and, at the end, that the slot
+ * table is clean (only FREE and COMMITTED, no pins): a lease that ended left no pin.
+ */
+
+static struct ct_env env;
+static char l2dir[256];
+
+static void setup(void)
+{
+	ct_init(&env);
+	snprintf(l2dir, sizeof(l2dir), "%s/l2", env.h.dir);
+	cr_assert_eq(mkdir(l2dir, 0700), 0);
+}
+
+static void teardown(void)
+{
+	ct_fini(&env);
+}
+
+TestSuite(leases, .init = setup, .fini = teardown, .timeout = 120);
+
+static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
+				     .tp_size = 1};
+static const struct ct_model tiny_tp2 = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
+					 .block_tokens = 16, .tp_size = 2};
+
+#define BT 16
+#define TAG(p, i) (5000ull * (p) + (i) + 1)
+
+static uint64_t lk(unsigned s)
+{
+	return ct_stat(&env, "lookup", s);
+}
+
+static bool table_clean(void)
+{
+	struct kvr_slot_counts c;
+	kvr_slots_counts(env.slots, &c);
+	return c.by_state[KVR_SLOT_WRITING] == 0 && c.by_state[KVR_SLOT_EVICTING] == 0 &&
+	       c.by_state[KVR_SLOT_DRAINING] == 0 && c.invalid == 0 && c.pins == 0;
+}
+
+static struct kvr_client *sched_open(const char *engine, const char *model_ns)
+{
+	struct kvr_sched_opts o = {.socket = env.h.sock, .engine_id = engine, .model_ns = model_ns, .timeout_ms = 5000};
+	struct kvr_client *s = NULL;
+	int rc = kvr_attach_scheduler(&o, &s);
+	cr_assert_eq(rc, 0, "scheduler attach: %s", kvr_last_error(NULL));
+	return s;
+}
+
+/* Store prompt p (n blocks) from rank r: engine blocks base.., tags TAG(p, i). */
+static void store_prompt(struct ct_rank *r, unsigned p, const uint32_t *tokens, uint32_t n, uint32_t base)
+{
+	uint32_t blocks[64];
+	for (uint32_t i = 0; i < n; i++) {
+		blocks[i] = base + i;
+		ct_fill(r, base + i, TAG(p, i));
+	}
+	struct ct_done d;
+	ct_store(r, 100 + p, tokens, (size_t)n * BT, blocks, n, &d);
+	cr_assert_eq(d.c.status, 0, "store of prompt %u: %d", p, d.c.status);
+}
+
+/* Take lease `id` on rank r and load its first n blocks into dst..; assert byte-exact. */
+static void take_load_exact(struct ct_rank *r, uint64_t id, uint32_t n, uint32_t dst, unsigned p)
+{
+	struct kvr_lookup_result res;
+	int rc = kvr_lease_take(r->c, id, &res);
+	cr_assert_eq(rc, 0, "lease take: %s", kvr_last_error(r->c));
+	cr_assert_eq(res.matched_blocks, n);
+	uint32_t blocks[64];
+	for (uint32_t i = 0; i < n; i++)
+		blocks[i] = dst + i;
+	struct ct_done d;
+	ct_load(r, id, blocks, n, &d);
+	cr_assert_eq(d.c.status, 0, "load of the lease: %d (%u failed)", d.c.status, d.c.n_failed);
+	char why[160];
+	for (uint32_t i = 0; i < n; i++)
+		cr_assert(ct_holds(r, dst + i, TAG(p, i), why, sizeof(why)), "block %u: %s", i, why);
+}
+
+/* TP 2: the scheduler's lease pins both lanes; L1 pressure that evicts everything else
+ * cannot take them; both ranks load exactly the leased bytes; the second LEASE_DONE ends it. */
+Test(leases, pinned_through_pressure_then_loaded_by_every_rank)
+{
+	ct_start(&env, &tiny_tp2, &(struct ct_opts){.l1_slots = 24});
+	struct ct_rank *r0, *r1;
+	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r0), 0);
+	cr_assert_eq(ct_rank_open(&env, 1, 64, 0, &r1), 0);
+	uint32_t a[4 * BT];
+	ct_prompt(a, 4 * BT, 1);
+	store_prompt(r0, 1, a, 4, 0);
+	store_prompt(r1, 1, a, 4, 0);
+	struct kvr_client *s = sched_open(NULL, NULL);
+	cr_assert_eq(kvr_block_tokens(s), BT);
+
+	struct kvr_lookup_result res;
+	cr_assert_eq(kvr_lease(s, 42, a, 4 * BT, NULL, 0, NULL, &res), 0, "%s", kvr_last_error(s));
+	cr_assert_eq(res.matched_blocks, 4);
+	cr_assert_eq(res.matched_tokens, 4 * BT);
+	cr_assert_eq(lk(KVR_STAT_LK_LEASES), 1);
+	cr_assert_eq(lk(KVR_STAT_LK_LEASES_GRANTED), 1);
+	kvr_key keys[4];
+	ct_keys(&env, a, 4 * BT, keys);
+	for (unsigned i = 0; i < 4; i++)
+		for (unsigned lane = 0; lane < 2; lane++) {
+			int sl = ct_find_slot(&env, keys[i], lane);
+			cr_assert(sl >= 0);
+			cr_assert_eq(kvr_slot_pins_of(env.slots, (uint32_t)sl, KVR_PIN_LOOKUP), 1,
+				     "block %u lane %u not pinned by the lease", i, lane);
+		}
+
+	/* 24 slots = 12 blocks of 2 lanes: 4 leased, then 3 x 4 more blocks evict the rest */
+	for (unsigned p = 2; p < 5; p++) {
+		uint32_t t[4 * BT];
+		ct_prompt(t, 4 * BT, p);
+		store_prompt(r0, p, t, 4, 8 + 4 * p);
+		store_prompt(r1, p, t, 4, 8 + 4 * p);
+	}
+	cr_assert_gt(lk(KVR_STAT_LK_EVICTED), 0, "the workload must evict");
+	for (unsigned i = 0; i < 4; i++)
+		cr_assert(ct_find_slot(&env, keys[i], 0) >= 0 && ct_find_slot(&env, keys[i], 1) >= 0,
+			  "leased block %u was evicted", i);
+
+	take_load_exact(r0, 42, 4, 40, 1);
+	cr_assert_eq(lk(KVR_STAT_LK_LEASES), 1, "one of two loaders done: the lease holds");
+	take_load_exact(r1, 42, 4, 40, 1);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES_LOADED) == 1, 5000), "the lease did not end after both loads");
+	cr_assert_eq(lk(KVR_STAT_LK_LEASES), 0);
+	cr_assert_eq(lk(KVR_STAT_LK_LEASES_TAKEN), 2);
+	cr_assert(H_WAIT(table_clean(), 5000), "pins left after the lease ended");
+	kvr_detach(s);
+}
+
+/* The scheduler releases (request finished), a ttl ends another, a replaced lease is
+ * counted; taking a lease that ended is -ENOENT; a lease of nothing keeps nothing. */
+Test(leases, released_expired_replaced_missing)
+{
+	ct_start(&env, &tiny, NULL);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r), 0);
+	uint32_t a[3 * BT], none[3 * BT];
+	ct_prompt(a, 3 * BT, 7);
+	ct_prompt(none, 3 * BT, 8);
+	store_prompt(r, 7, a, 3, 0);
+	struct kvr_client *s = sched_open("default", NULL);
+	struct kvr_lookup_result res;
+
+	cr_assert_eq(kvr_lease(s, 1, a, 3 * BT, NULL, 0, NULL, &res), 0);
+	cr_assert_eq(res.matched_blocks, 3);
+	cr_assert_eq(kvr_lease(s, 1, a, 2 * BT + 5, NULL, 0, NULL, &res), 0); /* replaces it: 2 whole blocks */
+	cr_assert_eq(res.matched_blocks, 2);
+	cr_assert_eq(lk(KVR_STAT_LK_LEASES), 1);
+	cr_assert_eq(kvr_lease_release(s, 1), 0);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES_RELEASED) == 1, 5000));
+	cr_assert_eq(lk(KVR_STAT_LK_LEASES), 0);
+	struct kvr_lookup_result tr;
+	cr_assert_eq(kvr_lease_take(r->c, 1, &tr), -ENOENT);
+	cr_assert(strstr(kvr_last_error(r->c), "no such lease"), "%s", kvr_last_error(r->c));
+	cr_assert_eq(lk(KVR_STAT_LK_LEASES_MISSING), 1);
+	cr_assert_eq(kvr_load(r->c, 1, (uint32_t[]){9}, 1), -ENOENT);
+
+	struct kvr_lease_opts short_ttl = {.ttl_ms = 150};
+	cr_assert_eq(kvr_lease(s, 2, a, 3 * BT, NULL, 0, &short_ttl, &res), 0);
+	cr_assert_eq(res.matched_blocks, 3);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES_EXPIRED) == 1, 5000), "the ttl did not end the lease");
+	cr_assert_eq(lk(KVR_STAT_LK_LEASES), 0);
+
+	cr_assert_eq(kvr_lease(s, 3, none, 3 * BT, NULL, 0, NULL, &res), 0);
+	cr_assert_eq(res.matched_blocks, 0);
+	cr_assert_eq(lk(KVR_STAT_LK_LEASES), 0, "a lease of nothing is not kept");
+	/* a scheduler client neither loads nor stores, a worker does not lease */
+	cr_assert_eq(kvr_load(s, 3, (uint32_t[]){0}, 1), -EINVAL);
+	cr_assert_eq(kvr_lease(r->c, 4, a, 3 * BT, NULL, 0, NULL, &res), -EINVAL);
+	cr_assert(H_WAIT(table_clean(), 5000));
+	kvr_detach(s);
+}
+
+/* Two engines of one model share blocks; an engine of another model_ns shares none; a
+ * lease is its engine's only; one worker per (engine, TP rank); bad identities refused. */
+Test(leases, engines_share_one_model_and_isolate_others)
+{
+	ct_start(&env, &tiny, &(struct ct_opts){.max_workers = 4});
+	struct ct_rank *ea, *eb, *ec, *dup;
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 32, 0, "engine-a", NULL, &ea), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 32, 0, "engine-b", NULL, &eb), 0,
+		     "a second engine's TP rank 0: %s", kvr_last_error(NULL));
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 32, 0, "engine-c", "another-model", &ec), 0, "%s",
+		     kvr_last_error(NULL));
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 32, 0, "engine-a", NULL, &dup), -EEXIST);
+	cr_assert(strstr(kvr_last_error(NULL), "engine \"engine-a\": TP rank 0"), "%s", kvr_last_error(NULL));
+
+	uint32_t p[4 * BT];
+	ct_prompt(p, 4 * BT, 11);
+	store_prompt(ea, 11, p, 4, 0);
+	cr_assert_eq(ct_lookup_load_exact(eb, 500, p, 4 * BT, 10, TAG(11, 0)), 4, "engine b does not share a's blocks");
+	cr_assert_eq(ct_lookup(ec, 501, p, 4 * BT), 0, "another model namespace must share nothing");
+
+	struct kvr_client *sa = sched_open("engine-a", NULL);
+	struct kvr_lookup_result res;
+	cr_assert_eq(kvr_lease(sa, 77, p, 4 * BT, NULL, 0, NULL, &res), 0);
+	cr_assert_eq(res.matched_blocks, 4);
+	cr_assert_eq(kvr_lease_take(eb->c, 77, &res), -ENOENT, "a lease belongs to its engine");
+	take_load_exact(ea, 77, 4, 20, 11);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES_LOADED) == 1, 5000));
+
+	struct kvr_sched_opts bad = {.socket = env.h.sock, .engine_id = "engine-a", .model_ns = "other", .timeout_ms = 2000};
+	struct kvr_client *x = NULL;
+	cr_assert_eq(kvr_attach_scheduler(&bad, &x), -EINVAL);
+	cr_assert(strstr(kvr_last_error(NULL), "engine \"engine-a\" is attached with model_ns"), "%s",
+		  kvr_last_error(NULL));
+	bad = (struct kvr_sched_opts){.socket = env.h.sock, .engine_id = "bad id!", .timeout_ms = 2000};
+	cr_assert_eq(kvr_attach_scheduler(&bad, &x), -EINVAL);
+	cr_assert(strstr(kvr_last_error(NULL), "engine_id: byte 3"), "%s", kvr_last_error(NULL));
+	char nosock[300];
+	snprintf(nosock, sizeof(nosock), "%s/none.sock", env.h.dir);
+	bad = (struct kvr_sched_opts){.socket = nosock, .timeout_ms = 2000};
+	cr_assert_lt(kvr_attach_scheduler(&bad, &x), 0);
+	cr_assert(strstr(kvr_last_error(NULL), nosock), "%s", kvr_last_error(NULL));
+	kvr_detach(sa);
+	cr_assert(H_WAIT(table_clean(), 5000));
+}
+
+/* With L2, a lease after a restart promotes from disk first (every lane), then loads
+ * byte-exact from the leased slots. */
+Test(leases, lease_promotes_from_l2_after_restart)
+{
+	struct ct_opts o = {.l1_slots = 32, .l2_dir = l2dir, .max_workers = 2};
+	ct_start(&env, &tiny_tp2, &o);
+	struct ct_rank *r0, *r1;
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
+	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
+	uint32_t a[3 * BT];
+	ct_prompt(a, 3 * BT, 21);
+	store_prompt(r0, 21, a, 3, 0);
+	store_prompt(r1, 21, a, 3, 0);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 6, 10000), "write-through of 3 blocks x 2 lanes");
+	ct_close_all();
+	cr_assert_eq(kill(env.h.pid, SIGTERM), 0);
+	int st = h_wait_exit(env.h.pid, 10000);
+	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit %d", st);
+	env.h.pid = 0;
+	kvr_segment_close(&env.slots_seg);
+	kvr_segment_close(&env.ctl_seg);
+	kvr_segment_close(&env.arena_seg);
+	ct_start(&env, &tiny_tp2, &o);
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
+	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
+	struct kvr_client *s = sched_open(NULL, NULL);
+	struct kvr_lookup_result res;
+	cr_assert_eq(kvr_lease(s, 9, a, 3 * BT, NULL, 0, NULL, &res), 0, "%s", kvr_last_error(s));
+	cr_assert_eq(res.matched_blocks, 3, "after the restart the lease comes from L2");
+	cr_assert_eq(res.l2_blocks, 3);
+	cr_assert_eq(lk(KVR_STAT_LK_L2_READS), 6, "both lanes promoted");
+	take_load_exact(r0, 9, 3, 10, 21);
+	take_load_exact(r1, 9, 3, 10, 21);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES_LOADED) == 1, 5000));
+	cr_assert(H_WAIT(table_clean(), 5000));
+	kvr_detach(s);
+}
