@@ -198,6 +198,26 @@ static void render_lookup(FILE *f, struct sup_metrics_view *v)
 	family(f, "kvring_evictions_total", "counter", "Blocks evicted from L1.");
 	fprintf(f, "kvring_evictions_total{reason=\"capacity\"} %llu\n",
 		(unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_EVICTED));
+	family(f, "kvring_leases", "gauge", "Lookup leases held now (their blocks pinned for the engine's workers).");
+	fprintf(f, "kvring_leases %llu\n", (unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LEASES));
+	counter(f, "kvring_leases_granted_total", "Leases granted to schedulers (at least one block).",
+		kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LEASES_GRANTED));
+	counter(f, "kvring_lease_takes_total", "Lease takes answered with the lease's slots (one per loading worker).",
+		kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LEASES_TAKEN));
+	family(f, "kvring_leases_ended_total", "counter",
+	       "Leases ended, by reason: loaded (every loader done), released (by the scheduler, or replaced), "
+	       "expired (ttl), refused (table full), missing (a take found no lease).");
+	static const struct {
+		const char *reason;
+		unsigned stat;
+	} ends[] = {
+		{"loaded", KVR_STAT_LK_LEASES_LOADED},   {"released", KVR_STAT_LK_LEASES_RELEASED},
+		{"expired", KVR_STAT_LK_LEASES_EXPIRED}, {"refused", KVR_STAT_LK_LEASES_REFUSED},
+		{"missing", KVR_STAT_LK_LEASES_MISSING},
+	};
+	for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++)
+		fprintf(f, "kvring_leases_ended_total{reason=\"%s\"} %llu\n", ends[i].reason,
+			(unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, ends[i].stat));
 }
 
 /* Sum of the latency histograms of every actor of a kind, as a Prometheus histogram. */

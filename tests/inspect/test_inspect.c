@@ -189,7 +189,7 @@ static const char expected_text[] =
 	"  storer.0                backoff  -              1  code 1     -\n"
 	"\n"
 	"workers\n"
-	"  client.0   pid 6001     attached   tp 0/2  dcp 0/1\n"
+	"  client.0   pid 6001     attached   tp 0/2  dcp 0/1  engine 0\n"
 	"\n"
 	"rings\n"
 	"  ctl.lookup.in  capacity 8\n"

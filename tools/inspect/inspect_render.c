@@ -179,7 +179,32 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 		struct kvr_insp_worker *o = &s->workers[s->n_workers++];
 		*o = (struct kvr_insp_worker){.slot = i, .state = st, .uid = w->uid, .generation = w->generation,
 					      .tp_rank = w->tp_rank, .tp_size = w->tp_size, .dcp_rank = w->dcp_rank,
-					      .dcp_size = w->dcp_size, .pid = LD(&w->pid), .attached_ns = w->attached_ns};
+					      .dcp_size = w->dcp_size, .pid = LD(&w->pid), .attached_ns = w->attached_ns,
+					      .engine = w->engine};
+	}
+	unsigned n_sched = c->max_schedulers == KVR_CTL_MAX_SCHEDULERS ? KVR_CTL_MAX_SCHEDULERS : 0;
+	for (unsigned i = 0; i < n_sched; i++) {
+		const struct kvr_worker_ent *w = kvr_ctl_sched(c, i);
+		uint32_t st = LD(&w->state);
+		if (st == KVR_WORKER_FREE)
+			continue;
+		s->scheds[s->n_scheds++] = (struct kvr_insp_worker){.slot = i, .state = st, .uid = w->uid,
+								   .generation = w->generation, .pid = LD(&w->pid),
+								   .attached_ns = w->attached_ns, .engine = w->engine};
+	}
+	for (unsigned i = 0; i < s->max_actors; i++) {
+		const struct kvr_actor_ent *a = kvr_ctl_actor(c, i);
+		if (LD(&a->state) == KVR_ACTOR_UNUSED || a->kind != KVR_ACTOR_LOOKUP)
+			continue;
+		const struct kvr_actor_stats *st = kvr_ctl_stats(c, i);
+		static const unsigned ends[5] = {KVR_STAT_LK_LEASES_LOADED, KVR_STAT_LK_LEASES_RELEASED,
+						 KVR_STAT_LK_LEASES_EXPIRED, KVR_STAT_LK_LEASES_REFUSED,
+						 KVR_STAT_LK_LEASES_MISSING};
+		s->leases = LD(&st->c[KVR_STAT_LK_LEASES]);
+		s->leases_granted = LD(&st->c[KVR_STAT_LK_LEASES_GRANTED]);
+		s->leases_taken = LD(&st->c[KVR_STAT_LK_LEASES_TAKEN]);
+		for (unsigned k = 0; k < 5; k++)
+			s->lease_ends[k] = LD(&st->c[ends[k]]);
 	}
 	unsigned n = LD(&c->n_rings);
 	if (n > KVR_CTL_MAX_RINGS)
@@ -489,10 +514,32 @@ static void text_workers(FILE *out, const struct kvr_insp_snap *s)
 	for (unsigned i = 0; i < s->n_workers; i++) {
 		const struct kvr_insp_worker *w = &s->workers[i];
 		char pid[16], tp[16], dcp[16];
-		pline(out, "  client.%-3u pid %-7s  %-9s  tp %s  dcp %s", w->slot, fmt_pid(w->pid, pid, sizeof(pid)),
-		      worker_state_name(w->state), fmt_pair(w->tp_rank, w->tp_size, tp, sizeof(tp)),
-		      fmt_pair(w->dcp_rank, w->dcp_size, dcp, sizeof(dcp)));
+		pline(out, "  client.%-3u pid %-7s  %-9s  tp %s  dcp %s  engine %u", w->slot,
+		      fmt_pid(w->pid, pid, sizeof(pid)), worker_state_name(w->state),
+		      fmt_pair(w->tp_rank, w->tp_size, tp, sizeof(tp)), fmt_pair(w->dcp_rank, w->dcp_size, dcp, sizeof(dcp)),
+		      w->engine);
 	}
+}
+
+/* Scheduler clients and the leases they hold for their engines' workers. */
+static void text_leases(FILE *out, const struct kvr_insp_snap *s)
+{
+	for (unsigned i = 0; i < s->n_scheds; i++) {
+		char pid[16];
+		pline(out, "  sched.%-4u pid %-7s  %-9s  engine %u", s->scheds[i].slot,
+		      fmt_pid(s->scheds[i].pid, pid, sizeof(pid)), worker_state_name(s->scheds[i].state),
+		      s->scheds[i].engine);
+	}
+	bool any = s->leases || s->leases_granted || s->leases_taken;
+	for (unsigned k = 0; k < 5; k++)
+		any |= s->lease_ends[k] != 0;
+	if (!s->n_scheds && !any)
+		return; /* no engine uses leases here */
+	pline(out, "leases held %" PRIu64 "  granted %" PRIu64 "  taken %" PRIu64, s->leases, s->leases_granted,
+	      s->leases_taken);
+	pline(out, "  ended: loaded %" PRIu64 "  released %" PRIu64 "  expired %" PRIu64 "  refused %" PRIu64
+	      "  missing %" PRIu64, s->lease_ends[0], s->lease_ends[1], s->lease_ends[2], s->lease_ends[3],
+	      s->lease_ends[4]);
 }
 
 /* The name of adoption reason r, NULL for payload_checksum (adoption reads headers only). */
@@ -713,6 +760,7 @@ int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struc
 	text_actors(out, cur);
 	pline(out, "%s", "");
 	text_workers(out, cur);
+	text_leases(out, cur);
 	pline(out, "%s", "");
 	text_l2(out, cur);
 	pline(out, cur->n_rings ? "rings" : "rings: none");
@@ -1023,9 +1071,32 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 		jw_u64(&w, "tp_size", k->tp_size);
 		jw_u64(&w, "dcp_rank", k->dcp_rank);
 		jw_u64(&w, "dcp_size", k->dcp_size);
+		jw_u64(&w, "engine", k->engine);
 		jw_close(&w, '}');
 	}
 	jw_close(&w, ']');
+	jw_open(&w, "schedulers", '[');
+	for (unsigned i = 0; i < s->n_scheds; i++) {
+		const struct kvr_insp_worker *k = &s->scheds[i];
+		jw_open(&w, NULL, '{');
+		jw_u64(&w, "slot", k->slot);
+		jw_str(&w, "state", worker_state_name(k->state));
+		jw_i64(&w, "pid", k->pid);
+		jw_u64(&w, "generation", k->generation);
+		jw_u64(&w, "engine", k->engine);
+		jw_close(&w, '}');
+	}
+	jw_close(&w, ']');
+	jw_open(&w, "leases", '{');
+	jw_u64(&w, "held", s->leases);
+	jw_u64(&w, "granted", s->leases_granted);
+	jw_u64(&w, "taken", s->leases_taken);
+	jw_u64(&w, "loaded", s->lease_ends[0]);
+	jw_u64(&w, "released", s->lease_ends[1]);
+	jw_u64(&w, "expired", s->lease_ends[2]);
+	jw_u64(&w, "refused", s->lease_ends[3]);
+	jw_u64(&w, "missing", s->lease_ends[4]);
+	jw_close(&w, '}');
 
 	jw_open(&w, "rings", '[');
 	for (unsigned i = 0; i < s->n_rings; i++)

@@ -66,6 +66,7 @@ struct kvr_insp_actor {
 struct kvr_insp_worker {
 	unsigned slot;
 	uint32_t state, uid, generation, tp_rank, tp_size, dcp_rank, dcp_size;
+	uint32_t engine;    /* engine index (kvringd's log names it) */
 	int32_t pid;
 	uint64_t attached_ns;
 };
@@ -115,6 +116,11 @@ struct kvr_insp_snap {
 	struct kvr_insp_actor actors[KVR_CTL_MAX_ACTORS];
 	unsigned n_workers;  /* slots not FREE */
 	struct kvr_insp_worker workers[KVR_CTL_MAX_WORKERS];
+	unsigned n_scheds;   /* scheduler slots attached */
+	struct kvr_insp_worker scheds[KVR_CTL_MAX_SCHEDULERS];
+	/* lookup leases (the lookup actor's counters): held now, granted, taken, and ended by
+	 * reason: loaded, released, expired, refused, missing */
+	uint64_t leases, leases_granted, leases_taken, lease_ends[5];
 	unsigned n_rings;
 	struct kvr_insp_ring rings[KVR_CTL_MAX_RINGS];
 	struct kvr_msg *msg_store; /* n_rings * max_msgs messages */
