@@ -1,0 +1,280 @@
+"""The scheduler half of the connector: which tokens kvring holds, and what to store.
+
+Runs in vLLM's scheduler (EngineCore) process, attached to kvringd as a *scheduler
+client*: no KV memory, no worker slot (kvr_attach_scheduler). For every waiting request
+vLLM asks how many of its prompt tokens kvring can supply (get_num_new_matched_tokens);
+the answer is a **lookup lease**: kvringd pins the matched blocks under (engine,
+lease id) so that, when vLLM schedules the request, its workers load exactly those
+blocks, which cannot be evicted in between. The lease ends when every worker's load
+completed, when the request finishes (request_finished releases it) or by its ttl.
+
+A request's blocks are stored once the request is final (request_finished): its full
+prompt blocks go into the next step's metadata and vLLM keeps them allocated (the
+"delay free" answer) until every worker reported the store's copy complete
+(get_finished -> finished_sending -> update_connector_output here).
+
+Rules kept here:
+- a hit is whole blocks, and never the whole prompt: vLLM must compute at least the last
+  prompt token to sample from, so the hit is cut to (prompt_len - 1) rounded down;
+- loads are synchronous (the workers finish them before the forward pass), so a failed
+  block is reported in the same step and vLLM recomputes from it
+  (kv_load_failure_policy="recompute");
+- kvringd going away is a miss, never an error: the scheduler attaches again at most
+  every reattach_interval_ms (and at once when a call finds the instance gone).
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..client import KvringError, Scheduler
+from .config import ConnectorConfig
+from .metadata import KvringConnectorMetadata, LoadSpec, StoreSpec, lease_id, store_id
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.request import Request
+
+__all__ = ["SchedulerSide", "request_extra"]
+
+log = logging.getLogger("kvring.vllm")
+
+
+def request_extra(request: Request) -> bytes | None:
+    """Key bytes besides the tokens: what makes equal token ids hold different KV (a LoRA
+    adapter, a cache salt, multimodal inputs behind placeholder tokens)."""
+    parts = []
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        parts.append(b"lora=" + str(getattr(lora, "lora_name", None) or getattr(lora, "lora_int_id", "")).encode())
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        parts.append(b"salt=" + str(salt).encode())
+    mm = getattr(request, "mm_features", None)
+    if mm:
+        parts.append(b"mm=" + ",".join(str(getattr(f, "identifier", f)) for f in mm).encode())
+    return b"\0".join(parts) if parts else None
+
+
+@dataclass
+class _Lease:
+    lease_id: int
+    matched: int  # tokens leased (whole blocks, <= the cap)
+    local: int  # tokens vLLM had computed itself when it asked
+
+
+class SchedulerSide:
+    def __init__(self, cfg: ConnectorConfig, vllm_config: VllmConfig, engine_id: str) -> None:
+        self.cfg = cfg
+        self.engine_id = engine_id
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.loaders = int(vllm_config.parallel_config.tensor_parallel_size)
+        self._client: Scheduler | None = None
+        self._next_attach = 0.0
+        self._tokens: dict[str, array.array] = {}  # prompt tokens as uint32, per waiting request
+        self._leases: dict[str, _Lease] = {}  # granted, not yet allocated by vLLM
+        self._leased: set[str] = set()  # requests that may hold a lease at kvringd
+        self._loaded: dict[str, int] = {}  # tokens a request got from kvring
+        self._loads: list[LoadSpec] = []
+        self._stores: list[StoreSpec] = []
+        self._storing: set[str] = set()  # requests whose blocks vLLM holds for our store
+        self._null_block = 0
+        self._lease_ns: list[int] = []  # recent kvr_lease call times, for the shutdown line
+        self._missed_logged = False
+        self._attach(first=True)
+
+    # ---- the kvringd connection ----
+
+    def _attach(self, first: bool = False) -> Scheduler | None:
+        try:
+            c = Scheduler(
+                socket=self.cfg.socket,
+                engine_id=self.engine_id,
+                model_ns=self.cfg.model_ns,
+                timeout_ms=self.cfg.timeout_ms,
+            )
+        except KvringError as e:
+            if first:
+                raise RuntimeError(f"kvring: scheduler cannot attach to kvringd at {self.cfg.socket}: {e}") from e
+            self._next_attach = time.monotonic() + self.cfg.reattach_interval_ms / 1000
+            log.warning("kvring: scheduler attach to %s failed (%s); next try in %d ms", self.cfg.socket, e,
+                        self.cfg.reattach_interval_ms)
+            return None
+        bt = c.block_tokens
+        if bt != self.block_size:
+            c.detach()
+            msg = (
+                f"kvring: kvringd at {self.cfg.socket} serves {bt}-token blocks (model.block_tokens), vLLM uses "
+                f"block_size {self.block_size}: start vLLM with block_size={bt} or kvringd with block_tokens "
+                f"{self.block_size}"
+            )
+            if first:
+                raise RuntimeError(msg)
+            log.error("%s", msg)
+            self._next_attach = time.monotonic() + self.cfg.reattach_interval_ms / 1000
+            return None
+        if not first:
+            log.warning("kvring: scheduler attached to kvringd at %s again", self.cfg.socket)
+        self._client = c
+        self._leased.clear()  # a new instance holds none of our old leases
+        return c
+
+    def _lost(self, e: KvringError) -> None:
+        if self._client is not None:
+            log.warning("kvring: scheduler lost kvringd (%s); lookups miss until it attaches again", e)
+            self._client.detach()
+            self._client = None
+            self._next_attach = 0.0  # the first retry is immediate
+
+    def _get_client(self) -> Scheduler | None:
+        if self._client is None and time.monotonic() >= self._next_attach:
+            self._attach()
+        return self._client
+
+    # ---- vLLM's scheduler-side hooks ----
+
+    def bind_null_block(self, block_id: int) -> None:
+        self._null_block = block_id
+
+    def _prompt(self, request: Request) -> array.array:
+        a = self._tokens.get(request.request_id)
+        if a is None:
+            a = array.array("I", request.prompt_token_ids or ())
+            self._tokens[request.request_id] = a
+        return a
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        rid = request.request_id
+        bs = self.block_size
+        cap = (min(request.num_prompt_tokens, request.num_tokens - 1) // bs) * bs
+        if request.prompt_token_ids is None or cap <= num_computed_tokens:
+            self._drop_lease(rid)
+            return 0, False
+        tokens = memoryview(self._prompt(request))[:cap]
+        lid = lease_id(rid)
+        extra = request_extra(request)
+        r = None
+        for attempt in (0, 1):
+            c = self._get_client()
+            if c is None:
+                return 0, False
+            t0 = time.perf_counter_ns()
+            try:
+                r = c.lease(lid, tokens, extra, loaders=self.loaders, ttl_ms=self.cfg.lease_ttl_ms)
+                break
+            except KvringError as e:
+                if e.errno == errno.EPIPE and attempt == 0:
+                    self._lost(e)  # kvringd restarted? attach again and ask once more
+                    continue
+                if e.errno == errno.EPIPE:
+                    self._lost(e)
+                elif not self._missed_logged:
+                    log.warning("kvring: lease of request %s failed (%s): treated as a miss", rid, e)
+                    self._missed_logged = True
+                return 0, False
+            finally:
+                self._note_lease_time(time.perf_counter_ns() - t0)
+        assert r is not None
+        self._leased.add(rid)
+        matched = min(r.matched_tokens, cap)
+        if matched <= num_computed_tokens:
+            self._drop_lease(rid)
+            return 0, False
+        self._leases[rid] = _Lease(lid, matched, num_computed_tokens)
+        return matched - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        rid = request.request_id
+        lease = self._leases.pop(rid, None)
+        if num_external_tokens <= 0 or lease is None:
+            if lease is not None:
+                self._drop_lease(rid)
+            return
+        bs = self.block_size
+        end = min(lease.local + num_external_tokens, lease.matched)
+        n_blocks = -(-end // bs)
+        block_ids = list(blocks.get_block_ids()[0][:n_blocks])
+        if len(block_ids) < n_blocks:
+            log.error("kvring: request %s has %d blocks for a %d-block load; not loading", rid, len(block_ids),
+                      n_blocks)
+            self._drop_lease(rid)
+            return
+        self._loads.append(LoadSpec(rid, lease.lease_id, block_ids, lease.local // bs, num_external_tokens))
+        self._loaded[rid] = end
+
+    def build_connector_meta(self, scheduler_output: Any) -> KvringConnectorMetadata:
+        meta = KvringConnectorMetadata(loads=self._loads, stores=self._stores, null_block=self._null_block)
+        self._loads, self._stores = [], []
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        self._leases.pop(rid, None)
+        self._drop_lease(rid)
+        tokens = self._tokens.pop(rid, None)
+        loaded = self._loaded.pop(rid, 0)
+        bs = self.block_size
+        n = (min(request.num_prompt_tokens, request.num_computed_tokens) // bs) * bs
+        n = min(n, len(block_ids) * bs)
+        if n <= loaded or request.prompt_token_ids is None:
+            return False, None  # nothing kvring does not hold already
+        if tokens is None:
+            tokens = array.array("I", request.prompt_token_ids)
+        self._stores.append(
+            StoreSpec(rid, store_id(rid), tokens[:n].tolist(), list(block_ids[: n // bs]), request_extra(request))
+        )
+        self._storing.add(rid)
+        return True, None
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        for rid in connector_output.finished_sending or ():
+            self._storing.discard(rid)
+
+    def has_pending_block_frees(self) -> bool:
+        return bool(self._storing)
+
+    def _drop_lease(self, rid: str) -> None:
+        if rid not in self._leased:
+            return
+        self._leased.discard(rid)
+        c = self._client
+        if c is None:
+            return
+        try:
+            c.lease_release(lease_id(rid))
+        except KvringError as e:
+            if e.errno == errno.EPIPE:
+                self._lost(e)
+            # -EAGAIN: the ring is full; the lease ends by its ttl
+
+    def _note_lease_time(self, ns: int) -> None:
+        self._lease_ns.append(ns)
+        if len(self._lease_ns) > 20000:
+            del self._lease_ns[:10000]
+
+    def lease_stats(self) -> dict[str, float]:
+        """p50/p99/max of recent lease calls in microseconds (what get_num_new_matched_tokens costs)."""
+        s = sorted(self._lease_ns)
+        if not s:
+            return {}
+        return {
+            "n": len(s),
+            "p50_us": s[len(s) // 2] / 1000,
+            "p99_us": s[min(len(s) - 1, len(s) * 99 // 100)] / 1000,
+            "max_us": s[-1] / 1000,
+        }
+
+    def shutdown(self) -> None:
+        st = self.lease_stats()
+        if st:
+            log.info("kvring: scheduler made %d leases: p50 %.1f us, p99 %.1f us, max %.1f us", st["n"],
+                     st["p50_us"], st["p99_us"], st["max_us"])
+        if self._client is not None:
+            self._client.detach()
+            self._client = None

@@ -1,0 +1,363 @@
+"""The worker half of the connector: KV memory, loads before the forward, deferred stores.
+
+Runs in every vLLM worker process (one per TP rank), attached to kvringd as a *worker*
+of the engine: kvringd starts a loader and a storer for it that copy blocks directly
+between the L1 arena and this rank's KV memory.
+
+Life of a worker:
+1. ``get_mem_pool_context()`` -> `MemfdKvPool` (CPU): vLLM's KV allocation lands in a
+   memfd (GPU: vLLM allocates as usual and the CUDA allocations are exported instead).
+2. ``register_kv_caches()`` -> the geometry from the real tensors, then kvr_attach with
+   the memfd (GPU: the IPC handles). A failure here stops vLLM from starting, with the
+   reason.
+3. Every step, ``start_load_kv()``: for each request the scheduler leased, kvr_lease_take
+   + kvr_load into the request's blocks, then wait for those loads (vLLM runs the forward
+   right after, reading them). Blocks that did not load are reported by
+   ``get_block_ids_with_load_errors()`` in the same step; vLLM then recomputes from the
+   first of them. After the loads, the step's stores (requests that finished) are
+   submitted; they complete in the background.
+4. ``get_finished()``: stores whose copy completed are reported as finished_sending, and
+   vLLM frees those blocks.
+
+kvringd going away (or restarting) fails the calls with EPIPE: the worker detaches, every
+store in flight is reported finished (nothing is stored), loads fail (recomputed), and
+it attaches again with the same KV memory and geometry — at once when the next call
+needs it, then at most every reattach_interval_ms.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..client import Completion, CudaKv, KvringError, Worker
+from .config import ConnectorConfig
+from .kvmem import DerivedGeometry, KvLayoutError, LayerView, MemfdKvPool, SharedStorage, cuda_ranges, derive_geometry
+from .metadata import KvringConnectorMetadata, LoadSpec
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+__all__ = ["WorkerSide"]
+
+log = logging.getLogger("kvring.vllm")
+
+
+class WorkerSide:
+    def __init__(
+        self,
+        cfg: ConnectorConfig,
+        vllm_config: VllmConfig,
+        kv_cache_config: KVCacheConfig | None,
+        engine_id: str,
+        tp_rank: int,
+        tp_size: int,
+    ) -> None:
+        self.cfg = cfg
+        self.engine_id = engine_id
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.kv_cache_config = kv_cache_config
+        self.device_type = str(getattr(vllm_config.device_config, "device_type", "cpu") or "cpu")
+        self._pool: MemfdKvPool | None = None
+        self._client: Worker | None = None
+        self._attach_kw: dict[str, Any] | None = None
+        self.derived: DerivedGeometry | None = None
+        self._next_attach = 0.0
+        self._load_errors: set[int] = set()
+        self._stores: dict[int, str] = {}  # kvring store id -> vLLM request id, in flight
+        self._events: dict[int, Any] = {}  # store id -> its CUDA IPC event (kept until completion)
+        self._done: set[str] = set()  # stores completed (or given up), not yet reported
+        self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()  # finished, seen
+        self.stats = collections.Counter()
+
+    # ---- KV memory and attach ----
+
+    def mem_pool_context(self) -> MemfdKvPool | None:
+        if self.device_type != "cpu":
+            return None  # GPU: vLLM allocates as usual; register_kv_caches exports IPC handles
+        if self._pool is not None:
+            self._pool.close()
+        self._pool = MemfdKvPool(name=f"kvring-kv-tp{self.tp_rank}")
+        return self._pool
+
+    def _num_blocks(self) -> int:
+        cfg = self.kv_cache_config
+        if cfg is None:
+            raise KvLayoutError("vLLM gave the connector no KV cache config")
+        groups = getattr(cfg, "kv_cache_groups", [])
+        if len(groups) != 1:
+            raise KvLayoutError(
+                f"the model has {len(groups)} KV cache groups (hybrid attention); kvring handles one full-attention group"
+            )
+        return int(cfg.num_blocks)
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        if not kv_caches:
+            raise KvLayoutError("vLLM registered no KV cache tensors")
+        views = {n: LayerView.of(n, t) for n, t in kv_caches.items()}
+        dev = next(iter(kv_caches.values())).device
+        num_blocks = self._num_blocks()
+        if dev.type == "cpu":
+            pool = self._pool
+            if pool is None or pool.fd is None:
+                raise KvLayoutError(
+                    "vLLM's KV cache was not allocated inside the connector's get_mem_pool_context() (no memfd "
+                    "holds it), so kvringd cannot map it; this vLLM version allocates differently"
+                )
+            base, size = pool.base, pool.nbytes
+            self.derived = derive_geometry(
+                views,
+                num_blocks=num_blocks,
+                block_tokens=self.block_size,
+                locate=lambda v: v.data_ptr - base,
+                kv_bytes=size,
+                tp_size=self.tp_size,
+                tp_rank=self.tp_rank,
+            )
+            self._attach_kw = dict(kv_fd=pool.fd, kv_bytes=size, cuda_kv=None)
+        elif dev.type == "cuda":
+            cuda_kv, where, size = self._export_cuda(kv_caches, dev)
+            self.derived = derive_geometry(
+                views,
+                num_blocks=num_blocks,
+                block_tokens=self.block_size,
+                locate=lambda v: where[v.storage_ptr] + (v.data_ptr - v.storage_ptr) if v.storage_ptr in where else -1,
+                kv_bytes=size,
+                tp_size=self.tp_size,
+                tp_rank=self.tp_rank,
+            )
+            self._attach_kw = dict(kv_fd=-1, kv_bytes=size, cuda_kv=cuda_kv)
+        else:
+            raise KvLayoutError(f"KV cache on a {dev.type} device: kvring serves CPU and CUDA workers")
+        log.info("kvring: TP rank %d/%d KV memory: %s", self.tp_rank, self.tp_size, self.derived.describe())
+        try:
+            self._client = self._new_client()
+        except KvringError as e:
+            raise RuntimeError(f"kvring: TP rank {self.tp_rank} cannot attach to kvringd at {self.cfg.socket}: {e}") from e
+        log.info("kvring: TP rank %d attached to %s as worker slot %d (engine %s)", self.tp_rank, self.cfg.socket,
+                 self._client.slot, self.engine_id)
+
+    @staticmethod
+    def _export_cuda(kv_caches: dict[str, torch.Tensor], dev: torch.device) -> tuple[CudaKv, dict[int, int], int]:
+        storages = []
+        for t in kv_caches.values():
+            st = t.untyped_storage()
+            storages.append((st.data_ptr(), SharedStorage.from_share_cuda(st._share_cuda_())))
+        props = torch.cuda.get_device_properties(dev)
+        dev_uuid = uuid.UUID(str(props.uuid)).bytes
+        return cuda_ranges(storages, dev_uuid)
+
+    def _new_client(self) -> Worker:
+        assert self.derived is not None and self._attach_kw is not None
+        return Worker(
+            self.derived.geometry,
+            socket=self.cfg.socket,
+            timeout_ms=self.cfg.timeout_ms,
+            engine_id=self.engine_id,
+            model_ns=self.cfg.model_ns,
+            **self._attach_kw,
+        )
+
+    def _lost(self, e: KvringError) -> None:
+        """kvringd went away: give up what is in flight and detach."""
+        if self._client is None:
+            return
+        log.warning("kvring: TP rank %d lost kvringd (%s): %d stores given up; loads miss until it attaches again",
+                    self.tp_rank, e, len(self._stores))
+        self.stats["lost"] += 1
+        self._done.update(self._stores.values())
+        self._stores.clear()
+        self._events.clear()
+        self._client.detach()
+        self._client = None
+        self._next_attach = 0.0
+
+    def _get_client(self, now: bool = False) -> Worker | None:
+        if self._client is None and self.derived is not None and (now or time.monotonic() >= self._next_attach):
+            try:
+                self._client = self._new_client()
+                log.warning("kvring: TP rank %d attached to kvringd at %s again (worker slot %d)", self.tp_rank,
+                            self.cfg.socket, self._client.slot)
+                self.stats["reattached"] += 1
+            except KvringError as e:
+                self._next_attach = time.monotonic() + self.cfg.reattach_interval_ms / 1000
+                log.warning("kvring: TP rank %d attach to %s failed (%s); next try in %d ms", self.tp_rank,
+                            self.cfg.socket, e, self.cfg.reattach_interval_ms)
+        return self._client
+
+    # ---- loads ----
+
+    def _targets(self, spec: LoadSpec, null_block: int) -> list[int]:
+        """Engine block per leased block: the null block for what vLLM holds itself."""
+        own = list(spec.block_ids[spec.skip :])
+        if self.cfg.test_wrong_blocks and len(own) >= 2:
+            own = own[1:] + own[:1]  # negative control: every block lands one position off
+        return [null_block] * spec.skip + own
+
+    def _take_and_load(self, spec: LoadSpec, targets: list[int]) -> int:
+        """Submit one lease's load; returns the blocks submitted (the rest failed)."""
+        for attempt in (0, 1):
+            c = self._get_client(now=attempt == 1)
+            if c is None:
+                return 0
+            try:
+                r = c.lease_take(spec.lease_id)
+                n = min(r.matched_blocks, len(targets))
+                if n:
+                    c.load(spec.lease_id, targets[:n])
+                return n
+            except KvringError as e:
+                if e.errno == errno.EPIPE:
+                    self._lost(e)
+                    if attempt == 0:
+                        continue  # a restarted kvringd: attach and take the lease from it
+                elif e.errno == errno.ENOENT:
+                    log.warning("kvring: lease of request %s is gone (%s): recomputing its %d blocks", spec.req_id,
+                                e, len(targets) - spec.skip)
+                else:
+                    log.warning("kvring: load of request %s failed (%s): recomputing", spec.req_id, e)
+                return 0
+        return 0
+
+    def start_load_kv(self, meta: KvringConnectorMetadata) -> None:
+        if meta.loads:
+            self._load(meta)
+        if meta.stores:
+            self._store(meta)
+
+    def _load(self, meta: KvringConnectorMetadata) -> None:
+        waiting: dict[int, LoadSpec] = {}
+        for spec in meta.loads:
+            targets = self._targets(spec, meta.null_block)
+            n = self._take_and_load(spec, targets)
+            self._fail_blocks(targets[max(n, spec.skip) :], meta.null_block)
+            if n:
+                waiting[spec.lease_id] = spec
+                self.stats["loads"] += 1
+        deadline = time.monotonic() + self.cfg.timeout_ms / 1000
+        while waiting:
+            left = int((deadline - time.monotonic()) * 1000)
+            c = self._client
+            if c is None or left <= 0:
+                break
+            try:
+                done = c.wait(min(left, 1000))
+            except KvringError as e:
+                self._lost(e)
+                break
+            for comp in done:
+                if comp.is_load:
+                    spec = waiting.pop(comp.req_id, None)
+                    if spec is not None and comp.failed:
+                        log.warning("kvring: %d of %d blocks of request %s did not load (status %d): recomputing",
+                                    len(comp.failed), comp.n_blocks, spec.req_id, comp.status)
+                        self._fail_blocks(comp.failed, meta.null_block)
+                    elif spec is not None and comp.status != 0:
+                        self._fail_blocks(self._targets(spec, meta.null_block), meta.null_block)
+                else:
+                    self._store_done(comp)
+        if waiting:
+            # Not answered in time. Blocks of a load that is late must never be written
+            # after vLLM reuses them: detaching stops this slot's loader (kvringd fences
+            # a detached worker's actors) before anything else runs on these blocks.
+            for spec in waiting.values():
+                log.warning("kvring: load of request %s not done within %d ms: recomputing", spec.req_id,
+                            self.cfg.timeout_ms)
+                self._fail_blocks(self._targets(spec, meta.null_block), meta.null_block)
+            if self._client is not None:
+                self._lost(KvringError(errno.ETIMEDOUT, f"loads not done within {self.cfg.timeout_ms} ms"))
+
+    def _fail_blocks(self, blocks: Any, null_block: int) -> None:
+        for b in blocks:
+            if b != null_block:
+                self._load_errors.add(int(b))
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self._load_errors = self._load_errors, set()
+        if out:
+            self.stats["failed_blocks"] += len(out)
+        return out
+
+    # ---- stores ----
+
+    def _store(self, meta: KvringConnectorMetadata) -> None:
+        for spec in meta.stores:
+            c = self._get_client()
+            if c is None:
+                self._done.add(spec.req_id)
+                continue
+            try:
+                if self._attach_kw and self._attach_kw.get("cuda_kv") is not None:
+                    ev = torch.cuda.Event(interprocess=True, enable_timing=False)
+                    ev.record()
+                    c.store_cuda(spec.store_id, spec.token_ids, spec.block_ids, bytes(ev.ipc_handle()), spec.extra)
+                    self._events[spec.store_id] = ev
+                else:
+                    c.store(spec.store_id, spec.token_ids, spec.block_ids, spec.extra)
+                self._stores[spec.store_id] = spec.req_id
+                self.stats["stores"] += 1
+            except KvringError as e:
+                log.warning("kvring: store of request %s not submitted (%s)", spec.req_id, e)
+                self._done.add(spec.req_id)
+                if e.errno == errno.EPIPE:
+                    self._lost(e)
+
+    def _store_done(self, comp: Completion) -> None:
+        rid = self._stores.pop(comp.req_id, None)
+        self._events.pop(comp.req_id, None)
+        if rid is None:
+            return
+        if comp.status != 0 and comp.status != -errno.EIO:
+            log.warning("kvring: store of request %s failed (status %d)", rid, comp.status)
+        self.stats["stored_blocks"] += comp.n_stored
+        self._done.add(rid)
+
+    def _poll(self) -> None:
+        c = self._client
+        while c is not None and (self._stores or c.inflight):
+            try:
+                done = c.poll()
+            except KvringError as e:
+                self._lost(e)
+                return
+            if not done:
+                return
+            for comp in done:
+                if not comp.is_load:
+                    self._store_done(comp)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        for rid in finished_req_ids:
+            self._finished[rid] = None
+        while len(self._finished) > 65536:  # ids of requests that stored nothing
+            self._finished.popitem(last=False)
+        self._poll()
+        ready = {rid for rid in self._done if rid in self._finished}
+        for rid in ready:
+            self._done.discard(rid)
+            del self._finished[rid]
+        return (ready or None), None
+
+    def shutdown(self) -> None:
+        c = self._client
+        deadline = time.monotonic() + min(self.cfg.timeout_ms, 5000) / 1000
+        while c is not None and self._stores and time.monotonic() < deadline:
+            try:
+                for comp in c.wait(100):
+                    if not comp.is_load:
+                        self._store_done(comp)
+            except KvringError:
+                break
+        if c is not None:
+            c.detach()
+            self._client = None
+        if self._pool is not None:
+            self._pool.close()

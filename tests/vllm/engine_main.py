@@ -1,0 +1,68 @@
+"""One vLLM engine for the vLLM suite, driven by kvtest.Engine over a pipe.
+
+    python engine_main.py '<LLM kwargs as JSON>' <reply fd>
+
+Builds ``vllm.LLM(**kwargs)``, writes {"ready": true} to the reply fd, then answers each
+request line on stdin ({"prompts": [[token ids]...], "max_tokens": N}) with one reply
+line: per prompt the greedy output tokens, their logprobs, vLLM's num_cached_tokens and
+the time to first token (from vLLM's request metrics when it has them). EOF on stdin
+shuts the engine down. vLLM's own logs go to stdout/stderr (the test's log file), so the
+reply channel is a separate fd.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _ttft(out) -> float | None:
+    m = getattr(out, "metrics", None)
+    if m is None:
+        return None
+    for a, b in (("first_token_ts", "arrival_time"), ("first_token_time", "arrival_time")):
+        x, y = getattr(m, a, None), getattr(m, b, None)
+        if x and y:
+            return float(x - y)
+    ft = getattr(m, "first_token_latency", None)
+    return float(ft) if ft else None
+
+
+def main() -> None:
+    args = json.loads(sys.argv[1])
+    reply = os.fdopen(int(sys.argv[2]), "w", buffering=1)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(**args)
+    reply.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        req = json.loads(line)
+        sp = SamplingParams(temperature=0, max_tokens=int(req.get("max_tokens", 8)), logprobs=1)
+        try:
+            t0 = time.monotonic()
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in req["prompts"]], sp, use_tqdm=False)
+            wall = time.monotonic() - t0
+        except Exception as e:  # noqa: BLE001 - reported to the test, which fails with it
+            reply.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
+            continue
+        res = []
+        for o in outs:
+            c = o.outputs[0]
+            lps = [float(lp[t].logprob) for lp, t in zip(c.logprobs or [], c.token_ids)]
+            res.append(
+                {
+                    "tokens": list(c.token_ids),
+                    "logprobs": lps,
+                    "num_cached_tokens": int(o.num_cached_tokens or 0),
+                    "ttft_s": _ttft(o),
+                }
+            )
+        reply.write(json.dumps({"outputs": res, "wall_s": wall}) + "\n")
+    del llm
+
+
+if __name__ == "__main__":
+    main()
