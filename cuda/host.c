@@ -63,9 +63,9 @@ static int host_open(const struct kvr_xfer_kvmem *kv, const struct kvr_xfer_aren
 		free(h);
 		return rc;
 	}
-	/* Fault the worker's pages into our page table now, not one 4 KiB fault at a time on
-	 * the data path. Not fatal: an older kernel just faults lazily. */
-	(void)kvr_populate(map, (size_t)st.st_size);
+	/* Not faulted in at open: the KV memory can be many GiB, and populating it here would
+	 * also allocate every page the engine has not touched. Our page table fills on the
+	 * first copy of each page. */
 	h->map = map;
 	h->map_len = (size_t)st.st_size;
 	h->kv = (unsigned char *)map + kv->u.host.offset;

@@ -86,6 +86,7 @@ static const char *const log_level_values[] = { "error", "warn", "info", "debug"
 static const char *const attention_values[] = { "mha", "mla", NULL };
 static const char *const eviction_values[] = { "lru", "s3fifo", NULL };
 static const char *const kv_layout_values[] = { "kv-split", "kv-fused", NULL };
+static const char *const prefault_values[] = { "background", "off", NULL };
 static const char *const l2_mode_values[] = { "write-through", "write-back", NULL };
 static const char *const durability_values[] = { "none", "block", "batch", NULL };
 
@@ -168,6 +169,9 @@ static const struct kvr_key keys[] = {
 	U32("l1.workload_tokens", l1.workload_tokens, 0, 0, 100000000, "tokens",
 	    "tokens per prompt when the capacity is derived"),
 	BOOL("l1.huge_pages", l1.huge_pages, true, "try huge pages (MFD_HUGETLB) for the arena, else normal pages"),
+	ENUM("l1.prefault", l1.prefault, "background", prefault_values,
+	     "background: a kvringd thread faults the arena in after start (off the ready path; skipped, and "
+	     "logged, when the arena exceeds the memory available); off: pages are allocated on first use"),
 	ENUM("l1.eviction", l1.eviction, "s3fifo", eviction_values, "eviction policy (s3fifo resists scans)"),
 	U32("l1.max_leases", l1.max_leases, 4096, 1, 1u << 20, "leases",
 	    "lookup leases held at once; a scheduler's lease beyond them is refused (-ENOSPC) and its prefix "

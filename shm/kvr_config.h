@@ -63,6 +63,7 @@ struct kvr_config {
 		uint32_t workload_prompts;   /* derive capacity: prompts x tokens */
 		uint32_t workload_tokens;
 		bool huge_pages;             /* try MFD_HUGETLB for the arena */
+		char prefault[16];           /* "background" or "off" */
 		char eviction[16];           /* "lru" or "s3fifo" */
 		uint32_t max_leases;         /* lookup leases held at once (the lookup actor's table) */
 	} l1;

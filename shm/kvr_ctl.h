@@ -91,6 +91,15 @@ struct kvr_actor_ent {
 };
 _Static_assert(sizeof(struct kvr_actor_ent) == 128, "actor entry");
 
+/* kvringd faults the L1 arena in off the ready path (supervisor/prefault.c). */
+enum kvr_prefault_state {
+	KVR_PREFAULT_OFF = 0,     /* l1.prefault "off": pages are allocated on first use */
+	KVR_PREFAULT_RUNNING = 1, /* a kvringd thread is faulting it in; prefault_bytes so far */
+	KVR_PREFAULT_DONE = 2,    /* every page is in */
+	KVR_PREFAULT_SKIPPED = 3, /* the arena exceeds the memory available: allocated on first use */
+	KVR_PREFAULT_FAILED = 4,  /* madvise failed (old kernel, out of memory): kvringd's log says why */
+};
+
 enum kvr_client_kind {
 	KVR_CLIENT_WORKER = 0,    /* KV memory, a loader and a storer */
 	KVR_CLIENT_SCHEDULER = 1, /* lookups and leases only */
@@ -314,7 +323,11 @@ struct kvr_ctl {
 	char socket_path[108];
 	uint64_t geom_off;             /* per worker slot: its attach geometry (KVR_CTL_GEOM_BYTES each) */
 	uint32_t max_schedulers;       /* KVR_CTL_MAX_SCHEDULERS client entries after the workers' */
-	uint8_t reserved[36];
+	_Atomic uint32_t prefault_state; /* enum kvr_prefault_state: the arena's background fault-in */
+	_Atomic uint64_t prefault_bytes; /* arena bytes faulted in so far */
+	uint64_t arena_bytes;          /* the L1 arena's size */
+	uint32_t arena_huge;           /* 1: huge pages back it */
+	uint8_t reserved[12];
 };
 _Static_assert(offsetof(struct kvr_ctl, geom_off) == 272, "ctl header: 4 bytes of padding after socket_path");
 _Static_assert(sizeof(struct kvr_ctl) == 320, "ctl header");

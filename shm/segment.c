@@ -41,8 +41,9 @@ int kvr_segment_create(const char *name, enum kvr_seg_kind kind, size_t size, ui
 	if ((flags & KVR_SEG_TRY_HUGE) && size % HUGE_2M == 0) {
 		fd = make_memfd(name, size, 1);
 		if (fd >= 0) {
-			/* Huge pages are reserved at mmap time: a failure here means none free. */
-			base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+			/* Huge pages are reserved at mmap time (a failure here means not enough
+			 * free), so they need no faulting in now: a fault later cannot fail. */
+			base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 			if (base == MAP_FAILED) {
 				close(fd);
 				fd = -1;

@@ -291,6 +291,7 @@ static int serve(struct sup *s)
 	}
 	if (sup_socket_listen(s) || sup_metrics_start(s))
 		goto out;
+	sup_prefault_start(s);
 
 	kvr_info("kvringd %s started (pid %d, generation %u, %u worker slots, %u rings)", KVR_VERSION, (int)getpid(),
 		 s->generation, s->cfg.instance.max_workers, atomic_load(&s->ctl->n_rings));
@@ -317,6 +318,7 @@ out:
 				(void)kill(s->actors[i].pid, SIGKILL);
 	}
 	sup_actors_free(s);
+	sup_prefault_stop(s);
 	sup_segments_close(s);
 	close_fd(&s->tfd);
 	close_fd(&s->sigfd);

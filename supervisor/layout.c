@@ -332,10 +332,11 @@ static int create_l1(struct sup *s)
 		kvr_err("cannot create the arena (%llu bytes): %s", (unsigned long long)asize, strerror(-rc));
 		return rc;
 	}
-	/* L1 is allocated up front, as pinned host memory would be: no first-touch faults later */
-	rc = kvr_populate(s->arena_seg.base, s->arena_seg.size);
-	if (rc)
-		kvr_warn("arena: cannot pre-fault (%s): pages are allocated on first use", strerror(-rc));
+	/* Nothing touches the arena here: kvringd is ready in the same time for 1 GiB or 1 TiB.
+	 * sup_prefault_start() faults it in afterwards, in the background. */
+	if (s->cfg.l1.huge_pages && !s->arena_seg.huge)
+		kvr_info("arena: no huge pages available (an MFD_HUGETLB mapping of %llu bytes failed: see "
+			 "/proc/sys/vm/nr_hugepages), using 4 KiB pages", (unsigned long long)s->arena_seg.size);
 	char nsbuf[KVR_KEY_FMT_LEN];
 	kvr_info("L1: %llu slots of %llu bytes (%llu blocks x %u lanes), arena %llu bytes%s, namespace %s",
 		 (unsigned long long)n_slots, (unsigned long long)slot_bytes, (unsigned long long)(n_slots / s->lanes),
@@ -383,6 +384,8 @@ int sup_segments_create(struct sup *s)
 	c->supervisor_pid = getpid();
 	c->generation = s->generation;
 	c->started_ns = kvr_realtime_ns();
+	c->arena_bytes = s->arena_seg.size;
+	c->arena_huge = (uint32_t)s->arena_seg.huge;
 	snprintf(c->socket_path, sizeof(c->socket_path), "%s", s->cfg.instance.socket);
 	fill_actor_table(s);
 	return 0;

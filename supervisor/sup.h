@@ -3,6 +3,8 @@
 #define KVR_SUP_H
 
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -150,6 +152,10 @@ struct sup {
 
 	struct sup_metrics *metrics; /* the /metrics server, NULL when disabled */
 
+	pthread_t prefault_thread;  /* prefault.c: faults the arena in after start */
+	bool prefault_running;
+	atomic_bool prefault_stop;
+
 	struct sup_engine engines[KVR_CTL_MAX_ENGINES];
 	int worker_engine[KVR_CTL_MAX_WORKERS];  /* an attached worker's engine index, -1 if none */
 	int sched_engine[KVR_CTL_MAX_SCHEDULERS];
@@ -255,6 +261,13 @@ void sup_conns_expire(struct sup *s, uint64_t now);
 void sup_conns_reap(struct sup *s);
 /* Free DETACHING worker slots whose loader and storer have exited. */
 void sup_workers_update(struct sup *s);
+
+/* ---- prefault.c ---- */
+/* Fault the arena in from a background thread (l1.prefault "background"), or say why not
+ * (ctl->prefault_state). Never fails kvringd. */
+void sup_prefault_start(struct sup *s);
+/* Stop the thread and wait for it (before the arena is unmapped). */
+void sup_prefault_stop(struct sup *s);
 
 /* ---- engines.c ---- */
 /* Validate an attach's engine identity into *ret ("" engine_id = "default"). 0, or -EINVAL

@@ -251,8 +251,9 @@ static int setup(struct kvr_actor *a, const struct actor_args *args)
 		kvr_err("cannot map the arena (fd %d): %s", args->arena_fd, strerror(-rc));
 		return rc;
 	}
-	/* page-table entries for all of L1 now: the data path never faults on a slot */
-	(void)kvr_populate(a->arena_seg.base, a->arena_seg.size);
+	/* Not faulted in here: an actor is ready in the same time for any arena size; its page
+	 * table fills on first touch of a slot (once per 4 KiB page, or per 2 MiB with huge
+	 * pages). kvringd faults the pages themselves in (supervisor/prefault.c). */
 	if (args->slots_fd >= 0) {
 		rc = kvr_segment_map(args->slots_fd, KVR_SEG_SLOTS, 1, &a->slots_seg);
 		if (!rc)

@@ -50,6 +50,7 @@ struct ct_opts {
 	const char *l2_extra;      /* spliced into the "l2" object after mode, e.g. ", \"read_only\": true" */
 	const char *sup_extra;     /* spliced into the "supervisor" object, e.g. ", \"attach_timeout_ms\": 500" */
 	unsigned dcp_timeout_ms;   /* dcp.store_timeout_ms; 0 = the default */
+	const char *l1_extra;      /* spliced into the "l1" object, e.g. ", \"prefault\": \"off\"" */
 };
 
 struct ct_env {

@@ -492,6 +492,8 @@ Test(supervisor, accept_without_fds_does_not_spin)
 	h_write_config(&inst, 1, NULL, NULL);
 	h_start(&inst);
 	wait_ready("lookup", 2000);
+	/* the arena's background prefault is CPU work of its own: let it finish first */
+	cr_assert(H_WAIT(h_log_contains(&inst, "faulted in, in"), 20000), "the arena prefault did not finish");
 	struct rlimit old, tight;
 	cr_assert_eq(prlimit(inst.pid, RLIMIT_NOFILE, NULL, &old), 0);
 	tight = old;

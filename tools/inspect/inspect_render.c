@@ -182,6 +182,10 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 					      .dcp_size = w->dcp_size, .pid = LD(&w->pid), .attached_ns = w->attached_ns,
 					      .engine = w->engine};
 	}
+	s->arena_bytes = c->arena_bytes;
+	s->arena_huge = c->arena_huge;
+	s->prefault_state = LD(&c->prefault_state);
+	s->prefault_bytes = LD(&c->prefault_bytes);
 	unsigned n_sched = c->max_schedulers == KVR_CTL_MAX_SCHEDULERS ? KVR_CTL_MAX_SCHEDULERS : 0;
 	for (unsigned i = 0; i < n_sched; i++) {
 		const struct kvr_worker_ent *w = kvr_ctl_sched(c, i);
@@ -413,6 +417,13 @@ static void text_instance(FILE *out, const struct kvr_insp_snap *s)
 		attached += s->workers[i].state == KVR_WORKER_ATTACHED;
 	pline(out, "  actors %u in use of %u  workers %u of %u attached  rings %u", s->n_actors, s->max_actors,
 	      attached, s->max_workers, s->n_rings);
+	if (s->arena_bytes) {
+		static const char *const pf[] = {"off", "running", "done", "skipped (exceeds available memory)",
+						 "failed"};
+		pline(out, "  arena %.1f GiB%s  prefault %s  %.1f GiB in", (double)s->arena_bytes / (1 << 30),
+		      s->arena_huge ? " (huge pages)" : "", s->prefault_state < 5 ? pf[s->prefault_state] : "?",
+		      (double)s->prefault_bytes / (1 << 30));
+	}
 }
 
 void kvr_insp_snapshot_slots(struct kvr_insp_snap *s, const struct kvr_slot_table *t)
@@ -1087,6 +1098,13 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 		jw_close(&w, '}');
 	}
 	jw_close(&w, ']');
+	jw_open(&w, "arena", '{');
+	jw_u64(&w, "bytes", s->arena_bytes);
+	jw_u64(&w, "huge_pages", s->arena_huge);
+	static const char *const pfs[] = {"off", "running", "done", "skipped", "failed"};
+	jw_str(&w, "prefault", s->prefault_state < 5 ? pfs[s->prefault_state] : "?");
+	jw_u64(&w, "prefaulted_bytes", s->prefault_bytes);
+	jw_close(&w, '}');
 	jw_open(&w, "leases", '{');
 	jw_u64(&w, "held", s->leases);
 	jw_u64(&w, "granted", s->leases_granted);

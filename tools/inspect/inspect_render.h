@@ -116,6 +116,8 @@ struct kvr_insp_snap {
 	struct kvr_insp_actor actors[KVR_CTL_MAX_ACTORS];
 	unsigned n_workers;  /* slots not FREE */
 	struct kvr_insp_worker workers[KVR_CTL_MAX_WORKERS];
+	uint64_t arena_bytes, prefault_bytes; /* the L1 arena and how much of it is faulted in */
+	uint32_t arena_huge, prefault_state;  /* enum kvr_prefault_state */
 	unsigned n_scheds;   /* scheduler slots attached */
 	struct kvr_insp_worker scheds[KVR_CTL_MAX_SCHEDULERS];
 	/* lookup leases (the lookup actor's counters): held now, granted, taken, and ended by

@@ -1,0 +1,116 @@
+/* Production scale (issue 13): an arena of any size starts without touching its pages, and is faulted in off the ready path. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client_harness.h"
+#include "kvr_time.h"
+
+/*
+ * A 64 GiB arena on a machine with 24 GiB: kvringd creates it sparse, no actor faults it in
+ * at start, and the background prefault declines an arena larger than the memory
+ * available (it would only push the node into reclaim). So every process is small right
+ * after start; a store and a load then touch only their own slots. A small arena is faulted
+ * in by kvringd's prefault thread after it is ready, and kvring-inspect's counters show it.
+ */
+
+static struct ct_env env;
+static void setup(void) { ct_init(&env); }
+static void teardown(void) { ct_fini(&env); }
+TestSuite(scale, .init = setup, .fini = teardown, .timeout = 120);
+
+/* 4 MiB a block lane: 8 layers x 8 KV heads x 128 x bf16 x 128 tokens x K,V */
+static const struct ct_model big = {.layers = 8, .kv_heads = 8, .head_dim = 128, .dtype_bytes = 2,
+				    .block_tokens = 128, .tp_size = 1};
+
+static uint64_t meminfo(const char *key)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[128];
+	unsigned long long kb = 0;
+	size_t n = strlen(key);
+	cr_assert(f);
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, key, n) && sscanf(line + n, ": %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kb << 10;
+}
+
+static uint64_t rss_bytes(pid_t pid)
+{
+	char path[64], line[128];
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	cr_assert(f, "no process %d", (int)pid);
+	unsigned long long kb = 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kb << 10;
+}
+
+#define SMALL_RSS (256ull << 20)
+
+Test(scale, a_64gib_arena_starts_sparse_and_serves)
+{
+	const uint64_t lane = ct_lane_bytes(&big);
+	const uint32_t n_slots = (uint32_t)((64ull << 30) / kvr_slots_slot_bytes(lane));
+	uint64_t t0 = kvr_now_ns();
+	ct_start(&env, &big, &(struct ct_opts){.l1_slots = n_slots});
+	uint64_t ready_ns = kvr_now_ns() - t0;
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 4, 0, &r), 0, "%s", kvr_last_error(NULL));
+	uint64_t attached_ns = kvr_now_ns() - t0;
+	printf("64 GiB arena (%u slots of %llu bytes): kvringd ready after %.0f ms, a worker attached after %.0f ms\n",
+	       n_slots, (unsigned long long)kvr_slots_slot_bytes(lane), ready_ns / 1e6, attached_ns / 1e6);
+	cr_assert_geq(env.ctl->arena_bytes, 64ull << 30);
+
+	bool declined = env.ctl->arena_bytes > meminfo("MemAvailable") / 10 * 9;
+	if (declined)
+		cr_assert_eq(atomic_load(&env.ctl->prefault_state), KVR_PREFAULT_SKIPPED,
+			     "an arena larger than the memory available must not be faulted in");
+	static const char *const who[] = {"lookup", "loader.0", "storer.0"};
+	for (unsigned i = 0; i < 3; i++) {
+		uint64_t rss = rss_bytes(ct_actor_pid(&env, who[i]));
+		cr_assert_lt(rss, SMALL_RSS, "%s: RSS %llu bytes right after start", who[i], (unsigned long long)rss);
+	}
+	if (declined) {
+		uint64_t rss = rss_bytes(env.h.pid);
+		cr_assert_lt(rss, SMALL_RSS, "kvringd: RSS %llu bytes right after start", (unsigned long long)rss);
+	}
+
+	uint32_t tokens[2 * 128], blocks[2] = {0, 1};
+	ct_prompt(tokens, 2 * 128, 5);
+	ct_fill(r, 0, 11);
+	ct_fill(r, 1, 12);
+	struct ct_done d;
+	ct_store(r, 1, tokens, 2 * 128, blocks, 2, &d);
+	cr_assert_eq(d.c.status, 0);
+	cr_assert_eq(ct_lookup_load_exact(r, 2, tokens, 2 * 128, 2, 11), 2);
+	uint64_t rss = rss_bytes(ct_actor_pid(&env, "loader.0"));
+	cr_assert_lt(rss, SMALL_RSS, "loader.0: RSS %llu bytes after one load", (unsigned long long)rss);
+}
+
+Test(scale, a_small_arena_is_faulted_in_after_ready)
+{
+	ct_start(&env, &big, &(struct ct_opts){.l1_slots = 64});
+	uint64_t size = env.ctl->arena_bytes;
+	cr_assert(H_WAIT(atomic_load(&env.ctl->prefault_state) == KVR_PREFAULT_DONE, 20000),
+		  "prefault state %u, %llu of %llu bytes", atomic_load(&env.ctl->prefault_state),
+		  (unsigned long long)atomic_load(&env.ctl->prefault_bytes), (unsigned long long)size);
+	cr_assert_eq(atomic_load(&env.ctl->prefault_bytes), size);
+	cr_assert_geq(rss_bytes(env.h.pid), size, "kvringd holds the faulted-in arena");
+	cr_assert(h_log_contains(&env.h, "faulted in, in"));
+}
+
+Test(scale, prefault_off_touches_nothing)
+{
+	ct_start(&env, &big, &(struct ct_opts){.l1_slots = 64, .l1_extra = ", \"prefault\": \"off\""});
+	cr_assert_eq(atomic_load(&env.ctl->prefault_state), KVR_PREFAULT_OFF);
+	cr_assert_eq(atomic_load(&env.ctl->prefault_bytes), 0);
+	cr_assert_lt(rss_bytes(env.h.pid), SMALL_RSS);
+}
