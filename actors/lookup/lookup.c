@@ -432,6 +432,8 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 	uint64_t dt = sc->index_ns + (kvr_now_ns() - t0);
 	kvr_actor_count(a, KVR_STAT_LK_LOOKUPS, 1);
 	kvr_actor_count(a, KVR_STAT_LK_KEYS, total);
+	/* counters before the reply: whoever reads them after the answer sees this lease */
+	lease_gauge(a, l);
 	if (got < 0) {
 		kvr_actor_count(a, KVR_STAT_LK_LEASES_REFUSED, 1);
 		send_lease_rep(a, l, si, sc->hdr_wire, got, 0, 0, dt);
@@ -443,7 +445,6 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 		uint32_t promoted = sc->promoted < (uint32_t)got ? sc->promoted : (uint32_t)got;
 		send_lease_rep(a, l, si, sc->hdr_wire, 0, (uint32_t)got, promoted, dt);
 	}
-	lease_gauge(a, l);
 }
 
 /* Extend the lease over L2, lane `lane` (l2tier promotes one requester lane at a time).

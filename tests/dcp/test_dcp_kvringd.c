@@ -167,7 +167,7 @@ Test(dcp_kvringd, bad_geometry_refused_with_reason)
 	cr_assert_eq(rep.status, 0, "%s", rep.reason);
 	unsigned w1 = rep.worker;
 	char want[KVR_PROTO_REASON_MAX];
-	snprintf(want, sizeof(want), "TP rank 1 (DCP rank 0) is already attached (worker slot %u, pid %d)", w1,
+	snprintf(want, sizeof(want), "engine \"default\": TP rank 1 (DCP rank 0) is already attached (worker slot %u, pid %d)", w1,
 		 (int)getpid());
 	expect_refused(&g, kvr_geometry_kv_extent(&g), -EEXIST, want);
 

@@ -316,7 +316,7 @@ static void *fake_kvringd(void *arg)
 	}
 	ssize_t n = kvr_proto_recv(c, &req, sizeof(req), fds, KVR_PROTO_MAX_FDS, &nfds);
 	if (n < (ssize_t)offsetof(struct kvr_proto_req, payload) || req.op != KVR_OP_ATTACH || nfds != 1 ||
-	    req.payload_len != sizeof(struct kvr_geometry)) {
+	    req.payload_len != sizeof(struct kvr_geometry) + sizeof(struct kvr_attach_engine)) {
 		snprintf(f->why, sizeof(f->why), "request: n %zd op %u fds %u", n, req.op, nfds);
 	} else {
 		memcpy(&f->geom, req.payload, sizeof(f->geom));
