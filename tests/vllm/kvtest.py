@@ -205,6 +205,15 @@ class Kvringd:
                              check=True)
         return json.loads(out.stdout)
 
+    def ring(self, name: str) -> dict[str, Any]:
+        for r in self.inspect()["rings"]:
+            if r["name"] == name:
+                return r
+        raise TestFailure(f"kvringd has no ring {name}")
+
+    def worker_slots(self) -> list[dict[str, Any]]:
+        return [w for w in self.inspect()["workers"] if w["state"] == "attached"]
+
     def actor_pid(self, name: str) -> int:
         for a in self.inspect()["actors"]:
             if a["name"] == name:
@@ -366,9 +375,16 @@ class Engine:
 
     def generate(self, prompts: list[list[int]], max_tokens: int = 8, timeout: float = 180) -> list[dict[str, Any]]:
         """Greedy outputs: per prompt {'tokens', 'logprobs', 'num_cached_tokens', 'ttft_s'}."""
+        self.submit(prompts, max_tokens)
+        return self.result(timeout)
+
+    def submit(self, prompts: list[list[int]], max_tokens: int = 8) -> None:
+        """Send a generate request without waiting for it (`result` collects it)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps({"prompts": prompts, "max_tokens": max_tokens}) + "\n").encode())
         self.proc.stdin.flush()
+
+    def result(self, timeout: float = 180) -> list[dict[str, Any]]:
         msg = self._read(timeout, during="generate")
         if msg is None:
             raise TestFailure(f"engine {self.name} died during generate (exit {self.proc.returncode}):\n"
@@ -433,4 +449,7 @@ def run(main: Any) -> None:
         log(f"(logs in {d})")
         sys.exit(1)
     log(f"PASS {name} in {time.monotonic() - t0:.1f} s")
-    shutil.rmtree(d, ignore_errors=True)
+    if os.environ.get("KVR_KEEP_LOGS"):
+        log(f"(logs kept in {d})")
+    else:
+        shutil.rmtree(d, ignore_errors=True)

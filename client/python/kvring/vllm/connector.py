@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["KvringConnector", "KvringConnectorMetadata"]
 
-log = logging.getLogger("kvring.vllm")
+log = logging.getLogger("vllm.kvring")  # under vllm: its handler and format
 
 
 def _engine_id(vllm_config: VllmConfig, cfg: _config.ConnectorConfig) -> str:

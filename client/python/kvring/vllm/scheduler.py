@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SchedulerSide", "request_extra"]
 
-log = logging.getLogger("kvring.vllm")
+log = logging.getLogger("vllm.kvring")  # under vllm: its handler and format
 
 
 def request_extra(request: Request) -> bytes | None:

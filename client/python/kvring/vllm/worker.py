@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkerSide"]
 
-log = logging.getLogger("kvring.vllm")
+log = logging.getLogger("vllm.kvring")  # under vllm: its handler and format
 
 
 class WorkerSide:
@@ -199,7 +199,11 @@ class WorkerSide:
         """Engine block per leased block: the null block for what vLLM holds itself."""
         own = list(spec.block_ids[spec.skip :])
         if self.cfg.test_wrong_blocks and len(own) >= 2:
-            own = own[1:] + own[:1]  # negative control: every block lands one position off
+            # Negative control: leased block i goes into the request's block i+1 and its
+            # first block is left as it is. (Rotating the blocks would not do: attention
+            # sums over the prefix's keys in any order, so a permuted prefix computes the
+            # same thing; a shifted one misses a block and holds another twice.)
+            own = own[1:]
         return [null_block] * spec.skip + own
 
     def _take_and_load(self, spec: LoadSpec, targets: list[int]) -> int:
