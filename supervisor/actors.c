@@ -553,6 +553,17 @@ static void health_tick(struct sup *s, uint64_t now)
 		struct sup_actor *a = &s->actors[i];
 		if (state_of(a) != KVR_ACTOR_READY)
 			continue;
+		/* Liveness is the loop's, not one request's: an actor whose PING waits behind a
+		 * long request but whose heartbeat moved (kvr_actor_beat between the request's
+		 * steps) is busy, and is not pinged again until it answers; one whose heartbeat
+		 * stands still as well misses the ping. */
+		uint64_t beat = atomic_load_explicit(&a->ent->heartbeat_ns, memory_order_relaxed);
+		bool moved = beat != a->beat_seen;
+		a->beat_seen = beat;
+		if (a->ping_outstanding && moved) {
+			a->missed = 0;
+			continue;
+		}
 		if (a->ping_outstanding && ++a->missed >= SUP_HEALTH_MAX_MISSED) {
 			sup_actor_event(s, a, EV_TIMER, 0);
 			continue;

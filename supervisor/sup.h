@@ -72,6 +72,7 @@ struct sup_actor {
 	uint32_t nonce;          /* of the last PING */
 	bool ping_outstanding;
 	unsigned missed;         /* pings missed in a row */
+	uint64_t beat_seen;      /* the actor's heartbeat at the last health tick */
 };
 
 /* An engine (engines.c): its identity, and how many workers and schedulers of it are attached. */

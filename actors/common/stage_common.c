@@ -276,6 +276,7 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 		}
 		if (!inflight)
 			break;
+		kvr_actor_beat(sw[0]->a); /* one chunk at a time: busy, not stuck */
 		for (unsigned r = 0; r < n_ranks; r++) {
 			struct kvr_xfer_stats s = {0};
 			int wrc = kvr_xfer_wait(sw[r]->xfer, tickets[head][r], -1, &s);

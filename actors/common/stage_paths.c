@@ -190,6 +190,7 @@ static int await_lookup(struct stage_store *ss, uint64_t id, uint32_t lookup_gen
 		}
 		if (rc != -ETIMEDOUT && rc != -EINTR)
 			return rc;
+		kvr_actor_beat(ss->a); /* waiting for the lookup actor, not stuck */
 		if (ss->a->stopping)
 			return -ECANCELED;
 		if (atomic_load(&kvr_ctl_actor(ss->a->ctl, 0)->generation) != lookup_gen)

@@ -9,6 +9,7 @@
 
 #include "kvr_config.h"
 #include "kvr_ctl.h"
+#include "kvr_time.h"
 #include "kvr_ring.h"
 #include "kvr_segment.h"
 #include "kvr_slots.h"
@@ -126,6 +127,19 @@ static inline void kvr_actor_set_data(struct kvr_actor *a, void *data)
 static inline void kvr_actor_set_held(struct kvr_actor *a, uint32_t n)
 {
 	atomic_store_explicit(&a->ent->held, n, memory_order_release);
+}
+
+/*
+ * Progress beat: a handler working through a long request (a 60,000-block copy, a wait
+ * for the lookup actor's answer) calls this between steps. It stamps the heartbeat the
+ * loop stamps on every pass; kvringd's health check treats an actor whose heartbeat moves
+ * as busy, not dead, even while its PINGs wait behind the request, and kills only one
+ * whose heartbeat stands still too (supervisor/actors.c). Cheap: one clock read and one
+ * relaxed store.
+ */
+static inline void kvr_actor_beat(struct kvr_actor *a)
+{
+	atomic_store_explicit(&a->ent->heartbeat_ns, kvr_now_ns(), memory_order_relaxed);
 }
 
 /* Add to one of our counters (atomic: kvringd also adds to KVR_STAT_MALFORMED for bad PONGs). */

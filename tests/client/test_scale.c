@@ -114,3 +114,57 @@ Test(scale, prefault_off_touches_nothing)
 	cr_assert_eq(atomic_load(&env.ctl->prefault_bytes), 0);
 	cr_assert_lt(rss_bytes(env.h.pid), SMALL_RSS);
 }
+
+/* One completion (up to timeout_ms); on a failure the assertion shows kvringd's log. */
+static struct kvr_completion wait_one(struct ct_rank *r, int64_t timeout_ms)
+{
+	struct kvr_completion c;
+	int n = kvr_wait(r->c, &c, 1, timeout_ms);
+	cr_assert_eq(n, 1, "no completion within %lld ms (%d)", (long long)timeout_ms, n);
+	cr_assert_eq(c.status, 0, "op %u: status %d, %u of %u blocks failed; kvringd's log:\n%s", c.op, c.status,
+		     c.n_failed, c.n_blocks, h_read_file(env.h.log));
+	return c;
+}
+
+/* A request of 60,000 blocks takes far longer than 5 health intervals of 10 ms: the actors
+ * serving it (storer, loader, lookup) are busy, not dead, and none is killed. */
+Test(scale, a_60000_block_store_and_load_outlive_the_health_check)
+{
+	static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
+					     .block_tokens = 16, .tp_size = 1};
+	enum { NB = 60000 };
+	ct_start(&env, &tiny, &(struct ct_opts){.l1_slots = NB + 64, .health_ms = 10});
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, NB + 8, 0, &r), 0, "%s", kvr_last_error(NULL));
+	static uint32_t tokens[NB * 16], blocks[NB];
+	ct_prompt(tokens, (size_t)NB * 16, 77);
+	for (uint32_t i = 0; i < NB; i++) {
+		blocks[i] = i;
+		ct_fill(r, i, 1000 + i);
+	}
+	uint32_t gens[3] = {ct_actor_gen(&env, "lookup"), ct_actor_gen(&env, "loader.0"), ct_actor_gen(&env, "storer.0")};
+	uint64_t t0 = kvr_now_ns();
+	cr_assert_eq(kvr_store(r->c, 1, tokens, (size_t)NB * 16, NULL, 0, blocks, NB), 0, "%s", kvr_last_error(r->c));
+	struct kvr_completion d = wait_one(r, 60000);
+	uint64_t store_ns = kvr_now_ns() - t0;
+	cr_assert_eq(d.n_stored, NB);
+	struct kvr_lookup_result res;
+	cr_assert_eq(kvr_lookup(r->c, 2, tokens, (size_t)NB * 16, NULL, 0, &res), 0, "%s", kvr_last_error(r->c));
+	cr_assert_eq(res.matched_blocks, NB);
+	for (uint32_t i = 0; i < NB; i++) {
+		blocks[i] = (i + 1) % NB; /* every block lands somewhere else: a wrong one shows */
+		ct_fill(r, i, CT_CANARY);
+	}
+	t0 = kvr_now_ns();
+	cr_assert_eq(kvr_load(r->c, 2, blocks, NB), 0, "%s", kvr_last_error(r->c));
+	d = wait_one(r, 60000);
+	uint64_t load_ns = kvr_now_ns() - t0;
+	char why[160];
+	for (uint32_t i = 0; i < NB; i++)
+		cr_assert(ct_holds(r, (i + 1) % NB, 1000 + i, why, sizeof(why)), "block %u: %s", i, why);
+	printf("60,000 blocks with health_interval_ms 10: store %.0f ms, load %.0f ms\n", store_ns / 1e6, load_ns / 1e6);
+	cr_assert_eq(ct_actor_gen(&env, "lookup"), gens[0], "the lookup actor was restarted");
+	cr_assert_eq(ct_actor_gen(&env, "loader.0"), gens[1], "the loader was restarted");
+	cr_assert_eq(ct_actor_gen(&env, "storer.0"), gens[2], "the storer was restarted");
+	cr_assert_null(strstr(h_read_file(env.h.log), "missed"), "an actor missed pings:\n%s", h_read_file(env.h.log));
+}
