@@ -100,6 +100,9 @@ static const struct kvr_section sections[] = {
 	{ "dcp", "Decode context parallelism: the gather actor that assembles a DCP group's shards into canonical blocks." },
 	{ "l2", "L2: the disk tier, one file per block." },
 	{ "metrics", "Prometheus text format on /metrics over HTTP." },
+	{ "timeouts", "Every deadline of the data path, in one place; kvringd checks their order at load "
+		      "(reply_ms < alloc_wait_ms < lookup_call_ms, l2_answer_ms < lookup_call_ms). A client's own "
+		      "timeout (kvr_attach_opts.timeout_ms, default 10000) should exceed alloc_wait_ms + l2_answer_ms." },
 };
 
 /* THE key table: one row per field of struct kvr_config, grouped by section in sections[] order. */
@@ -202,6 +205,19 @@ static const struct kvr_key keys[] = {
 	BOOL("metrics.enabled", metrics.enabled, false, "serve /metrics"),
 	STR("metrics.listen", metrics.listen, 0, "127.0.0.1:9464",
 	    "host:port to listen on, IPv6 host in brackets (checked when enabled)"),
+
+	U32("timeouts.reply_ms", timeouts.reply_ms, 2000, 10, 600000, "ms",
+	    "an actor whose reply ring stays full this long drops the reply and counts it (its reader stopped "
+	    "reading): one stuck client cannot stall an actor for longer"),
+	U32("timeouts.alloc_wait_ms", timeouts.alloc_wait_ms, 5000, 10, 600000, "ms",
+	    "a store's ALLOC, or an L2 promotion, waits this long for L1 room held by writes to L2; then it is "
+	    "answered with what there is (no room)"),
+	U32("timeouts.l2_answer_ms", timeouts.l2_answer_ms, 8000, 100, 600000, "ms",
+	    "an L2 read or write the disk actor has not answered this long is lost: the read is given up (a "
+	    "miss), the write sent again"),
+	U32("timeouts.lookup_call_ms", timeouts.lookup_call_ms, 10000, 100, 600000, "ms",
+	    "a storer waits this long for the lookup actor's answer to an ALLOC, COMMIT or RESET; then the "
+	    "store fails"),
 };
 
 /* The cross-key checks done after parsing, in the order check_config() makes them (for the docs). */
@@ -209,6 +225,8 @@ static const char *const checks_doc[] = {
 	"`instance.socket_mode` has the owner's write bit (0200): only the instance owner's uid may attach, and "
 	"connecting to a Unix socket needs write permission.",
 	"`rings.capacity` is a power of two.",
+	"`timeouts.reply_ms` < `timeouts.alloc_wait_ms` < `timeouts.lookup_call_ms`, and `timeouts.l2_answer_ms` < "
+	"`timeouts.lookup_call_ms`: each wait ends before the one waiting on it.",
 	"`supervisor.restart_backoff_initial_ms` <= `supervisor.restart_backoff_max_ms`.",
 	"`model.preset` \"\": `model.layers`, `model.kv_heads`, `model.head_dim` and `model.dtype_bytes` are required "
 	"(> 0), `model.dtype_bytes` is 1, 2 or 4, and `model.model_id` is required (not \"\": it keeps two models "
@@ -1008,6 +1026,17 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 			    "owner may attach, and connecting needs write permission", c->instance.socket_mode);
 	if (c->rings.capacity & (c->rings.capacity - 1))
 		return FAIL("$.rings.capacity: %" PRIu32 " is not a power of two", c->rings.capacity);
+	if (c->timeouts.reply_ms >= c->timeouts.alloc_wait_ms)
+		return FAIL("$.timeouts.reply_ms: %" PRIu32 " must be below timeouts.alloc_wait_ms (%" PRIu32 "): a "
+			    "reply dropped for a full ring must not outlast a wait for room", c->timeouts.reply_ms,
+			    c->timeouts.alloc_wait_ms);
+	if (c->timeouts.alloc_wait_ms >= c->timeouts.lookup_call_ms)
+		return FAIL("$.timeouts.alloc_wait_ms: %" PRIu32 " must be below timeouts.lookup_call_ms (%" PRIu32
+			    "): the storer would give up on an ALLOC the lookup actor still holds", c->timeouts.alloc_wait_ms,
+			    c->timeouts.lookup_call_ms);
+	if (c->timeouts.l2_answer_ms >= c->timeouts.lookup_call_ms)
+		return FAIL("$.timeouts.l2_answer_ms: %" PRIu32 " must be below timeouts.lookup_call_ms (%" PRIu32 ")",
+			    c->timeouts.l2_answer_ms, c->timeouts.lookup_call_ms);
 	if (c->supervisor.restart_backoff_initial_ms > c->supervisor.restart_backoff_max_ms)
 		return FAIL("$.supervisor.restart_backoff_initial_ms: %" PRIu32
 			    " exceeds supervisor.restart_backoff_max_ms (%" PRIu32 ")",

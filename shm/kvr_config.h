@@ -88,6 +88,12 @@ struct kvr_config {
 		bool enabled;
 		char listen[64];             /* "127.0.0.1:9464" */
 	} metrics;
+	struct {                         /* every deadline of the data path, in one place */
+		uint32_t reply_ms;           /* an actor's reply ring full this long: its reader is gone */
+		uint32_t alloc_wait_ms;      /* a store's ALLOC (a promotion) waits this long for room */
+		uint32_t l2_answer_ms;       /* an L2 read/write unanswered this long was lost */
+		uint32_t lookup_call_ms;     /* a storer waits this long for the lookup actor's answer */
+	} timeouts;
 };
 
 /* Fill *cfg with every default. */
@@ -116,5 +122,11 @@ char *kvr_config_to_json(const struct kvr_config *cfg);
 
 /* docs/config.md body generated from the key table (markdown). Caller frees. */
 char *kvr_config_doc_markdown(void);
+
+/* A config duration in ms as CLOCK_MONOTONIC nanoseconds. */
+static inline uint64_t kvr_ms_to_ns(uint32_t ms)
+{
+	return (uint64_t)ms * 1000000ull;
+}
 
 #endif

@@ -297,7 +297,7 @@ void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int stat
 	kvr_actor_count(sw->a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0, body, body_len);
-	uint64_t now = kvr_now_ns(), deadline = now + STAGE_REPLY_TIMEOUT_NS;
+	uint64_t now = kvr_now_ns(), deadline = now + kvr_ms_to_ns(sw->a->cfg.timeouts.reply_ms);
 	kvr_hist_observe(kvr_stats_hist(sw->a->stats, KVR_STAT_XF_HIST_FIRST), now - first_ns);
 	int rc = kvr_msg_send(sw->rep, &m, deadline);
 	if (!rc && n_failed)

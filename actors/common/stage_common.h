@@ -15,7 +15,6 @@
 
 /* A reply ring that stays full this long means the client stopped reading: the reply is
  * dropped and logged (the client's own timeout has long fired by then). */
-#define STAGE_REPLY_TIMEOUT_NS (5ull * 1000000000ull)
 
 
 struct stage_worker {
@@ -65,7 +64,7 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
  * n_failed > 0, by the failed engine block ids as KVR_MSG_BLOCKS. Counts the request and its
  * failed blocks, records its latency (first_ns = arrival of its first message) in the
  * stage's histogram (exported as kvring_load/store_duration_seconds), and drops the reply
- * with one log line when the client has not read its ring for STAGE_REPLY_TIMEOUT_NS. */
+ * with one log line when the client has not read its ring for timeouts.reply_ms. */
 void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int status, const void *body,
 		 size_t body_len, const uint32_t *failed, uint32_t n_failed, uint64_t first_ns);
 

@@ -161,7 +161,8 @@ int stage_load_feed(struct stage_worker *sw, struct stage_load *ld, const struct
  * visible. stage_store_open() sends RESET too, for slots a previous incarnation left.
  */
 
-#define LOOKUP_TIMEOUT_NS (10ull * 1000000000ull)
+#define LOOKUP_TIMEOUT_NS(a) kvr_ms_to_ns((a)->cfg.timeouts.lookup_call_ms)
+#define AWAIT_SLICE_NS 20000000 /* re-check the lookup actor's generation this often while waiting */
 
 static int store_grow(struct stage_store *ss, uint32_t n)
 {
@@ -180,9 +181,9 @@ static int store_grow(struct stage_store *ss, uint32_t n)
  * (abandoned) requests are skipped. -EPIPE when the lookup actor restarted meanwhile. */
 static int await_lookup(struct stage_store *ss, uint64_t id, uint32_t lookup_gen, struct kvr_msg *ret)
 {
-	uint64_t deadline = kvr_now_ns() + LOOKUP_TIMEOUT_NS;
+	uint64_t deadline = kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a);
 	for (;;) {
-		int rc = kvr_ring_dequeue(ss->commit_rep, ret, 20000000);
+		int rc = kvr_ring_dequeue(ss->commit_rep, ret, AWAIT_SLICE_NS);
 		if (rc == 0) {
 			if (ret->hdr.req_id == id)
 				return 0;
@@ -207,7 +208,7 @@ static int reset_lane(struct stage_store *ss)
 	uint64_t id = ++ss->next_id;
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_RESET, 0, id, 0, NULL, 0);
-	int rc = kvr_msg_send(ss->commit_req, &m, kvr_now_ns() + LOOKUP_TIMEOUT_NS);
+	int rc = kvr_msg_send(ss->commit_req, &m, kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a));
 	if (!rc)
 		rc = await_lookup(ss, id, gen, &m);
 	struct kvr_msg_commit_rep r;
@@ -345,7 +346,7 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 	uint32_t lgen = atomic_load(&kvr_ctl_actor(ss->a->ctl, 0)->generation);
 	uint64_t id = ++ss->next_id;
 	rc = kvr_list_send(ss->commit_req, KVR_MSG_ALLOC, id, (uint8_t)ss->lane, ss->keys, n,
-			   kvr_now_ns() + LOOKUP_TIMEOUT_NS);
+			   kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a));
 	int fed = 0;
 	while (!rc && fed != 1) {
 		struct kvr_msg m;
@@ -399,7 +400,7 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 	if (n_copy) {
 		id = ++ss->next_id;
 		rc = kvr_list_send(ss->commit_req, KVR_MSG_COMMIT, id, (uint8_t)ss->lane, ss->written, n_copy,
-				   kvr_now_ns() + LOOKUP_TIMEOUT_NS);
+				   kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a));
 		struct kvr_msg m;
 		if (!rc)
 			rc = await_lookup(ss, id, lgen, &m);

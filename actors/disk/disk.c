@@ -40,7 +40,6 @@
  */
 _Static_assert(KVR_L2_R_MAX == KVR_STAT_DK_REASON_MAX, "kvr_ctl.h's adoption reason counters follow l2file.h");
 
-#define DISK_SEND_TIMEOUT_NS (5ull * 1000000000ull) /* a reply ring full this long: reply dropped */
 #define DISK_FINI_TIMEOUT_NS (1ull * 1000000000ull)
 #define DISK_POLL_MAX 64u
 #define DISK_REQ_NONE 0xffffffffu
@@ -576,7 +575,7 @@ static int disk_init(struct kvr_actor *a)
 	d->slots = a->slots;
 	d->read_only = cfg->l2.read_only;
 	d->root = dir;
-	d->send_timeout_ns = DISK_SEND_TIMEOUT_NS;
+	d->send_timeout_ns = kvr_ms_to_ns(cfg->timeouts.reply_ms);
 	d->in = kvr_actor_ring_w(a, "disk.req.%u", idx);
 	d->out = kvr_actor_ring_w(a, "disk.rep.%u", idx);
 	if (!d->in || !d->out) {

@@ -11,7 +11,6 @@
 #include "kvr_slots.h"
 #include "kvr_time.h"
 
-#define SEND_TIMEOUT_NS (2ull * 1000000000ull)
 #define NO_LANE 0xffffu
 
 enum { B_OK = 0, B_WAIT = 1, B_FAIL = 2, B_PROMOTED = 3 }; /* per block of a promotion */
@@ -50,14 +49,13 @@ struct read {                 /* an L2_READ in flight */
 	uint32_t slot, epoch;
 	unsigned disk;
 	uint32_t disk_gen;
-	uint64_t sent_ns;         /* when it was sent: unanswered after ANSWER_TIMEOUT_NS, it is lost */
+	uint64_t sent_ns;         /* when it was sent: unanswered after timeouts.l2_answer_ms, it is lost */
 };
 
 /* A disk actor answers every request, but an answer can be lost: it drops a reply it could
  * not send within its 5 s (our ring stayed full while we were blocked on a worker). A read
  * or write unanswered this long is given up (a read: its promotion slot aborted, safe while
  * an I/O may still land in it — it drains) or sent again (a write: duplicates cost nothing). */
-#define ANSWER_TIMEOUT_NS (8ull * 1000000000ull)
 #define ANSWER_SCAN_NS (1000000000ull)
 
 /* Write queue: every lane to be written to L2 waits here until its disk actor answered.
@@ -191,7 +189,7 @@ static int send_l2(struct l2tier *t, unsigned disk, unsigned type, uint64_t id, 
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, 0, id, 0, type == KVR_MSG_L2_SYNC ? NULL : &b, type == KVR_MSG_L2_SYNC ? 0 : sizeof(b));
 	return type == KVR_MSG_L2_WRITE ? kvr_ring_try_enqueue(t->req[disk], &m) /* the write queue retries */
-					: kvr_msg_send(t->req[disk], &m, kvr_now_ns() + SEND_TIMEOUT_NS);
+					: kvr_msg_send(t->req[disk], &m, kvr_now_ns() + kvr_ms_to_ns(t->a->cfg.timeouts.reply_ms));
 }
 
 /* The eviction veto: a block with a lane in the write queue stays (its write must find it),
@@ -482,7 +480,6 @@ void l2t_cancel(struct l2tier *t, unsigned worker)
 	t->pend[worker].active = t->pend[worker].stalled = false;
 }
 
-#define STALL_NS (5ull * 1000000000ull) /* longest a promotion waits for write-back room */
 
 /* Promote blocks of worker's lookup from p->n on: a block whose lanes are all in L1 or on
  * disk continues the prefix; the requester's lane is read from disk into a slot of its own.
@@ -566,7 +563,7 @@ int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, 
 	p->n = matched;
 	p->waiting = 0;
 	p->index_ns = index_ns;
-	p->deadline = kvr_now_ns() + STALL_NS;
+	p->deadline = kvr_now_ns() + kvr_ms_to_ns(t->a->cfg.timeouts.alloc_wait_ms);
 	memcpy(p->refs, refs, (size_t)matched * sizeof(*refs));
 	memset(p->state, B_OK, matched);
 	/* the L1 prefix too must survive the allocations of its promotions */
@@ -730,7 +727,7 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 	return lost_answers(t, now, done);
 }
 
-/* Reads and writes whose answer never came (see ANSWER_TIMEOUT_NS), once a second. */
+/* Reads and writes whose answer never came (timeouts.l2_answer_ms), once a second. */
 static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
 {
 	if (now - t->last_scan_ns < ANSWER_SCAN_NS)
@@ -738,11 +735,11 @@ static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
 	t->last_scan_ns = now;
 	for (uint32_t i = 0; i < t->n_reads; i++) {
 		struct read *rd = &t->reads[i];
-		if (!rd->used || now - rd->sent_ns < ANSWER_TIMEOUT_NS)
+		if (!rd->used || now - rd->sent_ns < kvr_ms_to_ns(t->a->cfg.timeouts.l2_answer_ms))
 			continue;
 		kvr_actor_count(t->a, KVR_STAT_LK_L2_ANSWERS_LOST, 1);
-		kvr_warn("disk.%u: the L2 read of slot %u unanswered for %llu s: given up (its answer was lost)", rd->disk,
-			 rd->slot, (unsigned long long)(ANSWER_TIMEOUT_NS / 1000000000ull));
+		kvr_warn("disk.%u: the L2 read of slot %u unanswered for %u ms: given up (its answer was lost)", rd->disk,
+			 rd->slot, t->a->cfg.timeouts.l2_answer_ms);
 		if (read_ended(t, i, -ETIMEDOUT, done)) {
 			t->last_scan_ns = 0; /* one promotion finished per call: look again at once */
 			return 1;
@@ -750,7 +747,7 @@ static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
 	}
 	bool again[L2T_MAX_DISKS] = {false};
 	for (uint32_t s = 0; s < t->n_slots; s++) {
-		if (t->wq[s].state != WQ_SENT || now - t->wq[s].sent_ns < ANSWER_TIMEOUT_NS)
+		if (t->wq[s].state != WQ_SENT || now - t->wq[s].sent_ns < kvr_ms_to_ns(t->a->cfg.timeouts.l2_answer_ms))
 			continue;
 		unsigned d = route(t, kvr_slot_at(t->a->slots, s)->key);
 		t->wq[s].state = WQ_QUEUED;
@@ -760,8 +757,7 @@ static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
 	}
 	for (unsigned d = 0; d < t->n_disks; d++)
 		if (again[d]) {
-			kvr_warn("disk.%u: L2 writes unanswered for %llu s: sent again", d,
-				 (unsigned long long)(ANSWER_TIMEOUT_NS / 1000000000ull));
+			kvr_warn("disk.%u: L2 writes unanswered for %u ms: sent again", d, t->a->cfg.timeouts.l2_answer_ms);
 			wq_pump(t, d);
 		}
 	return 0;

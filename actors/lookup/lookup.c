@@ -27,11 +27,12 @@
  *                  LEASE_RELEASE id      (the lease ends)
  *   ctl.lookup.in  WORKER_GONE w         (pins of w dropped, its WRITING slots aborted)
  *
- * A reply ring that stays full for STAGE_REPLY_TIMEOUT means its reader is gone: the
+ * A reply ring that stays full for timeouts.reply_ms means its reader is gone: the
  * reply is dropped and counted, so one stuck worker cannot stall the others for longer.
  */
 
-#define REPLY_TIMEOUT_NS (2ull * 1000000000ull)
+/* reply and ALLOC deadlines: timeouts.reply_ms, timeouts.alloc_wait_ms (docs/config.md) */
+#define REPLY_TIMEOUT_NS(a) kvr_ms_to_ns((a)->cfg.timeouts.reply_ms)
 
 
 struct lk_worker {
@@ -192,7 +193,7 @@ static void send_lookup_rep_refs(struct kvr_actor *a, struct lookup *l, unsigned
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LOOKUP_REP, (matched ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0,
 		      &r, sizeof(r));
-	uint64_t deadline = kvr_now_ns() + REPLY_TIMEOUT_NS;
+	uint64_t deadline = kvr_now_ns() + REPLY_TIMEOUT_NS(a);
 	_Static_assert(sizeof(struct kvr_index_ref) == sizeof(struct kvr_msg_slot), "slot wire format");
 	int rc = kvr_msg_send(w->lk_rep, &m, deadline);
 	if (!rc && matched)
@@ -263,12 +264,11 @@ static void send_commit_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, 
 	struct kvr_msg_commit_rep r = {.status = status, .n_committed = committed, .n_visible = visible};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_COMMIT_REP, status ? KVR_MSGF_ERROR : 0, id, 0, &r, sizeof(r));
-	int rc = kvr_msg_send(l->w[wi].cm_rep, &m, kvr_now_ns() + REPLY_TIMEOUT_NS);
+	int rc = kvr_msg_send(l->w[wi].cm_rep, &m, kvr_now_ns() + REPLY_TIMEOUT_NS(a));
 	if (rc)
 		dropped(a, wi, rc);
 }
 
-#define ALLOC_WAIT_NS (5ull * 1000000000ull) /* longest an ALLOC waits for L2 writes to free room */
 
 static void alloc_reply(struct kvr_actor *a, struct lookup *l, unsigned wi)
 {
@@ -279,7 +279,7 @@ static void alloc_reply(struct kvr_actor *a, struct lookup *l, unsigned wi)
 			kvr_actor_count(a, KVR_STAT_LK_NOROOM, 1);
 	w->alloc_waiting = false;
 	int src = kvr_list_send(w->cm_rep, KVR_MSG_ALLOC_REP, q->req_id, q->lane, w->alloc_refs, q->total,
-				kvr_now_ns() + REPLY_TIMEOUT_NS);
+				kvr_now_ns() + REPLY_TIMEOUT_NS(a));
 	if (src)
 		dropped(a, wi, src);
 }
@@ -335,7 +335,7 @@ static void do_alloc(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		alloc_reply(a, l, wi);
 		return;
 	}
-	w->alloc_deadline = kvr_now_ns() + ALLOC_WAIT_NS;
+	w->alloc_deadline = kvr_now_ns() + kvr_ms_to_ns(a->cfg.timeouts.alloc_wait_ms);
 	alloc_try(a, l, wi);
 }
 
@@ -386,7 +386,7 @@ static void send_lease_rep(struct kvr_actor *a, struct lookup *l, unsigned si, u
 				       .index_ns = index_ns};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LEASE_REP, status ? KVR_MSGF_ERROR : 0, wire, 0, &r, sizeof(r));
-	if (kvr_msg_send(l->sched[si].rep, &m, kvr_now_ns() + REPLY_TIMEOUT_NS)) {
+	if (kvr_msg_send(l->sched[si].rep, &m, kvr_now_ns() + REPLY_TIMEOUT_NS(a))) {
 		kvr_actor_count(a, KVR_STAT_LK_REPLIES_DROPPED, 1);
 		kvr_err("scheduler %u does not read its replies: lease reply dropped", si);
 	}

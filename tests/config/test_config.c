@@ -295,6 +295,20 @@ static const struct bad_case bad_cases[] = {
 	  "$.supervisor.ready_timeout_ms: out of range: 99 (must be 100..600000)" },
 	/* checks across keys */
 	{ "{\"rings\": {\"capacity\": 1000}}", "$.rings.capacity: 1000 is not a power of two" },
+	{ "{\"timeouts\": {\"reply_ms\": 5000}}",
+	  "$.timeouts.reply_ms: 5000 must be below timeouts.alloc_wait_ms (5000): a reply dropped for a full ring "
+	  "must not outlast a wait for room" },
+	{ "{\"timeouts\": {\"alloc_wait_ms\": 12000}}",
+	  "$.timeouts.alloc_wait_ms: 12000 must be below timeouts.lookup_call_ms (10000): the storer would give up on "
+	  "an ALLOC the lookup actor still holds" },
+	{ "{\"timeouts\": {\"l2_answer_ms\": 10000}}",
+	  "$.timeouts.l2_answer_ms: 10000 must be below timeouts.lookup_call_ms (10000)" },
+	{ "{\"model\": {\"preset\": \"deepseek-v3\", \"kv_layout\": \"kv-fused\"}}",
+	  "$.model.kv_layout: \"kv-fused\" is for K and V pages (mha); an mla layer has one latent page already" },
+	{ "{\"model\": {\"kv_layout\": \"fused\"}}",
+	  "$.model.kv_layout: invalid value \"fused\" (one of: kv-split, kv-fused)" },
+	{ "{\"instance\": {\"max_schedulers\": 17}}",
+	  "$.instance.max_schedulers: out of range: 17 (must be 0..16)" },
 	{ "{\"supervisor\": {\"restart_backoff_initial_ms\": 6000}}",
 	  "$.supervisor.restart_backoff_initial_ms: 6000 exceeds supervisor.restart_backoff_max_ms (5000)" },
 	{ "{\"supervisor\": {\"restart_backoff_initial_ms\": 50, \"restart_backoff_max_ms\": 49}}",
@@ -631,7 +645,7 @@ Test(config, round_trip)
 	cr_assert_not_null(strstr(j1, "\n    \"capacity_bytes\": 1073741824,\n"), "%s", j1);
 	cr_assert_not_null(strstr(j1, "\n    \"dirs\": [],\n"), "%s", j1);
 	cr_assert_eq(strncmp(j1, "{\n  \"instance\": {\n    \"socket\": \"/tmp/kvring.sock\",\n", 50), 0, "%s", j1);
-	const char *tail = "\n    \"listen\": \"127.0.0.1:9464\"\n  }\n}\n";
+	const char *tail = "\n    \"lookup_call_ms\": 10000\n  }\n}\n";
 	cr_assert_str_eq(j1 + strlen(j1) - strlen(tail), tail);
 	free(j1);
 }
@@ -640,7 +654,7 @@ Test(config, round_trip)
 Test(config, to_json_keys)
 {
 	static const char *const sections[] = { "instance", "rings", "supervisor", "model", "l1", "staging", "dcp", "l2",
-						"metrics" };
+						"metrics", "timeouts" };
 	struct kvr_config d;
 	char *j, *md;
 	cJSON *root, *sec, *item;
@@ -674,7 +688,7 @@ Test(config, to_json_keys)
 		}
 	}
 	cr_expect_eq(s, ARRAY_SIZE(sections));
-	cr_expect_eq(n, 47, "keys in the effective JSON: %zu", n);
+	cr_expect_eq(n, 51, "keys in the effective JSON: %zu", n);
 	cJSON_Delete(root);
 	free(j);
 	free(md);
