@@ -410,7 +410,15 @@ struct kvr_index {
 	uint64_t evictions, noroom;
 	kvr_index_evict_hook_fn evict_hook; /* may veto an eviction (write-back: not on disk yet) */
 	void *evict_hook_ctx;
+	kvr_index_progress_fn progress;     /* a beat every KVR_INDEX_PROGRESS_KEYS keys */
+	void *progress_ctx;
 };
+
+static inline void progress(const struct kvr_index *idx, uint32_t i)
+{
+	if (idx->progress && i % KVR_INDEX_PROGRESS_KEYS == KVR_INDEX_PROGRESS_KEYS - 1)
+		idx->progress(idx->progress_ctx);
+}
 
 static inline uint32_t *lane_slot(const struct kvr_index *idx, uint32_t e, unsigned lane)
 {
@@ -545,6 +553,12 @@ void kvr_index_set_evict_hook(struct kvr_index *idx, kvr_index_evict_hook_fn fn,
 {
 	idx->evict_hook = fn;
 	idx->evict_hook_ctx = ctx;
+}
+
+void kvr_index_set_progress(struct kvr_index *idx, kvr_index_progress_fn fn, void *ctx)
+{
+	idx->progress = fn;
+	idx->progress_ctx = ctx;
 }
 
 /* Evict a block chosen by the policy: all its lanes go back to the free list. A loader
@@ -772,6 +786,7 @@ int kvr_index_match(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 		return -EINVAL;
 	uint32_t i;
 	for (i = 0; i < n; i++) {
+		progress(idx, i);
 		uint32_t e = h_find(idx, keys[i]);
 		if (e == NONE || idx->ents[e].commit_mask != idx->full_mask)
 			break;
@@ -805,6 +820,7 @@ int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 
 	bool gap = false;
 	for (uint32_t i = 0; i < n; i++) {
+		progress(idx, i);
 		uint32_t e = h_find(idx, keys[i]);
 		if (e != NONE && (idx->ents[e].alloc_mask & bit)) {
 			ret_slots[i] = (struct kvr_index_ref){KVR_INDEX_PRESENT, 0};

@@ -45,6 +45,12 @@ int kvr_index_new(struct kvr_slot_table *t, const char *policy, struct kvr_index
 typedef bool (*kvr_index_evict_hook_fn)(void *ctx, kvr_key key, const uint32_t *lane_slots);
 void kvr_index_set_evict_hook(struct kvr_index *idx, kvr_index_evict_hook_fn fn, void *ctx);
 
+/* Progress: called every KVR_INDEX_PROGRESS_KEYS keys of a long match or allocation, so
+ * the lookup actor can show it is busy, not stuck (kvr_actor_beat). NULL = none. */
+#define KVR_INDEX_PROGRESS_KEYS 4096u
+typedef void (*kvr_index_progress_fn)(void *ctx);
+void kvr_index_set_progress(struct kvr_index *idx, kvr_index_progress_fn fn, void *ctx);
+
 /* Free; accepts NULL. The slot table is left as it is. */
 void kvr_index_free(struct kvr_index *idx);
 

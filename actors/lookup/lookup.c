@@ -73,6 +73,18 @@ struct lookup {
 	size_t cap_lease_refs;
 };
 
+static void beat(void *ctx)
+{
+	kvr_actor_beat(ctx);
+}
+
+/* A long list reply (60,000 slots) waits for room in the reader's ring: beat meanwhile. */
+static int send_one_beating(void *ctx, struct kvr_ring *r, const struct kvr_msg *m, uint64_t deadline)
+{
+	kvr_actor_beat(ctx);
+	return kvr_msg_send(r, m, deadline);
+}
+
 static int lookup_init(struct kvr_actor *a)
 {
 	struct lookup *l = calloc(1, sizeof(*l));
@@ -97,6 +109,7 @@ static int lookup_init(struct kvr_actor *a)
 		kvr_err("index: %s", strerror(-rc));
 		return rc;
 	}
+	kvr_index_set_progress(l->idx, beat, a);
 	struct kvr_index_stats st;
 	kvr_index_stats(l->idx, &st);
 	kvr_info("index rebuilt from the slot table: %u blocks (%u visible), %u free slots, %u draining, policy %s",
@@ -197,7 +210,8 @@ static void send_lookup_rep_refs(struct kvr_actor *a, struct lookup *l, unsigned
 	_Static_assert(sizeof(struct kvr_index_ref) == sizeof(struct kvr_msg_slot), "slot wire format");
 	int rc = kvr_msg_send(w->lk_rep, &m, deadline);
 	if (!rc && matched)
-		rc = kvr_list_send(w->lk_rep, KVR_MSG_SLOTS, wire, 0, slot_refs, matched, deadline);
+		rc = kvr_list_send_ex(w->lk_rep, KVR_MSG_SLOTS, wire, 0, 0, slot_refs, matched, deadline,
+				      send_one_beating, a);
 	if (rc)
 		dropped(a, wi, rc);
 }
@@ -278,8 +292,8 @@ static void alloc_reply(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		if (w->alloc_refs[i].slot == KVR_INDEX_NOROOM)
 			kvr_actor_count(a, KVR_STAT_LK_NOROOM, 1);
 	w->alloc_waiting = false;
-	int src = kvr_list_send(w->cm_rep, KVR_MSG_ALLOC_REP, q->req_id, q->lane, w->alloc_refs, q->total,
-				kvr_now_ns() + REPLY_TIMEOUT_NS(a));
+	int src = kvr_list_send_ex(w->cm_rep, KVR_MSG_ALLOC_REP, q->req_id, q->lane, 0, w->alloc_refs, q->total,
+				   kvr_now_ns() + REPLY_TIMEOUT_NS(a), send_one_beating, a);
 	if (src)
 		dropped(a, wi, src);
 }
@@ -353,6 +367,8 @@ static void do_commit(struct kvr_actor *a, struct lookup *l, unsigned wi)
 	const struct kvr_msg_slot *items = q->items;
 	uint32_t committed = 0, visible = 0;
 	for (uint32_t i = 0; i < q->total; i++) {
+		if (i % KVR_INDEX_PROGRESS_KEYS == KVR_INDEX_PROGRESS_KEYS - 1)
+			kvr_actor_beat(a);
 		/* Only the owner's own WRITING slots: another worker cannot commit them. */
 		if (items[i].slot < l->slots->n_slots && kvr_slot_at(l->slots, items[i].slot)->owner != wi)
 			continue;
