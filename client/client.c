@@ -1100,8 +1100,11 @@ int kvr_lease_release(struct kvr_client *c, uint64_t lease_id)
 	struct kvr_msg_lease b = {.lease_id = lease_id};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LEASE_RELEASE, 0, 0, 0, &b, sizeof(b));
-	if (kvr_ring_try_enqueue(c->lk_req, &m))
-		return fail(c, -EAGAIN, "lease release: the request ring is full; the lease ends by its ttl");
+	/* a burst of releases (a step that finished many requests) waits for the lookup actor
+	 * to make room, as any request does; only a ring that stays full fails */
+	int rc = send_msg(c, c->lk_req, &m, kvr_now_ns() + (uint64_t)c->timeout_ns);
+	if (rc)
+		return fail(c, rc, "lease release: %s; the lease ends by its ttl", strerror(-rc));
 	return 0;
 }
 

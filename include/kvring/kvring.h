@@ -135,8 +135,9 @@ struct kvr_lease_opts {
 int kvr_lease(struct kvr_client *c, uint64_t lease_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
 	      size_t extra_len, const struct kvr_lease_opts *opts, struct kvr_lookup_result *ret);
 
-/* Drop lease_id (no reply; a lease already gone is fine). 0, -EINVAL on a worker client,
- * -EAGAIN when the ring is full (the lease then ends by its ttl), -EPIPE. */
+/* Drop lease_id (no reply; a lease already gone is fine). Waits for room in a full request
+ * ring up to the client's timeout. 0, -EINVAL on a worker client, -ETIMEDOUT (the lease
+ * then ends by its ttl), -EPIPE. */
 int kvr_lease_release(struct kvr_client *c, uint64_t lease_id);
 
 /*
