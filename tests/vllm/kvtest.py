@@ -307,6 +307,7 @@ class Engine:
         llm_args: dict[str, Any] | None = None,
         start_timeout: float = 240,
         expect_failure: bool = False,
+        wait: bool = True,
     ) -> None:
         self.name = name
         self.log_path = workdir / f"engine-{name}.log"
@@ -340,18 +341,24 @@ class Engine:
         os.close(wfd)
         self._rfd = rfd
         self._buf = b""
-        t0 = time.monotonic()
-        msg = self._read(start_timeout, during="start-up")
+        self._t0 = time.monotonic()
+        self.startup_s = 0.0
+        self._start_timeout, self._expect_failure = start_timeout, expect_failure
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Wait for the engine to be up (or, with expect_failure, to have exited)."""
+        msg = self._read(self._start_timeout, during="start-up")
+        self.startup_s = time.monotonic() - self._t0
         if msg is None:
-            if expect_failure:
-                self.startup_s = time.monotonic() - t0
+            if self._expect_failure:
                 return
-            raise TestFailure(f"engine {name} failed to start (exit {self.proc.returncode}):\n{self.log_tail()}")
-        if expect_failure:
+            raise TestFailure(f"engine {self.name} failed to start (exit {self.proc.returncode}):\n{self.log_tail()}")
+        if self._expect_failure:
             self.close()
-            raise TestFailure(f"engine {name} started although it should not have")
-        self.startup_s = time.monotonic() - t0
-        log(f"engine {name} up in {self.startup_s:.1f} s")
+            raise TestFailure(f"engine {self.name} started although it should not have")
+        log(f"engine {self.name} up in {self.startup_s:.1f} s")
 
     def _read(self, timeout: float, during: str) -> dict[str, Any] | None:
         """The next reply line, None when the engine exited; TestFailure on timeout."""

@@ -1,0 +1,45 @@
+"""Tensor parallelism 2 on the CPU: both ranks attach, store their lane, load it, tokens equal.
+
+kvringd serves the model with model.tp_size 2: a block is stored in two lanes, one per
+rank (each rank holds one of the two KV heads), and committed only when both lanes are.
+The vLLM engine runs two worker processes (VLLM_CPU_OMP_THREADS_BIND='0|1'); each rank's
+connector attaches as a worker of the same engine with its TP rank. The scheduler leases
+for two loaders. Checks: two workers attached with ranks 0 and 1; the cold run stores
+every full block on both ranks; the warm run hits, both ranks load (kvringd counts two
+loaded lanes per block) and the output equals the cold run's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kvtest as kt
+from kvtest import BLOCK, check
+
+
+def main(d: Path) -> None:
+    kv = kt.Kvringd(d, tp_size=2)
+    eng = kt.Engine(d, "tp2", kv_transfer_config=kt.connector_config(kv.socket), tp=2)
+    try:
+        ranks = sorted((w["tp_rank"], w["tp_size"]) for w in kv.worker_slots())
+        check(ranks == [(0, 2), (1, 2)], f"attached workers (tp_rank, tp_size): {ranks}, want both ranks of 2")
+        p = kt.prompt(41, 7 * BLOCK + 11)
+        cold = eng.generate([p])[0]
+        check(cold["num_cached_tokens"] == 0, f"cold run hit {cold['num_cached_tokens']} tokens")
+        kv.wait_metric("kvring_store_blocks_total", 2 * 7, result="stored")
+        warm = eng.generate([p])[0]
+        check(warm["num_cached_tokens"] == 7 * BLOCK, f"warm run hit {warm['num_cached_tokens']}, want {7 * BLOCK}")
+        loaded = kv.wait_metric("kvring_load_blocks_total", 2 * 7, result="loaded")
+        check(cold["tokens"] == warm["tokens"], f"warm tokens {warm['tokens']} != cold {cold['tokens']}")
+        delta = kt.max_logprob_delta(cold, warm)
+        check(delta <= 1e-4, f"logprobs differ by {delta:.3g} (> 1e-4)")
+        kt.log(f"TP 2: hit {warm['num_cached_tokens']}/{len(p)}, {loaded:.0f} lanes loaded (both ranks), "
+               f"tokens equal, max logprob delta {delta:.2g}")
+    finally:
+        eng.close()
+        rc = kv.stop()
+    check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
+
+
+if __name__ == "__main__":
+    kt.run(main)
