@@ -214,7 +214,9 @@ class _Client:
 
     def _error(self, rc: int, what: str) -> KvringError:
         reason = self._lib.kvr_last_error(self._c).decode(errors="replace") if self._c else ""
-        return KvringError(-rc, f"{what}: {reason or os.strerror(-rc)}")
+        reason = reason or os.strerror(-rc)
+        word = what.split()[0]
+        return KvringError(-rc, reason if reason.startswith(word) else f"{what}: {reason}")
 
     def _check(self, rc: int, what: str) -> int:
         if rc < 0:
