@@ -177,6 +177,22 @@ static int store_grow(struct stage_store *ss, uint32_t n)
 	return 0;
 }
 
+/* One message of a list to the lookup actor, waiting for room in AWAIT_SLICE_NS slices and
+ * beating between them: a storer streaming a 60,000-key list is busy, not stuck. */
+static int send_beating(void *ctx, struct kvr_ring *r, const struct kvr_msg *m, uint64_t deadline)
+{
+	struct kvr_actor *a = ctx;
+	for (;;) {
+		uint64_t now = kvr_now_ns(), until = now + AWAIT_SLICE_NS < deadline ? now + AWAIT_SLICE_NS : deadline;
+		int rc = kvr_msg_send(r, m, until);
+		kvr_actor_beat(a);
+		if (rc != -ETIMEDOUT || until >= deadline)
+			return rc;
+		if (a->stopping)
+			return -ECANCELED;
+	}
+}
+
 /* Wait for the lookup actor's reply to request id `id` on commit.rep. Messages of earlier
  * (abandoned) requests are skipped. -EPIPE when the lookup actor restarted meanwhile. */
 static int await_lookup(struct stage_store *ss, uint64_t id, uint32_t lookup_gen, struct kvr_msg *ret)
@@ -184,6 +200,7 @@ static int await_lookup(struct stage_store *ss, uint64_t id, uint32_t lookup_gen
 	uint64_t deadline = kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a);
 	for (;;) {
 		int rc = kvr_ring_dequeue(ss->commit_rep, ret, AWAIT_SLICE_NS);
+		kvr_actor_beat(ss->a); /* a long answer streams in: busy, not stuck */
 		if (rc == 0) {
 			if (ret->hdr.req_id == id)
 				return 0;
@@ -191,7 +208,6 @@ static int await_lookup(struct stage_store *ss, uint64_t id, uint32_t lookup_gen
 		}
 		if (rc != -ETIMEDOUT && rc != -EINTR)
 			return rc;
-		kvr_actor_beat(ss->a); /* waiting for the lookup actor, not stuck */
 		if (ss->a->stopping)
 			return -ECANCELED;
 		if (atomic_load(&kvr_ctl_actor(ss->a->ctl, 0)->generation) != lookup_gen)
@@ -345,8 +361,8 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 	/* 1. allocate */
 	uint32_t lgen = atomic_load(&kvr_ctl_actor(ss->a->ctl, 0)->generation);
 	uint64_t id = ++ss->next_id;
-	rc = kvr_list_send(ss->commit_req, KVR_MSG_ALLOC, id, (uint8_t)ss->lane, ss->keys, n,
-			   kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a));
+	rc = kvr_list_send_ex(ss->commit_req, KVR_MSG_ALLOC, id, (uint8_t)ss->lane, 0, ss->keys, n,
+			      kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a), send_beating, ss->a);
 	int fed = 0;
 	while (!rc && fed != 1) {
 		struct kvr_msg m;
@@ -399,8 +415,8 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 	uint32_t committed = 0;
 	if (n_copy) {
 		id = ++ss->next_id;
-		rc = kvr_list_send(ss->commit_req, KVR_MSG_COMMIT, id, (uint8_t)ss->lane, ss->written, n_copy,
-				   kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a));
+		rc = kvr_list_send_ex(ss->commit_req, KVR_MSG_COMMIT, id, (uint8_t)ss->lane, 0, ss->written, n_copy,
+				      kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a), send_beating, ss->a);
 		struct kvr_msg m;
 		if (!rc)
 			rc = await_lookup(ss, id, lgen, &m);

@@ -8,6 +8,7 @@
 #include "kvr_index.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
+#include "kvr_outbox.h"
 #include "kvr_time.h"
 #include "l2tier.h"
 #include "leases.h"
@@ -27,8 +28,10 @@
  *                  LEASE_RELEASE id      (the lease ends)
  *   ctl.lookup.in  WORKER_GONE w         (pins of w dropped, its WRITING slots aborted)
  *
- * A reply ring that stays full for timeouts.reply_ms means its reader is gone: the
- * reply is dropped and counted, so one stuck worker cannot stall the others for longer.
+ * Replies go through one outbox per reader ring (kvr_outbox.h): the actor never waits for
+ * room in a reader's ring, so a worker that stops reading delays nobody else; what waits
+ * for it longer than timeouts.reply_ms without the reader taking anything is dropped and
+ * counted.
  */
 
 /* reply and ALLOC deadlines: timeouts.reply_ms, timeouts.alloc_wait_ms (docs/config.md) */
@@ -37,6 +40,7 @@
 
 struct lk_worker {
 	struct kvr_ring *lk_req, *lk_rep, *cm_req, *cm_rep;
+	struct kvr_outbox lk_out, cm_out; /* replies waiting for room in lk_rep / cm_rep */
 	struct kvr_list_asm lookup, alloc, commit;
 	struct kvr_index_ref *alloc_refs; /* the answer to its ALLOC, built up while it waits */
 	uint32_t cap_alloc_refs;
@@ -48,6 +52,7 @@ struct lk_worker {
  * (lane after lane, through l2tier requester max_workers + slot). */
 struct lk_sched {
 	struct kvr_ring *req, *rep;
+	struct kvr_outbox out;        /* replies waiting for room in rep */
 	struct kvr_list_asm keys;
 	struct kvr_msg_lease hdr;     /* the LEASE that announced the key list */
 	uint64_t hdr_wire;            /* its wire id; 0 = none */
@@ -76,13 +81,6 @@ struct lookup {
 static void beat(void *ctx)
 {
 	kvr_actor_beat(ctx);
-}
-
-/* A long list reply (60,000 slots) waits for room in the reader's ring: beat meanwhile. */
-static int send_one_beating(void *ctx, struct kvr_ring *r, const struct kvr_msg *m, uint64_t deadline)
-{
-	kvr_actor_beat(ctx);
-	return kvr_msg_send(r, m, deadline);
 }
 
 static int lookup_init(struct kvr_actor *a)
@@ -128,6 +126,8 @@ static int lookup_init(struct kvr_actor *a)
 			kvr_err("rings of worker slot %u missing", i);
 			return -ENOENT;
 		}
+		kvr_outbox_init(&w->lk_out, w->lk_rep);
+		kvr_outbox_init(&w->cm_out, w->cm_rep);
 		kvr_list_asm_init(&w->lookup, KVR_MSG_LOOKUP);
 		kvr_list_asm_init(&w->alloc, KVR_MSG_ALLOC);
 		kvr_list_asm_init(&w->commit, KVR_MSG_COMMIT);
@@ -145,6 +145,7 @@ static int lookup_init(struct kvr_actor *a)
 			kvr_err("rings of scheduler slot %u missing", i);
 			return -ENOENT;
 		}
+		kvr_outbox_init(&sc->out, sc->rep);
 		kvr_list_asm_init(&sc->keys, KVR_MSG_LOOKUP);
 	}
 	int rc2 = l2t_open(a, l->idx, &l->l2);
@@ -164,11 +165,15 @@ static void lookup_fini(struct kvr_actor *a)
 		kvr_list_asm_free(&l->w[i].lookup);
 		kvr_list_asm_free(&l->w[i].alloc);
 		kvr_list_asm_free(&l->w[i].commit);
+		kvr_outbox_free(&l->w[i].lk_out);
+		kvr_outbox_free(&l->w[i].cm_out);
 		free(l->w[i].alloc_refs);
 	}
 	free(l->w);
-	for (unsigned i = 0; l->sched && i < l->n_sched; i++)
+	for (unsigned i = 0; l->sched && i < l->n_sched; i++) {
 		kvr_list_asm_free(&l->sched[i].keys);
+		kvr_outbox_free(&l->sched[i].out);
+	}
 	free(l->sched);
 	leases_free(l->leases);
 	free(l->lease_refs);
@@ -190,10 +195,14 @@ static struct kvr_index_ref *refs(struct lookup *l, uint32_t n)
 	return l->refs;
 }
 
-static void dropped(struct kvr_actor *a, unsigned w, int rc)
+/* n reply messages for `who` were dropped: its reader took nothing for timeouts.reply_ms
+ * (or its outbox overflowed). One line per occurrence, not per message. */
+static void dropped(struct kvr_actor *a, const char *who, unsigned i, uint32_t n)
 {
-	kvr_actor_count(a, KVR_STAT_LK_REPLIES_DROPPED, 1);
-	kvr_err("worker %u does not read its replies (%s): reply dropped", w, strerror(-rc));
+	if (!n)
+		return;
+	kvr_actor_count(a, KVR_STAT_LK_REPLIES_DROPPED, n);
+	kvr_err("%s %u does not read its replies: %u reply messages dropped", who, i, n);
 }
 
 static void send_lookup_rep_refs(struct kvr_actor *a, struct lookup *l, unsigned wi, uint64_t wire, int status,
@@ -206,14 +215,13 @@ static void send_lookup_rep_refs(struct kvr_actor *a, struct lookup *l, unsigned
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LOOKUP_REP, (matched ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0,
 		      &r, sizeof(r));
-	uint64_t deadline = kvr_now_ns() + REPLY_TIMEOUT_NS(a);
+	uint64_t now = kvr_now_ns();
 	_Static_assert(sizeof(struct kvr_index_ref) == sizeof(struct kvr_msg_slot), "slot wire format");
-	int rc = kvr_msg_send(w->lk_rep, &m, deadline);
-	if (!rc && matched)
-		rc = kvr_list_send_ex(w->lk_rep, KVR_MSG_SLOTS, wire, 0, 0, slot_refs, matched, deadline,
-				      send_one_beating, a);
+	int rc = kvr_outbox_send(&w->lk_out, &m, now);
+	if (matched && kvr_outbox_send_list(&w->lk_out, KVR_MSG_SLOTS, wire, 0, 0, slot_refs, matched, now))
+		rc = -ENOBUFS;
 	if (rc)
-		dropped(a, wi, rc);
+		dropped(a, "worker", wi, 1);
 }
 
 static void send_lookup_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, uint64_t wire, int status,
@@ -278,9 +286,8 @@ static void send_commit_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, 
 	struct kvr_msg_commit_rep r = {.status = status, .n_committed = committed, .n_visible = visible};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_COMMIT_REP, status ? KVR_MSGF_ERROR : 0, id, 0, &r, sizeof(r));
-	int rc = kvr_msg_send(l->w[wi].cm_rep, &m, kvr_now_ns() + REPLY_TIMEOUT_NS(a));
-	if (rc)
-		dropped(a, wi, rc);
+	if (kvr_outbox_send(&l->w[wi].cm_out, &m, kvr_now_ns()))
+		dropped(a, "worker", wi, 1);
 }
 
 
@@ -292,10 +299,9 @@ static void alloc_reply(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		if (w->alloc_refs[i].slot == KVR_INDEX_NOROOM)
 			kvr_actor_count(a, KVR_STAT_LK_NOROOM, 1);
 	w->alloc_waiting = false;
-	int src = kvr_list_send_ex(w->cm_rep, KVR_MSG_ALLOC_REP, q->req_id, q->lane, 0, w->alloc_refs, q->total,
-				   kvr_now_ns() + REPLY_TIMEOUT_NS(a), send_one_beating, a);
-	if (src)
-		dropped(a, wi, src);
+	if (kvr_outbox_send_list(&w->cm_out, KVR_MSG_ALLOC_REP, q->req_id, q->lane, 0, w->alloc_refs, q->total,
+				 kvr_now_ns()))
+		dropped(a, "worker", wi, 1);
 }
 
 /* Allocate what is still NOROOM in the worker's ALLOC. When nothing is evictable only
@@ -402,10 +408,8 @@ static void send_lease_rep(struct kvr_actor *a, struct lookup *l, unsigned si, u
 				       .index_ns = index_ns};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LEASE_REP, status ? KVR_MSGF_ERROR : 0, wire, 0, &r, sizeof(r));
-	if (kvr_msg_send(l->sched[si].rep, &m, kvr_now_ns() + REPLY_TIMEOUT_NS(a))) {
-		kvr_actor_count(a, KVR_STAT_LK_REPLIES_DROPPED, 1);
-		kvr_err("scheduler %u does not read its replies: lease reply dropped", si);
-	}
+	if (kvr_outbox_send(&l->sched[si].out, &m, kvr_now_ns()))
+		dropped(a, "scheduler", si, 1);
 }
 
 static void lease_gauge(struct kvr_actor *a, struct lookup *l)
@@ -620,6 +624,8 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 			return -EBADMSG;
 		struct kvr_slots_release rel = {0};
 		l2t_cancel(l->l2, g.worker); /* no reply goes to a dead worker's ring (its reads finish) */
+		(void)kvr_outbox_clear(&l->w[g.worker].lk_out);
+		(void)kvr_outbox_clear(&l->w[g.worker].cm_out);
 		kvr_index_release_worker(l->idx, g.worker, &rel);
 		kvr_actor_count(a, KVR_STAT_LK_WORKERS_GONE, 1);
 		kvr_actor_count(a, KVR_STAT_LK_ABORTED, rel.aborted);
@@ -696,6 +702,24 @@ static void lookup_on_tick(struct kvr_actor *a, uint64_t now)
 			      memory_order_relaxed);
 }
 
+/* Every pass of the loop: move waiting replies to their readers' rings. */
+static bool lookup_on_pass(struct kvr_actor *a, uint64_t now)
+{
+	struct lookup *l = a->data;
+	uint64_t timeout = REPLY_TIMEOUT_NS(a);
+	bool pending = false;
+	for (unsigned i = 0; i < l->n_workers; i++) {
+		struct lk_worker *w = &l->w[i];
+		dropped(a, "worker", i, kvr_outbox_flush(&w->lk_out, now, timeout) + kvr_outbox_flush(&w->cm_out, now, timeout));
+		pending |= kvr_outbox_pending(&w->lk_out) || kvr_outbox_pending(&w->cm_out);
+	}
+	for (unsigned i = 0; i < l->n_sched; i++) {
+		dropped(a, "scheduler", i, kvr_outbox_flush(&l->sched[i].out, now, timeout));
+		pending |= kvr_outbox_pending(&l->sched[i].out);
+	}
+	return pending;
+}
+
 static const struct kvr_stage lookup_stage = {
 	.name = "lookup",
 	.kind = KVR_ACTOR_LOOKUP,
@@ -703,6 +727,7 @@ static const struct kvr_stage lookup_stage = {
 	.init = lookup_init,
 	.on_msg = lookup_on_msg,
 	.on_tick = lookup_on_tick,
+	.on_pass = lookup_on_pass,
 	.fini = lookup_fini,
 };
 

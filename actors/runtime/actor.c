@@ -397,6 +397,7 @@ static void run_loop(struct kvr_actor *a)
 			if (next_tick <= now) /* we fell behind: do not fire a burst of late ticks */
 				next_tick = now + st->tick_ns;
 		}
+		bool output_waits = st->on_pass && st->on_pass(a, now);
 		atomic_store_explicit(&a->ent->heartbeat_ns, now, memory_order_relaxed);
 		if (n || a->stopping) {
 			had_work = true;
@@ -420,6 +421,8 @@ static void run_loop(struct kvr_actor *a)
 			timeout = next_tick > now ? (int64_t)(next_tick - now) : 0;
 		if (timeout > MAX_SLEEP_NS)
 			timeout = MAX_SLEEP_NS;
+		if (output_waits && timeout > KVR_ACTOR_OUTPUT_POLL_NS)
+			timeout = KVR_ACTOR_OUTPUT_POLL_NS; /* a reader's ring may have room again */
 		(void)kvr_waiter_wait(w, seen, timeout); /* 0, -ETIMEDOUT or -EINTR: all re-check */
 		kvr_waiter_finish(w);
 		kvr_actor_count(a, KVR_STAT_LOOP_WAKEUPS, 1);

@@ -3,6 +3,7 @@
 #define KVR_ACTOR_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <kvring/msg.h>
@@ -55,6 +56,7 @@
 
 #define KVR_ACTOR_MAX_RINGS 96 /* inputs and outputs per actor */
 #define KVR_ACTOR_MAX_KV 16    /* KV memories one actor maps (a gather actor: its DCP group's) */
+#define KVR_ACTOR_OUTPUT_POLL_NS 1000000 /* pending output: look at the readers' rings this often */
 
 struct kvr_actor;
 
@@ -72,6 +74,10 @@ struct kvr_stage {
 	int (*on_msg)(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m);
 	/* Periodic work, every tick_ns (CLOCK_MONOTONIC now passed in). */
 	void (*on_tick)(struct kvr_actor *a, uint64_t now_ns);
+	/* Optional: called on every pass of the loop, after the inputs were served (flush
+	 * outboxes, kvr_outbox.h). Returns true while output waits for room in a reader's
+	 * ring: the loop then sleeps at most KVR_ACTOR_OUTPUT_POLL_NS before the next pass. */
+	bool (*on_pass)(struct kvr_actor *a, uint64_t now_ns);
 	/* Called once before a clean exit (STOP or SIGTERM); not after a failed init. */
 	void (*fini)(struct kvr_actor *a);
 };

@@ -103,12 +103,13 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 		 ",\n  \"model\": {\"preset\": \"\", \"model_id\": \"test/tiny\", \"layers\": %u, \"kv_heads\": %u,\n"
 		 "    \"head_dim\": %u, \"dtype_bytes\": %u, \"block_tokens\": %u, \"tp_size\": %u},\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"%s\"%s},\n"
-		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}%s%s",
+		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}%s%s%s",
 		 m->layers, m->kv_heads, m->head_dim, m->dtype_bytes, m->block_tokens, m->tp_size,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * slot),
 		 o->eviction ? o->eviction : "lru", o->l1_extra ? o->l1_extra : "",
 		 (unsigned long long)(o->staging_ceiling ? o->staging_ceiling : 64 * e->lane_bytes),
-		 o->load_percent ? o->load_percent : 50, (unsigned long long)o->staging_buffer, l2, dcp);
+		 o->load_percent ? o->load_percent : 50, (unsigned long long)o->staging_buffer, l2, dcp,
+		 o->sections_extra ? o->sections_extra : "");
 	h_write_config_with(&e->h, NULL, o->max_workers ? o->max_workers : m->tp_size, sup, sections);
 	h_start(&e->h);
 	struct kvr_actor_ent *lk = h_actor(&e->h, "lookup");

@@ -51,6 +51,7 @@ struct ct_opts {
 	const char *sup_extra;     /* spliced into the "supervisor" object, e.g. ", \"attach_timeout_ms\": 500" */
 	unsigned dcp_timeout_ms;   /* dcp.store_timeout_ms; 0 = the default */
 	const char *l1_extra;      /* spliced into the "l1" object, e.g. ", \"prefault\": \"off\"" */
+	const char *sections_extra; /* more top-level sections, e.g. ",\n  \"timeouts\": {...}" */
 };
 
 struct ct_env {

@@ -171,3 +171,61 @@ Test(scale, a_60000_block_store_and_load_outlive_the_health_check)
 	free(log);
 	cr_assert(!missed, "an actor missed pings (kvringd's log says which)");
 }
+
+/* A worker that never drains its reply ring delays nobody: with timeouts.reply_ms at a
+ * minute, a lookup actor that waited for room in that ring would hold every other worker's
+ * lookup for a minute (their 5 s timeout would fail them). The other worker's lookup is
+ * answered; the stuck worker's replies wait in the lookup actor's outbox and arrive, in
+ * order, once it reads again. */
+Test(scale, a_worker_that_never_reads_delays_no_other)
+{
+	static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
+					     .block_tokens = 16, .tp_size = 1};
+	ct_start(&env, &tiny, &(struct ct_opts){.max_workers = 2, .sections_extra =
+		",\n  \"timeouts\": {\"reply_ms\": 60000, \"alloc_wait_ms\": 120000, \"lookup_call_ms\": 180000}"});
+	struct ct_rank *a, *b;
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-a", NULL, &a), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-b", NULL, &b), 0, "%s", kvr_last_error(NULL));
+	uint32_t tokens[2 * 16], blocks[2] = {0, 1};
+	ct_prompt(tokens, 2 * 16, 9);
+	ct_fill(a, 0, 21);
+	ct_fill(a, 1, 22);
+	struct ct_done d;
+	ct_store(a, 1, tokens, 2 * 16, blocks, 2, &d);
+	cr_assert_eq(d.c.status, 0);
+
+	/* b floods the lookup actor with lookups and reads no answer: more than its ring holds */
+	char name[32];
+	snprintf(name, sizeof(name), "lookup.req.%u", b->worker);
+	struct kvr_ring *req = ct_ring(&env, name);
+	snprintf(name, sizeof(name), "lookup.rep.%u", b->worker);
+	struct kvr_ring *rep = ct_ring(&env, name);
+	const unsigned flood = rep->capacity + 500;
+	kvr_key k;
+	ct_keys(&env, tokens, 16, &k);
+	uint64_t gen = (uint64_t)(ct_actor_gen(&env, "lookup") & 0xffff) << 48 |
+		       (uint64_t)(kvr_ctl_worker(env.ctl, b->worker)->generation & 0xffff) << 32;
+	for (unsigned i = 0; i < flood; i++) {
+		struct kvr_msg m;
+		kvr_msg_build_list(&m, KVR_MSG_LOOKUP, gen | (0x1000 + i), 0, 0, 0, &k, 1);
+		cr_assert_eq(kvr_ring_enqueue(req, &m, 5000000000ll), 0, "request %u not taken", i);
+	}
+	cr_assert(H_WAIT(kvr_ring_count(rep) == rep->capacity, 5000), "b's reply ring did not fill");
+
+	/* a is answered at once, byte-exact, while b's answers wait */
+	cr_assert_eq(ct_lookup_load_exact(a, 2, tokens, 2 * 16, 4, 21), 2, "a's lookup waited behind b");
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_REPLIES_DROPPED), 0);
+
+	/* b reads again: every answer arrives, in order (LOOKUP_REP + SLOTS each) */
+	unsigned got = 0;
+	uint64_t want = gen | 0x1000;
+	while (got < flood) {
+		struct kvr_msg m;
+		cr_assert_eq(kvr_ring_dequeue(rep, &m, 5000000000ll), 0, "answer %u of %u missing", got, flood);
+		if (m.hdr.type == KVR_MSG_SLOTS)
+			continue;
+		cr_assert_eq(m.hdr.type, KVR_MSG_LOOKUP_REP);
+		cr_assert_eq(m.hdr.req_id, want + got, "answer %u out of order", got);
+		got++;
+	}
+}

@@ -1,0 +1,89 @@
+/* kvr_outbox: per-ring FIFO of replies waiting for room (see kvr_outbox.h). */
+#include "kvr_outbox.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kvr_outbox_init(struct kvr_outbox *ob, struct kvr_ring *ring)
+{
+	memset(ob, 0, sizeof(*ob));
+	ob->ring = ring;
+}
+
+void kvr_outbox_free(struct kvr_outbox *ob)
+{
+	free(ob->q);
+	memset(ob, 0, sizeof(*ob));
+}
+
+static int grow(struct kvr_outbox *ob)
+{
+	uint32_t cap = ob->cap ? ob->cap * 2 : 64;
+	if (cap > KVR_OUTBOX_MAX)
+		return -ENOBUFS;
+	struct kvr_msg *q = malloc((size_t)cap * sizeof(*q));
+	if (!q)
+		return -ENOBUFS;
+	for (uint32_t i = 0; i < ob->n; i++) /* unwrap into the new array */
+		q[i] = ob->q[(ob->head + i) % ob->cap];
+	free(ob->q);
+	ob->q = q;
+	ob->cap = cap;
+	ob->head = 0;
+	return 0;
+}
+
+int kvr_outbox_send(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns)
+{
+	if (!ob->n && kvr_ring_try_enqueue(ob->ring, m) == 0)
+		return 0;
+	if (ob->n == ob->cap && grow(ob)) {
+		ob->dropped++;
+		return -ENOBUFS;
+	}
+	if (!ob->n)
+		ob->since_ns = now_ns;
+	ob->q[(ob->head + ob->n) % ob->cap] = *m;
+	ob->n++;
+	return 0;
+}
+
+int kvr_outbox_send_list(struct kvr_outbox *ob, unsigned type, uint64_t req_id, uint8_t lane, uint8_t flags,
+			 const void *items, uint32_t total, uint64_t now_ns)
+{
+	int rc = 0;
+	uint32_t done = 0;
+	for (uint32_t seq = 0; done < total; seq++) {
+		struct kvr_msg m;
+		unsigned k = kvr_msg_build_list(&m, type, req_id, seq, lane, flags, items, total);
+		if (!k)
+			return -EINVAL;
+		if (kvr_outbox_send(ob, &m, now_ns))
+			rc = -ENOBUFS;
+		done += k;
+	}
+	return rc;
+}
+
+uint32_t kvr_outbox_clear(struct kvr_outbox *ob)
+{
+	uint32_t n = ob->n;
+	ob->dropped += n;
+	ob->n = ob->head = 0;
+	ob->since_ns = 0;
+	return n;
+}
+
+uint32_t kvr_outbox_flush(struct kvr_outbox *ob, uint64_t now_ns, uint64_t timeout_ns)
+{
+	while (ob->n && kvr_ring_try_enqueue(ob->ring, &ob->q[ob->head]) == 0) {
+		ob->head = (ob->head + 1) % ob->cap;
+		/* the next one has waited since at most now: measure from here */
+		if (--ob->n)
+			ob->since_ns = now_ns;
+	}
+	if (ob->n && now_ns - ob->since_ns > timeout_ns)
+		return kvr_outbox_clear(ob);
+	return 0;
+}
