@@ -19,14 +19,10 @@ import time
 
 
 def _ttft(out) -> float | None:
+    """Seconds from the request's arrival to its first token (vLLM's own measure,
+    RequestStateStats.first_token_latency); None unless the LLM has disable_log_stats=False."""
     m = getattr(out, "metrics", None)
-    if m is None:
-        return None
-    for a, b in (("first_token_ts", "arrival_time"), ("first_token_time", "arrival_time")):
-        x, y = getattr(m, a, None), getattr(m, b, None)
-        if x and y:
-            return float(x - y)
-    ft = getattr(m, "first_token_latency", None)
+    ft = getattr(m, "first_token_latency", None) if m is not None else None
     return float(ft) if ft else None
 
 
