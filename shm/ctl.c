@@ -93,9 +93,13 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
 		rc = kvr_ring_init((uint8_t *)c + e->offset, rings[i].capacity, KVR_CTL_RING_MSG_SIZE, e->name);
 		if (rc)
 			return rc;
-		/* A consumer that reads several rings sleeps once, on its own waiter. */
+		/* A consumer that reads several rings sleeps once, on its own waiter. An actor
+		 * that produces a ring waits for room in it on that same waiter: a reader freeing
+		 * room wakes an actor whose replies wait in its outbox (kvr_outbox.h). */
 		struct kvr_ring *r = kvr_ctl_ring(c, i);
-		int cons = rings[i].consumer;
+		int cons = rings[i].consumer, prod = rings[i].producer;
+		if (prod >= 0 && (unsigned)prod < max_actors)
+			kvr_ring_set_producer_waiter(r, &kvr_ctl_actor(c, (unsigned)prod)->waiter);
 		if (cons >= 0 && (unsigned)cons < max_actors)
 			kvr_ring_set_consumer_waiter(r, &kvr_ctl_actor(c, (unsigned)cons)->waiter);
 		else if (KVR_EP_IS_CLIENT(cons) && (unsigned)KVR_EP_CLIENT_SLOT(cons) < max_workers + KVR_CTL_MAX_SCHEDULERS)
@@ -208,6 +212,8 @@ int kvr_ctl_ring_rebind(struct kvr_ctl *c, unsigned i, int producer, int consume
 	struct kvr_ring *r = kvr_ctl_ring(c, i);
 	e->producer = (int16_t)producer;
 	e->consumer = (int16_t)consumer;
+	if (producer >= 0 && (unsigned)producer < c->max_actors)
+		kvr_ring_set_producer_waiter(r, &kvr_ctl_actor(c, (unsigned)producer)->waiter);
 	if (consumer >= 0 && (unsigned)consumer < c->max_actors)
 		kvr_ring_set_consumer_waiter(r, &kvr_ctl_actor(c, (unsigned)consumer)->waiter);
 	else if (KVR_EP_IS_CLIENT(consumer) && (unsigned)KVR_EP_CLIENT_SLOT(consumer) < c->max_workers + c->max_schedulers)
