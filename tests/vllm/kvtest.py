@@ -152,8 +152,12 @@ class Kvringd:
         self.log_path = workdir / f"{name}.log"
         cfg: dict[str, Any] = {
             "instance": {"socket": self.socket, "max_workers": max_workers, "log_level": "info"},
-            "supervisor": {"restart_backoff_initial_ms": 20, "restart_backoff_max_ms": 200,
-                           "stable_after_ms": 200, "drain_timeout_ms": 10000},
+            "supervisor": {
+                "restart_backoff_initial_ms": 20,
+                "restart_backoff_max_ms": 200,
+                "stable_after_ms": 200,
+                "drain_timeout_ms": 10000,
+            },
             "model": {
                 "preset": "",
                 "model_id": "kvring-test/tiny-llama",
@@ -169,8 +173,12 @@ class Kvringd:
             "metrics": {"enabled": True, "listen": f"127.0.0.1:{self.port}"},
         }
         if l2_dir is not None:
-            cfg["l2"] = {"dirs": [str(l2_dir)], "capacity_bytes": "256MiB", "mode": "write-through",
-                         "durability": "batch"}
+            cfg["l2"] = {
+                "dirs": [str(l2_dir)],
+                "capacity_bytes": "256MiB",
+                "mode": "write-through",
+                "durability": "batch",
+            }
         self.config = cfg
         self.config_path.write_text(json.dumps(cfg, indent=2))
         self.proc: subprocess.Popen | None = None
@@ -180,8 +188,12 @@ class Kvringd:
         if os.path.exists(self.socket):
             os.unlink(self.socket)
         self._logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([str(KVRINGD), "--config", str(self.config_path)], stdout=self._logf,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [str(KVRINGD), "--config", str(self.config_path)],
+            stdout=self._logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -202,8 +214,9 @@ class Kvringd:
             return "(no log)"
 
     def inspect(self) -> dict[str, Any]:
-        out = subprocess.run([str(INSPECT), "--json", "--socket", self.socket], capture_output=True, timeout=10,
-                             check=True)
+        out = subprocess.run(
+            [str(INSPECT), "--json", "--socket", self.socket], capture_output=True, timeout=10, check=True
+        )
         return json.loads(out.stdout)
 
     def ring(self, name: str) -> dict[str, Any]:
@@ -268,7 +281,7 @@ class Kvringd:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                raise TestFailure("kvringd did not exit within 30 s of SIGTERM")
+                raise TestFailure("kvringd did not exit within 30 s of SIGTERM") from None
         self._logf.close()
         rc = self.proc.returncode
         self.proc = None
@@ -327,7 +340,9 @@ class Engine:
             args["kv_transfer_config"] = kv_transfer_config
         args.update(llm_args or {})
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(PYPKG)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(PYPKG)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env["VLLM_CPU_OMP_THREADS_BIND"] = threads_bind or ("0|1" if tp == 2 else "0")
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -336,7 +351,11 @@ class Engine:
         self._logf = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("engine_main.py")), json.dumps(args), str(wfd)],
-            stdin=subprocess.PIPE, stdout=self._logf, stderr=subprocess.STDOUT, env=env, pass_fds=(wfd,),
+            stdin=subprocess.PIPE,
+            stdout=self._logf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            pass_fds=(wfd,),
             start_new_session=True,
         )
         os.close(wfd)
@@ -368,7 +387,9 @@ class Engine:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.kill()
-                raise TestFailure(f"engine {self.name}: no answer within {timeout:.0f} s ({during}):\n{self.log_tail()}")
+                raise TestFailure(
+                    f"engine {self.name}: no answer within {timeout:.0f} s ({during}):\n{self.log_tail()}"
+                )
             r, _, _ = select.select([self._rfd], [], [], min(left, 1.0))
             if r:
                 chunk = os.read(self._rfd, 1 << 20)
@@ -395,8 +416,9 @@ class Engine:
     def result(self, timeout: float = 180) -> list[dict[str, Any]]:
         msg = self._read(timeout, during="generate")
         if msg is None:
-            raise TestFailure(f"engine {self.name} died during generate (exit {self.proc.returncode}):\n"
-                              f"{self.log_tail()}")
+            raise TestFailure(
+                f"engine {self.name} died during generate (exit {self.proc.returncode}):\n{self.log_tail()}"
+            )
         if "error" in msg:
             raise TestFailure(f"engine {self.name}: {msg['error']}")
         return msg["outputs"]
@@ -408,6 +430,9 @@ class Engine:
         return "\n".join(self.log_text().splitlines()[-n:])
 
     def close(self, timeout: float = 60) -> None:
+        """EOF on the engine's stdin (it shuts vLLM down), wait, kill if it does not end."""
+        if self._rfd < 0:
+            return
         if self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None
@@ -417,6 +442,7 @@ class Engine:
                 self.kill()
         self._logf.close()
         os.close(self._rfd)
+        self._rfd = -1
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -21,8 +21,15 @@ from kvtest import check
 def refused(d: Path, name: str, extra: dict) -> kt.Engine:
     kvc = kt.connector_config("/unused")
     kvc["kv_connector_extra_config"] = extra
-    return kt.Engine(d, name, kv_transfer_config=kvc, start_timeout=180, expect_failure=True, wait=False,
-                     threads_bind="0" if name == "typo" else "1")
+    return kt.Engine(
+        d,
+        name,
+        kv_transfer_config=kvc,
+        start_timeout=180,
+        expect_failure=True,
+        wait=False,
+        threads_bind="0" if name == "typo" else "1",
+    )
 
 
 def check_refusal(eng: kt.Engine, needle: str) -> None:

@@ -35,26 +35,37 @@ NUM_BLOCKS = 8
 
 def geometry(block_tokens: int = BLOCK) -> kvring.Geometry:
     page = 2 * block_tokens * HEADS * HEAD_DIM * DT
-    regions = [kvring.RegionSpec(offset=l * NUM_BLOCKS * page, stride=page, page_bytes=page) for l in range(LAYERS)]
-    return kvring.build_geometry(layers=LAYERS, kv_heads=HEADS, head_dim=HEAD_DIM, dtype_bytes=DT,
-                                 block_tokens=block_tokens, num_blocks=NUM_BLOCKS, regions=regions)
+    regions = [
+        kvring.RegionSpec(offset=layer * NUM_BLOCKS * page, stride=page, page_bytes=page) for layer in range(LAYERS)
+    ]
+    return kvring.build_geometry(
+        layers=LAYERS,
+        kv_heads=HEADS,
+        head_dim=HEAD_DIM,
+        dtype_bytes=DT,
+        block_tokens=block_tokens,
+        num_blocks=NUM_BLOCKS,
+        regions=regions,
+    )
 
 
 def block_bytes(mm: mmap.mmap, b: int) -> bytes:
-    return b"".join(mm[l * NUM_BLOCKS * PAGE + b * PAGE:l * NUM_BLOCKS * PAGE + (b + 1) * PAGE] for l in range(LAYERS))
+    return b"".join(
+        mm[layer * NUM_BLOCKS * PAGE + b * PAGE : layer * NUM_BLOCKS * PAGE + (b + 1) * PAGE] for layer in range(LAYERS)
+    )
 
 
 def fill(mm: mmap.mmap, b: int, seed: int) -> None:
-    for l in range(LAYERS):
-        off = l * NUM_BLOCKS * PAGE + b * PAGE
-        pat = bytes((seed * 31 + l * 7 + i) & 0xFF for i in range(256))
-        mm[off:off + PAGE] = pat * (PAGE // 256)
+    for layer in range(LAYERS):
+        off = layer * NUM_BLOCKS * PAGE + b * PAGE
+        pat = bytes((seed * 31 + layer * 7 + i) & 0xFF for i in range(256))
+        mm[off : off + PAGE] = pat * (PAGE // 256)
 
 
 def clear(mm: mmap.mmap, b: int) -> None:
-    for l in range(LAYERS):
-        off = l * NUM_BLOCKS * PAGE + b * PAGE
-        mm[off:off + PAGE] = bytes(PAGE)
+    for layer in range(LAYERS):
+        off = layer * NUM_BLOCKS * PAGE + b * PAGE
+        mm[off : off + PAGE] = bytes(PAGE)
 
 
 def wait_one(w: kvring.Worker, op: int, timeout_s: float = 10) -> kvring.Completion:
@@ -83,8 +94,9 @@ def main(d: Path) -> None:
     os.ftruncate(fd, kv_bytes)
     mm = mmap.mmap(fd, kv_bytes)
     try:
-        e = expect_error(lambda: kvring.Worker(geometry(16), fd, kv_bytes, socket=kv.socket), errno.EINVAL,
-                         "block_tokens")
+        e = expect_error(
+            lambda: kvring.Worker(geometry(16), fd, kv_bytes, socket=kv.socket), errno.EINVAL, "block_tokens"
+        )
         kt.log(f"refused geometry: {e}")
         expect_error(lambda: kvring.Worker(geometry(), fd, kv_bytes, socket=str(d / "none.sock")), errno.ENOENT, "")
 
@@ -109,8 +121,10 @@ def main(d: Path) -> None:
                     check(block_bytes(mm, 4 + b) == block_bytes(mm, b), f"leased block {b} loaded wrong bytes")
                 expect_error(lambda: w.lease_take(999), errno.ENOENT, "lease_take")
                 s.lease_release(202)
-                kt.log(f"lease: {r.matched_blocks} blocks, hash {r.hash_ns} ns, index {r.index_ns} ns, "
-                       f"round trip {r.roundtrip_ns} ns; loaded byte-exact")
+                kt.log(
+                    f"lease: {r.matched_blocks} blocks, hash {r.hash_ns} ns, index {r.index_ns} ns, "
+                    f"round trip {r.roundtrip_ns} ns; loaded byte-exact"
+                )
 
             for b in range(4, 8):
                 clear(mm, b)

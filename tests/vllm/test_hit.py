@@ -34,8 +34,10 @@ def main(d: Path) -> None:
         warm = eng.generate([p1, p2])
         for i, (c, w, p) in enumerate(zip(cold, warm, [p1, p2])):
             want = (len(p) - 1) // BLOCK * BLOCK
-            check(w["num_cached_tokens"] >= len(p) - BLOCK and w["num_cached_tokens"] == want,
-                  f"prompt {i}: warm run hit {w['num_cached_tokens']} of {len(p)} tokens, want {want}")
+            check(
+                w["num_cached_tokens"] >= len(p) - BLOCK and w["num_cached_tokens"] == want,
+                f"prompt {i}: warm run hit {w['num_cached_tokens']} of {len(p)} tokens, want {want}",
+            )
             check(c["tokens"] == w["tokens"], f"prompt {i}: warm tokens {w['tokens']} != cold {c['tokens']}")
             delta = kt.max_logprob_delta(c, w)
             check(delta <= 1e-4, f"prompt {i}: logprobs differ by {delta:.3g} (> 1e-4)")
@@ -45,8 +47,10 @@ def main(d: Path) -> None:
 
         half = p1[: 5 * BLOCK] + kt.prompt(3, 5 * BLOCK + 7)
         h = eng.generate([half])[0]
-        check(h["num_cached_tokens"] == 5 * BLOCK,
-              f"half-shared prompt hit {h['num_cached_tokens']} tokens, want {5 * BLOCK}")
+        check(
+            h["num_cached_tokens"] == 5 * BLOCK,
+            f"half-shared prompt hit {h['num_cached_tokens']} tokens, want {5 * BLOCK}",
+        )
         kt.log(f"half-shared prompt hit {h['num_cached_tokens']}/{len(half)}")
     finally:
         eng.close()

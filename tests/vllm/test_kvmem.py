@@ -38,6 +38,7 @@ from kvring.vllm.kvmem import (
     SharedStorage,
     cuda_ranges,
     derive_geometry,
+    device_uuid,
 )
 from kvring.vllm.metadata import lease_id, store_id
 
@@ -60,8 +61,7 @@ def test_config() -> None:
     refused(lambda: kcfg.parse({"timeout_ms": 0}), "timeout_ms: out of range", kcfg.ConfigError)
     refused(lambda: kcfg.parse({"socket": "rel.sock"}), "socket: must be an absolute path", kcfg.ConfigError)
     refused(lambda: kcfg.parse({"engine_id": "has space"}), "engine_id", kcfg.ConfigError)
-    refused(lambda: kcfg.parse({"test_wrong_blocks": 1}), "test_wrong_blocks: must be true or false",
-            kcfg.ConfigError)
+    refused(lambda: kcfg.parse({"test_wrong_blocks": 1}), "test_wrong_blocks: must be true or false", kcfg.ConfigError)
 
 
 def test_pool() -> None:
@@ -73,8 +73,10 @@ def test_pool() -> None:
     check(torch.zeros is orig, "torch.zeros not restored")
     check(pool.fd is not None and pool.nbytes == 1 << 20, f"pool: fd {pool.fd}, {pool.nbytes} bytes")
     check(kv.data_ptr() == pool.base and kv.numel() == 1 << 20 and not kv.any(), "the KV tensor is not the memfd's")
-    check(other.dtype == torch.float32 and again.numel() == 64 and again.data_ptr() != pool.base,
-          "other allocations went to the memfd")
+    check(
+        other.dtype == torch.float32 and again.numel() == 64 and again.data_ptr() != pool.base,
+        "other allocations went to the memfd",
+    )
     kv[12345] = 77
     check(os.pread(pool.fd, 1, 12345) == bytes([77]), "a write through the tensor is not in the memfd")
     os.pwrite(pool.fd, bytes([5]), 999)
@@ -82,8 +84,9 @@ def test_pool() -> None:
     pool.close()
 
 
-def vllm_views(raw: torch.Tensor, layers: int, blocks: int, heads: int, tokens: int, row: int,
-               block_major: bool, ratio: int = 1) -> dict[str, torch.Tensor]:
+def vllm_views(
+    raw: torch.Tensor, layers: int, blocks: int, heads: int, tokens: int, row: int, block_major: bool, ratio: int = 1
+) -> dict[str, torch.Tensor]:
     """Per-layer [B*ratio, H, N/ratio, C] float32 views of raw, as vLLM's create_kv_cache_views."""
     page = heads * tokens * row * 4
     if block_major:
@@ -95,8 +98,11 @@ def vllm_views(raw: torch.Tensor, layers: int, blocks: int, heads: int, tokens: 
     f = raw.view(torch.float32)
     for layer in range(layers):
         out[f"model.layers.{layer}.self_attn.attn"] = torch.as_strided(
-            f, (blocks * ratio, heads, kt_tokens, row),
-            ((block_stride // ratio) // 4, kt_tokens * row, row, 1), (layer * layer_stride) // 4)
+            f,
+            (blocks * ratio, heads, kt_tokens, row),
+            ((block_stride // ratio) // 4, kt_tokens * row, row, 1),
+            (layer * layer_stride) // 4,
+        )
     return out
 
 
@@ -111,22 +117,34 @@ def test_geometry() -> None:
                 raw = torch.zeros(layers * blocks * page, dtype=torch.int8)
             views = vllm_views(raw, layers, blocks, heads, tokens, row, block_major, ratio)
             lv = {n: LayerView.of(n, t) for n, t in views.items()}
-            dg = derive_geometry(lv, num_blocks=blocks, block_tokens=tokens, locate=lambda v: v.data_ptr - pool.base,
-                                 kv_bytes=pool.nbytes, tp_size=1, tp_rank=0)
+            dg = derive_geometry(
+                lv,
+                num_blocks=blocks,
+                block_tokens=tokens,
+                locate=lambda v: v.data_ptr - pool.base,
+                kv_bytes=pool.nbytes,
+                tp_size=1,
+                tp_rank=0,
+            )
             g = dg.geometry
-            check(g.n_regions == layers and g.block_tokens == tokens and g.kv_heads == heads and g.head_dim == row // 2,
-                  f"header: {dg.describe()}")
+            check(
+                g.n_regions == layers and g.block_tokens == tokens and g.kv_heads == heads and g.head_dim == row // 2,
+                f"header: {dg.describe()}",
+            )
             mm = mmap.mmap(pool.fd, pool.nbytes)
-            for li, (name, t) in enumerate(views.items()):
+            for li, t in enumerate(views.values()):
                 off, stride, pb, _ = g.region(li)
                 check(pb == page, f"region {li}: page {pb}, want {page}")
                 for b in (0, blocks - 1):
                     tb = t.unflatten(0, (blocks, ratio))[b] if ratio > 1 else t[b]
                     tb.fill_(float(li * 100 + b + 1))
-                    got = mm[off + b * stride: off + b * stride + pb]
+                    got = mm[off + b * stride : off + b * stride + pb]
                     want = tb.contiguous().numpy().tobytes()
-                    check(got == want, f"layer {li} block {b} (block_major={block_major}, ratio={ratio}): the "
-                          "region's bytes are not the view's block")
+                    check(
+                        got == want,
+                        f"layer {li} block {b} (block_major={block_major}, ratio={ratio}): the "
+                        "region's bytes are not the view's block",
+                    )
             mm.close()
             pool.close()
     # refusals
@@ -135,13 +153,28 @@ def test_geometry() -> None:
     views = vllm_views(raw, layers, blocks, heads, tokens, row, False)
     lv = {n: LayerView.of(n, t) for n, t in views.items()}
     loc = lambda v: v.data_ptr - pool.base  # noqa: E731
-    refused(lambda: derive_geometry(lv, num_blocks=blocks, block_tokens=tokens, locate=loc, kv_bytes=pool.nbytes // 2,
-                                    tp_size=1, tp_rank=0), "not inside kvring's", KvLayoutError)
+    refused(
+        lambda: derive_geometry(
+            lv, num_blocks=blocks, block_tokens=tokens, locate=loc, kv_bytes=pool.nbytes // 2, tp_size=1, tp_rank=0
+        ),
+        "not inside kvring's",
+        KvLayoutError,
+    )
     nhd = {n: LayerView.of(n, t.transpose(1, 2)) for n, t in views.items()}
-    refused(lambda: derive_geometry(nhd, num_blocks=blocks, block_tokens=tokens, locate=loc, kv_bytes=pool.nbytes,
-                                    tp_size=1, tp_rank=0), "needs each block dense", KvLayoutError)
-    refused(lambda: derive_geometry(lv, num_blocks=blocks, block_tokens=16, locate=loc, kv_bytes=pool.nbytes,
-                                    tp_size=1, tp_rank=0), "16-token block", KvLayoutError)
+    refused(
+        lambda: derive_geometry(
+            nhd, num_blocks=blocks, block_tokens=tokens, locate=loc, kv_bytes=pool.nbytes, tp_size=1, tp_rank=0
+        ),
+        "needs each block dense",
+        KvLayoutError,
+    )
+    refused(
+        lambda: derive_geometry(
+            lv, num_blocks=blocks, block_tokens=16, locate=loc, kv_bytes=pool.nbytes, tp_size=1, tp_rank=0
+        ),
+        "16-token block",
+        KvLayoutError,
+    )
     pool.close()
 
 
@@ -158,20 +191,49 @@ def test_cuda(sock: str) -> None:
     check(size == (1 << 20) + 8192, f"KV offset space {size} bytes")
     desc, arr = ck.to_c()
     check(bytes(desc.device_uuid) == uuid16 and desc.n_ranges == 2, "descriptor header")
-    check(bytes(desc.ranges[0].ipc_handle) == h1 and desc.ranges[0].alloc_offset == 4096
-          and desc.ranges[0].kv_offset == 0 and desc.ranges[0].bytes == 1 << 20, "range 0")
-    check(bytes(desc.ranges[1].ipc_handle) == h2 and desc.ranges[1].kv_offset == 1 << 20
-          and desc.ranges[1].bytes == 5000, "range 1")
-    check(ctypes.sizeof(kvring._lib.CudaKvRange) == 88 and ctypes.sizeof(kvring._lib.CudaKv) == 32,
-          "struct kvr_cuda_kv(_range) sizes")
+    check(
+        bytes(desc.ranges[0].ipc_handle) == h1
+        and desc.ranges[0].alloc_offset == 4096
+        and desc.ranges[0].kv_offset == 0
+        and desc.ranges[0].bytes == 1 << 20,
+        "range 0",
+    )
+    check(
+        bytes(desc.ranges[1].ipc_handle) == h2 and desc.ranges[1].kv_offset == 1 << 20 and desc.ranges[1].bytes == 5000,
+        "range 1",
+    )
+    check(
+        ctypes.sizeof(kvring._lib.CudaKvRange) == 88 and ctypes.sizeof(kvring._lib.CudaKv) == 32,
+        "struct kvr_cuda_kv(_range) sizes",
+    )
     overlap = kvring.CudaKv(uuid16, [kvring.CudaKvRange(h1, 0, 0, 8192), kvring.CudaKvRange(h2, 0, 4096, 8192)])
     refused(overlap.to_c, "overlaps", ValueError)
     # a layer view on the "GPU" located through the ranges
-    lv = {"model.layers.0.attn": LayerView("model.layers.0.attn", 0x7000_0000, (1, 1, 32, 8), (256, 256, 8, 1), 4,
-                                           0x7000_0000, 5000)}
-    dg = derive_geometry(lv, num_blocks=1, block_tokens=32, kv_bytes=size, tp_size=1, tp_rank=0,
-                         locate=lambda v: where[v.storage_ptr] + v.data_ptr - v.storage_ptr)
+    lv = {
+        "model.layers.0.attn": LayerView(
+            "model.layers.0.attn", 0x7000_0000, (1, 1, 32, 8), (256, 256, 8, 1), 4, 0x7000_0000, 5000
+        )
+    }
+    dg = derive_geometry(
+        lv,
+        num_blocks=1,
+        block_tokens=32,
+        kv_bytes=size,
+        tp_size=1,
+        tp_rank=0,
+        locate=lambda v: where[v.storage_ptr] + v.data_ptr - v.storage_ptr,
+    )
     check(dg.geometry.region(0)[0] == 1 << 20, f"GPU layer's region at {dg.geometry.region(0)[0]}")
+
+    class Props:  # what torch.cuda.get_device_properties() shows of the uuid
+        def __init__(self, u: object) -> None:
+            self.uuid = u
+
+    u = "58fd1c4e-0a1b-4c2d-8e9f-0123456789ab"
+    check(
+        device_uuid(Props(u)) == device_uuid(Props("GPU-" + u)) == bytes.fromhex(u.replace("-", "")),
+        "device uuid from torch's text",
+    )
     # libkvring checks the descriptor before anything reaches kvringd
     bad = kvring.CudaKv(uuid16, [kvring.CudaKvRange(h1, 0, 0, size + 1)])
     try:

@@ -36,17 +36,23 @@ def main(d: Path) -> None:
         check(files >= 9, f"the restarted kvringd serves {files:.0f} L2 files, want >= 9")
 
         warm = eng.generate([p])[0]
-        check(warm["num_cached_tokens"] == 9 * BLOCK,
-              f"warm run after the restart hit {warm['num_cached_tokens']} tokens, want {9 * BLOCK}")
+        check(
+            warm["num_cached_tokens"] == 9 * BLOCK,
+            f"warm run after the restart hit {warm['num_cached_tokens']} tokens, want {9 * BLOCK}",
+        )
         reads = kv.metric("kvring_l2_blocks_total", op="read", result="ok")
         check(reads >= 9, f"the restarted kvringd read {reads:.0f} blocks from L2, want >= 9")
         check(cold["tokens"] == warm["tokens"], f"warm tokens {warm['tokens']} != cold {cold['tokens']}")
         delta = kt.max_logprob_delta(cold, warm)
         check(delta <= 1e-4, f"logprobs differ by {delta:.3g} (> 1e-4)")
-        kt.log(f"after the restart: hit {warm['num_cached_tokens']}/{len(p)} from L2 ({reads:.0f} block reads), "
-               f"tokens equal, max logprob delta {delta:.2g}")
-        check("attached to kvringd at" in eng.log_text() and "again" in eng.log_text(),
-              "the engine's log does not say it attached to the restarted kvringd")
+        kt.log(
+            f"after the restart: hit {warm['num_cached_tokens']}/{len(p)} from L2 ({reads:.0f} block reads), "
+            f"tokens equal, max logprob delta {delta:.2g}"
+        )
+        check(
+            "attached to kvringd at" in eng.log_text() and "again" in eng.log_text(),
+            "the engine's log does not say it attached to the restarted kvringd",
+        )
     finally:
         eng.close()
         rc = kv.stop()

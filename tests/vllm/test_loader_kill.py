@@ -53,7 +53,9 @@ def main(d: Path) -> None:
         kt.log(f"killed {loader} (pid {pid}) holding the warm load")
         warm = eng.result(timeout=120)[0]
         check(eng.proc.poll() is None, "vLLM exited after the loader was killed")
-        check(cold["tokens"] == warm["tokens"], f"tokens after the failed load {warm['tokens']} != cold {cold['tokens']}")
+        check(
+            cold["tokens"] == warm["tokens"], f"tokens after the failed load {warm['tokens']} != cold {cold['tokens']}"
+        )
         delta = kt.max_logprob_delta(cold, warm)
         check(delta <= 1e-4, f"logprobs after the failed load differ by {delta:.3g}")
         text = eng.log_text()
@@ -71,8 +73,10 @@ def main(d: Path) -> None:
         check(again["num_cached_tokens"] == 12 * BLOCK, f"after the restart the hit is {again['num_cached_tokens']}")
         kv.wait_metric("kvring_load_blocks_total", loaded + 12, result="loaded")
         check(kt.same_output(cold, again), "the load after the loader's restart gave other outputs")
-        kt.log(f"loader killed mid-load: recomputed, tokens equal (delta {delta:.2g}); {loader} restarted "
-               f"(pid {new_pid}) and the next warm run loaded 12 blocks")
+        kt.log(
+            f"loader killed mid-load: recomputed, tokens equal (delta {delta:.2g}); {loader} restarted "
+            f"(pid {new_pid}) and the next warm run loaded 12 blocks"
+        )
     finally:
         if stopped:
             os.kill(stopped, signal.SIGKILL)

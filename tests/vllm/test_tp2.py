@@ -33,8 +33,10 @@ def main(d: Path) -> None:
         check(cold["tokens"] == warm["tokens"], f"warm tokens {warm['tokens']} != cold {cold['tokens']}")
         delta = kt.max_logprob_delta(cold, warm)
         check(delta <= 1e-4, f"logprobs differ by {delta:.3g} (> 1e-4)")
-        kt.log(f"TP 2: hit {warm['num_cached_tokens']}/{len(p)}, {loaded:.0f} lanes loaded (both ranks), "
-               f"tokens equal, max logprob delta {delta:.2g}")
+        kt.log(
+            f"TP 2: hit {warm['num_cached_tokens']}/{len(p)}, {loaded:.0f} lanes loaded (both ranks), "
+            f"tokens equal, max logprob delta {delta:.2g}"
+        )
     finally:
         eng.close()
         rc = kv.stop()

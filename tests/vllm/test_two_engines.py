@@ -20,13 +20,17 @@ from kvtest import BLOCK, check
 
 def main(d: Path) -> None:
     kv = kt.Kvringd(d)
-    a = kt.Engine(d, "A", kv_transfer_config=kt.connector_config(kv.socket), threads_bind="0")
-    b = None
+    # both start at once, one core each
+    a = kt.Engine(d, "A", kv_transfer_config=kt.connector_config(kv.socket), threads_bind="0", wait=False)
+    b = kt.Engine(d, "B", kv_transfer_config=kt.connector_config(kv.socket), threads_bind="1", wait=False)
     try:
-        b = kt.Engine(d, "B", kv_transfer_config=kt.connector_config(kv.socket), threads_bind="1")
+        a.wait_started()
+        b.wait_started()
         workers = kv.worker_slots()
-        check(len(workers) == 2 and all(w["tp_rank"] == 0 for w in workers),
-              f"attached workers: {workers}, want two rank-0 workers (one per engine)")
+        check(
+            len(workers) == 2 and all(w["tp_rank"] == 0 for w in workers),
+            f"attached workers: {workers}, want two rank-0 workers (one per engine)",
+        )
 
         p = kt.prompt(51, 8 * BLOCK + 13)
         cold_a = a.generate([p])[0]
@@ -34,18 +38,24 @@ def main(d: Path) -> None:
         kv.wait_metric("kvring_store_blocks_total", 8, result="stored")
 
         warm_b = b.generate([p])[0]
-        check(warm_b["num_cached_tokens"] == 8 * BLOCK,
-              f"engine B hit {warm_b['num_cached_tokens']} tokens of A's prompt, want {8 * BLOCK}")
+        check(
+            warm_b["num_cached_tokens"] == 8 * BLOCK,
+            f"engine B hit {warm_b['num_cached_tokens']} tokens of A's prompt, want {8 * BLOCK}",
+        )
         check(cold_a["tokens"] == warm_b["tokens"], f"B's tokens {warm_b['tokens']} != A's {cold_a['tokens']}")
         delta = kt.max_logprob_delta(cold_a, warm_b)
         check(delta <= 1e-4, f"B's logprobs differ from A's by {delta:.3g}")
 
         longer = p[: 8 * BLOCK] + kt.prompt(52, 3 * BLOCK + 1)
         ext = b.generate([longer])[0]
-        check(ext["num_cached_tokens"] == 8 * BLOCK,
-              f"B's prompt extending A's prefix hit {ext['num_cached_tokens']}, want {8 * BLOCK}")
-        kt.log(f"engine B hit A's prefix: {warm_b['num_cached_tokens']}/{len(p)} tokens, tokens equal "
-               f"(delta {delta:.2g}); an extension of it hit {ext['num_cached_tokens']}")
+        check(
+            ext["num_cached_tokens"] == 8 * BLOCK,
+            f"B's prompt extending A's prefix hit {ext['num_cached_tokens']}, want {8 * BLOCK}",
+        )
+        kt.log(
+            f"engine B hit A's prefix: {warm_b['num_cached_tokens']}/{len(p)} tokens, tokens equal "
+            f"(delta {delta:.2g}); an extension of it hit {ext['num_cached_tokens']}"
+        )
 
         with kvring.Scheduler(socket=kv.socket, engine_id="probe-same") as s:
             same = s.lease(7, p, loaders=1, ttl_ms=1000)
@@ -56,8 +66,7 @@ def main(d: Path) -> None:
         check(other.matched_blocks == 0, f"another namespace sees {other.matched_blocks} blocks of A's prompt")
     finally:
         a.close()
-        if b is not None:
-            b.close()
+        b.close()
         rc = kv.stop()
     check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
 

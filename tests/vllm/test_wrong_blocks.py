@@ -27,16 +27,22 @@ def main(d: Path) -> None:
         check(cold["num_cached_tokens"] == 0, f"cold run hit {cold['num_cached_tokens']} tokens")
         kv.wait_metric("kvring_store_blocks_total", 8, result="stored")
         warm = eng.generate([p])[0]
-        check(warm["num_cached_tokens"] == 8 * BLOCK,
-              f"warm run hit {warm['num_cached_tokens']} tokens, want {8 * BLOCK} (the bad load must happen)")
+        check(
+            warm["num_cached_tokens"] == 8 * BLOCK,
+            f"warm run hit {warm['num_cached_tokens']} tokens, want {8 * BLOCK} (the bad load must happen)",
+        )
         loaded = kv.metric("kvring_load_blocks_total", result="loaded")
         check(loaded == 7, f"kvringd loaded {loaded:.0f} blocks, want 7 (8 leased, one left out)")
         delta = kt.max_logprob_delta(cold, warm)
-        check(not kt.same_output(cold, warm),
-              f"loading every block into the wrong place left tokens {warm['tokens']} and logprobs within "
-              f"{delta:.3g} of the cold run: the suite's check cannot see a bad load")
-        kt.log(f"wrong blocks: tokens {'differ' if cold['tokens'] != warm['tokens'] else 'equal'}, "
-               f"max logprob delta {delta:.3g} (the check fails, as it must)")
+        check(
+            not kt.same_output(cold, warm),
+            f"loading every block into the wrong place left tokens {warm['tokens']} and logprobs within "
+            f"{delta:.3g} of the cold run: the suite's check cannot see a bad load",
+        )
+        kt.log(
+            f"wrong blocks: tokens {'differ' if cold['tokens'] != warm['tokens'] else 'equal'}, "
+            f"max logprob delta {delta:.3g} (the check fails, as it must)"
+        )
     finally:
         eng.close()
         rc = kv.stop()

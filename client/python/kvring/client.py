@@ -53,7 +53,7 @@ class KvringError(OSError):
         super().__init__(errno, message)
 
     def __str__(self) -> str:
-        name = _errno.errorcode.get(self.errno, str(self.errno))
+        name = _errno.errorcode.get(self.errno or 0, str(self.errno))
         return f"[{name}] {self.strerror}"
 
 

@@ -64,7 +64,9 @@ def build_geometry(
     g.attention, g.layout = attention, layout
     g.n_regions = len(regions)
     for i, r in enumerate(regions):
-        cr = _lib.Region(offset=r.offset, stride=r.stride, page_bytes=r.page_bytes, sem_bytes=r.sem_bytes or r.page_bytes)
+        cr = _lib.Region(
+            offset=r.offset, stride=r.stride, page_bytes=r.page_bytes, sem_bytes=r.sem_bytes or r.page_bytes
+        )
         rc = lib.kvr_geometry_set_region(ctypes.byref(g), i, ctypes.byref(cr))
         if rc < 0:
             raise KvringError(

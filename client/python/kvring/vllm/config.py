@@ -45,7 +45,10 @@ KEYS: dict[str, tuple[type, str]] = {
     "timeout_ms": (int, "ceiling of one kvring call and of the wait for a step's loads (1..600000)"),
     "lease_ttl_ms": (int, "a lookup lease not loaded or released within this ends by itself (1..3600000)"),
     "reattach_interval_ms": (int, "after kvringd went away, try to attach again at most this often (1..3600000)"),
-    "test_wrong_blocks": (bool, "TESTS ONLY: load leased block i into the request's block i+1 (a wrong load vLLM is not told about)"),
+    "test_wrong_blocks": (
+        bool,
+        "TESTS ONLY: load leased block i into the request's block i+1 (a wrong load vLLM is not told about)",
+    ),
 }
 
 

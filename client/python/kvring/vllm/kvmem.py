@@ -31,6 +31,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ __all__ = [
     "derive_geometry",
     "cuda_ranges",
     "order_layers",
+    "device_uuid",
 ]
 
 
@@ -324,6 +326,22 @@ def cuda_ranges(storages: list[tuple[int, SharedStorage]], device_uuid: bytes) -
         ranges.append(CudaKvRange(ipc_handle=s.ipc_handle, alloc_offset=s.alloc_offset, kv_offset=kv, nbytes=s.nbytes))
         kv += (s.nbytes + 4095) // 4096 * 4096
     return CudaKv(device_uuid=device_uuid, ranges=ranges), where, kv
+
+
+def device_uuid(props: Any) -> bytes:
+    """The 16 bytes of cudaDeviceProp.uuid from torch's device properties (torch shows
+    it as text, "58fd..." or "GPU-58fd..."; some builds give an object with .bytes)."""
+    raw = getattr(props.uuid, "bytes", None)
+    if isinstance(raw, (bytes, bytearray)) and len(raw) == 16:
+        return bytes(raw)
+    text = str(props.uuid)
+    for prefix in ("GPU-", "MIG-"):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    try:
+        return uuid.UUID(text).bytes
+    except ValueError as e:
+        raise KvLayoutError(f"cannot read the GPU's uuid from torch ({text!r})") from e
 
 
 @contextmanager

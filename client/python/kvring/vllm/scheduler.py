@@ -81,6 +81,7 @@ class SchedulerSide:
         self._leases: dict[str, _Lease] = {}  # granted, not yet allocated by vLLM
         self._leased: set[str] = set()  # requests that may hold a lease at kvringd
         self._loaded: dict[str, int] = {}  # tokens a request got from kvring
+        self._load_blocks: dict[str, set[int]] = {}  # its engine blocks that a load filled
         self._loads: list[LoadSpec] = []
         self._stores: list[StoreSpec] = []
         self._storing: set[str] = set()  # requests whose blocks vLLM holds for our store
@@ -103,8 +104,12 @@ class SchedulerSide:
             if first:
                 raise RuntimeError(f"kvring: scheduler cannot attach to kvringd at {self.cfg.socket}: {e}") from e
             self._next_attach = time.monotonic() + self.cfg.reattach_interval_ms / 1000
-            log.warning("kvring: scheduler attach to %s failed (%s); next try in %d ms", self.cfg.socket, e,
-                        self.cfg.reattach_interval_ms)
+            log.warning(
+                "kvring: scheduler attach to %s failed (%s); next try in %d ms",
+                self.cfg.socket,
+                e,
+                self.cfg.reattach_interval_ms,
+            )
             return None
         bt = c.block_tokens
         if bt != self.block_size:
@@ -201,12 +206,14 @@ class SchedulerSide:
         n_blocks = -(-end // bs)
         block_ids = list(blocks.get_block_ids()[0][:n_blocks])
         if len(block_ids) < n_blocks:
-            log.error("kvring: request %s has %d blocks for a %d-block load; not loading", rid, len(block_ids),
-                      n_blocks)
+            log.error(
+                "kvring: request %s has %d blocks for a %d-block load; not loading", rid, len(block_ids), n_blocks
+            )
             self._drop_lease(rid)
             return
         self._loads.append(LoadSpec(rid, lease.lease_id, block_ids, lease.local // bs, num_external_tokens))
         self._loaded[rid] = end
+        self._load_blocks[rid] = set(block_ids[lease.local // bs :])
 
     def build_connector_meta(self, scheduler_output: Any) -> KvringConnectorMetadata:
         meta = KvringConnectorMetadata(loads=self._loads, stores=self._stores, null_block=self._null_block)
@@ -219,6 +226,7 @@ class SchedulerSide:
         self._drop_lease(rid)
         tokens = self._tokens.pop(rid, None)
         loaded = self._loaded.pop(rid, 0)
+        self._load_blocks.pop(rid, None)
         bs = self.block_size
         n = (min(request.num_prompt_tokens, request.num_computed_tokens) // bs) * bs
         n = min(n, len(block_ids) * bs)
@@ -235,6 +243,12 @@ class SchedulerSide:
     def update_connector_output(self, connector_output: Any) -> None:
         for rid in connector_output.finished_sending or ():
             self._storing.discard(rid)
+        bad = getattr(connector_output, "invalid_block_ids", None)
+        if bad:
+            # a request whose load failed recomputes its prefix: store it again at the end
+            for rid, blocks in self._load_blocks.items():
+                if not blocks.isdisjoint(bad):
+                    self._loaded[rid] = 0
 
     def has_pending_block_frees(self) -> bool:
         return bool(self._storing)
@@ -273,8 +287,13 @@ class SchedulerSide:
     def shutdown(self) -> None:
         st = self.lease_stats()
         if st:
-            log.info("kvring: scheduler made %d leases: p50 %.1f us, p99 %.1f us, max %.1f us", st["n"],
-                     st["p50_us"], st["p99_us"], st["max_us"])
+            log.info(
+                "kvring: scheduler made %d leases: p50 %.1f us, p99 %.1f us, max %.1f us",
+                st["n"],
+                st["p50_us"],
+                st["p99_us"],
+                st["max_us"],
+            )
         if self._client is not None:
             self._client.detach()
             self._client = None

@@ -22,7 +22,8 @@ Life of a worker:
 kvringd going away (or restarting) fails the calls with EPIPE: the worker detaches, every
 store in flight is reported finished (nothing is stored), loads fail (recomputed), and
 it attaches again with the same KV memory and geometry — at once when the next call
-needs it, then at most every reattach_interval_ms.
+needs it, then at most every reattach_interval_ms. A load a live loader has not finished
+within timeout_ms is recomputed and its completion dropped when it comes.
 """
 
 from __future__ import annotations
@@ -31,14 +32,22 @@ import collections
 import errno
 import logging
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..client import Completion, CudaKv, KvringError, Worker
 from .config import ConnectorConfig
-from .kvmem import DerivedGeometry, KvLayoutError, LayerView, MemfdKvPool, SharedStorage, cuda_ranges, derive_geometry
+from .kvmem import (
+    DerivedGeometry,
+    KvLayoutError,
+    LayerView,
+    MemfdKvPool,
+    SharedStorage,
+    cuda_ranges,
+    derive_geometry,
+    device_uuid,
+)
 from .metadata import KvringConnectorMetadata, LoadSpec
 
 if TYPE_CHECKING:
@@ -76,7 +85,8 @@ class WorkerSide:
         self._events: dict[int, Any] = {}  # store id -> its CUDA IPC event (kept until completion)
         self._done: set[str] = set()  # stores completed (or given up), not yet reported
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()  # finished, seen
-        self.stats = collections.Counter()
+        self._late: set[int] = set()  # leases whose load outlived its step (until its completion comes)
+        self.stats: collections.Counter[str] = collections.Counter()
 
     # ---- KV memory and attach ----
 
@@ -95,7 +105,8 @@ class WorkerSide:
         groups = getattr(cfg, "kv_cache_groups", [])
         if len(groups) != 1:
             raise KvLayoutError(
-                f"the model has {len(groups)} KV cache groups (hybrid attention); kvring handles one full-attention group"
+                f"the model has {len(groups)} KV cache groups (hybrid attention); "
+                "kvring handles one full-attention group"
             )
         return int(cfg.num_blocks)
 
@@ -141,9 +152,16 @@ class WorkerSide:
         try:
             self._client = self._new_client()
         except KvringError as e:
-            raise RuntimeError(f"kvring: TP rank {self.tp_rank} cannot attach to kvringd at {self.cfg.socket}: {e}") from e
-        log.info("kvring: TP rank %d attached to %s as worker slot %d (engine %s)", self.tp_rank, self.cfg.socket,
-                 self._client.slot, self.engine_id)
+            raise RuntimeError(
+                f"kvring: TP rank {self.tp_rank} cannot attach to kvringd at {self.cfg.socket}: {e}"
+            ) from e
+        log.info(
+            "kvring: TP rank %d attached to %s as worker slot %d (engine %s)",
+            self.tp_rank,
+            self.cfg.socket,
+            self._client.slot,
+            self.engine_id,
+        )
 
     @staticmethod
     def _export_cuda(kv_caches: dict[str, torch.Tensor], dev: torch.device) -> tuple[CudaKv, dict[int, int], int]:
@@ -151,9 +169,7 @@ class WorkerSide:
         for t in kv_caches.values():
             st = t.untyped_storage()
             storages.append((st.data_ptr(), SharedStorage.from_share_cuda(st._share_cuda_())))
-        props = torch.cuda.get_device_properties(dev)
-        dev_uuid = uuid.UUID(str(props.uuid)).bytes
-        return cuda_ranges(storages, dev_uuid)
+        return cuda_ranges(storages, device_uuid(torch.cuda.get_device_properties(dev)))
 
     def _new_client(self) -> Worker:
         assert self.derived is not None and self._attach_kw is not None
@@ -170,12 +186,17 @@ class WorkerSide:
         """kvringd went away: give up what is in flight and detach."""
         if self._client is None:
             return
-        log.warning("kvring: TP rank %d lost kvringd (%s): %d stores given up; loads miss until it attaches again",
-                    self.tp_rank, e, len(self._stores))
+        log.warning(
+            "kvring: TP rank %d lost kvringd (%s): %d stores given up; loads miss until it attaches again",
+            self.tp_rank,
+            e,
+            len(self._stores),
+        )
         self.stats["lost"] += 1
         self._done.update(self._stores.values())
         self._stores.clear()
         self._events.clear()
+        self._late.clear()
         self._client.detach()
         self._client = None
         self._next_attach = 0.0
@@ -184,13 +205,22 @@ class WorkerSide:
         if self._client is None and self.derived is not None and (now or time.monotonic() >= self._next_attach):
             try:
                 self._client = self._new_client()
-                log.warning("kvring: TP rank %d attached to kvringd at %s again (worker slot %d)", self.tp_rank,
-                            self.cfg.socket, self._client.slot)
+                log.warning(
+                    "kvring: TP rank %d attached to kvringd at %s again (worker slot %d)",
+                    self.tp_rank,
+                    self.cfg.socket,
+                    self._client.slot,
+                )
                 self.stats["reattached"] += 1
             except KvringError as e:
                 self._next_attach = time.monotonic() + self.cfg.reattach_interval_ms / 1000
-                log.warning("kvring: TP rank %d attach to %s failed (%s); next try in %d ms", self.tp_rank,
-                            self.cfg.socket, e, self.cfg.reattach_interval_ms)
+                log.warning(
+                    "kvring: TP rank %d attach to %s failed (%s); next try in %d ms",
+                    self.tp_rank,
+                    self.cfg.socket,
+                    e,
+                    self.cfg.reattach_interval_ms,
+                )
         return self._client
 
     # ---- loads ----
@@ -208,6 +238,11 @@ class WorkerSide:
 
     def _take_and_load(self, spec: LoadSpec, targets: list[int]) -> int:
         """Submit one lease's load; returns the blocks submitted (the rest failed)."""
+        if spec.lease_id in self._late:
+            # the same request's earlier load is still out: its completion would be taken
+            # for this one's (completions are matched by id), so this load is recomputed
+            log.warning("kvring: request %s: an earlier load is still in flight; recomputing", spec.req_id)
+            return 0
         for attempt in (0, 1):
             c = self._get_client(now=attempt == 1)
             if c is None:
@@ -224,8 +259,12 @@ class WorkerSide:
                     if attempt == 0:
                         continue  # a restarted kvringd: attach and take the lease from it
                 elif e.errno == errno.ENOENT:
-                    log.warning("kvring: lease of request %s is gone (%s): recomputing its %d blocks", spec.req_id,
-                                e, len(targets) - spec.skip)
+                    log.warning(
+                        "kvring: lease of request %s is gone (%s): recomputing its %d blocks",
+                        spec.req_id,
+                        e,
+                        len(targets) - spec.skip,
+                    )
                 else:
                     log.warning("kvring: load of request %s failed (%s): recomputing", spec.req_id, e)
                 return 0
@@ -259,25 +298,39 @@ class WorkerSide:
                 break
             for comp in done:
                 if comp.is_load:
-                    spec = waiting.pop(comp.req_id, None)
-                    if spec is not None and comp.failed:
-                        log.warning("kvring: %d of %d blocks of request %s did not load (status %d): recomputing",
-                                    len(comp.failed), comp.n_blocks, spec.req_id, comp.status)
+                    self._late.discard(comp.req_id)
+                    got = waiting.pop(comp.req_id) if comp.req_id in waiting else None
+                    if got is not None and comp.failed:
+                        log.warning(
+                            "kvring: %d of %d blocks of request %s did not load (status %d): recomputing",
+                            len(comp.failed),
+                            comp.n_blocks,
+                            got.req_id,
+                            comp.status,
+                        )
                         self._fail_blocks(comp.failed, meta.null_block)
-                    elif spec is not None and comp.status != 0:
-                        self._fail_blocks(self._targets(spec, meta.null_block), meta.null_block)
+                    elif got is not None and comp.status != 0:
+                        self._fail_blocks(self._targets(got, meta.null_block), meta.null_block)
                 else:
                     self._store_done(comp)
-        if waiting:
-            # Not answered in time. Blocks of a load that is late must never be written
-            # after vLLM reuses them: detaching stops this slot's loader (kvringd fences
-            # a detached worker's actors) before anything else runs on these blocks.
+        if waiting and self._client is None:
+            # kvringd went away meanwhile: nothing of these loads can still land
             for spec in waiting.values():
-                log.warning("kvring: load of request %s not done within %d ms: recomputing", spec.req_id,
-                            self.cfg.timeout_ms)
                 self._fail_blocks(self._targets(spec, meta.null_block), meta.null_block)
-            if self._client is not None:
-                self._lost(KvringError(errno.ETIMEDOUT, f"loads not done within {self.cfg.timeout_ms} ms"))
+        elif waiting:
+            # Not answered in time, from a loader that is alive (a dead one fails its
+            # requests with EPIPE at once): vLLM recomputes those blocks, and the late
+            # completion is dropped when it comes. The late copy writes the leased KV of
+            # the same tokens into the request's own blocks, which the recompute writes
+            # too. (Detaching would not fence it: kvr_detach does not wait for the
+            # loader to exit, and it would give up the stores in flight.)
+            for lid, spec in waiting.items():
+                log.warning(
+                    "kvring: load of request %s not done within %d ms: recomputing", spec.req_id, self.cfg.timeout_ms
+                )
+                self._fail_blocks(self._targets(spec, meta.null_block), meta.null_block)
+                self._late.add(lid)
+            self.stats["late_loads"] += len(waiting)
 
     def _fail_blocks(self, blocks: Any, null_block: int) -> None:
         for b in blocks:
@@ -335,7 +388,9 @@ class WorkerSide:
             if not done:
                 return
             for comp in done:
-                if not comp.is_load:
+                if comp.is_load:
+                    self._late.discard(comp.req_id)  # a load that came after its step gave up
+                else:
                     self._store_done(comp)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
