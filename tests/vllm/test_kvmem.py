@@ -6,10 +6,11 @@
   the CPU) is a zero-filled tensor over a memfd that another mapping of the fd sees
   writes through; any other torch.zeros is torch's; torch.zeros is restored on exit;
 - `derive_geometry`: from per-layer views laid out as vLLM lays them (layer-major and
-  block-major, with and without kernel-block splitting) the regions are exactly the
-  byte ranges of each block of each layer (checked by writing through the view and
-  reading the memfd at the region's offset); layouts kvring cannot copy page-wise and
-  tensors outside the memfd are refused with a reason;
+  block-major, with and without kernel-block splitting, pages HND and NHD) the regions
+  are exactly the byte ranges of each block of each layer (checked by writing distinct
+  values through the view and reading the memfd at the region's offset); pages that are
+  not one dense run, the wrong block size and tensors outside the memfd are refused with
+  a reason;
 - CUDA (no GPU needed): `SharedStorage.from_share_cuda` reads torch's _share_cuda_()
   tuple, `cuda_ranges` lays storages out in one KV offset space, `CudaKv.to_c` builds
   struct kvr_cuda_kv byte for byte, and libkvring's own check of the descriptor refuses a
@@ -85,22 +86,35 @@ def test_pool() -> None:
 
 
 def vllm_views(
-    raw: torch.Tensor, layers: int, blocks: int, heads: int, tokens: int, row: int, block_major: bool, ratio: int = 1
+    raw: torch.Tensor,
+    layers: int,
+    blocks: int,
+    heads: int,
+    tokens: int,
+    row: int,
+    block_major: bool,
+    ratio: int = 1,
+    nhd: bool = False,
+    row_stride: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """Per-layer [B*ratio, H, N/ratio, C] float32 views of raw, as vLLM's create_kv_cache_views."""
+    """Per-layer [B*ratio, H, N/ratio, C] float32 views of raw, as vLLM's create_kv_cache_views
+    makes them: logical order always [B, H, N, C]; physically heads outside tokens (HND)
+    or, with nhd, tokens outside heads; row_stride > row pads every row (not dense)."""
     page = heads * tokens * row * 4
     if block_major:
         layer_stride, block_stride = page, layers * page
     else:
         layer_stride, block_stride = blocks * page, page
     kt_tokens = tokens // ratio
+    rs = row_stride or row
+    inner = (rs, heads * rs) if nhd else (kt_tokens * rs, rs)  # strides of H and N
     out = {}
     f = raw.view(torch.float32)
     for layer in range(layers):
         out[f"model.layers.{layer}.self_attn.attn"] = torch.as_strided(
             f,
             (blocks * ratio, heads, kt_tokens, row),
-            ((block_stride // ratio) // 4, kt_tokens * row, row, 1),
+            ((block_stride // ratio) // 4, *inner, 1),
             (layer * layer_stride) // 4,
         )
     return out
@@ -109,44 +123,44 @@ def vllm_views(
 def test_geometry() -> None:
     layers, blocks, heads, tokens, row = 2, 6, 2, 32, 128
     page = heads * tokens * row * 4
-    for block_major in (False, True):
-        for ratio in (1, 2):
-            if block_major and ratio > 1:
-                continue  # vLLM refuses kernel splitting of block-outermost layouts itself
-            with MemfdKvPool() as pool:
-                raw = torch.zeros(layers * blocks * page, dtype=torch.int8)
-            views = vllm_views(raw, layers, blocks, heads, tokens, row, block_major, ratio)
-            lv = {n: LayerView.of(n, t) for n, t in views.items()}
-            dg = derive_geometry(
-                lv,
-                num_blocks=blocks,
-                block_tokens=tokens,
-                locate=lambda v: v.data_ptr - pool.base,
-                kv_bytes=pool.nbytes,
-                tp_size=1,
-                tp_rank=0,
-            )
-            g = dg.geometry
-            check(
-                g.n_regions == layers and g.block_tokens == tokens and g.kv_heads == heads and g.head_dim == row // 2,
-                f"header: {dg.describe()}",
-            )
-            mm = mmap.mmap(pool.fd, pool.nbytes)
-            for li, t in enumerate(views.values()):
-                off, stride, pb, _ = g.region(li)
-                check(pb == page, f"region {li}: page {pb}, want {page}")
-                for b in (0, blocks - 1):
-                    tb = t.unflatten(0, (blocks, ratio))[b] if ratio > 1 else t[b]
-                    tb.fill_(float(li * 100 + b + 1))
-                    got = mm[off + b * stride : off + b * stride + pb]
-                    want = tb.contiguous().numpy().tobytes()
-                    check(
-                        got == want,
-                        f"layer {li} block {b} (block_major={block_major}, ratio={ratio}): the "
-                        "region's bytes are not the view's block",
-                    )
-            mm.close()
-            pool.close()
+    cases = [(bm, r, nhd) for bm in (False, True) for r in (1, 2) for nhd in (False, True) if not (bm and r > 1)]
+    for block_major, ratio, nhd in cases:  # (vLLM itself refuses kernel splitting of block-outer layouts)
+        with MemfdKvPool() as pool:
+            raw = torch.zeros(layers * blocks * page, dtype=torch.int8)
+        views = vllm_views(raw, layers, blocks, heads, tokens, row, block_major, ratio, nhd)
+        lv = {n: LayerView.of(n, t) for n, t in views.items()}
+        dg = derive_geometry(
+            lv,
+            num_blocks=blocks,
+            block_tokens=tokens,
+            locate=lambda v: v.data_ptr - pool.base,
+            kv_bytes=pool.nbytes,
+            tp_size=1,
+            tp_rank=0,
+        )
+        g = dg.geometry
+        check(
+            g.n_regions == layers and g.block_tokens == tokens and g.kv_heads == heads and g.head_dim == row // 2,
+            f"header: {dg.describe()}",
+        )
+        check(dg.order == ("NHD" if nhd else "HND"), f"page order {dg.order}")
+        mm = mmap.mmap(pool.fd, pool.nbytes)
+        for li, t in enumerate(views.values()):
+            off, stride, pb, _ = g.region(li)
+            check(pb == page, f"region {li}: page {pb}, want {page}")
+            for b in (0, blocks - 1):
+                tb = t.unflatten(0, (blocks, ratio))[b]  # [ratio, H, N, C]
+                tb.copy_(torch.arange(tb.numel(), dtype=torch.float32).reshape(tb.shape) + li * 1e6 + b * 1e4)
+                got = mm[off + b * stride : off + b * stride + pb]
+                phys = tb.permute(0, 2, 1, 3) if nhd else tb  # the page's memory order
+                want = phys.contiguous().numpy().tobytes()
+                check(
+                    got == want,
+                    f"layer {li} block {b} (block_major={block_major}, ratio={ratio}, nhd={nhd}): the "
+                    "region's bytes are not the view's block",
+                )
+        mm.close()
+        pool.close()
     # refusals
     with MemfdKvPool() as pool:
         raw = torch.zeros(layers * blocks * page, dtype=torch.int8)
@@ -160,12 +174,13 @@ def test_geometry() -> None:
         "not inside kvring's",
         KvLayoutError,
     )
-    nhd = {n: LayerView.of(n, t.transpose(1, 2)) for n, t in views.items()}
+    padded = vllm_views(raw, layers, blocks // 2, heads, tokens, row - 8, False, row_stride=row)
+    pv = {n: LayerView.of(n, t) for n, t in padded.items()}
     refused(
         lambda: derive_geometry(
-            nhd, num_blocks=blocks, block_tokens=tokens, locate=loc, kv_bytes=pool.nbytes, tp_size=1, tp_rank=0
+            pv, num_blocks=blocks // 2, block_tokens=tokens, locate=loc, kv_bytes=pool.nbytes, tp_size=1, tp_rank=0
         ),
-        "needs each block dense",
+        "needs each block of a layer dense",
         KvLayoutError,
     )
     refused(

@@ -16,9 +16,10 @@ Geometry. `derive_geometry` then reads the layer tensors vLLM registers
 kvring's region table: one region per layer, block b of layer l at
 ``data_ptr(l) - base + b * stride(0)``, page = the bytes of one block of that layer
 (vLLM's layer view is [blocks, kv_heads, block_tokens, K+V row] — K and V in one page,
-kvringd's ``model.kv_layout: "kv-fused"``). Anything that is not that (pages that are not
-dense, layers outside the memfd, several KV cache groups) is refused with a message
-saying what was found, rather than guessed at.
+kvringd's ``model.kv_layout: "kv-fused"``; a page may hold its rows heads-outer, HND, as
+on the CPU, or tokens-outer, NHD: engines sharing a model namespace must use the same).
+Anything else (pages that are not one dense run, layers outside the memfd, several KV
+cache groups) is refused with a message saying what was found, rather than guessed at.
 
 GPU workers (`cuda_ranges`). The same geometry, but offsets index a "KV offset space"
 made of the CUDA allocations behind the tensors, each exported with
@@ -169,12 +170,14 @@ class DerivedGeometry:
     page_bytes: int
     stride_bytes: int
     layer_names: list[str]
+    order: str  # "HND" or "NHD": the page's inner order
 
     def describe(self) -> str:
         return (
             f"{self.layers} layers x {self.kv_heads} KV heads x {self.head_dim} head dim, "
             f"{self.dtype_bytes}-byte elements, {self.block_tokens}-token blocks, {self.num_blocks} blocks, "
-            f"page {self.page_bytes} B every {self.stride_bytes} B (kv-fused: K and V in one page per layer)"
+            f"page {self.page_bytes} B ({self.order}) every {self.stride_bytes} B "
+            "(kv-fused: K and V in one page per layer)"
         )
 
 
@@ -221,6 +224,7 @@ def derive_geometry(
     first = views[names[0]]
     regions: list[RegionSpec] = []
     page_bytes = stride_bytes = 0
+    order = ""
     for n in names:
         v = views[n]
         if v.shape != first.shape or v.strides != first.strides or v.elem_bytes != first.elem_bytes:
@@ -234,11 +238,17 @@ def derive_geometry(
             )
         b, h, t, c = v.shape
         sb, sh, st, sc = v.strides
-        # one kernel block of one layer must be dense and in [heads, tokens, row] order
-        if sc != 1 or st != c or sh != t * c:
+        # one kernel block of one layer must be one dense run: heads outside tokens (HND,
+        # vLLM's CPU layout) or tokens outside heads (NHD, e.g. VLLM_KV_CACHE_LAYOUT=LBNHC)
+        if sc == 1 and st == c and sh == t * c:
+            order = "HND"
+        elif sc == 1 and sh == c and st == h * c:
+            order = "NHD"
+        else:
             raise KvLayoutError(
                 f"layer {n}: KV view {list(v.shape)} has strides {list(v.strides)}; kvring copies whole pages and "
-                f"needs each block dense as [kv_heads, block_tokens, row] (strides [*, {t * c}, {c}, 1])"
+                f"needs each block of a layer dense, as [kv_heads, block_tokens, row] (strides [*, {t * c}, {c}, 1]) "
+                f"or [block_tokens, kv_heads, row] (strides [*, {c}, {h * c}, 1])"
             )
         if b % num_blocks:
             raise KvLayoutError(f"layer {n}: {b} blocks in the KV view is not a multiple of vLLM's {num_blocks} blocks")
@@ -284,7 +294,7 @@ def derive_geometry(
     )
     validate_geometry(g, kv_bytes)
     return DerivedGeometry(
-        g, len(names), h, head_dim, first.elem_bytes, block_tokens, num_blocks, page_bytes, stride_bytes, names
+        g, len(names), h, head_dim, first.elem_bytes, block_tokens, num_blocks, page_bytes, stride_bytes, names, order
     )
 
 
