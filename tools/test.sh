@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command of README.md: install dependencies, build, run the fast and stress
-# suites, then the fast suite again under ASan+UBSan. Prints "N passed, N failed" last.
+# suites, the vLLM suite (real vLLM against kvringd), then the fast suite again under
+# ASan+UBSan. Prints "N passed, N failed" last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +38,14 @@ run_suite() { # $1 = build dir, $2.. = meson setup options; runs suites given in
 }
 
 SUITES="fast stress" run_suite build
+# The vLLM suite: real vLLM (CPU build) with kvring's connector, in the venv
+# tools/install-vllm.sh makes under build/ (PyPI; minutes on a new machine).
+if ./tools/install-vllm.sh build/vllm-venv; then
+	SUITES="vllm" run_suite build
+else
+	echo "install-vllm failed: the vLLM suite cannot run"
+	fail=$((fail + 1))
+fi
 SUITES="fast" run_suite build-sanitize -Dsanitize=true -Db_lundef=false
 
 echo
