@@ -11,11 +11,13 @@ blocks 0..3 and stores them; then:
   after they were cleared;
 - errors are KvringError with errno and kvr_last_error's reason: a geometry kvringd
   refuses (block size), a lease that does not exist (ENOENT), a detached client (EBADF),
-  a socket without kvringd.
+  a socket without kvringd;
+- and it logs what a lease of a stored 10,000-token prompt costs from Python (p50/p99).
 """
 
 from __future__ import annotations
 
+import array
 import errno
 import mmap
 import os
@@ -33,10 +35,10 @@ PAGE = 2 * BLOCK * HEADS * HEAD_DIM * DT  # K and V rows of one block of one lay
 NUM_BLOCKS = 8
 
 
-def geometry(block_tokens: int = BLOCK) -> kvring.Geometry:
+def geometry(block_tokens: int = BLOCK, num_blocks: int = NUM_BLOCKS) -> kvring.Geometry:
     page = 2 * block_tokens * HEADS * HEAD_DIM * DT
     regions = [
-        kvring.RegionSpec(offset=layer * NUM_BLOCKS * page, stride=page, page_bytes=page) for layer in range(LAYERS)
+        kvring.RegionSpec(offset=layer * num_blocks * page, stride=page, page_bytes=page) for layer in range(LAYERS)
     ]
     return kvring.build_geometry(
         layers=LAYERS,
@@ -44,7 +46,7 @@ def geometry(block_tokens: int = BLOCK) -> kvring.Geometry:
         head_dim=HEAD_DIM,
         dtype_bytes=DT,
         block_tokens=block_tokens,
-        num_blocks=NUM_BLOCKS,
+        num_blocks=num_blocks,
         regions=regions,
     )
 
@@ -85,6 +87,43 @@ def expect_error(fn, err: int, needle: str) -> kvring.KvringError:
         check(needle in str(e), f"error {e} does not say {needle!r}")
         return e
     raise kt.TestFailure(f"no error, want errno {err} ({needle})")
+
+
+def lease_cost(kv: kt.Kvringd) -> None:
+    """What get_num_new_matched_tokens costs the scheduler: Scheduler.lease of a stored
+    10,000-token prompt from Python (the token array kept, as the connector keeps it).
+    Logged for the record, not judged: the machine is shared."""
+    n_tok = 10000
+    nb = n_tok // BLOCK
+    kv_bytes = LAYERS * nb * PAGE
+    fd = os.memfd_create("kvring-lease-cost", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, kv_bytes)
+    tokens = array.array("I", kt.prompt(62, n_tok))
+    try:
+        with kvring.Worker(geometry(BLOCK, nb), fd, kv_bytes, socket=kv.socket, engine_id="lease-cost") as w:
+            w.store(1, tokens, list(range(nb)))
+            c = wait_one(w, kvring.OP_STORE)
+            check(c.status == 0, f"store of the 10k-token prompt: {c}")
+        with kvring.Scheduler(socket=kv.socket, engine_id="lease-cost") as s:
+            view = memoryview(tokens)[: nb * BLOCK]
+            calls, parts = [], []
+            for i in range(1000):
+                t0 = time.perf_counter_ns()
+                r = s.lease(1000 + i % 16, view, loaders=1, ttl_ms=1000)
+                calls.append(time.perf_counter_ns() - t0)
+                parts.append(r.roundtrip_ns + r.hash_ns)
+            check(r.matched_blocks == nb, f"lease of the 10k-token prompt matched {r.matched_blocks} of {nb} blocks")
+            for i in range(16):
+                s.lease_release(1000 + i)
+        calls.sort()
+        parts.sort()
+        kt.log(
+            f"Scheduler.lease of a {n_tok}-token prompt ({nb} blocks): p50 {calls[500] / 1e3:.1f} us, "
+            f"p99 {calls[990] / 1e3:.1f} us from Python; of which libkvring (hash + round trip) "
+            f"p50 {parts[500] / 1e3:.1f} us, p99 {parts[990] / 1e3:.1f} us"
+        )
+    finally:
+        os.close(fd)
 
 
 def main(d: Path) -> None:
@@ -137,6 +176,7 @@ def main(d: Path) -> None:
             for b in range(4):
                 check(block_bytes(mm, 7 - b) == block_bytes(mm, b), f"looked-up block {b} loaded wrong bytes")
         expect_error(lambda: w.poll(), errno.EBADF, "detached")
+        lease_cost(kv)
     finally:
         mm.close()
         os.close(fd)
