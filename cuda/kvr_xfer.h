@@ -12,7 +12,7 @@
  *      (block id, slot offset) pairs -> a short list of copy runs {kv_off, slot_off, len},
  *      every range validated, runs coalesced where they are contiguous on both sides.
  *   2. The exact copy (copy.c): kvr_copy(), correct for any length and alignment.
- *   3. Backends (xfer.c dispatch, host.c, later cuda.c): open the worker's KV memory,
+ *   3. Backends (xfer.c dispatch, host.c, cuda.c): open the worker's KV memory,
  *      submit runs in one direction, complete them asynchronously by ticket.
  *
  * Slot layout (the contract every producer and consumer of an arena slot follows): a

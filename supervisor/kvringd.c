@@ -97,7 +97,7 @@ static void arm_timer(struct sup *s)
  * taken every request it was sent. Rings whose consumer is a client (replies) or a dead
  * actor cannot drain and are not waited for.
  * An actor whose handler is running (a store being copied and committed) is waited for
- * too. TODO(L2): a write-back disk tier adds its queue here. */
+ * too, and so is every request an actor reports held (kvr_actor_set_held). */
 static bool sup_drained(const struct sup *s)
 {
 	unsigned n = atomic_load(&s->ctl->n_rings);

@@ -18,7 +18,7 @@
 #include "kvr_slots.h"
 
 /*
- * kvringd is single-threaded: one epoll loop (main.c) over a signalfd, the listening
+ * kvringd is single-threaded: one epoll loop (kvringd.c) over a signalfd, the listening
  * socket, every connected peer, every actor's readiness pipe and one timerfd that is
  * always armed for the earliest deadline (health tick, ready timeout, restart backoff,
  * stop escalation, drain). Modules:
@@ -183,7 +183,7 @@ struct sup {
 
 /* The rings of an instance with max_workers worker slots: every actor's control pair and
  * every per-worker data ring, with capacity and endpoints. This is the one place that says
- * which rings exist; the L1 work adds its rings here. Returns the count or -ENOSPC. */
+ * which rings exist (layout.c). Returns the count or -ENOSPC. */
 int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs, unsigned cap);
 
 /* Hand worker w's store-side rings (store.req/rep, commit.req/rep) to actor `storer` — a

@@ -926,11 +926,6 @@ int kvr_l2io_probe_direct_ro(int dir_fd)
 	return rc;
 }
 
-bool kvr_l2io_read_only(const struct kvr_l2io *io)
-{
-	return io->read_only;
-}
-
 /* ---- open / close ---------------------------------------------------------------------- */
 
 static int register_buffers(struct kvr_l2io *io, const struct kvr_l2io_config *cfg)

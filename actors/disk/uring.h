@@ -195,7 +195,5 @@ int kvr_l2io_probe_direct(int dir_fd);
  * removes nothing. */
 int kvr_l2io_probe_direct_ro(int dir_fd);
 
-/* Whether the engine was opened read-only. */
-bool kvr_l2io_read_only(const struct kvr_l2io *io);
 
 #endif
