@@ -85,6 +85,7 @@ class WorkerSide:
         self._events: dict[int, Any] = {}  # store id -> its CUDA IPC event (kept until completion)
         self._done: set[str] = set()  # stores completed (or given up), not yet reported
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()  # finished, seen
+        self._load_ns: list[int] = []  # per step with loads: start_load_kv's load time (submit to all done)
         self._late: set[int] = set()  # leases whose load outlived its step (until its completion comes)
         self.stats: collections.Counter[str] = collections.Counter()
 
@@ -277,6 +278,15 @@ class WorkerSide:
             self._store(meta)
 
     def _load(self, meta: KvringConnectorMetadata) -> None:
+        t0 = time.perf_counter_ns()
+        try:
+            self._load_step(meta)
+        finally:
+            self._load_ns.append(time.perf_counter_ns() - t0)
+            if len(self._load_ns) > 20000:
+                del self._load_ns[:10000]
+
+    def _load_step(self, meta: KvringConnectorMetadata) -> None:
         waiting: dict[int, LoadSpec] = {}
         for spec in meta.loads:
             targets = self._targets(spec, meta.null_block)
@@ -285,6 +295,7 @@ class WorkerSide:
             if n:
                 waiting[spec.lease_id] = spec
                 self.stats["loads"] += 1
+                self.stats["load_blocks"] += n - spec.skip
         deadline = time.monotonic() + self.cfg.timeout_ms / 1000
         while waiting:
             left = int((deadline - time.monotonic()) * 1000)
@@ -405,7 +416,31 @@ class WorkerSide:
             del self._finished[rid]
         return (ready or None), None
 
+    def load_stats(self) -> dict[str, float]:
+        """Steps with loads: how many, and p50/p99/max of the time start_load_kv spent on
+        them (lease_take + load + waiting for the copies) in milliseconds."""
+        s = sorted(self._load_ns)
+        if not s:
+            return {}
+        return {
+            "steps": len(s),
+            "p50_ms": s[len(s) // 2] / 1e6,
+            "p99_ms": s[min(len(s) - 1, len(s) * 99 // 100)] / 1e6,
+            "max_ms": s[-1] / 1e6,
+        }
+
     def shutdown(self) -> None:
+        st = self.load_stats()
+        log.info(
+            "kvring: TP rank %d: %d loads (%d blocks, %d failed), %d stores (%d blocks stored)%s",
+            self.tp_rank,
+            self.stats["loads"],
+            self.stats["load_blocks"],
+            self.stats["failed_blocks"],
+            self.stats["stores"],
+            self.stats["stored_blocks"],
+            f"; load time per step p50 {st['p50_ms']:.2f} ms, p99 {st['p99_ms']:.2f} ms" if st else "",
+        )
         c = self._client
         deadline = time.monotonic() + min(self.cfg.timeout_ms, 5000) / 1000
         while c is not None and self._stores and time.monotonic() < deadline:
