@@ -144,6 +144,7 @@ class Kvringd:
         l2_dir: Path | None = None,
         max_workers: int = 8,
         name: str = "kvringd",
+        supervisor: dict[str, Any] | None = None,
     ) -> None:
         self.workdir = workdir
         self.socket = str(workdir / f"{name}.sock")
@@ -172,6 +173,7 @@ class Kvringd:
             "l1": {"capacity_bytes": "256MiB", "huge_pages": False, "eviction": "lru"},
             "metrics": {"enabled": True, "listen": f"127.0.0.1:{self.port}"},
         }
+        cfg["supervisor"].update(supervisor or {})
         if l2_dir is not None:
             cfg["l2"] = {
                 "dirs": [str(l2_dir)],

@@ -11,7 +11,8 @@ blocks 0..3 and stores them; then:
   after they were cleared;
 - errors are KvringError with errno and kvr_last_error's reason: a geometry kvringd
   refuses (block size), a lease that does not exist (ENOENT), a detached client (EBADF),
-  a socket without kvringd;
+  a socket without kvringd; a call while the worker's storer restarts fails with EPIPE
+  while `gone()` says kvringd is still there;
 - and it logs what a lease of a stored 10,000-token prompt costs from Python (p50/p99).
 """
 
@@ -21,6 +22,7 @@ import array
 import errno
 import mmap
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -89,6 +91,47 @@ def expect_error(fn, err: int, needle: str) -> kvring.KvringError:
     raise kt.TestFailure(f"no error, want errno {err} ({needle})")
 
 
+def actor_state(kv: kt.Kvringd, name: str) -> tuple[str, int]:
+    for a in kv.inspect()["actors"]:
+        if a["name"] == name:
+            return a["state"], int(a["pid"])
+    raise kt.TestFailure(f"no actor {name}")
+
+
+def wait_state(kv: kt.Kvringd, name: str, want: set[str], old_pid: int = 0, timeout_s: float = 20) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st, pid = actor_state(kv, name)
+        if st in want and (not old_pid or pid != old_pid):
+            return pid
+        check(time.monotonic() < deadline, f"{name} stayed {st} (pid {pid}), want {want}")
+        time.sleep(0.01)
+
+
+def actor_restart_is_not_gone(kv: kt.Kvringd, w: kvring.Worker, tokens: list[int]) -> None:
+    """A store while the worker's storer restarts fails with EPIPE, yet kvringd is not
+    gone: Worker.gone() tells the two apart (the connector keeps its client then)."""
+    name = f"storer.{w.slot}"
+    _, pid = actor_state(kv, name)
+    os.kill(pid, signal.SIGKILL)  # kvringd restarts it after restart_backoff_initial_ms (2 s here)
+    wait_state(kv, name, {"backoff", "starting", "idle", "failed"})
+    try:
+        w.store(404, tokens, [0, 1, 2, 3])
+    except kvring.KvringError as e:
+        check(e.errno == errno.EPIPE, f"store to a restarting storer: {e!r}")
+        check(not w.gone(), "Worker.gone() says kvringd is gone while only its storer restarts")
+        kt.log(f"store while {name} restarts: {e}; gone() is False")
+    else:
+        # kvringd restarted it first: the store went to the new storer
+        c = wait_one(w, kvring.OP_STORE)
+        check(c.status in (0, -errno.EPIPE), f"store around the storer's restart: {c}")
+        kt.log(f"{name} was back before the store (status {c.status})")
+    wait_state(kv, name, {"ready"}, old_pid=pid)
+    w.store(405, tokens, [0, 1, 2, 3])
+    c = wait_one(w, kvring.OP_STORE)
+    check(c.status == 0 and c.n_present == 4, f"store after the storer's restart: {c}")
+
+
 def lease_cost(kv: kt.Kvringd) -> None:
     """What get_num_new_matched_tokens costs the scheduler: Scheduler.lease of a stored
     10,000-token prompt from Python (the token array kept, as the connector keeps it).
@@ -127,7 +170,10 @@ def lease_cost(kv: kt.Kvringd) -> None:
 
 
 def main(d: Path) -> None:
-    kv = kt.Kvringd(d)
+    # a dead actor waits 2 s before its restart, and every death counts (no "stable" reset)
+    kv = kt.Kvringd(
+        d, supervisor={"restart_backoff_initial_ms": 2000, "restart_backoff_max_ms": 2000, "stable_after_ms": 600000}
+    )
     kv_bytes = LAYERS * NUM_BLOCKS * PAGE
     fd = os.memfd_create("kvring-binding-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, kv_bytes)
@@ -175,6 +221,7 @@ def main(d: Path) -> None:
             check(c.ok, f"load after lookup: {c}")
             for b in range(4):
                 check(block_bytes(mm, 7 - b) == block_bytes(mm, b), f"looked-up block {b} loaded wrong bytes")
+            actor_restart_is_not_gone(kv, w, tokens)
         expect_error(lambda: w.poll(), errno.EBADF, "detached")
         lease_cost(kv)
     finally:

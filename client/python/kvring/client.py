@@ -235,6 +235,13 @@ class _Client:
     def attached(self) -> bool:
         return self._c is not None
 
+    def gone(self) -> bool:
+        """Whether kvringd is gone (kvr_poll with nothing to collect: -EPIPE once the
+        attach connection closed and every completion was handed out)."""
+        if self._c is None:
+            return True
+        return self._lib.kvr_poll(self._c, None, 0) == -_errno.EPIPE
+
     @property
     def block_tokens(self) -> int:
         """Tokens per block of the instance."""

@@ -137,6 +137,15 @@ class SchedulerSide:
             self._client = None
             self._next_attach = 0.0  # the first retry is immediate
 
+    def _gone(self, e: KvringError) -> bool:
+        """EPIPE: kvringd is gone (detach; True), or only its lookup actor restarted (this
+        call is a miss, the client stays; False)."""
+        c = self._client
+        if c is not None and not c.gone():
+            return False
+        self._lost(e)
+        return True
+
     def _get_client(self) -> Scheduler | None:
         if self._client is None and time.monotonic() >= self._next_attach:
             self._attach()
@@ -174,12 +183,9 @@ class SchedulerSide:
                 r = c.lease(lid, tokens, extra, loaders=self.loaders, ttl_ms=self.cfg.lease_ttl_ms)
                 break
             except KvringError as e:
-                if e.errno == errno.EPIPE and attempt == 0:
-                    self._lost(e)  # kvringd restarted? attach again and ask once more
-                    continue
-                if e.errno == errno.EPIPE:
-                    self._lost(e)
-                elif not self._missed_logged:
+                if e.errno == errno.EPIPE and self._gone(e) and attempt == 0:
+                    continue  # kvringd restarted: attach to the new one and ask once more
+                if e.errno != errno.EPIPE and not self._missed_logged:
                     log.warning("kvring: lease of request %s failed (%s): treated as a miss", rid, e)
                     self._missed_logged = True
                 return 0, False
@@ -264,8 +270,8 @@ class SchedulerSide:
             c.lease_release(lease_id(rid))
         except KvringError as e:
             if e.errno == errno.EPIPE:
-                self._lost(e)
-            # -EAGAIN: the ring is full; the lease ends by its ttl
+                self._gone(e)
+            # otherwise the lease ends by its ttl
 
     def _note_lease_time(self, ns: int) -> None:
         self._lease_ns.append(ns)

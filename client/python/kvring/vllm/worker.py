@@ -86,6 +86,8 @@ class WorkerSide:
         self._done: set[str] = set()  # stores completed (or given up), not yet reported
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()  # finished, seen
         self._load_ns: list[int] = []  # per step with loads: start_load_kv's load time (submit to all done)
+        self._waiting: dict[int, LoadSpec] = {}  # this step's loads in flight, by lease id
+        self._null = 0  # this step's null block
         self._late: set[int] = set()  # leases whose load outlived its step (until its completion comes)
         self.stats: collections.Counter[str] = collections.Counter()
 
@@ -184,7 +186,7 @@ class WorkerSide:
         )
 
     def _lost(self, e: KvringError) -> None:
-        """kvringd went away: give up what is in flight and detach."""
+        """kvringd went away: give up what is in flight (libkvring failed it) and detach."""
         if self._client is None:
             return
         log.warning(
@@ -256,9 +258,10 @@ class WorkerSide:
                 return n
             except KvringError as e:
                 if e.errno == errno.EPIPE:
-                    self._lost(e)
-                    if attempt == 0:
-                        continue  # a restarted kvringd: attach and take the lease from it
+                    if self._epipe(e) and attempt == 0:
+                        continue  # kvringd restarted: attach to the new one, take the lease there
+                    if self._client is not None:
+                        log.warning("kvring: load of request %s: %s; recomputing", spec.req_id, e)
                 elif e.errno == errno.ENOENT:
                     log.warning(
                         "kvring: lease of request %s is gone (%s): recomputing its %d blocks",
@@ -282,17 +285,19 @@ class WorkerSide:
         try:
             self._load_step(meta)
         finally:
+            self._waiting.clear()
             self._load_ns.append(time.perf_counter_ns() - t0)
             if len(self._load_ns) > 20000:
                 del self._load_ns[:10000]
 
     def _load_step(self, meta: KvringConnectorMetadata) -> None:
-        waiting: dict[int, LoadSpec] = {}
+        self._null = meta.null_block
+        waiting = self._waiting  # lease id -> spec; _handle() takes them out as they complete
         for spec in meta.loads:
             targets = self._targets(spec, meta.null_block)
             n = self._take_and_load(spec, targets)
             self._fail_blocks(targets[max(n, spec.skip) :], meta.null_block)
-            if n:
+            if n and self._client is not None:
                 waiting[spec.lease_id] = spec
                 self.stats["loads"] += 1
                 self.stats["load_blocks"] += n - spec.skip
@@ -305,25 +310,10 @@ class WorkerSide:
             try:
                 done = c.wait(min(left, 1000))
             except KvringError as e:
-                self._lost(e)
+                self._lost(e)  # kvr_wait fails only once kvringd is gone and all was collected
                 break
             for comp in done:
-                if comp.is_load:
-                    self._late.discard(comp.req_id)
-                    got = waiting.pop(comp.req_id) if comp.req_id in waiting else None
-                    if got is not None and comp.failed:
-                        log.warning(
-                            "kvring: %d of %d blocks of request %s did not load (status %d): recomputing",
-                            len(comp.failed),
-                            comp.n_blocks,
-                            got.req_id,
-                            comp.status,
-                        )
-                        self._fail_blocks(comp.failed, meta.null_block)
-                    elif got is not None and comp.status != 0:
-                        self._fail_blocks(self._targets(got, meta.null_block), meta.null_block)
-                else:
-                    self._store_done(comp)
+                self._handle(comp)
         if waiting and self._client is None:
             # kvringd went away meanwhile: nothing of these loads can still land
             for spec in waiting.values():
@@ -342,6 +332,41 @@ class WorkerSide:
                 self._fail_blocks(self._targets(spec, meta.null_block), meta.null_block)
                 self._late.add(lid)
             self.stats["late_loads"] += len(waiting)
+
+    def _handle(self, comp: Completion) -> None:
+        """Route one completion: a load of this step, a late load, or a store."""
+        if not comp.is_load:
+            self._store_done(comp)
+            return
+        self._late.discard(comp.req_id)
+        spec = self._waiting.pop(comp.req_id, None)
+        if spec is None:
+            return  # a load whose step gave up on it
+        if comp.failed:
+            log.warning(
+                "kvring: %d of %d blocks of request %s did not load (status %d): recomputing",
+                len(comp.failed),
+                comp.n_blocks,
+                spec.req_id,
+                comp.status,
+            )
+            self._fail_blocks(comp.failed, self._null)
+        elif comp.status != 0:
+            self._fail_blocks(self._targets(spec, self._null), self._null)
+
+    def _epipe(self, e: KvringError) -> bool:
+        """A call failed with EPIPE: kvringd is gone (detach; True), or only the actor it
+        needed is restarting (keep the client: a detach would give up stores a live
+        storer may still be copying; False). Completions are collected first, since
+        libkvring says "gone" only once they were."""
+        self._poll()
+        c = self._client
+        if c is None:
+            return True
+        if c.gone():
+            self._lost(e)
+            return True
+        return False
 
     def _fail_blocks(self, blocks: Any, null_block: int) -> None:
         for b in blocks:
@@ -376,7 +401,7 @@ class WorkerSide:
                 log.warning("kvring: store of request %s not submitted (%s)", spec.req_id, e)
                 self._done.add(spec.req_id)
                 if e.errno == errno.EPIPE:
-                    self._lost(e)
+                    self._epipe(e)
 
     def _store_done(self, comp: Completion) -> None:
         rid = self._stores.pop(comp.req_id, None)
@@ -389,8 +414,8 @@ class WorkerSide:
         self._done.add(rid)
 
     def _poll(self) -> None:
-        c = self._client
-        while c is not None and (self._stores or c.inflight):
+        """Collect what completed (never blocks); kvr_poll failing means kvringd is gone."""
+        while (c := self._client) is not None:
             try:
                 done = c.poll()
             except KvringError as e:
@@ -399,10 +424,7 @@ class WorkerSide:
             if not done:
                 return
             for comp in done:
-                if comp.is_load:
-                    self._late.discard(comp.req_id)  # a load that came after its step gave up
-                else:
-                    self._store_done(comp)
+                self._handle(comp)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         for rid in finished_req_ids:
@@ -446,8 +468,7 @@ class WorkerSide:
         while c is not None and self._stores and time.monotonic() < deadline:
             try:
                 for comp in c.wait(100):
-                    if not comp.is_load:
-                        self._store_done(comp)
+                    self._handle(comp)
             except KvringError:
                 break
         if c is not None:
