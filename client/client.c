@@ -288,6 +288,36 @@ static int engine_fill(struct kvr_attach_engine *e, const char *engine_id, const
 _Static_assert(KVR_ENGINE_ID_MAX == sizeof(((struct kvr_attach_engine *)0)->engine_id), "engine id size");
 _Static_assert(KVR_MODEL_NS_MAX == sizeof(((struct kvr_attach_engine *)0)->model_ns), "model ns size");
 
+/* Receive kvringd's answer to an attach: a reply with status 0, exactly want_fds fds and the
+ * attach info (into c->info, c->worker, c->ns). On failure every fd received is closed and
+ * kvr_last_error says why. */
+static int recv_attach_reply(struct kvr_client *c, unsigned want_fds, int *fds)
+{
+	struct kvr_proto_rep rep;
+	unsigned nfds = 0;
+	int rc;
+	ssize_t n = kvr_proto_recv(c->sock, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &nfds);
+	if (n <= 0)
+		return fail(c, n ? (int)n : -ECONNRESET, "attach reply: %s", n ? strerror((int)-n) : "connection closed");
+	if ((size_t)n < offsetof(struct kvr_proto_rep, payload) || rep.magic != KVR_PROTO_MAGIC ||
+	    rep.version != KVR_PROTO_VERSION) {
+		rc = fail(c, -EPROTO, "attach reply: malformed");
+	} else if (rep.status < 0) {
+		rep.reason[sizeof(rep.reason) - 1] = 0;
+		rc = fail(c, rep.status, "attach refused: %s", rep.reason);
+	} else if (nfds != want_fds || rep.payload_len != sizeof(c->info)) {
+		rc = fail(c, -EPROTO, "attach reply: expected %u fds and attach info, got %u fds", want_fds, nfds);
+	} else {
+		memcpy(&c->info, rep.payload, sizeof(c->info));
+		c->worker = rep.worker;
+		c->ns = (kvr_key){.lo = c->info.ns_lo, .hi = c->info.ns_hi};
+		return 0;
+	}
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	return rc;
+}
+
 int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client)
 {
 	attach_err[0] = 0;
@@ -341,31 +371,11 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 		rc = fail(c, rc, "attach request: %s", strerror(-rc));
 		goto err;
 	}
-	struct kvr_proto_rep rep;
 	int fds[KVR_PROTO_MAX_FDS];
 	unsigned nfds = 0;
-	ssize_t n = kvr_proto_recv(c->sock, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &nfds);
-	if (n <= 0) {
-		rc = fail(c, n ? (int)n : -ECONNRESET, "attach reply: %s", n ? strerror((int)-n) : "connection closed");
+	if ((rc = recv_attach_reply(c, 3, fds)))
 		goto err;
-	}
-	if ((size_t)n < offsetof(struct kvr_proto_rep, payload) || rep.magic != KVR_PROTO_MAGIC ||
-	    rep.version != KVR_PROTO_VERSION) {
-		rc = fail(c, -EPROTO, "attach reply: malformed");
-		goto close_fds;
-	}
-	if (rep.status < 0) {
-		rep.reason[sizeof(rep.reason) - 1] = 0;
-		rc = fail(c, rep.status, "attach refused: %s", rep.reason);
-		goto close_fds;
-	}
-	if (nfds != 3 || rep.payload_len != sizeof(c->info)) {
-		rc = fail(c, -EPROTO, "attach reply: expected 3 fds and attach info, got %u fds", nfds);
-		goto close_fds;
-	}
-	memcpy(&c->info, rep.payload, sizeof(c->info));
-	c->worker = rep.worker;
-	c->ns = (kvr_key){.lo = c->info.ns_lo, .hi = c->info.ns_hi};
+	nfds = 3;
 
 	/* The client needs only the control segment (rings, actor table); the arena and the
 	 * slot table are the actors' business. */
@@ -961,29 +971,9 @@ int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kvr_client **
 		rc = fail(c, rc, "attach request: %s", strerror(-rc));
 		goto err;
 	}
-	struct kvr_proto_rep rep;
-	ssize_t n = kvr_proto_recv(c->sock, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &nfds);
-	if (n <= 0) {
-		rc = fail(c, n ? (int)n : -ECONNRESET, "attach reply: %s", n ? strerror((int)-n) : "connection closed");
+	if ((rc = recv_attach_reply(c, 1, fds)))
 		goto err;
-	}
-	if ((size_t)n < offsetof(struct kvr_proto_rep, payload) || rep.magic != KVR_PROTO_MAGIC ||
-	    rep.version != KVR_PROTO_VERSION) {
-		rc = fail(c, -EPROTO, "attach reply: malformed");
-		goto close_fds;
-	}
-	if (rep.status < 0) {
-		rep.reason[sizeof(rep.reason) - 1] = 0;
-		rc = fail(c, rep.status, "attach refused: %s", rep.reason);
-		goto close_fds;
-	}
-	if (nfds != 1 || rep.payload_len != sizeof(c->info)) {
-		rc = fail(c, -EPROTO, "attach reply: expected 1 fd and attach info, got %u fds", nfds);
-		goto close_fds;
-	}
-	memcpy(&c->info, rep.payload, sizeof(c->info));
-	c->worker = rep.worker;
-	c->ns = (kvr_key){.lo = c->info.ns_lo, .hi = c->info.ns_hi};
+	nfds = 1;
 	c->geom.block_tokens = c->info.block_tokens;
 	if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 1, &c->ctl_seg)) ||
 	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl))) {

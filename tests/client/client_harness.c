@@ -533,3 +533,26 @@ int ct_recv_list(struct kvr_ring *ring, unsigned type, uint64_t req_id, void *it
 	kvr_list_asm_free(&l);
 	return rc;
 }
+
+bool ct_table_clean(const struct ct_env *e)
+{
+	struct kvr_slot_counts c;
+	kvr_slots_counts(e->slots, &c);
+	return c.by_state[KVR_SLOT_WRITING] == 0 && c.by_state[KVR_SLOT_EVICTING] == 0 &&
+	       c.by_state[KVR_SLOT_DRAINING] == 0 && c.invalid == 0 && c.pins == 0;
+}
+
+void ct_assert_table_clean(const struct ct_env *e)
+{
+	if (H_WAIT(ct_table_clean(e), 5000))
+		return;
+	for (uint32_t s = 0; s < e->slots->n_slots; s++) {
+		const struct kvr_slot *sl = kvr_slot_at(e->slots, s);
+		uint32_t st = kvr_slot_state(e->slots, s);
+		if (st != KVR_SLOT_FREE && (st != KVR_SLOT_COMMITTED || kvr_slot_pins(e->slots, s)))
+			cr_log_error("slot %u: %s owner %u lane %u pins %u (io %u lookup %u)", s, kvr_slot_state_name(st),
+				     sl->owner, sl->lane, kvr_slot_pins(e->slots, s), kvr_slot_pins_of(e->slots, s, KVR_PIN_IO),
+				     kvr_slot_pins_of(e->slots, s, KVR_PIN_LOOKUP));
+	}
+	cr_assert_fail("the slot table is not clean once quiet");
+}

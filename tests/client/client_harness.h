@@ -141,6 +141,10 @@ pid_t ct_spawn_rank_child(const struct ct_env *e, unsigned rank, uint32_t num_bl
 /* Slot table: the slot holding (key, lane) in any state other than FREE, or -1. */
 int ct_find_slot(const struct ct_env *e, kvr_key key, unsigned lane);
 uint32_t ct_count_state(const struct ct_env *e, unsigned state);
+/* Quiet: the slot table holds only FREE and COMMITTED slots and no pin at all. */
+bool ct_table_clean(const struct ct_env *e);
+/* Waits (up to 5 s) for ct_table_clean; else logs every slot that is not and fails. */
+void ct_assert_table_clean(const struct ct_env *e);
 
 /* Actors and processes */
 pid_t ct_actor_pid(const struct ct_env *e, const char *name);

@@ -155,29 +155,9 @@ static uint64_t lk(unsigned s)
 	return ct_stat(&env, "lookup", s);
 }
 
-/* Once quiet the slot table holds only FREE and COMMITTED slots and no pin at all. */
-static bool table_clean(void)
-{
-	struct kvr_slot_counts c;
-	kvr_slots_counts(env.slots, &c);
-	return c.by_state[KVR_SLOT_WRITING] == 0 && c.by_state[KVR_SLOT_EVICTING] == 0 &&
-	       c.by_state[KVR_SLOT_DRAINING] == 0 && c.invalid == 0 && c.pins == 0;
-}
-
 static void assert_table_clean(void)
 {
-	bool ok = H_WAIT(table_clean(), 5000);
-	if (ok)
-		return;
-	for (uint32_t s = 0; s < env.slots->n_slots; s++) {
-		const struct kvr_slot *sl = kvr_slot_at(env.slots, s);
-		uint32_t st = kvr_slot_state(env.slots, s);
-		if (st != KVR_SLOT_FREE && (st != KVR_SLOT_COMMITTED || kvr_slot_pins(env.slots, s)))
-			cr_log_error("slot %u: %s owner %u lane %u pins %u (io %u lookup %u)", s, kvr_slot_state_name(st),
-				     sl->owner, sl->lane, kvr_slot_pins(env.slots, s),
-				     kvr_slot_pins_of(env.slots, s, KVR_PIN_IO), kvr_slot_pins_of(env.slots, s, KVR_PIN_LOOKUP));
-	}
-	cr_assert_fail("the slot table is not clean once quiet");
+	ct_assert_table_clean(&env);
 }
 
 /* A worker in a child process: attaches, looks prompt p up (that starts its promotion
@@ -470,7 +450,7 @@ Test(integrity, a_lost_disk_answer_is_given_up)
 	uint64_t ended0 = lk(KVR_STAT_LK_L2_READS) + lk(KVR_STAT_LK_L2_READ_FAILS);
 	cr_assert_eq(kill(dpid, SIGCONT), 0);
 	cr_assert_eq(ct_count_state(&env, KVR_SLOT_WRITING), BLOCKS);
-	cr_assert(H_WAIT(table_clean(), 15000), "the unanswered promotion was never given up");
+	cr_assert(H_WAIT(ct_table_clean(&env), 15000), "the unanswered promotion was never given up");
 	cr_assert_eq(lk(KVR_STAT_LK_L2_READS) + lk(KVR_STAT_LK_L2_READ_FAILS), ended0 + BLOCKS,
 		     "the promotion's reads ended other than by being given up; log:\n%s", h_read_file(env.h.log));
 	/* the actor's line reaches kvringd's log a moment after its counters move */

@@ -47,13 +47,6 @@ static uint64_t lk(unsigned s)
 	return ct_stat(&env, "lookup", s);
 }
 
-static bool table_clean(void)
-{
-	struct kvr_slot_counts c;
-	kvr_slots_counts(env.slots, &c);
-	return c.by_state[KVR_SLOT_WRITING] == 0 && c.by_state[KVR_SLOT_EVICTING] == 0 &&
-	       c.by_state[KVR_SLOT_DRAINING] == 0 && c.invalid == 0 && c.pins == 0;
-}
 
 static struct kvr_client *sched_open(const char *engine, const char *model_ns)
 {
@@ -144,7 +137,7 @@ Test(leases, pinned_through_pressure_then_loaded_by_every_rank)
 	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES_LOADED) == 1, 5000), "the lease did not end after both loads");
 	cr_assert_eq(lk(KVR_STAT_LK_LEASES), 0);
 	cr_assert_eq(lk(KVR_STAT_LK_LEASES_TAKEN), 2);
-	cr_assert(H_WAIT(table_clean(), 5000), "pins left after the lease ended");
+	ct_assert_table_clean(&env); /* no pin left after the lease ended */
 	kvr_detach(s);
 }
 
@@ -188,7 +181,7 @@ Test(leases, released_expired_replaced_missing)
 	/* a scheduler client neither loads nor stores, a worker does not lease */
 	cr_assert_eq(kvr_load(s, 3, (uint32_t[]){0}, 1), -EINVAL);
 	cr_assert_eq(kvr_lease(r->c, 4, a, 3 * BT, NULL, 0, NULL, &res), -EINVAL);
-	cr_assert(H_WAIT(table_clean(), 5000));
+	ct_assert_table_clean(&env);
 	kvr_detach(s);
 }
 
@@ -234,7 +227,7 @@ Test(leases, engines_share_one_model_and_isolate_others)
 	cr_assert_lt(kvr_attach_scheduler(&bad, &x), 0);
 	cr_assert(strstr(kvr_last_error(NULL), nosock), "%s", kvr_last_error(NULL));
 	kvr_detach(sa);
-	cr_assert(H_WAIT(table_clean(), 5000));
+	ct_assert_table_clean(&env);
 }
 
 /* With L2, a lease after a restart promotes from disk first (every lane), then loads
@@ -271,6 +264,6 @@ Test(leases, lease_promotes_from_l2_after_restart)
 	take_load_exact(r0, 9, 3, 10, 21);
 	take_load_exact(r1, 9, 3, 10, 21);
 	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES_LOADED) == 1, 5000));
-	cr_assert(H_WAIT(table_clean(), 5000));
+	ct_assert_table_clean(&env);
 	kvr_detach(s);
 }
