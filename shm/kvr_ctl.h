@@ -19,7 +19,7 @@
  *   struct kvr_ring_ent  [max_rings]     the ring directory: name, offset, endpoints
  *   struct kvr_actor_stats[max_actors]   counters each actor writes and kvringd exports
  *   char config_json[config_cap]         the effective config, as --check-config prints it
- *   uint8_t geometry[max_workers][3072]  each attached worker's geometry (loader/storer read it)
+ *   uint8_t geometry[max_workers][18560] each attached worker's geometry (loader/storer read it)
  *   rings ...                            every ring, 64-byte aligned, at the offsets above
  *
  * All references are offsets from the segment base. Writers: kvringd writes the instance
@@ -33,7 +33,7 @@
 #define KVR_CTL_MAX_SCHEDULERS 16 /* scheduler slots: client entries after the workers' */
 #define KVR_CTL_MAX_RINGS 256
 #define KVR_ACTOR_NAME_MAX 24
-#define KVR_CTL_GEOM_BYTES 3072 /* per worker: the geometry it attached with (kvr_geometry.h) */
+#define KVR_CTL_GEOM_BYTES 18560 /* per worker: the geometry it attached with (kvr_geometry.h), 64-aligned */
 #define KVR_CTL_RING_MSG_SIZE 64 /* every control-segment ring carries struct kvr_msg */
 
 enum kvr_inst_state {

@@ -27,7 +27,8 @@
 #define KVR_PROTO_VERSION 1u
 #define KVR_PROTO_MAX_FDS 8
 #define KVR_PROTO_REASON_MAX 160
-#define KVR_PROTO_PAYLOAD_MAX 3072
+#define KVR_PROTO_PAYLOAD_MAX 20480 /* a geometry of 1024 regions + the engine identity: one
+				     * SOCK_SEQPACKET record (the socket buffer holds ~200 KiB) */
 
 enum kvr_proto_op {
 	KVR_OP_INSPECT = 1,

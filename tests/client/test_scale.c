@@ -1,5 +1,6 @@
 /* Production scale (issue 13): an arena of any size starts without touching its pages, and is faulted in off the ready path. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,4 +229,44 @@ Test(scale, a_worker_that_never_reads_delays_no_other)
 		cr_assert_eq(m.hdr.req_id, want + got, "answer %u out of order", got);
 		got++;
 	}
+}
+
+/* Llama-3.1-405B's 126 layers (GQA, K and V per layer: 252 regions) attach, store and load
+ * byte-exact; so does the largest geometry there is, 512 layers (1024 regions). */
+Test(scale, a_126_layer_gqa_geometry_attaches_stores_and_loads)
+{
+	static const struct ct_model m126 = {.layers = 126, .kv_heads = 1, .head_dim = 16, .dtype_bytes = 2,
+					     .block_tokens = 16, .tp_size = 1};
+	ct_start(&env, &m126, NULL);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 8, 0, &r), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(r->g.n_regions, 252);
+	uint32_t tokens[3 * 16], blocks[3] = {0, 1, 2};
+	ct_prompt(tokens, 3 * 16, 126);
+	for (uint32_t i = 0; i < 3; i++)
+		ct_fill(r, i, 1260 + i);
+	struct ct_done d;
+	ct_store(r, 1, tokens, 3 * 16, blocks, 3, &d);
+	cr_assert_eq(d.c.status, 0);
+	cr_assert_eq(ct_lookup_load_exact(r, 2, tokens, 3 * 16, 4, 1260), 3);
+}
+
+Test(scale, the_largest_geometry_attaches_and_one_more_region_is_refused)
+{
+	static const struct ct_model m512 = {.layers = KVR_GEOM_MAX_REGIONS / 2, .kv_heads = 1, .head_dim = 8,
+					     .dtype_bytes = 2, .block_tokens = 16, .tp_size = 1};
+	ct_start(&env, &m512, NULL);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 4, 0, &r), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(r->g.n_regions, KVR_GEOM_MAX_REGIONS);
+	uint32_t tokens[16], blocks[1] = {0};
+	ct_prompt(tokens, 16, 512);
+	ct_fill(r, 0, 5120);
+	struct ct_done d;
+	ct_store(r, 1, tokens, 16, blocks, 1, &d);
+	cr_assert_eq(d.c.status, 0);
+	cr_assert_eq(ct_lookup_load_exact(r, 2, tokens, 16, 2, 5120), 1);
+	struct kvr_geometry g;
+	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&g, KVR_GEOM_MAX_REGIONS / 2 + 1, 1, 8, 2, 16, 4), -EINVAL,
+		     "a geometry of more than KVR_GEOM_MAX_REGIONS regions cannot be built");
 }

@@ -7,6 +7,7 @@
 
 #include "kvr_dcp.h"
 #include "kvr_geometry.h"
+#include "kvr_proto.h"
 
 /* kvr_geometry_namespace of glm-4-9b-chat-1m, TP 2, 128-token blocks, id
  * "THUDM/glm-4-9b-chat-1m", no salt. */
@@ -46,7 +47,7 @@ static void m_layout(struct kvr_geometry *g) { g->layout = 0; }
 static void m_nblocks(struct kvr_geometry *g) { g->num_blocks = 0; }
 static void m_reserved(struct kvr_geometry *g) { g->reserved = 1; }
 static void m_nreg0(struct kvr_geometry *g) { g->n_regions = 0; }
-static void m_nreg_big(struct kvr_geometry *g) { g->n_regions = 161; }
+static void m_nreg_big(struct kvr_geometry *g) { g->n_regions = 1025; }
 static void m_nreg_layers(struct kvr_geometry *g) { g->n_regions = 3; }
 static void m_unused(struct kvr_geometry *g) { g->page_bytes[100] = 1; }
 static void m_page0(struct kvr_geometry *g) { g->page_bytes[2] = 0; }
@@ -116,8 +117,8 @@ static const struct vcase {
 	{"layout", m_layout, 4096, "layout: 0 (must be 1 (layer-major) or 2 (cross-layer))"},
 	{"num_blocks", m_nblocks, 4096, "num_blocks: must be > 0"},
 	{"reserved", m_reserved, 4096, "reserved: must be 0"},
-	{"n_regions 0", m_nreg0, 4096, "n_regions: 0 (must be 1..160)"},
-	{"n_regions 161", m_nreg_big, 4096, "n_regions: 161 (must be 1..160)"},
+	{"n_regions 0", m_nreg0, 4096, "n_regions: 0 (must be 1..1024)"},
+	{"n_regions 1025", m_nreg_big, 4096, "n_regions: 1025 (must be 1..1024)"},
 	{"n_regions vs layers", m_nreg_layers, 4096, "n_regions: 3 (layer-major needs layers 2 x 1 or x 2)"},
 	{"unused entry", m_unused, 4096, "region 100: beyond n_regions 4 but not zero"},
 	{"page 0", m_page0, 4096, "region 2 (layer 1 K): page_bytes must be > 0"},
@@ -178,14 +179,14 @@ Test(geometry, set_region_limits)
 	r.offset = 0;
 	r.stride = 1ull << 32;
 	cr_assert_eq(kvr_geometry_set_region(&g, 0, &r), -ERANGE);
-	cr_assert_eq(kvr_geometry_set_region(&g, 160, &r), -EINVAL);
+	cr_assert_eq(kvr_geometry_set_region(&g, KVR_GEOM_MAX_REGIONS, &r), -EINVAL);
 	cr_assert_eq(kvr_geometry_region(&g, 0).stride, 256, "untouched on failure");
 }
 
 Test(geometry, layout_fits_attach_payload)
 {
-	cr_assert_eq(sizeof(struct kvr_geometry), 2944);
-	cr_assert_leq(sizeof(struct kvr_geometry), 3000);
+	cr_assert_eq(sizeof(struct kvr_geometry), 64 + 18 * 1024);
+	cr_assert_leq(sizeof(struct kvr_geometry) + sizeof(struct kvr_attach_engine), KVR_PROTO_PAYLOAD_MAX);
 }
 
 Test(geometry, vllm_layer_major_regions)
@@ -215,7 +216,7 @@ Test(geometry, vllm_layer_major_regions)
 	cr_assert_str_eq(kvr_geometry_region_name(&g, 2, name, sizeof(name)), "layer 1 K");
 
 	struct kvr_geometry keep = g;
-	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&g, 81, 2, 64, 2, 16, 10), -EINVAL, "162 regions");
+	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&g, 513, 2, 64, 2, 16, 10), -EINVAL, "1026 regions");
 	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&g, 0, 2, 64, 2, 16, 10), -EINVAL);
 	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&g, 2, 1 << 16, 1 << 16, 2, 16, 10), -ERANGE, "page > 4 GiB");
 	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&g, 80, 8, 128, 2, 128, 1u << 31), -ERANGE, "past 2^48");
