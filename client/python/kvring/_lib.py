@@ -56,7 +56,7 @@ __all__ = [
 # ---- constants (kvr_geometry.h, kvring.h) --------------------------------------------
 
 KVR_GEOMETRY_VERSION = 1
-KVR_GEOM_MAX_REGIONS = 160
+KVR_GEOM_MAX_REGIONS = 1024  # shm/kvr_geometry.h: 512 layers x K, V
 KVR_ENGINE_ID_MAX = 48
 KVR_MODEL_NS_MAX = 64
 
