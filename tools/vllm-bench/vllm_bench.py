@@ -58,7 +58,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_model  # noqa: E402
 import report  # noqa: E402
-from services import Kvringd, LmcacheServer, ServiceError, foreign_vllm, wait_for_quiet  # noqa: E402
+from services import ForeignCpu, Kvringd, LmcacheServer, ServiceError, foreign_vllm, wait_for_quiet  # noqa: E402
 
 ROWS = ("baseline", "kvring", "lmcache", "prefix")
 PHASES = {"baseline": ("run", "repeat"), "kvring": ("cold", "warm"), "lmcache": ("cold", "warm"),
@@ -155,7 +155,10 @@ def run_engine(row: str, args: argparse.Namespace, spec: dict[str, Any], env_ext
                                 start_new_session=True)
         # While the engine runs, look for other vLLMs every 2 s (from this idle process, not
         # from the engine's): a row measured next to one is marked disturbed.
+        # Other processes' CPU time is summed too: a compile or a test next to the row
+        # takes CPU from it just the same.
         disturbed: dict[int, str] = {}
+        cpu = ForeignCpu()
         rc = None
         while time.monotonic() - t0 < args.row_timeout:
             try:
@@ -163,6 +166,7 @@ def run_engine(row: str, args: argparse.Namespace, spec: dict[str, Any], env_ext
                 break
             except subprocess.TimeoutExpired:
                 disturbed.update(foreign_vllm())
+                cpu.sample()
         # whatever the engine left behind (EngineCore, workers) goes with its session
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -180,8 +184,14 @@ def run_engine(row: str, args: argparse.Namespace, spec: dict[str, Any], env_ext
     elif not res.get("error") and rc != 0:
         res["ok"] = False
         res["error"] = f"engine process exited with {rc}"
+    cpu.sample()
     res["row_wall_s"] = wall
+    res["foreign_cpu_s"] = round(cpu.seconds(), 2)
+    res["foreign_cpu_busiest"] = cpu.busiest()
     res["disturbed_by"] = [f"{p} {c}" for p, c in sorted(disturbed.items())][:8]
+    if cpu.seconds() > args.max_foreign_cpu * wall:
+        res["disturbed_by"].append(f"other processes used {cpu.seconds():.1f} CPU s in {wall:.0f} s "
+                                   f"(> {args.max_foreign_cpu:.0%} of a core): {'; '.join(cpu.busiest(2))}")
     res["log"] = str(log_path)
     if not res.get("ok"):
         tail = log_path.read_text(errors="replace").splitlines()[-25:]
@@ -191,7 +201,7 @@ def run_engine(row: str, args: argparse.Namespace, spec: dict[str, Any], env_ext
 
 def run_row(row: str, args: argparse.Namespace, prompts: list[dict[str, Any]], warm: list[list[int]]) -> dict[str, Any]:
     say(f"\n== {row}")
-    quiet = wait_for_quiet(args.wait_max, say=say)
+    quiet = wait_for_quiet(args.wait_max, say=say, max_cpu=args.max_foreign_cpu)
     phases = [{"name": n, "prompt_ids": [p["id"] for p in prompts]} for n in PHASES[row]]
     spec: dict[str, Any] = {
         "row": row,
@@ -311,6 +321,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lmcache-l1-gb", type=float, default=2, help="lmcache server --l1-size-gb")
     ap.add_argument("--settle", type=float, default=2.0, help="idle seconds between phases")
     ap.add_argument("--wait-max", type=float, default=1800, help="longest wait for other vLLMs to end, seconds")
+    ap.add_argument("--max-foreign-cpu", type=float, default=0.05,
+                    help="a row is disturbed when other processes used more than this share of one core")
     ap.add_argument("--retries", type=int, default=2, help="times a disturbed row is measured again")
     ap.add_argument("--row-timeout", type=float, default=900, help="seconds one row may take")
     ap.add_argument("--build", type=Path, default=REPO / "build", help="kvring's build directory")
