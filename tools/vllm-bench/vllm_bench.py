@@ -330,6 +330,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", type=Path, default=None, help="model directory (default: OUT/model, made once)")
     ap.add_argument("--plot", type=Path, default=None, help="PNG to write (default: OUT/vllm-bench.png)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--report", type=Path, default=None, metavar="JSON",
+                    help="measure nothing: summarize, print and plot an earlier run's JSON again")
     args = ap.parse_args(argv)
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     for r in args.rows:
@@ -345,8 +347,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def report_only(args: argparse.Namespace) -> int:
+    """Summary, table and plot again from a JSON an earlier run wrote (its raw records)."""
+    doc = json.loads(Path(args.report).read_text())
+    doc["summary"] = report.summarize(doc)
+    Path(args.report).write_text(json.dumps(doc, indent=1))
+    say(report.table(doc))
+    if not args.no_plot:
+        say(f"\nplot: {args.plot} ({report.plot(doc, args.plot, args.out)})")
+    return 0 if doc["summary"]["all_ok"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        return report_only(args)
     os.environ["KVR_BENCH_ROOT_PID"] = str(os.getpid())
     args.out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
