@@ -367,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     command = " ".join(["tools/vllm-bench/vllm-bench"] + (sys.argv[1:] if argv is None else argv))
 
+    vers = versions()  # at the start: the tree the rows ran with
     bench_model.ensure_model(args.model)
     prompts = make_prompts(args.sizes, args.fresh, args.shared, args.seed)
     warm = warmup_prompts(args.sizes, args.seed)
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         "schema": 1,
         "command": command,
         "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "kernel": platform.release()},
-        "versions": versions(),
+        "versions": vers,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "model": {"geometry": bench_model.GEOMETRY, "seed": bench_model.SEED,
                   "kv_bytes_per_token": bench_model.kv_bytes_per_token()},
