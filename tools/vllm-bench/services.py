@@ -32,8 +32,8 @@ __all__ = [
     "ServiceError",
     "foreign_vllm",
     "free_port",
-    "parse_metrics",
     "metric_sum",
+    "parse_metrics",
     "wait_for_quiet",
 ]
 
@@ -201,8 +201,7 @@ class ForeignCpu:
         return [f"{pid} {v[0] / self.hz:.1f}s {v[1]}" for pid, v in top]
 
 
-def wait_for_quiet(max_wait_s: float, poll_s: float = 10.0, say: Any = print,
-                   max_cpu: float = 0.05) -> dict[str, Any]:
+def wait_for_quiet(max_wait_s: float, poll_s: float = 10.0, say: Any = print, max_cpu: float = 0.05) -> dict[str, Any]:
     """Wait (at most max_wait_s) until no foreign vLLM runs and, over 5 s, other processes
     used at most max_cpu of one core. Returns what was seen."""
     t0 = time.monotonic()
@@ -221,8 +220,10 @@ def wait_for_quiet(max_wait_s: float, poll_s: float = 10.0, say: Any = print,
                 busy_said = True
             others = [(0, f"other processes used {cpu.seconds():.1f} CPU s in 5 s")]
         elif not seen:
-            say(f"  waiting for other vLLM processes to end: {', '.join(str(p) for p, _ in others[:6])}"
-                f" ({others[0][1][:90]})")
+            say(
+                f"  waiting for other vLLM processes to end: {', '.join(str(p) for p, _ in others[:6])}"
+                f" ({others[0][1][:90]})"
+            )
         seen = others
         if time.monotonic() - t0 >= max_wait_s:
             say(f"  gave up waiting after {max_wait_s:.0f} s; measuring next to {len(others)} foreign processes")
@@ -302,9 +303,10 @@ class Kvringd:
         self.dir.mkdir(parents=True, exist_ok=True)
         cfg = self.dir / "kvringd.json"
         cfg.write_text(json.dumps(self.config, indent=1))
-        log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([str(self.bin), "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+        with open(self.log_path, "wb") as log:  # the child keeps its own copy of the fd
+            self.proc = subprocess.Popen(
+                [str(self.bin), "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -323,8 +325,9 @@ class Kvringd:
         scrape(self.metrics_url)  # /metrics answers too
 
     def inspect(self) -> dict[str, Any]:
-        out = subprocess.run([str(self.inspect_bin), "--json", "--socket", self.socket], capture_output=True,
-                             timeout=10, check=True)
+        out = subprocess.run(
+            [str(self.inspect_bin), "--json", "--socket", self.socket], capture_output=True, timeout=10, check=True
+        )
         return json.loads(out.stdout)
 
     def metrics(self) -> list[tuple[str, dict[str, str], float]]:
@@ -359,9 +362,24 @@ class LmcacheServer:
         self.log_path = workdir / "lmcache-server.log"
         self.dir = workdir
         self.argv = [
-            str(self.bin), "server", "--host", "localhost", "--port", str(self.port),
-            "--chunk-size", str(chunk_size), "--l1-size-gb", str(l1_size_gb), "--eviction-policy", "LRU",
-            "--supported-transfer-mode", "auto", "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
+            str(self.bin),
+            "server",
+            "--host",
+            "localhost",
+            "--port",
+            str(self.port),
+            "--chunk-size",
+            str(chunk_size),
+            "--l1-size-gb",
+            str(l1_size_gb),
+            "--eviction-policy",
+            "LRU",
+            "--supported-transfer-mode",
+            "auto",
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http_port),
         ]
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -370,8 +388,10 @@ class LmcacheServer:
             raise ServiceError(f"{self.bin} is missing (tools/install-vllm.sh installs LMCache 0.5.6)")
         self.dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, LMCACHE_DISABLE_BANNER="1", LMCACHE_TRACK_USAGE="false")
-        log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:

@@ -56,13 +56,17 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-import bench_model  # noqa: E402
-import report  # noqa: E402
-from services import ForeignCpu, Kvringd, LmcacheServer, ServiceError, foreign_vllm, wait_for_quiet  # noqa: E402
+import bench_model
+import report
+from services import ForeignCpu, Kvringd, LmcacheServer, ServiceError, foreign_vllm, wait_for_quiet
 
 ROWS = ("baseline", "kvring", "lmcache", "prefix")
-PHASES = {"baseline": ("run", "repeat"), "kvring": ("cold", "warm"), "lmcache": ("cold", "warm"),
-          "prefix": ("cold", "warm")}
+PHASES = {
+    "baseline": ("run", "repeat"),
+    "kvring": ("cold", "warm"),
+    "lmcache": ("cold", "warm"),
+    "prefix": ("cold", "warm"),
+}
 
 
 def say(*a: Any) -> None:
@@ -89,14 +93,23 @@ def make_prompts(sizes: list[int], fresh: int, shared: int, seed: int) -> list[d
         for s in sizes:
             if s not in first:
                 first[s] = len(out)
-            out.append({"id": len(out), "size": s, "kind": "fresh", "tokens": toks(s), "shares": None,
-                        "shared_tokens": 0})
+            out.append(
+                {"id": len(out), "size": s, "kind": "fresh", "tokens": toks(s), "shares": None, "shared_tokens": 0}
+            )
     for _ in range(shared):
         for s in sizes:
             base = out[first[s]]
             half = s // 2
-            out.append({"id": len(out), "size": s, "kind": "shared", "tokens": base["tokens"][:half] + toks(s - half),
-                        "shares": base["id"], "shared_tokens": half})
+            out.append(
+                {
+                    "id": len(out),
+                    "size": s,
+                    "kind": "shared",
+                    "tokens": base["tokens"][:half] + toks(s - half),
+                    "shares": base["id"],
+                    "shared_tokens": half,
+                }
+            )
     return out
 
 
@@ -133,26 +146,34 @@ def run_engine(row: str, args: argparse.Namespace, spec: dict[str, Any], env_ext
     res_path.unlink(missing_ok=True)
     spec_path.write_text(json.dumps(spec))
     env = dict(os.environ)
-    env.update({
-        "VLLM_CPU_KVCACHE_SPACE": str(args.kv_space_gib),
-        "VLLM_CPU_OMP_THREADS_BIND": args.bind,
-        "PYTHONPATH": os.pathsep.join(filter(None, [args.pythonpath, str(REPO / "client" / "python"),
-                                                    env.get("PYTHONPATH")])),
-        "KVR_BUILD_ROOT": str(args.build),
-        "LMCACHE_TRACK_USAGE": "false",
-        "LMCACHE_DISABLE_BANNER": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    })
+    env.update(
+        {
+            "VLLM_CPU_KVCACHE_SPACE": str(args.kv_space_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": args.bind,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [args.pythonpath, str(REPO / "client" / "python"), env.get("PYTHONPATH")])
+            ),
+            "KVR_BUILD_ROOT": str(args.build),
+            "LMCACHE_TRACK_USAGE": "false",
+            "LMCACHE_DISABLE_BANNER": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
     env.update(env_extra)
     log_path = logs / f"{row}.log"
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, str(HERE / "engine_run.py"), str(spec_path), str(res_path)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "engine_run.py"), str(spec_path), str(res_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         # While the engine runs, look for other vLLMs every 2 s (from this idle process, not
         # from the engine's): a row measured next to one is marked disturbed.
         # Other processes' CPU time is summed too: a compile or a test next to the row
@@ -190,8 +211,10 @@ def run_engine(row: str, args: argparse.Namespace, spec: dict[str, Any], env_ext
     res["foreign_cpu_busiest"] = cpu.busiest()
     res["disturbed_by"] = [f"{p} {c}" for p, c in sorted(disturbed.items())][:8]
     if cpu.seconds() > args.max_foreign_cpu * wall:
-        res["disturbed_by"].append(f"other processes used {cpu.seconds():.1f} CPU s in {wall:.0f} s "
-                                   f"(> {args.max_foreign_cpu:.0%} of a core): {'; '.join(cpu.busiest(2))}")
+        res["disturbed_by"].append(
+            f"other processes used {cpu.seconds():.1f} CPU s in {wall:.0f} s "
+            f"(> {args.max_foreign_cpu:.0%} of a core): {'; '.join(cpu.busiest(2))}"
+        )
     res["log"] = str(log_path)
     if not res.get("ok"):
         tail = log_path.read_text(errors="replace").splitlines()[-25:]
@@ -221,32 +244,56 @@ def run_row(row: str, args: argparse.Namespace, prompts: list[dict[str, Any]], w
             spec["llm"] = engine_kwargs(args, True, None)
         elif row == "kvring":
             g = bench_model.GEOMETRY
-            service = Kvringd(args.build, args.out / "kvringd", block_tokens=args.block_size, l1_bytes=args.kvring_l1,
-                              model={"layers": g["num_hidden_layers"], "kv_heads": g["num_key_value_heads"],
-                                     "head_dim": g["head_dim"], "dtype_bytes": 4})
+            service = Kvringd(
+                args.build,
+                args.out / "kvringd",
+                block_tokens=args.block_size,
+                l1_bytes=args.kvring_l1,
+                model={
+                    "layers": g["num_hidden_layers"],
+                    "kv_heads": g["num_key_value_heads"],
+                    "head_dim": g["head_dim"],
+                    "dtype_bytes": 4,
+                },
+            )
             service.start()
             service_info = {"config": service.config}
             extra = {"socket": service.socket}
             extra.update(json.loads(args.kvring_extra))
-            spec["llm"] = engine_kwargs(args, False, {
-                "kv_connector": "KvringConnector",
-                "kv_connector_module_path": "kvring.vllm.connector",
-                "kv_role": "kv_both",
-                "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": extra,
-            })
+            spec["llm"] = engine_kwargs(
+                args,
+                False,
+                {
+                    "kv_connector": "KvringConnector",
+                    "kv_connector_module_path": "kvring.vllm.connector",
+                    "kv_role": "kv_both",
+                    "kv_load_failure_policy": "recompute",
+                    "kv_connector_extra_config": extra,
+                },
+            )
             spec["metrics_url"] = service.metrics_url
             spec["wait_stores"] = True
         elif row == "lmcache":
-            service = LmcacheServer(Path(sys.executable).parent, args.out / "lmcache", chunk_size=args.lmcache_chunk,
-                                    l1_size_gb=args.lmcache_l1_gb)
+            service = LmcacheServer(
+                Path(sys.executable).parent,
+                args.out / "lmcache",
+                chunk_size=args.lmcache_chunk,
+                l1_size_gb=args.lmcache_l1_gb,
+            )
             service.start()
             service_info = {"argv": service.argv}
-            spec["llm"] = engine_kwargs(args, False, {
-                "kv_connector": "LMCacheMPConnector",
-                "kv_role": "kv_both",
-                "kv_connector_extra_config": {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": service.port},
-            })
+            spec["llm"] = engine_kwargs(
+                args,
+                False,
+                {
+                    "kv_connector": "LMCacheMPConnector",
+                    "kv_role": "kv_both",
+                    "kv_connector_extra_config": {
+                        "lmcache.mp.host": "tcp://localhost",
+                        "lmcache.mp.port": service.port,
+                    },
+                },
+            )
         else:
             raise ValueError(row)
         res = run_engine(row, args, spec, {})
@@ -281,10 +328,15 @@ def versions() -> dict[str, str]:
         except md.PackageNotFoundError:
             out[pkg] = "missing"
     try:
-        out["kvring_rev"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                                           capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.split("\n")
+        out["kvring_rev"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
         out["kvring_uncommitted"] = " ".join(line[3:] for line in dirty if line.strip())
     except (OSError, subprocess.CalledProcessError):
         out["kvring_rev"] = "?"
@@ -302,8 +354,9 @@ def cpu_model() -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="vllm-bench", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="vllm-bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rows", default=",".join(ROWS), help="which rows, comma-separated (default: all)")
     ap.add_argument("--sizes", default="1024,4096,8192", help="prompt sizes in tokens")
     ap.add_argument("--fresh", type=int, default=2, help="prompts of random tokens per size")
@@ -315,14 +368,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--block-size", type=int, default=128, help="vLLM block size = kvringd model.block_tokens")
     ap.add_argument("--kvring-l1", default="2GiB", help="kvringd l1.capacity_bytes")
     ap.add_argument("--kvring-extra", default="{}", help="more kv_connector_extra_config for kvring (JSON)")
-    ap.add_argument("--pythonpath", default=None,
-                    help="put this before client/python on the engines' PYTHONPATH (another kvring package)")
+    ap.add_argument(
+        "--pythonpath",
+        default=None,
+        help="put this before client/python on the engines' PYTHONPATH (another kvring package)",
+    )
     ap.add_argument("--lmcache-chunk", type=int, default=256, help="lmcache server --chunk-size")
     ap.add_argument("--lmcache-l1-gb", type=float, default=2, help="lmcache server --l1-size-gb")
     ap.add_argument("--settle", type=float, default=2.0, help="idle seconds between phases")
     ap.add_argument("--wait-max", type=float, default=1800, help="longest wait for other vLLMs to end, seconds")
-    ap.add_argument("--max-foreign-cpu", type=float, default=0.05,
-                    help="a row is disturbed when other processes used more than this share of one core")
+    ap.add_argument(
+        "--max-foreign-cpu",
+        type=float,
+        default=0.05,
+        help="a row is disturbed when other processes used more than this share of one core",
+    )
     ap.add_argument("--retries", type=int, default=2, help="times a disturbed row is measured again")
     ap.add_argument("--row-timeout", type=float, default=900, help="seconds one row may take")
     ap.add_argument("--build", type=Path, default=REPO / "build", help="kvring's build directory")
@@ -330,8 +390,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", type=Path, default=None, help="model directory (default: OUT/model, made once)")
     ap.add_argument("--plot", type=Path, default=None, help="PNG to write (default: OUT/vllm-bench.png)")
     ap.add_argument("--no-plot", action="store_true")
-    ap.add_argument("--report", type=Path, default=None, metavar="JSON",
-                    help="measure nothing: summarize, print and plot an earlier run's JSON again")
+    ap.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="measure nothing: summarize, print and plot an earlier run's JSON again",
+    )
     args = ap.parse_args(argv)
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     for r in args.rows:
@@ -372,9 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = make_prompts(args.sizes, args.fresh, args.shared, args.seed)
     warm = warmup_prompts(args.sizes, args.seed)
     n_tok = sum(len(p["tokens"]) for p in prompts)
-    say(f"vllm-bench: {len(prompts)} prompts ({n_tok} tokens) per phase, sizes {args.sizes}, "
+    say(
+        f"vllm-bench: {len(prompts)} prompts ({n_tok} tokens) per phase, sizes {args.sizes}, "
         f"{args.fresh} fresh + {args.shared} half-shared per size, {args.output_len} output tokens, "
-        f"rows {','.join(args.rows)}; VLLM_CPU_OMP_THREADS_BIND={args.bind}, block size {args.block_size}")
+        f"rows {','.join(args.rows)}; VLLM_CPU_OMP_THREADS_BIND={args.bind}, block size {args.block_size}"
+    )
 
     results: dict[str, Any] = {}
     for row in args.rows:
@@ -396,8 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "kernel": platform.release()},
         "versions": vers,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "model": {"geometry": bench_model.GEOMETRY, "seed": bench_model.SEED,
-                  "kv_bytes_per_token": bench_model.kv_bytes_per_token()},
+        "model": {
+            "geometry": bench_model.GEOMETRY,
+            "seed": bench_model.SEED,
+            "kv_bytes_per_token": bench_model.kv_bytes_per_token(),
+        },
         "prompts": [{k: v for k, v in p.items() if k != "tokens"} for p in prompts],
         "rows": results,
     }
