@@ -14,8 +14,11 @@ prompt blocks go into the next step's metadata and vLLM keeps them allocated (th
 (get_finished -> finished_sending -> update_connector_output here).
 
 Rules kept here:
-- a hit is whole blocks, and never the whole prompt: vLLM must compute at least the last
-  prompt token to sample from, so the hit is cut to (prompt_len - 1) rounded down;
+- kvring holds whole blocks, and vLLM must compute at least the last prompt token to
+  sample from: every full block of the prompt is leased, vLLM is told at most
+  prompt_len - 1 tokens, and the block holding the last token is loaded whole (vLLM
+  recomputes that one token over it). A fully stored 8k prompt then computes 1 token, not
+  a block of them;
 - loads are synchronous (the workers finish them before the forward pass), so a failed
   block is reported in the same step and vLLM recomputes from it
   (kv_load_failure_policy="recompute");
@@ -166,8 +169,8 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         rid = request.request_id
         bs = self.block_size
-        cap = (min(request.num_prompt_tokens, request.num_tokens - 1) // bs) * bs
-        if request.prompt_token_ids is None or cap <= num_computed_tokens:
+        cap = (request.num_prompt_tokens // bs) * bs  # lease every full block of the prompt
+        if request.prompt_token_ids is None or min(cap, request.num_tokens - 1) <= num_computed_tokens:
             self._drop_lease(rid)
             return 0, False
         tokens = memoryview(self._prompt(request))[:cap]
@@ -193,7 +196,8 @@ class SchedulerSide:
                 self._note_lease_time(time.perf_counter_ns() - t0)
         assert r is not None
         self._leased.add(rid)
-        matched = min(r.matched_tokens, cap)
+        # at least the last token is vLLM's to compute; the block holding it is loaded whole
+        matched = min(r.matched_tokens, cap, request.num_tokens - 1)
         if matched <= num_computed_tokens:
             self._drop_lease(rid)
             return 0, False
@@ -236,8 +240,8 @@ class SchedulerSide:
         bs = self.block_size
         n = (min(request.num_prompt_tokens, request.num_computed_tokens) // bs) * bs
         n = min(n, len(block_ids) * bs)
-        if n <= loaded or request.prompt_token_ids is None:
-            return False, None  # nothing kvring does not hold already
+        if n <= -(-loaded // bs) * bs or request.prompt_token_ids is None:
+            return False, None  # nothing kvring does not hold already (a loaded partial block is whole)
         if tokens is None:
             tokens = array.array("I", request.prompt_token_ids)
         self._stores.append(
