@@ -133,6 +133,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, however it dies (a
+    timeout's kill, an exception past the test's cleanup), so no kvringd outlives its test."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
 class Kvringd:
     """kvringd as a child process with the tiny model's geometry on a private socket."""
 
@@ -195,6 +204,7 @@ class Kvringd:
             stdout=self._logf,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
