@@ -200,6 +200,7 @@ enum kvr_stat_lookup {
 	KVR_STAT_LK_LEASES_EXPIRED,   /* leases ended by their ttl */
 	KVR_STAT_LK_LEASES_REFUSED,   /* leases refused: table full (l1.max_leases) */
 	KVR_STAT_LK_LEASES_MISSING,   /* LEASE_TAKEs of a lease that did not exist (-ENOENT) */
+	KVR_STAT_LK_REPLIES_QUEUED,   /* reply messages that found their reader's ring full and waited in an outbox */
 };
 
 enum kvr_stat_xfer { /* loader and storer */

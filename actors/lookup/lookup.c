@@ -703,21 +703,34 @@ static void lookup_on_tick(struct kvr_actor *a, uint64_t now)
 }
 
 /* Every pass of the loop: move waiting replies to their readers' rings. */
-static bool lookup_on_pass(struct kvr_actor *a, uint64_t now)
+/* Flush one outbox: dropped messages reported; *moved when something went out. */
+static void flush(struct kvr_actor *a, struct kvr_outbox *ob, const char *who, unsigned i, uint64_t now,
+		  bool *pending, bool *moved)
+{
+	if (!kvr_outbox_pending(ob))
+		return;
+	uint32_t before = ob->n;
+	dropped(a, who, i, kvr_outbox_flush(ob, now, REPLY_TIMEOUT_NS(a)));
+	*moved |= ob->n != before;
+	*pending |= kvr_outbox_pending(ob);
+}
+
+static int lookup_on_pass(struct kvr_actor *a, uint64_t now)
 {
 	struct lookup *l = a->data;
-	uint64_t timeout = REPLY_TIMEOUT_NS(a);
-	bool pending = false;
+	bool pending = false, moved = false;
+	uint64_t queued = 0;
 	for (unsigned i = 0; i < l->n_workers; i++) {
-		struct lk_worker *w = &l->w[i];
-		dropped(a, "worker", i, kvr_outbox_flush(&w->lk_out, now, timeout) + kvr_outbox_flush(&w->cm_out, now, timeout));
-		pending |= kvr_outbox_pending(&w->lk_out) || kvr_outbox_pending(&w->cm_out);
+		flush(a, &l->w[i].lk_out, "worker", i, now, &pending, &moved);
+		flush(a, &l->w[i].cm_out, "worker", i, now, &pending, &moved);
+		queued += l->w[i].lk_out.queued + l->w[i].cm_out.queued;
 	}
 	for (unsigned i = 0; i < l->n_sched; i++) {
-		dropped(a, "scheduler", i, kvr_outbox_flush(&l->sched[i].out, now, timeout));
-		pending |= kvr_outbox_pending(&l->sched[i].out);
+		flush(a, &l->sched[i].out, "scheduler", i, now, &pending, &moved);
+		queued += l->sched[i].out.queued;
 	}
-	return pending;
+	atomic_store_explicit(&a->stats->c[KVR_STAT_LK_REPLIES_QUEUED], queued, memory_order_relaxed);
+	return moved ? KVR_PASS_MOVED : pending ? KVR_PASS_WAITING : KVR_PASS_IDLE;
 }
 
 static const struct kvr_stage lookup_stage = {

@@ -397,7 +397,7 @@ static void run_loop(struct kvr_actor *a)
 			if (next_tick <= now) /* we fell behind: do not fire a burst of late ticks */
 				next_tick = now + st->tick_ns;
 		}
-		bool output_waits = st->on_pass && st->on_pass(a, now);
+		bool output_waits = st->on_pass && st->on_pass(a, now) != KVR_PASS_IDLE;
 		atomic_store_explicit(&a->ent->heartbeat_ns, now, memory_order_relaxed);
 		if (n || a->stopping) {
 			had_work = true;
@@ -411,7 +411,7 @@ static void run_loop(struct kvr_actor *a)
 		had_work = false;
 
 		uint32_t seen = kvr_waiter_prepare(w);
-		if (have_work(a) || term_flag) {
+		if (have_work(a) || term_flag || (output_waits && st->on_pass(a, kvr_now_ns()) == KVR_PASS_MOVED)) {
 			kvr_waiter_finish(w);
 			continue;
 		}

@@ -57,6 +57,7 @@
 #define KVR_ACTOR_MAX_RINGS 96 /* inputs and outputs per actor */
 #define KVR_ACTOR_MAX_KV 16    /* KV memories one actor maps (a gather actor: its DCP group's) */
 #define KVR_ACTOR_OUTPUT_POLL_NS 1000000 /* pending output: look at the readers' rings this often */
+enum kvr_pass { KVR_PASS_IDLE = 0, KVR_PASS_WAITING = 1, KVR_PASS_MOVED = 2 };
 
 struct kvr_actor;
 
@@ -75,9 +76,12 @@ struct kvr_stage {
 	/* Periodic work, every tick_ns (CLOCK_MONOTONIC now passed in). */
 	void (*on_tick)(struct kvr_actor *a, uint64_t now_ns);
 	/* Optional: called on every pass of the loop, after the inputs were served (flush
-	 * outboxes, kvr_outbox.h). Returns true while output waits for room in a reader's
-	 * ring: the loop then sleeps at most KVR_ACTOR_OUTPUT_POLL_NS before the next pass. */
-	bool (*on_pass)(struct kvr_actor *a, uint64_t now_ns);
+	 * outboxes, kvr_outbox.h), and once more after the loop announced its sleep (a reader
+	 * that freed room just before the announcement woke nobody). Returns KVR_PASS_MOVED
+	 * when it sent something, KVR_PASS_WAITING while output waits for room in a reader's
+	 * ring (the loop then sleeps at most KVR_ACTOR_OUTPUT_POLL_NS; a reader freeing room
+	 * wakes it), KVR_PASS_IDLE when nothing waits. */
+	int (*on_pass)(struct kvr_actor *a, uint64_t now_ns);
 	/* Called once before a clean exit (STOP or SIGTERM); not after a failed init. */
 	void (*fini)(struct kvr_actor *a);
 };

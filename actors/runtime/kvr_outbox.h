@@ -34,6 +34,7 @@ struct kvr_outbox {
 	uint32_t head, n, cap;
 	uint64_t since_ns;     /* when the oldest queued message was queued (0: none queued) */
 	uint64_t dropped;      /* messages dropped since init */
+	uint64_t queued;       /* messages that waited in the outbox since init */
 };
 
 void kvr_outbox_init(struct kvr_outbox *ob, struct kvr_ring *ring);

@@ -46,6 +46,7 @@ int kvr_outbox_send(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now
 		ob->since_ns = now_ns;
 	ob->q[(ob->head + ob->n) % ob->cap] = *m;
 	ob->n++;
+	ob->queued++;
 	return 0;
 }
 

@@ -88,6 +88,8 @@ Test(bench_lease, scheduler_lease_10k_tokens)
 	report("  request + reply (rings)", rt_ns, N);
 	report("  the lookup actor's index work", index_ns, N);
 	report("worker kvr_lookup (no pins)", look_ns, N);
+	printf("reply messages that waited in the lookup actor's outboxes: %llu\n",
+	       (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_REPLIES_QUEUED));
 	printf("lease p99 / lookup p99 = %.2f\n", (double)lease_ns[N * 99 / 100] / (double)look_ns[N * 99 / 100]);
 	kvr_detach(s);
 }
