@@ -318,6 +318,30 @@ static int recv_attach_reply(struct kvr_client *c, unsigned want_fds, int *fds)
 	return rc;
 }
 
+/* A client not attached yet (no socket, no segment), or NULL (attach_err set). */
+static struct kvr_client *client_new(int64_t timeout_ms)
+{
+	struct kvr_client *c = calloc(1, sizeof(*c));
+	if (!c) {
+		snprintf(attach_err, sizeof(attach_err), "attach: out of memory");
+		return NULL;
+	}
+	c->sock = -1;
+	c->ctl_seg.fd = -1;
+	c->timeout_ns = (timeout_ms > 0 ? timeout_ms : 10000) * 1000000ll;
+	return c;
+}
+
+/* Connect c to kvringd's socket (NULL: the default config's). 0 or -errno, reason set. */
+static int client_connect(struct kvr_client *c, const char *socket)
+{
+	struct kvr_config defaults;
+	kvr_config_defaults(&defaults);
+	const char *path = socket ? socket : defaults.instance.socket;
+	c->sock = kvr_proto_connect(path);
+	return c->sock < 0 ? fail(c, c->sock, "cannot connect to %s: %s", path, strerror(-c->sock)) : 0;
+}
+
 int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client)
 {
 	attach_err[0] = 0;
@@ -325,14 +349,9 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 		snprintf(attach_err, sizeof(attach_err), "attach: missing geometry, KV memory or result pointer");
 		return -EINVAL;
 	}
-	struct kvr_client *c = calloc(1, sizeof(*c));
-	if (!c) {
-		snprintf(attach_err, sizeof(attach_err), "attach: out of memory");
+	struct kvr_client *c = client_new(opts->timeout_ms);
+	if (!c)
 		return -ENOMEM;
-	}
-	c->sock = -1;
-	c->ctl_seg.fd = -1;
-	c->timeout_ns = (opts->timeout_ms > 0 ? opts->timeout_ms : 10000) * 1000000ll;
 	int rc;
 	char err[KVR_GEOM_ERR_MAX];
 	if (kvr_geometry_validate(opts->geometry, opts->kv_bytes, err, sizeof(err))) {
@@ -344,12 +363,7 @@ int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_clien
 	if (opts->cuda_kv && (kv_fd = rc = cuda_desc_create(c, opts)) < 0)
 		goto err;
 
-	struct kvr_config defaults;
-	kvr_config_defaults(&defaults);
-	const char *path = opts->socket ? opts->socket : defaults.instance.socket;
-	c->sock = kvr_proto_connect(path);
-	if (c->sock < 0) {
-		rc = fail(c, c->sock, "cannot connect to %s: %s", path, strerror(-c->sock));
+	if ((rc = client_connect(c, opts->socket))) {
 		if (opts->cuda_kv)
 			close(kv_fd);
 		goto err;
@@ -771,6 +785,29 @@ static struct memo *memo_find(struct kvr_client *c, uint64_t req_id)
 	return NULL;
 }
 
+/* The next message answering `wire` on the lookup reply ring (a scheduler's: its sched.rep).
+ * Stale answers to earlier, timed-out requests are skipped. -EPIPE when kvringd or the lookup
+ * actor is gone, -ETIMEDOUT at the deadline (kvr_last_error says which, prefixed by what). */
+static int await_reply(struct kvr_client *c, const char *what, unsigned actor, uint32_t gen, uint64_t wire,
+		       uint64_t deadline, struct kvr_msg *ret)
+{
+	for (;;) {
+		int rc = kvr_ring_dequeue(c->lk_rep, ret, WAIT_SLICE_NS);
+		if (rc == 0 && ret->hdr.req_id == wire)
+			return 0;
+		if (rc == 0)
+			continue;
+		if (rc != -ETIMEDOUT && rc != -EINTR)
+			return fail(c, rc, "%s: %s", what, strerror(-rc));
+		if (sup_gone(c))
+			return fail(c, -EPIPE, "%s: %s; treat as a miss", what, SUP_GONE_WHY);
+		if (!actor_alive(c, actor, gen))
+			return fail(c, -EPIPE, "%s: the lookup actor restarted; treat as a miss", what);
+		if (kvr_now_ns() >= deadline)
+			return fail(c, -ETIMEDOUT, "%s: no reply within %lld ms", what, (long long)(c->timeout_ns / 1000000));
+	}
+}
+
 /* Wait for the LOOKUP_REP (+ SLOTS) answering `wire` on the lookup reply ring (a lookup or
  * a LEASE_TAKE). Stale replies of an earlier, timed-out request are skipped. *ret_slots:
  * r->matched slots (NULL when none), the caller's to free. */
@@ -786,27 +823,8 @@ static int await_slots(struct kvr_client *c, const char *what, unsigned actor, u
 	memset(r, 0, sizeof(*r));
 	for (;;) {
 		struct kvr_msg m;
-		rc = kvr_ring_dequeue(c->lk_rep, &m, WAIT_SLICE_NS);
-		if (rc == -ETIMEDOUT || rc == -EINTR) {
-			if (sup_gone(c)) {
-				rc = fail(c, -EPIPE, "%s: %s; treat as a miss", what, SUP_GONE_WHY);
-				goto out;
-			}
-			if (!actor_alive(c, actor, gen)) {
-				rc = fail(c, -EPIPE, "%s: the lookup actor restarted; treat as a miss", what);
-				goto out;
-			}
-			if (kvr_now_ns() >= deadline) {
-				rc = fail(c, -ETIMEDOUT, "%s: no reply within %lld ms", what,
-					  (long long)(c->timeout_ns / 1000000));
-				goto out;
-			}
-			continue;
-		}
-		if (rc)
+		if ((rc = await_reply(c, what, actor, gen, wire, deadline, &m)))
 			goto out;
-		if (m.hdr.req_id != wire)
-			continue;
 		if (!have) {
 			if (kvr_msg_decode_lookup_rep(&m, r)) {
 				rc = fail(c, -EPROTO, "%s: malformed reply", what);
@@ -942,15 +960,10 @@ int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kvr_client **
 		snprintf(attach_err, sizeof(attach_err), "attach: missing options or result pointer");
 		return -EINVAL;
 	}
-	struct kvr_client *c = calloc(1, sizeof(*c));
-	if (!c) {
-		snprintf(attach_err, sizeof(attach_err), "attach: out of memory");
+	struct kvr_client *c = client_new(opts->timeout_ms);
+	if (!c)
 		return -ENOMEM;
-	}
-	c->sock = -1;
-	c->ctl_seg.fd = -1;
 	c->sched = true;
-	c->timeout_ns = (opts->timeout_ms > 0 ? opts->timeout_ms : 10000) * 1000000ll;
 	int rc, fds[KVR_PROTO_MAX_FDS];
 	unsigned nfds = 0;
 	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION,
@@ -959,14 +972,8 @@ int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kvr_client **
 	if ((rc = engine_fill(&eng, opts->engine_id, opts->model_ns, c->err, sizeof(c->err))))
 		goto err;
 	memcpy(req.payload, &eng, sizeof(eng));
-	struct kvr_config defaults;
-	kvr_config_defaults(&defaults);
-	const char *path = opts->socket ? opts->socket : defaults.instance.socket;
-	c->sock = kvr_proto_connect(path);
-	if (c->sock < 0) {
-		rc = fail(c, c->sock, "cannot connect to %s: %s", path, strerror(-c->sock));
+	if ((rc = client_connect(c, opts->socket)))
 		goto err;
-	}
 	if ((rc = kvr_proto_send(c->sock, &req, offsetof(struct kvr_proto_req, payload) + req.payload_len, NULL, 0))) {
 		rc = fail(c, rc, "attach request: %s", strerror(-rc));
 		goto err;
@@ -1047,23 +1054,8 @@ int kvr_lease(struct kvr_client *c, uint64_t lease_id, const uint32_t *tokens, s
 	if ((rc = send_msg(c, c->lk_req, &m, deadline)) ||
 	    (rc = send_list(c, c->lk_req, KVR_MSG_LOOKUP, wire, 0, 0, c->keys, (uint32_t)nk, deadline)))
 		return fail(c, rc, "lease: sending the request: %s", strerror(-rc));
-	for (;;) {
-		rc = kvr_ring_dequeue(c->lk_rep, &m, WAIT_SLICE_NS);
-		if (rc == -ETIMEDOUT || rc == -EINTR) {
-			if (sup_gone(c))
-				return fail(c, -EPIPE, "lease: %s; treat as a miss", SUP_GONE_WHY);
-			if (!actor_alive(c, c->info.lookup_actor, gen))
-				return fail(c, -EPIPE, "lease: the lookup actor restarted; treat as a miss");
-			if (kvr_now_ns() >= deadline)
-				return fail(c, -ETIMEDOUT, "lease: no reply within %lld ms",
-					    (long long)(c->timeout_ns / 1000000));
-			continue;
-		}
-		if (rc)
-			return fail(c, rc, "lease: %s", strerror(-rc));
-		if (m.hdr.req_id == wire)
-			break;
-	}
+	if ((rc = await_reply(c, "lease", c->info.lookup_actor, gen, wire, deadline, &m)))
+		return rc;
 	struct kvr_msg_lookup_rep r;
 	if (kvr_msg_decode_lease_rep(&m, &r) || r.matched > nk)
 		return fail(c, -EPROTO, "lease: malformed reply");
