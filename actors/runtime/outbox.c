@@ -34,10 +34,9 @@ static int grow(struct kvr_outbox *ob)
 	return 0;
 }
 
-int kvr_outbox_send(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns)
+/* Queue m behind what waits already (the ring had no room for it). */
+static int queue(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns)
 {
-	if (!ob->n && kvr_ring_try_enqueue(ob->ring, m) == 0)
-		return 0;
 	if (ob->n == ob->cap && grow(ob)) {
 		ob->dropped++;
 		return -ENOBUFS;
@@ -50,19 +49,33 @@ int kvr_outbox_send(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now
 	return 0;
 }
 
+int kvr_outbox_send(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns)
+{
+	if (!ob->n && kvr_ring_try_enqueue(ob->ring, m) == 0)
+		return 0;
+	return queue(ob, m, now_ns);
+}
+
+#define LIST_BURST 32 /* as kvr_list_send: one publish and at most one wake per burst */
+
 int kvr_outbox_send_list(struct kvr_outbox *ob, unsigned type, uint64_t req_id, uint8_t lane, uint8_t flags,
 			 const void *items, uint32_t total, uint64_t now_ns)
 {
 	int rc = 0;
-	uint32_t done = 0;
-	for (uint32_t seq = 0; done < total; seq++) {
-		struct kvr_msg m;
-		unsigned k = kvr_msg_build_list(&m, type, req_id, seq, lane, flags, items, total);
-		if (!k)
-			return -EINVAL;
-		if (kvr_outbox_send(ob, &m, now_ns))
-			rc = -ENOBUFS;
-		done += k;
+	uint32_t done = 0, seq = 0;
+	while (done < total) {
+		struct kvr_msg burst[LIST_BURST];
+		unsigned n = 0;
+		for (; n < LIST_BURST && done < total; n++, seq++) {
+			unsigned k = kvr_msg_build_list(&burst[n], type, req_id, seq, lane, flags, items, total);
+			if (!k)
+				return -EINVAL;
+			done += k;
+		}
+		unsigned sent = ob->n ? 0 : kvr_ring_enqueue_burst(ob->ring, burst, n);
+		for (unsigned i = sent; i < n; i++)
+			if (queue(ob, &burst[i], now_ns))
+				rc = -ENOBUFS;
 	}
 	return rc;
 }
@@ -78,11 +91,15 @@ uint32_t kvr_outbox_clear(struct kvr_outbox *ob)
 
 uint32_t kvr_outbox_flush(struct kvr_outbox *ob, uint64_t now_ns, uint64_t timeout_ns)
 {
-	while (ob->n && kvr_ring_try_enqueue(ob->ring, &ob->q[ob->head]) == 0) {
-		ob->head = (ob->head + 1) % ob->cap;
-		/* the next one has waited since at most now: measure from here */
-		if (--ob->n)
-			ob->since_ns = now_ns;
+	while (ob->n) {
+		/* the queued messages up to the array's end in one burst */
+		uint32_t run = ob->cap - ob->head < ob->n ? ob->cap - ob->head : ob->n;
+		unsigned sent = kvr_ring_enqueue_burst(ob->ring, &ob->q[ob->head], run);
+		if (!sent)
+			break;
+		ob->head = (ob->head + sent) % ob->cap;
+		ob->n -= sent;
+		ob->since_ns = now_ns; /* the reader took some: measure its next stall from here */
 	}
 	if (ob->n && now_ns - ob->since_ns > timeout_ns)
 		return kvr_outbox_clear(ob);
