@@ -283,6 +283,20 @@ class Kvringd:
             v = self.metric(name, **labels)
         return v
 
+    def wait_slots_quiet(self, timeout: float = 15) -> dict[str, Any]:
+        """Wait until the slot table holds only free and committed slots and no pin (every
+        load, store and lease of the test ended); fail naming what is left."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sl = self.inspect()["l1_slots"]
+            busy = {k: sl[k] for k in ("writing", "evicting", "draining", "invalid") if sl[k]}
+            busy.update({f"pins.{k}": v for k, v in sl["pins"].items() if v})
+            if not busy:
+                return sl
+            if time.monotonic() > deadline:
+                raise TestFailure(f"the slot table is not quiet after {timeout} s: {busy}")
+            time.sleep(0.05)
+
     def stop(self) -> int:
         """SIGTERM (drain), wait, return the exit status (must be 0)."""
         assert self.proc is not None

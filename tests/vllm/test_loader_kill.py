@@ -73,6 +73,7 @@ def main(d: Path) -> None:
         check(again["num_cached_tokens"] == 12 * BLOCK, f"after the restart the hit is {again['num_cached_tokens']}")
         kv.wait_metric("kvring_load_blocks_total", loaded + 12, result="loaded")
         check(kt.same_output(cold, again), "the load after the loader's restart gave other outputs")
+        kv.wait_slots_quiet()  # the killed load's pins and its lease ended with nothing left behind
         kt.log(
             f"loader killed mid-load: recomputed, tokens equal (delta {delta:.2g}); {loader} restarted "
             f"(pid {new_pid}) and the next warm run loaded 12 blocks"
