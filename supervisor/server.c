@@ -491,8 +491,7 @@ static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req
 			return -EEXIST;
 		}
 	}
-	struct sup_engine_id tmp = *eng;
-	if (kvr_geometry_namespace(rank_g, sup_engine_model(s, &tmp), s->cfg.model.cache_salt, ret_ns)) {
+	if (kvr_geometry_namespace(rank_g, sup_engine_model(s, eng), s->cfg.model.cache_salt, ret_ns)) {
 		rep_init(s, rep, -EINVAL, "geometry: no key namespace for this rank's layout");
 		return -EINVAL;
 	}
