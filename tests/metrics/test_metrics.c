@@ -47,6 +47,8 @@ Test(metrics, exact_counters_after_workload)
 {
 	uint16_t port = m_free_port();
 	m_start(&inst, true, port);
+	/* the arena's background prefault is kvringd's third thread, while it runs */
+	cr_assert(H_WAIT(h_log_contains(&inst, "faulted in, in"), 20000), "the arena prefault did not finish");
 	cr_assert_eq(threads_of(inst.pid), 2, "kvringd runs its loop and the metrics thread");
 
 	char *t = m_scrape(port);
@@ -159,6 +161,8 @@ Test(metrics, disabled_nothing_listens)
 	m_start(&inst, false, port);
 	struct m_http r;
 	cr_assert_eq(m_http(port, "GET", "/metrics", &r), -ECONNREFUSED);
+	/* the arena's background prefault is kvringd's other thread, while it runs */
+	cr_assert(H_WAIT(h_log_contains(&inst, "faulted in, in"), 20000), "the arena prefault did not finish");
 	cr_assert_eq(threads_of(inst.pid), 1, "no metrics thread when disabled");
 	cr_assert(!h_log_contains(&inst, "metrics on"));
 }
