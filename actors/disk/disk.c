@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,13 +21,15 @@
  * Requests come on "disk.req.<i>" from the lookup actor, replies and notices go out on
  * "disk.rep.<i>" (docs/l2.md, "The disk actor").
  *
- * Completions inside on_msg: the runtime sleeps on ring futexes only and has no way to
- * wake us on an io_uring completion, so every I/O is submitted inside on_msg and finished before the runtime
- * could go to sleep. After each request: when the input ring is empty, or every request
- * slot (queue_depth) is in use, completions are reaped — until nothing is in flight (ring
- * empty) or until a request slot frees (full depth) — and their replies sent. Requests
- * that arrive together are therefore submitted together, and the runtime's busy flag
- * (set around on_msg) covers every I/O in flight: kvringd's drain waits for L2 writes.
+ * Nothing waits inside a handler: on_msg only prepares the I/O of a request (submitted
+ * together with the others of the same loop pass, from on_pass), and the completions are
+ * reaped when the store's eventfd becomes readable (a runtime fd watch) — the queue stays
+ * full at queue_depth while requests keep coming. A request that finds every request slot
+ * in use (or the engine busy with internal unlinks) waits in a short FIFO and the input
+ * ring is held (kvr_actor_hold_input) until a completion makes room: the ring fills, and a
+ * full ring is the lookup actor's backpressure. Requests are started in arrival order.
+ * Every request accepted and not answered (in flight or waiting) is reported as held
+ * (kvr_actor_set_held): kvringd's drain waits for L2 writes.
  *
  * l2.read_only: the store is opened read-only (l2store.h): adoption leaves what it skips in
  * place, L2_WRITE is answered -EROFS before it reaches the store (counted, logged once), a
@@ -43,6 +46,8 @@ _Static_assert(KVR_L2_R_MAX == KVR_STAT_DK_REASON_MAX, "kvr_ctl.h's adoption rea
 #define DISK_FINI_TIMEOUT_NS (1ull * 1000000000ull)
 #define DISK_POLL_MAX 64u
 #define DISK_REQ_NONE 0xffffffffu
+#define DISK_WAIT_MAX 128u /* requests waiting for a request slot: > the runtime's burst, so
+			    * the rest of the burst that filled the slots fits before the input is held */
 
 struct disk_req {
 	uint64_t req_id;
@@ -72,6 +77,9 @@ struct disk {
 	uint64_t write_fails;       /* failed L2 writes (each counted; logged at most every 10 s) */
 	uint64_t write_fails_logged;
 	uint64_t write_fail_log_ns;
+	int watch;                  /* the store's completion eventfd watch */
+	struct kvr_msg waiting[DISK_WAIT_MAX]; /* FIFO: requests that found no room */
+	unsigned wait_head, wait_n;
 };
 
 #define DISK_FAIL_LOG_NS (10ull * 1000000000ull)
@@ -246,39 +254,15 @@ static int settle_all(struct disk *d)
 	return rc < 0 ? rc : 0;
 }
 
-/* The rule after each request (see the top of the file). */
-static void settle(struct disk *d)
-{
-	if (kvr_ring_count(d->in) == 0) {
-		(void)settle_all(d);
-		return;
-	}
-	while (d->inflight >= d->qd)
-		if (pump(d, 1) < 0)
-			return;
-}
-
-/* A request slot for a new I/O: wait for a completion when all are in use. */
-static uint32_t req_wait(struct disk *d)
-{
-	while (d->free_req == DISK_REQ_NONE)
-		if (pump(d, 1) < 0)
-			return DISK_REQ_NONE;
-	return req_get(d);
-}
-
-/* Submit through op (put or get), retrying while the store says -EAGAIN and something it
- * waits for is in flight. */
+/* Queue through the store (put or get). -EAGAIN only while something the store waits for
+ * is in flight (the request then waits for a completion); a store that says -EAGAIN with
+ * nothing in flight cannot make room by waiting: that answer goes to the requester. */
 static int submit(struct disk *d, bool put, kvr_key key, uint32_t lane, void *buf, uint32_t r)
 {
-	for (;;) {
-		int rc = put ? kvr_l2_store_put(d->store, key, lane, buf, r) : kvr_l2_store_get(d->store, key, lane, buf, r);
-		if (rc != -EAGAIN || !kvr_l2_store_pending(d->store))
-			return rc;
-		int n = pump(d, 1);
-		if (n < 0)
-			return n;
-	}
+	int rc = put ? kvr_l2_store_put(d->store, key, lane, buf, r) : kvr_l2_store_get(d->store, key, lane, buf, r);
+	if (rc == -EAGAIN && !kvr_l2_store_pending(d->store))
+		return -EBUSY;
+	return rc;
 }
 
 /* The I/O pins of slots routed to this disk (keys are routed by key.hi % n_dirs) belong to
@@ -362,10 +346,10 @@ static int start_io(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b,
 		(void)kvr_slot_unpin(d->slots, b->slot, KVR_PIN_IO);
 		return -ESTALE;
 	}
-	uint32_t r = req_wait(d);
-	if (r == DISK_REQ_NONE) {
+	uint32_t r = req_get(d);
+	if (r == DISK_REQ_NONE) { /* every request slot in use: wait for a completion */
 		(void)kvr_slot_unpin(d->slots, b->slot, KVR_PIN_IO);
-		return -EIO;
+		return -EAGAIN;
 	}
 	d->reqs[r] = (struct disk_req){.req_id = req_id, .key = key, .slot = b->slot, .epoch = b->epoch,
 				       .lane = b->lane, .type = type, .next_free = DISK_REQ_NONE};
@@ -379,7 +363,9 @@ static int start_io(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b,
 	return rc;
 }
 
-static void do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b)
+
+/* do_write / do_read: 0 when started or answered, -EAGAIN when the request must wait for room. */
+static int do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b)
 {
 	kvr_key key = {b->key_lo, b->key_hi};
 	if (d->read_only) {
@@ -388,29 +374,33 @@ static void do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b
 			kvr_warn("l2 %s: L2_WRITE refused: l2.read_only (further refusals are only counted)", d->root);
 		kvr_actor_count(d->a, KVR_STAT_DK_WRITES_REFUSED, 1);
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, -EROFS);
-		return;
+		return 0;
 	}
 	if (b->slot >= d->slots->n_slots) {
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, -EINVAL);
-		return;
+		return 0;
 	}
 	int rc = start_io(d, req_id, b, KVR_SLOT_COMMITTED, KVR_MSG_L2_WRITE);
-	if (rc == 0)
-		return; /* answered on completion (on_done unpins) */
+	if (rc == 0 || rc == -EAGAIN)
+		return rc; /* answered on completion (on_done unpins), or waits for room */
 	bool present = rc == KVR_L2_PRESENT || rc == KVR_L2_INFLIGHT;
 	if (!present && rc != -ESTALE)
 		write_failed(d, key, b->lane, rc);
 	send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, present ? KVR_L2F_PRESENT : 0,
 		present ? 0 : rc);
+	return 0;
 }
 
-static void do_read(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b)
+static int do_read(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b)
 {
 	kvr_key key = {b->key_lo, b->key_hi};
 	/* the lookup actor allocated the slot for this block (WRITING) and owns it */
 	int rc = b->slot >= d->slots->n_slots ? -EINVAL : start_io(d, req_id, b, KVR_SLOT_WRITING, KVR_MSG_L2_READ);
+	if (rc == -EAGAIN)
+		return rc;
 	if (rc)
 		send_l2(d, KVR_MSG_L2_READ_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, rc);
+	return 0;
 }
 
 static void do_sync(struct disk *d, uint64_t req_id)
@@ -439,28 +429,98 @@ static void do_sync(struct disk *d, uint64_t req_id)
 
 /* ---- stage ------------------------------------------------------------------------------- */
 
+/* One decoded request: 0 when started or answered, -EAGAIN when it must wait for room. */
+static int handle(struct disk *d, const struct kvr_msg *m, const struct kvr_msg_l2 *b)
+{
+	switch (m->hdr.type) {
+	case KVR_MSG_L2_WRITE:
+		return do_write(d, m->hdr.req_id, b);
+	case KVR_MSG_L2_READ:
+		return do_read(d, m->hdr.req_id, b);
+	default: /* KVR_MSG_L2_SYNC */
+		do_sync(d, m->hdr.req_id);
+		return 0;
+	}
+}
+
+/* What is accepted and not answered, for kvringd's drain. */
+static void account(struct disk *d)
+{
+	kvr_actor_set_held(d->a, d->inflight + d->wait_n);
+}
+
+static void wait_push(struct disk *d, const struct kvr_msg *m)
+{
+	d->waiting[(d->wait_head + d->wait_n) % DISK_WAIT_MAX] = *m;
+	d->wait_n++;
+	(void)kvr_actor_hold_input(d->a, d->in, true);
+}
+
+/* Start the waiting requests, oldest first, while there is room; release the input when
+ * none waits any more. */
+static void wait_retry(struct disk *d)
+{
+	while (d->wait_n) {
+		const struct kvr_msg *m = &d->waiting[d->wait_head];
+		struct kvr_msg_l2 b;
+		(void)kvr_msg_decode_l2(m, 0, &b); /* decoded once already, when it arrived */
+		if (handle(d, m, &b) == -EAGAIN)
+			return;
+		d->wait_head = (d->wait_head + 1) % DISK_WAIT_MAX;
+		d->wait_n--;
+	}
+	(void)kvr_actor_hold_input(d->a, d->in, false);
+}
+
+/* Hand the prepared I/O to the kernel, answer what completed, start what waited. */
+static void progress(struct disk *d)
+{
+	for (;;) {
+		int n = pump(d, 0);
+		unsigned before = d->wait_n;
+		if (d->wait_n)
+			wait_retry(d);
+		if (n <= 0 && d->wait_n == before)
+			break;
+	}
+	publish(d);
+	account(d);
+}
+
 static int disk_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
 {
 	struct disk *d = a->data;
 	struct kvr_msg_l2 b;
 	if (ring != d->in || kvr_msg_decode_l2(m, 0, &b))
 		return -EBADMSG;
-	switch (m->hdr.type) {
-	case KVR_MSG_L2_WRITE:
-		do_write(d, m->hdr.req_id, &b);
-		break;
-	case KVR_MSG_L2_READ:
-		do_read(d, m->hdr.req_id, &b);
-		break;
-	case KVR_MSG_L2_SYNC:
-		do_sync(d, m->hdr.req_id);
-		break;
-	default:
+	if (m->hdr.type != KVR_MSG_L2_WRITE && m->hdr.type != KVR_MSG_L2_READ && m->hdr.type != KVR_MSG_L2_SYNC)
 		return -EBADMSG; /* replies and notices only flow the other way */
+	if (d->wait_n == DISK_WAIT_MAX) { /* cannot happen: the input is held well before */
+		kvr_err("%s dropped: %u requests already wait for room", kvr_msg_type_name(m->hdr.type), d->wait_n);
+		return -EBADMSG;
 	}
-	settle(d);
-	publish(d);
+	/* behind older waiting requests, or no room now: wait (arrival order is kept) */
+	if (d->wait_n || handle(d, m, &b) == -EAGAIN)
+		wait_push(d, m);
+	account(d);
 	return 0;
+}
+
+/* After the pass's messages: submit their I/O together (and take what completed). */
+static int disk_on_pass(struct kvr_actor *a, uint64_t now_ns)
+{
+	(void)now_ns;
+	progress(a->data);
+	return KVR_PASS_IDLE;
+}
+
+/* The store's eventfd: completions arrived. */
+static void disk_on_event(struct kvr_actor *a, int fd, uint32_t revents, void *arg)
+{
+	(void)a;
+	(void)fd;
+	(void)revents;
+	progress(arg);
 }
 
 /* The read-only adoption line: what is served, and what was skipped but left in place, by reason. */
@@ -598,6 +658,14 @@ static int disk_init(struct kvr_actor *a)
 	if (rc)
 		goto fail;
 	drop_stale_pins(d, idx, a->cfg.l2.n_dirs);
+	rc = kvr_l2_store_event_fd(d->store);
+	if (rc >= 0)
+		rc = d->watch = kvr_actor_watch_fd(a, rc, POLLIN, disk_on_event, d);
+	if (rc < 0) {
+		kvr_err("l2 %s: cannot watch the I/O completions: %s", dir, strerror(-rc));
+		kvr_l2_store_close(d->store);
+		goto fail;
+	}
 	kvr_actor_set_data(a, d);
 	return 0;
 fail:
@@ -613,9 +681,11 @@ static void disk_fini(struct kvr_actor *a)
 		return;
 	d->send_timeout_ns = DISK_FINI_TIMEOUT_NS;
 	(void)settle_all(d);
+	wait_retry(d); /* what still waited for room: started and settled too */
+	(void)settle_all(d);
 	publish(d);
-	if (d->inflight)
-		kvr_warn("%u requests unanswered at stop", d->inflight);
+	if (d->inflight || d->wait_n)
+		kvr_warn("%u requests unanswered at stop", d->inflight + d->wait_n);
 	if (d->dropped)
 		kvr_warn("%llu messages to the lookup actor dropped", (unsigned long long)d->dropped);
 	if (d->refused)
@@ -631,6 +701,7 @@ static const struct kvr_stage disk_stage = {
 	.kind = KVR_ACTOR_DISK,
 	.init = disk_init,
 	.on_msg = disk_on_msg,
+	.on_pass = disk_on_pass,
 	.fini = disk_fini,
 };
 

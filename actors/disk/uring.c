@@ -786,6 +786,9 @@ int kvr_l2io_reap(struct kvr_l2io *io, struct kvr_l2io_done *ret, unsigned max, 
 		return -EINVAL;
 	if (min_done > max)
 		min_done = max;
+	/* before the CQ is looked at: a completion posted after this read signals the eventfd
+	 * again, so a caller woken by the eventfd never sleeps on an unreaped completion */
+	drain_eventfd(io);
 	for (;;) {
 		int rc = kvr_l2io_submit(io);
 		if (rc < 0 && rc != -EBUSY && rc != -EAGAIN && rc != -EINTR)
@@ -802,7 +805,6 @@ int kvr_l2io_reap(struct kvr_l2io *io, struct kvr_l2io_done *ret, unsigned max, 
 		if (rc > 0)
 			io->st.sqes += (unsigned)rc;
 	}
-	drain_eventfd(io);
 	unsigned n = 0;
 	while (n < max && io->done_n) {
 		struct op *op = &io->ops[io->done_q[io->done_head]];

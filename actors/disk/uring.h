@@ -176,7 +176,8 @@ unsigned kvr_l2io_busy(const struct kvr_l2io *io);
 unsigned kvr_l2io_queue_depth(const struct kvr_l2io *io);
 
 /* An eventfd that becomes readable when completions arrive (registered on first call;
- * kvr_l2io_reap drains it). -errno on failure. The engine owns it. */
+ * kvr_l2io_reap drains it first, then looks at the completion queue: a completion that
+ * lands after the drain makes it readable again). -errno on failure. The engine owns it. */
 int kvr_l2io_event_fd(struct kvr_l2io *io);
 
 /* Whether files are opened with O_DIRECT (false after an AUTO fallback or BUFFERED). */

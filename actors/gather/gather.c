@@ -171,7 +171,7 @@ static void gather_tick(struct kvr_actor *a, uint64_t now)
 			char missing[KVR_DCP_MAX * 4] = "";
 			size_t off = 0;
 			bool arriving = false;
-			if (now - p->rq.first_ns < g->timeout_ns) {
+			if (now < p->rq.first_ns || now - p->rq.first_ns < g->timeout_ns) { /* arrived after the tick read its clock, or not overdue */
 				i++;
 				continue;
 			}

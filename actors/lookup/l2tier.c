@@ -727,6 +727,15 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 	return lost_answers(t, now, done);
 }
 
+/* Whether a request sent at sent_ns is unanswered for timeouts.l2_answer_ms at now. A
+ * request sent after `now` was read (the tick's clock is taken before the pass sends what
+ * a restart queued again) is not: without the check, now - sent_ns wraps and every such
+ * write was sent a second time, whose PRESENT answer then came before the real one. */
+static bool overdue(const struct l2tier *t, uint64_t sent_ns, uint64_t now)
+{
+	return now > sent_ns && now - sent_ns >= kvr_ms_to_ns(t->a->cfg.timeouts.l2_answer_ms);
+}
+
 /* Reads and writes whose answer never came (timeouts.l2_answer_ms), once a second. */
 static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
 {
@@ -735,7 +744,7 @@ static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
 	t->last_scan_ns = now;
 	for (uint32_t i = 0; i < t->n_reads; i++) {
 		struct read *rd = &t->reads[i];
-		if (!rd->used || now - rd->sent_ns < kvr_ms_to_ns(t->a->cfg.timeouts.l2_answer_ms))
+		if (!rd->used || !overdue(t, rd->sent_ns, now))
 			continue;
 		kvr_actor_count(t->a, KVR_STAT_LK_L2_ANSWERS_LOST, 1);
 		kvr_warn("disk.%u: the L2 read of slot %u unanswered for %u ms: given up (its answer was lost)", rd->disk,
@@ -747,7 +756,7 @@ static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done)
 	}
 	bool again[L2T_MAX_DISKS] = {false};
 	for (uint32_t s = 0; s < t->n_slots; s++) {
-		if (t->wq[s].state != WQ_SENT || now - t->wq[s].sent_ns < kvr_ms_to_ns(t->a->cfg.timeouts.l2_answer_ms))
+		if (t->wq[s].state != WQ_SENT || !overdue(t, t->wq[s].sent_ns, now))
 			continue;
 		unsigned d = route(t, kvr_slot_at(t->a->slots, s)->key);
 		t->wq[s].state = WQ_QUEUED;

@@ -13,6 +13,7 @@
 
 #include "kvr_log.h"
 #include "kvr_time.h"
+#include "watch.h"
 
 #define BURST 32                       /* messages taken from one ring before the next one */
 #define MAX_SLEEP_NS 1000000000ll      /* wake at least once a second to refresh the heartbeat */
@@ -27,8 +28,12 @@ static void on_term(int sig)
 	(void)sig;
 	term_flag = 1;
 	struct kvr_waiter *w = term_waiter;
-	if (w)
+	if (w) {
 		atomic_fetch_add_explicit(&w->seq, 1, memory_order_release);
+		/* a futex wait already queued in io_uring (watch.c) does not see the bump by
+		 * itself: wake it (a syscall, async-signal-safe) */
+		kvr_futex_wake(&w->seq);
+	}
 }
 
 struct actor_args {
@@ -334,7 +339,7 @@ static unsigned serve_inputs(struct kvr_actor *a)
 	struct kvr_msg m[BURST];
 	for (unsigned i = 0; i < a->n_inputs && !a->stopping; i++) {
 		struct kvr_ring *r = a->inputs[i].ring;
-		if (!kvr_ring_count(r))
+		if (a->inputs[i].held || !kvr_ring_count(r))
 			continue;
 		/* busy from before the burst is taken until its last message is handled: drain
 		 * waits for it (the ring may already be empty) */
@@ -358,9 +363,19 @@ static int have_work(const struct kvr_actor *a)
 	if (kvr_ring_count(a->ctl_in))
 		return 1;
 	for (unsigned i = 0; i < a->n_inputs; i++)
-		if (kvr_ring_count(a->inputs[i].ring))
+		if (!a->inputs[i].held && kvr_ring_count(a->inputs[i].ring))
 			return 1;
 	return 0;
+}
+
+int kvr_actor_hold_input(struct kvr_actor *a, struct kvr_ring *r, bool hold)
+{
+	for (unsigned i = 0; i < a->n_inputs; i++)
+		if (a->inputs[i].ring == r) {
+			a->inputs[i].held = hold;
+			return 0;
+		}
+	return -ENOENT;
 }
 
 /* Spin until an input has work or the deadline passes; true when work arrived. */
@@ -388,9 +403,12 @@ static void run_loop(struct kvr_actor *a)
 			a->stopping = 1;
 			break;
 		}
+		a->now_ns = kvr_now_ns();
 		unsigned n = serve_ctl(a);
 		n += serve_inputs(a);
 		uint64_t now = kvr_now_ns();
+		a->now_ns = now;
+		n += kvr_watch_dispatch(a, now);
 		if (now >= next_tick) {
 			st->on_tick(a, now);
 			next_tick += st->tick_ns;
@@ -417,13 +435,20 @@ static void run_loop(struct kvr_actor *a)
 		}
 		int64_t timeout = MAX_SLEEP_NS;
 		now = kvr_now_ns();
-		if (next_tick != UINT64_MAX)
-			timeout = next_tick > now ? (int64_t)(next_tick - now) : 0;
+		uint64_t wake_at = kvr_watch_deadline(a);
+		if (next_tick < wake_at)
+			wake_at = next_tick;
+		if (wake_at != UINT64_MAX)
+			timeout = wake_at > now ? (int64_t)(wake_at - now) : 0;
 		if (timeout > MAX_SLEEP_NS)
 			timeout = MAX_SLEEP_NS;
 		if (output_waits && timeout > KVR_ACTOR_OUTPUT_POLL_NS)
 			timeout = KVR_ACTOR_OUTPUT_POLL_NS; /* a reader's ring may have room again */
-		(void)kvr_waiter_wait(w, seen, timeout); /* 0, -ETIMEDOUT or -EINTR: all re-check */
+		/* 0, -ETIMEDOUT or -EINTR: all re-check */
+		if (kvr_watch_uses_uring(a))
+			(void)kvr_watch_sleep(a, w, seen, timeout);
+		else
+			(void)kvr_waiter_wait(w, seen, timeout);
 		kvr_waiter_finish(w);
 		kvr_actor_count(a, KVR_STAT_LOOP_WAKEUPS, 1);
 	}
@@ -520,6 +545,7 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 	exit_code = 0;
 out:
 	term_waiter = NULL;
+	kvr_watch_close(a);
 	if (args.ready_fd >= 0)
 		(void)close(args.ready_fd);
 	for (unsigned i = 0; i < a->n_kv; i++)

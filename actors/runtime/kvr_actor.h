@@ -50,8 +50,13 @@
  * KVR_STAT_MSGS_IN; a message the stage (or the runtime, for control messages) rejects
  * counts in KVR_STAT_MALFORMED and in the ring's `rejected`.
  *
- * The runtime sleeps on ring futexes only: a stage cannot be woken by another file
- * descriptor, so a stage that starts I/O (the disk actor) finishes it inside on_msg.
+ * Besides its rings the loop waits on file descriptors and timers the stage watches
+ * (kvr_actor_watch_fd, kvr_actor_timer_start below): a stage that starts I/O (the disk
+ * actor's io_uring, the remote actor's sockets) returns from on_msg at once and finishes
+ * the request in the fd's callback. No handler blocks; health pings are answered by the
+ * loop whatever requests are in flight. With an fd watched the loop sleeps in one
+ * io_uring_enter covering its ring futex (io_uring FUTEX_WAIT), the fds and the next
+ * deadline (actors/runtime/watch.c).
  */
 
 #define KVR_ACTOR_MAX_RINGS 96 /* inputs and outputs per actor */
@@ -89,7 +94,10 @@ struct kvr_stage {
 struct kvr_actor_ring {
 	struct kvr_ring *ring;
 	int index;                 /* index in the ring directory */
+	bool held;                 /* input: not served while set (kvr_actor_hold_input) */
 };
+
+struct kvr_actor_watch;
 
 /* The runtime's state. Stages read these fields; they do not change them. */
 struct kvr_actor {
@@ -114,6 +122,9 @@ struct kvr_actor {
 	unsigned n_outputs;
 	uint64_t handled;              /* messages handled since start (echoed in PONG) */
 	int stopping;                  /* STOP received or SIGTERM seen */
+	uint64_t now_ns;               /* CLOCK_MONOTONIC at the start of this loop pass: the
+					* "now" of every handler the pass runs */
+	struct kvr_actor_watch *watch; /* fd and timer watches (NULL until the first one) */
 	void *data;                    /* the stage's own state */
 };
 
@@ -125,6 +136,41 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage);
 struct kvr_ring *kvr_actor_ring(const struct kvr_actor *a, const char *name);
 /* The same for a per-worker ring: fmt takes the worker slot ("load.req.%u"). */
 struct kvr_ring *kvr_actor_ring_w(const struct kvr_actor *a, const char *fmt, unsigned worker);
+
+/*
+ * File descriptor watches. fn runs in the loop (never inside another handler) when fd is
+ * ready for one of `events` (POLLIN, POLLOUT; POLLERR and POLLHUP are always reported),
+ * with the revents poll() would give. Level-triggered: after fn returns the fd is watched
+ * again, so fn may leave data unread (it runs again on the next pass). Returns a watch id
+ * (>= 0) or -errno (-ENOSPC: KVR_ACTOR_MAX_WATCHES in use; -ENOMEM, or what io_uring
+ * setup said). kvr_actor_watch_events() changes the events (0 pauses the watch, the fd
+ * stays registered); kvr_actor_unwatch_fd() ends it (the fd may be closed right after;
+ * fn is not called again). Both ignore an id that is not a live watch.
+ */
+#define KVR_ACTOR_MAX_WATCHES 32
+typedef void (*kvr_actor_fd_fn)(struct kvr_actor *a, int fd, uint32_t revents, void *arg);
+int kvr_actor_watch_fd(struct kvr_actor *a, int fd, uint32_t events, kvr_actor_fd_fn fn, void *arg);
+void kvr_actor_watch_events(struct kvr_actor *a, int id, uint32_t events);
+void kvr_actor_unwatch_fd(struct kvr_actor *a, int id);
+
+/*
+ * One-shot timers: fn runs in the loop once CLOCK_MONOTONIC reaches deadline_ns (the loop
+ * sleeps no longer than the earliest one). Returns a timer id (>= 0) or -ENOSPC
+ * (KVR_ACTOR_MAX_TIMERS armed) / -ENOMEM. kvr_actor_timer_stop() disarms one that has not
+ * fired; an id that fired, was stopped or is stale (ids carry a generation) is ignored.
+ */
+#define KVR_ACTOR_MAX_TIMERS 64
+typedef void (*kvr_actor_timer_fn)(struct kvr_actor *a, uint64_t now_ns, void *arg);
+int kvr_actor_timer_start(struct kvr_actor *a, uint64_t deadline_ns, kvr_actor_timer_fn fn, void *arg);
+void kvr_actor_timer_stop(struct kvr_actor *a, int id);
+
+/*
+ * Hold an input ring: while held its messages stay in the ring (it fills, and a full ring is
+ * the producer's backpressure) and the loop does not wake for them. A stage holds its input
+ * while it has no room for another request (every I/O slot busy) and releases it from the
+ * completion that made room. -ENOENT when r is not one of our inputs.
+ */
+int kvr_actor_hold_input(struct kvr_actor *a, struct kvr_ring *r, bool hold);
 
 static inline void kvr_actor_set_data(struct kvr_actor *a, void *data)
 {
