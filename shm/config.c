@@ -40,6 +40,7 @@ enum kind {
 enum {
 	F_ABS = 1u << 0,          /* string must be an absolute path */
 	F_ABS_OR_EMPTY = 1u << 1, /* string must be "" or an absolute path */
+	F_ADDR = 1u << 2,         /* K_PATHS entries are host:port addresses, not paths */
 };
 
 struct kvr_key {
@@ -81,6 +82,11 @@ struct kvr_section {
 	  .size = sizeof(((struct kvr_config *)0)->f[0]), .count_off = offsetof(struct kvr_config, n), \
 	  .max_items = ARRAY_SIZE(((struct kvr_config *)0)->f) + _Generic(((struct kvr_config *)0)->n, uint32_t: 0), \
 	  .doc = dc }
+#define ADDRS(p, f, n, dc) \
+	{ .path = p, .kind = K_PATHS, .flags = F_ADDR, .off = offsetof(struct kvr_config, f), \
+	  .size = sizeof(((struct kvr_config *)0)->f[0]), .count_off = offsetof(struct kvr_config, n), \
+	  .max_items = ARRAY_SIZE(((struct kvr_config *)0)->f) + _Generic(((struct kvr_config *)0)->n, uint32_t: 0), \
+	  .doc = dc }
 
 static const char *const log_level_values[] = { "error", "warn", "info", "debug", NULL };
 static const char *const attention_values[] = { "mha", "mla", NULL };
@@ -89,6 +95,7 @@ static const char *const kv_layout_values[] = { "kv-split", "kv-fused", NULL };
 static const char *const prefault_values[] = { "background", "off", NULL };
 static const char *const l2_mode_values[] = { "write-through", "write-back", NULL };
 static const char *const durability_values[] = { "none", "block", "batch", NULL };
+static const char *const remote_mode_values[] = { "write-through", "write-back", NULL };
 
 static const struct kvr_section sections[] = {
 	{ "instance", "The instance: where workers attach, how many may, and logging." },
@@ -99,6 +106,8 @@ static const struct kvr_section sections[] = {
 	{ "staging", "Staging buffers per worker, split into a load pool and a store pool." },
 	{ "dcp", "Decode context parallelism: the gather actor that assembles a DCP group's shards into canonical blocks." },
 	{ "l2", "L2: the disk tier, one file per block." },
+	{ "remote", "The shared tier across nodes: a Redis Cluster (or Valkey) that every instance of the same model "
+		    "writes its blocks to and promotes misses from (docs/cluster.md)." },
 	{ "metrics", "Prometheus text format on /metrics over HTTP." },
 	{ "timeouts", "Every deadline of the data path, in one place; kvringd checks their order at load "
 		      "(reply_ms < alloc_wait_ms < lookup_call_ms, l2_answer_ms < lookup_call_ms). A client's own "
@@ -107,7 +116,7 @@ static const struct kvr_section sections[] = {
 
 /* THE key table: one row per field of struct kvr_config, grouped by section in sections[] order. */
 static const struct kvr_key keys[] = {
-	STR("instance.socket", instance.socket, F_ABS, "/tmp/kvring.sock",
+	STR("instance.socket", instance.socket, F_ABS, KVR_CONFIG_DEFAULT_SOCKET,
 	    "Unix socket that workers attach to (absolute path)"),
 	MODE("instance.socket_mode", instance.socket_mode, 0600, 0777, "permission bits of the socket"),
 	U32("instance.max_workers", instance.max_workers, 8, 1, KVR_CTL_MAX_WORKERS, "workers",
@@ -201,6 +210,24 @@ static const struct kvr_key keys[] = {
 	BOOL("l2.read_only", l2.read_only, false,
 	     "serve the blocks already on disk and never change the disk: no writes, deletions or renames; "
 	     "stores are refused (-EROFS); l2.mode and l2.durability have no effect (see docs/l2.md)"),
+
+	ADDRS("remote.cluster", remote.cluster, remote.n_cluster,
+	      "host:port of one or more cluster nodes to discover the cluster from (CLUSTER SLOTS); none = no "
+	      "shared tier"),
+	ENUM("remote.mode", remote.mode, "write-through", remote_mode_values,
+	     "write-through: every block sent to the cluster once committed in L1; write-back: sent when L1 "
+	     "evicts it"),
+	U32("remote.timeout_ms", remote.timeout_ms, 1000, 10, 600000, "ms",
+	    "a request to the cluster (connect, GET, SET) unanswered this long fails: a read is a miss, a write "
+	    "is dropped and counted"),
+	U32("remote.max_inflight", remote.max_inflight, 64, 1, 4096, "requests",
+	    "requests sent to the cluster and not answered yet, over all nodes; more wait in the remote actor's "
+	    "ring (backpressure)"),
+	U32("remote.ttl_s", remote.ttl_s, 0, 0, 365u * 86400u, "s",
+	    "expiry of every block written (SET .. EX); 0 = none: the cluster's maxmemory policy evicts"),
+	STR("remote.user", remote.user, 0, "", "ACL user to AUTH as (empty: the default user)"),
+	STR("remote.password", remote.password, 0, "", "password to AUTH with (empty: no AUTH)"),
+	BOOL("remote.tls", remote.tls, false, "TLS to the cluster (not built: true is refused)"),
 
 	BOOL("metrics.enabled", metrics.enabled, false, "serve /metrics"),
 	STR("metrics.listen", metrics.listen, 0, "127.0.0.1:9464",
@@ -789,6 +816,8 @@ static const char *path_lexical(const char *p, char *buf)
 	return buf;
 }
 
+static bool listen_valid(const char *s);
+
 static int parse_paths(const struct kvr_key *k, const cJSON *v, const char *path, struct kvr_config *c, char *err,
 		       size_t errlen)
 {
@@ -808,8 +837,16 @@ static int parse_paths(const struct kvr_key *k, const cJSON *v, const char *path
 		r = check_string(k, e, epath, err, errlen);
 		if (r < 0)
 			return r;
+		if ((k->flags & F_ADDR) && !listen_valid(e->valuestring))
+			return FAIL("%s: invalid \"%s\" (expected host:port, port 1..65535)", epath,
+				    clean(e->valuestring, a, sizeof(a)));
 		/* one directory under two spellings would get two disk actors over one store */
-		for (uint32_t j = 0; j < i; j++) {
+		for (uint32_t j = 0; j < i && (k->flags & F_ADDR); j++)
+			if (!strcmp(field(c, k->off + j * k->size), e->valuestring)) {
+				snprintf(dpath, sizeof(dpath), "%s[%" PRIu32 "]", path, j);
+				return FAIL("%s: duplicate of %s (\"%s\")", epath, dpath, clean(e->valuestring, a, sizeof(a)));
+			}
+		for (uint32_t j = 0; j < i && !(k->flags & F_ADDR); j++) {
 			const char *prev = field(c, k->off + j * k->size);
 
 			if (strcmp(path_lexical(prev, na), path_lexical(e->valuestring, nb)))
@@ -1092,6 +1129,11 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 	if (c->metrics.enabled && !listen_valid(c->metrics.listen))
 		return FAIL("$.metrics.listen: invalid \"%s\" (expected host:port, port 1..65535)",
 			    clean(c->metrics.listen, s, sizeof(s)));
+	if (c->remote.tls)
+		return FAIL("$.remote.tls: TLS is not built into this kvring (hiredis without hiredis_ssl): use a "
+			    "private network or a TLS proxy, and tls false");
+	if (c->remote.password[0] == 0 && c->remote.user[0])
+		return FAIL("$.remote.user: \"%s\" needs remote.password", clean(c->remote.user, s, sizeof(s)));
 	return 0;
 }
 

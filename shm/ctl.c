@@ -200,7 +200,7 @@ const char *kvr_actor_state_name(unsigned s)
 
 const char *kvr_actor_kind_name(unsigned k)
 {
-	static const char *const n[] = {"?", "lookup", "loader", "storer", "disk", "gather"};
+	static const char *const n[] = {"?", "lookup", "loader", "storer", "disk", "gather", "remote"};
 	return k < sizeof(n) / sizeof(n[0]) ? n[k] : "?";
 }
 

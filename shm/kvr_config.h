@@ -18,8 +18,12 @@
  */
 
 #define KVR_PATH_MAX 108 /* sun_path */
+/* instance.socket's default, and where libkvring connects when a client names no socket
+ * (libkvring needs only this of the configuration: it links no JSON parser). */
+#define KVR_CONFIG_DEFAULT_SOCKET "/tmp/kvring.sock"
 #define KVR_STR_MAX 128
 #define KVR_L2_MAX_DIRS 8
+#define KVR_REMOTE_MAX_SEEDS 16
 
 struct kvr_config {
 	struct {
@@ -84,6 +88,17 @@ struct kvr_config {
 		uint32_t queue_depth;
 		bool read_only;              /* serve what is on disk, never change it (docs/l2.md) */
 	} l2;
+	struct {                         /* the shared tier (docs/cluster.md) */
+		uint32_t n_cluster;          /* 0 = no remote tier */
+		char cluster[KVR_REMOTE_MAX_SEEDS][64]; /* seed nodes "host:port" */
+		char mode[16];               /* "write-through" or "write-back" */
+		uint32_t timeout_ms;         /* one request (connect, GET, SET) */
+		uint32_t max_inflight;       /* requests in flight over all nodes */
+		uint32_t ttl_s;              /* 0 = no expiry */
+		char user[64];
+		char password[KVR_STR_MAX];
+		bool tls;                    /* always false (refused at load) */
+	} remote;
 	struct {
 		bool enabled;
 		char listen[64];             /* "127.0.0.1:9464" */

@@ -50,6 +50,7 @@ enum kvr_actor_kind {
 	KVR_ACTOR_STORER = 3,
 	KVR_ACTOR_DISK = 4,
 	KVR_ACTOR_GATHER = 5,
+	KVR_ACTOR_REMOTE = 6,
 };
 
 enum kvr_actor_state {
@@ -201,6 +202,11 @@ enum kvr_stat_lookup {
 	KVR_STAT_LK_LEASES_REFUSED,   /* leases refused: table full (l1.max_leases) */
 	KVR_STAT_LK_LEASES_MISSING,   /* LEASE_TAKEs of a lease that did not exist (-ENOENT) */
 	KVR_STAT_LK_REPLIES_QUEUED,   /* reply messages that found their reader's ring full and waited in an outbox */
+	KVR_STAT_LK_RM_READS,         /* block lanes promoted from the shared tier (remote actor) */
+	KVR_STAT_LK_RM_READ_FAILS,    /* remote promotions that ended without the block (a miss, a bad
+				       * value, no node, a timeout) */
+	KVR_STAT_LK_RM_WRITES,        /* committed lanes handed to the remote actor (write-through) */
+	KVR_STAT_LK_RM_WRITES_SKIPPED,/* ... not handed over: its ring was full (a cache: counted, not retried) */
 };
 
 enum kvr_stat_xfer { /* loader and storer */
@@ -271,6 +277,37 @@ static inline const char *kvr_stat_dk_reason_name(unsigned r)
 	return r < KVR_STAT_DK_REASON_MAX ? names[r] : NULL;
 }
 
+/*
+ * The remote tier actor's (kind KVR_ACTOR_REMOTE, "remote": the Redis Cluster of
+ * remote.cluster). Gauges are overwritten by the running actor.
+ */
+enum kvr_stat_remote {
+	KVR_STAT_RM_READS = KVR_STAT_FIRST_STAGE, /* promotion reads asked for (L2_READ) */
+	KVR_STAT_RM_HITS,             /* ... verified and copied into their slot */
+	KVR_STAT_RM_MISSES,           /* ... not in the cluster (a lane missing: nil or EXISTS short) */
+	KVR_STAT_RM_BAD_VALUES,       /* ... whose value failed its check (damaged, truncated, another
+				       * model's, a forged length): a miss, logged with the reason */
+	KVR_STAT_RM_READ_ERRORS,      /* ... failed otherwise (no node, connection, timeout, stale slot) */
+	KVR_STAT_RM_WRITES,           /* SETs the cluster acknowledged */
+	KVR_STAT_RM_WRITE_ERRORS,     /* SETs that failed (error reply, connection, timeout, no node) */
+	KVR_STAT_RM_WRITES_STALE,     /* writes not sent: the slot changed before its copy */
+	KVR_STAT_RM_BYTES_IN,         /* payload bytes copied into slots */
+	KVR_STAT_RM_BYTES_OUT,        /* payload bytes sent in acknowledged SETs */
+	KVR_STAT_RM_MOVED,            /* MOVED redirects followed (the slot map is refreshed) */
+	KVR_STAT_RM_ASK,              /* ASK redirects followed */
+	KVR_STAT_RM_TIMEOUTS,         /* connections given up on for a request older than timeout_ms */
+	KVR_STAT_RM_CONN_ERRORS,      /* connects that failed and connections that dropped */
+	KVR_STAT_RM_REPLY_ERRORS,     /* error replies other than MOVED/ASK (CLUSTERDOWN, OOM, ...) */
+	KVR_STAT_RM_REFRESHES,        /* slot maps taken from CLUSTER SLOTS */
+	KVR_STAT_RM_NODES,            /* gauge: masters in the slot map */
+	KVR_STAT_RM_NODES_UP,         /* gauge: of those, connected */
+	KVR_STAT_RM_INFLIGHT,         /* gauge: requests sent and not answered */
+	KVR_STAT_RM_SLOTS_COVERED,    /* gauge: hash slots with a master (16384 when healthy) */
+	KVR_STAT_RM_HIST_GET,         /* struct kvr_hist: read latency (sent -> verified) ... */
+	KVR_STAT_RM_HIST_SET = KVR_STAT_RM_HIST_GET + KVR_HIST_BUCKETS + 2, /* ... write latency ... */
+	KVR_STAT_RM_NEXT = KVR_STAT_RM_HIST_SET + KVR_HIST_BUCKETS + 2,      /* ... up to here */
+};
+
 struct kvr_actor_stats {
 	_Atomic uint64_t c[KVR_STAT_MAX];
 };
@@ -284,6 +321,7 @@ struct kvr_hist {
 _Static_assert(sizeof(struct kvr_hist) == (KVR_HIST_BUCKETS + 2) * sizeof(uint64_t), "histogram is counters");
 _Static_assert(KVR_STAT_XF_HIST_FIRST + KVR_HIST_WORDS == KVR_STAT_XF_NEXT, "transfer histogram words");
 _Static_assert((int)KVR_STAT_XF_NEXT <= (int)KVR_STAT_MAX, "transfer histogram fits the stats");
+_Static_assert((int)KVR_STAT_RM_NEXT <= (int)KVR_STAT_MAX, "remote histograms fit the stats");
 
 /* Upper bound of bucket i < KVR_HIST_FINITE, in microseconds. */
 static inline uint64_t kvr_hist_bound_us(unsigned i)

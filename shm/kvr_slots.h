@@ -199,6 +199,9 @@ int kvr_slot_pin(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned 
 /* The I/O pin ++ on a slot in `state` (KVR_SLOT_WRITING: a read fills it; KVR_SLOT_COMMITTED:
  * a write copies it out) of that epoch; -ESTALE otherwise. Held until the I/O completed. */
 int kvr_slot_pin_io(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned state);
+/* The same for the remote tier actor's pin (KVR_PIN_REMOTE): around one GET into a WRITING
+ * slot, or around the copy of a COMMITTED slot into a SET. */
+int kvr_slot_pin_remote(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned state);
 /* Pin `owner` -- (atomic; any process). -ENOENT when it is 0. */
 int kvr_slot_unpin(struct kvr_slot_table *t, uint32_t i, unsigned owner);
 /* Pin `owner` of slot i set to 0 (its owner is dead); returns how many it held. */

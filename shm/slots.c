@@ -265,6 +265,13 @@ int kvr_slot_pin_io(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsign
 	return pin_in_state(t, i, epoch, KVR_PIN_IO, state);
 }
 
+int kvr_slot_pin_remote(struct kvr_slot_table *t, uint32_t i, uint32_t epoch, unsigned state)
+{
+	if (state != KVR_SLOT_WRITING && state != KVR_SLOT_COMMITTED)
+		return -EINVAL;
+	return pin_in_state(t, i, epoch, KVR_PIN_REMOTE, state);
+}
+
 int kvr_slot_unpin(struct kvr_slot_table *t, uint32_t i, unsigned owner)
 {
 	if (!t || i >= t->n_slots || owner >= KVR_PIN_OWNERS)

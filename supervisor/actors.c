@@ -31,7 +31,7 @@ static bool executable(const char *path)
 int sup_find_executables(struct sup *s, char *err, size_t errlen)
 {
 	static const enum kvr_actor_kind kinds[] = {KVR_ACTOR_LOOKUP, KVR_ACTOR_LOADER, KVR_ACTOR_STORER, KVR_ACTOR_DISK,
-						    KVR_ACTOR_GATHER};
+						    KVR_ACTOR_GATHER, KVR_ACTOR_REMOTE};
 	char self[PATH_MAX] = "";
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	self[n > 0 ? n : 0] = 0;
@@ -40,6 +40,8 @@ int sup_find_executables(struct sup *s, char *err, size_t errlen)
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
 		if (kinds[i] == KVR_ACTOR_DISK && !s->cfg.l2.n_dirs)
 			continue; /* no L2: no disk actor to find */
+		if (kinds[i] == KVR_ACTOR_REMOTE && !s->cfg.remote.n_cluster)
+			continue; /* no shared tier */
 		/* The gather actor serves DCP groups only: without it kvringd runs and refuses
 		 * DCP ranks at attach, naming what is missing. */
 		bool optional = kinds[i] == KVR_ACTOR_GATHER;

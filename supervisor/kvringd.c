@@ -300,6 +300,8 @@ static int serve(struct sup *s)
 	sup_actor_start(s, &s->actors[SUP_ACTOR_LOOKUP]);
 	for (unsigned d = 0; d < s->cfg.l2.n_dirs; d++)
 		sup_actor_start(s, &s->actors[SUP_ACTOR_DISK(s->cfg.instance.max_workers, d)]);
+	if (SUP_N_REMOTE(&s->cfg))
+		sup_actor_start(s, &s->actors[SUP_ACTOR_REMOTE(&s->cfg)]);
 	run(s);
 	if (s->phase == PH_DONE) {
 		code = 0;

@@ -53,6 +53,8 @@ static void actor_name(const struct kvr_config *cfg, unsigned i, char *buf, size
 	unsigned mw = cfg->instance.max_workers;
 	if (i == SUP_ACTOR_LOOKUP)
 		snprintf(buf, len, "lookup");
+	else if (i >= SUP_ACTOR_REMOTE(cfg))
+		snprintf(buf, len, "remote");
 	else if (i >= SUP_ACTOR_GATHER(cfg, 0))
 		snprintf(buf, len, "gather.%u", i - SUP_ACTOR_GATHER(cfg, 0));
 	else if (i >= SUP_ACTOR_DISK(mw, 0))
@@ -125,6 +127,15 @@ int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs
 		if (rc)
 			return rc;
 	}
+	/* the shared tier: the lookup actor talks to the remote actor */
+	if (SUP_N_REMOTE(cfg)) {
+		int rm = (int)SUP_ACTOR_REMOTE(cfg);
+		rc = add_spec(specs, cap, &n, capacity, (int)SUP_ACTOR_LOOKUP, rm, "remote.req");
+		if (!rc)
+			rc = add_spec(specs, cap, &n, capacity, rm, (int)SUP_ACTOR_LOOKUP, "remote.rep");
+		if (rc)
+			return rc;
+	}
 	return (int)n;
 }
 
@@ -190,7 +201,10 @@ static void fill_actor_table(struct sup *s)
 		struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
 		actor_name(&s->cfg, i, name, sizeof(name));
 		memcpy(e->name, name, sizeof(e->name));
-		if (i >= SUP_ACTOR_GATHER(&s->cfg, 0)) {
+		if (i >= SUP_ACTOR_REMOTE(&s->cfg)) {
+			e->kind = KVR_ACTOR_REMOTE;
+			e->index = 0;
+		} else if (i >= SUP_ACTOR_GATHER(&s->cfg, 0)) {
 			e->kind = KVR_ACTOR_GATHER;
 			e->index = i - SUP_ACTOR_GATHER(&s->cfg, 0);
 		} else if (i >= SUP_ACTOR_DISK(mw, 0)) {

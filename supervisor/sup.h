@@ -137,7 +137,7 @@ struct sup {
 	struct sup_watch sig_watch, listen_watch, timer_watch;
 	bool socket_bound;       /* we created cfg.instance.socket: unlink it on exit */
 
-	char exe[KVR_ACTOR_GATHER + 1][PATH_MAX]; /* per actor kind */
+	char exe[KVR_ACTOR_REMOTE + 1][PATH_MAX]; /* per actor kind */
 	struct sup_actor actors[KVR_CTL_MAX_ACTORS];
 	unsigned n_actors;
 
@@ -179,7 +179,10 @@ struct sup {
 /* one per possible DCP group (a group has at least 2 ranks) */
 #define SUP_ACTOR_GATHER(cfg, g) (1u + 2u * (cfg)->instance.max_workers + (cfg)->l2.n_dirs + (g))
 #define SUP_N_GATHER(cfg) ((cfg)->instance.max_workers / 2u)
-#define SUP_N_ACTORS(cfg) (1u + 2u * (cfg)->instance.max_workers + (cfg)->l2.n_dirs + SUP_N_GATHER(cfg))
+/* the remote tier actor: one when remote.cluster names a cluster, after the gather actors */
+#define SUP_ACTOR_REMOTE(cfg) (SUP_ACTOR_GATHER(cfg, 0) + SUP_N_GATHER(cfg))
+#define SUP_N_REMOTE(cfg) ((cfg)->remote.n_cluster ? 1u : 0u)
+#define SUP_N_ACTORS(cfg) (SUP_ACTOR_REMOTE(cfg) + SUP_N_REMOTE(cfg))
 
 /* The rings of an instance with max_workers worker slots: every actor's control pair and
  * every per-worker data ring, with capacity and endpoints. This is the one place that says

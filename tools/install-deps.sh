@@ -8,6 +8,7 @@ pkgs=(
   python3 curl procps util-linux
   fio gnuplot-nox prometheus
   iceoryx libiceoryx-binding-c-dev
+  redis-server redis-tools libhiredis-dev
 )
 
 missing=()

@@ -12,6 +12,7 @@
 #include "kvr_time.h"
 
 #define NO_LANE 0xffffu
+#define RM_DISK L2T_MAX_DISKS /* read.disk of a read from the shared tier */
 
 enum { B_OK = 0, B_WAIT = 1, B_FAIL = 2, B_PROMOTED = 3 }; /* per block of a promotion */
 
@@ -33,6 +34,10 @@ struct pend {                 /* one promotion per worker (its client's lookup i
 	bool stalled;             /* write-back: waiting for demotions to free L1 room */
 	uint64_t deadline;        /* stop stalling then */
 	uint32_t waiting;
+	uint32_t rm_waiting;      /* of those, reads from the shared tier */
+	uint32_t rm_window;       /* how many may be: 1 at first, doubled by each hit up to
+				   * L2T_RM_WINDOW (a prompt the cluster lacks costs one read and
+				   * one slot, a long one it has is read ahead) */
 	struct kvr_index_ref *refs;
 	uint8_t *state;
 	uint8_t *pinned;          /* refs[i] pinned (KVR_PIN_LOOKUP) until the reply: later
@@ -97,6 +102,10 @@ struct l2tier {
 	uint32_t *requeue;            /* [n_slots] scratch: a dead disk actor's writes, sorted */
 	uint64_t last_scan_ns;        /* last look for lost answers */
 	uint32_t n_slots;
+	bool has_rm;              /* remote.cluster: the shared tier (remote actor) */
+	struct kvr_ring *rm_req, *rm_rep;
+	unsigned rm_actor;
+	uint32_t rm_gen;
 	bool write_back;          /* l2.mode "write-back": written when L1 must make room */
 	bool read_only;           /* l2.read_only: nothing is ever written (write_back is false) */
 };
@@ -279,7 +288,7 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 {
 	*ret = NULL;
 	unsigned n = a->cfg.l2.n_dirs;
-	if (!n)
+	if (!n && !a->cfg.remote.n_cluster)
 		return 0;
 	if (n > L2T_MAX_DISKS)
 		return -EINVAL;
@@ -291,7 +300,7 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->n_disks = n;
 	t->read_only = a->cfg.l2.read_only;
 	/* read-only: no demotion and no eviction veto; an evicted block is on disk or gone */
-	t->write_back = !t->read_only && strcmp(a->cfg.l2.mode, "write-back") == 0;
+	t->write_back = n && !t->read_only && strcmp(a->cfg.l2.mode, "write-back") == 0;
 	/* requesters: worker slots, then scheduler slots (a lease promotes through its
 	 * scheduler's entry, one lane after the other) */
 	t->n_workers = a->ctl->max_workers + a->ctl->max_schedulers;
@@ -315,6 +324,18 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 		}
 		t->disk_gen[d] = atomic_load(&kvr_ctl_actor(a->ctl, t->disk_actor[d])->generation);
 		(void)send_l2(t, d, KVR_MSG_L2_SYNC, 0, (kvr_key){0, 0}, 0, 0, 0);
+	}
+	if (a->cfg.remote.n_cluster) {
+		t->has_rm = true;
+		t->rm_req = kvr_actor_ring(a, "remote.req");
+		t->rm_rep = kvr_actor_ring(a, "remote.rep");
+		t->rm_actor = 1 + 2 * a->ctl->max_workers + n + a->ctl->max_workers / 2; /* after the gather actors */
+		if (!t->rm_req || !t->rm_rep || t->rm_actor >= a->ctl->max_actors ||
+		    kvr_ctl_actor(a->ctl, t->rm_actor)->kind != KVR_ACTOR_REMOTE) {
+			l2t_close(t);
+			return -ENOENT;
+		}
+		t->rm_gen = atomic_load(&kvr_ctl_actor(a->ctl, t->rm_actor)->generation);
 	}
 	/* Learn what the disks hold before we serve (we are not ready yet: kvringd admits no
 	 * worker), so the first lookups after a restart already see L2. Adoption of a large
@@ -357,16 +378,31 @@ static void write_lane(struct l2tier *t, kvr_key key, uint32_t slot, uint32_t ep
 static void write_through_missing(struct l2tier *t, unsigned d);
 static int lost_answers(struct l2tier *t, uint64_t now, struct l2t_done *done);
 
+/* Write-through to the shared tier: the remote actor copies the slot under its own pin
+ * and drops the write if the slot changed meanwhile; no answer comes back. */
+static void rm_write(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
+{
+	struct kvr_msg_l2 b = {.key_lo = key.lo, .key_hi = key.hi, .slot = slot, .epoch = epoch, .lane = (uint16_t)lane};
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_L2_WRITE, 0, 0, 0, &b, sizeof(b));
+	bool sent = kvr_ring_try_enqueue(t->rm_req, &m) == 0;
+	kvr_actor_count(t->a, sent ? KVR_STAT_LK_RM_WRITES : KVR_STAT_LK_RM_WRITES_SKIPPED, 1);
+}
+
 void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
 {
-	if (!t || t->write_back || t->read_only || l2t_has(t, key, lane))
+	if (!t)
+		return;
+	if (t->has_rm)
+		rm_write(t, key, lane, slot, epoch);
+	if (!t->n_disks || t->write_back || t->read_only || l2t_has(t, key, lane))
 		return;
 	write_lane(t, key, slot, epoch);
 }
 
 static void write_lane(struct l2tier *t, kvr_key key, uint32_t slot, uint32_t epoch)
 {
-	if (t->read_only || slot >= t->n_slots)
+	if (!t->n_disks || t->read_only || slot >= t->n_slots)
 		return; /* the only sender of L2_WRITE: nothing is written in read-only mode */
 	if (t->wq[slot].state != WQ_NONE)
 		return; /* queued already (the slot cannot have changed: the veto keeps it) */
@@ -481,6 +517,14 @@ void l2t_cancel(struct l2tier *t, unsigned worker)
 }
 
 
+static int rm_send_read(struct l2tier *t, uint64_t id, kvr_key k, unsigned lane, uint32_t slot, uint32_t epoch)
+{
+	struct kvr_msg_l2 b = {.key_lo = k.lo, .key_hi = k.hi, .slot = slot, .epoch = epoch, .lane = (uint16_t)lane};
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_L2_READ, 0, id, 0, &b, sizeof(b));
+	return kvr_msg_send(t->rm_req, &m, kvr_now_ns() + kvr_ms_to_ns(t->a->cfg.timeouts.reply_ms));
+}
+
 /* Promote blocks of worker's lookup from p->n on: a block whose lanes are all in L1 or on
  * disk continues the prefix; the requester's lane is read from disk into a slot of its own.
  * Stops at the first block that cannot be had. With write-back, a full L1 first writes its
@@ -495,9 +539,15 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		kvr_key key = p->keys[i];
 		struct kvr_index_block b;
 		bool have = kvr_index_get(t->idx, key, &b) == 0;
-		if (!all_lanes_available(t, key, &b, have, lanes))
+		bool in_l1 = have && (b.commit_mask >> lane & 1);
+		/* not every lane in L1 or L2: the shared tier may have the block (it checks every
+		 * lane), read ahead at most the window (rm_window); else the prefix ends here */
+		bool from_rm = !all_lanes_available(t, key, &b, have, lanes);
+		if (from_rm && (!t->has_rm || in_l1))
 			break;
-		if (have && (b.commit_mask >> lane & 1)) {
+		if (from_rm && p->rm_waiting >= p->rm_window)
+			return; /* goes on when one of them is answered (read_ended) */
+		if (in_l1) {
 			uint32_t sl = b.slot[lane];
 			p->refs[i] = (struct kvr_index_ref){.slot = sl, .epoch = kvr_slot_epoch(t->a->slots, sl)};
 			p->state[i] = B_OK;
@@ -525,13 +575,15 @@ static void extend_more(struct l2tier *t, unsigned worker)
 			(void)kvr_index_abort(t->idx, r.slot, r.epoch);
 			break;
 		}
-		unsigned d = route(t, key);
+		unsigned d = from_rm ? RM_DISK : route(t, key);
 		struct read *rd = &t->reads[ri];
 		*rd = (struct read){.used = true, .rseq = ++t->rseq, .worker = worker, .lane = lane, .pseq = p->seq,
-				    .block = i, .slot = r.slot, .epoch = r.epoch, .disk = d, .disk_gen = t->disk_gen[d],
-				    .sent_ns = kvr_now_ns()};
+				    .block = i, .slot = r.slot, .epoch = r.epoch, .disk = d,
+				    .disk_gen = from_rm ? t->rm_gen : t->disk_gen[d], .sent_ns = kvr_now_ns()};
 		uint64_t id = (uint64_t)rd->rseq << 32 | ri;
-		if (send_l2(t, d, KVR_MSG_L2_READ, id, key, lane, r.slot, r.epoch)) {
+		int src = from_rm ? rm_send_read(t, id, key, lane, r.slot, r.epoch)
+				  : send_l2(t, d, KVR_MSG_L2_READ, id, key, lane, r.slot, r.epoch);
+		if (src) {
 			rd->used = false;
 			(void)kvr_index_abort(t->idx, r.slot, r.epoch);
 			break;
@@ -540,6 +592,7 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		p->state[i] = B_WAIT;
 		p->pinned[i] = 0;
 		p->waiting++;
+		p->rm_waiting += from_rm;
 		p->n++;
 	}
 	p->total = p->n; /* nothing more to extend to */
@@ -562,6 +615,8 @@ int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, 
 	p->total = total;
 	p->n = matched;
 	p->waiting = 0;
+	p->rm_waiting = 0;
+	p->rm_window = 1;
 	p->index_ns = index_ns;
 	p->deadline = kvr_now_ns() + kvr_ms_to_ns(t->a->cfg.timeouts.alloc_wait_ms);
 	memcpy(p->refs, refs, (size_t)matched * sizeof(*refs));
@@ -595,32 +650,67 @@ static void finish(struct l2tier *t, unsigned w, struct l2t_done *done)
 /* A read ended (status 0: verified bytes in the slot). Returns 1 when its promotion finished. */
 static int read_ended(struct l2tier *t, uint32_t ri, int status, struct l2t_done *done)
 {
-	struct read *rd = &t->reads[ri];
-	bool ok = false;
+	const struct read rd = t->reads[ri]; /* a copy: extend_more below may reuse the entry */
+	bool ok = false, rm = rd.disk == RM_DISK;
 	if (status == 0) {
-		ok = kvr_index_commit(t->idx, rd->lane, rd->slot, rd->epoch) >= 0;
-		kvr_actor_count(t->a, ok ? KVR_STAT_LK_L2_READS : KVR_STAT_LK_L2_READ_FAILS, 1);
+		ok = kvr_index_commit(t->idx, rd.lane, rd.slot, rd.epoch) >= 0;
+		kvr_actor_count(t->a, rm ? (ok ? KVR_STAT_LK_RM_READS : KVR_STAT_LK_RM_READ_FAILS)
+				       : (ok ? KVR_STAT_LK_L2_READS : KVR_STAT_LK_L2_READ_FAILS), 1);
 	} else {
-		(void)kvr_index_abort(t->idx, rd->slot, rd->epoch);
-		kvr_actor_count(t->a, KVR_STAT_LK_L2_READ_FAILS, 1);
+		(void)kvr_index_abort(t->idx, rd.slot, rd.epoch);
+		kvr_actor_count(t->a, rm ? KVR_STAT_LK_RM_READ_FAILS : KVR_STAT_LK_L2_READ_FAILS, 1);
 	}
-	rd->used = false;
-	struct pend *p = &t->pend[rd->worker];
-	if (!p->active || p->seq != rd->pseq || rd->block >= p->n || p->state[rd->block] != B_WAIT)
+	t->reads[ri].used = false;
+	if (ok && rm) { /* from the shared tier: keep it on this node's disk too */
+		const struct kvr_slot *s = kvr_slot_at(t->a->slots, rd.slot);
+		if (!t->write_back && !l2t_has(t, s->key, rd.lane))
+			write_lane(t, s->key, rd.slot, rd.epoch);
+	}
+	struct pend *p = &t->pend[rd.worker];
+	if (!p->active || p->seq != rd.pseq || rd.block >= p->n || p->state[rd.block] != B_WAIT)
 		return 0;
-	p->state[rd->block] = ok ? B_PROMOTED : B_FAIL;
+	p->state[rd.block] = ok ? B_PROMOTED : B_FAIL;
 	if (ok)
-		p->pinned[rd->block] = kvr_slot_pin(t->a->slots, rd->slot, rd->epoch, KVR_PIN_LOOKUP) == 0;
-	if (--p->waiting || p->stalled)
+		p->pinned[rd.block] = kvr_slot_pin(t->a->slots, rd.slot, rd.epoch, KVR_PIN_LOOKUP) == 0;
+	p->waiting--;
+	if (rm) {
+		p->rm_waiting--;
+		if (!ok) {
+			p->total = p->n; /* nothing past a block the cluster lacks can count */
+		} else if (p->n < p->total && !p->stalled) {
+			p->rm_window = p->rm_window * 2 > L2T_RM_WINDOW ? L2T_RM_WINDOW : p->rm_window * 2;
+			extend_more(t, rd.worker); /* the window moved: read further ahead */
+		}
+	}
+	if (p->waiting || p->stalled)
 		return 0;
-	finish(t, rd->worker, done);
+	finish(t, rd.worker, done);
 	return 1;
+}
+
+/* A READ_DONE of disk d or of the shared tier (d == RM_DISK). */
+static int on_read_done(struct l2tier *t, unsigned d, const struct kvr_msg *m, const struct kvr_msg_l2 *b,
+			struct l2t_done *done)
+{
+	uint32_t ri = (uint32_t)m->hdr.req_id;
+	if (ri >= t->n_reads || !t->reads[ri].used || t->reads[ri].rseq != (uint32_t)(m->hdr.req_id >> 32) ||
+	    t->reads[ri].slot != b->slot || t->reads[ri].epoch != b->epoch || t->reads[ri].disk != d)
+		return 0; /* a read we already gave up on */
+	if (d != RM_DISK && (b->flags & KVR_L2F_GONE))
+		set_del(t, (kvr_key){b->key_lo, b->key_hi}, b->lane); /* missing or bad on disk: not there any more */
+	return read_ended(t, ri, b->status, done) ? 2 : 0;
 }
 
 int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m, struct l2t_done *done)
 {
 	if (!t)
 		return 1;
+	if (t->has_rm && ring == t->rm_rep) {
+		struct kvr_msg_l2 b;
+		if (kvr_msg_decode_l2(m, 0, &b) || m->hdr.type != KVR_MSG_L2_READ_DONE)
+			return -EBADMSG; /* the remote actor answers reads only */
+		return on_read_done(t, RM_DISK, m, &b, done);
+	}
 	unsigned d;
 	for (d = 0; d < t->n_disks && ring != t->rep[d]; d++)
 		;
@@ -670,15 +760,8 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 		}
 		return 0;
 	}
-	case KVR_MSG_L2_READ_DONE: {
-		uint32_t ri = (uint32_t)m->hdr.req_id;
-		if (ri >= t->n_reads || !t->reads[ri].used || t->reads[ri].rseq != (uint32_t)(m->hdr.req_id >> 32) ||
-		    t->reads[ri].slot != b.slot || t->reads[ri].epoch != b.epoch)
-			return 0; /* a read we already gave up on */
-		if (b.flags & KVR_L2F_GONE)
-			set_del(t, k, b.lane); /* missing or bad on disk: it is not there any more */
-		return read_ended(t, ri, b.status, done) ? 2 : 0;
-	}
+	case KVR_MSG_L2_READ_DONE:
+		return on_read_done(t, d, m, &b, done);
 	default:
 		return -EBADMSG;
 	}
@@ -723,6 +806,19 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 			}
 		}
 		wq_pump(t, d);
+	}
+	if (t->has_rm) {
+		uint32_t gen = atomic_load(&kvr_ctl_actor(t->a->ctl, t->rm_actor)->generation);
+		if (gen != t->rm_gen) {
+			/* the remote actor died: its reads are aborted (a slot it may still have been
+			 * copying into keeps its remote pin, DRAINING, until the successor drops it) */
+			t->rm_gen = gen;
+			for (uint32_t i = 0; i < t->n_reads; i++) {
+				struct read *rd = &t->reads[i];
+				if (rd->used && rd->disk == RM_DISK && rd->disk_gen != gen && read_ended(t, i, -EPIPE, done))
+					return 1;
+			}
+		}
 	}
 	return lost_answers(t, now, done);
 }

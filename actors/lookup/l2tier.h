@@ -27,6 +27,17 @@
  * its predecessor's pins. A read that failed forgets the block lane only when the disk
  * actor says the file is gone (KVR_L2F_GONE), not when the read was merely aborted.
  *
+ * With remote.cluster configured (the shared tier, docs/cluster.md) the same module also
+ *   - hands every lane it commits to the remote actor (L2_WRITE on remote.req, no answer
+ *     awaited: the shared tier is a cache; a full ring skips the write and counts it);
+ *   - extends a lookup past L1 and L2 over blocks the cluster may hold: the requester's
+ *     lane is read into a slot of its own exactly as an L2 promotion (the remote actor
+ *     checks that every TP lane is in the cluster and verifies the value first), at most
+ *     L2T_RM_WINDOW reads ahead (one at first, doubled by each hit); the first miss ends
+ *     the prefix. A lane promoted from the
+ *     cluster is written through to L2 when there is one.
+ * The instance may have the shared tier without L2 (l2.dirs empty).
+ *
  * With l2.read_only nothing is ever written: no write-through (l2t_committed does nothing),
  * no write-back (l2.mode is ignored: l2t_demote returns 0 and no eviction veto is set, so
  * an L1 eviction just frees the slot; a promoted block is on disk already). Lookups over L2
@@ -34,6 +45,7 @@
  */
 
 #define L2T_MAX_DISKS 8
+#define L2T_RM_WINDOW 16 /* remote promotion reads of one lookup in flight at once */
 
 struct l2t_done {             /* a promotion that finished: reply to this requester */
 	unsigned worker;          /* requester: a worker slot (< max_workers), else max_workers +
@@ -48,7 +60,7 @@ struct l2t_done {             /* a promotion that finished: reply to this reques
 
 struct l2tier;
 
-/* NULL (and 0) when the instance has no L2. */
+/* NULL (and 0) when the instance has neither L2 nor the shared tier. */
 int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret);
 void l2t_close(struct l2tier *t);
 

@@ -1,0 +1,458 @@
+/* The shared tier through two real kvring instances (two "nodes") and a real Redis Cluster (tests/remote/with-cluster.sh). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "client_harness.h"
+#include "kvr_time.h"
+#include "rcluster.h"
+#include "rvalue.h"
+
+/*
+ * Instance A and instance B stand for two nodes: separate kvringd, sockets, arenas and slot
+ * tables, one cluster. Every test starts with the cluster empty (FLUSHALL on every master).
+ * The test itself reads and writes the cluster through hiredis (rcluster.h's slot map and
+ * MOVED parsing) to damage values the way an operator or a bug would.
+ */
+
+static struct ct_env A, B;
+static char remote_section[1024];
+static struct kvr_rc_map cmap;
+static redisContext *conns[KVR_RC_MAX_NODES];
+
+/* 2 layers x K,V x 16 tokens x 2 heads x 16 x bf16 = 4096 bytes a lane: one 4 KiB slot. */
+static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
+				     .tp_size = 1};
+
+#define PROMPTS 8
+#define BLOCKS 4
+#define BT 16
+#define TAG(prompt, i) (7000ull * (prompt) + (i) + 1)
+
+static uint32_t tokens[PROMPTS][BLOCKS * BT];
+
+/* ---- the cluster, as the test sees it ------------------------------------------------------ */
+
+static redisContext *node_conn(unsigned ni)
+{
+	if (!conns[ni]) {
+		struct timeval tv = {.tv_sec = 2};
+		conns[ni] = redisConnectWithTimeout(cmap.nodes[ni].host, cmap.nodes[ni].port, tv);
+		cr_assert(conns[ni] && !conns[ni]->err, "connect %s:%u", cmap.nodes[ni].host, cmap.nodes[ni].port);
+		(void)redisSetTimeout(conns[ni], tv);
+	}
+	return conns[ni];
+}
+
+static void drop_conn(unsigned ni)
+{
+	redisFree(conns[ni]);
+	conns[ni] = NULL;
+}
+
+/* The slot map from any master that answers. */
+static void map_refresh(void)
+{
+	kvr_rc_map_init(&cmap);
+	char list[512];
+	snprintf(list, sizeof(list), "%s", getenv("KVR_TEST_CLUSTER"));
+	for (char *save = NULL, *s = strtok_r(list, ",", &save); s; s = strtok_r(NULL, ",", &save)) {
+		struct kvr_rc_node n;
+		cr_assert_eq(kvr_rc_node_parse(s, &n), 0, "KVR_TEST_CLUSTER entry %s", s);
+		(void)kvr_rc_map_node(&cmap, n.host, n.port);
+	}
+	for (unsigned ni = 0; ni < cmap.n_nodes; ni++) {
+		struct timeval tv = {.tv_sec = 1};
+		redisContext *c = redisConnectWithTimeout(cmap.nodes[ni].host, cmap.nodes[ni].port, tv);
+		redisReply *r = c && !c->err ? redisCommand(c, "CLUSTER SLOTS") : NULL;
+		int rc = r && r->type == REDIS_REPLY_ARRAY ? kvr_rc_map_from_slots(&cmap, r, cmap.nodes[ni].host) : -EIO;
+		freeReplyObject(r);
+		redisFree(c);
+		if (rc == 0 && kvr_rc_map_covered(&cmap) == KVR_RC_SLOTS)
+			return;
+	}
+	cr_assert_fail("no master gave a full slot map");
+}
+
+/* One command on the master of key's slot (following one MOVED). The caller frees the reply. */
+static redisReply *cl_argv(const char *key, int argc, const char **argv, const size_t *lens)
+{
+	for (int attempt = 0; attempt < 3; attempt++) {
+		unsigned ni = cmap.owner[kvr_rc_key_slot(key, strlen(key))];
+		cr_assert_neq(ni, KVR_RC_NONE);
+		redisContext *c = node_conn(ni);
+		redisReply *r = redisCommandArgv(c, argc, argv, lens);
+		if (!r) {
+			drop_conn(ni);
+			map_refresh();
+			continue;
+		}
+		if (r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "MOVED", 5)) {
+			freeReplyObject(r);
+			map_refresh();
+			continue;
+		}
+		return r;
+	}
+	cr_assert_fail("no answer for %s", key);
+	return NULL;
+}
+
+static redisReply *cl_get(const char *key)
+{
+	const char *argv[2] = {"GET", key};
+	size_t lens[2] = {3, strlen(key)};
+	return cl_argv(key, 2, argv, lens);
+}
+
+static void cl_set(const char *key, const void *val, size_t len)
+{
+	const char *argv[3] = {"SET", key, val};
+	size_t lens[3] = {3, strlen(key), len};
+	redisReply *r = cl_argv(key, 3, argv, lens);
+	cr_assert(r->type == REDIS_REPLY_STATUS, "SET %s: %s", key, r->str);
+	freeReplyObject(r);
+}
+
+/* Every master: FLUSHALL (a cluster restarted empty). */
+static void cl_flush(void)
+{
+	unsigned done = 0;
+	bool master[KVR_RC_MAX_NODES] = {false};
+	for (unsigned s = 0; s < KVR_RC_SLOTS; s++)
+		master[cmap.owner[s]] = true;
+	for (unsigned ni = 0; ni < cmap.n_nodes; ni++) {
+		if (!master[ni])
+			continue;
+		redisReply *r = redisCommand(node_conn(ni), "FLUSHALL");
+		cr_assert(r && r->type == REDIS_REPLY_STATUS, "FLUSHALL on %s:%u", cmap.nodes[ni].host, cmap.nodes[ni].port);
+		freeReplyObject(r);
+		done++;
+	}
+	cr_assert_eq(done, 3);
+}
+
+static unsigned cl_dbsize(void)
+{
+	unsigned total = 0;
+	bool master[KVR_RC_MAX_NODES] = {false};
+	for (unsigned s = 0; s < KVR_RC_SLOTS; s++)
+		master[cmap.owner[s]] = true;
+	for (unsigned ni = 0; ni < cmap.n_nodes; ni++) {
+		if (!master[ni])
+			continue;
+		redisReply *r = redisCommand(node_conn(ni), "DBSIZE");
+		cr_assert(r && r->type == REDIS_REPLY_INTEGER);
+		total += (unsigned)r->integer;
+		freeReplyObject(r);
+	}
+	return total;
+}
+
+static void key_name(const struct ct_env *e, kvr_key key, unsigned lane, char *buf)
+{
+	cr_assert_gt(kvr_rv_key_fmt(buf, KVR_RV_KEY_MAX, e->slots->ns, key, lane), 0);
+}
+
+static int cluster_sh(const char *verb, unsigned port)
+{
+	char cmd[1024];
+	snprintf(cmd, sizeof(cmd), "'%s' %s '%s' %u >&2", getenv("KVR_REDIS_CLUSTER_SH"), verb,
+		 getenv("KVR_TEST_CLUSTER_DIR"), port);
+	return system(cmd);
+}
+
+/* ---- instances ---------------------------------------------------------------------------- */
+
+static void setup(void)
+{
+	cr_assert(getenv("KVR_TEST_CLUSTER") && getenv("KVR_TEST_CLUSTER_DIR"),
+		  "run through tests/remote/with-cluster.sh (meson test does)");
+	ct_init(&A);
+	ct_init(&B);
+	char list[512];
+	snprintf(list, sizeof(list), "%s", getenv("KVR_TEST_CLUSTER"));
+	size_t off = 0;
+	char seeds[600] = "";
+	for (char *save = NULL, *s = strtok_r(list, ",", &save); s; s = strtok_r(NULL, ",", &save))
+		off += (size_t)snprintf(seeds + off, sizeof(seeds) - off, "%s\"%s\"", off ? ", " : "", s);
+	snprintf(remote_section, sizeof(remote_section),
+		 ",\n  \"remote\": {\"cluster\": [%s], \"timeout_ms\": 1000, \"max_inflight\": 32}", seeds);
+	map_refresh();
+	cl_flush();
+}
+
+static void teardown(void)
+{
+	ct_fini(&B);
+	ct_fini(&A);
+	for (unsigned ni = 0; ni < KVR_RC_MAX_NODES; ni++)
+		drop_conn(ni);
+}
+
+TestSuite(remote, .init = setup, .fini = teardown, .timeout = 120);
+
+static struct ct_rank *start(struct ct_env *e, uint32_t l1_slots)
+{
+	struct ct_opts o = {.l1_slots = l1_slots, .sections_extra = remote_section};
+	ct_start(e, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(e, 0, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
+	cr_assert(H_WAIT(ct_stat(e, "remote", KVR_STAT_RM_SLOTS_COVERED) == KVR_RC_SLOTS, 5000),
+		  "the remote actor has no full slot map: %llu slots",
+		  (unsigned long long)ct_stat(e, "remote", KVR_STAT_RM_SLOTS_COVERED));
+	return r;
+}
+
+/* Prompt p stored on r in engine blocks 0..BLOCKS-1, block i holding TAG(p, i). */
+static void store_prompt(struct ct_rank *r, unsigned p)
+{
+	ct_prompt(tokens[p], BLOCKS * BT, 4200 + p);
+	uint32_t blocks[BLOCKS];
+	for (uint32_t i = 0; i < BLOCKS; i++) {
+		blocks[i] = i;
+		ct_fill(r, i, TAG(p, i));
+	}
+	struct ct_done d;
+	ct_store(r, 1 + p, tokens[p], BLOCKS * BT, blocks, BLOCKS, &d);
+	cr_assert_eq(d.c.status, 0, "store %u: %d", p, d.c.status);
+	cr_assert_eq(d.c.n_stored, BLOCKS);
+}
+
+/* A stores prompts [0, n) and waits until the cluster acknowledged every lane. */
+static void a_stores(struct ct_rank *ra, unsigned n)
+{
+	uint64_t before = ct_stat(&A, "remote", KVR_STAT_RM_WRITES);
+	for (unsigned p = 0; p < n; p++)
+		store_prompt(ra, p);
+	cr_assert(H_WAIT(ct_stat(&A, "remote", KVR_STAT_RM_WRITES) == before + n * BLOCKS, 5000),
+		  "the cluster acknowledged %llu of %u writes (errors %llu, stale %llu, skipped %llu)",
+		  (unsigned long long)(ct_stat(&A, "remote", KVR_STAT_RM_WRITES) - before), n * BLOCKS,
+		  (unsigned long long)ct_stat(&A, "remote", KVR_STAT_RM_WRITE_ERRORS),
+		  (unsigned long long)ct_stat(&A, "remote", KVR_STAT_RM_WRITES_STALE),
+		  (unsigned long long)ct_stat(&A, "lookup", KVR_STAT_LK_RM_WRITES_SKIPPED));
+}
+
+/* ---- tests -------------------------------------------------------------------------------- */
+
+/*
+ * The point of the tier: A computes (stores) 8 prompts, B — empty, another "node" — loads
+ * all of them byte-exact from the cluster (every block a hit), and then serves them from
+ * its own L1 without asking the cluster again.
+ */
+Test(remote, a_prompt_stored_on_one_node_loads_on_another)
+{
+	struct ct_rank *ra = start(&A, 64);
+	a_stores(ra, PROMPTS);
+	cr_assert_eq(cl_dbsize(), PROMPTS * BLOCKS, "one value per block lane in the cluster");
+	cr_assert_eq(ct_stat(&A, "remote", KVR_STAT_RM_BYTES_OUT), (uint64_t)PROMPTS * BLOCKS * A.slots->slot_bytes);
+
+	struct ct_rank *rb = start(&B, 64);
+	for (unsigned p = 0; p < PROMPTS; p++)
+		cr_assert_eq(ct_lookup_load_exact(rb, 100 + p, tokens[p], BLOCKS * BT, 0, TAG(p, 0)), BLOCKS,
+			     "prompt %u on B", p);
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_HITS), PROMPTS * BLOCKS, "hit rate 100%%");
+	cr_assert_eq(ct_stat(&B, "lookup", KVR_STAT_LK_RM_READS), PROMPTS * BLOCKS);
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_MISSES) + ct_stat(&B, "remote", KVR_STAT_RM_BAD_VALUES), 0);
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_BYTES_IN), (uint64_t)PROMPTS * BLOCKS * B.slots->slot_bytes);
+
+	/* B's L1 serves them now: no further read reaches the cluster */
+	uint64_t reads = ct_stat(&B, "remote", KVR_STAT_RM_READS);
+	for (unsigned p = 0; p < PROMPTS; p++)
+		cr_assert_eq(ct_lookup_load_exact(rb, 200 + p, tokens[p], BLOCKS * BT, 4, TAG(p, 0)), BLOCKS);
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_READS), reads, "L1 hits on B asked the cluster");
+	ct_assert_table_clean(&A);
+	ct_assert_table_clean(&B);
+}
+
+/*
+ * A value that is not exactly the block is a miss, never served: a flipped payload byte, a
+ * truncated value, a forged length (header checksum recomputed), another model's block
+ * under this key. Each damages block 1 of one prompt: B matches block 0 only (and loads it
+ * byte-exact), the bad value is counted.
+ */
+Test(remote, damaged_foreign_truncated_and_forged_values_are_misses)
+{
+	struct ct_rank *ra = start(&A, 64);
+	a_stores(ra, 4);
+	const struct kvr_l2_ident id = {.ns = A.slots->ns, .fingerprint = A.slots->ns,
+					.block_tokens = A.slots->block_tokens, .lane_bytes = A.slots->slot_bytes};
+	for (unsigned p = 0; p < 4; p++) {
+		kvr_key keys[BLOCKS];
+		ct_keys(&A, tokens[p], BLOCKS * BT, keys);
+		char name[KVR_RV_KEY_MAX];
+		key_name(&A, keys[1], 0, name);
+		redisReply *v = cl_get(name);
+		cr_assert(v->type == REDIS_REPLY_STRING && v->len == KVR_RV_HDR_BYTES + id.lane_bytes, "value of %s", name);
+		cr_assert_eq(kvr_rv_check(v->str, v->len, &id, keys[1], 0, NULL), 0, "the stored value checks");
+		char *val = malloc(v->len);
+		memcpy(val, v->str, v->len);
+		size_t len = v->len;
+		freeReplyObject(v);
+		struct kvr_rv_hdr h;
+		switch (p) {
+		case 0: /* one payload byte flipped */
+			val[KVR_RV_HDR_BYTES + 1000] ^= 0x20;
+			break;
+		case 1: /* truncated */
+			len -= 100;
+			break;
+		case 2: /* a forged length: a well-formed header that claims fewer payload bytes */
+		{
+			struct kvr_l2_ident shorter = id;
+			shorter.lane_bytes -= 512;
+			kvr_rv_hdr_build(&h, &shorter, keys[1], 0, val + KVR_RV_HDR_BYTES);
+			memcpy(val, &h, sizeof(h));
+			break;
+		}
+		case 3: /* another model's block (its namespace) under this key */
+		{
+			struct kvr_l2_ident other = id;
+			other.ns.lo ^= 1;
+			other.fingerprint = other.ns;
+			kvr_rv_hdr_build(&h, &other, keys[1], 0, val + KVR_RV_HDR_BYTES);
+			memcpy(val, &h, sizeof(h));
+			break;
+		}
+		}
+		cl_set(name, val, len);
+		free(val);
+	}
+	struct ct_rank *rb = start(&B, 64);
+	for (unsigned p = 0; p < 4; p++)
+		cr_assert_eq(ct_lookup_load_exact(rb, 300 + p, tokens[p], BLOCKS * BT, 0, TAG(p, 0)), 1,
+			     "prompt %u: block 0 verified, block 1 refused", p);
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_BAD_VALUES), 4, "each bad value counted once");
+	cr_assert(h_log_contains(&B.h, "value refused (payload_checksum"), "the flipped byte is named");
+	ct_assert_table_clean(&B);
+	/* B's slot table holds the verified blocks only: 4 prompts x block 0 (+ whatever was read
+	 * ahead past block 1 and verified: blocks 2 and 3 are intact) */
+	for (uint32_t s = 0; s < B.slots->n_slots; s++)
+		cr_assert(kvr_slot_state(B.slots, s) == KVR_SLOT_FREE || kvr_slot_state(B.slots, s) == KVR_SLOT_COMMITTED);
+}
+
+/* The cluster restarted empty: everything is a miss, nothing breaks, and it fills again. */
+Test(remote, an_emptied_cluster_is_all_misses)
+{
+	struct ct_rank *ra = start(&A, 64);
+	a_stores(ra, 2);
+	cl_flush();
+	struct ct_rank *rb = start(&B, 64);
+	for (unsigned p = 0; p < 2; p++)
+		cr_assert_eq(ct_lookup(rb, 400 + p, tokens[p], BLOCKS * BT), 0);
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_MISSES), 2, "one miss per prompt: the window stops at it");
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_HITS), 0);
+	ct_assert_table_clean(&B);
+	/* and it fills again: a new prompt stored on A loads on B */
+	uint64_t w = ct_stat(&A, "remote", KVR_STAT_RM_WRITES);
+	store_prompt(ra, 2);
+	cr_assert(H_WAIT(ct_stat(&A, "remote", KVR_STAT_RM_WRITES) == w + BLOCKS, 5000));
+	cr_assert_eq(ct_lookup_load_exact(rb, 410, tokens[2], BLOCKS * BT, 0, TAG(2, 0)), BLOCKS);
+	ct_assert_table_clean(&B);
+}
+
+/*
+ * A master killed -9 mid-workload: lookups of blocks on its slots miss or wait for the
+ * failover, none hangs past the request timeout, no wrong byte is loaded, A keeps serving its
+ * L1; after the replica took over, routing follows (MOVED / a refreshed map) and both
+ * instances use the cluster again; the killed node comes back (as a replica) and nothing breaks.
+ */
+Test(remote, a_killed_master_fails_over_and_routing_recovers, .timeout = 240)
+{
+	struct ct_rank *ra = start(&A, 64);
+	a_stores(ra, 4);
+	struct ct_rank *rb = start(&B, 64);
+	unsigned victim = cmap.nodes[cmap.owner[0]].port;
+	cr_assert_eq(cluster_sh("kill", victim), 0);
+	for (unsigned p = 0; p < 4; p++) {
+		uint64_t t0 = kvr_now_ns();
+		uint32_t got = ct_lookup_load_exact(rb, 500 + p, tokens[p], BLOCKS * BT, 0, TAG(p, 0)); /* asserts bytes */
+		uint64_t ms = (kvr_now_ns() - t0) / 1000000;
+		cr_assert_leq(ms, 3000, "prompt %u: the lookup took %llu ms with a master dead", p, (unsigned long long)ms);
+		cr_assert_leq(got, BLOCKS);
+		/* A's own L1 is not affected at all */
+		cr_assert_eq(ct_lookup_load_exact(ra, 520 + p, tokens[p], BLOCKS * BT, 8, TAG(p, 0)), BLOCKS);
+	}
+	cr_assert_eq(cluster_sh("wait", 30), 0, "the replica did not take over");
+	map_refresh();
+	for (unsigned ni = 0; ni < KVR_RC_MAX_NODES; ni++)
+		drop_conn(ni);
+	/* new prompts after the failover: every lane written, every block loaded on B */
+	uint64_t w = ct_stat(&A, "remote", KVR_STAT_RM_WRITES);
+	for (unsigned p = 4; p < PROMPTS; p++)
+		store_prompt(ra, p);
+	cr_assert(H_WAIT(ct_stat(&A, "remote", KVR_STAT_RM_WRITES) == w + 4 * BLOCKS, 10000),
+		  "after the failover %llu of %u writes acknowledged (errors %llu, refreshes %llu, moved %llu, conn errors "
+		  "%llu, timeouts %llu)", (unsigned long long)(ct_stat(&A, "remote", KVR_STAT_RM_WRITES) - w), 4 * BLOCKS,
+		  (unsigned long long)ct_stat(&A, "remote", KVR_STAT_RM_WRITE_ERRORS),
+		  (unsigned long long)ct_stat(&A, "remote", KVR_STAT_RM_REFRESHES),
+		  (unsigned long long)ct_stat(&A, "remote", KVR_STAT_RM_MOVED),
+		  (unsigned long long)ct_stat(&A, "remote", KVR_STAT_RM_CONN_ERRORS),
+		  (unsigned long long)ct_stat(&A, "remote", KVR_STAT_RM_TIMEOUTS));
+	for (unsigned p = 4; p < PROMPTS; p++)
+		cr_assert_eq(ct_lookup_load_exact(rb, 540 + p, tokens[p], BLOCKS * BT, 0, TAG(p, 0)), BLOCKS,
+			     "prompt %u after the failover", p);
+	cr_assert_eq(cluster_sh("restart", victim), 0);
+	cr_assert_eq(cluster_sh("wait", 30), 0);
+	for (unsigned p = 4; p < PROMPTS; p++)
+		cr_assert_eq(ct_lookup_load_exact(rb, 560 + p, tokens[p], BLOCKS * BT, 4, TAG(p, 0)), BLOCKS);
+	ct_assert_table_clean(&A);
+	ct_assert_table_clean(&B);
+}
+
+static uint64_t rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f);
+	uint64_t kib = 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %llu", (unsigned long long *)&kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+/* 10,000 blocks out of A and into B: the remote actors' memory stays flat (nothing per block is
+ * kept: requests live in a fixed pool, hiredis's buffers are reused). */
+Test(remote, memory_stays_flat_over_ten_thousand_blocks, .timeout = 300)
+{
+	enum { N = 2500, WARM = 250 }; /* prompts of BLOCKS blocks: 10,000 blocks */
+	struct ct_rank *ra = start(&A, 64);
+	struct ct_rank *rb = start(&B, 64);
+	uint32_t tok[BLOCKS * BT];
+	uint64_t rss_a = 0, rss_b = 0;
+	for (unsigned p = 0; p < N; p++) {
+		if (p == WARM) {
+			rss_a = rss_kib(ct_actor_pid(&A, "remote"));
+			rss_b = rss_kib(ct_actor_pid(&B, "remote"));
+		}
+		ct_prompt(tok, BLOCKS * BT, 900000 + p);
+		uint32_t blocks[BLOCKS];
+		for (uint32_t i = 0; i < BLOCKS; i++) {
+			blocks[i] = i;
+			ct_fill(ra, i, TAG(p, i));
+		}
+		struct ct_done d;
+		ct_store(ra, 10000 + p, tok, BLOCKS * BT, blocks, BLOCKS, &d);
+		cr_assert_eq(d.c.n_stored, BLOCKS);
+		uint64_t want = (uint64_t)(p + 1) * BLOCKS;
+		cr_assert(H_WAIT(ct_stat(&A, "remote", KVR_STAT_RM_WRITES) == want, 5000), "prompt %u not written", p);
+		cr_assert_eq(ct_lookup_load_exact(rb, 20000 + p, tok, BLOCKS * BT, 0, TAG(p, 0)), BLOCKS, "prompt %u", p);
+	}
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_HITS), (uint64_t)N * BLOCKS);
+	uint64_t end_a = rss_kib(ct_actor_pid(&A, "remote")), end_b = rss_kib(ct_actor_pid(&B, "remote"));
+	cr_log_info("remote actor RSS after %u and %u blocks: A %llu -> %llu KiB, B %llu -> %llu KiB", WARM * BLOCKS,
+		    N * BLOCKS, (unsigned long long)rss_a, (unsigned long long)end_a, (unsigned long long)rss_b,
+		    (unsigned long long)end_b);
+	cr_assert_leq(end_a, rss_a + 1024, "A's remote actor grew %llu KiB", (unsigned long long)(end_a - rss_a));
+	cr_assert_leq(end_b, rss_b + 1024, "B's remote actor grew %llu KiB", (unsigned long long)(end_b - rss_b));
+}
