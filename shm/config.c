@@ -95,7 +95,7 @@ static const char *const kv_layout_values[] = { "kv-split", "kv-fused", NULL };
 static const char *const prefault_values[] = { "background", "off", NULL };
 static const char *const l2_mode_values[] = { "write-through", "write-back", NULL };
 static const char *const durability_values[] = { "none", "block", "batch", NULL };
-static const char *const remote_mode_values[] = { "write-through", "write-back", NULL };
+static const char *const remote_mode_values[] = { "write-through", NULL }; /* write-back: not yet */
 
 static const struct kvr_section sections[] = {
 	{ "instance", "The instance: where workers attach, how many may, and logging." },
@@ -215,8 +215,7 @@ static const struct kvr_key keys[] = {
 	      "host:port of one or more cluster nodes to discover the cluster from (CLUSTER SLOTS); none = no "
 	      "shared tier"),
 	ENUM("remote.mode", remote.mode, "write-through", remote_mode_values,
-	     "write-through: every block sent to the cluster once committed in L1; write-back: sent when L1 "
-	     "evicts it"),
+	     "write-through: every block lane sent to the cluster once committed in L1 (the only mode so far)"),
 	U32("remote.timeout_ms", remote.timeout_ms, 1000, 10, 600000, "ms",
 	    "a request to the cluster (connect, GET, SET) unanswered this long fails: a read is a miss, a write "
 	    "is dropped and counted"),

@@ -91,7 +91,7 @@ struct kvr_config {
 	struct {                         /* the shared tier (docs/cluster.md) */
 		uint32_t n_cluster;          /* 0 = no remote tier */
 		char cluster[KVR_REMOTE_MAX_SEEDS][64]; /* seed nodes "host:port" */
-		char mode[16];               /* "write-through" or "write-back" */
+		char mode[16];               /* "write-through" (the only mode so far) */
 		uint32_t timeout_ms;         /* one request (connect, GET, SET) */
 		uint32_t max_inflight;       /* requests in flight over all nodes */
 		uint32_t ttl_s;              /* 0 = no expiry */

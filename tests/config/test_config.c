@@ -202,6 +202,23 @@ static const struct bad_case bad_cases[] = {
 	{ "{\"l1\": {\"eviction\": \"fifo\"}}", "$.l1.eviction: invalid value \"fifo\" (one of: lru, s3fifo)" },
 	{ "{\"l2\": {\"mode\": \"write-around\"}}",
 	  "$.l2.mode: invalid value \"write-around\" (one of: write-through, write-back)" },
+	{ "{\"remote\": {\"mode\": \"write-back\"}}",
+	  "$.remote.mode: invalid value \"write-back\" (one of: write-through)" },
+	/* the shared tier's seeds and options */
+	{ "{\"remote\": {\"cluster\": [\"127.0.0.1\"]}}",
+	  "$.remote.cluster[0]: invalid \"127.0.0.1\" (expected host:port, port 1..65535)" },
+	{ "{\"remote\": {\"cluster\": [\"10.0.0.1:7000\", \"10.0.0.2:0\"]}}",
+	  "$.remote.cluster[1]: invalid \"10.0.0.2:0\" (expected host:port, port 1..65535)" },
+	{ "{\"remote\": {\"cluster\": [\"a:7000\", \"b:7000\", \"a:7000\"]}}",
+	  "$.remote.cluster[2]: duplicate of $.remote.cluster[0] (\"a:7000\")" },
+	{ "{\"remote\": {\"cluster\": \"a:7000\"}}", "$.remote.cluster: wrong type: expected array of strings, got string" },
+	{ "{\"remote\": {\"tls\": true}}",
+	  "$.remote.tls: TLS is not built into this kvring (hiredis without hiredis_ssl): use a private network or a TLS "
+	  "proxy, and tls false" },
+	{ "{\"remote\": {\"user\": \"kv\"}}", "$.remote.user: \"kv\" needs remote.password" },
+	{ "{\"remote\": {\"timeout_ms\": 5}}", "$.remote.timeout_ms: out of range: 5 (must be 10..600000)" },
+	{ "{\"remote\": {\"max_inflight\": 0}}", "$.remote.max_inflight: out of range: 0 (must be 1..4096)" },
+	{ "{\"remote\": {\"clusters\": []}}", "$.remote.clusters: unknown key" },
 	{ "{\"l2\": {\"durability\": \"fsync\"}}",
 	  "$.l2.durability: invalid value \"fsync\" (one of: none, block, batch)" },
 	{ "{\"instance\": {\"log_level\": \"INFO\"}}",
@@ -654,7 +671,7 @@ Test(config, round_trip)
 Test(config, to_json_keys)
 {
 	static const char *const sections[] = { "instance", "rings", "supervisor", "model", "l1", "staging", "dcp", "l2",
-						"metrics", "timeouts" };
+						"remote", "metrics", "timeouts" };
 	struct kvr_config d;
 	char *j, *md;
 	cJSON *root, *sec, *item;
@@ -688,7 +705,7 @@ Test(config, to_json_keys)
 		}
 	}
 	cr_expect_eq(s, ARRAY_SIZE(sections));
-	cr_expect_eq(n, 51, "keys in the effective JSON: %zu", n);
+	cr_expect_eq(n, 59, "keys in the effective JSON: %zu", n);
 	cJSON_Delete(root);
 	free(j);
 	free(md);

@@ -388,5 +388,6 @@ Test(ctl, names)
 	cr_assert_str_eq(kvr_actor_kind_name(KVR_ACTOR_LOOKUP), "lookup");
 	cr_assert_str_eq(kvr_actor_kind_name(KVR_ACTOR_GATHER), "gather");
 	cr_assert_str_eq(kvr_actor_kind_name(0), "?");
-	cr_assert_str_eq(kvr_actor_kind_name(6), "?");
+	cr_assert_str_eq(kvr_actor_kind_name(KVR_ACTOR_REMOTE), "remote");
+	cr_assert_str_eq(kvr_actor_kind_name(7), "?");
 }
