@@ -303,8 +303,9 @@ enum kvr_stat_remote {
 	KVR_STAT_RM_NODES_UP,         /* gauge: of those, connected */
 	KVR_STAT_RM_INFLIGHT,         /* gauge: requests sent and not answered */
 	KVR_STAT_RM_SLOTS_COVERED,    /* gauge: hash slots with a master (16384 when healthy) */
-	KVR_STAT_RM_HIST_GET,         /* struct kvr_hist: read latency (sent -> verified) ... */
-	KVR_STAT_RM_HIST_SET = KVR_STAT_RM_HIST_GET + KVR_HIST_BUCKETS + 2, /* ... write latency ... */
+	KVR_STAT_RM_HIST_GET,         /* struct kvr_hist: latency of reads that hit (taken off the ring ->
+				       * verified in the slot) ... */
+	KVR_STAT_RM_HIST_SET = KVR_STAT_RM_HIST_GET + KVR_HIST_BUCKETS + 2, /* ... of acknowledged writes ... */
 	KVR_STAT_RM_NEXT = KVR_STAT_RM_HIST_SET + KVR_HIST_BUCKETS + 2,      /* ... up to here */
 };
 

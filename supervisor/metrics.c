@@ -220,16 +220,19 @@ static void render_lookup(FILE *f, struct sup_metrics_view *v)
 			(unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, ends[i].stat));
 }
 
-/* Sum of the latency histograms of every actor of a kind, as a Prometheus histogram. */
-static void histogram(FILE *f, const struct kvr_ctl *c, bool store, const char *name, const char *help)
+#define KIND(k) (1u << (k)) /* a kind in histogram()'s mask */
+
+/* Sum of the latency histograms stored from counter `first` on of every actor whose kind is
+ * in `kinds` (a mask of 1u << enum kvr_actor_kind), as a Prometheus histogram. */
+static void histogram(FILE *f, const struct kvr_ctl *c, unsigned kinds, unsigned first, const char *name,
+		      const char *help)
 {
 	uint64_t b[KVR_HIST_BUCKETS] = {0}, sum_ns = 0;
-	unsigned kind = store ? KVR_ACTOR_STORER : KVR_ACTOR_LOADER;
 	for (unsigned i = 0; i < n_actors(c); i++) {
 		unsigned k_i = kvr_ctl_actor(c, i)->kind;
-		if (!actor_used(c, i) || (k_i != kind && !(store && k_i == KVR_ACTOR_GATHER)))
+		if (!actor_used(c, i) || k_i >= 32 || !(kinds & (1u << k_i)))
 			continue;
-		const struct kvr_hist *h = kvr_stats_hist(kvr_ctl_stats(c, i), KVR_STAT_XF_HIST_FIRST);
+		const struct kvr_hist *h = kvr_stats_hist(kvr_ctl_stats(c, i), first);
 		sum_ns += atomic_load_explicit(&((struct kvr_hist *)h)->sum_ns, memory_order_relaxed);
 		for (unsigned k = 0; k < KVR_HIST_BUCKETS; k++)
 			b[k] += atomic_load_explicit(&((struct kvr_hist *)h)->bucket[k], memory_order_relaxed);
@@ -271,9 +274,10 @@ static void render_transfer(FILE *f, const struct kvr_ctl *c)
 		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_BYTES));
 	fprintf(f, "kvring_bytes_total{direction=\"load\",tier=\"l1\"} %llu\n",
 		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_BYTES));
-	histogram(f, c, false, "kvring_load_duration_seconds",
+	histogram(f, c, KIND(KVR_ACTOR_LOADER), KVR_STAT_XF_HIST_FIRST, "kvring_load_duration_seconds",
 		  "Load request latency in the loader: first request message received to reply sent.");
-	histogram(f, c, true, "kvring_store_duration_seconds",
+	histogram(f, c, KIND(KVR_ACTOR_STORER) | KIND(KVR_ACTOR_GATHER), KVR_STAT_XF_HIST_FIRST,
+		  "kvring_store_duration_seconds",
 		  "Store request latency in the storer (or gather actor, waits for the group included): first request message received to reply sent.");
 	/* L2: what the lookup actor counted of the disk tier (block lanes) */
 	family(f, "kvring_l2_blocks_total", "counter",
@@ -473,6 +477,99 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 	cJSON_Delete(json);
 }
 
+/* ---- the remote tier: the remote actor's stats page, and the lookup's view of it ------- */
+
+/*
+ * One remote actor at most ("remote", when the config has remote.cluster); the series are
+ * sums over actors of the kind all the same, unlabelled, like the instance-wide ones. Its
+ * gauges are the running actor's last word (kept while it is down). Nothing of this section
+ * is written without a remote actor.
+ */
+static void render_remote(FILE *f, const struct kvr_ctl *c)
+{
+	bool any = false;
+	for (unsigned i = 0; i < n_actors(c) && !any; i++)
+		any = actor_used(c, i) && kvr_ctl_actor(c, i)->kind == KVR_ACTOR_REMOTE;
+	if (!any)
+		return;
+
+	/* the lookup actor's side, named as kvring_l2_blocks_total is: block lanes */
+	family(f, "kvring_remote_blocks_total", "counter",
+	       "Block lanes moved to and from the remote tier by result, as the lookup actor counted them: read = "
+	       "promoted into L1 for a lookup (failed: a miss, a bad value, no node, a timeout), write = handed to the "
+	       "remote actor after a commit (skipped: its ring was full).");
+	static const struct {
+		const char *labels;
+		unsigned stat;
+	} lk[] = {
+		{"op=\"read\",result=\"ok\"", KVR_STAT_LK_RM_READS},
+		{"op=\"read\",result=\"failed\"", KVR_STAT_LK_RM_READ_FAILS},
+		{"op=\"write\",result=\"sent\"", KVR_STAT_LK_RM_WRITES},
+		{"op=\"write\",result=\"skipped\"", KVR_STAT_LK_RM_WRITES_SKIPPED},
+	};
+	for (size_t i = 0; i < sizeof(lk) / sizeof(lk[0]); i++)
+		fprintf(f, "kvring_remote_blocks_total{%s} %llu\n", lk[i].labels,
+			(unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, lk[i].stat));
+
+	/* the remote actor's own */
+	static const struct {
+		const char *name, *type, *help;
+		unsigned stat;
+	} rm[] = {
+		{"kvring_remote_reads_total", "counter", "Promotion reads the remote actor was asked for.",
+		 KVR_STAT_RM_READS},
+		{"kvring_remote_hits_total", "counter", "Promotion reads whose value was found, verified and copied into "
+		 "its L1 slot.", KVR_STAT_RM_HITS},
+		{"kvring_remote_misses_total", "counter", "Promotion reads that found a lane of the block missing in the "
+		 "cluster.", KVR_STAT_RM_MISSES},
+		{"kvring_remote_bad_values_total", "counter", "Promotion reads whose value failed its check (damaged, "
+		 "truncated, another model's): a miss, never served.", KVR_STAT_RM_BAD_VALUES},
+		{"kvring_remote_read_errors_total", "counter", "Promotion reads that failed otherwise (no node, "
+		 "connection, timeout, stale slot).", KVR_STAT_RM_READ_ERRORS},
+		{"kvring_remote_writes_total", "counter", "Write-through SETs the cluster acknowledged.",
+		 KVR_STAT_RM_WRITES},
+		{"kvring_remote_write_errors_total", "counter", "Write-through SETs that failed (error reply, connection, "
+		 "timeout, no node).", KVR_STAT_RM_WRITE_ERRORS},
+		{"kvring_remote_stale_writes_total", "counter", "Write-throughs not sent: the L1 slot changed before its "
+		 "copy.", KVR_STAT_RM_WRITES_STALE},
+		{"kvring_remote_moved_redirects_total", "counter", "MOVED redirects followed (each refreshes the slot "
+		 "map).", KVR_STAT_RM_MOVED},
+		{"kvring_remote_ask_redirects_total", "counter", "ASK redirects followed.", KVR_STAT_RM_ASK},
+		{"kvring_remote_timeouts_total", "counter", "Connections closed for a request older than "
+		 "remote.timeout_ms.", KVR_STAT_RM_TIMEOUTS},
+		{"kvring_remote_connection_errors_total", "counter", "Connects that failed and connections that dropped.",
+		 KVR_STAT_RM_CONN_ERRORS},
+		{"kvring_remote_reply_errors_total", "counter", "Error replies other than MOVED and ASK (CLUSTERDOWN, OOM, "
+		 "...).", KVR_STAT_RM_REPLY_ERRORS},
+		{"kvring_remote_slot_map_refreshes_total", "counter", "Slot maps taken from CLUSTER SLOTS.",
+		 KVR_STAT_RM_REFRESHES},
+		{"kvring_remote_nodes", "gauge", "Masters in the remote actor's slot map.", KVR_STAT_RM_NODES},
+		{"kvring_remote_nodes_up", "gauge", "Masters of the slot map the remote actor is connected to.",
+		 KVR_STAT_RM_NODES_UP},
+		{"kvring_remote_inflight", "gauge", "Requests sent to the cluster and not answered yet.",
+		 KVR_STAT_RM_INFLIGHT},
+		{"kvring_remote_slots_covered", "gauge", "Hash slots of the 16384 that have a master in the slot map.",
+		 KVR_STAT_RM_SLOTS_COVERED},
+	};
+	for (size_t i = 0; i < sizeof(rm) / sizeof(rm[0]); i++) {
+		family(f, rm[i].name, rm[i].type, rm[i].help);
+		fprintf(f, "%s %llu\n", rm[i].name, (unsigned long long)kind_sum(c, KVR_ACTOR_REMOTE, rm[i].stat));
+	}
+	family(f, "kvring_remote_bytes_total", "counter",
+	       "Value payload bytes moved by the remote actor: in = copied from the cluster into L1 slots, out = sent in "
+	       "acknowledged SETs.");
+	fprintf(f, "kvring_remote_bytes_total{direction=\"in\"} %llu\n",
+		(unsigned long long)kind_sum(c, KVR_ACTOR_REMOTE, KVR_STAT_RM_BYTES_IN));
+	fprintf(f, "kvring_remote_bytes_total{direction=\"out\"} %llu\n",
+		(unsigned long long)kind_sum(c, KVR_ACTOR_REMOTE, KVR_STAT_RM_BYTES_OUT));
+	histogram(f, c, KIND(KVR_ACTOR_REMOTE), KVR_STAT_RM_HIST_GET, "kvring_remote_get_seconds",
+		  "Latency of remote promotion reads that hit: request taken by the remote actor to value verified and "
+		  "copied into L1.");
+	histogram(f, c, KIND(KVR_ACTOR_REMOTE), KVR_STAT_RM_HIST_SET, "kvring_remote_set_seconds",
+		  "Latency of remote write-throughs the cluster acknowledged: request taken by the remote actor to the "
+		  "SET's acknowledgement.");
+}
+
 char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len)
 {
 	char *buf = NULL;
@@ -485,6 +582,7 @@ char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len)
 	render_lookup(f, v);
 	render_transfer(f, v->ctl);
 	render_l2(f, v->ctl);
+	render_remote(f, v->ctl);
 	if (v->slots)
 		render_l1(f, v->slots);
 	render_rings(f, v->ctl);

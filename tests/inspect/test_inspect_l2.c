@@ -1,4 +1,4 @@
-/* kvring-inspect's L2 view: the disk actors' stats and directories rendered exactly, as text and JSON. */
+/* kvring-inspect's L2 and remote views: the disk actors' stats and directories, the remote actor's stats, rendered exactly as text and JSON. */
 #include <criterion/criterion.h>
 
 #include <cJSON.h>
@@ -38,18 +38,33 @@ static void set(struct kvr_actor_stats *st, unsigned s, uint64_t v)
 	atomic_store(&st->c[s], v);
 }
 
+/* The remote actor's counters: each a distinct value (enum kvr_stat_remote order). */
+static const struct {
+	unsigned stat;
+	uint64_t v;
+} remote_stats[] = {
+	{KVR_STAT_RM_READS, 1001},       {KVR_STAT_RM_HITS, 1002},          {KVR_STAT_RM_MISSES, 1003},
+	{KVR_STAT_RM_BAD_VALUES, 1004},  {KVR_STAT_RM_READ_ERRORS, 1005},   {KVR_STAT_RM_WRITES, 1006},
+	{KVR_STAT_RM_WRITE_ERRORS, 1007}, {KVR_STAT_RM_WRITES_STALE, 1008}, {KVR_STAT_RM_BYTES_IN, 5 * FB},
+	{KVR_STAT_RM_BYTES_OUT, 3ull << 30}, {KVR_STAT_RM_MOVED, 1011},     {KVR_STAT_RM_ASK, 1012},
+	{KVR_STAT_RM_TIMEOUTS, 1013},    {KVR_STAT_RM_CONN_ERRORS, 1014},   {KVR_STAT_RM_REPLY_ERRORS, 1015},
+	{KVR_STAT_RM_REFRESHES, 1016},   {KVR_STAT_RM_NODES, 3},            {KVR_STAT_RM_NODES_UP, 2},
+	{KVR_STAT_RM_INFLIGHT, 7},       {KVR_STAT_RM_SLOTS_COVERED, 10923},
+};
+
 /*
- * Actors: 0 lookup; 1 disk.0 (l2.dirs[0]) with every adoption reason counted, evictions and
- * failed reads; 2 disk.1 (the long dir) with read-only counters; 3 disk.5, whose dir the
- * config does not name.
+ * Actors: 0 lookup (its remote counters 1021..1024); 1 disk.0 (l2.dirs[0]) with every
+ * adoption reason counted, evictions and failed reads; 2 disk.1 (the long dir) with
+ * read-only counters; 3 disk.5, whose dir the config does not name; 4 remote, READY, with
+ * remote_stats and a cluster missing a node (2 of 3 up, 10923 of 16384 slots).
  */
 static void setup(void)
 {
-	size_t sz = kvr_ctl_memsize(4, 1, specs, 1, sizeof(CONFIG));
+	size_t sz = kvr_ctl_memsize(5, 1, specs, 1, sizeof(CONFIG));
 	char name[64];
 	snprintf(name, sizeof(name), "kvr-test-inspect-l2-%d", getpid());
 	cr_assert_eq(kvr_segment_create(name, KVR_SEG_CTL, sz, 1, 0, &seg), 0);
-	cr_assert_eq(kvr_ctl_init(&seg, 4, 1, specs, 1, CONFIG), 0);
+	cr_assert_eq(kvr_ctl_init(&seg, 5, 1, specs, 1, CONFIG), 0);
 	wctl = seg.base;
 	atomic_store(&wctl->state, KVR_INST_RUNNING);
 	struct kvr_actor_ent *lk = kvr_ctl_actor(wctl, 0);
@@ -77,7 +92,19 @@ static void setup(void)
 	set(d1, KVR_STAT_DK_BAD_KEPT, 1);
 
 	(void)disk(3, "disk.5", 5, KVR_ACTOR_IDLE);
-	atomic_store(&wctl->n_actors, 4);
+
+	struct kvr_actor_ent *rm = kvr_ctl_actor(wctl, 4);
+	snprintf(rm->name, sizeof(rm->name), "remote");
+	rm->kind = KVR_ACTOR_REMOTE;
+	atomic_store(&rm->state, KVR_ACTOR_READY);
+	for (size_t i = 0; i < sizeof(remote_stats) / sizeof(remote_stats[0]); i++)
+		set(kvr_ctl_stats(wctl, 4), remote_stats[i].stat, remote_stats[i].v);
+	struct kvr_actor_stats *lks = kvr_ctl_stats(wctl, 0);
+	set(lks, KVR_STAT_LK_RM_READS, 1021);
+	set(lks, KVR_STAT_LK_RM_READ_FAILS, 1022);
+	set(lks, KVR_STAT_LK_RM_WRITES, 1023);
+	set(lks, KVR_STAT_LK_RM_WRITES_SKIPPED, 1024);
+	atomic_store(&wctl->n_actors, 5);
 	cr_assert_eq(kvr_segment_map(seg.fd, KVR_SEG_CTL, 0, &ro), 0); /* the observer's: PROT_READ */
 }
 
@@ -202,6 +229,142 @@ Test(inspect_l2, json_keys_exact)
 	cr_assert_eq(num(d5, "dir_index"), 5);
 	cr_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(d5, "dir")), "no such l2.dirs entry: null");
 	cr_assert_eq(num(d5, "capacity_bytes"), 0);
+	cJSON_Delete(doc);
+	free(t);
+}
+
+static const char remote_text[] =
+	"remote\n"
+	"  remote  ready  nodes 2/3 up  slots 10923/16384  inflight 7\n"
+	"    bytes in 100.0 KiB, out 3.0 GiB\n"
+	"    reads 1001: hits 1002, misses 1003, bad 1004, errors 1005\n"
+	"    writes 1006: errors 1007, stale 1008\n"
+	"    cluster: moved 1011, ask 1012, timeouts 1013, conn errors 1014,\n"
+	"      reply errors 1015, refreshes 1016\n"
+	"    lookup: promoted 1021, not promoted 1022, writes sent 1023, skipped 1024\n"
+	"\n";
+
+/* Every line of text within KVR_INSP_COLUMNS. */
+static void fits(const char *t)
+{
+	for (const char *l = t; *l;) {
+		const char *e = strchr(l, '\n');
+		cr_assert_not_null(e);
+		cr_assert_leq(e - l, KVR_INSP_COLUMNS, "line over %d columns: %.*s", KVR_INSP_COLUMNS, (int)(e - l), l);
+		l = e + 1;
+	}
+}
+
+Test(inspect_l2, remote_text_section_exact)
+{
+	char *t = render(0);
+	const char *at = strstr(t, "\nremote\n");
+	cr_assert_not_null(at, "no remote section:\n%s", t);
+	cr_assert(!strncmp(at + 1, remote_text, strlen(remote_text)), "remote section:\n%s\nwant:\n%s", at + 1,
+		  remote_text);
+	/* after the l2 section, before the rings; a cluster not whole is in "attention" */
+	cr_assert_lt(strstr(t, "\nl2\n"), at);
+	cr_assert_gt(strstr(t, "\nrings"), at);
+	const char *att = strstr(t, "\nattention\n");
+	cr_assert_not_null(att, "text:\n%s", t);
+	const char *line = strstr(t, "\n  remote: 2 of 3 nodes up, 10923 of 16384 hash slots covered\n");
+	cr_assert(line && line > att && line < at, "attention:\n%s", t);
+	fits(t);
+	free(t);
+
+	/* a whole cluster needs no attention; an actor that is not ready is not judged by its
+	 * last gauges (a failed one is listed as an actor) */
+	set(kvr_ctl_stats(wctl, 4), KVR_STAT_RM_NODES_UP, 3);
+	set(kvr_ctl_stats(wctl, 4), KVR_STAT_RM_SLOTS_COVERED, 16384);
+	t = render(0);
+	cr_assert_null(strstr(t, "  remote: "), "text:\n%s", t);
+	cr_assert_not_null(strstr(t, "\n  remote  ready  nodes 3/3 up  slots 16384/16384  inflight 7\n"));
+	free(t);
+	set(kvr_ctl_stats(wctl, 4), KVR_STAT_RM_NODES_UP, 0);
+	atomic_store(&kvr_ctl_actor(wctl, 4)->state, KVR_ACTOR_BACKOFF);
+	t = render(0);
+	cr_assert_null(strstr(t, "  remote: "), "text:\n%s", t);
+	cr_assert_not_null(strstr(t, "\n  actor remote: backoff, 0 restarts, last exit -\n"), "text:\n%s", t);
+	cr_assert_not_null(strstr(t, "\n  remote  backoff  nodes 0/3 up  slots 16384/16384  inflight 7\n"));
+	free(t);
+}
+
+/* --watch frames (text with a previous snapshot) carry the same section. */
+Test(inspect_l2, remote_in_watch_frames)
+{
+	struct kvr_ctl *c;
+	cr_assert_eq(kvr_ctl_attach(&ro, &c), 0);
+	struct kvr_insp_clock t0 = {.mono_ns = 500 * S_NS, .real_ns = 1800000000ull * S_NS};
+	struct kvr_insp_clock t1 = {.mono_ns = 501 * S_NS, .real_ns = 1800000001ull * S_NS};
+	struct kvr_insp_snap *prev, *cur;
+	cr_assert_eq(kvr_insp_snapshot(c, &t0, 0, &prev), 0);
+	cr_assert_eq(kvr_insp_snapshot(c, &t1, 0, &cur), 0);
+	cr_assert(cur->has_remote);
+	cr_assert_eq(cur->remote.actor, 4);
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert_eq(kvr_insp_render_text(f, cur, prev), 0);
+	fclose(f);
+	const char *at = strstr(buf, "\nremote\n");
+	cr_assert(at && !strncmp(at + 1, remote_text, strlen(remote_text)), "frame:\n%s", buf);
+	free(buf);
+	kvr_insp_snap_free(prev);
+	kvr_insp_snap_free(cur);
+}
+
+Test(inspect_l2, remote_json_fields_exact)
+{
+	char *t = render(KVR_INSP_JSON);
+	cJSON *doc = cJSON_Parse(t);
+	cr_assert_not_null(doc, "not JSON:\n%s", t);
+	const cJSON *r = cJSON_GetObjectItemCaseSensitive(doc, "remote");
+	cr_assert(cJSON_IsObject(r), "remote:\n%s", t);
+	cr_assert_str_eq(str(r, "actor"), "remote");
+	cr_assert_eq(num(r, "actor_index"), 4);
+	cr_assert_str_eq(str(r, "state"), "ready");
+	static const struct {
+		const char *key;
+		double want;
+	} f[] = {
+		{"nodes", 3},           {"nodes_up", 2},           {"slots_covered", 10923},
+		{"inflight", 7},        {"reads", 1001},           {"hits", 1002},
+		{"misses", 1003},       {"bad_values", 1004},      {"read_errors", 1005},
+		{"writes", 1006},       {"write_errors", 1007},    {"stale_writes", 1008},
+		{"bytes_in", 5 * FB},   {"bytes_out", 3221225472.0}, {"moved_redirects", 1011},
+		{"ask_redirects", 1012}, {"timeouts", 1013},       {"connection_errors", 1014},
+		{"reply_errors", 1015}, {"slot_map_refreshes", 1016},
+	};
+	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+		cr_assert_eq(num(r, f[i].key), f[i].want, "remote.%s", f[i].key);
+	const cJSON *lk = cJSON_GetObjectItemCaseSensitive(r, "lookup");
+	cr_assert(cJSON_IsObject(lk));
+	cr_assert_eq(num(lk, "promoted"), 1021);
+	cr_assert_eq(num(lk, "promotion_failures"), 1022);
+	cr_assert_eq(num(lk, "writes_sent"), 1023);
+	cr_assert_eq(num(lk, "writes_skipped"), 1024);
+	cr_assert_eq(cJSON_GetArraySize(lk), 4);
+	/* exactly these fields: actor, actor_index, state, the table, lookup */
+	cr_assert_eq(cJSON_GetArraySize(r), 3 + (int)(sizeof(f) / sizeof(f[0])) + 1);
+	/* the 64-bit integers are written exactly */
+	cr_assert_not_null(strstr(t, "\"bytes_out\": 3221225472,"), "json:\n%s", t);
+	cJSON_Delete(doc);
+	free(t);
+}
+
+/* Without a remote actor: no text section, "remote": null. */
+Test(inspect_l2, none_without_remote_actor)
+{
+	atomic_store(&kvr_ctl_actor(wctl, 4)->state, KVR_ACTOR_UNUSED);
+	char *t = render(0);
+	cr_assert_null(strstr(t, "\nremote\n"), "text:\n%s", t);
+	cr_assert_null(strstr(t, "\n  remote"), "text:\n%s", t);
+	free(t);
+	t = render(KVR_INSP_JSON);
+	cJSON *doc = cJSON_Parse(t);
+	cr_assert_not_null(doc);
+	const cJSON *r = cJSON_GetObjectItemCaseSensitive(doc, "remote");
+	cr_assert(r && cJSON_IsNull(r), "json:\n%s", t);
 	cJSON_Delete(doc);
 	free(t);
 }

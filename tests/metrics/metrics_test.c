@@ -39,10 +39,10 @@ void m_fake_init_config(struct m_fake *f, const char *json)
 {
 	memset(f, 0, sizeof(*f));
 	f->ctl_seg.fd = f->slots_seg.fd = -1;
-	size_t sz = kvr_ctl_memsize(5, 2, fake_rings, 2, strlen(json) + 1);
+	size_t sz = kvr_ctl_memsize(MF_ACTORS, 2, fake_rings, 2, strlen(json) + 1);
 	cr_assert_gt(sz, 0);
 	cr_assert_eq(kvr_segment_create("kvr-test-metrics-ctl", KVR_SEG_CTL, sz, 1, 0, &f->ctl_seg), 0);
-	cr_assert_eq(kvr_ctl_init(&f->ctl_seg, 5, 2, fake_rings, 2, json), 0);
+	cr_assert_eq(kvr_ctl_init(&f->ctl_seg, MF_ACTORS, 2, fake_rings, 2, json), 0);
 	cr_assert_eq(kvr_ctl_attach(&f->ctl_seg, &f->ctl), 0);
 	struct kvr_ctl *c = f->ctl;
 	atomic_store(&c->state, KVR_INST_RUNNING);
@@ -117,6 +117,37 @@ void m_fake_add_disk(struct m_fake *f, unsigned index, const char *name)
 	atomic_store(&st->c[KVR_STAT_DK_WRITES_REFUSED], 4);
 	atomic_store(&st->c[KVR_STAT_DK_LEFT_IN_PLACE], 9);
 	atomic_store(&st->c[KVR_STAT_DK_BAD_KEPT], 6);
+}
+
+void m_fake_add_remote(struct m_fake *f)
+{
+	struct kvr_ctl *c = f->ctl;
+	fake_actor(c, 5, "remote", KVR_ACTOR_REMOTE, KVR_ACTOR_READY);
+	atomic_store(&c->n_actors, 6);
+	struct kvr_actor_stats *st = kvr_ctl_stats(c, 5), *lk = kvr_ctl_stats(c, 0);
+	static const struct {
+		unsigned stat;
+		uint64_t v;
+	} rm[] = {
+		{KVR_STAT_RM_READS, 101},       {KVR_STAT_RM_HITS, 102},         {KVR_STAT_RM_MISSES, 103},
+		{KVR_STAT_RM_BAD_VALUES, 104},  {KVR_STAT_RM_READ_ERRORS, 105},  {KVR_STAT_RM_WRITES, 106},
+		{KVR_STAT_RM_WRITE_ERRORS, 107}, {KVR_STAT_RM_WRITES_STALE, 108}, {KVR_STAT_RM_BYTES_IN, 109},
+		{KVR_STAT_RM_BYTES_OUT, 110},   {KVR_STAT_RM_MOVED, 111},        {KVR_STAT_RM_ASK, 112},
+		{KVR_STAT_RM_TIMEOUTS, 113},    {KVR_STAT_RM_CONN_ERRORS, 114},  {KVR_STAT_RM_REPLY_ERRORS, 115},
+		{KVR_STAT_RM_REFRESHES, 116},   {KVR_STAT_RM_NODES, 3},          {KVR_STAT_RM_NODES_UP, 2},
+		{KVR_STAT_RM_INFLIGHT, 117},    {KVR_STAT_RM_SLOTS_COVERED, 10923},
+	};
+	for (size_t i = 0; i < sizeof(rm) / sizeof(rm[0]); i++)
+		atomic_store(&st->c[rm[i].stat], rm[i].v);
+	struct kvr_hist *get = kvr_stats_hist(st, KVR_STAT_RM_HIST_GET), *set = kvr_stats_hist(st, KVR_STAT_RM_HIST_SET);
+	kvr_hist_observe(get, 16000);
+	kvr_hist_observe(get, 100000);
+	kvr_hist_observe(get, 2000000000);
+	kvr_hist_observe(set, 1000000);
+	atomic_store(&lk->c[KVR_STAT_LK_RM_READS], 121);
+	atomic_store(&lk->c[KVR_STAT_LK_RM_READ_FAILS], 122);
+	atomic_store(&lk->c[KVR_STAT_LK_RM_WRITES], 123);
+	atomic_store(&lk->c[KVR_STAT_LK_RM_WRITES_SKIPPED], 124);
 }
 
 void m_fake_fini(struct m_fake *f)

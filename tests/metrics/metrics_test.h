@@ -18,6 +18,7 @@
 
 #define MF_BLOCK_TOKENS 16
 #define MF_SLOTS 8
+#define MF_ACTORS 6 /* actor slots: the four below, a disk actor, a remote actor */
 
 struct m_fake {
 	struct kvr_segment ctl_seg, slots_seg;
@@ -27,7 +28,7 @@ struct m_fake {
 
 /*
  * Actors: 0 "lookup" READY, 1 "loader.0" READY, 2 "storer.0" BACKOFF (2 restarts, last
- * killed by signal 9), 3 `a"b\c` IDLE (a name that needs escaping), 4 unused.
+ * killed by signal 9), 3 `a"b\c` IDLE (a name that needs escaping), 4 and 5 unused.
  * Counters: lookup 3 lookups, 10 keys, 6 matched, 2 evicted, 1 malformed; loader 5 blocks,
  * 1 failed, 5000 bytes; storer 7 stored, 2 present, 1 failed, 7000 bytes. Loader latency
  * observations: 16000 ns, 16001 ns, 1 s. Worker 0 attached.
@@ -45,6 +46,14 @@ void m_fake_fini(struct m_fake *f);
  * 7, evicted 11, read failures damaged 1 / vanished 2 / io_error 3, read-only refused writes
  * 4, kept at adoption 9 and after reads 6. */
 void m_fake_add_disk(struct m_fake *f, unsigned index, const char *name);
+/* The remote actor "remote" in slot 5 (n_actors 6), READY, each counter of enum
+ * kvr_stat_remote a distinct value: reads 101, hits 102, misses 103, bad values 104, read
+ * errors 105, writes 106, write errors 107, stale writes 108, bytes in 109, bytes out 110,
+ * MOVED 111, ASK 112, timeouts 113, connection errors 114, reply errors 115, refreshes 116;
+ * gauges nodes 3, nodes up 2, inflight 117, slots covered 10923. GET latency observations
+ * 16000 ns, 100000 ns and 2 s, SET 1 ms. The lookup actor's remote counters: promoted 121,
+ * promotions failed 122, writes sent 123, writes skipped 124. */
+void m_fake_add_remote(struct m_fake *f);
 /* A config for m_fake_init_config whose l2.dirs[0] needs escaping in a label: the path
  * /srv/kv"l2\a, as JSON text and as a Prometheus label value. */
 #define MF_ODD_DIR_JSON "/srv/kv\\\"l2\\\\a"

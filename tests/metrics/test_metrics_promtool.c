@@ -61,6 +61,12 @@ Test(metrics_promtool, synthetic)
 	cr_assert(t);
 	check(t, "the synthetic instance (escaped labels, non-zero histogram)");
 	free(t);
+	m_fake_add_remote(&f);
+	t = sup_metrics_render(&v, &len);
+	cr_assert(t);
+	cr_assert(strstr(t, "\nkvring_remote_get_seconds_count 3\n"));
+	check(t, "the synthetic instance with a remote actor");
+	free(t);
 	m_fake_fini(&f);
 }
 

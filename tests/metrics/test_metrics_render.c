@@ -1,6 +1,7 @@
 /* /metrics rendering on a synthetic instance: every family, exact values, cumulative histograms, escaping. */
 #include <criterion/criterion.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -192,4 +193,149 @@ Test(metrics_render, misses_are_the_lookup_actors_count)
 	free(t);
 	atomic_store(&lk->c[KVR_STAT_LK_KEYS], 10);
 	atomic_store(&lk->c[KVR_STAT_LK_MISSED], 4);
+}
+
+/* The remote tier: every kvring_remote_* series of the fake remote actor (distinct values per
+ * counter), its two histograms, and the lookup actor's remote counts. */
+Test(metrics_render, remote_every_series_exact)
+{
+	m_fake_add_remote(&fake);
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	char *t = render(&v);
+	static const char *const lines[] = {
+		"# TYPE kvring_remote_blocks_total counter",
+		"kvring_remote_blocks_total{op=\"read\",result=\"ok\"} 121",
+		"kvring_remote_blocks_total{op=\"read\",result=\"failed\"} 122",
+		"kvring_remote_blocks_total{op=\"write\",result=\"sent\"} 123",
+		"kvring_remote_blocks_total{op=\"write\",result=\"skipped\"} 124",
+		"# TYPE kvring_remote_reads_total counter",
+		"kvring_remote_reads_total 101",
+		"kvring_remote_hits_total 102",
+		"kvring_remote_misses_total 103",
+		"kvring_remote_bad_values_total 104",
+		"kvring_remote_read_errors_total 105",
+		"kvring_remote_writes_total 106",
+		"kvring_remote_write_errors_total 107",
+		"kvring_remote_stale_writes_total 108",
+		"# TYPE kvring_remote_bytes_total counter",
+		"kvring_remote_bytes_total{direction=\"in\"} 109",
+		"kvring_remote_bytes_total{direction=\"out\"} 110",
+		"kvring_remote_moved_redirects_total 111",
+		"kvring_remote_ask_redirects_total 112",
+		"kvring_remote_timeouts_total 113",
+		"kvring_remote_connection_errors_total 114",
+		"kvring_remote_reply_errors_total 115",
+		"# TYPE kvring_remote_slot_map_refreshes_total counter",
+		"kvring_remote_slot_map_refreshes_total 116",
+		"# TYPE kvring_remote_nodes gauge",
+		"kvring_remote_nodes 3",
+		"# TYPE kvring_remote_nodes_up gauge",
+		"kvring_remote_nodes_up 2",
+		"# TYPE kvring_remote_inflight gauge",
+		"kvring_remote_inflight 117",
+		"# TYPE kvring_remote_slots_covered gauge",
+		"kvring_remote_slots_covered 10923",
+		/* GET: 16000 ns (<= 16 us), 100000 ns (<= 128 us), 2 s (+Inf) */
+		"# TYPE kvring_remote_get_seconds histogram",
+		"kvring_remote_get_seconds_bucket{le=\"0.000016\"} 1",
+		"kvring_remote_get_seconds_bucket{le=\"0.000064\"} 1",
+		"kvring_remote_get_seconds_bucket{le=\"0.000128\"} 2",
+		"kvring_remote_get_seconds_bucket{le=\"0.524288\"} 2",
+		"kvring_remote_get_seconds_bucket{le=\"+Inf\"} 3",
+		"kvring_remote_get_seconds_sum 2.000116",
+		"kvring_remote_get_seconds_count 3",
+		/* SET: 1 ms (<= 1.024 ms) */
+		"# TYPE kvring_remote_set_seconds histogram",
+		"kvring_remote_set_seconds_bucket{le=\"0.000512\"} 0",
+		"kvring_remote_set_seconds_bucket{le=\"0.001024\"} 1",
+		"kvring_remote_set_seconds_bucket{le=\"+Inf\"} 1",
+		"kvring_remote_set_seconds_sum 0.001",
+		"kvring_remote_set_seconds_count 1",
+	};
+	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+		has_line(t, lines[i]);
+	/* one series per family (no labels beyond those above), 17 buckets per histogram */
+	unsigned series = 0, buckets = 0;
+	for (const char *p = t; (p = strstr(p, "\nkvring_remote_")); p++) {
+		series++;
+		buckets += !strncmp(p, "\nkvring_remote_get_seconds_bucket{", 34);
+	}
+	cr_assert_eq(buckets, KVR_HIST_BUCKETS);
+	cr_assert_eq(series, 4 + 18 + 2 + 2 * (KVR_HIST_BUCKETS + 2), "kvring_remote_* series:\n%s", t);
+	/* the remote actor is an actor like the others */
+	has_line(t, "kvring_actor_up{actor=\"remote\"} 1");
+	/* the lookup's L2 series are not the remote's */
+	has_line(t, "kvring_l2_blocks_total{op=\"read\",result=\"ok\"} 0");
+	/* the transfer histograms do not take the remote actor's */
+	has_line(t, "kvring_load_duration_seconds_count 3");
+	has_line(t, "kvring_store_duration_seconds_count 0");
+	free(t);
+}
+
+/* No remote actor (no remote.cluster): no kvring_remote_* family at all, even with the
+ * lookup's remote counters set; one that is not in use counts as none. */
+Test(metrics_render, no_remote_nothing_exported)
+{
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct kvr_actor_stats *lk = kvr_ctl_stats(fake.ctl, 0);
+	atomic_store(&lk->c[KVR_STAT_LK_RM_READS], 5);
+	char *t = render(&v);
+	cr_assert_null(strstr(t, "kvring_remote_"), "exposition:\n%s", t);
+	free(t);
+	m_fake_add_remote(&fake);
+	atomic_store(&kvr_ctl_actor(fake.ctl, 5)->state, KVR_ACTOR_UNUSED);
+	t = render(&v);
+	cr_assert_null(strstr(t, "kvring_remote_"), "exposition:\n%s", t);
+	free(t);
+}
+
+/* docs/metrics.md lists every family the exporter writes, and nothing it does not: the
+ * metric tables' first column against the # TYPE lines of an instance with every tier. */
+Test(metrics_render, docs_list_every_family)
+{
+	m_fake_fini(&fake);
+	m_fake_init_config(&fake, MF_L2_CONFIG);
+	m_fake_add_disk(&fake, 0, "disk.0");
+	m_fake_add_remote(&fake);
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	char *t = render(&v);
+
+	const char *root = getenv("KVR_SOURCE_ROOT");
+	cr_assert_not_null(root, "KVR_SOURCE_ROOT is not set (meson test sets it)");
+	char path[512];
+	snprintf(path, sizeof(path), "%s/docs/metrics.md", root);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "%s", path);
+	char *doc = NULL;
+	size_t cap = 0, doc_len = 0;
+	FILE *m = open_memstream(&doc, &doc_len);
+	char *line = NULL;
+	ssize_t n;
+	while ((n = getline(&line, &cap, f)) > 0)
+		if (!strncmp(line, "| `kvring_", 10)) /* a table row: | `name` | type | ... */
+			fprintf(m, "%.*s\n", (int)strcspn(line + 3, "`"), line + 3);
+	free(line);
+	fclose(f);
+	fclose(m);
+
+	unsigned families = 0;
+	for (const char *p = t; (p = strstr(p, "# TYPE ")); p++) {
+		p += 7;
+		char name[128], want[132];
+		snprintf(name, sizeof(name), "%.*s", (int)strcspn(p, " "), p);
+		snprintf(want, sizeof(want), "%s\n", name);
+		families++;
+		const char *at = strstr(doc, want);
+		cr_assert(at && (at == doc || at[-1] == '\n'), "%s is exported but not in docs/metrics.md", name);
+	}
+	for (const char *p = doc; *p;) {
+		size_t k = strcspn(p, "\n");
+		char want[140];
+		snprintf(want, sizeof(want), "# TYPE %.*s ", (int)k, p);
+		cr_assert_not_null(strstr(t, want), "docs/metrics.md lists %.*s, which is not exported", (int)k, p);
+		p += k + 1;
+	}
+	cr_assert_gt(families, 40);
+	free(doc);
+	free(t);
 }

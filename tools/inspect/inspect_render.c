@@ -15,6 +15,7 @@
 
 #define PID_MAX_LIMIT 4194304 /* Linux: pids are 1..2^22 */
 #define BAR_WIDTH 20
+#define HASH_SLOTS 16384u /* a Redis Cluster's hash slots (all covered when it is healthy) */
 
 /* Copy a name of at most srcmax bytes (NUL-terminated or not); non-printable -> '?'. */
 static void copy_name(char *dst, size_t dstsz, const char *src, size_t srcmax)
@@ -125,6 +126,35 @@ static void snap_l2(const struct kvr_ctl *c, unsigned i, const cJSON *dirs, stru
 	o->bad_kept = LD(&st->c[KVR_STAT_DK_BAD_KEPT]);
 }
 
+static void snap_remote(const struct kvr_ctl *c, unsigned i, struct kvr_insp_remote *o)
+{
+	const struct kvr_actor_ent *a = kvr_ctl_actor(c, i);
+	const struct kvr_actor_stats *st = kvr_ctl_stats(c, i);
+	o->actor = i;
+	copy_name(o->name, sizeof(o->name), a->name, KVR_ACTOR_NAME_MAX);
+	o->state = LD(&a->state);
+	o->nodes = LD(&st->c[KVR_STAT_RM_NODES]);
+	o->nodes_up = LD(&st->c[KVR_STAT_RM_NODES_UP]);
+	o->inflight = LD(&st->c[KVR_STAT_RM_INFLIGHT]);
+	o->slots_covered = LD(&st->c[KVR_STAT_RM_SLOTS_COVERED]);
+	o->reads = LD(&st->c[KVR_STAT_RM_READS]);
+	o->hits = LD(&st->c[KVR_STAT_RM_HITS]);
+	o->misses = LD(&st->c[KVR_STAT_RM_MISSES]);
+	o->bad_values = LD(&st->c[KVR_STAT_RM_BAD_VALUES]);
+	o->read_errors = LD(&st->c[KVR_STAT_RM_READ_ERRORS]);
+	o->writes = LD(&st->c[KVR_STAT_RM_WRITES]);
+	o->write_errors = LD(&st->c[KVR_STAT_RM_WRITE_ERRORS]);
+	o->writes_stale = LD(&st->c[KVR_STAT_RM_WRITES_STALE]);
+	o->bytes_in = LD(&st->c[KVR_STAT_RM_BYTES_IN]);
+	o->bytes_out = LD(&st->c[KVR_STAT_RM_BYTES_OUT]);
+	o->moved = LD(&st->c[KVR_STAT_RM_MOVED]);
+	o->ask = LD(&st->c[KVR_STAT_RM_ASK]);
+	o->timeouts = LD(&st->c[KVR_STAT_RM_TIMEOUTS]);
+	o->conn_errors = LD(&st->c[KVR_STAT_RM_CONN_ERRORS]);
+	o->reply_errors = LD(&st->c[KVR_STAT_RM_REPLY_ERRORS]);
+	o->refreshes = LD(&st->c[KVR_STAT_RM_REFRESHES]);
+}
+
 int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now, unsigned max_msgs,
 		      struct kvr_insp_snap **ret_snap)
 {
@@ -209,6 +239,10 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 		s->leases_taken = LD(&st->c[KVR_STAT_LK_LEASES_TAKEN]);
 		for (unsigned k = 0; k < 5; k++)
 			s->lease_ends[k] = LD(&st->c[ends[k]]);
+		s->remote.lk_reads = LD(&st->c[KVR_STAT_LK_RM_READS]);
+		s->remote.lk_read_fails = LD(&st->c[KVR_STAT_LK_RM_READ_FAILS]);
+		s->remote.lk_writes = LD(&st->c[KVR_STAT_LK_RM_WRITES]);
+		s->remote.lk_writes_skipped = LD(&st->c[KVR_STAT_LK_RM_WRITES_SKIPPED]);
 	}
 	unsigned n = LD(&c->n_rings);
 	if (n > KVR_CTL_MAX_RINGS)
@@ -228,6 +262,13 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 		snap_l2(c, i, dirs, &s->l2[s->n_l2++]);
 	}
 	cJSON_Delete(json);
+	for (unsigned i = 0; i < s->max_actors && !s->has_remote; i++) {
+		const struct kvr_actor_ent *a = kvr_ctl_actor(c, i);
+		if (LD(&a->state) == KVR_ACTOR_UNUSED || a->kind != KVR_ACTOR_REMOTE)
+			continue;
+		snap_remote(c, i, &s->remote);
+		s->has_remote = true;
+	}
 
 	*ret_snap = s;
 	return 0;
@@ -645,8 +686,55 @@ static void text_l2(FILE *out, const struct kvr_insp_snap *s)
 	pline(out, "%s", "");
 }
 
-/* What needs a look, first: actors given up on or waiting to restart, full rings and their
- * blocked or stuck ends, rings whose consumer rejected messages. Nothing when all is well. */
+/* The remote tier: the actor and its cluster (gauges), what it read and wrote, what went
+ * wrong with the cluster, and what the lookup actor sent it. */
+static void text_remote(FILE *out, const struct kvr_insp_snap *s)
+{
+	if (!s->has_remote)
+		return;
+	const struct kvr_insp_remote *r = &s->remote;
+	char in[16], outb[16];
+	pline(out, "remote");
+	pline(out, "  %s  %s  nodes %" PRIu64 "/%" PRIu64 " up  slots %" PRIu64 "/%u  inflight %" PRIu64,
+	      r->name[0] ? r->name : "?", kvr_actor_state_name(r->state), r->nodes_up, r->nodes, r->slots_covered,
+	      HASH_SLOTS, r->inflight);
+	pline(out, "    bytes in %s, out %s", fmt_bytes(r->bytes_in, in, sizeof(in)),
+	      fmt_bytes(r->bytes_out, outb, sizeof(outb)));
+	struct wrap w = {.out = out, .indent = 6};
+	w.len = (size_t)snprintf(w.line, sizeof(w.line), "    reads %" PRIu64 ": ", r->reads);
+	wrap_item(&w, "hits", r->hits);
+	wrap_item(&w, "misses", r->misses);
+	wrap_item(&w, "bad", r->bad_values);
+	wrap_item(&w, "errors", r->read_errors);
+	pline(out, "%s", w.line);
+	w = (struct wrap){.out = out, .indent = 6};
+	w.len = (size_t)snprintf(w.line, sizeof(w.line), "    writes %" PRIu64 ": ", r->writes);
+	wrap_item(&w, "errors", r->write_errors);
+	wrap_item(&w, "stale", r->writes_stale);
+	pline(out, "%s", w.line);
+	w = (struct wrap){.out = out, .indent = 6};
+	w.len = (size_t)snprintf(w.line, sizeof(w.line), "    cluster: ");
+	wrap_item(&w, "moved", r->moved);
+	wrap_item(&w, "ask", r->ask);
+	wrap_item(&w, "timeouts", r->timeouts);
+	wrap_item(&w, "conn errors", r->conn_errors);
+	wrap_item(&w, "reply errors", r->reply_errors);
+	wrap_item(&w, "refreshes", r->refreshes);
+	pline(out, "%s", w.line);
+	w = (struct wrap){.out = out, .indent = 6};
+	w.len = (size_t)snprintf(w.line, sizeof(w.line), "    lookup: ");
+	wrap_item(&w, "promoted", r->lk_reads);
+	wrap_item(&w, "not promoted", r->lk_read_fails);
+	wrap_item(&w, "writes sent", r->lk_writes);
+	wrap_item(&w, "skipped", r->lk_writes_skipped);
+	pline(out, "%s", w.line);
+	pline(out, "%s", "");
+}
+
+/* What needs a look, first: actors given up on or waiting to restart, a ready remote actor
+ * whose cluster is not whole (a node down, hash slots without a master), full rings and
+ * their blocked or stuck ends, rings whose consumer rejected messages. Nothing when all is
+ * well. */
 static void text_attention(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev)
 {
 	bool any = false;
@@ -671,6 +759,15 @@ static void text_attention(FILE *out, const struct kvr_insp_snap *cur, const str
 		any = true;
 		pline(out, "  actor %s: %u stores waiting for the rest of their DCP group", x->name[0] ? x->name : "?",
 		      x->held);
+	}
+	const struct kvr_insp_remote *rm = &cur->remote;
+	if (cur->has_remote && rm->state == KVR_ACTOR_READY &&
+	    (rm->nodes_up < rm->nodes || rm->slots_covered < HASH_SLOTS)) {
+		if (!any)
+			pline(out, "attention");
+		any = true;
+		pline(out, "  remote: %" PRIu64 " of %" PRIu64 " nodes up, %" PRIu64 " of %u hash slots covered",
+		      rm->nodes_up, rm->nodes, rm->slots_covered, HASH_SLOTS);
 	}
 	for (unsigned i = 0; i < cur->n_rings; i++) {
 		const struct kvr_insp_ring *r = &cur->rings[i];
@@ -774,6 +871,7 @@ int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struc
 	text_leases(out, cur);
 	pline(out, "%s", "");
 	text_l2(out, cur);
+	text_remote(out, cur);
 	pline(out, cur->n_rings ? "rings" : "rings: none");
 	unsigned hidden = 0;
 	for (unsigned i = 0; i < cur->n_rings; i++) {
@@ -990,6 +1088,41 @@ static void json_l2(struct jw *w, const struct kvr_insp_l2 *l)
 	jw_close(w, '}');
 }
 
+static void json_remote(struct jw *w, const struct kvr_insp_remote *r)
+{
+	jw_open(w, "remote", '{');
+	jw_str(w, "actor", r->name);
+	jw_u64(w, "actor_index", r->actor);
+	jw_str(w, "state", kvr_actor_state_name(r->state));
+	jw_u64(w, "nodes", r->nodes);
+	jw_u64(w, "nodes_up", r->nodes_up);
+	jw_u64(w, "slots_covered", r->slots_covered);
+	jw_u64(w, "inflight", r->inflight);
+	jw_u64(w, "reads", r->reads);
+	jw_u64(w, "hits", r->hits);
+	jw_u64(w, "misses", r->misses);
+	jw_u64(w, "bad_values", r->bad_values);
+	jw_u64(w, "read_errors", r->read_errors);
+	jw_u64(w, "writes", r->writes);
+	jw_u64(w, "write_errors", r->write_errors);
+	jw_u64(w, "stale_writes", r->writes_stale);
+	jw_u64(w, "bytes_in", r->bytes_in);
+	jw_u64(w, "bytes_out", r->bytes_out);
+	jw_u64(w, "moved_redirects", r->moved);
+	jw_u64(w, "ask_redirects", r->ask);
+	jw_u64(w, "timeouts", r->timeouts);
+	jw_u64(w, "connection_errors", r->conn_errors);
+	jw_u64(w, "reply_errors", r->reply_errors);
+	jw_u64(w, "slot_map_refreshes", r->refreshes);
+	jw_open(w, "lookup", '{');
+	jw_u64(w, "promoted", r->lk_reads);
+	jw_u64(w, "promotion_failures", r->lk_read_fails);
+	jw_u64(w, "writes_sent", r->lk_writes);
+	jw_u64(w, "writes_skipped", r->lk_writes_skipped);
+	jw_close(w, '}');
+	jw_close(w, '}');
+}
+
 int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev, bool pretty)
 {
 	if (!out || !cur)
@@ -1125,6 +1258,10 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 	for (unsigned i = 0; i < s->n_l2; i++)
 		json_l2(&w, &s->l2[i]);
 	jw_close(&w, ']');
+	if (s->has_remote)
+		json_remote(&w, &s->remote);
+	else
+		jw_null(&w, "remote");
 	jw_close(&w, '}');
 	fputc('\n', out);
 	return ferror(out) ? -EIO : 0;

@@ -35,6 +35,10 @@
  * gauges and counters of enum kvr_stat_disk, and the directory they serve, l2.dirs[N] of the
  * effective config the segment carries (parsed from a private copy; "" when it names none).
  *
+ * The remote tier actor (kind KVR_ACTOR_REMOTE; one at most, the first is taken) gets its
+ * stats copied too (struct kvr_insp_remote): the gauges and counters of enum kvr_stat_remote,
+ * and the lookup actor's counts of the traffic it sent there (KVR_STAT_LK_RM_*).
+ *
  * Renderers write to a FILE*. The text form fits 80 columns whatever the segment holds;
  * the JSON form is documented field by field in docs/inspect.md (schema version
  * KVR_INSP_JSON_SCHEMA). Given the previous snapshot (prev, may be NULL) both add per-ring
@@ -101,6 +105,20 @@ struct kvr_insp_l2 {
 	uint64_t writes_refused, left_in_place, bad_kept; /* l2.read_only */
 };
 
+/* The remote tier actor's stats (enum kvr_stat_remote in kvr_ctl.h) and the lookup's side. */
+struct kvr_insp_remote {
+	unsigned actor;                  /* actor slot */
+	char name[KVR_ACTOR_NAME_MAX + 1];
+	uint32_t state;                  /* enum kvr_actor_state */
+	uint64_t nodes, nodes_up, inflight, slots_covered; /* gauges */
+	uint64_t reads, hits, misses, bad_values, read_errors;
+	uint64_t writes, write_errors, writes_stale;
+	uint64_t bytes_in, bytes_out;
+	uint64_t moved, ask, timeouts, conn_errors, reply_errors, refreshes;
+	/* the lookup actor's: block lanes promoted / not, write-throughs handed over / skipped */
+	uint64_t lk_reads, lk_read_fails, lk_writes, lk_writes_skipped;
+};
+
 struct kvr_insp_snap {
 	struct kvr_insp_clock now;
 	unsigned max_msgs;
@@ -128,6 +146,8 @@ struct kvr_insp_snap {
 	struct kvr_msg *msg_store; /* n_rings * max_msgs messages */
 	unsigned n_l2;       /* disk actors, by actor slot */
 	struct kvr_insp_l2 l2[KVR_CTL_MAX_ACTORS];
+	bool has_remote;     /* a remote actor is in the table */
+	struct kvr_insp_remote remote;
 	/* the L1 slot table (kvr_insp_snapshot_slots; kvringd hands it to INSPECT read-only) */
 	bool has_slots;
 	uint32_t n_slots;
