@@ -25,6 +25,10 @@
 #include "kvr_segment.h"
 #include "kvr_time.h"
 
+/* The public API (kvring.h): the only symbols libkvring exports. The library is built with
+ * -fvisibility=hidden and client/libkvring.map; every name marked here is listed there. */
+#define KVR_EXPORT __attribute__((visibility("default")))
+
 /*
  * Wire request ids carry the generation of the actor the client addressed in their top
  * 16 bits, then the worker slot's attach generation (16 bits), then a sequence (32 bits).
@@ -119,27 +123,27 @@ static int fail(struct kvr_client *c, int rc, const char *fmt, ...)
 /* Why the last kvr_attach() of this thread failed: the client it built is gone by then. */
 static __thread char attach_err[256];
 
-const char *kvr_last_error(const struct kvr_client *c)
+KVR_EXPORT const char *kvr_last_error(const struct kvr_client *c)
 {
 	return c ? c->err : attach_err;
 }
 
-unsigned kvr_worker_slot(const struct kvr_client *c)
+KVR_EXPORT unsigned kvr_worker_slot(const struct kvr_client *c)
 {
 	return c->worker;
 }
 
-unsigned kvr_block_tokens(const struct kvr_client *c)
+KVR_EXPORT unsigned kvr_block_tokens(const struct kvr_client *c)
 {
 	return c->geom.block_tokens;
 }
 
-size_t kvr_rank_tokens(const struct kvr_client *c, size_t n_tokens)
+KVR_EXPORT size_t kvr_rank_tokens(const struct kvr_client *c, size_t n_tokens)
 {
 	return (size_t)kvr_dcp_rank_tokens(n_tokens, c->geom.dcp_size, c->geom.dcp_interleave, c->geom.dcp_rank);
 }
 
-unsigned kvr_inflight(const struct kvr_client *c)
+KVR_EXPORT unsigned kvr_inflight(const struct kvr_client *c)
 {
 	return c->n_pend;
 }
@@ -332,17 +336,15 @@ static struct kvr_client *client_new(int64_t timeout_ms)
 	return c;
 }
 
-/* Connect c to kvringd's socket (NULL: the default config's). 0 or -errno, reason set. */
+/* Connect c to kvringd's socket (NULL: the default configuration's). 0 or -errno, reason set. */
 static int client_connect(struct kvr_client *c, const char *socket)
 {
-	struct kvr_config defaults;
-	kvr_config_defaults(&defaults);
-	const char *path = socket ? socket : defaults.instance.socket;
+	const char *path = socket ? socket : KVR_CONFIG_DEFAULT_SOCKET;
 	c->sock = kvr_proto_connect(path);
 	return c->sock < 0 ? fail(c, c->sock, "cannot connect to %s: %s", path, strerror(-c->sock)) : 0;
 }
 
-int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client)
+KVR_EXPORT int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client)
 {
 	attach_err[0] = 0;
 	if (!opts || !opts->geometry || (!opts->cuda_kv && opts->kv_fd < 0) || !opts->kv_bytes || !ret_client) {
@@ -487,7 +489,7 @@ static void pending_free(struct pending *p)
 	free(p->failed);
 }
 
-void kvr_detach(struct kvr_client *c)
+KVR_EXPORT void kvr_detach(struct kvr_client *c)
 {
 	if (!c)
 		return;
@@ -664,7 +666,7 @@ static void drain_replies(struct kvr_client *c)
 	}
 }
 
-int kvr_poll(struct kvr_client *c, struct kvr_completion *ret, unsigned max)
+KVR_EXPORT int kvr_poll(struct kvr_client *c, struct kvr_completion *ret, unsigned max)
 {
 	if (!c || (!ret && max))
 		return -EINVAL;
@@ -697,7 +699,7 @@ int kvr_poll(struct kvr_client *c, struct kvr_completion *ret, unsigned max)
 	return (int)n;
 }
 
-int kvr_wait(struct kvr_client *c, struct kvr_completion *ret, unsigned max, int64_t timeout_ms)
+KVR_EXPORT int kvr_wait(struct kvr_client *c, struct kvr_completion *ret, unsigned max, int64_t timeout_ms)
 {
 	uint64_t deadline = kvr_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
 	for (;;) {
@@ -910,8 +912,8 @@ static int lookup_actor_gen(struct kvr_client *c, const char *what, uint32_t *re
 	return 0;
 }
 
-int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
-	       size_t extra_len, struct kvr_lookup_result *ret)
+KVR_EXPORT int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens,
+			  const void *extra, size_t extra_len, struct kvr_lookup_result *ret)
 {
 	if (!c || !ret || (!tokens && n_tokens) || (!extra && extra_len))
 		return fail(c, -EINVAL, "lookup: NULL argument");
@@ -953,7 +955,7 @@ int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, si
 
 /* ---- leases (docs/architecture.md: scheduler and workers) ---------------------------------- */
 
-int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kvr_client **ret_client)
+KVR_EXPORT int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kvr_client **ret_client)
 {
 	attach_err[0] = 0;
 	if (!opts || !ret_client) {
@@ -1021,8 +1023,9 @@ err:
 	return rc;
 }
 
-int kvr_lease(struct kvr_client *c, uint64_t lease_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
-	      size_t extra_len, const struct kvr_lease_opts *opts, struct kvr_lookup_result *ret)
+KVR_EXPORT int kvr_lease(struct kvr_client *c, uint64_t lease_id, const uint32_t *tokens, size_t n_tokens,
+			 const void *extra, size_t extra_len, const struct kvr_lease_opts *opts,
+			 struct kvr_lookup_result *ret)
 {
 	if (!c || !ret || (!tokens && n_tokens) || (!extra && extra_len))
 		return fail(c, -EINVAL, "lease: NULL argument");
@@ -1073,7 +1076,7 @@ int kvr_lease(struct kvr_client *c, uint64_t lease_id, const uint32_t *tokens, s
 	return 0;
 }
 
-int kvr_lease_release(struct kvr_client *c, uint64_t lease_id)
+KVR_EXPORT int kvr_lease_release(struct kvr_client *c, uint64_t lease_id)
 {
 	if (!c || !c->sched)
 		return fail(c, -EINVAL, "lease release: not a scheduler client");
@@ -1090,7 +1093,7 @@ int kvr_lease_release(struct kvr_client *c, uint64_t lease_id)
 	return 0;
 }
 
-int kvr_lease_take(struct kvr_client *c, uint64_t lease_id, struct kvr_lookup_result *ret)
+KVR_EXPORT int kvr_lease_take(struct kvr_client *c, uint64_t lease_id, struct kvr_lookup_result *ret)
 {
 	if (!c || !ret)
 		return fail(c, -EINVAL, "lease take: NULL argument");
@@ -1210,7 +1213,7 @@ static void abort_submit(struct kvr_client *c, uint64_t wire)
 	}
 }
 
-int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks)
+KVR_EXPORT int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks)
 {
 	if (!c || (!block_ids && n_blocks) || !n_blocks)
 		return fail(c, -EINVAL, "load: no blocks");
@@ -1290,14 +1293,15 @@ static int store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, 
 	return rc;
 }
 
-int kvr_store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
-	      size_t extra_len, const uint32_t *block_ids, size_t n_blocks)
+KVR_EXPORT int kvr_store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens,
+			 const void *extra, size_t extra_len, const uint32_t *block_ids, size_t n_blocks)
 {
 	return store(c, req_id, tokens, n_tokens, extra, extra_len, block_ids, n_blocks, NULL);
 }
 
-int kvr_store_cuda(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,
-		   size_t extra_len, const uint32_t *block_ids, size_t n_blocks, const void *ipc_event)
+KVR_EXPORT int kvr_store_cuda(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens,
+			      const void *extra, size_t extra_len, const uint32_t *block_ids, size_t n_blocks,
+			      const void *ipc_event)
 {
 	if (c && ipc_event && !c->cuda_ev)
 		return fail(c, -EINVAL, "store: a CUDA event on a client attached without CUDA KV memory");
