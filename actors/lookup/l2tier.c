@@ -110,6 +110,14 @@ struct l2tier {
 	bool read_only;           /* l2.read_only: nothing is ever written (write_back is false) */
 };
 
+/* The clock of every decision here (sent times, deadlines, lost answers): the actor loop's
+ * `now` of the pass that runs us (kvr_actor.now_ns), so a stepped test sets the time. The
+ * blocking sends below keep the real clock for their own deadline. */
+static uint64_t now_of(const struct l2tier *t)
+{
+	return t->a->now_ns;
+}
+
 static uint64_t mix(kvr_key k, unsigned lane)
 {
 	uint64_t h = k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)lane << 48);
@@ -250,7 +258,7 @@ static void wq_pump(struct l2tier *t, unsigned d)
 				return; /* ring full: the next WRITE_DONE or tick sends it */
 			} else {
 				t->wq[s].state = WQ_SENT;
-				t->wq[s].sent_ns = kvr_now_ns();
+				t->wq[s].sent_ns = now_of(t);
 			}
 		}
 		f->head = t->wq[s].next;
@@ -563,7 +571,7 @@ static void extend_more(struct l2tier *t, unsigned worker)
 			break;
 		kvr_actor_count(t->a, KVR_STAT_LK_EVICTED, st.evicted);
 		if (r.slot == KVR_INDEX_NOROOM) {
-			if (t->write_back && kvr_now_ns() < p->deadline &&
+			if (t->write_back && now_of(t) < p->deadline &&
 			    (t->writes_inflight || l2t_demote(t, p->total - i))) {
 				p->stalled = true;
 				return;
@@ -579,7 +587,7 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		struct read *rd = &t->reads[ri];
 		*rd = (struct read){.used = true, .rseq = ++t->rseq, .worker = worker, .lane = lane, .pseq = p->seq,
 				    .block = i, .slot = r.slot, .epoch = r.epoch, .disk = d,
-				    .disk_gen = from_rm ? t->rm_gen : t->disk_gen[d], .sent_ns = kvr_now_ns()};
+				    .disk_gen = from_rm ? t->rm_gen : t->disk_gen[d], .sent_ns = now_of(t)};
 		uint64_t id = (uint64_t)rd->rseq << 32 | ri;
 		int src = from_rm ? rm_send_read(t, id, key, lane, r.slot, r.epoch)
 				  : send_l2(t, d, KVR_MSG_L2_READ, id, key, lane, r.slot, r.epoch);
@@ -618,7 +626,7 @@ int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, 
 	p->rm_waiting = 0;
 	p->rm_window = 1;
 	p->index_ns = index_ns;
-	p->deadline = kvr_now_ns() + kvr_ms_to_ns(t->a->cfg.timeouts.alloc_wait_ms);
+	p->deadline = now_of(t) + kvr_ms_to_ns(t->a->cfg.timeouts.alloc_wait_ms);
 	memcpy(p->refs, refs, (size_t)matched * sizeof(*refs));
 	memset(p->state, B_OK, matched);
 	/* the L1 prefix too must survive the allocations of its promotions */
@@ -771,7 +779,7 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 {
 	if (!t)
 		return 0;
-	uint64_t now = kvr_now_ns();
+	uint64_t now = now_of(t);
 	for (unsigned w = 0; w < t->n_workers; w++) {
 		struct pend *p = &t->pend[w];
 		if (!p->active)

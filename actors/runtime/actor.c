@@ -516,6 +516,7 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 		goto out;
 	term_waiter = &a->ent->waiter;
 
+	a->now_ns = kvr_now_ns(); /* init runs before the first pass */
 	if (stage->init) {
 		rc = stage->init(a);
 		if (rc) {
