@@ -37,7 +37,6 @@
  * behind the client's back (the client has already failed it). The attach generation makes
  * a reply left in a reply ring by the slot's previous owner unmatchable.
  */
-#define WIRE_GEN_SHIFT 48
 #define MEMO_MAX 1024          /* lookups remembered for a following load */
 #define WAIT_SLICE_NS 20000000 /* re-check actor liveness this often while waiting */
 #define SUP_CHECK_NS 10000000  /* look at the attach socket at most this often (kvringd alive?) */
@@ -193,7 +192,7 @@ static bool sup_gone(struct kvr_client *c)
 
 static uint64_t wire_id(struct kvr_client *c, uint32_t gen)
 {
-	return ((uint64_t)(gen & 0xffff) << WIRE_GEN_SHIFT) | (++c->next_wire & ((1ull << WIRE_GEN_SHIFT) - 1));
+	return kvr_wire_make(gen, ++c->next_wire);
 }
 
 /* ---- attach ----------------------------------------------------------------------------- */

@@ -53,6 +53,24 @@ enum kvr_actor_kind {
 	KVR_ACTOR_REMOTE = 6,
 };
 
+/*
+ * Where each actor sits in the actor table: the one home of the numbering. kvringd lays
+ * the table out with these (supervisor/sup.h's SUP_ACTOR_* are these with its config);
+ * actors find each other with them. mw = max_workers, nd = l2 dirs (disk actors).
+ *   0                       lookup
+ *   1 + 2w, 2 + 2w          loader.w, storer.w          (w < mw)
+ *   1 + 2mw + d             disk.d                      (d < nd)
+ *   1 + 2mw + nd + g        gather.g                    (g < mw / 2: a DCP group has >= 2 ranks)
+ *   1 + 2mw + nd + mw / 2   remote                      (when remote.cluster is set)
+ */
+#define KVR_ACTOR_IX_LOOKUP 0u
+#define KVR_ACTOR_IX_LOADER(w) (1u + 2u * (w))
+#define KVR_ACTOR_IX_STORER(w) (2u + 2u * (w))
+#define KVR_ACTOR_IX_DISK(mw, d) (1u + 2u * (mw) + (d))
+#define KVR_N_GATHER(mw) ((mw) / 2u)
+#define KVR_ACTOR_IX_GATHER(mw, nd, g) (1u + 2u * (mw) + (nd) + (g))
+#define KVR_ACTOR_IX_REMOTE(mw, nd) (KVR_ACTOR_IX_GATHER(mw, nd, 0) + KVR_N_GATHER(mw))
+
 enum kvr_actor_state {
 	KVR_ACTOR_UNUSED = 0,   /* slot not in use */
 	KVR_ACTOR_IDLE = 1,     /* configured, not running (e.g. no worker attached) */
@@ -218,6 +236,10 @@ enum kvr_stat_xfer { /* loader and storer */
 	KVR_STAT_XF_REQUESTS,         /* requests completed */
 	KVR_STAT_XF_HIST_FIRST,       /* struct kvr_hist of request latency (kvr_stats_hist()) ... */
 	KVR_STAT_XF_NEXT = KVR_STAT_XF_HIST_FIRST + KVR_HIST_BUCKETS + 2, /* ... up to here: the next free */
+	KVR_STAT_XF_STORES_INFLIGHT = KVR_STAT_XF_NEXT, /* storer gauge: stores in its pipeline's window
+				       * (accepted, not answered; at most its depth, docs: stage_common.h) */
+	KVR_STAT_XF_STORES_INFLIGHT_MAX, /* storer: the most stores in that window at once (high-water mark) */
+	KVR_STAT_XF_END,              /* the next free after the storer's counters */
 };
 
 /*
@@ -264,9 +286,10 @@ static inline unsigned kvr_stat_dk_rejected(unsigned r)
 	return KVR_STAT_DK_REJECTED_FIRST + r - 1;
 }
 
-/* The name of adoption reason r as kvr_l2_reason_name() spells it ("tmp", "header_checksum",
- * ...; tests/metrics checks they agree), for readers that do not link the disk tier; NULL
- * out of range. */
+/* The name of L2 reason r ("tmp", "header_checksum", ...), in enum kvr_l2_reason order
+ * (actors/disk/l2file.h): the one table of these names — kvr_l2_reason_name() returns
+ * them, kvringd and inspect (which do not link the disk tier) read them here. NULL out of
+ * range. */
 static inline const char *kvr_stat_dk_reason_name(unsigned r)
 {
 	static const char *const names[KVR_STAT_DK_REASON_MAX] = {
@@ -322,6 +345,7 @@ struct kvr_hist {
 _Static_assert(sizeof(struct kvr_hist) == (KVR_HIST_BUCKETS + 2) * sizeof(uint64_t), "histogram is counters");
 _Static_assert(KVR_STAT_XF_HIST_FIRST + KVR_HIST_WORDS == KVR_STAT_XF_NEXT, "transfer histogram words");
 _Static_assert((int)KVR_STAT_XF_NEXT <= (int)KVR_STAT_MAX, "transfer histogram fits the stats");
+_Static_assert((int)KVR_STAT_XF_END <= (int)KVR_STAT_MAX, "storer counters fit the stats");
 _Static_assert((int)KVR_STAT_RM_NEXT <= (int)KVR_STAT_MAX, "remote histograms fit the stats");
 
 /* Upper bound of bucket i < KVR_HIST_FINITE, in microseconds. */

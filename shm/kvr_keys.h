@@ -43,6 +43,14 @@ static inline bool kvr_key_is_zero(kvr_key k)
  * digit first) into buf (>= KVR_KEY_FMT_LEN bytes). Returns buf. */
 char *kvr_key_fmt(kvr_key k, char *buf);
 
+/* The disk actor (index into l2.dirs, of n_dirs >= 1) that holds block key k: the one rule
+ * that spreads blocks over the disk tier (the lookup actor routes with it, a disk actor
+ * finds its own slots with it). */
+static inline unsigned kvr_key_disk(kvr_key k, unsigned n_dirs)
+{
+	return n_dirs ? (unsigned)(k.hi % n_dirs) : 0;
+}
+
 /* Parse the 32-hex-char form written by kvr_key_fmt (either case). 0 or -EINVAL. */
 int kvr_key_parse(const char *s, kvr_key *ret);
 

@@ -171,16 +171,16 @@ struct sup {
 
 /* ---- layout.c --------------------------------------------------------------------- */
 
-/* Actor indices in the actor table. */
-#define SUP_ACTOR_LOOKUP 0u
-#define SUP_ACTOR_LOADER(w) (1u + 2u * (w))
-#define SUP_ACTOR_STORER(w) (2u + 2u * (w))
-#define SUP_ACTOR_DISK(max_workers, i) (1u + 2u * (max_workers) + (i)) /* one per l2.dirs[i] */
+/* Actor indices in the actor table (kvr_ctl.h's KVR_ACTOR_IX_* with this config). */
+#define SUP_ACTOR_LOOKUP KVR_ACTOR_IX_LOOKUP
+#define SUP_ACTOR_LOADER(w) KVR_ACTOR_IX_LOADER(w)
+#define SUP_ACTOR_STORER(w) KVR_ACTOR_IX_STORER(w)
+#define SUP_ACTOR_DISK(max_workers, i) KVR_ACTOR_IX_DISK(max_workers, i) /* one per l2.dirs[i] */
 /* one per possible DCP group (a group has at least 2 ranks) */
-#define SUP_ACTOR_GATHER(cfg, g) (1u + 2u * (cfg)->instance.max_workers + (cfg)->l2.n_dirs + (g))
-#define SUP_N_GATHER(cfg) ((cfg)->instance.max_workers / 2u)
+#define SUP_ACTOR_GATHER(cfg, g) KVR_ACTOR_IX_GATHER((cfg)->instance.max_workers, (cfg)->l2.n_dirs, g)
+#define SUP_N_GATHER(cfg) KVR_N_GATHER((cfg)->instance.max_workers)
 /* the remote tier actor: one when remote.cluster names a cluster, after the gather actors */
-#define SUP_ACTOR_REMOTE(cfg) (SUP_ACTOR_GATHER(cfg, 0) + SUP_N_GATHER(cfg))
+#define SUP_ACTOR_REMOTE(cfg) KVR_ACTOR_IX_REMOTE((cfg)->instance.max_workers, (cfg)->l2.n_dirs)
 #define SUP_N_REMOTE(cfg) ((cfg)->remote.n_cluster ? 1u : 0u)
 #define SUP_N_ACTORS(cfg) (SUP_ACTOR_REMOTE(cfg) + SUP_N_REMOTE(cfg))
 

@@ -265,7 +265,7 @@ static int submit(struct disk *d, bool put, kvr_key key, uint32_t lane, void *bu
 	return rc;
 }
 
-/* The I/O pins of slots routed to this disk (keys are routed by key.hi % n_dirs) belong to
+/* The I/O pins of slots routed to this disk (kvr_key_disk) belong to
  * this disk actor alone: we hold none yet, so any there is a predecessor's. It is dead and
  * reaped (kvringd starts us only then), and a process's io_uring requests are finished or
  * cancelled before it exits, so nothing it started can still land in those slots: release
@@ -275,7 +275,7 @@ static void drop_stale_pins(struct disk *d, unsigned idx, unsigned n_dirs)
 	uint32_t dropped = 0, slots = 0;
 	for (uint32_t s = 0; s < d->slots->n_slots; s++) {
 		const struct kvr_slot *sl = kvr_slot_at(d->slots, s);
-		if (!kvr_slot_pins_of(d->slots, s, KVR_PIN_IO) || sl->key.hi % (n_dirs ? n_dirs : 1) != idx)
+		if (!kvr_slot_pins_of(d->slots, s, KVR_PIN_IO) || kvr_key_disk(sl->key, n_dirs) != idx)
 			continue;
 		unsigned n = kvr_slot_drop_pins(d->slots, s, KVR_PIN_IO);
 		dropped += n;

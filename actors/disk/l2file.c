@@ -1,5 +1,6 @@
 /* l2file: block file names, header build and validation, checksums (format in l2file.h). */
 #include "l2file.h"
+#include "kvr_ctl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -23,33 +24,14 @@ unsigned long long XXH3_64bits_dispatch(const void *input, size_t len);
 
 #include "kvr_time.h"
 
-static const char *const reason_names[KVR_L2_R_MAX] = {
-	[KVR_L2_OK] = "ok",
-	[KVR_L2_R_FOREIGN] = "foreign",
-	[KVR_L2_R_TMP] = "tmp",
-	[KVR_L2_R_NOTREG] = "not_regular",
-	[KVR_L2_R_SHORT] = "short",
-	[KVR_L2_R_SIZE] = "size",
-	[KVR_L2_R_MAGIC] = "magic",
-	[KVR_L2_R_VERSION] = "version",
-	[KVR_L2_R_HDR_CSUM] = "header_checksum",
-	[KVR_L2_R_NS] = "namespace",
-	[KVR_L2_R_KEY] = "key",
-	[KVR_L2_R_LANE] = "lane",
-	[KVR_L2_R_BLOCK_TOKENS] = "block_tokens",
-	[KVR_L2_R_LANE_BYTES] = "lane_bytes",
-	[KVR_L2_R_FINGERPRINT] = "fingerprint",
-	[KVR_L2_R_PAYLOAD_CSUM] = "payload_checksum",
-	[KVR_L2_R_VANISHED] = "vanished",
-	[KVR_L2_R_IO] = "io_error",
-	[KVR_L2_R_OVER_CAP] = "over_cap",
-	[KVR_L2_R_RESERVED] = "reserved",
-	[KVR_L2_R_MODE] = "mode",
-};
+/* The names live in kvr_ctl.h (kvringd and inspect name the adoption counters without
+ * linking the disk tier): one table, in enum kvr_l2_reason order. */
+_Static_assert(KVR_L2_R_MAX == KVR_STAT_DK_REASON_MAX, "one reason name per kvr_l2_reason");
 
 const char *kvr_l2_reason_name(unsigned r)
 {
-	return r < KVR_L2_R_MAX ? reason_names[r] : "unknown";
+	const char *n = kvr_stat_dk_reason_name(r);
+	return n ? n : "unknown";
 }
 
 uint64_t kvr_l2_payload_bytes(uint64_t lane_bytes)

@@ -196,7 +196,7 @@ bool l2t_has(const struct l2tier *t, kvr_key key, unsigned lane)
 
 static unsigned route(const struct l2tier *t, kvr_key k)
 {
-	return (unsigned)(k.hi % t->n_disks);
+	return kvr_key_disk(k, t->n_disks);
 }
 
 static int send_l2(struct l2tier *t, unsigned disk, unsigned type, uint64_t id, kvr_key k, unsigned lane,
@@ -325,7 +325,7 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	for (unsigned d = 0; d < n; d++) {
 		t->req[d] = kvr_actor_ring_w(a, "disk.req.%u", d);
 		t->rep[d] = kvr_actor_ring_w(a, "disk.rep.%u", d);
-		t->disk_actor[d] = 1 + 2 * a->ctl->max_workers + d;
+		t->disk_actor[d] = KVR_ACTOR_IX_DISK(a->ctl->max_workers, d);
 		if (!t->req[d] || !t->rep[d] || t->disk_actor[d] >= a->ctl->max_actors) {
 			l2t_close(t);
 			return -ENOENT;
@@ -337,7 +337,7 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 		t->has_rm = true;
 		t->rm_req = kvr_actor_ring(a, "remote.req");
 		t->rm_rep = kvr_actor_ring(a, "remote.rep");
-		t->rm_actor = 1 + 2 * a->ctl->max_workers + n + a->ctl->max_workers / 2; /* after the gather actors */
+		t->rm_actor = KVR_ACTOR_IX_REMOTE(a->ctl->max_workers, n);
 		if (!t->rm_req || !t->rm_rep || t->rm_actor >= a->ctl->max_actors ||
 		    kvr_ctl_actor(a->ctl, t->rm_actor)->kind != KVR_ACTOR_REMOTE) {
 			l2t_close(t);

@@ -20,7 +20,7 @@
  *     requester's lane is promoted — a slot allocated (WRITING, owned by the requester)
  *     and filled by an L2_READ — and the LOOKUP_REP waits until every read is verified
  *     and committed. The reply covers the blocks up to the first read that failed.
- * A disk actor is chosen by key (key.hi % n_dirs). Promotion slots are the lookup actor's
+ * A disk actor is chosen by key (kvr_key_disk). Promotion slots are the lookup actor's
  * (KVR_SLOT_OWNER_LOOKUP), so a requester that dies or resets cannot free them. Reads
  * outstanding on a disk actor that died are aborted at once: a slot the dead actor may
  * still be reading into keeps its I/O pin and waits DRAINING until the successor released
@@ -44,7 +44,7 @@
  * and promotions work as above.
  */
 
-#define L2T_MAX_DISKS 8
+#define L2T_MAX_DISKS KVR_L2_MAX_DIRS
 #define L2T_RM_WINDOW 16 /* remote promotion reads of one lookup in flight at once */
 
 struct l2t_done {             /* a promotion that finished: reply to this requester */

@@ -247,7 +247,7 @@ static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
 	struct kvr_list_asm *q = &l->w[wi].lookup;
 	uint64_t wire = q->req_id;
 	unsigned lane = q->lane;
-	if ((uint32_t)(wire >> 48) != (atomic_load(&a->ent->generation) & 0xffff)) {
+	if (!kvr_wire_for(wire, atomic_load(&a->ent->generation))) {
 		kvr_actor_count(a, KVR_STAT_LK_STALE, 1);
 		send_lookup_rep(a, l, wi, wire, -ESTALE, 0, lane, 0);
 		return;
@@ -393,11 +393,9 @@ static void do_commit(struct kvr_actor *a, struct lookup *l, unsigned wi)
 
 /* ---- leases ------------------------------------------------------------------------------ */
 
-#define WIRE_GEN(wire) ((uint32_t)((wire) >> 48))
-
 static bool wire_current(struct kvr_actor *a, uint64_t wire)
 {
-	return WIRE_GEN(wire) == (atomic_load(&a->ent->generation) & 0xffff);
+	return kvr_wire_for(wire, atomic_load(&a->ent->generation));
 }
 
 static void send_lease_rep(struct kvr_actor *a, struct lookup *l, unsigned si, uint64_t wire, int status,

@@ -81,6 +81,33 @@ struct kvr_msg {
 	uint8_t body[KVR_MSG_BODY];
 };
 
+/*
+ * A client's request id (the "wire id"): the low 16 bits of the generation of the actor it
+ * addressed in bits 48..63, a per-client sequence below. An actor answers only requests
+ * addressed to its own incarnation (a request meant for its dead predecessor is stale).
+ * The one home of that layout: the client builds ids with kvr_wire_make, actors read them
+ * with kvr_wire_gen.
+ */
+#define KVR_WIRE_GEN_SHIFT 48
+#define KVR_WIRE_SEQ_MASK ((UINT64_C(1) << KVR_WIRE_GEN_SHIFT) - 1)
+
+static inline uint64_t kvr_wire_make(uint32_t actor_gen, uint64_t seq)
+{
+	return ((uint64_t)(actor_gen & 0xffff) << KVR_WIRE_GEN_SHIFT) | (seq & KVR_WIRE_SEQ_MASK);
+}
+
+/* The 16 generation bits a wire id was addressed to. */
+static inline uint32_t kvr_wire_gen(uint64_t wire)
+{
+	return (uint32_t)(wire >> KVR_WIRE_GEN_SHIFT);
+}
+
+/* Whether wire was addressed to the incarnation whose generation is actor_gen. */
+static inline int kvr_wire_for(uint64_t wire, uint32_t actor_gen)
+{
+	return kvr_wire_gen(wire) == (actor_gen & 0xffff);
+}
+
 _Static_assert(sizeof(struct kvr_msg_hdr) == 16, "message header");
 _Static_assert(sizeof(struct kvr_msg) == KVR_MSG_SIZE, "message size");
 
