@@ -1138,12 +1138,28 @@ static int check_config(struct kvr_config *c, const bool *set, char *err, size_t
 
 /* --- public -------------------------------------------------------------------------------------------------- */
 
+/* The derived fields of the enum keys (kvr_config.h): the strings were checked against their values[]. */
+static void derive(struct kvr_config *c)
+{
+	enum kvr_log_level lvl = KVR_LOG_INFO;
+	(void) kvr_log_level_parse(c->instance.log_level, &lvl);
+	c->instance.log_level_id = (int)lvl;
+	c->model.mla = !strcmp(c->model.attention, "mla");
+	c->model.kv_fused = !strcmp(c->model.kv_layout, "kv-fused");
+	c->l1.prefault_background = !strcmp(c->l1.prefault, "background");
+	c->l2.write_back = !strcmp(c->l2.mode, "write-back");
+	c->l2.durability_id = !strcmp(c->l2.durability, "none")    ? KVR_CFG_DUR_NONE
+			      : !strcmp(c->l2.durability, "block") ? KVR_CFG_DUR_BLOCK
+								    : KVR_CFG_DUR_BATCH;
+}
+
 void kvr_config_defaults(struct kvr_config *cfg)
 {
 	char err[8];
 
 	table_defaults(cfg);
 	(void) resolve_model(cfg, false, err, sizeof(err)); /* the default preset always resolves (tested) */
+	derive(cfg);
 }
 
 /* 1-based line and column (in characters, UTF-8 continuation bytes not counted) of at in text. */
@@ -1220,7 +1236,9 @@ int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t
 	if (r == 0)
 		r = walk(root, &nums, &tmp, set, err, errlen);
 	if (r == 0)
-		r = check_config(&tmp, set, err, errlen);
+		r = check_config(&tmp, set, err, errlen); /* resolves the model preset too */
+	if (r == 0)
+		derive(&tmp);
 	free(nums.v);
 	cJSON_Delete(root);
 	if (r == 0 && cfg)

@@ -25,6 +25,20 @@
 #define KVR_L2_MAX_DIRS 8
 #define KVR_REMOTE_MAX_SEEDS 16
 
+/* l2.durability as a number (the disk tier's enum kvr_l2_durability has the same values:
+ * actors/disk asserts it). */
+enum kvr_cfg_durability {
+	KVR_CFG_DUR_NONE = 0,
+	KVR_CFG_DUR_BLOCK = 1,
+	KVR_CFG_DUR_BATCH = 2,
+};
+
+/*
+ * Enum-valued keys stay strings in the struct (the effective JSON and the logs show them
+ * as written) and are also parsed once, by kvr_config_parse() and kvr_config_defaults(),
+ * into the "derived" fields next to them: code tests those, never the strings.
+ */
+
 struct kvr_config {
 	struct {
 		char socket[KVR_PATH_MAX];   /* Unix socket workers attach to */
@@ -32,6 +46,7 @@ struct kvr_config {
 		uint32_t max_workers;        /* attachable worker slots (one loader+storer each) */
 		uint32_t max_schedulers;     /* attachable scheduler slots (lookups and leases only) */
 		char log_level[16];          /* error|warn|info|debug */
+		int log_level_id;            /* derived: enum kvr_log_level of log_level */
 		char actor_dir[KVR_PATH_MAX];/* where the actor executables live ("" = built-in) */
 	} instance;
 	struct {
@@ -60,6 +75,8 @@ struct kvr_config {
 		uint32_t tp_size;
 		char attention[8];           /* "mha" (MHA/GQA) or "mla" */
 		char kv_layout[16];          /* "kv-split" (K page, V page per layer) or "kv-fused" (one page) */
+		bool mla;                    /* derived: attention is "mla" */
+		bool kv_fused;               /* derived: kv_layout is "kv-fused" */
 		char cache_salt[KVR_STR_MAX];
 	} model;
 	struct {
@@ -68,6 +85,7 @@ struct kvr_config {
 		uint32_t workload_tokens;
 		bool huge_pages;             /* try MFD_HUGETLB for the arena */
 		char prefault[16];           /* "background" or "off" */
+		bool prefault_background;    /* derived: prefault is "background" */
 		char eviction[16];           /* "lru" or "s3fifo" */
 		uint32_t max_leases;         /* lookup leases held at once (the lookup actor's table) */
 	} l1;
@@ -85,6 +103,8 @@ struct kvr_config {
 		uint64_t capacity_bytes;     /* L2 byte cap across dirs */
 		char mode[16];               /* "write-through" or "write-back" */
 		char durability[16];         /* "none", "block", "batch" */
+		bool write_back;             /* derived: mode is "write-back" */
+		enum kvr_cfg_durability durability_id; /* derived: durability */
 		uint32_t queue_depth;
 		bool read_only;              /* serve what is on disk, never change it (docs/l2.md) */
 	} l2;

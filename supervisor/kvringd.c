@@ -255,9 +255,7 @@ static int serve(struct sup *s)
 	char err[512];
 	int code = 1, rc;
 
-	enum kvr_log_level lvl = KVR_LOG_INFO;
-	(void)kvr_log_level_parse(s->cfg.instance.log_level, &lvl);
-	kvr_log_setup("kvringd", lvl);
+	kvr_log_setup("kvringd", (enum kvr_log_level)s->cfg.instance.log_level_id);
 
 	s->cfg_json = kvr_config_to_json(&s->cfg);
 	if (!s->cfg_json) {

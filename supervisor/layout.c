@@ -236,7 +236,7 @@ int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num
 			 kvr_preset_list());
 		return -EINVAL;
 	}
-	bool fused = !strcmp(cfg->model.kv_layout, "kv-fused");
+	bool fused = cfg->model.kv_fused;
 	if (p && fused && (p->attention != KVR_ATTN_MHA || p->tail_per_token)) {
 		snprintf(err, errlen, "$.model.kv_layout: \"kv-fused\" does not apply to preset \"%s\" (%s)", p->name,
 			 p->attention != KVR_ATTN_MHA ? "mla" : "its pages carry a tail");
@@ -251,7 +251,7 @@ int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num
 		}
 	} else if (p) {
 		rc = kvr_preset_geometry(p, cfg->model.tp_size, rank, cfg->model.block_tokens, num_blocks, ret);
-	} else if (strcmp(cfg->model.attention, "mla") == 0) {
+	} else if (cfg->model.mla) {
 		rc = kvr_geometry_fill_vllm_mla(ret, cfg->model.layers, cfg->model.head_dim, cfg->model.dtype_bytes,
 						cfg->model.block_tokens, num_blocks);
 		if (!rc) {
@@ -261,7 +261,7 @@ int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num
 	} else {
 		uint32_t tp = cfg->model.tp_size, heads = cfg->model.kv_heads;
 		uint32_t per_rank = heads >= tp ? heads / tp : 1;
-		rc = (strcmp(cfg->model.kv_layout, "kv-fused") ? kvr_geometry_fill_vllm_layer_major
+		rc = (!cfg->model.kv_fused ? kvr_geometry_fill_vllm_layer_major
 								: kvr_geometry_fill_vllm_fused)(
 			ret, cfg->model.layers, per_rank, cfg->model.head_dim, cfg->model.dtype_bytes,
 			cfg->model.block_tokens, num_blocks);

@@ -67,7 +67,7 @@ void sup_prefault_start(struct sup *s)
 {
 	struct kvr_ctl *c = s->ctl;
 	atomic_store(&c->prefault_bytes, 0);
-	if (!strcmp(s->cfg.l1.prefault, "off")) {
+	if (!s->cfg.l1.prefault_background) {
 		atomic_store(&c->prefault_state, KVR_PREFAULT_OFF);
 		return;
 	}

@@ -623,11 +623,10 @@ static int disk_init(struct kvr_actor *a)
 		.report_gone = true,
 		.read_only = cfg->l2.read_only,
 	};
-	int rc = kvr_l2_durability_parse(cfg->l2.durability, &sc.durability);
-	if (rc) {
-		kvr_err("l2.durability \"%s\" is not none, block or batch", cfg->l2.durability);
-		return rc;
-	}
+	_Static_assert((int)KVR_CFG_DUR_NONE == (int)KVR_L2_DUR_NONE && (int)KVR_CFG_DUR_BLOCK == (int)KVR_L2_DUR_BLOCK &&
+			       (int)KVR_CFG_DUR_BATCH == (int)KVR_L2_DUR_BATCH, "l2.durability as parsed is the engine's");
+	sc.durability = (enum kvr_l2_durability)cfg->l2.durability_id;
+	int rc;
 	struct disk *d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;

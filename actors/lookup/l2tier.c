@@ -308,7 +308,7 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->n_disks = n;
 	t->read_only = a->cfg.l2.read_only;
 	/* read-only: no demotion and no eviction veto; an evicted block is on disk or gone */
-	t->write_back = n && !t->read_only && strcmp(a->cfg.l2.mode, "write-back") == 0;
+	t->write_back = n && !t->read_only && a->cfg.l2.write_back;
 	/* requesters: worker slots, then scheduler slots (a lease promotes through its
 	 * scheduler's entry, one lane after the other) */
 	t->n_workers = a->ctl->max_workers + a->ctl->max_schedulers;

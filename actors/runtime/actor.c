@@ -247,9 +247,7 @@ static int setup(struct kvr_actor *a, const struct actor_args *args)
 	rc = load_config(a);
 	if (rc)
 		return rc;
-	enum kvr_log_level lvl;
-	if (kvr_log_level_parse(a->cfg.instance.log_level, &lvl) == 0)
-		kvr_log_setup(tag, lvl);
+	kvr_log_setup(tag, (enum kvr_log_level)a->cfg.instance.log_level_id);
 
 	rc = kvr_segment_map(args->arena_fd, KVR_SEG_ARENA, 1, &a->arena_seg);
 	if (rc) {

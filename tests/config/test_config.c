@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kvr_config.h"
+#include "kvr_log.h"
 #include "kvr_geometry.h"
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
@@ -1087,17 +1088,17 @@ static uint64_t rng_next(void)
 
 /* Random byte edits of a valid config: every result is a clean accept or a one-line refusal (UTF-8, never an
  * internal error), never a changed *cfg on failure, and whatever is accepted is UTF-8 and round-trips.
- * KVR_SEED=<n> replays a run. */
+ * KVR_TEST_SEED=<n> replays a run. */
 Test(config, mutations)
 {
-	const char *env = getenv("KVR_SEED");
+	const char *env = getenv("KVR_TEST_SEED");
 	static const char alphabet[] = "{}[]\":,0123456789-.eE \\untrfalse/xMiGB\xc3\xa9\xff\x80";
 	uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 	size_t len = strlen(full_json), accepted = 0, refused = 0;
 	char *text = malloc(len + 1);
 
 	cr_assert_not_null(text);
-	fprintf(stderr, "config mutations: seed %" PRIu64 " (replay with KVR_SEED=%" PRIu64 ")\n", seed, seed);
+	fprintf(stderr, "config mutations: seed %" PRIu64 " (replay with KVR_TEST_SEED=%" PRIu64 ")\n", seed, seed);
 	rng_state = seed | 1;
 	for (int it = 0; it < 3000; it++) {
 		struct kvr_config c, c2;
@@ -1133,4 +1134,36 @@ Test(config, mutations)
 	fprintf(stderr, "config mutations: %zu accepted, %zu refused\n", accepted, refused);
 	cr_expect_gt(refused, 0);
 	free(text);
+}
+
+/* Enum keys are parsed once into their derived fields (kvr_config.h); code tests those. */
+Test(config, enum_keys_are_parsed_once_into_typed_fields)
+{
+	struct kvr_config c;
+	char err[256];
+
+	kvr_config_defaults(&c);
+	cr_assert_eq(c.instance.log_level_id, KVR_LOG_INFO);
+	cr_assert(!c.model.mla);
+	cr_assert(!c.model.kv_fused);
+	cr_assert(c.l1.prefault_background);
+	cr_assert(!c.l2.write_back);
+	cr_assert_eq(c.l2.durability_id, KVR_CFG_DUR_BATCH);
+	cr_assert_eq(kvr_config_parse("{\"instance\": {\"log_level\": \"debug\"}, \"l1\": {\"prefault\": \"off\"}, "
+				      "\"model\": {\"kv_layout\": \"kv-fused\"}, "
+				      "\"l2\": {\"mode\": \"write-back\", \"durability\": \"none\"}}",
+				      &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(c.instance.log_level_id, KVR_LOG_DEBUG);
+	cr_assert(!c.l1.prefault_background);
+	cr_assert(c.model.kv_fused);
+	cr_assert(c.l2.write_back);
+	cr_assert_eq(c.l2.durability_id, KVR_CFG_DUR_NONE);
+	cr_assert_eq(kvr_config_parse("{\"l2\": {\"durability\": \"block\"}, \"model\": {\"preset\": \"\", \"attention\": "
+				      "\"mla\", \"layers\": 2, \"kv_heads\": 1, \"head_dim\": 64, \"dtype_bytes\": 2, "
+				      "\"model_id\": \"m\", \"block_tokens\": 16}}", &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(c.l2.durability_id, KVR_CFG_DUR_BLOCK);
+	cr_assert(c.model.mla);
+	/* a refused document leaves every field, derived ones too, as they were */
+	cr_assert_eq(kvr_config_parse("{\"l2\": {\"durability\": \"fsync\"}}", &c, err, sizeof(err)), -EINVAL);
+	cr_assert_eq(c.l2.durability_id, KVR_CFG_DUR_BLOCK);
 }

@@ -51,9 +51,9 @@ static struct kvr_actor_ent *wait_ready(const char *name)
 Test(supervisor_stress, random_kills)
 {
 	unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
-	if (getenv("KVR_SEED"))
-		seed = (unsigned)strtoul(getenv("KVR_SEED"), NULL, 0);
-	fprintf(stderr, "supervisor_stress/random_kills: seed %u (KVR_SEED=%u to repeat)\n", seed, seed);
+	if (getenv("KVR_TEST_SEED"))
+		seed = (unsigned)strtoul(getenv("KVR_TEST_SEED"), NULL, 0);
+	fprintf(stderr, "supervisor_stress/random_kills: seed %u (KVR_TEST_SEED=%u to repeat)\n", seed, seed);
 	srand(seed);
 
 	write_lenient_config(3000);
