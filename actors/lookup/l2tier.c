@@ -530,7 +530,9 @@ static int rm_send_read(struct l2tier *t, uint64_t id, kvr_key k, unsigned lane,
 	struct kvr_msg_l2 b = {.key_lo = k.lo, .key_hi = k.hi, .slot = slot, .epoch = epoch, .lane = (uint16_t)lane};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_L2_READ, 0, id, 0, &b, sizeof(b));
-	return kvr_msg_send(t->rm_req, &m, kvr_now_ns() + kvr_ms_to_ns(t->a->cfg.timeouts.reply_ms));
+	/* never waits: a full ring means the remote actor is saturated; the block is then a
+	 * miss (the prefix ends here) rather than a lookup held up for every worker */
+	return kvr_ring_try_enqueue(t->rm_req, &m);
 }
 
 /* Promote blocks of worker's lookup from p->n on: a block whose lanes are all in L1 or on
