@@ -63,6 +63,10 @@
 #define RM_READ_BURST 64u     /* socket reads per fd callback (hiredis reads 16 KiB each) */
 #define RM_NONE 0xffffffffu
 
+/* A GET's value is checked and copied into its slot straight from hiredis's read buffer,
+ * while the reply is parsed (create_string below): no reply object holds a second copy. */
+enum { LAND_NONE = 0, LAND_OK = 1, LAND_BAD = 2, LAND_STALE = 3 };
+
 enum node_state { N_DOWN = 0, N_CONNECTING = 1, N_UP = 2 };
 
 struct rnode {
@@ -92,6 +96,8 @@ struct rreq {
 	bool parked;              /* no usable node for it yet: sent again from the tick until
 				   * timeout_ms after first_ns (a failover, a map being refreshed) */
 	long long exists;         /* EXISTS answer of this send, -1 none */
+	uint8_t landed;           /* LAND_*: what the reply parser did with this GET's value */
+	uint8_t reason;           /* LAND_BAD: enum kvr_rv_reason */
 	uint32_t next_free;
 };
 
@@ -258,6 +264,56 @@ static void req_fail(struct remote *r, uint32_t i, int err)
 	}
 }
 
+/* ---- values straight into their slots -------------------------------------------------------- */
+
+static void on_get(redisAsyncContext *ac, void *reply, void *priv);
+static redisReplyObjectFunctions *hiredis_fn; /* hiredis's own reply functions (its reader's default) */
+static redisReplyObjectFunctions land_fn;     /* the same with create_string */
+
+/* Check value[0..len) of read q and copy its payload into q's slot: LAND_OK, LAND_BAD (q->reason
+ * says why) or LAND_STALE (the slot is no longer the allocation asked for). */
+static uint8_t land(struct remote *r, struct rreq *q, const char *value, size_t len)
+{
+	unsigned reason = KVR_RV_OK;
+	if (kvr_rv_check(value, len, &r->id, q->key, q->lane, &reason) != 0) {
+		q->reason = (uint8_t)reason;
+		return LAND_BAD;
+	}
+	/* our pin kept the slot from reuse; the lookup actor may have aborted it meanwhile */
+	if (kvr_slot_state(r->slots, q->slot) != KVR_SLOT_WRITING || kvr_slot_epoch(r->slots, q->slot) != q->epoch ||
+	    !slot_holds(r, q))
+		return LAND_STALE;
+	memcpy(kvr_slot_data(r->slots, r->a->arena_seg.base, q->slot), value + KVR_RV_HDR_BYTES, r->id.lane_bytes);
+	return LAND_OK;
+}
+
+/*
+ * hiredis calls this for every bulk string it parses, with the bytes still in its read
+ * buffer. The reply being parsed belongs to the first callback of the connection's list (a
+ * pipeline answers in order); when that is one of our GETs, the value lands in the slot now
+ * and the reply object carries no copy of it (str NULL, len kept). Anything else goes to
+ * hiredis's own createString.
+ */
+static void *create_string(const redisReadTask *task, char *str, size_t len)
+{
+	struct rnode *n = task->privdata;
+	const redisCallback *cb = n && n->ac ? n->ac->replies.head : NULL;
+	if (!task->parent && task->type == REDIS_REPLY_STRING && cb && cb->fn == on_get) {
+		uint32_t i = req_of(R, cb->privdata);
+		struct rreq *q = i == RM_NONE ? NULL : &R->reqs[i];
+		if (q && q->type == KVR_MSG_L2_READ && !(R->lanes > 1 && q->exists != (long long)R->lanes)) {
+			redisReply *rp = calloc(1, sizeof(*rp));
+			if (!rp)
+				return NULL; /* hiredis reports out of memory and drops the connection */
+			rp->type = REDIS_REPLY_STRING;
+			rp->len = len;
+			q->landed = land(R, q, str, len);
+			return rp;
+		}
+	}
+	return hiredis_fn->createString(task, str, len);
+}
+
 /* ---- connections -------------------------------------------------------------------------- */
 
 static void node_fd(struct kvr_actor *a, int fd, uint32_t revents, void *arg);
@@ -370,6 +426,13 @@ static redisAsyncContext *node_ctx(struct remote *r, unsigned ni)
 		n->retry_ns = now + (uint64_t)RM_BACKOFF_MAX_MS * 1000000ull;
 		return NULL;
 	}
+	if (!hiredis_fn) {
+		hiredis_fn = ac->c.reader->fn;
+		land_fn = *hiredis_fn;
+		land_fn.createString = create_string;
+	}
+	ac->c.reader->fn = &land_fn;
+	ac->c.reader->privdata = n;
 	n->events = POLLOUT;
 	n->ac = ac;
 	n->st = N_CONNECTING;
@@ -564,6 +627,7 @@ static int req_send(struct remote *r, uint32_t i)
 	}
 	q->gen++;
 	q->exists = -1;
+	q->landed = LAND_NONE;
 	q->sent_ns = kvr_now_ns();
 	if (q->asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
 		return -ENOTCONN;
@@ -686,8 +750,12 @@ static void on_get(redisAsyncContext *ac, void *reply, void *priv)
 		return;
 	}
 	unsigned reason = KVR_RV_OK;
-	if (rp->type != REDIS_REPLY_STRING ||
-	    kvr_rv_check(rp->str, rp->len, &r->id, q->key, q->lane, &reason) != 0) {
+	uint8_t landed = q->landed;
+	if (landed == LAND_NONE && rp->type == REDIS_REPLY_STRING && rp->str) /* parsed before this read was ours */
+		landed = land(r, q, rp->str, rp->len);
+	if (landed == LAND_BAD)
+		reason = q->reason;
+	if (rp->type != REDIS_REPLY_STRING || landed == LAND_BAD || landed == LAND_NONE) {
 		count(r, KVR_STAT_RM_BAD_VALUES, 1);
 		uint64_t now = kvr_now_ns();
 		if (now - r->bad_logged_ns > 1000000000ull || !r->bad_logged_ns) {
@@ -700,15 +768,12 @@ static void on_get(redisAsyncContext *ac, void *reply, void *priv)
 		read_done(r, i, -EBADMSG);
 		return;
 	}
-	/* verified: into the slot, if it is still the allocation the read was asked for (our pin
-	 * kept it from reuse; the lookup actor may have aborted it meanwhile) */
-	if (kvr_slot_state(r->slots, q->slot) != KVR_SLOT_WRITING || kvr_slot_epoch(r->slots, q->slot) != q->epoch ||
-	    !slot_holds(r, q)) {
+	if (landed == LAND_STALE) {
 		count(r, KVR_STAT_RM_READ_ERRORS, 1);
 		read_done(r, i, -ESTALE);
 		return;
 	}
-	memcpy(kvr_slot_data(r->slots, r->a->arena_seg.base, q->slot), rp->str + KVR_RV_HDR_BYTES, r->id.lane_bytes);
+	/* LAND_OK: verified and in the slot */
 	count(r, KVR_STAT_RM_HITS, 1);
 	count(r, KVR_STAT_RM_BYTES_IN, r->id.lane_bytes);
 	kvr_hist_observe(kvr_stats_hist(r->a->stats, KVR_STAT_RM_HIST_GET), kvr_now_ns() - q->first_ns);
