@@ -309,5 +309,5 @@ void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int stat
 
 bool stage_wire_current(const struct kvr_actor *a, uint64_t wire)
 {
-	return (uint32_t)(wire >> 48) == (atomic_load(&a->ent->generation) & 0xffff);
+	return kvr_wire_for(wire, atomic_load(&a->ent->generation));
 }

@@ -19,7 +19,7 @@
  * the block ids not restored. A DCP rank's copy takes its own tokens out of the
  * canonical lane (stage_copy_chunks plans with kvr_dcp_lane_runs).
  *
- * Requests carry the generation of the actor the client addressed (wire id >> 48): one
+ * Requests carry the generation of the actor the client addressed (kvr_wire_gen of the wire id): one
  * addressed to an earlier incarnation is answered -ESTALE without touching anything,
  * because the client already failed it when that incarnation died.
  */
@@ -159,6 +159,12 @@ int stage_load_feed(struct stage_worker *sw, struct stage_load *ld, const struct
  * If the lookup actor restarts while a store waits for it, the store fails (-EPIPE) and
  * RESET aborts every WRITING slot of the owner worker: nothing half written can become
  * visible. stage_store_open() sends RESET too, for slots a previous incarnation left.
+ *
+ * stage_store_run() takes these steps for one store at a time, waiting for each answer (the
+ * gather actor's DCP stores). The storer runs the same steps as a pipeline of several
+ * stores driven by its loop (stage_store_pipe_*, at the end of this file), with the same
+ * guarantees: a slot is committed only after its whole copy, the slot table decides what
+ * was committed, and any failure aborts the worker's WRITING slots with RESET.
  */
 
 #define LOOKUP_TIMEOUT_NS(a) kvr_ms_to_ns((a)->cfg.timeouts.lookup_call_ms)
@@ -210,7 +216,7 @@ static int await_lookup(struct stage_store *ss, uint64_t id, uint32_t lookup_gen
 			return rc;
 		if (ss->a->stopping)
 			return -ECANCELED;
-		if (atomic_load(&kvr_ctl_actor(ss->a->ctl, 0)->generation) != lookup_gen)
+		if (atomic_load(&kvr_ctl_actor(ss->a->ctl, KVR_ACTOR_IX_LOOKUP)->generation) != lookup_gen)
 			return -EPIPE;
 		if (kvr_now_ns() >= deadline)
 			return -ETIMEDOUT;
@@ -220,7 +226,7 @@ static int await_lookup(struct stage_store *ss, uint64_t id, uint32_t lookup_gen
 /* RESET: abort the owner worker's WRITING slots. Waits for the lookup actor's answer. */
 static int reset_lane(struct stage_store *ss)
 {
-	uint32_t gen = atomic_load(&kvr_ctl_actor(ss->a->ctl, 0)->generation);
+	uint32_t gen = atomic_load(&kvr_ctl_actor(ss->a->ctl, KVR_ACTOR_IX_LOOKUP)->generation);
 	uint64_t id = ++ss->next_id;
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_RESET, 0, id, 0, NULL, 0);
@@ -309,12 +315,10 @@ static void fail_ranks(struct stage_store *ss, struct stage_worker *const *sw, c
 
 /* Checks before anything is allocated: 0, or the status that fails every rank. Fills
  * ready[r] / readyp[r] with rank r's producer event (CUDA). */
-static int store_precheck(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
-			  unsigned n_ranks, struct kvr_xfer_dep *ready, const struct kvr_xfer_dep **readyp)
+static int store_check(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
+		       unsigned n_ranks, struct kvr_xfer_dep *ready, const struct kvr_xfer_dep **readyp)
 {
 	uint32_t n = rq[0].n;
-	if (store_grow(ss, n))
-		return -ENOMEM;
 	if (ss->a->cfg.l2.read_only) {
 		/* serving a legacy store: nothing new is stored, in L1 or on disk */
 		if (!ss->refused_ro++)
@@ -340,6 +344,58 @@ static int store_precheck(struct stage_store *ss, struct stage_worker *const *sw
 	return 0;
 }
 
+static int store_precheck(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
+			  unsigned n_ranks, struct kvr_xfer_dep *ready, const struct kvr_xfer_dep **readyp)
+{
+	if (store_grow(ss, rq[0].n))
+		return -ENOMEM;
+	return store_check(ss, sw, rq, n_ranks, ready, readyp);
+}
+
+/* Sort an ALLOC_REP of n keys: the slots to copy (written[], their positions pos[], arena
+ * offsets slot_offs[]), PRESENT keys (counted; their positions in pres_pos[] unless NULL),
+ * and positions not stored (NOROOM, or a slot out of range: fail_pos[]). */
+static void sort_alloc(const struct kvr_slot_table *t, const struct kvr_msg_slot *alloc, uint32_t n,
+		       struct kvr_msg_slot *written, uint32_t *pos, uint64_t *slot_offs, uint32_t *fail_pos,
+		       uint32_t *pres_pos, uint32_t *ret_copy, uint32_t *ret_present, uint32_t *ret_fail)
+{
+	uint32_t n_copy = 0, present = 0, n_fail = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if (alloc[i].slot == KVR_SLOT_PRESENT) {
+			if (pres_pos)
+				pres_pos[present] = i;
+			present++;
+		} else if (alloc[i].slot == KVR_SLOT_NOROOM || alloc[i].slot >= t->n_slots) {
+			fail_pos[n_fail++] = i;
+		} else {
+			written[n_copy] = alloc[i];
+			pos[n_copy] = i;
+			slot_offs[n_copy] = t->arena_data_off + (uint64_t)alloc[i].slot * t->slot_bytes;
+			n_copy++;
+		}
+	}
+	*ret_copy = n_copy;
+	*ret_present = present;
+	*ret_fail = n_fail;
+}
+
+/* After a COMMIT_REP. The slot table is the truth: a slot is ours if it is COMMITTED under
+ * our epoch (the lookup actor may have refused one it reclaimed meanwhile). Returns the
+ * slots committed; appends the positions of the others to fail_pos. */
+static uint32_t count_committed(const struct kvr_slot_table *t, const struct kvr_msg_slot *written,
+				const uint32_t *pos, uint32_t n_copy, uint32_t *fail_pos, uint32_t *n_fail)
+{
+	uint32_t committed = 0;
+	for (uint32_t k = 0; k < n_copy; k++) {
+		uint32_t sl = written[k].slot;
+		if (kvr_slot_state(t, sl) == KVR_SLOT_COMMITTED && kvr_slot_epoch(t, sl) == written[k].epoch)
+			committed++;
+		else
+			fail_pos[(*n_fail)++] = pos[k];
+	}
+	return committed;
+}
+
 void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
 		     unsigned n_ranks)
 {
@@ -359,7 +415,7 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 		ss->keys[i] = rq[0].items[i].key;
 
 	/* 1. allocate */
-	uint32_t lgen = atomic_load(&kvr_ctl_actor(ss->a->ctl, 0)->generation);
+	uint32_t lgen = atomic_load(&kvr_ctl_actor(ss->a->ctl, KVR_ACTOR_IX_LOOKUP)->generation);
 	uint64_t id = ++ss->next_id;
 	rc = kvr_list_send_ex(ss->commit_req, KVR_MSG_ALLOC, id, (uint8_t)ss->lane, 0, ss->keys, n,
 			      kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a), send_beating, ss->a);
@@ -381,20 +437,9 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 	}
 
 	/* 2. copy every rank's shard into the WRITING slots */
-	const struct kvr_msg_slot *alloc = ss->alloc_rep.items;
-	uint32_t n_copy = 0, present = 0, n_fail = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		if (alloc[i].slot == KVR_SLOT_PRESENT) {
-			present++;
-		} else if (alloc[i].slot == KVR_SLOT_NOROOM || alloc[i].slot >= sw[0]->slots->n_slots) {
-			ss->fail_pos[n_fail++] = i;
-		} else {
-			ss->written[n_copy] = alloc[i];
-			ss->pos[n_copy] = i;
-			ss->slot_offs[n_copy] = sw[0]->slots->arena_data_off + (uint64_t)alloc[i].slot * sw[0]->slots->slot_bytes;
-			n_copy++;
-		}
-	}
+	uint32_t n_copy, present, n_fail;
+	sort_alloc(sw[0]->slots, ss->alloc_rep.items, n, ss->written, ss->pos, ss->slot_offs, ss->fail_pos, NULL,
+		   &n_copy, &present, &n_fail);
 	memset(st, 0, sizeof(st));
 	const uint32_t *blocks[KVR_ACTOR_MAX_KV];
 	for (unsigned r = 0; r < n_ranks; r++) {
@@ -429,16 +474,7 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 			(void)reset_lane(ss);
 			return;
 		}
-		/* The slot table is the truth: a slot is ours if it is COMMITTED under our epoch
-		 * (the lookup actor may have refused one it reclaimed meanwhile). */
-		for (uint32_t k = 0; k < n_copy; k++) {
-			uint32_t sl = ss->written[k].slot;
-			if (kvr_slot_state(sw[0]->slots, sl) == KVR_SLOT_COMMITTED &&
-			    kvr_slot_epoch(sw[0]->slots, sl) == ss->written[k].epoch)
-				committed++;
-			else
-				ss->fail_pos[n_fail++] = ss->pos[k];
-		}
+		committed = count_committed(sw[0]->slots, ss->written, ss->pos, n_copy, ss->fail_pos, &n_fail);
 		if (committed != cr.n_committed)
 			kvr_warn("store %llx: lookup reported %u commits, the slot table shows %u",
 				 (unsigned long long)rq[0].wire, cr.n_committed, committed);
@@ -456,4 +492,737 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 	ss->run_ns = 0;
 	kvr_debug("store %llx: %u blocks x %u ranks, %u stored, %u present, %u failed", (unsigned long long)rq[0].wire, n,
 		  n_ranks, committed, present, n_fail);
+}
+
+/*
+ * The pipelined store path (the storer; the contract is in stage_common.h). One pass of the
+ * actor loop (stage_store_pipe_pass) moves every job as far as it can without waiting:
+ *
+ *   answer   finished jobs at the head of the FIFO, in order;
+ *   ALLOC    for the first QUEUED job of the window, when no ALLOC is outstanding — sent
+ *            before the copy below, so the lookup actor allocates job k+1 while job k copies;
+ *   COMMIT   for COPIED jobs whose predecessors all committed (or are done);
+ *   copy     one job whose slots are known, then the steps above again. One copy a pass:
+ *            the loop serves the reply rings between two copies.
+ *
+ * Replies (commit.rep) arrive through stage_store_pipe_reply: an ALLOC_REP or COMMIT_REP
+ * is matched to its job by request id; anything else of this ring is a late reply to an
+ * abandoned request and dropped (a late ALLOC_REP first asks for a RESET, see above).
+ * Deadlines are one timer, armed for the earliest outstanding request and, while any is
+ * outstanding, every 50 ms for the lookup actor's generation (the storer's slow tick
+ * checks both too, in case no timer could be armed; an idle storer does not wake for it).
+ */
+
+enum job_state {
+	JOB_QUEUED, /* accepted: waits for its turn to ALLOC (and, beyond the window, for room) */
+	JOB_ALLOC,  /* ALLOC sent: at most one job of a pipe */
+	JOB_SLOTS,  /* ALLOC_REP in: WRITING slots to copy into */
+	JOB_COPIED, /* every block in its slot: COMMIT once every earlier job committed */
+	JOB_COMMIT, /* COMMIT sent */
+	JOB_DONE,   /* result known: answered once every earlier job was */
+};
+
+struct stage_store_job {
+	enum job_state state;
+	struct stage_store_req rq;        /* rq.items = items */
+	struct kvr_msg_store_item *items; /* a copy of the STORE's items */
+	struct kvr_msg_slot *written;     /* the slots to copy and commit (n_copy) */
+	uint32_t *pos;                    /* their positions in the request */
+	uint64_t *slot_offs;
+	uint32_t *blocks;                 /* engine block ids of the copied positions */
+	uint32_t *fail_pos;               /* positions not stored (n_fail) */
+	uint32_t *pres_pos;               /* positions answered PRESENT (present) */
+	uint32_t *failed;                 /* block ids not stored, for the reply */
+	uint32_t cap;                     /* of every array above */
+	uint32_t n_copy, present, n_fail, committed;
+	bool present_lost;                /* an earlier job failed: its slots may be what PRESENT
+					   * meant, so those positions are reported failed */
+	bool just_failed;                 /* failed by the fault being handled (present_suspects) */
+	int status;                       /* DONE: 0 (the counts say), or every block failed */
+	uint64_t id;                      /* its outstanding ALLOC or COMMIT */
+	uint64_t deadline;                /* ... is overdue then */
+	uint64_t start_ns;                /* its ALLOC went out: the end of its queue time */
+	struct kvr_xfer_dep ready;        /* CUDA: the producer's event (has_ready) */
+	bool has_ready;
+	struct kvr_xfer_stats st;
+};
+
+#define JOB_KEEP_ITEMS 4096 /* a FIFO entry keeps buffers for this many blocks between stores */
+
+static struct stage_store_job *job_at(const struct stage_store_pipe *p, unsigned i)
+{
+	return &p->jobs[(p->head + i) % p->cap_jobs];
+}
+
+static unsigned window(const struct stage_store_pipe *p)
+{
+	return p->n < p->depth ? p->n : p->depth;
+}
+
+/* Holds slots it has not yet sent a COMMIT for: a RESET would abort them under it. */
+static bool holds_slots(const struct stage_store_job *j)
+{
+	return j->state == JOB_ALLOC || j->state == JOB_SLOTS || j->state == JOB_COPIED;
+}
+
+static int job_grow(struct stage_store_job *j, uint32_t n)
+{
+	if (n <= j->cap)
+		return 0;
+	if (kvr_realloc_n(&j->items, n, sizeof(*j->items)) || kvr_realloc_n(&j->written, n, sizeof(*j->written)) ||
+	    kvr_realloc_n(&j->pos, n, sizeof(*j->pos)) || kvr_realloc_n(&j->slot_offs, n, sizeof(*j->slot_offs)) ||
+	    kvr_realloc_n(&j->blocks, n, sizeof(*j->blocks)) || kvr_realloc_n(&j->fail_pos, n, sizeof(*j->fail_pos)) ||
+	    kvr_realloc_n(&j->pres_pos, n, sizeof(*j->pres_pos)) || kvr_realloc_n(&j->failed, n, sizeof(*j->failed)))
+		return -ENOMEM;
+	j->cap = n;
+	return 0;
+}
+
+static void job_free(struct stage_store_job *j)
+{
+	free(j->items);
+	free(j->written);
+	free(j->pos);
+	free(j->slot_offs);
+	free(j->blocks);
+	free(j->fail_pos);
+	free(j->pres_pos);
+	free(j->failed);
+	memset(j, 0, sizeof(*j));
+}
+
+/* Room for one more job: the FIFO doubles, unwrapped (its entries keep their buffers). */
+static int pipe_grow(struct stage_store_pipe *p)
+{
+	if (p->n < p->cap_jobs)
+		return 0;
+	unsigned cap = p->cap_jobs * 2;
+	struct stage_store_job *q = calloc(cap, sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	for (unsigned i = 0; i < p->cap_jobs; i++)
+		q[i] = *job_at(p, i);
+	free(p->jobs);
+	p->jobs = q;
+	p->cap_jobs = cap;
+	p->head = 0;
+	return 0;
+}
+
+static uint64_t lookup_call_ns(const struct stage_store_pipe *p)
+{
+	return LOOKUP_TIMEOUT_NS(p->ss->a);
+}
+
+/* The gauges and what kvringd's drain waits for; before any reply that changed them. */
+static void pipe_gauges(struct stage_store_pipe *p)
+{
+	struct kvr_actor *a = p->ss->a;
+	unsigned w = window(p);
+	if (w > p->inflight_max)
+		p->inflight_max = w;
+	atomic_store_explicit(&a->stats->c[KVR_STAT_XF_STORES_INFLIGHT], w, memory_order_relaxed);
+	atomic_store_explicit(&a->stats->c[KVR_STAT_XF_STORES_INFLIGHT_MAX], p->inflight_max, memory_order_relaxed);
+	kvr_actor_set_held(a, p->n);
+}
+
+static void job_finish(struct stage_store_job *j, int status)
+{
+	j->status = status;
+	j->state = JOB_DONE;
+	j->deadline = 0;
+}
+
+/* job_finish for a job a fault takes down while it held slots or waited for the lookup
+ * actor: present_suspects() looks at the jobs behind it. */
+static void job_fault(struct stage_store_job *j, int status)
+{
+	job_finish(j, status);
+	j->just_failed = j->start_ns != 0; /* it had asked for slots */
+}
+
+/* STORE_DONE for a finished job: the counts, or (status) every block failed. */
+static void job_reply(struct stage_store_pipe *p, struct stage_store_job *j)
+{
+	const struct stage_store_req *rq = &j->rq;
+	uint32_t n_failed = 0, stored = 0, present = 0;
+	int status = j->status;
+	if (status) {
+		if (j->items) /* else no room to list them: the status fails all */
+			for (uint32_t i = 0; i < rq->n; i++)
+				j->failed[n_failed++] = j->items[i].block;
+	} else {
+		for (uint32_t k = 0; k < j->n_fail; k++)
+			j->failed[n_failed++] = j->items[j->fail_pos[k]].block;
+		present = j->present;
+		if (j->present_lost) {
+			for (uint32_t k = 0; k < j->present; k++)
+				j->failed[n_failed++] = j->items[j->pres_pos[k]].block;
+			present = 0;
+		}
+		stored = j->committed;
+		status = n_failed ? -EIO : 0;
+		kvr_actor_count(p->ss->a, KVR_STAT_XF_BLOCKS, stored);
+		kvr_actor_count(p->ss->a, KVR_STAT_XF_PRESENT_BLOCKS, present);
+	}
+	kvr_actor_count(p->ss->a, KVR_STAT_XF_BYTES, j->st.bytes);
+	uint64_t start = j->start_ns ? j->start_ns : kvr_now_ns();
+	struct kvr_msg_store_done d = {
+		.status = status,
+		.n_blocks = rq->n,
+		.n_stored = stored,
+		.n_present = present,
+		.n_failed = n_failed,
+		.copies = (uint32_t)j->st.copies,
+		.bytes = j->st.bytes,
+		.copy_ns = j->st.copy_ns,
+		.queue_us = (uint32_t)((start - rq->first_ns) / 1000), /* until its ALLOC went out */
+	};
+	kvr_debug("store %llx: %u blocks, %u stored, %u present, %u failed (%d)", (unsigned long long)rq->wire, rq->n,
+		  stored, present, n_failed, status);
+	stage_reply(p->sw, KVR_MSG_STORE_DONE, rq->wire, status, &d, sizeof(d), j->failed, n_failed, rq->first_ns);
+}
+
+static void send_reset(struct stage_store_pipe *p, uint64_t now)
+{
+	struct kvr_msg m;
+	p->reset_id = ++p->ss->next_id;
+	kvr_msg_build(&m, KVR_MSG_RESET, 0, p->reset_id, 0, NULL, 0);
+	if (p->stale_id && !p->stale_reset_id)
+		p->stale_reset_id = p->reset_id; /* its answer bounds the wait for the stale ALLOC */
+	if (kvr_outbox_send(&p->out, &m, now))
+		kvr_err("worker %u: RESET of its lane dropped (outbox full)", p->ss->owner);
+	p->reset_wanted = false;
+}
+
+/* The job's ALLOC is given up: the lookup actor may still hold it (see stage_common.h). */
+static void abandon_alloc(struct stage_store_pipe *p, const struct stage_store_job *j, uint64_t now)
+{
+	if (j->state != JOB_ALLOC || !p->can_hold)
+		return;
+	p->stale_id = j->id;
+	p->stale_reset_id = 0; /* the next RESET sent */
+	p->stale_cap = now + lookup_call_ns(p);
+	p->stale_until = UINT64_MAX;
+}
+
+/* Whether an abandoned ALLOC still bars new ones. */
+static bool stale_alloc(struct stage_store_pipe *p, uint64_t now)
+{
+	if (p->stale_id && (now >= p->stale_cap || now >= p->stale_until)) {
+		kvr_debug("worker %u: the abandoned ALLOC %llx was not answered: going on", p->ss->owner,
+			  (unsigned long long)p->stale_id);
+		p->stale_id = 0;
+	}
+	return p->stale_id != 0;
+}
+
+/* Jobs failed out of turn: a later job's PRESENT answers may have meant their slots (the
+ * lookup actor answers PRESENT for a lane another store is still writing). Those later jobs
+ * report their PRESENT positions failed: at worst a block that is stored elsewhere. */
+static void present_suspects(struct stage_store_pipe *p)
+{
+	bool after_failed = false;
+	for (unsigned i = 0; i < p->n; i++) {
+		struct stage_store_job *j = job_at(p, i);
+		if (j->just_failed) {
+			j->just_failed = false;
+			after_failed = true;
+			continue;
+		}
+		if (after_failed && !j->status && j->state != JOB_QUEUED && j->state != JOB_ALLOC && j->present)
+			j->present_lost = true;
+	}
+}
+
+/* RESET the lane after `cause` failed (NULL: jobs already finished by the caller): every
+ * other job holding uncommitted slots loses them and fails too. */
+static void lane_reset(struct stage_store_pipe *p, struct stage_store_job *cause, int status, uint64_t now)
+{
+	unsigned others = 0;
+	for (unsigned i = 0; i < p->n; i++) {
+		struct stage_store_job *j = job_at(p, i);
+		if (j == cause) {
+			abandon_alloc(p, j, now);
+			job_fault(j, status);
+		} else if (holds_slots(j)) {
+			abandon_alloc(p, j, now);
+			job_fault(j, -ECANCELED);
+			others++;
+		}
+	}
+	if (others)
+		kvr_warn("worker %u: lane reset: %u other store%s in flight failed with it", p->ss->owner, others,
+			 others == 1 ? "" : "s");
+	present_suspects(p);
+	send_reset(p, now);
+}
+
+/* A restart of the lookup actor: what it was asked is lost (or answered by its successor,
+ * which the jobs do not wait for). Returns whether it restarted. */
+static bool check_lookup(struct stage_store_pipe *p, uint64_t now)
+{
+	uint32_t gen = atomic_load(&kvr_ctl_actor(p->ss->a->ctl, KVR_ACTOR_IX_LOOKUP)->generation);
+	if (gen == p->lookup_gen)
+		return false;
+	p->lookup_gen = gen;
+	unsigned failed = 0;
+	for (unsigned i = 0; i < p->n; i++) {
+		struct stage_store_job *j = job_at(p, i);
+		if (j->state != JOB_QUEUED && j->state != JOB_DONE) {
+			abandon_alloc(p, j, now);
+			job_fault(j, -EPIPE);
+			failed++;
+		}
+	}
+	kvr_warn("worker %u: the lookup actor restarted: %u store%s in flight failed, lane reset", p->ss->owner, failed,
+		 failed == 1 ? "" : "s");
+	present_suspects(p);
+	/* an abandoned ALLOC not wholly in the ring can never be held by the new lookup actor */
+	for (uint32_t k = 0; p->stale_id && k < p->out.n; k++)
+		if (p->out.q[(p->out.head + k) % p->out.cap].hdr.req_id == p->stale_id)
+			p->stale_id = 0;
+	(void)kvr_outbox_clear(&p->out); /* requests of failed jobs: not for the new lookup actor */
+	send_reset(p, now);
+	return true;
+}
+
+/* Fail every job whose ALLOC or COMMIT is overdue, and reset the lane once for them. */
+static void expire(struct stage_store_pipe *p, uint64_t now)
+{
+	unsigned n = 0;
+	for (unsigned i = 0; i < p->n; i++) {
+		struct stage_store_job *j = job_at(p, i);
+		if ((j->state == JOB_ALLOC || j->state == JOB_COMMIT) && j->deadline <= now) {
+			kvr_warn("store %llx: %s not answered within %u ms", (unsigned long long)j->rq.wire,
+				 j->state == JOB_ALLOC ? "allocation" : "commit", p->ss->a->cfg.timeouts.lookup_call_ms);
+			abandon_alloc(p, j, now);
+			job_fault(j, -ETIMEDOUT);
+			n++;
+		}
+	}
+	if (n)
+		lane_reset(p, NULL, 0, now);
+}
+
+static void on_deadline(struct kvr_actor *a, uint64_t now, void *arg)
+{
+	(void)a;
+	struct stage_store_pipe *p = arg;
+	p->timer = -1;
+	p->timer_at = 0;
+	(void)check_lookup(p, now);
+	expire(p, now);
+}
+
+/* One timer while anything waits for the lookup actor: at its earliest deadline, and at
+ * least every LOOKUP_POLL_NS to see a restart of the lookup actor soon (an idle storer
+ * arms none). */
+#define LOOKUP_POLL_NS (50ull * 1000000ull)
+static void arm_timer(struct stage_store_pipe *p, uint64_t now)
+{
+	uint64_t at = UINT64_MAX;
+	for (unsigned i = 0; i < p->n; i++) {
+		const struct stage_store_job *j = job_at(p, i);
+		if ((j->state == JOB_ALLOC || j->state == JOB_COMMIT) && j->deadline < at)
+			at = j->deadline;
+	}
+	if (p->stale_id) {
+		uint64_t until = p->stale_until < p->stale_cap ? p->stale_until : p->stale_cap;
+		at = until < at ? until : at;
+	}
+	if (at != UINT64_MAX && at > now + LOOKUP_POLL_NS)
+		at = now + LOOKUP_POLL_NS;
+	if (p->timer >= 0 && (p->timer_at == at || (at != UINT64_MAX && p->timer_at <= at)))
+		return; /* armed early enough */
+	if (p->timer >= 0)
+		kvr_actor_timer_stop(p->ss->a, p->timer);
+	p->timer = -1;
+	p->timer_at = 0;
+	if (at == UINT64_MAX)
+		return;
+	int id = kvr_actor_timer_start(p->ss->a, at, on_deadline, p);
+	if (id >= 0) { /* else the tick finds it overdue */
+		p->timer = id;
+		p->timer_at = at;
+	}
+}
+
+/* Answer finished jobs at the head, in order. */
+static bool answer(struct stage_store_pipe *p)
+{
+	bool moved = false;
+	while (p->n && job_at(p, 0)->state == JOB_DONE) {
+		struct stage_store_job *j = job_at(p, 0);
+		p->head = (p->head + 1) % p->cap_jobs;
+		p->n--;
+		pipe_gauges(p); /* before the reply: whoever reads them after it sees this store gone */
+		job_reply(p, j);
+		if (j->cap > JOB_KEEP_ITEMS)
+			job_free(j); /* a huge store's buffers are not kept for the next one */
+		moved = true;
+	}
+	return moved;
+}
+
+/* The ALLOC of the first QUEUED job of the window, when none is outstanding. */
+static bool start_alloc(struct stage_store_pipe *p, uint64_t now)
+{
+	struct stage_store *ss = p->ss;
+	struct stage_worker *sw = p->sw;
+	bool moved = false;
+	if (p->reset_wanted)
+		return false; /* no new slots until the RESET went out */
+	if (stale_alloc(p, now))
+		return false; /* the lookup actor may still hold an abandoned ALLOC */
+	for (unsigned i = 0; i < window(p); i++) {
+		struct stage_store_job *j = job_at(p, i);
+		if (j->state == JOB_ALLOC)
+			return moved;
+		if (j->state != JOB_QUEUED)
+			continue;
+		const struct kvr_xfer_dep *readyp = NULL;
+		int rc = j->items ? store_check(ss, &sw, &j->rq, 1, &j->ready, &readyp) : -ENOMEM;
+		if (rc) {
+			job_finish(j, rc);
+			moved = true;
+			continue;
+		}
+		j->has_ready = readyp != NULL;
+		uint32_t n = j->rq.n;
+		if (n > p->cap_keys) {
+			if (kvr_realloc_n(&p->keys, n, sizeof(*p->keys))) {
+				job_finish(j, -ENOMEM);
+				moved = true;
+				continue;
+			}
+			p->cap_keys = n;
+		}
+		for (uint32_t k = 0; k < n; k++)
+			p->keys[k] = j->items[k].key;
+		j->id = ++ss->next_id;
+		j->start_ns = now;
+		j->deadline = now + lookup_call_ns(p);
+		j->state = JOB_ALLOC;
+		if (kvr_outbox_send_list(&p->out, KVR_MSG_ALLOC, j->id, (uint8_t)ss->lane, 0, p->keys, n, now)) {
+			/* part of it may be in the ring: the lookup actor sees an incomplete list */
+			kvr_err("store %llx: ALLOC dropped (outbox full)", (unsigned long long)j->rq.wire);
+			job_finish(j, -ENOBUFS);
+			p->reset_wanted = true;
+		}
+		return true;
+	}
+	return moved;
+}
+
+/* COMMITs in job order: a COPIED job once every earlier job committed or finished. */
+static bool send_commits(struct stage_store_pipe *p, uint64_t now)
+{
+	bool moved = false;
+	for (unsigned i = 0; i < window(p); i++) {
+		struct stage_store_job *j = job_at(p, i);
+		if (j->state == JOB_QUEUED || j->state == JOB_ALLOC || j->state == JOB_SLOTS)
+			break;
+		if (j->state != JOB_COPIED)
+			continue;
+		j->id = ++p->ss->next_id;
+		j->deadline = now + lookup_call_ns(p);
+		j->state = JOB_COMMIT;
+		moved = true;
+		if (kvr_outbox_send_list(&p->out, KVR_MSG_COMMIT, j->id, (uint8_t)p->ss->lane, 0, j->written, j->n_copy,
+					 now)) {
+			kvr_err("store %llx: COMMIT dropped (outbox full)", (unsigned long long)j->rq.wire);
+			lane_reset(p, j, -ENOBUFS, now);
+		}
+	}
+	return moved;
+}
+
+/* Copy the oldest job whose slots are known into them. */
+static bool copy_one(struct stage_store_pipe *p, uint64_t now)
+{
+	struct stage_store_job *j = NULL;
+	for (unsigned i = 0; i < window(p) && !j; i++)
+		if (job_at(p, i)->state == JOB_SLOTS)
+			j = job_at(p, i);
+	if (!j)
+		return false;
+	struct stage_worker *sw = p->sw;
+	for (uint32_t k = 0; k < j->n_copy; k++)
+		j->blocks[k] = j->items[j->pos[k]].block;
+	const uint32_t *blocks = j->blocks;
+	const struct kvr_xfer_dep *readyp = j->has_ready ? &j->ready : NULL;
+	memset(&j->st, 0, sizeof(j->st));
+	int rc = stage_copy_chunks(&sw, 1, KVR_XFER_KV_TO_SLOT, &blocks, j->slot_offs, j->n_copy, &readyp, &j->st);
+	if (rc) {
+		kvr_warn("store %llx: copy failed: %s", (unsigned long long)j->rq.wire, strerror(-rc));
+		lane_reset(p, j, rc, now); /* aborts the WRITING slots: nothing partial becomes visible */
+	} else {
+		j->state = JOB_COPIED;
+	}
+	return true;
+}
+
+/* A late ALLOC_REP (its job gave up) may name WRITING slots nobody will commit: RESET once
+ * no job holds slots a RESET would take away. */
+static bool reset_when_quiet(struct stage_store_pipe *p, uint64_t now)
+{
+	if (!p->reset_wanted)
+		return false;
+	for (unsigned i = 0; i < p->n; i++)
+		if (holds_slots(job_at(p, i)))
+			return false;
+	kvr_info("worker %u: a late allocation answer: lane reset", p->ss->owner);
+	send_reset(p, now);
+	return true;
+}
+
+int stage_store_pipe_open(struct stage_store_pipe *p, struct stage_store *ss, struct stage_worker *sw)
+{
+	memset(p, 0, sizeof(*p));
+	p->ss = ss;
+	p->sw = sw;
+	p->timer = -1;
+	kvr_outbox_init(&p->out, ss->commit_req);
+	unsigned depth = sw->pool_leases < STAGE_STORE_DEPTH_MAX ? sw->pool_leases : STAGE_STORE_DEPTH_MAX;
+	if (!depth)
+		depth = 1;
+	const char *env = getenv("KVRING_STORE_DEPTH");
+	if (env && *env) {
+		char *end;
+		unsigned long v = strtoul(env, &end, 10);
+		if (*end || v < 1 || v > STAGE_STORE_DEPTH_MAX)
+			kvr_warn("KVRING_STORE_DEPTH=%s ignored (want 1..%u)", env, STAGE_STORE_DEPTH_MAX);
+		else if (v < depth)
+			depth = (unsigned)v;
+	}
+	p->depth = depth;
+	p->cap_jobs = 2 * STAGE_STORE_DEPTH_MAX;
+	p->jobs = calloc(p->cap_jobs, sizeof(*p->jobs));
+	if (!p->jobs)
+		return -ENOMEM;
+	p->lookup_gen = atomic_load(&kvr_ctl_actor(ss->a->ctl, KVR_ACTOR_IX_LOOKUP)->generation);
+	p->can_hold = ss->a->cfg.l2.n_dirs || ss->a->cfg.remote.n_cluster; /* lookup.c: alloc_try */
+	/* a high-water mark over the actor's starts, as its counters are sums over them */
+	p->inflight_max = (uint32_t)atomic_load(&ss->a->stats->c[KVR_STAT_XF_STORES_INFLIGHT_MAX]);
+	kvr_info("worker %u: up to %u stores in flight (store pool of %u leases%s)", sw->worker, depth, sw->pool_leases,
+		 env && *env ? ", KVRING_STORE_DEPTH" : "");
+	pipe_gauges(p);
+	return 0;
+}
+
+/* Stopping (fini: the loop has ended): wait up to deadline for a message with id on
+ * commit.rep, dropping the others. 0 or -ETIMEDOUT. */
+static int await_id(struct stage_store *ss, uint64_t id, uint64_t deadline)
+{
+	for (;;) {
+		struct kvr_msg m;
+		uint64_t now = kvr_now_ns();
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		int rc = kvr_ring_dequeue(ss->commit_rep, &m, (int64_t)(deadline - now < AWAIT_SLICE_NS ? deadline - now :
+											     AWAIT_SLICE_NS));
+		kvr_actor_beat(ss->a);
+		if (rc == 0 && m.hdr.req_id == id)
+			return 0;
+	}
+}
+
+#define STOP_WAIT_NS (4000ull * 1000000ull) /* below kvringd's 5 s from STOP to SIGKILL */
+
+/*
+ * The storer stops (its worker left, or a drain ran out of time) with stores in flight.
+ * Once it has exited kvringd sends WORKER_GONE, which the lookup actor may take before
+ * what is still in commit.req: an ALLOC taken after it would leave WRITING slots of a
+ * worker that is gone. So unsent requests are dropped, an ALLOC the lookup actor has (or
+ * will take from the ring) is waited for — it may hold one waiting for room — and a RESET
+ * goes behind everything: taken after that ALLOC, it aborts what the ALLOC allocated and
+ * whatever our stores hold. The waits are bounded by STOP_WAIT_NS (a stopped lookup actor
+ * answers nothing; the RESET left in the ring still runs when it goes on).
+ */
+static void settle_lookup(struct stage_store_pipe *p)
+{
+	struct stage_store *ss = p->ss;
+	bool busy = p->stale_id || kvr_outbox_pending(&p->out);
+	uint64_t wait_id = p->stale_id;
+	for (unsigned i = 0; i < p->n; i++) {
+		const struct stage_store_job *j = job_at(p, i);
+		busy |= j->state != JOB_QUEUED && j->state != JOB_DONE;
+		if (j->state == JOB_ALLOC) {
+			bool sent = true; /* all of it in the ring */
+			for (uint32_t k = 0; k < p->out.n && sent; k++)
+				sent = p->out.q[(p->out.head + k) % p->out.cap].hdr.req_id != j->id;
+			if (sent)
+				wait_id = j->id;
+		}
+	}
+	if (!busy)
+		return;
+	uint64_t lc = lookup_call_ns(p), deadline = kvr_now_ns() + (lc < STOP_WAIT_NS ? lc : STOP_WAIT_NS);
+	(void)kvr_outbox_clear(&p->out);
+	int rc = wait_id ? await_id(ss, wait_id, deadline) : 0;
+	/* the RESET goes whatever the wait gave: behind the ALLOC in the ring it aborts what that
+	 * ALLOC allocates, even after WORKER_GONE */
+	struct kvr_msg m;
+	uint64_t id = ++ss->next_id;
+	kvr_msg_build(&m, KVR_MSG_RESET, 0, id, 0, NULL, 0);
+	int src = kvr_msg_send(ss->commit_req, &m, deadline > kvr_now_ns() ? deadline : kvr_now_ns() + AWAIT_SLICE_NS);
+	if (!src && !rc)
+		rc = await_id(ss, id, deadline);
+	if (src)
+		kvr_err("worker %u: stopping without a RESET behind its stores (%s): slots the lookup actor allocates "
+			"for them stay WRITING until this worker slot's next storer starts", ss->owner, strerror(-src));
+	else if (rc)
+		kvr_warn("worker %u: stopping before the lookup actor answered (%s); the RESET left behind the "
+			 "stores reclaims their slots when it runs", ss->owner, strerror(-rc));
+}
+
+void stage_store_pipe_close(struct stage_store_pipe *p)
+{
+	if (!p || !p->jobs)
+		return;
+	if (p->timer >= 0)
+		kvr_actor_timer_stop(p->ss->a, p->timer);
+	settle_lookup(p);
+	for (unsigned i = 0; i < p->n; i++) {
+		struct stage_store_job *j = job_at(p, i);
+		if (j->state != JOB_DONE)
+			job_finish(j, -ESHUTDOWN); /* stopping (drain timed out, or the worker left): answered */
+	}
+	(void)answer(p);
+	for (unsigned i = 0; i < p->cap_jobs; i++)
+		job_free(&p->jobs[i]);
+	free(p->jobs);
+	free(p->keys);
+	kvr_outbox_free(&p->out);
+	kvr_actor_set_held(p->ss->a, 0);
+	memset(p, 0, sizeof(*p));
+	p->timer = -1;
+}
+
+bool stage_store_pipe_submit(struct stage_store_pipe *p, const struct stage_store_req *rq)
+{
+	if (pipe_grow(p)) {
+		/* out of memory: answered at once (the only answer out of producer order) */
+		stage_store_fail(p->ss, p->sw, rq, -ENOMEM);
+		return p->n >= p->depth;
+	}
+	struct stage_store_job *j = job_at(p, p->n);
+	j->state = JOB_QUEUED;
+	j->rq = *rq;
+	j->status = 0;
+	j->n_copy = j->present = j->n_fail = j->committed = 0;
+	j->present_lost = j->just_failed = false;
+	j->id = j->deadline = j->start_ns = 0;
+	j->has_ready = false;
+	memset(&j->st, 0, sizeof(j->st));
+	if (job_grow(j, rq->n ? rq->n : 1)) {
+		job_free(j); /* start_alloc fails it -ENOMEM (items NULL), in its turn */
+		j->state = JOB_QUEUED;
+		j->rq = *rq;
+	} else {
+		memcpy(j->items, rq->items, (size_t)rq->n * sizeof(*j->items));
+	}
+	j->rq.items = j->items;
+	p->n++;
+	pipe_gauges(p);
+	return p->n >= p->depth;
+}
+
+int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m)
+{
+	struct stage_store_job *j = NULL;
+	uint64_t now = kvr_now_ns();
+	if (m->hdr.type == KVR_MSG_ALLOC_REP) {
+		for (unsigned i = 0; i < window(p) && !j; i++)
+			if (job_at(p, i)->state == JOB_ALLOC)
+				j = job_at(p, i);
+		if (!j || m->hdr.req_id != j->id) {
+			if (m->hdr.req_id == p->stale_id)
+				p->stale_id = 0; /* the lookup actor is done with it */
+			if (m->hdr.seq == 0)
+				p->reset_wanted = true; /* its slots may be WRITING with nobody to commit them */
+			return 0;
+		}
+		struct kvr_list_asm *l = &p->ss->alloc_rep;
+		int fed = kvr_list_feed(l, m);
+		if (fed < 0 || (fed == 1 && l->total != j->rq.n)) {
+			kvr_warn("store %llx: bad allocation answer", (unsigned long long)j->rq.wire);
+			j->state = JOB_SLOTS; /* answered: the lookup actor no longer holds it */
+			lane_reset(p, j, -EPROTO, now);
+			return fed < 0 ? -EBADMSG : 0;
+		}
+		if (fed == 0)
+			return 0;
+		sort_alloc(p->sw->slots, l->items, j->rq.n, j->written, j->pos, j->slot_offs, j->fail_pos, j->pres_pos,
+			   &j->n_copy, &j->present, &j->n_fail);
+		j->deadline = 0;
+		j->state = JOB_SLOTS;
+		if (!j->n_copy)
+			job_finish(j, 0); /* every key PRESENT or NOROOM: nothing to copy or commit */
+		return 0;
+	}
+	if (m->hdr.type != KVR_MSG_COMMIT_REP)
+		return -EBADMSG;
+	for (unsigned i = 0; i < window(p) && !j; i++)
+		if (job_at(p, i)->state == JOB_COMMIT && job_at(p, i)->id == m->hdr.req_id)
+			j = job_at(p, i);
+	struct kvr_msg_commit_rep cr;
+	if (kvr_msg_decode_commit_rep(m, &cr)) {
+		if (j) {
+			kvr_warn("store %llx: bad commit answer", (unsigned long long)j->rq.wire);
+			lane_reset(p, j, -EPROTO, now);
+		}
+		return -EBADMSG;
+	}
+	if (!j) {
+		if (m->hdr.req_id == p->reset_id && cr.status)
+			kvr_warn("worker %u: RESET of its lane: %s", p->ss->owner, strerror(-cr.status));
+		if (p->stale_id && m->hdr.req_id == p->stale_reset_id && p->stale_until == UINT64_MAX)
+			p->stale_until = now + kvr_ms_to_ns(p->ss->a->cfg.timeouts.alloc_wait_ms);
+		return 0; /* a RESET's answer, or a late one */
+	}
+	j->committed = count_committed(p->sw->slots, j->written, j->pos, j->n_copy, j->fail_pos, &j->n_fail);
+	if (j->committed != cr.n_committed)
+		kvr_warn("store %llx: lookup reported %u commits, the slot table shows %u", (unsigned long long)j->rq.wire,
+			 cr.n_committed, j->committed);
+	job_finish(j, 0);
+	return 0;
+}
+
+int stage_store_pipe_pass(struct stage_store_pipe *p, uint64_t now, bool *ret_room)
+{
+	bool moved = check_lookup(p, now);
+	uint32_t before = p->out.n;
+	uint32_t dropped = kvr_outbox_flush(&p->out, now, lookup_call_ns(p));
+	if (dropped)
+		kvr_err("worker %u: the lookup actor took nothing for %u ms: %u request messages dropped", p->ss->owner,
+			p->ss->a->cfg.timeouts.lookup_call_ms, dropped);
+	moved |= p->out.n != before;
+	for (int copies = 0;; copies++) {
+		bool step;
+		do {
+			step = answer(p);
+			step |= start_alloc(p, now);
+			step |= send_commits(p, now);
+			step |= reset_when_quiet(p, now);
+			moved |= step;
+		} while (step);
+		if (copies == 1 || !copy_one(p, now))
+			break;
+		moved = true;
+		now = kvr_now_ns();
+	}
+	arm_timer(p, now);
+	pipe_gauges(p);
+	*ret_room = p->n < p->depth;
+	if (moved)
+		return KVR_PASS_MOVED;
+	return kvr_outbox_pending(&p->out) ? KVR_PASS_WAITING : KVR_PASS_IDLE;
+}
+
+void stage_store_pipe_tick(struct stage_store_pipe *p, uint64_t now)
+{
+	(void)check_lookup(p, now);
+	expire(p, now);
 }

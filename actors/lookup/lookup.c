@@ -650,6 +650,11 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 		int rc;
 		switch (m->hdr.type) {
 		case KVR_MSG_ALLOC:
+			/* one ALLOC per worker is assembled at a time: one still waiting for room is
+			 * answered with what it has before the next reuses its assembler (its
+			 * storer moved on; feeding over it would size the refs for the wrong list) */
+			if (w->alloc_waiting && m->hdr.seq == 0)
+				alloc_reply(a, l, wi);
 			if ((rc = kvr_list_feed(&w->alloc, m)) < 0)
 				return -EBADMSG;
 			if (rc == 1)
@@ -664,6 +669,8 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 		case KVR_MSG_RESET:
 			if (kvr_msg_decode_reset(m))
 				return -EBADMSG;
+			if (w->alloc_waiting) /* answered now: nothing more is allocated for it after the reset */
+				alloc_reply(a, l, wi);
 			rc = kvr_index_abort_owner(l->idx, wi);
 			kvr_actor_count(a, KVR_STAT_LK_ABORTED, rc > 0 ? (uint64_t)rc : 0);
 			if (rc > 0)
