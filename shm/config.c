@@ -77,16 +77,14 @@ struct kvr_section {
 	{ .path = p, .kind = K_ENUM, FLD(f, char *), .def_str = d, .values = vals, .doc = dc }
 #define MODE(p, f, d, hi, dc) \
 	{ .path = p, .kind = K_MODE, FLD(f, uint32_t), .def = d, .min = 0, .max = hi, .unit = "octal", .doc = dc }
-#define PATHS(p, f, n, dc) \
-	{ .path = p, .kind = K_PATHS, .flags = F_ABS, .off = offsetof(struct kvr_config, f), \
+/* A K_PATHS key: a JSON array of strings into char[max_items][size] with a uint32_t count. */
+#define STRINGS(p, f, n, fl, dc) \
+	{ .path = p, .kind = K_PATHS, .flags = fl, .off = offsetof(struct kvr_config, f), \
 	  .size = sizeof(((struct kvr_config *)0)->f[0]), .count_off = offsetof(struct kvr_config, n), \
 	  .max_items = ARRAY_SIZE(((struct kvr_config *)0)->f) + _Generic(((struct kvr_config *)0)->n, uint32_t: 0), \
 	  .doc = dc }
-#define ADDRS(p, f, n, dc) \
-	{ .path = p, .kind = K_PATHS, .flags = F_ADDR, .off = offsetof(struct kvr_config, f), \
-	  .size = sizeof(((struct kvr_config *)0)->f[0]), .count_off = offsetof(struct kvr_config, n), \
-	  .max_items = ARRAY_SIZE(((struct kvr_config *)0)->f) + _Generic(((struct kvr_config *)0)->n, uint32_t: 0), \
-	  .doc = dc }
+#define PATHS(p, f, n, dc) STRINGS(p, f, n, F_ABS, dc)   /* absolute paths */
+#define ADDRS(p, f, n, dc) STRINGS(p, f, n, F_ADDR, dc)  /* host:port addresses */
 
 static const char *const log_level_values[] = { "error", "warn", "info", "debug", NULL };
 static const char *const attention_values[] = { "mha", "mla", NULL };

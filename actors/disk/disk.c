@@ -11,6 +11,7 @@
 #include <kvring/msg.h>
 
 #include "kvr_actor.h"
+#include "kvr_backlog.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_time.h"
@@ -46,8 +47,6 @@ _Static_assert(KVR_L2_R_MAX == KVR_STAT_DK_REASON_MAX, "kvr_ctl.h's adoption rea
 #define DISK_FINI_TIMEOUT_NS (1ull * 1000000000ull)
 #define DISK_POLL_MAX 64u
 #define DISK_REQ_NONE 0xffffffffu
-#define DISK_WAIT_MAX 128u /* requests waiting for a request slot: > the runtime's burst, so
-			    * the rest of the burst that filled the slots fits before the input is held */
 
 struct disk_req {
 	uint64_t req_id;
@@ -78,8 +77,7 @@ struct disk {
 	uint64_t write_fails_logged;
 	uint64_t write_fail_log_ns;
 	int watch;                  /* the store's completion eventfd watch */
-	struct kvr_msg waiting[DISK_WAIT_MAX]; /* FIFO: requests that found no room */
-	unsigned wait_head, wait_n;
+	struct kvr_backlog wait;    /* requests that found no room, in arrival order */
 };
 
 #define DISK_FAIL_LOG_NS (10ull * 1000000000ull)
@@ -443,33 +441,18 @@ static int handle(struct disk *d, const struct kvr_msg *m, const struct kvr_msg_
 	}
 }
 
+/* kvr_backlog's start: a request decoded when it arrived (on_msg checked it). */
+static int start(void *ctx, const struct kvr_msg *m)
+{
+	struct kvr_msg_l2 b;
+	(void)kvr_msg_decode_l2(m, 0, &b);
+	return handle(ctx, m, &b);
+}
+
 /* What is accepted and not answered, for kvringd's drain. */
 static void account(struct disk *d)
 {
-	kvr_actor_set_held(d->a, d->inflight + d->wait_n);
-}
-
-static void wait_push(struct disk *d, const struct kvr_msg *m)
-{
-	d->waiting[(d->wait_head + d->wait_n) % DISK_WAIT_MAX] = *m;
-	d->wait_n++;
-	(void)kvr_actor_hold_input(d->a, d->in, true);
-}
-
-/* Start the waiting requests, oldest first, while there is room; release the input when
- * none waits any more. */
-static void wait_retry(struct disk *d)
-{
-	while (d->wait_n) {
-		const struct kvr_msg *m = &d->waiting[d->wait_head];
-		struct kvr_msg_l2 b;
-		(void)kvr_msg_decode_l2(m, 0, &b); /* decoded once already, when it arrived */
-		if (handle(d, m, &b) == -EAGAIN)
-			return;
-		d->wait_head = (d->wait_head + 1) % DISK_WAIT_MAX;
-		d->wait_n--;
-	}
-	(void)kvr_actor_hold_input(d->a, d->in, false);
+	kvr_actor_set_held(d->a, d->inflight + d->wait.n);
 }
 
 /* Hand the prepared I/O to the kernel, answer what completed, start what waited. */
@@ -477,10 +460,10 @@ static void progress(struct disk *d)
 {
 	for (;;) {
 		int n = pump(d, 0);
-		unsigned before = d->wait_n;
-		if (d->wait_n)
-			wait_retry(d);
-		if (n <= 0 && d->wait_n == before)
+		unsigned before = d->wait.n;
+		if (d->wait.n)
+			kvr_backlog_retry(&d->wait, start, d);
+		if (n <= 0 && d->wait.n == before)
 			break;
 	}
 	publish(d);
@@ -495,13 +478,11 @@ static int disk_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct 
 		return -EBADMSG;
 	if (m->hdr.type != KVR_MSG_L2_WRITE && m->hdr.type != KVR_MSG_L2_READ && m->hdr.type != KVR_MSG_L2_SYNC)
 		return -EBADMSG; /* replies and notices only flow the other way */
-	if (d->wait_n == DISK_WAIT_MAX) { /* cannot happen: the input is held well before */
-		kvr_err("%s dropped: %u requests already wait for room", kvr_msg_type_name(m->hdr.type), d->wait_n);
+	/* behind older waiting requests, or no room now: it waits (arrival order is kept) */
+	if (kvr_backlog_offer(&d->wait, m, start, d)) { /* cannot happen: the input is held well before */
+		kvr_err("%s dropped: %u requests already wait for room", kvr_msg_type_name(m->hdr.type), d->wait.n);
 		return -EBADMSG;
 	}
-	/* behind older waiting requests, or no room now: wait (arrival order is kept) */
-	if (d->wait_n || handle(d, m, &b) == -EAGAIN)
-		wait_push(d, m);
 	account(d);
 	return 0;
 }
@@ -642,6 +623,7 @@ static int disk_init(struct kvr_actor *a)
 		rc = -ENOENT;
 		goto fail;
 	}
+	kvr_backlog_init(&d->wait, a, d->in);
 	d->qd = sc.queue_depth ? sc.queue_depth : 1;
 	d->reqs = calloc(d->qd, sizeof(*d->reqs));
 	if (!d->reqs) {
@@ -680,11 +662,11 @@ static void disk_fini(struct kvr_actor *a)
 		return;
 	d->send_timeout_ns = DISK_FINI_TIMEOUT_NS;
 	(void)settle_all(d);
-	wait_retry(d); /* what still waited for room: started and settled too */
+	kvr_backlog_retry(&d->wait, start, d); /* what still waited for room: started and settled too */
 	(void)settle_all(d);
 	publish(d);
-	if (d->inflight || d->wait_n)
-		kvr_warn("%u requests unanswered at stop", d->inflight + d->wait_n);
+	if (d->inflight || d->wait.n)
+		kvr_warn("%u requests unanswered at stop", d->inflight + d->wait.n);
 	if (d->dropped)
 		kvr_warn("%llu messages to the lookup actor dropped", (unsigned long long)d->dropped);
 	if (d->refused)

@@ -13,6 +13,7 @@
 #include <kvring/msg.h>
 
 #include "kvr_actor.h"
+#include "kvr_backlog.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_time.h"
@@ -59,7 +60,6 @@
 #define RM_BACKOFF_MIN_MS 50u
 #define RM_BACKOFF_MAX_MS 2000u
 #define RM_MAX_REDIRECTS 3u
-#define RM_WAIT_MAX 128u
 #define RM_READ_BURST 64u     /* socket reads per fd callback (hiredis reads 16 KiB each) */
 #define RM_NONE 0xffffffffu
 
@@ -119,8 +119,7 @@ struct remote {
 	unsigned refresh_node;
 	uint64_t next_refresh_ns;
 	unsigned seed_rr;
-	struct kvr_msg waiting[RM_WAIT_MAX];
-	unsigned wait_head, wait_n;
+	struct kvr_backlog wait;  /* requests that found every request slot in use */
 	uint64_t dropped;
 	uint64_t bad_logged_ns;
 	bool closing;             /* fini: nothing is parked any more */
@@ -863,23 +862,17 @@ static int handle(struct remote *r, const struct kvr_msg *m, const struct kvr_ms
 	return 0;
 }
 
-static void wait_retry(struct remote *r)
+/* kvr_backlog's start: a request decoded when it arrived (on_msg checked it). */
+static int start(void *ctx, const struct kvr_msg *m)
 {
-	while (r->wait_n) {
-		const struct kvr_msg *m = &r->waiting[r->wait_head];
-		struct kvr_msg_l2 b;
-		(void)kvr_msg_decode_l2(m, 0, &b); /* decoded once already */
-		if (handle(r, m, &b) == -EAGAIN)
-			return;
-		r->wait_head = (r->wait_head + 1) % RM_WAIT_MAX;
-		r->wait_n--;
-	}
-	(void)kvr_actor_hold_input(r->a, r->in, false);
+	struct kvr_msg_l2 b;
+	(void)kvr_msg_decode_l2(m, 0, &b);
+	return handle(ctx, m, &b);
 }
 
 static void account(struct remote *r)
 {
-	kvr_actor_set_held(r->a, r->inflight + r->wait_n);
+	kvr_actor_set_held(r->a, r->inflight + r->wait.n);
 }
 
 static int remote_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
@@ -889,14 +882,9 @@ static int remote_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 	if (ring != r->in || kvr_msg_decode_l2(m, 0, &b) ||
 	    (m->hdr.type != KVR_MSG_L2_READ && m->hdr.type != KVR_MSG_L2_WRITE))
 		return -EBADMSG;
-	if (r->wait_n == RM_WAIT_MAX) { /* cannot happen: the input is held well before */
-		kvr_err("%s dropped: %u requests already wait", kvr_msg_type_name(m->hdr.type), r->wait_n);
+	if (kvr_backlog_offer(&r->wait, m, start, r)) { /* cannot happen: the input is held well before */
+		kvr_err("%s dropped: %u requests already wait", kvr_msg_type_name(m->hdr.type), r->wait.n);
 		return -EBADMSG;
-	}
-	if (r->wait_n || handle(r, m, &b) == -EAGAIN) {
-		r->waiting[(r->wait_head + r->wait_n) % RM_WAIT_MAX] = *m;
-		r->wait_n++;
-		(void)kvr_actor_hold_input(a, r->in, true);
 	}
 	account(r);
 	return 0;
@@ -906,8 +894,8 @@ static int remote_on_pass(struct kvr_actor *a, uint64_t now_ns)
 {
 	struct remote *r = a->data;
 	(void)now_ns;
-	if (r->wait_n && r->free_req != RM_NONE)
-		wait_retry(r);
+	if (r->wait.n && r->free_req != RM_NONE)
+		kvr_backlog_retry(&r->wait, start, r);
 	account(r);
 	return KVR_PASS_IDLE;
 }
@@ -942,8 +930,8 @@ static void remote_on_tick(struct kvr_actor *a, uint64_t now)
 	for (uint32_t i = 0; i < r->n_reqs; i++)
 		if (r->reqs[i].type && r->reqs[i].parked)
 			send_or_park(r, i);
-	if (r->wait_n && r->free_req != RM_NONE)
-		wait_retry(r);
+	if (r->wait.n && r->free_req != RM_NONE)
+		kvr_backlog_retry(&r->wait, start, r);
 	publish(r);
 	account(r);
 }
@@ -992,6 +980,7 @@ static int remote_init(struct kvr_actor *a)
 		kvr_err("rings remote.req / remote.rep missing from the ring directory");
 		goto fail;
 	}
+	kvr_backlog_init(&r->wait, a, r->in);
 	if (r->lanes > KVR_CTL_MAX_WORKERS) {
 		rc = -EINVAL;
 		goto fail;
@@ -1044,17 +1033,15 @@ static void remote_fini(struct kvr_actor *a)
 	for (uint32_t i = 0; i < r->n_reqs; i++)
 		if (r->reqs[i].type) /* parked: no node had it */
 			req_fail(r, i, -ECANCELED);
-	while (r->wait_n) { /* never started: answered as failed */
-		const struct kvr_msg *m = &r->waiting[r->wait_head];
+	struct kvr_msg m;
+	while (kvr_backlog_take(&r->wait, &m)) { /* never started: answered as failed */
 		struct kvr_msg_l2 b;
-		(void)kvr_msg_decode_l2(m, 0, &b);
-		if (m->hdr.type == KVR_MSG_L2_READ) {
-			struct rreq t = {.lane = b.lane, .slot = b.slot, .epoch = b.epoch, .req_id = m->hdr.req_id,
+		(void)kvr_msg_decode_l2(&m, 0, &b);
+		if (m.hdr.type == KVR_MSG_L2_READ) {
+			struct rreq t = {.lane = b.lane, .slot = b.slot, .epoch = b.epoch, .req_id = m.hdr.req_id,
 					 .key = {b.key_lo, b.key_hi}};
 			send_read_done(r, &t, -ECANCELED);
 		}
-		r->wait_head = (r->wait_head + 1) % RM_WAIT_MAX;
-		r->wait_n--;
 	}
 	publish(r);
 	if (r->dropped)
