@@ -121,39 +121,40 @@ static void cl_set(const char *key, const void *val, size_t len)
 	freeReplyObject(r);
 }
 
-/* Every master: FLUSHALL (a cluster restarted empty). */
-static void cl_flush(void)
+/* cmd on every master of the map; returns the sum of its integer replies and the masters asked. */
+static long long on_masters(const char *cmd, unsigned reply_type, unsigned *ret_masters)
 {
-	unsigned done = 0;
+	long long sum = 0;
+	unsigned n = 0;
 	bool master[KVR_RC_MAX_NODES] = {false};
 	for (unsigned s = 0; s < KVR_RC_SLOTS; s++)
 		master[cmap.owner[s]] = true;
 	for (unsigned ni = 0; ni < cmap.n_nodes; ni++) {
 		if (!master[ni])
 			continue;
-		redisReply *r = redisCommand(node_conn(ni), "FLUSHALL");
-		cr_assert(r && r->type == REDIS_REPLY_STATUS, "FLUSHALL on %s:%u", cmap.nodes[ni].host, cmap.nodes[ni].port);
+		redisReply *r = redisCommand(node_conn(ni), cmd);
+		cr_assert(r && (unsigned)r->type == reply_type, "%s on %s:%u", cmd, cmap.nodes[ni].host, cmap.nodes[ni].port);
+		if (r->type == REDIS_REPLY_INTEGER)
+			sum += r->integer;
 		freeReplyObject(r);
-		done++;
+		n++;
 	}
-	cr_assert_eq(done, 3);
+	*ret_masters = n;
+	return sum;
+}
+
+/* Every master: FLUSHALL (a cluster restarted empty). */
+static void cl_flush(void)
+{
+	unsigned n;
+	(void)on_masters("FLUSHALL", REDIS_REPLY_STATUS, &n);
+	cr_assert_eq(n, 3);
 }
 
 static unsigned cl_dbsize(void)
 {
-	unsigned total = 0;
-	bool master[KVR_RC_MAX_NODES] = {false};
-	for (unsigned s = 0; s < KVR_RC_SLOTS; s++)
-		master[cmap.owner[s]] = true;
-	for (unsigned ni = 0; ni < cmap.n_nodes; ni++) {
-		if (!master[ni])
-			continue;
-		redisReply *r = redisCommand(node_conn(ni), "DBSIZE");
-		cr_assert(r && r->type == REDIS_REPLY_INTEGER);
-		total += (unsigned)r->integer;
-		freeReplyObject(r);
-	}
-	return total;
+	unsigned n;
+	return (unsigned)on_masters("DBSIZE", REDIS_REPLY_INTEGER, &n);
 }
 
 static void key_name(const struct ct_env *e, kvr_key key, unsigned lane, char *buf)
