@@ -276,10 +276,13 @@ void stage_store_close(struct stage_store *ss)
 	memset(ss, 0, sizeof(*ss));
 }
 
-static void store_reply(struct stage_store *ss, struct stage_worker *sw, const struct stage_store_req *rq, int status,
-			uint32_t stored, uint32_t present, uint32_t n_failed, const struct kvr_xfer_stats *st)
+/* STORE_DONE of rq with its counts, copy stats (st may be NULL) and the failed block ids;
+ * queue_us is the time from its arrival to start_ns (0: now), when its store began. */
+static void send_store_done(struct stage_worker *sw, const struct stage_store_req *rq, int status, uint32_t stored,
+			    uint32_t present, const uint32_t *failed, uint32_t n_failed, const struct kvr_xfer_stats *st,
+			    uint64_t start_ns)
 {
-	uint64_t start = ss->run_ns ? ss->run_ns : kvr_now_ns();
+	uint64_t start = start_ns ? start_ns : kvr_now_ns();
 	struct kvr_msg_store_done d = {
 		.status = status,
 		.n_blocks = rq->n,
@@ -289,9 +292,15 @@ static void store_reply(struct stage_store *ss, struct stage_worker *sw, const s
 		.copies = st ? (uint32_t)st->copies : 0,
 		.bytes = st ? st->bytes : 0,
 		.copy_ns = st ? st->copy_ns : 0,
-		.queue_us = (uint32_t)((start - rq->first_ns) / 1000), /* until its store began */
+		.queue_us = (uint32_t)((start - rq->first_ns) / 1000),
 	};
-	stage_reply(sw, KVR_MSG_STORE_DONE, rq->wire, status, &d, sizeof(d), ss->failed, n_failed, rq->first_ns);
+	stage_reply(sw, KVR_MSG_STORE_DONE, rq->wire, status, &d, sizeof(d), failed, n_failed, rq->first_ns);
+}
+
+static void store_reply(struct stage_store *ss, struct stage_worker *sw, const struct stage_store_req *rq, int status,
+			uint32_t stored, uint32_t present, uint32_t n_failed, const struct kvr_xfer_stats *st)
+{
+	send_store_done(sw, rq, status, stored, present, ss->failed, n_failed, st, ss->run_ns);
 }
 
 void stage_store_fail(struct stage_store *ss, struct stage_worker *sw, const struct stage_store_req *rq, int status)
@@ -666,21 +675,10 @@ static void job_reply(struct stage_store_pipe *p, struct stage_store_job *j)
 		kvr_actor_count(p->ss->a, KVR_STAT_XF_PRESENT_BLOCKS, present);
 	}
 	kvr_actor_count(p->ss->a, KVR_STAT_XF_BYTES, j->st.bytes);
-	uint64_t start = j->start_ns ? j->start_ns : kvr_now_ns();
-	struct kvr_msg_store_done d = {
-		.status = status,
-		.n_blocks = rq->n,
-		.n_stored = stored,
-		.n_present = present,
-		.n_failed = n_failed,
-		.copies = (uint32_t)j->st.copies,
-		.bytes = j->st.bytes,
-		.copy_ns = j->st.copy_ns,
-		.queue_us = (uint32_t)((start - rq->first_ns) / 1000), /* until its ALLOC went out */
-	};
 	kvr_debug("store %llx: %u blocks, %u stored, %u present, %u failed (%d)", (unsigned long long)rq->wire, rq->n,
 		  stored, present, n_failed, status);
-	stage_reply(p->sw, KVR_MSG_STORE_DONE, rq->wire, status, &d, sizeof(d), j->failed, n_failed, rq->first_ns);
+	/* queued until its ALLOC went out */
+	send_store_done(p->sw, rq, status, stored, present, j->failed, n_failed, &j->st, j->start_ns);
 }
 
 static void send_reset(struct stage_store_pipe *p, uint64_t now)
