@@ -8,11 +8,18 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "kvr_ctl.h"
 #include "kvr_geometry.h"
+#include "kvr_segment.h"
 
 /* ---- options (opts.c) ------------------------------------------------------------------ */
 
 enum bench_phase { BENCH_COLD = 1u << 0, BENCH_WARM = 1u << 1 };
+
+#define BENCH_REMOTE_SEEDS_MAX 16 /* remote.cluster's limits (docs/config.md) */
+#define BENCH_REMOTE_SEED_LEN 64  /* 63 bytes + NUL */
+#define BENCH_REMOTE_INFLIGHT 4   /* remote.max_inflight unless --remote-inflight */
+#define BENCH_REMOTE_TIMEOUT_MS 5000 /* remote.timeout_ms: a 5 MiB SET on a busy 2-core box < 1 s */
 
 struct bench_opts {
 	const char *socket;      /* --socket; NULL with --spawn */
@@ -25,6 +32,7 @@ struct bench_opts {
 	uint32_t input_len;      /* tokens per prompt */
 	uint32_t prefix_len;     /* shared prefix tokens (<= input_len) */
 	uint32_t concurrency;    /* prompts in flight per rank */
+	uint32_t warm_concurrency; /* --warm-concurrency: the warm phase's (<= concurrency; 0 = concurrency) */
 	uint64_t seed;
 	unsigned phases;         /* enum bench_phase bits */
 	const char *json;        /* --json FILE ("-" = stdout) */
@@ -40,6 +48,11 @@ struct bench_opts {
 	uint32_t interleave;     /* --interleave: DCP interleave I (block_tokens % (D * I) == 0) */
 	uint32_t load_dcp;       /* --load-dcp: the warm phase's D (0 = dcp): cross-layout loads */
 	uint32_t load_interleave; /* --load-interleave: the warm phase's I (0 = interleave) */
+	/* --remote SEEDS (spawn): the shared tier. Two instances, A and B, from the same config +
+	 * a remote section naming these seeds; A stores, B loads from the cluster (bench.c) */
+	char remote_seed[BENCH_REMOTE_SEEDS_MAX][BENCH_REMOTE_SEED_LEN];
+	uint32_t n_remote;        /* 0: no --remote */
+	uint32_t remote_inflight; /* --remote-inflight: remote.max_inflight (default 4) */
 };
 
 /* The warm phase's layout: load_dcp / load_interleave, or the store layout when not given. */
@@ -55,6 +68,11 @@ void bench_usage(FILE *f);
 
 /* Parse "cold,warm" / "warm" / "cold" into enum bench_phase bits. 0 or -EINVAL. */
 int bench_parse_phases(const char *s, unsigned *ret);
+
+/* Parse --remote's comma-separated host:port list (1..BENCH_REMOTE_SEEDS_MAX entries, each
+ * at most BENCH_REMOTE_SEED_LEN - 1 bytes, a host and a port 1..65535, IPv6 hosts in
+ * brackets) into ret[]; *ret_n entries. 0 or -EINVAL with the reason in err. */
+int bench_parse_seeds(const char *s, char ret[][BENCH_REMOTE_SEED_LEN], uint32_t *ret_n, char *err, size_t errlen);
 
 /* Parse a byte size: integer with optional K/M/G/T suffix (binary: KiB...). 0 or -EINVAL/-ERANGE. */
 int bench_parse_size(const char *s, uint64_t *ret);
@@ -87,6 +105,7 @@ struct bench_plan {
 	uint64_t kv_bytes;             /* one rank's KV memory (the larger of the two layouts') */
 	uint64_t unique_blocks;        /* distinct full blocks of the workload */
 	uint64_t unique_bytes;         /* unique_blocks x block_bytes: what L1 must hold */
+	uint64_t remote_value_bytes;   /* one lane as a Redis value (actors/remote/rvalue.h): header + lane_bytes */
 };
 
 /* Check the options against each other and the preset and derive the plan. -EINVAL with the
@@ -181,12 +200,14 @@ struct bench_rank_result {
 	uint64_t st_errors, st_failed_blocks;
 	uint64_t st_memcpy_ns;      /* the same bytes, same pieces (every rank's runs), one memcpy thread */
 	uint64_t st_samples;        /* store completions with samples: entries used in bench_samples.st_lat_ns */
+	uint64_t st_first_ns;       /* kvr_now_ns() of the first store submit (0: none): --remote's write window */
 	/* warm */
 	uint64_t ld_requests, ld_tokens, ld_matched_tokens, ld_matched_blocks;
 	uint64_t ld_l2_blocks;      /* matched blocks the lookup promoted from L2 */
 	uint64_t ld_bytes;          /* loaded bytes (loaded blocks x the rank's page bytes of a block) */
 	uint64_t ld_ns;             /* sum of batch windows: first lookup -> last completion */
 	uint64_t ld_load_ns;        /* sum of batch windows: first load submit -> last completion */
+	uint64_t ld_lookup_ns;      /* sum of batch windows: first lookup -> the last lookup's answer (promotions) */
 	uint64_t ld_group_ns;       /* group's rank 0: sum of its group's load windows (earliest submit, latest completion) */
 	uint64_t ld_group_memcpy_ns; /* group's rank 0: its group's loaded bytes, every rank's runs, one memcpy thread */
 	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts;
@@ -206,6 +227,36 @@ struct bench_samples {
 };
 #define BENCH_SAMPLE_ARRAYS 5 /* uint64_t arrays of `prompts` entries in struct bench_samples */
 
+/* --remote: the shared tier, from both instances' counters (bench.c collects the raw ones,
+ * bench_remote_summarise derives the rest and the errors). */
+struct bench_remote {
+	bool ran;
+	uint32_t seeds, inflight;    /* --remote's nodes, remote.max_inflight */
+	uint64_t value_bytes;        /* one lane's Redis value: the 128-byte header + lane_bytes */
+	/* A: the write-through of the cold phase */
+	uint64_t wr_expected;        /* lanes newly stored on A (the cold phase's stored_blocks) */
+	uint64_t wr_handed, wr_skipped;           /* A lookup: LK_RM_WRITES, LK_RM_WRITES_SKIPPED */
+	uint64_t wr_acked, wr_errors, wr_stale;   /* A remote: RM_WRITES, RM_WRITE_ERRORS, RM_WRITES_STALE */
+	uint64_t wr_bytes;           /* A remote: RM_BYTES_OUT (payload bytes of acknowledged SETs) */
+	uint64_t wr_ns;              /* the first store's submit -> the last acknowledgement seen (1 ms polls) */
+	uint64_t wr_tail_ns;         /* the cold phase's end (every store completed) -> that acknowledgement */
+	bool wr_settled;             /* every lane handed over was answered before the timeout */
+	double wr_gbps;              /* wr_bytes / wr_ns */
+	/* B: the promotions of its warm phase */
+	uint64_t rd_expected;        /* lanes B must read from the cluster: distinct blocks x lanes */
+	uint64_t rd_reads, rd_hits, rd_misses, rd_bad, rd_errors; /* B remote: RM_READS .. RM_READ_ERRORS */
+	uint64_t rd_bytes;           /* B remote: RM_BYTES_IN (payload bytes copied into slots) */
+	uint64_t rd_lk_reads;        /* B lookup: LK_RM_READS */
+	uint64_t rd_ns;              /* B's lookup windows (ld_lookup_ns of its slowest rank) */
+	double rd_gbps;              /* rd_bytes / rd_ns */
+	/* B's warm phase (every block from the cluster) against A's (L1 hits) */
+	uint64_t b_bytes, b_ns, b_prompts, b_exact, b_missed, b_errors;
+	double b_gbps, a_gbps;       /* loaded bytes / the warm phase (lookups + loads) */
+	struct bench_dist b_lat, a_lat; /* per prompt: lookup + load */
+	double p50_ratio, p99_ratio; /* B / A */
+	uint64_t errors;             /* what failed in the tier (counted into the run's errors) */
+};
+
 /* The whole run, summarised (report.c). */
 struct bench_summary {
 	bool ran_cold, ran_warm;
@@ -220,6 +271,7 @@ struct bench_summary {
 	uint64_t ld_l2_blocks, ld_l1_hits, ld_l1_misses; /* tiers: L1 hits + L2 reads = matched blocks */
 	double hit_rate, ld_gbps, ld_memcpy_gbps, ld_time_ratio; /* ratio: kvring time / memcpy time */
 	uint64_t ld_load_ns;         /* the slowest rank's load windows (lookups not included) */
+	uint64_t ld_lookup_ns;       /* the slowest rank's lookup windows (first lookup -> last answer) */
 	double ld_load_gbps, ld_load_ratio; /* ld_bytes / ld_load_ns; ld_load_gbps / ld_memcpy_gbps */
 	double ld_rank_ratio[KVR_MAX_TP];   /* per rank: its load GB/s / its memcpy GB/s (= memcpy / load time) */
 	double ld_rank_ratio_min;           /* the smallest of them (ranks that loaded) */
@@ -230,18 +282,33 @@ struct bench_summary {
 	uint64_t errors;             /* every error of the run, spawn and exit status included */
 	bool exact;                  /* warm phase: every prompt matched exactly */
 	bool ok;                     /* exit 0 */
+	struct bench_remote rm;      /* --remote (bench_remote_summarise); rm.ran false otherwise */
 };
 
 /* Combine the ranks' results and samples (samples[r] for rank r; the samples are not changed). */
 void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_rank_result *res,
 		     struct bench_samples *samples, uint64_t extra_errors, struct bench_summary *ret);
 
-/* The readable table (fits 100 columns). */
+/* --remote: s is instance A's summary (its cold phase and its warm phase over L1 hits), b
+ * instance B's (its warm phase only, every block from the cluster), rm the raw counters.
+ * Derives rm's rates and the B / A comparison, counts what failed into rm->errors (a lane
+ * not acknowledged or skipped, a read that was not a hit, B missing or mismatching a
+ * block, B's hits other than rd_expected) and stores rm in s, s->errors and s->ok
+ * included. */
+void bench_remote_summarise(const struct bench_plan *pl, const struct bench_summary *b, const struct bench_remote *rm,
+			    struct bench_summary *s);
+
+/* The readable table (fits 100 columns): the phases (bench_print_phases), then
+ * bench_print_tail: the shared tier when s->rm.ran, the result line. */
 void bench_print_header(FILE *f, const struct bench_opts *o, const struct bench_plan *pl);
 void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_plan *pl,
 		       const struct bench_summary *s);
+void bench_print_phases(FILE *f, const struct bench_opts *o, const struct bench_plan *pl,
+			const struct bench_summary *s);
+void bench_print_tail(FILE *f, const struct bench_summary *s);
 
-/* The JSON document (keys documented in docs/benchmarks.md). Caller frees. NULL on ENOMEM. */
+/* The JSON document (keys documented in docs/benchmarks.md; "remote" null unless s->rm.ran).
+ * Caller frees. NULL on ENOMEM. */
 char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_summary *s);
 
 /* Every rank's samples of one kind in one array (caller frees; NULL with *ret_n = 0 when there
@@ -316,6 +383,9 @@ struct bench_rank_ctx {
 	struct bench_rank_result *res;
 	struct bench_rank_result *all;  /* every rank's result (tp), res among them: a group's rank 0 reads its group's */
 	struct bench_samples samples;
+	struct bench_barrier *gate;     /* NULL, or tp + 1 parties: after the cold phase every rank waits here
+					 * for the parent before its store baseline (--remote: the parent
+					 * first waits for the cluster's acknowledgements, undisturbed) */
 };
 
 /* Run rank ctx->rank: attach, the phases with their baselines, detach. Returns 0 when the
@@ -327,23 +397,37 @@ int bench_rank_run(struct bench_rank_ctx *ctx);
 
 struct bench_server {
 	int pid;
+	char name[16];        /* "kvringd", "kvringd A": for messages */
 	char dir[64];         /* temp dir: config, socket, log */
 	char socket[108];
 	char log[128];
+	struct kvr_segment ctl_seg; /* bench_server_ctl: its control segment, read-only */
+	struct kvr_ctl *ctl;        /* NULL until then */
 };
 
-/* Write the config and start kvringd; wait until its socket accepts (up to timeout_ms).
- * 0, or -errno with the reason in err (the log's tail is printed to stderr). */
-int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, struct bench_server *ret, char *err,
-		       size_t errlen);
+/* Write the config and start kvringd; wait until its socket accepts (up to timeout_ms). name
+ * labels its messages (at most 15 bytes). Call once per instance: each gets its own temp dir,
+ * socket, log and arena. 0, or -errno with the reason in err (the log's tail is printed to
+ * stderr). */
+int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, const char *name,
+		       struct bench_server *ret, char *err, size_t errlen);
 /* SIGTERM, wait (up to timeout_ms, then SIGKILL) and remove the temp dir. The log's tail goes
  * to stderr when show_log is set or kvringd did not exit 0. Returns the exit status (0..255),
  * or -ETIMEDOUT (killed after the timeout) / -EINTR (it died by a signal) / -errno. */
 int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log, char *err, size_t errlen);
 
+/* Map the control segment of a started server read-only (INSPECT over its socket, as
+ * kvring-inspect does), once; bench_server_stop unmaps it. 0 or -errno with the reason in err. */
+int bench_server_ctl(struct bench_server *s, char *err, size_t errlen);
+/* Counter `stat` of the actor named `actor` (shm/kvr_ctl.h's enums); 0 when there is no such
+ * actor or no mapping (bench_server_ctl first). */
+uint64_t bench_server_stat(const struct bench_server *s, const char *actor, unsigned stat);
+
 /* The config JSON --spawn writes (exposed for tests): the model preset with the canonical
  * block (model.tp_size: tp, or the lanes tp / dcp for MHA), max_workers tp (2 x tp when the
- * warm layout differs from the cold one: every rank attaches again). Caller frees. */
+ * warm layout differs from the cold one: every rank attaches again); with --remote a remote
+ * section (the seeds, timeout_ms BENCH_REMOTE_TIMEOUT_MS, max_inflight --remote-inflight).
+ * Caller frees. */
 char *bench_server_config(const struct bench_opts *o, const struct bench_plan *pl, const char *socket);
 
 #endif

@@ -33,6 +33,8 @@ void bench_usage(FILE *f)
 		"  --input-len TOKENS   tokens per prompt (default 1024)\n"
 		"  --prefix-len TOKENS  tokens of a prefix every prompt shares (default 512)\n"
 		"  --concurrency N      prompts in flight per rank (default 2)\n"
+		"  --warm-concurrency N the warm phase's prompts in flight (default --concurrency; at most\n"
+		"                       that): 1 measures each prompt's lookup + load alone\n"
 		"  --seed N             workload seed (default 1)\n"
 		"  --phases LIST        cold,warm (default), cold or warm\n"
 		"  --allow-misses       warm misses after a cold phase are not errors (L1 smaller than\n"
@@ -51,8 +53,14 @@ void bench_usage(FILE *f)
 		"                       --block-tokens must be a multiple of --dcp x --interleave)\n"
 		"  --load-dcp N         the warm phase's DCP size (default --dcp): load under another layout\n"
 		"  --load-interleave N  the warm phase's interleave (default --interleave)\n"
+		"  --remote SEEDS       with --spawn: the shared tier on the Redis Cluster of these nodes\n"
+		"                       (host:port,...): two instances A and B; the cold phase on A, wait\n"
+		"                       until the cluster acknowledged every lane (remote write GB/s),\n"
+		"                       warm on B, every block from the cluster (remote read GB/s),\n"
+		"                       then warm on A (L1 hits) for comparison\n"
+		"  --remote-inflight N  remote.max_inflight of both instances (default %u)\n"
 		"  --help               this text\n",
-		kvr_preset_list());
+		kvr_preset_list(), BENCH_REMOTE_INFLIGHT);
 }
 
 static int parse_u64(const char *s, uint64_t *ret)
@@ -110,6 +118,40 @@ int bench_parse_size(const char *s, uint64_t *ret)
 	return 0;
 }
 
+int bench_parse_seeds(const char *s, char ret[][BENCH_REMOTE_SEED_LEN], uint32_t *ret_n, char *err, size_t errlen)
+{
+	uint32_t n = 0;
+	const char *p = s;
+	if (!s || !*s)
+		return kvr_errf(err, errlen, -EINVAL, "--remote: empty list");
+	for (;;) {
+		size_t len = strcspn(p, ",");
+		if (n == BENCH_REMOTE_SEEDS_MAX)
+			return kvr_errf(err, errlen, -EINVAL, "--remote: more than %u nodes", BENCH_REMOTE_SEEDS_MAX);
+		if (!len || len >= BENCH_REMOTE_SEED_LEN)
+			return kvr_errf(err, errlen, -EINVAL, "--remote: \"%.*s\": want host:port of at most %u bytes",
+					(int)len, p, BENCH_REMOTE_SEED_LEN - 1);
+		char e[BENCH_REMOTE_SEED_LEN];
+		memcpy(e, p, len);
+		e[len] = '\0';
+		char *colon = strrchr(e, ':');
+		uint32_t port;
+		if (!colon || colon == e || parse_u32(colon + 1, 1, 65535, &port) ||
+		    (e[0] == '[' && colon[-1] != ']'))
+			return kvr_errf(err, errlen, -EINVAL, "--remote: \"%s\": want host:port (port 1..65535)", e);
+		for (uint32_t i = 0; i < n; i++)
+			if (!strcmp(ret[i], e))
+				return kvr_errf(err, errlen, -EINVAL, "--remote: %s given twice", e);
+		memcpy(ret[n++], e, len + 1);
+		p += len;
+		if (!*p)
+			break;
+		p++; /* the comma: a trailing one leaves an empty entry, refused above */
+	}
+	*ret_n = n;
+	return 0;
+}
+
 int bench_parse_phases(const char *s, unsigned *ret)
 {
 	if (!s || !*s)
@@ -164,7 +206,7 @@ enum {
 	OPT_SOCKET = 256, OPT_SPAWN, OPT_KVRINGD, OPT_L1_BYTES, OPT_MODEL, OPT_TP, OPT_BLOCK_TOKENS, OPT_PROMPTS,
 	OPT_INPUT_LEN, OPT_PREFIX_LEN, OPT_CONCURRENCY, OPT_SEED, OPT_PHASES, OPT_JSON, OPT_QUIET, OPT_DRY_RUN,
 	OPT_ALLOW_MISSES, OPT_TIMEOUT, OPT_EVICT, OPT_DCP, OPT_INTERLEAVE, OPT_LOAD_DCP, OPT_LOAD_INTERLEAVE, OPT_PLOT,
-	OPT_NO_PLOT, OPT_HELP,
+	OPT_NO_PLOT, OPT_REMOTE, OPT_REMOTE_INFLIGHT, OPT_WARM_CONCURRENCY, OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -193,6 +235,9 @@ static const struct option long_opts[] = {
 	{"interleave", required_argument, NULL, OPT_INTERLEAVE},
 	{"load-dcp", required_argument, NULL, OPT_LOAD_DCP},
 	{"load-interleave", required_argument, NULL, OPT_LOAD_INTERLEAVE},
+	{"warm-concurrency", required_argument, NULL, OPT_WARM_CONCURRENCY},
+	{"remote", required_argument, NULL, OPT_REMOTE},
+	{"remote-inflight", required_argument, NULL, OPT_REMOTE_INFLIGHT},
 	{"help", no_argument, NULL, OPT_HELP},
 	{NULL, 0, NULL, 0},
 };
@@ -212,7 +257,9 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		.timeout_ms = 30000,
 		.dcp = 1,
 		.interleave = 1,
+		.remote_inflight = BENCH_REMOTE_INFLIGHT,
 	};
+	bool inflight_given = false;
 	if (errlen)
 		err[0] = '\0';
 	optind = 0; /* full re-initialisation: the parser may run more than once (tests) */
@@ -247,6 +294,7 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		case OPT_INPUT_LEN: rc = parse_u32(optarg, 1, 16u << 20, &o.input_len); break;
 		case OPT_PREFIX_LEN: rc = parse_u32(optarg, 0, 16u << 20, &o.prefix_len); break;
 		case OPT_CONCURRENCY: rc = parse_u32(optarg, 1, 1024, &o.concurrency); break;
+		case OPT_WARM_CONCURRENCY: rc = parse_u32(optarg, 1, 1024, &o.warm_concurrency); break;
 		case OPT_SEED: rc = parse_u64(optarg, &o.seed); break;
 		case OPT_PHASES:
 			if (bench_parse_phases(optarg, &o.phases))
@@ -274,6 +322,14 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		case OPT_INTERLEAVE: rc = parse_u32(optarg, 1, 4096, &o.interleave); break;
 		case OPT_LOAD_DCP: rc = parse_u32(optarg, 1, KVR_DCP_MAX, &o.load_dcp); break;
 		case OPT_LOAD_INTERLEAVE: rc = parse_u32(optarg, 1, 4096, &o.load_interleave); break;
+		case OPT_REMOTE:
+			if ((rc = bench_parse_seeds(optarg, o.remote_seed, &o.n_remote, err, errlen)))
+				return rc;
+			break;
+		case OPT_REMOTE_INFLIGHT:
+			rc = parse_u32(optarg, 1, 4096, &o.remote_inflight);
+			inflight_given = true;
+			break;
 		case OPT_HELP:
 			bench_usage(out);
 			return 1;
@@ -292,6 +348,19 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		return kvr_errf(err, errlen, -EINVAL, "--socket and --spawn exclude each other");
 	if (!o.spawn && (o.kvringd || o.l1_bytes))
 		return kvr_errf(err, errlen, -EINVAL, "%s needs --spawn", o.kvringd ? "--kvringd" : "--l1-bytes");
+	if (o.warm_concurrency > o.concurrency)
+		return kvr_errf(err, errlen, -EINVAL, "--warm-concurrency %u exceeds --concurrency %u (the engine's KV memory "
+				"holds --concurrency prompts)", o.warm_concurrency, o.concurrency);
+	if (o.n_remote && !o.spawn)
+		return kvr_errf(err, errlen, -EINVAL, "--remote needs --spawn: it starts the two instances it compares");
+	if (inflight_given && !o.n_remote)
+		return kvr_errf(err, errlen, -EINVAL, "--remote-inflight needs --remote");
+	if (o.n_remote && o.phases != (BENCH_COLD | BENCH_WARM))
+		return kvr_errf(err, errlen, -EINVAL, "--remote runs its own phases (cold on A, warm on B, warm on A): "
+				"no --phases");
+	if (o.n_remote && o.evict)
+		return kvr_errf(err, errlen, -EINVAL, "--remote and --evict exclude each other (B's blocks must come "
+				"from the cluster, not from an L2)");
 	if (o.plot && o.no_plot)
 		return kvr_errf(err, errlen, -EINVAL, "--plot and --no-plot exclude each other");
 	if (o.prefix_len > o.input_len)

@@ -10,6 +10,7 @@
 #include "bench.h"
 #include "kvr_log.h"
 #include "kvr_dcp.h"
+#include "rvalue.h"
 
 #define GOLDEN 0x9e3779b97f4a7c15ull
 #define VOCAB 151936u                     /* Qwen's vocabulary: token ids stay realistic */
@@ -112,6 +113,7 @@ int bench_plan_make(const struct bench_opts *o, struct bench_plan *ret, char *er
 	pl.kv_bytes = pl.st.kv_bytes > pl.ld.kv_bytes ? pl.st.kv_bytes : pl.ld.kv_bytes;
 	pl.unique_blocks = (uint64_t)pl.prefix_blocks + (uint64_t)o->prompts * (pl.full_blocks - pl.prefix_blocks);
 	pl.unique_bytes = pl.unique_blocks * pl.block_bytes;
+	pl.remote_value_bytes = KVR_RV_HDR_BYTES + pl.lane_bytes;
 	*ret = pl;
 	return 0;
 }

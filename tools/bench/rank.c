@@ -221,6 +221,8 @@ static int store_batch(struct rank *r, uint32_t base, uint32_t k)
 	bool lead = group_leader(r);
 	uint64_t t0 = kvr_now_ns();
 	unsigned sent = 0;
+	if (!res->st_first_ns)
+		res->st_first_ns = t0;
 	for (uint32_t i = 0; i < k; i++) {
 		int rc = kvr_store(r->c, base + i + 1, r->tokens + (size_t)i * o->input_len, o->input_len, NULL, 0,
 				   r->blocks + (size_t)i * pl->blocks_per_prompt, pl->full_blocks);
@@ -414,8 +416,9 @@ static int phase_warm(struct rank *r)
 		return -ENOMEM;
 	}
 	int rc = 0;
-	for (uint32_t base = 0; base < o->prompts && !rc; base += r->inflight) {
-		uint32_t k = o->prompts - base < r->inflight ? o->prompts - base : r->inflight;
+	uint32_t n_in = o->warm_concurrency && o->warm_concurrency < r->inflight ? o->warm_concurrency : r->inflight;
+	for (uint32_t base = 0; base < o->prompts && !rc; base += n_in) {
+		uint32_t k = o->prompts - base < n_in ? o->prompts - base : n_in;
 		wb->base = base;
 		wb->k = k;
 		wb->t_load = 0;
@@ -433,6 +436,7 @@ static int phase_warm(struct rank *r)
 			break;
 		uint64_t t0 = kvr_now_ns();
 		unsigned sent = warm_submit(r, wb);
+		res->ld_lookup_ns += kvr_now_ns() - t0; /* a lookup answers after its promotions */
 		rc = collect(r, sent, load_done, wb);
 		uint64_t t1 = kvr_now_ns();
 		res->ld_ns += t1 - t0;
@@ -689,6 +693,8 @@ int bench_rank_run(struct bench_rank_ctx *x)
 		rc = phase_cold(&r);
 		if (!rc)
 			rc = sync_all(&r, "the end of the cold phase");
+		if (!rc && x->gate && (rc = bench_barrier_wait(x->gate, x->o->timeout_ms * 4)))
+			note(&r, "the bench did not release the ranks after the cold phase (%s)", strerror(-rc));
 		if (!rc && storing(&r) && group_leader(&r)) {
 			uint64_t n[KVR_DCP_MAX];
 			for (uint32_t q = 0; q < r.g.dcp_size; q++)

@@ -90,6 +90,7 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 		s.ld_bytes += x->ld_bytes;
 		s.ld_ns = max_u64(s.ld_ns, x->ld_ns);
 		s.ld_load_ns = max_u64(s.ld_load_ns, x->ld_load_ns);
+		s.ld_lookup_ns = max_u64(s.ld_lookup_ns, x->ld_lookup_ns);
 		s.ld_group_ns = max_u64(s.ld_group_ns, x->ld_group_ns);
 		s.ld_group_memcpy_ns = max_u64(s.ld_group_memcpy_ns, x->ld_group_memcpy_ns);
 		s.ld_memcpy_ns = max_u64(s.ld_memcpy_ns, x->ld_memcpy_ns);
@@ -148,6 +149,48 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 	*ret = s;
 }
 
+static double ratio(double a, double b)
+{
+	return b > 0 ? a / b : 0;
+}
+
+void bench_remote_summarise(const struct bench_plan *pl, const struct bench_summary *b, const struct bench_remote *raw,
+			    struct bench_summary *s)
+{
+	struct bench_remote rm = *raw;
+	rm.ran = true;
+	rm.value_bytes = pl->remote_value_bytes;
+	rm.wr_gbps = bench_gbps(rm.wr_bytes, rm.wr_ns);
+	rm.rd_gbps = bench_gbps(rm.rd_bytes, rm.rd_ns);
+	rm.b_bytes = b->ld_bytes;
+	rm.b_ns = b->ld_ns;
+	rm.b_gbps = b->ld_gbps;
+	rm.b_prompts = b->ld_requests;
+	rm.b_exact = b->ld_exact_prompts;
+	rm.b_missed = b->ld_misses;
+	rm.b_errors = b->errors;
+	rm.b_lat = b->lat;
+	rm.a_lat = s->lat;
+	rm.a_gbps = s->ld_gbps;
+	rm.p50_ratio = ratio((double)rm.b_lat.p50, (double)rm.a_lat.p50);
+	rm.p99_ratio = ratio((double)rm.b_lat.p99, (double)rm.a_lat.p99);
+	/* A: every lane it stored handed to the remote actor and acknowledged by the cluster */
+	uint64_t e = rm.wr_skipped + rm.wr_errors + rm.wr_stale;
+	uint64_t handed_all = rm.wr_handed + rm.wr_skipped;
+	e += handed_all > rm.wr_expected ? handed_all - rm.wr_expected : rm.wr_expected - handed_all;
+	uint64_t answered = rm.wr_acked + rm.wr_errors + rm.wr_stale;
+	e += answered < rm.wr_handed ? rm.wr_handed - answered : 0;
+	e += !rm.wr_settled || !rm.wr_expected;
+	/* B: every block from the cluster, each distinct lane read once, every byte as stored */
+	e += rm.rd_misses + rm.rd_bad + rm.rd_errors;
+	e += rm.rd_hits > rm.rd_expected ? rm.rd_hits - rm.rd_expected : rm.rd_expected - rm.rd_hits;
+	e += b->errors + b->ld_misses + (b->exact ? 0 : 1);
+	rm.errors = e;
+	s->rm = rm;
+	s->errors += e;
+	s->ok = s->errors == 0 && s->exact;
+}
+
 /* ---- table ------------------------------------------------------------------------------- */
 
 static double mib(uint64_t bytes)
@@ -161,8 +204,11 @@ void bench_print_header(FILE *f, const struct bench_opts *o, const struct bench_
 	fprintf(f, "geometry: tp %u, %u-token blocks of %.2f MiB per %s, %.2f MiB over %u lane%s\n", o->tp,
 		o->block_tokens, mib(pl->lane_bytes), o->dcp > 1 ? "lane" : "rank", mib(pl->block_bytes), pl->lanes,
 		pl->lanes == 1 ? "" : "s");
-	fprintf(f, "workload: %u prompts x %u tokens, shared prefix %u tokens, concurrency %u, seed %" PRIu64 "\n",
-		o->prompts, o->input_len, o->prefix_len, o->concurrency, o->seed);
+	fprintf(f, "workload: %u prompts x %u tokens, shared prefix %u tokens, concurrency %u", o->prompts, o->input_len,
+		o->prefix_len, o->concurrency);
+	if (o->warm_concurrency && o->warm_concurrency != o->concurrency)
+		fprintf(f, " (warm %u)", o->warm_concurrency);
+	fprintf(f, ", seed %" PRIu64 "\n", o->seed);
 	fprintf(f, "          %" PRIu64 " distinct blocks = %.1f MiB over all ranks; engine KV memory %.1f MiB per "
 		"rank\n", pl->unique_blocks, mib(pl->unique_bytes), mib(pl->kv_bytes));
 	if (pl->st.dcp == 1 && pl->ld.dcp == 1 && pl->st.interleave == 1 && pl->ld.interleave == 1)
@@ -178,8 +224,8 @@ void bench_print_header(FILE *f, const struct bench_opts *o, const struct bench_
 	}
 }
 
-void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_plan *pl,
-		       const struct bench_summary *s)
+void bench_print_phases(FILE *f, const struct bench_opts *o, const struct bench_plan *pl,
+			const struct bench_summary *s)
 {
 	char a[32], b[32], c[32], d[32];
 	if (s->ran_cold) {
@@ -246,6 +292,45 @@ void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_p
 			s->ld_exact_prompts, s->ld_requests, s->ld_mismatch_blocks, s->ld_failed_blocks,
 			s->ld_stray_blocks, s->ld_errors);
 	}
+}
+
+static void print_remote(FILE *f, const struct bench_summary *s)
+{
+	const struct bench_remote *rm = &s->rm;
+	char a[32], b[32];
+	fprintf(f, "\nremote: shared tier, %u seed%s, max_inflight %u, one value per lane: %" PRIu64 " bytes\n",
+		rm->seeds, rm->seeds == 1 ? "" : "s", rm->inflight, rm->value_bytes);
+	fprintf(f, "  write (A, SET)         %9.2f GB/s  %" PRIu64 " of %" PRIu64 " lanes acknowledged, %.1f MiB in %s\n",
+		rm->wr_gbps, rm->wr_acked, rm->wr_expected, mib(rm->wr_bytes), bench_fmt_ns(a, sizeof(a), (double)rm->wr_ns));
+	fprintf(f, "                         first store -> last ack, %s of it after the last store\n",
+		bench_fmt_ns(b, sizeof(b), (double)rm->wr_tail_ns));
+	fprintf(f, "                         errors %" PRIu64 ", stale %" PRIu64 ", skipped %" PRIu64 "%s\n", rm->wr_errors,
+		rm->wr_stale, rm->wr_skipped, rm->wr_settled ? "" : ", NOT SETTLED (timed out)");
+	fprintf(f, "  read (B, GET)          %9.2f GB/s  %" PRIu64 " hits of %" PRIu64 " lanes, %.1f MiB in %s of lookups\n",
+		rm->rd_gbps, rm->rd_hits, rm->rd_expected, mib(rm->rd_bytes), bench_fmt_ns(a, sizeof(a), (double)rm->rd_ns));
+	fprintf(f, "                         misses %" PRIu64 ", bad values %" PRIu64 ", errors %" PRIu64 "\n",
+		rm->rd_misses, rm->rd_bad, rm->rd_errors);
+	fprintf(f, "  B warm per prompt      p50 %s  p99 %s  (lookup + load, blocks from the cluster)\n",
+		bench_fmt_ns(a, sizeof(a), (double)rm->b_lat.p50), bench_fmt_ns(b, sizeof(b), (double)rm->b_lat.p99));
+	fprintf(f, "  A warm per prompt      p50 %s  p99 %s  (lookup + load, L1 hits)\n",
+		bench_fmt_ns(a, sizeof(a), (double)rm->a_lat.p50), bench_fmt_ns(b, sizeof(b), (double)rm->a_lat.p99));
+	fprintf(f, "  B / A                  p50 %.1fx  p99 %.1fx;  warm GB/s (lookup + load) B %.2f  A %.2f\n",
+		rm->p50_ratio, rm->p99_ratio, rm->b_gbps, rm->a_gbps);
+	fprintf(f, "  B verify               exact %" PRIu64 "/%" PRIu64 " prompts, missed blocks %" PRIu64
+		"; tier errors %" PRIu64 "\n", rm->b_exact, rm->b_prompts, rm->b_missed, rm->errors);
+}
+
+void bench_print_table(FILE *f, const struct bench_opts *o, const struct bench_plan *pl,
+		       const struct bench_summary *s)
+{
+	bench_print_phases(f, o, pl, s);
+	bench_print_tail(f, s);
+}
+
+void bench_print_tail(FILE *f, const struct bench_summary *s)
+{
+	if (s->rm.ran)
+		print_remote(f, s);
 	fprintf(f, "\nresult: %s (%" PRIu64 " error%s%s)\n", s->ok ? "PASS" : "FAIL", s->errors, s->errors == 1 ? "" : "s",
 		s->exact ? "" : ", not every prompt matched exactly");
 }
@@ -270,6 +355,57 @@ static cJSON *dist(const struct bench_dist *d)
 	return o;
 }
 
+static cJSON *remote_json(const struct bench_opts *o, const struct bench_remote *rm)
+{
+	cJSON *r = cJSON_CreateObject();
+	if (!r)
+		return NULL;
+	cJSON *seeds = cJSON_AddArrayToObject(r, "cluster");
+	for (uint32_t i = 0; i < o->n_remote; i++)
+		cJSON_AddItemToArray(seeds, cJSON_CreateString(o->remote_seed[i]));
+	num(r, "max_inflight", rm->inflight);
+	num(r, "value_bytes", (double)rm->value_bytes);
+	cJSON *w = cJSON_AddObjectToObject(r, "write");
+	num(w, "expected_lanes", (double)rm->wr_expected);
+	num(w, "handed_lanes", (double)rm->wr_handed);
+	num(w, "skipped_lanes", (double)rm->wr_skipped);
+	num(w, "acked_lanes", (double)rm->wr_acked);
+	num(w, "errors", (double)rm->wr_errors);
+	num(w, "stale", (double)rm->wr_stale);
+	num(w, "bytes", (double)rm->wr_bytes);
+	num(w, "time_ns", (double)rm->wr_ns);
+	num(w, "tail_ns", (double)rm->wr_tail_ns);
+	cJSON_AddBoolToObject(w, "settled", rm->wr_settled);
+	num(w, "gbps", rm->wr_gbps);
+	cJSON *rd = cJSON_AddObjectToObject(r, "read");
+	num(rd, "expected_lanes", (double)rm->rd_expected);
+	num(rd, "reads", (double)rm->rd_reads);
+	num(rd, "hits", (double)rm->rd_hits);
+	num(rd, "misses", (double)rm->rd_misses);
+	num(rd, "bad_values", (double)rm->rd_bad);
+	num(rd, "errors", (double)rm->rd_errors);
+	num(rd, "lookup_reads", (double)rm->rd_lk_reads);
+	num(rd, "bytes", (double)rm->rd_bytes);
+	num(rd, "time_ns", (double)rm->rd_ns);
+	num(rd, "gbps", rm->rd_gbps);
+	cJSON *b = cJSON_AddObjectToObject(r, "b_warm");
+	num(b, "prompts", (double)rm->b_prompts);
+	num(b, "exact_prompts", (double)rm->b_exact);
+	num(b, "missed_blocks", (double)rm->b_missed);
+	num(b, "errors", (double)rm->b_errors);
+	num(b, "bytes", (double)rm->b_bytes);
+	num(b, "time_ns", (double)rm->b_ns);
+	num(b, "gbps", rm->b_gbps);
+	cJSON_AddItemToObject(b, "latency_ns", dist(&rm->b_lat));
+	cJSON *a = cJSON_AddObjectToObject(r, "a_warm");
+	num(a, "gbps", rm->a_gbps);
+	cJSON_AddItemToObject(a, "latency_ns", dist(&rm->a_lat));
+	num(r, "p50_ratio", rm->p50_ratio);
+	num(r, "p99_ratio", rm->p99_ratio);
+	num(r, "errors", (double)rm->errors);
+	return r;
+}
+
 char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_summary *s)
 {
 	cJSON *root = cJSON_CreateObject();
@@ -287,6 +423,7 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 	num(cfg, "input_len", o->input_len);
 	num(cfg, "prefix_len", o->prefix_len);
 	num(cfg, "concurrency", o->concurrency);
+	num(cfg, "warm_concurrency", o->warm_concurrency ? o->warm_concurrency : o->concurrency);
 	num(cfg, "seed", (double)o->seed);
 	cJSON *ph = cJSON_AddArrayToObject(cfg, "phases");
 	if (s->ran_cold)
@@ -299,6 +436,8 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 	num(cfg, "load_interleave", bench_load_interleave(o));
 	cJSON_AddBoolToObject(cfg, "spawn", o->spawn);
 	cJSON_AddBoolToObject(cfg, "allow_misses", o->allow_misses);
+	num(cfg, "remote_nodes", o->n_remote);
+	num(cfg, "remote_inflight", o->n_remote ? o->remote_inflight : 0);
 
 	cJSON *plan = cJSON_AddObjectToObject(root, "plan");
 	num(plan, "lane_bytes", (double)pl->lane_bytes);
@@ -319,6 +458,7 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 	num(plan, "load_copy_run_bytes_max", (double)pl->ld.run_bytes);
 	num(plan, "unique_blocks", (double)pl->unique_blocks);
 	num(plan, "unique_bytes", (double)pl->unique_bytes);
+	num(plan, "remote_value_bytes", (double)pl->remote_value_bytes);
 
 	if (s->ran_cold) {
 		cJSON *c = cJSON_AddObjectToObject(root, "cold");
@@ -366,6 +506,7 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 		num(w, "load_time_ns", (double)s->ld_load_ns);
 		num(w, "load_gbps", s->ld_load_gbps);
 		num(w, "load_ratio", s->ld_load_ratio);
+		num(w, "lookup_time_ns", (double)s->ld_lookup_ns);
 		cJSON *rr = cJSON_AddArrayToObject(w, "rank_load_ratio");
 		for (uint32_t r = 0; r < o->tp && r < KVR_MAX_TP; r++)
 			cJSON_AddItemToArray(rr, cJSON_CreateNumber(s->ld_rank_ratio[r]));
@@ -393,6 +534,10 @@ char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const 
 	} else {
 		cJSON_AddNullToObject(root, "warm");
 	}
+	if (s->rm.ran)
+		cJSON_AddItemToObject(root, "remote", remote_json(o, &s->rm));
+	else
+		cJSON_AddNullToObject(root, "remote");
 	num(root, "errors", (double)s->errors);
 	cJSON_AddBoolToObject(root, "exact_match", s->exact);
 	cJSON_AddBoolToObject(root, "ok", s->ok);

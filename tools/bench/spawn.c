@@ -4,20 +4,25 @@
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
-#include "kvr_log.h"
 #include "bench.h"
+#include "kvr_log.h"
+#include "kvr_proto.h"
 #include "kvr_time.h"
 
 #define START_TIMEOUT_NS (20ull * 1000000000ull)
@@ -57,6 +62,14 @@ char *bench_server_config(const struct bench_opts *o, const struct bench_plan *p
 		cJSON_AddItemToArray(dirs, cJSON_CreateString(dir));
 		cJSON_AddNumberToObject(l2, "capacity_bytes", (double)(pl->unique_bytes * 2 + (64u << 20)));
 		cJSON_AddStringToObject(l2, "durability", "none");
+	}
+	if (o->n_remote) {
+		cJSON *rm = cJSON_AddObjectToObject(root, "remote");
+		cJSON *seeds = cJSON_AddArrayToObject(rm, "cluster");
+		for (uint32_t i = 0; i < o->n_remote; i++)
+			cJSON_AddItemToArray(seeds, cJSON_CreateString(o->remote_seed[i]));
+		cJSON_AddNumberToObject(rm, "timeout_ms", BENCH_REMOTE_TIMEOUT_MS);
+		cJSON_AddNumberToObject(rm, "max_inflight", o->remote_inflight);
 	}
 	cJSON *metrics = cJSON_AddObjectToObject(root, "metrics");
 	cJSON_AddBoolToObject(metrics, "enabled", 0);
@@ -111,7 +124,7 @@ static void print_log_tail(const struct bench_server *s)
 	buf[n] = '\0';
 	fclose(f);
 	if (n)
-		fprintf(stderr, "kvring-bench: kvringd log (%s), last lines:\n%s%s", s->log, buf,
+		fprintf(stderr, "kvring-bench: %s log (%s), last lines:\n%s%s", s->name, s->log, buf,
 			buf[n - 1] == '\n' ? "" : "\n");
 }
 
@@ -126,10 +139,11 @@ static void remove_dir(struct bench_server *s)
 	(void)rmdir(s->dir);
 }
 
-int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, struct bench_server *ret, char *err,
-		       size_t errlen)
+int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, const char *name,
+		       struct bench_server *ret, char *err, size_t errlen)
 {
-	struct bench_server s = {.pid = -1};
+	struct bench_server s = {.pid = -1, .ctl_seg = {.fd = -1}};
+	snprintf(s.name, sizeof(s.name), "%s", name);
 	char exe[PATH_MAX], cfg_path[160];
 	int rc;
 	if (o->kvringd)
@@ -206,13 +220,13 @@ int bench_server_start(const struct bench_opts *o, const struct bench_plan *pl, 
 		pid_t w = waitpid(pid, &status, WNOHANG);
 		if (w == pid) {
 			s.pid = -1;
-			rc = kvr_errf(err, errlen, -ECHILD, "kvringd exited during start-up (%s %d)",
+			rc = kvr_errf(err, errlen, -ECHILD, "%s exited during start-up (%s %d)", s.name,
 				  WIFEXITED(status) ? "status" : "signal",
 				  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 			goto fail;
 		}
 		if (kvr_now_ns() >= deadline) {
-			rc = kvr_errf(err, errlen, -ETIMEDOUT, "kvringd did not create %s within %llu s", s.socket,
+			rc = kvr_errf(err, errlen, -ETIMEDOUT, "%s did not create %s within %llu s", s.name, s.socket,
 				  START_TIMEOUT_NS / 1000000000ull);
 			goto fail;
 		}
@@ -234,12 +248,15 @@ fail:
 int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log, char *err, size_t errlen)
 {
 	if (s->pid <= 0)
-		return kvr_errf(err, errlen, -ECHILD, "kvringd is not running");
+		return kvr_errf(err, errlen, -ECHILD, "%s is not running", s->name);
 	int rc;
 	if (kill(s->pid, SIGTERM) < 0) {
-		rc = kvr_errf(err, errlen, -errno, "kill(kvringd %d, SIGTERM): %s", s->pid, strerror(errno));
+		rc = kvr_errf(err, errlen, -errno, "kill(%s %d, SIGTERM): %s", s->name, s->pid, strerror(errno));
 		goto out;
 	}
+	if (s->ctl_seg.base)
+		kvr_segment_close(&s->ctl_seg);
+	s->ctl = NULL;
 	uint64_t deadline = kvr_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 	int status;
 	for (;;) {
@@ -247,13 +264,13 @@ int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log,
 		if (w == s->pid)
 			break;
 		if (w < 0 && errno != EINTR) {
-			rc = kvr_errf(err, errlen, -errno, "waitpid(kvringd): %s", strerror(errno));
+			rc = kvr_errf(err, errlen, -errno, "waitpid(%s): %s", s->name, strerror(errno));
 			goto out;
 		}
 		if (kvr_now_ns() >= deadline) {
 			(void)kill(s->pid, SIGKILL);
 			(void)waitpid(s->pid, NULL, 0);
-			rc = kvr_errf(err, errlen, -ETIMEDOUT, "kvringd did not exit within %lld ms of SIGTERM: killed",
+			rc = kvr_errf(err, errlen, -ETIMEDOUT, "%s did not exit within %lld ms of SIGTERM: killed", s->name,
 				  (long long)timeout_ms);
 			goto out;
 		}
@@ -263,9 +280,9 @@ int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log,
 	if (WIFEXITED(status)) {
 		rc = WEXITSTATUS(status);
 		if (rc)
-			kvr_errf(err, errlen, rc, "kvringd exited with status %d", rc);
+			kvr_errf(err, errlen, rc, "%s exited with status %d", s->name, rc);
 	} else {
-		rc = kvr_errf(err, errlen, -EINTR, "kvringd was killed by signal %d (%s)", WTERMSIG(status),
+		rc = kvr_errf(err, errlen, -EINTR, "%s was killed by signal %d (%s)", s->name, WTERMSIG(status),
 			  strsignal(WTERMSIG(status)));
 	}
 out:
@@ -274,4 +291,58 @@ out:
 		print_log_tail(s);
 	remove_dir(s);
 	return rc;
+}
+
+int bench_server_ctl(struct bench_server *s, char *err, size_t errlen)
+{
+	if (s->ctl)
+		return 0;
+	/* the socket's file exists from bind(), a moment before listen(): refused until then */
+	uint64_t deadline = kvr_now_ns() + START_TIMEOUT_NS;
+	int sock;
+	while ((sock = kvr_proto_connect(s->socket)) == -ECONNREFUSED && kvr_now_ns() < deadline) {
+		struct timespec ts = {.tv_nsec = 10 * 1000000};
+		nanosleep(&ts, NULL);
+	}
+	if (sock < 0)
+		return kvr_errf(err, errlen, sock, "%s: connect %s: %s", s->name, s->socket, strerror(-sock));
+	struct timeval tv = {.tv_sec = 5};
+	(void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_INSPECT};
+	static struct kvr_proto_rep rep; /* large: not on the stack */
+	int fds[KVR_PROTO_MAX_FDS];
+	unsigned n_fds = 0;
+	int rc = kvr_proto_send(sock, &req, offsetof(struct kvr_proto_req, payload), NULL, 0);
+	ssize_t n = rc ? rc : kvr_proto_recv(sock, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &n_fds);
+	close(sock);
+	if (n <= 0)
+		return kvr_errf(err, errlen, n ? (int)n : -ECONNRESET, "%s: INSPECT: %s", s->name,
+				n ? strerror((int)-n) : "connection closed without a reply");
+	if ((size_t)n < offsetof(struct kvr_proto_rep, payload) || rep.magic != KVR_PROTO_MAGIC ||
+	    rep.version != KVR_PROTO_VERSION)
+		rc = kvr_errf(err, errlen, -EPROTO, "%s: INSPECT: not a kvring protocol reply", s->name);
+	else if (rep.status < 0 || n_fds < 1)
+		rc = kvr_errf(err, errlen, rep.status < 0 ? rep.status : -EPROTO, "%s: INSPECT refused: %s", s->name,
+			      rep.status < 0 ? strerror(-rep.status) : "no control segment");
+	else if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 0, &s->ctl_seg)))
+		kvr_errf(err, errlen, rc, "%s: map the control segment: %s", s->name, strerror(-rc));
+	else if ((rc = kvr_ctl_attach(&s->ctl_seg, &s->ctl))) {
+		kvr_errf(err, errlen, rc, "%s: the control segment does not validate: %s", s->name, strerror(-rc));
+		kvr_segment_close(&s->ctl_seg);
+		s->ctl = NULL;
+	}
+	for (unsigned i = 0; i < n_fds; i++)
+		close(fds[i]);
+	return rc;
+}
+
+uint64_t bench_server_stat(const struct bench_server *s, const char *actor, unsigned stat)
+{
+	if (!s->ctl || stat >= KVR_STAT_MAX)
+		return 0;
+	unsigned n = atomic_load(&s->ctl->n_actors);
+	for (unsigned i = 0; i < n && i < s->ctl->max_actors; i++)
+		if (!strncmp(kvr_ctl_actor(s->ctl, i)->name, actor, KVR_ACTOR_NAME_MAX))
+			return atomic_load(&kvr_ctl_stats(s->ctl, i)->c[stat]);
+	return 0;
 }

@@ -1,4 +1,4 @@
-/* Tests of kvring-bench: options, plan, prompts, pattern, stats, report, plot, barrier; DCP runs through kvringd. */
+/* Tests of kvring-bench: options, plan, prompts, pattern, stats, report, plot, barrier, --remote's summary; runs through kvringd. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -1367,4 +1367,199 @@ Test(bench, spawn_dcp2_tails_fp8, .timeout = 60)
 Test(bench, spawn_dcp2_cross_layout_to_dcp1, .timeout = 60)
 {
 	dcp_run("deepseek-v2-lite", 2, (const char *const[]){SMALL, "--dcp", "2", "--load-dcp", "1", NULL}, 3, 4, 10);
+}
+
+/* ---- --remote ------------------------------------------------------------------------------ */
+
+Test(bench, opts_remote)
+{
+	struct bench_opts o;
+	char err[256];
+	int rc = PARSE(&o, err, "--spawn", "--remote", "127.0.0.1:7000,localhost:7001,[::1]:7002", "--remote-inflight", "8",
+		       "--warm-concurrency", "1");
+	cr_assert_eq(rc, 0, "%s", err);
+	cr_assert_eq(o.n_remote, 3);
+	cr_assert_str_eq(o.remote_seed[0], "127.0.0.1:7000");
+	cr_assert_str_eq(o.remote_seed[1], "localhost:7001");
+	cr_assert_str_eq(o.remote_seed[2], "[::1]:7002");
+	cr_assert_eq(o.remote_inflight, 8);
+	cr_assert_eq(o.warm_concurrency, 1);
+	cr_assert_eq(PARSE(&o, err, "--spawn", "--remote", "h:1"), 0, "%s", err);
+	cr_assert_eq(o.n_remote, 1);
+	cr_assert_eq(o.remote_inflight, BENCH_REMOTE_INFLIGHT);
+	cr_assert_eq(o.warm_concurrency, 0, "the warm phase's concurrency is --concurrency's");
+	cr_assert_eq(defaults().n_remote, 0);
+
+	static const char *const bad[] = {"127.0.0.1", ":7000", "h:0", "h:70000", "h:7x", "a:1,a:1", "a:1,", ",a:1",
+					  "[::1:7000", ""};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cr_assert_eq(PARSE(&o, err, "--spawn", "--remote", bad[i]), -EINVAL, "\"%s\" accepted", bad[i]);
+		cr_assert(strstr(err, "--remote"), "%s", err);
+	}
+	char many[17 * 8 + 1] = "", lng[80];
+	for (int i = 0; i < 17; i++)
+		snprintf(many + strlen(many), sizeof(many) - strlen(many), "%sh:%d", i ? "," : "", 7000 + i);
+	cr_assert_eq(PARSE(&o, err, "--spawn", "--remote", many), -EINVAL);
+	cr_assert(strstr(err, "more than 16"), "%s", err);
+	memset(lng, 'h', 60);
+	snprintf(lng + 60, sizeof(lng) - 60, ":7000");
+	cr_assert_eq(PARSE(&o, err, "--spawn", "--remote", lng), -EINVAL, "a 65-byte seed");
+	lng[58] = '\0';
+	strcat(lng, ":7000");
+	cr_assert_eq(PARSE(&o, err, "--spawn", "--remote", lng), 0, "a 63-byte seed: %s", err);
+
+	cr_assert_eq(PARSE(&o, err, "--remote", "h:1"), -EINVAL);
+	cr_assert(strstr(err, "--spawn"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--spawn", "--remote-inflight", "4"), -EINVAL);
+	cr_assert(strstr(err, "needs --remote"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--spawn", "--remote", "h:1", "--remote-inflight", "0"), -EINVAL);
+	cr_assert_eq(PARSE(&o, err, "--spawn", "--remote", "h:1", "--phases", "warm"), -EINVAL);
+	cr_assert(strstr(err, "--phases"), "%s", err);
+	cr_assert_eq(PARSE(&o, err, "--spawn", "--remote", "h:1", "--evict"), -EINVAL);
+	cr_assert_eq(PARSE(&o, err, "--concurrency", "2", "--warm-concurrency", "3"), -EINVAL);
+	cr_assert(strstr(err, "--warm-concurrency 3"), "%s", err);
+}
+
+Test(bench, spawn_config_remote)
+{
+	struct bench_opts o = defaults();
+	char err[256];
+	struct bench_plan pl;
+	cr_assert_eq(bench_plan_make(&o, &pl, err, sizeof(err)), 0, "%s", err);
+	char *text = bench_server_config(&o, &pl, "/s");
+	cJSON *root = cJSON_Parse(text);
+	cr_assert_null(cJSON_GetObjectItem(root, "remote"), "no remote section without --remote");
+	cJSON_Delete(root);
+	free(text);
+
+	cr_assert_eq(PARSE(&o, err, "--spawn", "--remote", "127.0.0.1:7000,127.0.0.1:7001", "--remote-inflight", "6"), 0);
+	text = bench_server_config(&o, &pl, "/s");
+	root = cJSON_Parse(text);
+	cr_assert_not_null(root, "%s", text);
+	cJSON *cl = path(root, "remote", "cluster");
+	cr_assert_eq(cJSON_GetArraySize(cl), 2);
+	cr_assert_str_eq(cJSON_GetArrayItem(cl, 0)->valuestring, "127.0.0.1:7000");
+	cr_assert_str_eq(cJSON_GetArrayItem(cl, 1)->valuestring, "127.0.0.1:7001");
+	cr_assert_eq(path(root, "remote", "max_inflight")->valuedouble, 6);
+	cr_assert_eq(path(root, "remote", "timeout_ms")->valuedouble, BENCH_REMOTE_TIMEOUT_MS);
+	cJSON_Delete(root);
+	free(text);
+}
+
+/* The 5 MiB geometry of tools/bench/remote-bench.sh: 40 tokens of Llama-3.1-8B (128 KiB each). */
+static void remote_plan(struct bench_opts *o, struct bench_plan *pl)
+{
+	char err[256];
+	cr_assert_eq(PARSE(o, err, "--spawn", "--remote", "127.0.0.1:7000", "--model", "llama-3.1-8b", "--block-tokens",
+			   "40", "--input-len", "320", "--prefix-len", "0", "--concurrency", "8", "--warm-concurrency", "1"),
+		     0, "%s", err);
+	cr_assert_eq(bench_plan_make(o, pl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pl->lane_bytes, 5ull << 20, "one lane of one block is 5 MiB");
+	cr_assert_eq(pl->unique_blocks, 64);
+	cr_assert_eq(pl->remote_value_bytes, (5ull << 20) + 128, "the value: rvalue.h's 128-byte header + the lane");
+}
+
+static struct bench_dist lat_of(uint64_t p50, uint64_t p99)
+{
+	return (struct bench_dist){.n = 8, .mean = (double)p50, .p50 = p50, .p99 = p99, .max = p99};
+}
+
+Test(bench, remote_summary_counts_what_failed)
+{
+	struct bench_opts o;
+	struct bench_plan pl;
+	remote_plan(&o, &pl);
+	const uint64_t bytes = 64 * pl.lane_bytes;
+	/* A: cold + warm from L1, clean; B: warm, every block loaded exactly */
+	struct bench_summary a0 = {.ran_cold = true, .ran_warm = true, .exact = true, .ok = true, .ld_gbps = 4.0,
+				   .ld_requests = 8, .ld_exact_prompts = 8, .lat = lat_of(10000000, 12000000)};
+	struct bench_summary b = {.ran_warm = true, .exact = true, .ok = true, .ld_bytes = bytes, .ld_ns = 800000000,
+				  .ld_gbps = bench_gbps(bytes, 800000000), .ld_requests = 8, .ld_exact_prompts = 8,
+				  .lat = lat_of(100000000, 180000000)};
+	struct bench_remote raw = {.seeds = 1, .inflight = 4, .wr_expected = 64, .wr_handed = 64, .wr_acked = 64,
+				   .wr_bytes = bytes, .wr_ns = 1000000000, .wr_tail_ns = 400000000, .wr_settled = true,
+				   .rd_expected = 64, .rd_reads = 64, .rd_hits = 64, .rd_lk_reads = 64, .rd_bytes = bytes,
+				   .rd_ns = 500000000};
+	struct bench_summary s = a0;
+	bench_remote_summarise(&pl, &b, &raw, &s);
+	cr_assert(s.rm.ran && s.ok, "errors %" PRIu64, s.rm.errors);
+	cr_assert_eq(s.rm.errors, 0);
+	cr_assert_eq(s.rm.value_bytes, pl.remote_value_bytes);
+	cr_assert_float_eq(s.rm.wr_gbps, (double)bytes / 1e9, 1e-9);
+	cr_assert_float_eq(s.rm.rd_gbps, (double)bytes / 5e8, 1e-9);
+	cr_assert_float_eq(s.rm.p50_ratio, 10.0, 1e-9);
+	cr_assert_float_eq(s.rm.p99_ratio, 15.0, 1e-9);
+	cr_assert_float_eq(s.rm.a_gbps, 4.0, 1e-12);
+	cr_assert_float_eq(s.rm.b_gbps, b.ld_gbps, 1e-12);
+	cr_assert_eq(s.rm.b_exact, 8);
+
+	char *text = bench_json(&o, &pl, &s);
+	cJSON *root = cJSON_Parse(text);
+	cr_assert_not_null(root, "%s", text);
+	cJSON *rm = path(root, "remote", NULL);
+	cr_assert_eq(path(rm, "write", "gbps")->valuedouble, s.rm.wr_gbps);
+	cr_assert_eq(path(rm, "write", "acked_lanes")->valuedouble, 64);
+	cr_assert(cJSON_IsTrue(path(rm, "write", "settled")));
+	cr_assert_eq(path(rm, "read", "hits")->valuedouble, 64);
+	cr_assert_eq(path(rm, "read", "gbps")->valuedouble, s.rm.rd_gbps);
+	cr_assert_eq(cJSON_GetObjectItem(path(rm, "b_warm", "latency_ns"), "p50")->valuedouble, 100000000);
+	cr_assert_eq(cJSON_GetObjectItem(path(rm, "a_warm", "latency_ns"), "p99")->valuedouble, 12000000);
+	cr_assert_eq(path(rm, "p50_ratio", NULL)->valuedouble, 10.0);
+	cr_assert_eq(path(rm, "value_bytes", NULL)->valuedouble, (double)pl.remote_value_bytes);
+	cr_assert_str_eq(cJSON_GetArrayItem(path(rm, "cluster", NULL), 0)->valuestring, "127.0.0.1:7000");
+	cr_assert_eq(path(root, "plan", "remote_value_bytes")->valuedouble, (double)pl.remote_value_bytes);
+	cr_assert_eq(path(root, "config", "warm_concurrency")->valuedouble, 1);
+	cJSON_Delete(root);
+	free(text);
+
+	/* the table: every line of the tier's part fits 100 columns */
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	bench_print_tail(f, &s);
+	fclose(f);
+	cr_assert(strstr(buf, "write (A, SET)") && strstr(buf, "read (B, GET)") && strstr(buf, "result: PASS"), "%s", buf);
+	for (char *line = buf, *nl; *line; line = nl + 1) {
+		nl = strchr(line, '\n');
+		cr_assert_not_null(nl);
+		cr_assert_leq(nl - line, 100, "line too long: %.*s", (int)(nl - line), line);
+	}
+	free(buf);
+
+	/* each failure of the tier is counted, and fails the run */
+	struct bench_remote r;
+	struct bench_summary bb;
+#define SPOIL(expect, ...)                                                                                     \
+	do {                                                                                                   \
+		r = raw;                                                                                       \
+		bb = b;                                                                                        \
+		__VA_ARGS__;                                                                                   \
+		s = a0;                                                                                        \
+		bench_remote_summarise(&pl, &bb, &r, &s);                                                      \
+		cr_assert_eq(s.rm.errors, (uint64_t)(expect), "%s: %" PRIu64 " errors", #__VA_ARGS__, s.rm.errors); \
+		cr_assert(!s.ok && s.errors == (uint64_t)(expect), "%s", #__VA_ARGS__);                        \
+	} while (0)
+	SPOIL(1, r.wr_handed = 63, r.wr_acked = 63, r.wr_skipped = 1);
+	SPOIL(2, r.wr_acked = 62, r.wr_errors = 2);
+	SPOIL(1, r.wr_acked = 63, r.wr_stale = 1);
+	SPOIL(3, r.wr_acked = 62, r.wr_settled = false);  /* two unanswered, and the wait timed out */
+	SPOIL(1, r.wr_handed = 63, r.wr_acked = 63);      /* a lane never handed over */
+	SPOIL(2, r.rd_hits = 63, r.rd_misses = 1);        /* one not a hit, and one hit short */
+	SPOIL(2, r.rd_hits = 63, r.rd_bad = 1);
+	SPOIL(1, r.rd_hits = 65);                          /* a lane read twice */
+	SPOIL(3, bb.ld_misses = 2, bb.exact = false, bb.ld_exact_prompts = 7);
+	SPOIL(1, bb.errors = 1);
+#undef SPOIL
+}
+
+/* --remote with no cluster behind the seed: the bench says so and fails, it does not hang. */
+Test(bench, spawn_remote_without_a_cluster_fails, .timeout = 60)
+{
+	char log[8192];
+	cJSON *j;
+	const char *args[] = {"--remote", "127.0.0.1:1", "--timeout-ms", "1500", SMALL, "--prompts", "2", NULL};
+	int rc = run_bench(args, &j, log, sizeof(log));
+	cr_assert_eq(rc, 1, "kvring-bench exit %d:\n%s", rc, log);
+	cr_assert(strstr(log, "hash slots") && strstr(log, "kvringd A"), "%s", log);
+	cJSON_Delete(j);
 }
