@@ -14,6 +14,10 @@
 #                                      cluster_state:ok, all 16384 slots assigned, every slot owner
 #                                      running, every replica in sync (after kill: the failover)
 #   redis-cluster.sh masters DIR       print the masters' addresses (as start does)
+#   redis-cluster.sh free-base N [SEED]  print a base port P such that P..P+N-1 and their bus
+#                                      ports (+10000) are free, all below the kernel's ephemeral
+#                                      range (so no outgoing connection can take one meanwhile);
+#                                      SEED (default: our pid) varies the first one tried
 #
 # Exit status: 0; 1 on failure (with a message); 2 on a usage error; 77 when redis-server or
 # redis-cli is missing (meson's skip: tools/install-deps.sh installs redis-server and
@@ -320,6 +324,29 @@ cmd_masters() {
 	masters "$(abs_dir "$1")"
 }
 
+cmd_free_base() {
+	if [ $# -lt 1 ] || [ $# -gt 2 ]; then usage; fi
+	local n="$1" seed="${2:-$$}" lo hi p busy try
+	[[ "$n" =~ ^[0-9]+$ ]] && [[ "$seed" =~ ^[0-9]+$ ]] || usage
+	read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
+	hi=$((lo - 10000 - n)) # the highest base whose bus ports stay below the ephemeral range
+	[ "$hi" -gt 10000 ] || die "no port range below the ephemeral ports ($lo..)"
+	for try in $(seq 0 60); do
+		p=$((10000 + ((seed + try * 97) * 10) % (hi - 10000)))
+		busy=0
+		for i in $(seq 0 $((n - 1))); do
+			for q in $((p + i)) $((p + i + 10000)); do
+				if (exec 3<>"/dev/tcp/$HOST/$q") 2>/dev/null; then busy=1; fi
+			done
+		done
+		if [ $busy = 0 ]; then
+			echo "$p"
+			return 0
+		fi
+	done
+	die "no free base port for $n nodes"
+}
+
 [ $# -ge 1 ] || usage
 cmd="$1"; shift
 case "$cmd" in
@@ -329,6 +356,7 @@ kill) cmd_kill "$@" ;;
 restart) cmd_restart "$@" ;;
 wait) cmd_wait "$@" ;;
 masters) cmd_masters "$@" ;;
+free-base) cmd_free_base "$@" ;;
 -h | --help | help) usage ;;
 *) usage ;;
 esac

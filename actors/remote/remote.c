@@ -1,10 +1,10 @@
 /* remote: the remote tier actor (kvring-remote) — promotion reads and write-throughs of L1 blocks against a Redis Cluster. */
 #include <errno.h>
+#include <malloc.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
@@ -60,7 +60,8 @@
 #define RM_BACKOFF_MIN_MS 50u
 #define RM_BACKOFF_MAX_MS 2000u
 #define RM_MAX_REDIRECTS 3u
-#define RM_READ_BURST 64u     /* socket reads per fd callback (hiredis reads 16 KiB each) */
+#define RM_READ_BURST 16u     /* socket reads per fd callback, RM_READ_CHUNK each */
+#define RM_READ_CHUNK (1u << 20)
 #define RM_NONE 0xffffffffu
 
 /* A GET's value is checked and copied into its slot straight from hiredis's read buffer,
@@ -123,6 +124,10 @@ struct remote {
 	uint64_t dropped;
 	uint64_t bad_logged_ns;
 	bool closing;             /* fini: nothing is parked any more */
+	bool map_dirty;           /* publish(): recount masters and covered slots */
+	char rbuf[RM_READ_CHUNK]; /* socket reads before hiredis's reader takes them */
+	bool is_master[KVR_RC_MAX_NODES];
+	unsigned covered;
 };
 
 static struct remote *R; /* hiredis's adapter hooks get only the node */
@@ -139,22 +144,32 @@ static void gauge(struct remote *r, unsigned s, uint64_t v)
 	atomic_store_explicit(&r->a->stats->c[s], v, memory_order_relaxed);
 }
 
+/* The map changed (CLUSTER SLOTS, MOVED): publish() looks at its 16384 slots again. */
+static void map_changed(struct remote *r)
+{
+	r->map_dirty = true;
+}
+
 static void publish(struct remote *r)
 {
+	if (r->map_dirty) {
+		memset(r->is_master, 0, sizeof(r->is_master));
+		for (unsigned s = 0; s < KVR_RC_SLOTS; s++)
+			if (r->map.owner[s] != KVR_RC_NONE)
+				r->is_master[r->map.owner[s]] = true;
+		r->covered = kvr_rc_map_covered(&r->map);
+		r->map_dirty = false;
+	}
 	unsigned masters = 0, up = 0;
-	bool is_master[KVR_RC_MAX_NODES] = {false};
-	for (unsigned s = 0; s < KVR_RC_SLOTS; s++)
-		if (r->map.owner[s] != KVR_RC_NONE)
-			is_master[r->map.owner[s]] = true;
 	for (unsigned n = 0; n < r->map.n_nodes; n++)
-		if (is_master[n]) {
+		if (r->is_master[n]) {
 			masters++;
 			up += r->nodes[n].st == N_UP;
 		}
 	gauge(r, KVR_STAT_RM_NODES, masters);
 	gauge(r, KVR_STAT_RM_NODES_UP, up);
 	gauge(r, KVR_STAT_RM_INFLIGHT, r->inflight);
-	gauge(r, KVR_STAT_RM_SLOTS_COVERED, kvr_rc_map_covered(&r->map));
+	gauge(r, KVR_STAT_RM_SLOTS_COVERED, r->covered);
 }
 
 /* ---- answers to the lookup actor ---------------------------------------------------------- */
@@ -432,6 +447,7 @@ static redisAsyncContext *node_ctx(struct remote *r, unsigned ni)
 	}
 	ac->c.reader->fn = &land_fn;
 	ac->c.reader->privdata = n;
+	ac->c.reader->maxbuf = 0; /* keep the read buffer between values (hiredis frees it above 16 KiB idle) */
 	n->events = POLLOUT;
 	n->ac = ac;
 	n->st = N_CONNECTING;
@@ -468,14 +484,21 @@ static void node_fd(struct kvr_actor *a, int fd, uint32_t revents, void *arg)
 		redisAsyncHandleWrite(n->ac);
 	if (!n->ac || !(revents & (POLLIN | POLLERR | POLLHUP)))
 		return;
-	/* hiredis reads 16 KiB per call: go on while the socket has bytes (a 5 MiB value is
-	 * 320 reads), so one wake-up takes what arrived */
-	for (unsigned k = 0; k < RM_READ_BURST && n->ac; k++) {
-		redisAsyncHandleRead(n->ac);
-		int avail = 0;
-		if (!n->ac || ioctl(fd, FIONREAD, &avail) != 0 || avail <= 0)
+	/* hiredis reads 16 KiB per call (a 5 MiB value would be 320 wake-ups and reads): what
+	 * the socket holds is read here in RM_READ_CHUNK pieces and fed to hiredis's reader
+	 * (its public redisReaderFeed); then hiredis's own read (EAGAIN, or EOF and errors
+	 * handled its way) runs the callbacks of every reply now complete */
+	redisReader *rd = n->ac->c.reader;
+	for (unsigned k = 0; k < RM_READ_BURST; k++) {
+		ssize_t got = read(fd, R->rbuf, RM_READ_CHUNK);
+		if (got <= 0)
+			break; /* EAGAIN, EOF or an error: hiredis's read below sees it too */
+		if (redisReaderFeed(rd, R->rbuf, (size_t)got) != REDIS_OK)
+			break; /* out of memory: hiredis's read below reports it */
+		if ((size_t)got < RM_READ_CHUNK)
 			break;
 	}
+	redisAsyncHandleRead(n->ac);
 }
 
 /* ---- the slot map -------------------------------------------------------------------------- */
@@ -503,6 +526,7 @@ static void on_slots(redisAsyncContext *ac, void *reply, void *priv)
 		return;
 	}
 	count(r, KVR_STAT_RM_REFRESHES, 1);
+	map_changed(r);
 	unsigned now_cov = kvr_rc_map_covered(&r->map);
 	if (now_cov != before)
 		kvr_info("remote: slot map from %s:%u: %u of %u slots served", r->map.nodes[ni].host,
@@ -576,6 +600,7 @@ static void discover(struct remote *r)
 		redisFree(c);
 		if (rc == 0) {
 			count(r, KVR_STAT_RM_REFRESHES, 1);
+			map_changed(r);
 			r->next_refresh_ns = kvr_now_ns() + RM_REFRESH_NS;
 			kvr_info("remote: slot map from %s:%u, %u of %u slots served",
 				 addr->host, addr->port, kvr_rc_map_covered(&r->map), KVR_RC_SLOTS);
@@ -666,8 +691,9 @@ static int req_send(struct remote *r, uint32_t i)
 			    name, (unsigned long long)vlen);
 	int rc = redisAsyncFormattedCommand(ac, on_set, priv_of(r, i), pre, (size_t)plen);
 	if (rc == REDIS_OK) {
-		sds ob = ac->c.obuf;
-		ob = sdscatlen(ob, &h, sizeof(h));
+		/* room for the whole value at once, not by doubling while it is appended */
+		sds ob = sdsMakeRoomFor(ac->c.obuf, sizeof(h) + r->id.lane_bytes + 64);
+		ob = ob ? sdscatlen(ob, &h, sizeof(h)) : NULL;
 		ob = ob ? sdscatlen(ob, data, r->id.lane_bytes) : NULL;
 		ob = ob ? sdscatlen(ob, "\r\n", 2) : NULL;
 		if (ob && r->ttl[0]) {
@@ -708,8 +734,10 @@ static bool redirect(struct remote *r, uint32_t i, const redisReply *rp)
 	int ni = ask ? kvr_rc_map_node(&r->map, to.host, to.port) : kvr_rc_map_set(&r->map, slot, to.host, to.port);
 	if (ni < 0)
 		return false;
-	if (!ask)
+	if (!ask) {
+		map_changed(r);
 		r->next_refresh_ns = 0; /* more of the map has likely moved */
+	}
 	q->asking = ask;
 	q->node = (unsigned)ni;
 	return req_send(r, i) == 0;
@@ -960,10 +988,15 @@ static int remote_init(struct kvr_actor *a)
 		kvr_err("remote.cluster is empty");
 		return -EINVAL;
 	}
+	/* values are MiBs: keep freed buffers in the process instead of mapping and unmapping
+	 * (and faulting in) several MiB per request */
+	(void)mallopt(M_MMAP_THRESHOLD, 64 << 20);
+	(void)mallopt(M_TRIM_THRESHOLD, 512 << 20);
 	struct remote *r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
 	R = r;
+	r->map_dirty = true;
 	r->a = a;
 	r->slots = a->slots;
 	r->lanes = a->slots->quorum;

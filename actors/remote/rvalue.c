@@ -57,7 +57,7 @@ void kvr_rv_hdr_build(struct kvr_rv_hdr *ret, const struct kvr_l2_ident *id, kvr
 	h.lane = lane;
 	h.block_tokens = id->block_tokens;
 	h.payload_bytes = id->lane_bytes;
-	h.payload_xxh3 = XXH3_64bits(payload, (size_t)id->lane_bytes);
+	h.payload_xxh3 = kvr_l2_payload_hash(payload, id->lane_bytes); /* the disk tier's: runtime-dispatched XXH3 */
 	h.created_ns = kvr_realtime_ns();
 	h.hdr_xxh3 = hdr_hash(&h);
 	*ret = h;
@@ -111,7 +111,7 @@ int kvr_rv_check(const void *value, size_t len, const struct kvr_l2_ident *id, k
 		r = KVR_RV_R_SHORT;
 	else if (len - sizeof(h) > h.payload_bytes)
 		r = KVR_RV_R_LENGTH;
-	else if (XXH3_64bits((const uint8_t *)value + sizeof(h), (size_t)h.payload_bytes) != h.payload_xxh3)
+	else if (kvr_l2_payload_hash((const uint8_t *)value + sizeof(h), h.payload_bytes) != h.payload_xxh3)
 		r = KVR_RV_R_PAYLOAD_CSUM;
 out:
 	if (ret_reason)

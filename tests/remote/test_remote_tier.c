@@ -479,7 +479,13 @@ Test(remote, memory_stays_flat_over_ten_thousand_blocks, .timeout = 300)
 		cr_assert_eq(d.c.n_stored, BLOCKS);
 		uint64_t want = (uint64_t)(p + 1) * BLOCKS;
 		cr_assert(H_WAIT(ct_stat(&A, "remote", KVR_STAT_RM_WRITES) == want, 5000), "prompt %u not written", p);
-		cr_assert_eq(ct_lookup_load_exact(rb, 20000 + p, tok, BLOCKS * BT, 0, TAG(p, 0)), BLOCKS, "prompt %u", p);
+		cr_assert_eq(ct_lookup_load_exact(rb, 20000 + p, tok, BLOCKS * BT, 0, TAG(p, 0)), BLOCKS,
+			     "prompt %u: B's remote hits %llu misses %llu bad %llu errors %llu timeouts %llu", p,
+			     (unsigned long long)ct_stat(&B, "remote", KVR_STAT_RM_HITS),
+			     (unsigned long long)ct_stat(&B, "remote", KVR_STAT_RM_MISSES),
+			     (unsigned long long)ct_stat(&B, "remote", KVR_STAT_RM_BAD_VALUES),
+			     (unsigned long long)ct_stat(&B, "remote", KVR_STAT_RM_READ_ERRORS),
+			     (unsigned long long)ct_stat(&B, "remote", KVR_STAT_RM_TIMEOUTS));
 	}
 	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_HITS), (uint64_t)N * BLOCKS);
 	uint64_t end_a = rss_kib(ct_actor_pid(&A, "remote")), end_b = rss_kib(ct_actor_pid(&B, "remote"));

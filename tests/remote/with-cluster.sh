@@ -13,29 +13,25 @@ src=${KVR_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 rc_sh="$src/tools/redis-cluster.sh"
 dir=$(mktemp -d /tmp/kvr-cluster.XXXXXX)
 
-# a base port whose 6 ports and their bus ports (+10000) are free
-base=""
-for try in $(seq 0 40); do
-	p=$((20000 + (($$ + try * 97) % 400) * 10))
-	busy=0
-	for i in 0 1 2 3 4 5; do
-		for q in $((p + i)) $((p + i + 10000)); do
-			if (exec 3<>"/dev/tcp/127.0.0.1/$q") 2>/dev/null; then busy=1; fi
-		done
-	done
-	if [ $busy = 0 ]; then base=$p; break; fi
-done
-[ -n "$base" ] || { echo "with-cluster.sh: no free ports" >&2; exit 1; }
-
 cleanup() { "$rc_sh" stop "$dir" >/dev/null 2>&1; rm -rf "$dir"; }
 trap cleanup EXIT
 
-masters=$("$rc_sh" start "$dir" --masters 3 --replicas 1 --base-port "$base")
-st=$?
-if [ $st -ne 0 ]; then
-	[ $st -eq 77 ] && echo "with-cluster.sh: redis-server is not installed (tools/install-deps.sh): skipped" >&2
-	exit $st
-fi
+# free ports below the ephemeral range; a port taken between the check and the start (another
+# test's server) fails the start: then again on other ports, twice at most
+for attempt in 1 2 3; do
+	base=$("$rc_sh" free-base 6 $(( $$ + attempt * 7919 ))) || exit 1
+	masters=$("$rc_sh" start "$dir" --masters 3 --replicas 1 --base-port "$base")
+	st=$?
+	[ $st -eq 0 ] && break
+	if [ $st -eq 77 ]; then
+		echo "with-cluster.sh: redis-server is not installed (tools/install-deps.sh): skipped" >&2
+		exit 77
+	fi
+	"$rc_sh" stop "$dir" >/dev/null 2>&1
+	rm -rf "${dir:?}"/*
+	[ $attempt -lt 3 ] && echo "with-cluster.sh: the cluster did not start on $base..: again on other ports" >&2
+done
+[ $st -eq 0 ] || exit $st
 export KVR_TEST_CLUSTER=$(echo "$masters" | paste -sd, -)
 export KVR_TEST_CLUSTER_DIR=$dir
 export KVR_REDIS_CLUSTER_SH=$rc_sh

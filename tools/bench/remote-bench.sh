@@ -93,19 +93,7 @@ cleanup() { "$rc_sh" stop "$dir" >/dev/null 2>&1; rm -rf "$dir" "$out"; }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-# a base port whose 3 ports and their bus ports (+10000) are free
-base=""
-for try in $(seq 0 40); do
-	p=$((21000 + (($$ + try * 89) % 400) * 10))
-	busy=0
-	for i in 0 1 2; do
-		for q in $((p + i)) $((p + i + 10000)); do
-			if (exec 3<>"/dev/tcp/127.0.0.1/$q") 2>/dev/null; then busy=1; fi
-		done
-	done
-	if [ $busy = 0 ]; then base=$p; break; fi
-done
-[ -n "$base" ] || die "no free ports"
+base=$("$rc_sh" free-base 3) || die "no free ports"
 masters=$("$rc_sh" start "$dir" --masters 3 --replicas 0 --base-port "$base") || die "the cluster did not start"
 seeds=$(paste -sd, <<<"$masters")
 first_port=${masters%%$'\n'*}
