@@ -492,6 +492,12 @@ Test(remote, memory_stays_flat_over_ten_thousand_blocks, .timeout = 300)
 	cr_log_info("remote actor RSS after %u and %u blocks: A %llu -> %llu KiB, B %llu -> %llu KiB", WARM * BLOCKS,
 		    N * BLOCKS, (unsigned long long)rss_a, (unsigned long long)end_a, (unsigned long long)rss_b,
 		    (unsigned long long)end_b);
+#if defined(__SANITIZE_ADDRESS__)
+	/* under ASan every freed buffer waits in the sanitizer's quarantine (256 MiB): RSS then
+	 * measures the quarantine, not kvring; the 10,000 blocks are still checked byte for byte */
+	cr_log_info("built with ASan: RSS not compared");
+#else
 	cr_assert_leq(end_a, rss_a + 1024, "A's remote actor grew %llu KiB", (unsigned long long)(end_a - rss_a));
 	cr_assert_leq(end_b, rss_b + 1024, "B's remote actor grew %llu KiB", (unsigned long long)(end_b - rss_b));
+#endif
 }
