@@ -501,3 +501,54 @@ Test(remote, memory_stays_flat_over_ten_thousand_blocks, .timeout = 300)
 	cr_assert_leq(end_b, rss_b + 1024, "B's remote actor grew %llu KiB", (unsigned long long)(end_b - rss_b));
 #endif
 }
+
+static pid_t node_pid(unsigned port)
+{
+	char path[600];
+	snprintf(path, sizeof(path), "%s/%u/redis.pid", getenv("KVR_TEST_CLUSTER_DIR"), port);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "%s", path);
+	int pid = 0;
+	cr_assert_eq(fscanf(f, "%d", &pid), 1);
+	fclose(f);
+	return (pid_t)pid;
+}
+
+/*
+ * The remote actor killed -9 with a promotion read in flight (its master is stopped, so
+ * the GET hangs): the lookup actor aborts the read, the slot waits DRAINING under the dead
+ * actor's pin until the successor drops it, then the table is quiet (only FREE and
+ * COMMITTED, no pins) and every block loads byte-exact from the cluster once the master
+ * runs again.
+ */
+Test(remote, a_killed_remote_actor_leaves_a_quiet_table)
+{
+	struct ct_rank *ra = start(&A, 64);
+	a_stores(ra, 1);
+	kvr_key keys[BLOCKS];
+	ct_keys(&A, tokens[0], BLOCKS * BT, keys);
+	char name[KVR_RV_KEY_MAX];
+	key_name(&A, keys[0], 0, name);
+	pid_t master = node_pid(cmap.nodes[cmap.owner[kvr_rc_key_slot(name, strlen(name))]].port);
+	struct ct_opts o = {.l1_slots = 64, .sections_extra = remote_section, .max_workers = 2};
+	ct_start(&B, &tiny, &o); /* two worker slots: the child's, then the test's own */
+	cr_assert(H_WAIT(ct_stat(&B, "remote", KVR_STAT_RM_SLOTS_COVERED) == KVR_RC_SLOTS, 5000));
+	cr_assert_eq(kill(master, SIGSTOP), 0);
+	int w;
+	pid_t child = ct_spawn_rank_child(&B, 0, 16, tokens[0], BLOCKS * BT, &w);
+	cr_assert(H_WAIT(ct_stat(&B, "remote", KVR_STAT_RM_READS) >= 1, 3000), "the promotion read was not taken");
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_HITS), 0);
+	pid_t rpid = ct_actor_pid(&B, "remote");
+	cr_assert_eq(kill(rpid, SIGKILL), 0);
+	cr_assert(ct_wait_ready(&B, "remote", rpid, 5000) > 0, "the remote actor was not restarted");
+	cr_assert_eq(kill(master, SIGCONT), 0);
+	(void)kill(child, SIGKILL);
+	(void)waitpid(child, NULL, 0);
+	ct_untrack_child(child);
+	cr_assert(H_WAIT(ct_table_clean(&B), 10000), "the slot table did not get quiet");
+	struct ct_rank *rb;
+	cr_assert_eq(ct_rank_open(&B, 0, 16, 0, &rb), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(ct_lookup_load_exact(rb, 600, tokens[0], BLOCKS * BT, 0, TAG(0, 0)), BLOCKS);
+	ct_assert_table_clean(&B);
+	ct_assert_table_clean(&A);
+}
