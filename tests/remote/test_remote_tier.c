@@ -480,7 +480,13 @@ Test(remote, memory_stays_flat_over_ten_thousand_blocks, .timeout = 300)
 		uint64_t want = (uint64_t)(p + 1) * BLOCKS;
 		cr_assert(H_WAIT(ct_stat(&A, "remote", KVR_STAT_RM_WRITES) == want, 5000), "prompt %u not written", p);
 		cr_assert_eq(ct_lookup_load_exact(rb, 20000 + p, tok, BLOCKS * BT, 0, TAG(p, 0)), BLOCKS,
-			     "prompt %u: B's remote hits %llu misses %llu bad %llu errors %llu timeouts %llu", p,
+			     "prompt %u: B's lookup: keys %llu matched %llu remote promotions %llu failed %llu; B's remote "
+			     "actor: reads %llu hits %llu misses %llu bad %llu errors %llu timeouts %llu", p,
+			     (unsigned long long)ct_stat(&B, "lookup", KVR_STAT_LK_KEYS),
+			     (unsigned long long)ct_stat(&B, "lookup", KVR_STAT_LK_MATCHED),
+			     (unsigned long long)ct_stat(&B, "lookup", KVR_STAT_LK_RM_READS),
+			     (unsigned long long)ct_stat(&B, "lookup", KVR_STAT_LK_RM_READ_FAILS),
+			     (unsigned long long)ct_stat(&B, "remote", KVR_STAT_RM_READS),
 			     (unsigned long long)ct_stat(&B, "remote", KVR_STAT_RM_HITS),
 			     (unsigned long long)ct_stat(&B, "remote", KVR_STAT_RM_MISSES),
 			     (unsigned long long)ct_stat(&B, "remote", KVR_STAT_RM_BAD_VALUES),
