@@ -773,15 +773,15 @@ Test(config, doc_drift)
 	free(md);
 }
 
-/* A fresh directory under /tmp for one test: /tmp/kvr-config-<pid>-<n>. */
+/* A fresh directory under /tmp for one test (mkdtemp: a dir left by an earlier run never collides). */
 static char tmpdir[128];
 
 static void tmpdir_setup(void)
 {
 	static unsigned n;
 
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvr-config-%d-%u", (int)getpid(), n++);
-	cr_assert_eq(mkdir(tmpdir, 0700), 0, "mkdir %s: %s", tmpdir, strerror(errno));
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvr-config-%u-XXXXXX", n++);
+	cr_assert(mkdtemp(tmpdir), "mkdtemp %s: %s", tmpdir, strerror(errno));
 }
 
 static void tmpdir_teardown(void)

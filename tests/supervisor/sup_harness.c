@@ -34,8 +34,9 @@ void h_init(struct h_inst *in, unsigned dir_mode)
 {
 	memset(in, 0, sizeof(*in));
 	in->ro.fd = -1;
-	snprintf(in->dir, sizeof(in->dir), "/tmp/kvr-sup-%d-%u", (int)getpid(), inst_counter++);
-	cr_assert(mkdir(in->dir, 0700) == 0, "mkdir %s: %s", in->dir, strerror(errno));
+	/* mkdtemp, not pid + counter: a dir kept by a crashed earlier run under a recycled pid must not fail this one */
+	snprintf(in->dir, sizeof(in->dir), "/tmp/kvr-sup-%u-XXXXXX", inst_counter++);
+	cr_assert(mkdtemp(in->dir), "mkdtemp %s: %s", in->dir, strerror(errno));
 	cr_assert(chmod(in->dir, dir_mode) == 0);
 	snprintf(in->sock, sizeof(in->sock), "%s/run/kvring.sock", in->dir);
 	snprintf(in->cfg, sizeof(in->cfg), "%s/kvring.json", in->dir);
