@@ -525,6 +525,15 @@ void l2t_cancel(struct l2tier *t, unsigned worker)
 }
 
 
+/* The generation of the actor a read goes to, as it is now: not the one l2t_tick last
+ * saw. The lookup actor starts before the disk and remote actors, so a read sent before
+ * its first tick noticed them would otherwise carry generation 0 and be aborted by that
+ * tick as if its actor had died (a short prefix, a slot read into for nothing). */
+static uint32_t gen_now(const struct l2tier *t, unsigned actor)
+{
+	return atomic_load(&kvr_ctl_actor(t->a->ctl, actor)->generation);
+}
+
 static int rm_send_read(struct l2tier *t, uint64_t id, kvr_key k, unsigned lane, uint32_t slot, uint32_t epoch)
 {
 	struct kvr_msg_l2 b = {.key_lo = k.lo, .key_hi = k.hi, .slot = slot, .epoch = epoch, .lane = (uint16_t)lane};
@@ -589,7 +598,7 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		struct read *rd = &t->reads[ri];
 		*rd = (struct read){.used = true, .rseq = ++t->rseq, .worker = worker, .lane = lane, .pseq = p->seq,
 				    .block = i, .slot = r.slot, .epoch = r.epoch, .disk = d,
-				    .disk_gen = from_rm ? t->rm_gen : t->disk_gen[d], .sent_ns = now_of(t)};
+				    .disk_gen = gen_now(t, from_rm ? t->rm_actor : t->disk_actor[d]), .sent_ns = now_of(t)};
 		uint64_t id = (uint64_t)rd->rseq << 32 | ri;
 		int src = from_rm ? rm_send_read(t, id, key, lane, r.slot, r.epoch)
 				  : send_l2(t, d, KVR_MSG_L2_READ, id, key, lane, r.slot, r.epoch);

@@ -38,6 +38,7 @@ static struct kvr_index *idx;
 static struct l2tier *t;
 static struct kvr_ring *dreq, *drep, *rreq, *rrep;
 static struct kvr_slot_table *st;
+static uint32_t start_gen = 1; /* the disk and remote actors' generation when l2t_open looks */
 
 static kvr_key key_of(unsigned p, unsigned i)
 {
@@ -97,11 +98,11 @@ static void build(bool l2, bool remote, unsigned on_disk)
 	act.ent->kind = KVR_ACTOR_LOOKUP;
 	if (l2) {
 		kvr_ctl_actor(act.ctl, disk)->kind = KVR_ACTOR_DISK;
-		atomic_store(&kvr_ctl_actor(act.ctl, disk)->generation, 1);
+		atomic_store(&kvr_ctl_actor(act.ctl, disk)->generation, start_gen);
 	}
 	if (remote) {
 		kvr_ctl_actor(act.ctl, rm)->kind = KVR_ACTOR_REMOTE;
-		atomic_store(&kvr_ctl_actor(act.ctl, rm)->generation, 1);
+		atomic_store(&kvr_ctl_actor(act.ctl, rm)->generation, start_gen);
 	}
 	atomic_store(&act.ctl->n_actors, n_actors);
 	kvr_config_defaults(&act.cfg);
@@ -391,6 +392,51 @@ Test(l2tier, remote_promotions_read_ahead_in_a_slow_start_window)
 	cr_assert_neq(kvr_ring_try_dequeue(rreq, &none), 0);
 	cr_assert_eq(answer_read(rrep, &cm, &cb, -ENOENT, 0, &done), 2);
 	cr_assert_eq(done.matched, 0);
+}
+
+/*
+ * kvringd starts the lookup actor first, then the disk and remote actors: l2t_open sees
+ * generation 0. A read sent once the remote actor runs (generation 1) but before a tick
+ * noticed it belongs to that actor: the tick must not abort it as its predecessor's (it
+ * did: a prefix cut short at random in the 10,000-block remote test).
+ */
+Test(l2tier, a_read_sent_before_the_first_tick_saw_the_remote_actor_is_not_aborted)
+{
+	start_gen = 0;
+	build(false, true, 0);
+	atomic_store(&kvr_ctl_actor(act.ctl, NO_L2_REMOTE_ACTOR)->generation, 1); /* spawned after l2t_open */
+	kvr_key keys[1] = {key_of(5, 0)};
+	struct kvr_index_ref refs[1];
+	cr_assert_eq(l2t_extend(t, 0, 21, 0, keys, 1, 0, refs, 0), -EINPROGRESS);
+	struct kvr_msg_l2 b;
+	struct kvr_msg m = take(rreq, KVR_MSG_L2_READ, &b);
+	struct l2t_done done;
+	cr_assert_eq(l2t_tick(t, &done), 0, "the tick that first sees the remote actor ends nothing");
+	cr_assert_eq(stat(KVR_STAT_LK_RM_READ_FAILS), 0);
+	cr_assert_eq(kvr_slot_state(st, b.slot), KVR_SLOT_WRITING, "the read's slot is still being filled");
+	cr_assert_eq(answer_read(rrep, &m, &b, 0, 0, &done), 2);
+	cr_assert_eq(done.matched, 1);
+	cr_assert_eq(done.promoted, 1);
+	cr_assert_eq(stat(KVR_STAT_LK_RM_READS), 1);
+}
+
+/* The same for a disk actor: a read sent to it before the first tick saw it survives that tick. */
+Test(l2tier, a_read_sent_before_the_first_tick_saw_the_disk_actor_is_not_aborted)
+{
+	start_gen = 0;
+	build(true, false, 1);
+	atomic_store(&kvr_ctl_actor(act.ctl, DISK_ACTOR)->generation, 1);
+	kvr_key keys[1] = {key_of(0, 0)};
+	struct kvr_index_ref refs[1];
+	cr_assert_eq(l2t_extend(t, 0, 22, 0, keys, 1, 0, refs, 0), -EINPROGRESS);
+	struct kvr_msg_l2 b;
+	struct kvr_msg m = take(dreq, KVR_MSG_L2_READ, &b);
+	struct l2t_done done;
+	cr_assert_eq(l2t_tick(t, &done), 0, "the tick that first sees the disk actor ends no read");
+	cr_assert_eq(stat(KVR_STAT_LK_L2_READ_FAILS), 0);
+	cr_assert_eq(answer_read(drep, &m, &b, 0, 0, &done), 2);
+	cr_assert_eq(done.matched, 1);
+	cr_assert_eq(done.promoted, 1);
 }
 
 /* Write-through to the shared tier: every committed lane is handed over once; a full ring
