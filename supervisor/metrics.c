@@ -11,7 +11,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cJSON.h>
 #include <microhttpd.h>
 
 #include "kvr_log.h"
@@ -352,31 +351,21 @@ static void render_rings(FILE *f, const struct kvr_ctl *c)
 
 /* ---- L2: the disk actors' stats pages ------------------------------------------------- */
 
-#define L2_DIRS_MAX 64
-
-/* l2.dirs of the effective config in the control segment (kvringd wrote it: valid JSON);
- * dirs[i] points into *ret_json (the caller deletes it), NULL where there is none. */
-static void config_dirs(const struct kvr_ctl *c, cJSON **ret_json, const char *dirs[L2_DIRS_MAX])
+/* l2.dirs of the effective config in the control segment (kvringd wrote it with
+ * kvr_config_to_json, so it parses): dirs[i] points into *cfg, NULL where there is none. */
+static void config_dirs(const struct kvr_ctl *c, struct kvr_config *cfg, const char *dirs[KVR_L2_MAX_DIRS])
 {
-	for (unsigned i = 0; i < L2_DIRS_MAX; i++)
-		dirs[i] = NULL;
-	*ret_json = cJSON_ParseWithLength(kvr_ctl_config_json(c), c->config_len);
-	const cJSON *l2 = cJSON_GetObjectItemCaseSensitive(*ret_json, "l2");
-	const cJSON *arr = cJSON_GetObjectItemCaseSensitive(l2, "dirs");
-	unsigned i = 0;
-	const cJSON *d;
-	cJSON_ArrayForEach(d, arr) {
-		if (i >= L2_DIRS_MAX)
-			break;
-		dirs[i++] = cJSON_IsString(d) ? d->valuestring : NULL;
-	}
+	char err[256];
+	bool ok = kvr_config_parse(kvr_ctl_config_json(c), cfg, err, sizeof(err)) == 0;
+	for (unsigned i = 0; i < KVR_L2_MAX_DIRS; i++)
+		dirs[i] = ok && i < cfg->l2.n_dirs ? cfg->l2.dirs[i] : NULL;
 }
 
 /* `metric{dir="<l2.dirs[N]>"` for disk actor e (its name "disk.N" when the config does not
  * name the dir); the caller adds further labels and the closing brace. */
 static void dir_label(FILE *f, const char *metric, const struct kvr_actor_ent *e, const char *const *dirs)
 {
-	const char *dir = e->index < L2_DIRS_MAX ? dirs[e->index] : NULL;
+	const char *dir = e->index < KVR_L2_MAX_DIRS ? dirs[e->index] : NULL;
 	fprintf(f, "%s{dir=\"", metric);
 	if (dir)
 		label_value(f, dir, strlen(dir));
@@ -409,9 +398,9 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 		any = is_disk(c, i);
 	if (!any)
 		return; /* no l2.dirs: no per-dir series */
-	cJSON *json;
-	const char *dirs[L2_DIRS_MAX];
-	config_dirs(c, &json, dirs);
+	struct kvr_config cfg;
+	const char *dirs[KVR_L2_MAX_DIRS];
+	config_dirs(c, &cfg, dirs);
 
 	per_dir(f, c, dirs, "kvring_l2_bytes", "gauge",
 		"Bytes of the complete block files the disk actor serves (files x file size; header and padding "
@@ -474,7 +463,6 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 			dir_label(f, kept, kvr_ctl_actor(c, i), dirs);
 			fprintf(f, ",found=\"read\"} %llu\n", (unsigned long long)stat_of(c, i, KVR_STAT_DK_BAD_KEPT));
 		}
-	cJSON_Delete(json);
 }
 
 /* ---- the remote tier: the remote actor's stats page, and the lookup's view of it ------- */

@@ -55,10 +55,11 @@ void m_fake_add_disk(struct m_fake *f, unsigned index, const char *name);
  * promotions failed 122, writes sent 123, writes skipped 124. */
 void m_fake_add_remote(struct m_fake *f);
 /* A config for m_fake_init_config whose l2.dirs[0] needs escaping in a label: the path
- * /srv/kv"l2\a, as JSON text and as a Prometheus label value. */
+ * /srv/kv"l2\a, as JSON text and as a Prometheus label value. It must pass kvr_config_parse
+ * (/metrics reads l2.dirs through it), so the cap holds a block file of the default model. */
 #define MF_ODD_DIR_JSON "/srv/kv\\\"l2\\\\a"
 #define MF_ODD_DIR_LABEL "/srv/kv\\\"l2\\\\a"
-#define MF_L2_CONFIG "{\"l2\": {\"dirs\": [\"" MF_ODD_DIR_JSON "\"], \"capacity_bytes\": 1048576}}"
+#define MF_L2_CONFIG "{\"l2\": {\"dirs\": [\"" MF_ODD_DIR_JSON "\"], \"capacity_bytes\": 1073741824}}"
 
 /* ---- kvringd with metrics ------------------------------------------------------------- */
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "fmt.h"
 #include "kvr_time.h"
 
 #define STOP_TIMEOUT_MS 60000
@@ -326,7 +327,7 @@ static int dry_run(const struct bench_opts *o, const struct bench_plan *pl)
 	if (!o->quiet) {
 		bench_print_header(stdout, o, pl);
 		printf("L1 for the whole workload + 25%%: %" PRIu64 " bytes (%.1f MiB)\n", l1,
-		       (double)l1 / (1024.0 * 1024.0));
+		       kvr_fmt_mib(l1));
 		if (o->n_remote)
 			printf("remote: two instances of that L1, %u seed%s, max_inflight %u; one Redis value per lane: "
 			       "%" PRIu64 " bytes, %" PRIu64 " of them\n", o->n_remote, o->n_remote == 1 ? "" : "s",

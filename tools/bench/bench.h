@@ -180,9 +180,6 @@ struct bench_dist bench_dist_of(uint64_t *v, size_t n);
 /* bytes / ns in GB/s (10^9 bytes per second); 0 when ns is 0. */
 double bench_gbps(uint64_t bytes, uint64_t ns);
 
-/* ns as "123 ns", "4.5 us", "6.78 ms" or "1.234 s" in buf; returns buf. */
-const char *bench_fmt_ns(char *buf, size_t len, double ns);
-
 /* ---- results (filled by the rank processes in a shared mapping) --------------------------- */
 
 #define BENCH_ERR_MAX 256

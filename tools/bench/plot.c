@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "fmt.h"
 #include "kvr_log.h"
 
 #define GNUPLOT_TIMEOUT_MS 60000
@@ -99,8 +100,8 @@ static void minmax(const uint64_t *v, size_t n, uint64_t *lo, uint64_t *hi)
 static void cdf_title(FILE *f, const char *what, const struct bench_dist *d, size_t n)
 {
 	char a[32], b[32], t[160];
-	snprintf(t, sizeof(t), "%s (n=%zu, p50 %s, p99 %s)", what, n, bench_fmt_ns(a, sizeof(a), (double)d->p50),
-		 bench_fmt_ns(b, sizeof(b), (double)d->p99));
+	snprintf(t, sizeof(t), "%s (n=%zu, p50 %s, p99 %s)", what, n, kvr_fmt_ns((double)d->p50, a, sizeof(a)),
+		 kvr_fmt_ns((double)d->p99, b, sizeof(b)));
 	q(f, t);
 }
 

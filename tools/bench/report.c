@@ -1,11 +1,12 @@
 /* kvring-bench report: combine the ranks' results, print the table, build the JSON document. */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
-
 #include "bench.h"
+#include "fmt.h"
+#include "json_writer.h"
 #include "kvr_build_config.h"
 
 #define LOOKUP_GOAL_NS 20000ull /* hash + index for a 10,000-token prompt */
@@ -193,24 +194,44 @@ void bench_remote_summarise(const struct bench_plan *pl, const struct bench_summ
 
 /* ---- table ------------------------------------------------------------------------------- */
 
-static double mib(uint64_t bytes)
+/* A goal's verdict: "-" when the phase moved no bytes. */
+static const char *verdict(uint64_t bytes, bool met)
 {
-	return (double)bytes / (1024.0 * 1024.0);
+	return bytes ? (met ? "met" : "missed") : "-";
+}
+
+/* The end of a row with a goal: " <ratio>    >= <goal> <verdict>" (op ">=" or "<="). */
+static void goal_tail(FILE *f, double ratio, const char *op, double goal, uint64_t bytes, bool met)
+{
+	fprintf(f, " %11.2f    %s %.2f %s\n", ratio, op, goal, verdict(bytes, met));
+}
+
+/* "  <label>  [mean M  ]p50 P[  p99 Q  (<what>)]": a distribution of ns on one line. */
+static void print_dist(FILE *f, const char *label, const struct bench_dist *d, bool mean, const char *p99_what)
+{
+	char a[32];
+	fprintf(f, "  %-23s", label);
+	if (mean)
+		fprintf(f, "mean %s  ", kvr_fmt_ns(d->mean, a, sizeof(a)));
+	fprintf(f, "p50 %s", kvr_fmt_ns((double)d->p50, a, sizeof(a)));
+	if (p99_what)
+		fprintf(f, "  p99 %s  (%s)", kvr_fmt_ns((double)d->p99, a, sizeof(a)), p99_what);
+	fputc('\n', f);
 }
 
 void bench_print_header(FILE *f, const struct bench_opts *o, const struct bench_plan *pl)
 {
 	fprintf(f, "kvring-bench %s: model %s (%s)\n", KVR_VERSION, o->model, pl->preset->hf_id);
 	fprintf(f, "geometry: tp %u, %u-token blocks of %.2f MiB per %s, %.2f MiB over %u lane%s\n", o->tp,
-		o->block_tokens, mib(pl->lane_bytes), o->dcp > 1 ? "lane" : "rank", mib(pl->block_bytes), pl->lanes,
-		pl->lanes == 1 ? "" : "s");
+		o->block_tokens, kvr_fmt_mib(pl->lane_bytes), o->dcp > 1 ? "lane" : "rank", kvr_fmt_mib(pl->block_bytes),
+		pl->lanes, pl->lanes == 1 ? "" : "s");
 	fprintf(f, "workload: %u prompts x %u tokens, shared prefix %u tokens, concurrency %u", o->prompts, o->input_len,
 		o->prefix_len, o->concurrency);
 	if (o->warm_concurrency && o->warm_concurrency != o->concurrency)
 		fprintf(f, " (warm %u)", o->warm_concurrency);
 	fprintf(f, ", seed %" PRIu64 "\n", o->seed);
 	fprintf(f, "          %" PRIu64 " distinct blocks = %.1f MiB over all ranks; engine KV memory %.1f MiB per "
-		"rank\n", pl->unique_blocks, mib(pl->unique_bytes), mib(pl->kv_bytes));
+		"rank\n", pl->unique_blocks, kvr_fmt_mib(pl->unique_bytes), kvr_fmt_mib(pl->kv_bytes));
 	if (pl->st.dcp == 1 && pl->ld.dcp == 1 && pl->st.interleave == 1 && pl->ld.interleave == 1)
 		return;
 	fprintf(f, "dcp: cold D %u I %u, %u group%s of %u ranks, %u storing", pl->st.dcp, pl->st.interleave, pl->st.groups,
@@ -219,7 +240,7 @@ void bench_print_header(FILE *f, const struct bench_opts *o, const struct bench_
 	for (int i = 0; i < 2; i++) {
 		if (i)
 			fprintf(f, "     warm D %u I %u", l[i]->dcp, l[i]->interleave);
-		fprintf(f, ": a rank's block %.2f MiB in %u runs <= %.1f KiB\n", mib(l[i]->rank_bytes), l[i]->runs,
+		fprintf(f, ": a rank's block %.2f MiB in %u runs <= %.1f KiB\n", kvr_fmt_mib(l[i]->rank_bytes), l[i]->runs,
 			(double)l[i]->run_bytes / 1024.0);
 	}
 }
@@ -227,40 +248,34 @@ void bench_print_header(FILE *f, const struct bench_opts *o, const struct bench_
 void bench_print_phases(FILE *f, const struct bench_opts *o, const struct bench_plan *pl,
 			const struct bench_summary *s)
 {
-	char a[32], b[32], c[32], d[32];
+	char a[32], b[32];
 	if (s->ran_cold) {
 		fprintf(f, "\ncold: store                      kvring        memcpy   kvring/memcpy    goal\n");
-		fprintf(f, "  bytes newly stored     %10.1f MiB\n", mib(s->st_bytes));
-		fprintf(f, "  time                   %14s %13s\n", bench_fmt_ns(a, sizeof(a), (double)s->st_ns),
-			bench_fmt_ns(b, sizeof(b), (double)s->st_memcpy_ns));
-		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s %11.2f    >= %.2f %s\n", s->st_gbps,
-			s->st_memcpy_gbps, s->st_ratio, BENCH_STORE_GOAL_MIN,
-			s->st_bytes ? (s->st_ratio >= BENCH_STORE_GOAL_MIN ? "met" : "missed") : "-");
-		if (pl->st.dcp > 1)
-			fprintf(f, "  DCP gather, D %-2u     %14s %13s %11.2f    >= %.2f %s\n", pl->st.dcp, "", "",
-				s->st_ratio, BENCH_COPY_GOAL_MIN,
-				s->st_bytes ? (s->st_ratio >= BENCH_COPY_GOAL_MIN ? "met" : "missed") : "-");
+		fprintf(f, "  bytes newly stored     %10.1f MiB\n", kvr_fmt_mib(s->st_bytes));
+		fprintf(f, "  time                   %14s %13s\n", kvr_fmt_ns((double)s->st_ns, a, sizeof(a)),
+			kvr_fmt_ns((double)s->st_memcpy_ns, b, sizeof(b)));
+		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s", s->st_gbps, s->st_memcpy_gbps);
+		goal_tail(f, s->st_ratio, ">=", BENCH_STORE_GOAL_MIN, s->st_bytes, s->st_ratio >= BENCH_STORE_GOAL_MIN);
+		if (pl->st.dcp > 1) {
+			fprintf(f, "  DCP gather, D %-2u     %14s %13s", pl->st.dcp, "", "");
+			goal_tail(f, s->st_ratio, ">=", BENCH_COPY_GOAL_MIN, s->st_bytes, s->st_ratio >= BENCH_COPY_GOAL_MIN);
+		}
 		fprintf(f, "  requests %" PRIu64 ", tokens %" PRIu64 ", blocks %" PRIu64 ": stored %" PRIu64
 			", already present %" PRIu64 ", failed %" PRIu64 ", errors %" PRIu64 "\n",
 			s->st_requests, s->st_tokens, s->st_blocks, s->st_stored, s->st_present, s->st_failed_blocks,
 			s->st_errors);
-		fprintf(f, "  latency / request      mean %s  p50 %s  p99 %s  (store submit -> done)\n",
-			bench_fmt_ns(a, sizeof(a), s->st_lat.mean), bench_fmt_ns(b, sizeof(b), (double)s->st_lat.p50),
-			bench_fmt_ns(c, sizeof(c), (double)s->st_lat.p99));
-		fprintf(f, "  pattern fill (not timed) %s\n", bench_fmt_ns(a, sizeof(a), (double)s->st_fill_ns));
+		print_dist(f, "latency / request", &s->st_lat, true, "store submit -> done");
+		fprintf(f, "  pattern fill (not timed) %s\n", kvr_fmt_ns((double)s->st_fill_ns, a, sizeof(a)));
 	}
 	if (s->ran_warm) {
 		fprintf(f, "\nwarm: lookup + load              kvring        memcpy   kvring/memcpy    goal\n");
-		fprintf(f, "  bytes loaded           %10.1f MiB\n", mib(s->ld_bytes));
-		fprintf(f, "  time                   %14s %13s %11.2f    <= %.2f %s\n",
-			bench_fmt_ns(a, sizeof(a), (double)s->ld_ns),
-			bench_fmt_ns(b, sizeof(b), (double)s->ld_memcpy_ns),
-			s->ld_time_ratio, BENCH_LOAD_GOAL_MAX,
-			s->ld_bytes ? (s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX ? "met" : "missed") : "-");
+		fprintf(f, "  bytes loaded           %10.1f MiB\n", kvr_fmt_mib(s->ld_bytes));
+		fprintf(f, "  time                   %14s %13s", kvr_fmt_ns((double)s->ld_ns, a, sizeof(a)),
+			kvr_fmt_ns((double)s->ld_memcpy_ns, b, sizeof(b)));
+		goal_tail(f, s->ld_time_ratio, "<=", BENCH_LOAD_GOAL_MAX, s->ld_bytes, s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX);
 		fprintf(f, "  throughput             %9.2f GB/s %8.2f GB/s\n", s->ld_gbps, s->ld_memcpy_gbps);
-		fprintf(f, "  loads only (GB/s)      %9.2f GB/s %8.2f GB/s %11.2f    >= %.2f %s\n", s->ld_load_gbps,
-			s->ld_memcpy_gbps, s->ld_load_ratio, BENCH_COPY_GOAL_MIN,
-			s->ld_bytes ? (s->ld_load_ratio >= BENCH_COPY_GOAL_MIN ? "met" : "missed") : "-");
+		fprintf(f, "  loads only (GB/s)      %9.2f GB/s %8.2f GB/s", s->ld_load_gbps, s->ld_memcpy_gbps);
+		goal_tail(f, s->ld_load_ratio, ">=", BENCH_COPY_GOAL_MIN, s->ld_bytes, s->ld_load_ratio >= BENCH_COPY_GOAL_MIN);
 		fprintf(f, "  per rank (GB/s ratio) ");
 		for (uint32_t r = 0; r < o->tp && r < KVR_MAX_TP; r++)
 			fprintf(f, " %.2f", s->ld_rank_ratio[r]);
@@ -275,18 +290,13 @@ void bench_print_phases(FILE *f, const struct bench_opts *o, const struct bench_
 		if (o->evict || s->ld_l2_blocks)
 			fprintf(f, "  tiers                  L1 hits %" PRIu64 " blocks, L1 misses %" PRIu64 ", L2 reads %" PRIu64
 				"\n", s->ld_l1_hits, s->ld_l1_misses, s->ld_l2_blocks);
-		fprintf(f, "  latency / request      mean %s  p50 %s  p99 %s  (lookup + load done)\n",
-			bench_fmt_ns(a, sizeof(a), s->lat.mean), bench_fmt_ns(b, sizeof(b), (double)s->lat.p50),
-			bench_fmt_ns(c, sizeof(c), (double)s->lat.p99));
-		fprintf(f, "  lookup hashing         mean %s  p50 %s\n", bench_fmt_ns(a, sizeof(a), s->hash.mean),
-			bench_fmt_ns(b, sizeof(b), (double)s->hash.p50));
-		fprintf(f, "  lookup index           mean %s  p50 %s\n", bench_fmt_ns(a, sizeof(a), s->index.mean),
-			bench_fmt_ns(b, sizeof(b), (double)s->index.p50));
-		fprintf(f, "  lookup round trip      mean %s  p50 %s\n", bench_fmt_ns(a, sizeof(a), s->rt.mean),
-			bench_fmt_ns(b, sizeof(b), (double)s->rt.p50));
+		print_dist(f, "latency / request", &s->lat, true, "lookup + load done");
+		print_dist(f, "lookup hashing", &s->hash, true, NULL);
+		print_dist(f, "lookup index", &s->index, true, NULL);
+		print_dist(f, "lookup round trip", &s->rt, true, NULL);
 		fprintf(f, "  hash + index p50       %s for %u tokens (goal <= %s at 10,000 tokens)\n",
-			bench_fmt_ns(d, sizeof(d), (double)s->hash_index_p50_ns), o->input_len,
-			bench_fmt_ns(c, sizeof(c), (double)LOOKUP_GOAL_NS));
+			kvr_fmt_ns((double)s->hash_index_p50_ns, a, sizeof(a)), o->input_len,
+			kvr_fmt_ns((double)LOOKUP_GOAL_NS, b, sizeof(b)));
 		fprintf(f, "  verify                 exact %" PRIu64 "/%" PRIu64 " prompts, mismatched blocks %" PRIu64
 			", failed %" PRIu64 ", stray writes %" PRIu64 ", errors %" PRIu64 "\n",
 			s->ld_exact_prompts, s->ld_requests, s->ld_mismatch_blocks, s->ld_failed_blocks,
@@ -297,23 +307,23 @@ void bench_print_phases(FILE *f, const struct bench_opts *o, const struct bench_
 static void print_remote(FILE *f, const struct bench_summary *s)
 {
 	const struct bench_remote *rm = &s->rm;
-	char a[32], b[32];
+	char a[32];
 	fprintf(f, "\nremote: shared tier, %u seed%s, max_inflight %u, one value per lane: %" PRIu64 " bytes\n",
 		rm->seeds, rm->seeds == 1 ? "" : "s", rm->inflight, rm->value_bytes);
 	fprintf(f, "  write (A, SET)         %9.2f GB/s  %" PRIu64 " of %" PRIu64 " lanes acknowledged, %.1f MiB in %s\n",
-		rm->wr_gbps, rm->wr_acked, rm->wr_expected, mib(rm->wr_bytes), bench_fmt_ns(a, sizeof(a), (double)rm->wr_ns));
+		rm->wr_gbps, rm->wr_acked, rm->wr_expected, kvr_fmt_mib(rm->wr_bytes),
+		kvr_fmt_ns((double)rm->wr_ns, a, sizeof(a)));
 	fprintf(f, "                         first store -> last ack, %s of it after the last store\n",
-		bench_fmt_ns(b, sizeof(b), (double)rm->wr_tail_ns));
+		kvr_fmt_ns((double)rm->wr_tail_ns, a, sizeof(a)));
 	fprintf(f, "                         errors %" PRIu64 ", stale %" PRIu64 ", skipped %" PRIu64 "%s\n", rm->wr_errors,
 		rm->wr_stale, rm->wr_skipped, rm->wr_settled ? "" : ", NOT SETTLED (timed out)");
 	fprintf(f, "  read (B, GET)          %9.2f GB/s  %" PRIu64 " hits of %" PRIu64 " lanes, %.1f MiB in %s of lookups\n",
-		rm->rd_gbps, rm->rd_hits, rm->rd_expected, mib(rm->rd_bytes), bench_fmt_ns(a, sizeof(a), (double)rm->rd_ns));
+		rm->rd_gbps, rm->rd_hits, rm->rd_expected, kvr_fmt_mib(rm->rd_bytes),
+		kvr_fmt_ns((double)rm->rd_ns, a, sizeof(a)));
 	fprintf(f, "                         misses %" PRIu64 ", bad values %" PRIu64 ", errors %" PRIu64 "\n",
 		rm->rd_misses, rm->rd_bad, rm->rd_errors);
-	fprintf(f, "  B warm per prompt      p50 %s  p99 %s  (lookup + load, blocks from the cluster)\n",
-		bench_fmt_ns(a, sizeof(a), (double)rm->b_lat.p50), bench_fmt_ns(b, sizeof(b), (double)rm->b_lat.p99));
-	fprintf(f, "  A warm per prompt      p50 %s  p99 %s  (lookup + load, L1 hits)\n",
-		bench_fmt_ns(a, sizeof(a), (double)rm->a_lat.p50), bench_fmt_ns(b, sizeof(b), (double)rm->a_lat.p99));
+	print_dist(f, "B warm per prompt", &rm->b_lat, false, "lookup + load, blocks from the cluster");
+	print_dist(f, "A warm per prompt", &rm->a_lat, false, "lookup + load, L1 hits");
 	fprintf(f, "  B / A                  p50 %.1fx  p99 %.1fx;  warm GB/s (lookup + load) B %.2f  A %.2f\n",
 		rm->p50_ratio, rm->p99_ratio, rm->b_gbps, rm->a_gbps);
 	fprintf(f, "  B verify               exact %" PRIu64 "/%" PRIu64 " prompts, missed blocks %" PRIu64
@@ -335,213 +345,240 @@ void bench_print_tail(FILE *f, const struct bench_summary *s)
 		s->exact ? "" : ", not every prompt matched exactly");
 }
 
+
 /* ---- JSON -------------------------------------------------------------------------------- */
 
-static void num(cJSON *o, const char *k, double v)
+/* cJSON_Print's layout (the document's format before json_writer), integers exact. */
+static void dist_json(struct kvr_jw *w, const char *key, const struct bench_dist *d)
 {
-	cJSON_AddNumberToObject(o, k, v);
+	kvr_jw_object(w, key);
+	kvr_jw_u64(w, "n", d->n);
+	kvr_jw_double(w, "mean", d->mean);
+	kvr_jw_u64(w, "p50", d->p50);
+	kvr_jw_u64(w, "p99", d->p99);
+	kvr_jw_u64(w, "max", d->max);
+	kvr_jw_end(w);
 }
 
-static cJSON *dist(const struct bench_dist *d)
+static void remote_json(struct kvr_jw *w, const struct bench_opts *o, const struct bench_remote *rm)
 {
-	cJSON *o = cJSON_CreateObject();
-	if (o) {
-		num(o, "n", (double)d->n);
-		num(o, "mean", d->mean);
-		num(o, "p50", (double)d->p50);
-		num(o, "p99", (double)d->p99);
-		num(o, "max", (double)d->max);
-	}
-	return o;
-}
-
-static cJSON *remote_json(const struct bench_opts *o, const struct bench_remote *rm)
-{
-	cJSON *r = cJSON_CreateObject();
-	if (!r)
-		return NULL;
-	cJSON *seeds = cJSON_AddArrayToObject(r, "cluster");
+	kvr_jw_object(w, "remote");
+	kvr_jw_array(w, "cluster");
 	for (uint32_t i = 0; i < o->n_remote; i++)
-		cJSON_AddItemToArray(seeds, cJSON_CreateString(o->remote_seed[i]));
-	num(r, "max_inflight", rm->inflight);
-	num(r, "value_bytes", (double)rm->value_bytes);
-	cJSON *w = cJSON_AddObjectToObject(r, "write");
-	num(w, "expected_lanes", (double)rm->wr_expected);
-	num(w, "handed_lanes", (double)rm->wr_handed);
-	num(w, "skipped_lanes", (double)rm->wr_skipped);
-	num(w, "acked_lanes", (double)rm->wr_acked);
-	num(w, "errors", (double)rm->wr_errors);
-	num(w, "stale", (double)rm->wr_stale);
-	num(w, "bytes", (double)rm->wr_bytes);
-	num(w, "time_ns", (double)rm->wr_ns);
-	num(w, "tail_ns", (double)rm->wr_tail_ns);
-	cJSON_AddBoolToObject(w, "settled", rm->wr_settled);
-	num(w, "gbps", rm->wr_gbps);
-	cJSON *rd = cJSON_AddObjectToObject(r, "read");
-	num(rd, "expected_lanes", (double)rm->rd_expected);
-	num(rd, "reads", (double)rm->rd_reads);
-	num(rd, "hits", (double)rm->rd_hits);
-	num(rd, "misses", (double)rm->rd_misses);
-	num(rd, "bad_values", (double)rm->rd_bad);
-	num(rd, "errors", (double)rm->rd_errors);
-	num(rd, "lookup_reads", (double)rm->rd_lk_reads);
-	num(rd, "bytes", (double)rm->rd_bytes);
-	num(rd, "time_ns", (double)rm->rd_ns);
-	num(rd, "gbps", rm->rd_gbps);
-	cJSON *b = cJSON_AddObjectToObject(r, "b_warm");
-	num(b, "prompts", (double)rm->b_prompts);
-	num(b, "exact_prompts", (double)rm->b_exact);
-	num(b, "missed_blocks", (double)rm->b_missed);
-	num(b, "errors", (double)rm->b_errors);
-	num(b, "bytes", (double)rm->b_bytes);
-	num(b, "time_ns", (double)rm->b_ns);
-	num(b, "gbps", rm->b_gbps);
-	cJSON_AddItemToObject(b, "latency_ns", dist(&rm->b_lat));
-	cJSON *a = cJSON_AddObjectToObject(r, "a_warm");
-	num(a, "gbps", rm->a_gbps);
-	cJSON_AddItemToObject(a, "latency_ns", dist(&rm->a_lat));
-	num(r, "p50_ratio", rm->p50_ratio);
-	num(r, "p99_ratio", rm->p99_ratio);
-	num(r, "errors", (double)rm->errors);
-	return r;
+		kvr_jw_str(w, NULL, o->remote_seed[i]);
+	kvr_jw_end(w);
+	kvr_jw_u64(w, "max_inflight", rm->inflight);
+	kvr_jw_u64(w, "value_bytes", rm->value_bytes);
+	kvr_jw_object(w, "write");
+	kvr_jw_u64(w, "expected_lanes", rm->wr_expected);
+	kvr_jw_u64(w, "handed_lanes", rm->wr_handed);
+	kvr_jw_u64(w, "skipped_lanes", rm->wr_skipped);
+	kvr_jw_u64(w, "acked_lanes", rm->wr_acked);
+	kvr_jw_u64(w, "errors", rm->wr_errors);
+	kvr_jw_u64(w, "stale", rm->wr_stale);
+	kvr_jw_u64(w, "bytes", rm->wr_bytes);
+	kvr_jw_u64(w, "time_ns", rm->wr_ns);
+	kvr_jw_u64(w, "tail_ns", rm->wr_tail_ns);
+	kvr_jw_bool(w, "settled", rm->wr_settled);
+	kvr_jw_double(w, "gbps", rm->wr_gbps);
+	kvr_jw_end(w);
+	kvr_jw_object(w, "read");
+	kvr_jw_u64(w, "expected_lanes", rm->rd_expected);
+	kvr_jw_u64(w, "reads", rm->rd_reads);
+	kvr_jw_u64(w, "hits", rm->rd_hits);
+	kvr_jw_u64(w, "misses", rm->rd_misses);
+	kvr_jw_u64(w, "bad_values", rm->rd_bad);
+	kvr_jw_u64(w, "errors", rm->rd_errors);
+	kvr_jw_u64(w, "lookup_reads", rm->rd_lk_reads);
+	kvr_jw_u64(w, "bytes", rm->rd_bytes);
+	kvr_jw_u64(w, "time_ns", rm->rd_ns);
+	kvr_jw_double(w, "gbps", rm->rd_gbps);
+	kvr_jw_end(w);
+	kvr_jw_object(w, "b_warm");
+	kvr_jw_u64(w, "prompts", rm->b_prompts);
+	kvr_jw_u64(w, "exact_prompts", rm->b_exact);
+	kvr_jw_u64(w, "missed_blocks", rm->b_missed);
+	kvr_jw_u64(w, "errors", rm->b_errors);
+	kvr_jw_u64(w, "bytes", rm->b_bytes);
+	kvr_jw_u64(w, "time_ns", rm->b_ns);
+	kvr_jw_double(w, "gbps", rm->b_gbps);
+	dist_json(w, "latency_ns", &rm->b_lat);
+	kvr_jw_end(w);
+	kvr_jw_object(w, "a_warm");
+	kvr_jw_double(w, "gbps", rm->a_gbps);
+	dist_json(w, "latency_ns", &rm->a_lat);
+	kvr_jw_end(w);
+	kvr_jw_double(w, "p50_ratio", rm->p50_ratio);
+	kvr_jw_double(w, "p99_ratio", rm->p99_ratio);
+	kvr_jw_u64(w, "errors", rm->errors);
+	kvr_jw_end(w);
+}
+
+static void config_json(struct kvr_jw *w, const struct bench_opts *o, const struct bench_plan *pl,
+			const struct bench_summary *s)
+{
+	kvr_jw_object(w, "config");
+	kvr_jw_str(w, "model", o->model);
+	kvr_jw_str(w, "model_id", pl->preset->hf_id);
+	kvr_jw_u64(w, "tp", o->tp);
+	kvr_jw_u64(w, "block_tokens", o->block_tokens);
+	kvr_jw_u64(w, "prompts", o->prompts);
+	kvr_jw_u64(w, "input_len", o->input_len);
+	kvr_jw_u64(w, "prefix_len", o->prefix_len);
+	kvr_jw_u64(w, "concurrency", o->concurrency);
+	kvr_jw_u64(w, "warm_concurrency", o->warm_concurrency ? o->warm_concurrency : o->concurrency);
+	kvr_jw_u64(w, "seed", o->seed);
+	kvr_jw_array(w, "phases");
+	if (s->ran_cold)
+		kvr_jw_str(w, NULL, "cold");
+	if (s->ran_warm)
+		kvr_jw_str(w, NULL, "warm");
+	kvr_jw_end(w);
+	kvr_jw_u64(w, "dcp", o->dcp);
+	kvr_jw_u64(w, "interleave", o->interleave);
+	kvr_jw_u64(w, "load_dcp", bench_load_dcp(o));
+	kvr_jw_u64(w, "load_interleave", bench_load_interleave(o));
+	kvr_jw_bool(w, "spawn", o->spawn);
+	kvr_jw_bool(w, "allow_misses", o->allow_misses);
+	kvr_jw_u64(w, "remote_nodes", o->n_remote);
+	kvr_jw_u64(w, "remote_inflight", o->n_remote ? o->remote_inflight : 0);
+	kvr_jw_end(w);
+
+	kvr_jw_object(w, "plan");
+	kvr_jw_u64(w, "lane_bytes", pl->lane_bytes);
+	kvr_jw_u64(w, "block_bytes", pl->block_bytes);
+	kvr_jw_u64(w, "lanes", pl->lanes);
+	kvr_jw_u64(w, "full_blocks_per_prompt", pl->full_blocks);
+	kvr_jw_u64(w, "prefix_blocks", pl->prefix_blocks);
+	kvr_jw_u64(w, "engine_blocks_per_rank", pl->num_blocks);
+	kvr_jw_u64(w, "kv_bytes_per_rank", pl->st.kv_bytes);
+	kvr_jw_u64(w, "load_kv_bytes_per_rank", pl->ld.kv_bytes);
+	kvr_jw_u64(w, "dcp_groups", pl->st.groups);
+	kvr_jw_u64(w, "storing_groups", pl->storing_groups);
+	kvr_jw_u64(w, "rank_bytes", pl->st.rank_bytes);
+	kvr_jw_u64(w, "load_rank_bytes", pl->ld.rank_bytes);
+	kvr_jw_u64(w, "copy_runs_per_rank", pl->st.runs);
+	kvr_jw_u64(w, "load_copy_runs_per_rank", pl->ld.runs);
+	kvr_jw_u64(w, "copy_run_bytes_max", pl->st.run_bytes);
+	kvr_jw_u64(w, "load_copy_run_bytes_max", pl->ld.run_bytes);
+	kvr_jw_u64(w, "unique_blocks", pl->unique_blocks);
+	kvr_jw_u64(w, "unique_bytes", pl->unique_bytes);
+	kvr_jw_u64(w, "remote_value_bytes", pl->remote_value_bytes);
+	kvr_jw_end(w);
+}
+
+static void cold_json(struct kvr_jw *w, const struct bench_summary *s)
+{
+	kvr_jw_object(w, "cold");
+	kvr_jw_u64(w, "requests", s->st_requests);
+	kvr_jw_u64(w, "tokens", s->st_tokens);
+	kvr_jw_u64(w, "blocks", s->st_blocks);
+	kvr_jw_u64(w, "stored_blocks", s->st_stored);
+	kvr_jw_u64(w, "present_blocks", s->st_present);
+	kvr_jw_u64(w, "failed_blocks", s->st_failed_blocks);
+	kvr_jw_u64(w, "errors", s->st_errors);
+	kvr_jw_u64(w, "bytes", s->st_bytes);
+	kvr_jw_u64(w, "time_ns", s->st_ns);
+	kvr_jw_u64(w, "fill_ns", s->st_fill_ns);
+	kvr_jw_double(w, "gbps", s->st_gbps);
+	kvr_jw_u64(w, "memcpy_time_ns", s->st_memcpy_ns);
+	kvr_jw_double(w, "memcpy_gbps", s->st_memcpy_gbps);
+	kvr_jw_double(w, "ratio", s->st_ratio);
+	kvr_jw_double(w, "goal_ratio_min", BENCH_STORE_GOAL_MIN);
+	kvr_jw_bool(w, "goal_met", s->st_bytes && s->st_ratio >= BENCH_STORE_GOAL_MIN);
+	kvr_jw_double(w, "copy_goal_ratio_min", BENCH_COPY_GOAL_MIN);
+	kvr_jw_bool(w, "copy_goal_met", s->st_bytes && s->st_ratio >= BENCH_COPY_GOAL_MIN);
+	dist_json(w, "latency_ns", &s->st_lat);
+	kvr_jw_end(w);
+}
+
+static void warm_json(struct kvr_jw *w, const struct bench_opts *o, const struct bench_summary *s)
+{
+	kvr_jw_object(w, "warm");
+	kvr_jw_u64(w, "requests", s->ld_requests);
+	kvr_jw_u64(w, "tokens", s->ld_tokens);
+	kvr_jw_u64(w, "matched_tokens", s->ld_matched_tokens);
+	kvr_jw_u64(w, "matched_blocks", s->ld_matched_blocks);
+	kvr_jw_double(w, "hit_rate", s->hit_rate);
+	kvr_jw_u64(w, "missed_blocks", s->ld_misses);
+	kvr_jw_u64(w, "l1_hit_blocks", s->ld_l1_hits);
+	kvr_jw_u64(w, "l1_miss_blocks", s->ld_l1_misses);
+	kvr_jw_u64(w, "l2_read_blocks", s->ld_l2_blocks);
+	kvr_jw_u64(w, "bytes", s->ld_bytes);
+	kvr_jw_u64(w, "time_ns", s->ld_ns);
+	kvr_jw_double(w, "gbps", s->ld_gbps);
+	kvr_jw_u64(w, "memcpy_time_ns", s->ld_memcpy_ns);
+	kvr_jw_double(w, "memcpy_gbps", s->ld_memcpy_gbps);
+	kvr_jw_double(w, "time_ratio", s->ld_time_ratio);
+	kvr_jw_double(w, "goal_time_ratio_max", BENCH_LOAD_GOAL_MAX);
+	kvr_jw_bool(w, "goal_met", s->ld_bytes && s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX);
+	kvr_jw_u64(w, "load_time_ns", s->ld_load_ns);
+	kvr_jw_double(w, "load_gbps", s->ld_load_gbps);
+	kvr_jw_double(w, "load_ratio", s->ld_load_ratio);
+	kvr_jw_u64(w, "lookup_time_ns", s->ld_lookup_ns);
+	kvr_jw_array(w, "rank_load_ratio");
+	for (uint32_t r = 0; r < o->tp && r < KVR_MAX_TP; r++)
+		kvr_jw_double(w, NULL, s->ld_rank_ratio[r]);
+	kvr_jw_end(w);
+	kvr_jw_double(w, "rank_load_ratio_min", s->ld_rank_ratio_min);
+	kvr_jw_u64(w, "group_load_time_ns", s->ld_group_ns);
+	kvr_jw_double(w, "group_load_gbps", s->ld_group_gbps);
+	kvr_jw_u64(w, "group_memcpy_time_ns", s->ld_group_memcpy_ns);
+	kvr_jw_double(w, "group_memcpy_gbps", s->ld_group_memcpy_gbps);
+	kvr_jw_double(w, "group_load_ratio", s->ld_group_ratio);
+	kvr_jw_double(w, "copy_goal_ratio_min", BENCH_COPY_GOAL_MIN);
+	kvr_jw_bool(w, "copy_goal_met", s->ld_bytes && s->ld_rank_ratio_min >= BENCH_COPY_GOAL_MIN);
+	dist_json(w, "latency_ns", &s->lat);
+	kvr_jw_object(w, "lookup");
+	dist_json(w, "hash_ns", &s->hash);
+	dist_json(w, "index_ns", &s->index);
+	dist_json(w, "roundtrip_ns", &s->rt);
+	kvr_jw_u64(w, "hash_index_p50_ns", s->hash_index_p50_ns);
+	kvr_jw_end(w);
+	kvr_jw_object(w, "verify");
+	kvr_jw_u64(w, "prompts", s->ld_requests);
+	kvr_jw_u64(w, "exact_prompts", s->ld_exact_prompts);
+	kvr_jw_u64(w, "mismatch_blocks", s->ld_mismatch_blocks);
+	kvr_jw_u64(w, "failed_blocks", s->ld_failed_blocks);
+	kvr_jw_u64(w, "stray_blocks", s->ld_stray_blocks);
+	kvr_jw_u64(w, "errors", s->ld_errors);
+	kvr_jw_end(w);
+	kvr_jw_end(w);
 }
 
 char *bench_json(const struct bench_opts *o, const struct bench_plan *pl, const struct bench_summary *s)
 {
-	cJSON *root = cJSON_CreateObject();
-	if (!root)
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	if (!f)
 		return NULL;
-	cJSON_AddStringToObject(root, "tool", "kvring-bench");
-	cJSON_AddStringToObject(root, "version", KVR_VERSION);
-
-	cJSON *cfg = cJSON_AddObjectToObject(root, "config");
-	cJSON_AddStringToObject(cfg, "model", o->model);
-	cJSON_AddStringToObject(cfg, "model_id", pl->preset->hf_id);
-	num(cfg, "tp", o->tp);
-	num(cfg, "block_tokens", o->block_tokens);
-	num(cfg, "prompts", o->prompts);
-	num(cfg, "input_len", o->input_len);
-	num(cfg, "prefix_len", o->prefix_len);
-	num(cfg, "concurrency", o->concurrency);
-	num(cfg, "warm_concurrency", o->warm_concurrency ? o->warm_concurrency : o->concurrency);
-	num(cfg, "seed", (double)o->seed);
-	cJSON *ph = cJSON_AddArrayToObject(cfg, "phases");
+	struct kvr_jw w;
+	kvr_jw_init(&w, f, KVR_JW_TABS);
+	kvr_jw_object(&w, NULL);
+	kvr_jw_str(&w, "tool", "kvring-bench");
+	kvr_jw_str(&w, "version", KVR_VERSION);
+	config_json(&w, o, pl, s);
 	if (s->ran_cold)
-		cJSON_AddItemToArray(ph, cJSON_CreateString("cold"));
-	if (s->ran_warm)
-		cJSON_AddItemToArray(ph, cJSON_CreateString("warm"));
-	num(cfg, "dcp", o->dcp);
-	num(cfg, "interleave", o->interleave);
-	num(cfg, "load_dcp", bench_load_dcp(o));
-	num(cfg, "load_interleave", bench_load_interleave(o));
-	cJSON_AddBoolToObject(cfg, "spawn", o->spawn);
-	cJSON_AddBoolToObject(cfg, "allow_misses", o->allow_misses);
-	num(cfg, "remote_nodes", o->n_remote);
-	num(cfg, "remote_inflight", o->n_remote ? o->remote_inflight : 0);
-
-	cJSON *plan = cJSON_AddObjectToObject(root, "plan");
-	num(plan, "lane_bytes", (double)pl->lane_bytes);
-	num(plan, "block_bytes", (double)pl->block_bytes);
-	num(plan, "lanes", pl->lanes);
-	num(plan, "full_blocks_per_prompt", pl->full_blocks);
-	num(plan, "prefix_blocks", pl->prefix_blocks);
-	num(plan, "engine_blocks_per_rank", pl->num_blocks);
-	num(plan, "kv_bytes_per_rank", (double)pl->st.kv_bytes);
-	num(plan, "load_kv_bytes_per_rank", (double)pl->ld.kv_bytes);
-	num(plan, "dcp_groups", pl->st.groups);
-	num(plan, "storing_groups", pl->storing_groups);
-	num(plan, "rank_bytes", (double)pl->st.rank_bytes);
-	num(plan, "load_rank_bytes", (double)pl->ld.rank_bytes);
-	num(plan, "copy_runs_per_rank", pl->st.runs);
-	num(plan, "load_copy_runs_per_rank", pl->ld.runs);
-	num(plan, "copy_run_bytes_max", (double)pl->st.run_bytes);
-	num(plan, "load_copy_run_bytes_max", (double)pl->ld.run_bytes);
-	num(plan, "unique_blocks", (double)pl->unique_blocks);
-	num(plan, "unique_bytes", (double)pl->unique_bytes);
-	num(plan, "remote_value_bytes", (double)pl->remote_value_bytes);
-
-	if (s->ran_cold) {
-		cJSON *c = cJSON_AddObjectToObject(root, "cold");
-		num(c, "requests", (double)s->st_requests);
-		num(c, "tokens", (double)s->st_tokens);
-		num(c, "blocks", (double)s->st_blocks);
-		num(c, "stored_blocks", (double)s->st_stored);
-		num(c, "present_blocks", (double)s->st_present);
-		num(c, "failed_blocks", (double)s->st_failed_blocks);
-		num(c, "errors", (double)s->st_errors);
-		num(c, "bytes", (double)s->st_bytes);
-		num(c, "time_ns", (double)s->st_ns);
-		num(c, "fill_ns", (double)s->st_fill_ns);
-		num(c, "gbps", s->st_gbps);
-		num(c, "memcpy_time_ns", (double)s->st_memcpy_ns);
-		num(c, "memcpy_gbps", s->st_memcpy_gbps);
-		num(c, "ratio", s->st_ratio);
-		num(c, "goal_ratio_min", BENCH_STORE_GOAL_MIN);
-		cJSON_AddBoolToObject(c, "goal_met", s->st_bytes && s->st_ratio >= BENCH_STORE_GOAL_MIN);
-		num(c, "copy_goal_ratio_min", BENCH_COPY_GOAL_MIN);
-		cJSON_AddBoolToObject(c, "copy_goal_met", s->st_bytes && s->st_ratio >= BENCH_COPY_GOAL_MIN);
-		cJSON_AddItemToObject(c, "latency_ns", dist(&s->st_lat));
-	} else {
-		cJSON_AddNullToObject(root, "cold");
-	}
-	if (s->ran_warm) {
-		cJSON *w = cJSON_AddObjectToObject(root, "warm");
-		num(w, "requests", (double)s->ld_requests);
-		num(w, "tokens", (double)s->ld_tokens);
-		num(w, "matched_tokens", (double)s->ld_matched_tokens);
-		num(w, "matched_blocks", (double)s->ld_matched_blocks);
-		num(w, "hit_rate", s->hit_rate);
-		num(w, "missed_blocks", (double)s->ld_misses);
-		num(w, "l1_hit_blocks", (double)s->ld_l1_hits);
-		num(w, "l1_miss_blocks", (double)s->ld_l1_misses);
-		num(w, "l2_read_blocks", (double)s->ld_l2_blocks);
-		num(w, "bytes", (double)s->ld_bytes);
-		num(w, "time_ns", (double)s->ld_ns);
-		num(w, "gbps", s->ld_gbps);
-		num(w, "memcpy_time_ns", (double)s->ld_memcpy_ns);
-		num(w, "memcpy_gbps", s->ld_memcpy_gbps);
-		num(w, "time_ratio", s->ld_time_ratio);
-		num(w, "goal_time_ratio_max", BENCH_LOAD_GOAL_MAX);
-		cJSON_AddBoolToObject(w, "goal_met", s->ld_bytes && s->ld_time_ratio <= BENCH_LOAD_GOAL_MAX);
-		num(w, "load_time_ns", (double)s->ld_load_ns);
-		num(w, "load_gbps", s->ld_load_gbps);
-		num(w, "load_ratio", s->ld_load_ratio);
-		num(w, "lookup_time_ns", (double)s->ld_lookup_ns);
-		cJSON *rr = cJSON_AddArrayToObject(w, "rank_load_ratio");
-		for (uint32_t r = 0; r < o->tp && r < KVR_MAX_TP; r++)
-			cJSON_AddItemToArray(rr, cJSON_CreateNumber(s->ld_rank_ratio[r]));
-		num(w, "rank_load_ratio_min", s->ld_rank_ratio_min);
-		num(w, "group_load_time_ns", (double)s->ld_group_ns);
-		num(w, "group_load_gbps", s->ld_group_gbps);
-		num(w, "group_memcpy_time_ns", (double)s->ld_group_memcpy_ns);
-		num(w, "group_memcpy_gbps", s->ld_group_memcpy_gbps);
-		num(w, "group_load_ratio", s->ld_group_ratio);
-		num(w, "copy_goal_ratio_min", BENCH_COPY_GOAL_MIN);
-		cJSON_AddBoolToObject(w, "copy_goal_met", s->ld_bytes && s->ld_rank_ratio_min >= BENCH_COPY_GOAL_MIN);
-		cJSON_AddItemToObject(w, "latency_ns", dist(&s->lat));
-		cJSON *lk = cJSON_AddObjectToObject(w, "lookup");
-		cJSON_AddItemToObject(lk, "hash_ns", dist(&s->hash));
-		cJSON_AddItemToObject(lk, "index_ns", dist(&s->index));
-		cJSON_AddItemToObject(lk, "roundtrip_ns", dist(&s->rt));
-		num(lk, "hash_index_p50_ns", (double)s->hash_index_p50_ns);
-		cJSON *v = cJSON_AddObjectToObject(w, "verify");
-		num(v, "prompts", (double)s->ld_requests);
-		num(v, "exact_prompts", (double)s->ld_exact_prompts);
-		num(v, "mismatch_blocks", (double)s->ld_mismatch_blocks);
-		num(v, "failed_blocks", (double)s->ld_failed_blocks);
-		num(v, "stray_blocks", (double)s->ld_stray_blocks);
-		num(v, "errors", (double)s->ld_errors);
-	} else {
-		cJSON_AddNullToObject(root, "warm");
-	}
-	if (s->rm.ran)
-		cJSON_AddItemToObject(root, "remote", remote_json(o, &s->rm));
+		cold_json(&w, s);
 	else
-		cJSON_AddNullToObject(root, "remote");
-	num(root, "errors", (double)s->errors);
-	cJSON_AddBoolToObject(root, "exact_match", s->exact);
-	cJSON_AddBoolToObject(root, "ok", s->ok);
-	char *text = cJSON_Print(root);
-	cJSON_Delete(root);
+		kvr_jw_null(&w, "cold");
+	if (s->ran_warm)
+		warm_json(&w, o, s);
+	else
+		kvr_jw_null(&w, "warm");
+	if (s->rm.ran)
+		remote_json(&w, o, &s->rm);
+	else
+		kvr_jw_null(&w, "remote");
+	kvr_jw_u64(&w, "errors", s->errors);
+	kvr_jw_bool(&w, "exact_match", s->exact);
+	kvr_jw_bool(&w, "ok", s->ok);
+	kvr_jw_end(&w);
+	int rc = kvr_jw_finish(&w);
+	if (fclose(f) || rc) {
+		free(text);
+		return NULL;
+	}
 	return text;
 }

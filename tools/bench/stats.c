@@ -39,15 +39,3 @@ double bench_gbps(uint64_t bytes, uint64_t ns)
 	return ns ? (double)bytes / (double)ns : 0.0;
 }
 
-const char *bench_fmt_ns(char *buf, size_t len, double ns)
-{
-	if (ns < 1e3)
-		snprintf(buf, len, "%.0f ns", ns);
-	else if (ns < 1e6)
-		snprintf(buf, len, "%.1f us", ns / 1e3);
-	else if (ns < 1e9)
-		snprintf(buf, len, "%.2f ms", ns / 1e6);
-	else
-		snprintf(buf, len, "%.3f s", ns / 1e9);
-	return buf;
-}

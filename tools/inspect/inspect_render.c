@@ -1,13 +1,15 @@
 /* inspect_render: copy a control segment's observable state (read-only) and print it as text or JSON. */
 #include "inspect_render.h"
 
-#include <cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "fmt.h"
+#include "json_writer.h"
 
 /* Loads from a segment we may only read. The fields are _Atomic because their writers use
  * atomics; a relaxed load is enough for a snapshot that is stale by the time it prints. */
@@ -82,25 +84,18 @@ static void snap_ring(const struct kvr_ctl *c, unsigned i, struct kvr_insp_snap 
 	}
 }
 
-/* l2.dirs of the config JSON in the segment, from a private copy (the segment is not ours):
- * a cJSON tree the caller deletes (NULL when it does not parse) and its "dirs" array. */
-static cJSON *config_dirs(const struct kvr_ctl *c, const cJSON **ret_dirs)
+/* The effective config the segment carries, parsed by kvr_config_parse from a private copy
+ * (the segment is not ours). false when it does not parse: then no l2.dirs entry is named. */
+static bool segment_config(const struct kvr_ctl *c, struct kvr_config *ret_cfg)
 {
-	*ret_dirs = NULL;
-	const char *src = kvr_ctl_config_json(c);
-	size_t n = strnlen(src, c->config_cap);
-	char *copy = malloc(n + 1);
-	if (!copy)
-		return NULL;
-	memcpy(copy, src, n);
-	copy[n] = '\0';
-	cJSON *json = cJSON_ParseWithLength(copy, n);
+	char err[256];
+	char *copy = strndup(kvr_ctl_config_json(c), c->config_cap);
+	bool ok = copy && kvr_config_parse(copy, ret_cfg, err, sizeof(err)) == 0;
 	free(copy);
-	*ret_dirs = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(json, "l2"), "dirs");
-	return json;
+	return ok;
 }
 
-static void snap_l2(const struct kvr_ctl *c, unsigned i, const cJSON *dirs, struct kvr_insp_l2 *o)
+static void snap_l2(const struct kvr_ctl *c, unsigned i, const struct kvr_config *cfg, struct kvr_insp_l2 *o)
 {
 	const struct kvr_actor_ent *a = kvr_ctl_actor(c, i);
 	const struct kvr_actor_stats *st = kvr_ctl_stats(c, i);
@@ -108,9 +103,8 @@ static void snap_l2(const struct kvr_ctl *c, unsigned i, const cJSON *dirs, stru
 	copy_name(o->name, sizeof(o->name), a->name, KVR_ACTOR_NAME_MAX);
 	o->state = LD(&a->state);
 	o->dir_index = a->index;
-	const cJSON *d = a->index < (unsigned)cJSON_GetArraySize(dirs) ? cJSON_GetArrayItem(dirs, (int)a->index) : NULL;
-	if (cJSON_IsString(d))
-		copy_name(o->dir, sizeof(o->dir), d->valuestring, KVR_PATH_MAX);
+	if (cfg && a->index < cfg->l2.n_dirs)
+		copy_name(o->dir, sizeof(o->dir), cfg->l2.dirs[a->index], KVR_PATH_MAX);
 	o->used_bytes = LD(&st->c[KVR_STAT_DK_BYTES]);
 	o->files = LD(&st->c[KVR_STAT_DK_FILES]);
 	o->capacity_bytes = LD(&st->c[KVR_STAT_DK_CAPACITY_BYTES]);
@@ -251,17 +245,23 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 	for (unsigned i = 0; i < n; i++)
 		snap_ring(c, i, s, &s->rings[i]);
 
-	cJSON *json = NULL;
-	const cJSON *dirs = NULL;
+	struct kvr_config *cfg = NULL; /* parsed at the first disk actor */
+	bool parsed = false;
 	for (unsigned i = 0; i < s->max_actors; i++) {
 		const struct kvr_actor_ent *a = kvr_ctl_actor(c, i);
 		if (LD(&a->state) == KVR_ACTOR_UNUSED || a->kind != KVR_ACTOR_DISK)
 			continue;
-		if (!json)
-			json = config_dirs(c, &dirs);
-		snap_l2(c, i, dirs, &s->l2[s->n_l2++]);
+		if (!parsed) {
+			parsed = true;
+			cfg = malloc(sizeof(*cfg));
+			if (cfg && !segment_config(c, cfg)) {
+				free(cfg);
+				cfg = NULL;
+			}
+		}
+		snap_l2(c, i, cfg, &s->l2[s->n_l2++]);
 	}
-	cJSON_Delete(json);
+	free(cfg);
 	for (unsigned i = 0; i < s->max_actors && !s->has_remote; i++) {
 		const struct kvr_actor_ent *a = kvr_ctl_actor(c, i);
 		if (LD(&a->state) == KVR_ACTOR_UNUSED || a->kind != KVR_ACTOR_REMOTE)
@@ -308,22 +308,6 @@ char *kvr_insp_endpoint_name(const struct kvr_insp_snap *s, int endpoint, char *
 	return buf;
 }
 
-char *kvr_insp_fmt_duration(uint64_t ns, char *buf, size_t len)
-{
-	uint64_t s = ns / 1000000000ull;
-	if (ns < 10000000000ull)
-		snprintf(buf, len, "%.2fs", (double)(ns / 10000000ull) / 100.0);
-	else if (s < 60)
-		snprintf(buf, len, "%.1fs", (double)(ns / 100000000ull) / 10.0);
-	else if (s < 3600)
-		snprintf(buf, len, "%um%02us", (unsigned)(s / 60), (unsigned)(s % 60));
-	else if (s < 100 * 3600)
-		snprintf(buf, len, "%uh%02um", (unsigned)(s / 3600), (unsigned)(s / 60 % 60));
-	else
-		snprintf(buf, len, "%" PRIu64 "d", s / 86400);
-	return buf;
-}
-
 static char *fmt_pid(int32_t pid, char *buf, size_t len)
 {
 	if (pid == 0)
@@ -347,22 +331,6 @@ static char *fmt_exit(int32_t code, int32_t sig, char *buf, size_t len)
 		snprintf(buf, len, "-");
 	else
 		snprintf(buf, len, "?");
-	return buf;
-}
-
-/* At most 6 characters: "950", "12.3k", "999.9M", "12G", ">999G". */
-static char *fmt_rate(double r, char *buf, size_t len)
-{
-	if (r < 999.5)
-		snprintf(buf, len, "%.0f", r);
-	else if (r < 999950.0)
-		snprintf(buf, len, "%.1fk", r / 1e3);
-	else if (r < 999950000.0)
-		snprintf(buf, len, "%.1fM", r / 1e6);
-	else if (r < 999.5e9)
-		snprintf(buf, len, "%.0fG", r / 1e9);
-	else
-		snprintf(buf, len, ">999G");
 	return buf;
 }
 
@@ -441,7 +409,7 @@ static void text_instance(FILE *out, const struct kvr_insp_snap *s)
 	char pid[16], up[16];
 	pline(out, "kvring instance: %s", kvr_inst_state_name(s->state));
 	if (s->started_ns && s->started_ns <= s->now.real_ns)
-		kvr_insp_fmt_duration(s->now.real_ns - s->started_ns, up, sizeof(up));
+		kvr_fmt_duration(s->now.real_ns - s->started_ns, up, sizeof(up));
 	else
 		snprintf(up, sizeof(up), "-");
 	pline(out, "  kvringd pid %s  generation %u  uptime %s", fmt_pid(s->supervisor_pid, pid, sizeof(pid)),
@@ -461,9 +429,9 @@ static void text_instance(FILE *out, const struct kvr_insp_snap *s)
 	if (s->arena_bytes) {
 		static const char *const pf[] = {"off", "running", "done", "skipped (exceeds available memory)",
 						 "failed"};
-		pline(out, "  arena %.1f GiB%s  prefault %s  %.1f GiB in", (double)s->arena_bytes / (1 << 30),
+		pline(out, "  arena %.1f GiB%s  prefault %s  %.1f GiB in", kvr_fmt_gib(s->arena_bytes),
 		      s->arena_huge ? " (huge pages)" : "", s->prefault_state < 5 ? pf[s->prefault_state] : "?",
-		      (double)s->prefault_bytes / (1 << 30));
+		      kvr_fmt_gib(s->prefault_bytes));
 	}
 }
 
@@ -546,7 +514,7 @@ static void text_actors(FILE *out, const struct kvr_insp_snap *s)
 			snprintf(hb, sizeof(hb), "-");
 		else
 			snprintf(hb, sizeof(hb), "%s ago",
-				 kvr_insp_fmt_duration(s->now.mono_ns > a->heartbeat_ns ? s->now.mono_ns - a->heartbeat_ns : 0,
+				 kvr_fmt_duration(s->now.mono_ns > a->heartbeat_ns ? s->now.mono_ns - a->heartbeat_ns : 0,
 						       d, sizeof(d)));
 		pline(out, "  %-23s %-8s %-7s %8u  %-9s  %s", a->name[0] ? a->name : "?", kvr_actor_state_name(a->state),
 		      fmt_pid(a->pid, pid, sizeof(pid)), a->restarts,
@@ -601,24 +569,6 @@ static const char *adoption_reason(unsigned r)
 	return n && strcmp(n, "payload_checksum") ? n : NULL;
 }
 
-/* Bytes in binary units, at most 10 characters: "512 B", "160.0 KiB", "1023.9 GiB". */
-static char *fmt_bytes(uint64_t b, char *buf, size_t len)
-{
-	static const char *const unit[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-	if (b < 1024) {
-		snprintf(buf, len, "%u B", (unsigned)b);
-		return buf;
-	}
-	double v = (double)b / 1024.0;
-	unsigned u = 0;
-	while (v >= 1023.95 && u + 1 < sizeof(unit) / sizeof(unit[0])) {
-		v /= 1024.0;
-		u++;
-	}
-	snprintf(buf, len, "%.1f %s", v, unit[u]);
-	return buf;
-}
-
 /* Items "name n" after a lead, wrapped at KVR_INSP_COLUMNS with continuation lines indented. */
 struct wrap {
 	FILE *out;
@@ -662,7 +612,7 @@ static void text_l2(FILE *out, const struct kvr_insp_snap *s)
 			pline(out, "  %s  ...%s", l->name, l->dir + plen - (room - 3));
 		unsigned pct = l->capacity_bytes ? (unsigned)(l->used_bytes * 100 / l->capacity_bytes) : 0;
 		pline(out, "    used %s of %s (%u%%)  files %" PRIu64 "  evicted %" PRIu64,
-		      fmt_bytes(l->used_bytes, used, sizeof(used)), fmt_bytes(l->capacity_bytes, cap, sizeof(cap)), pct,
+		      kvr_fmt_bytes(l->used_bytes, used, sizeof(used)), kvr_fmt_bytes(l->capacity_bytes, cap, sizeof(cap)), pct,
 		      l->files, l->evicted);
 		struct wrap w = {.out = out, .indent = 6};
 		w.len = (size_t)snprintf(w.line, sizeof(w.line), "    adopted %" PRIu64, l->adopted);
@@ -698,8 +648,8 @@ static void text_remote(FILE *out, const struct kvr_insp_snap *s)
 	pline(out, "  %s  %s  nodes %" PRIu64 "/%" PRIu64 " up  slots %" PRIu64 "/%u  inflight %" PRIu64,
 	      r->name[0] ? r->name : "?", kvr_actor_state_name(r->state), r->nodes_up, r->nodes, r->slots_covered,
 	      HASH_SLOTS, r->inflight);
-	pline(out, "    bytes in %s, out %s", fmt_bytes(r->bytes_in, in, sizeof(in)),
-	      fmt_bytes(r->bytes_out, outb, sizeof(outb)));
+	pline(out, "    bytes in %s, out %s", kvr_fmt_bytes(r->bytes_in, in, sizeof(in)),
+	      kvr_fmt_bytes(r->bytes_out, outb, sizeof(outb)));
 	struct wrap w = {.out = out, .indent = 6};
 	w.len = (size_t)snprintf(w.line, sizeof(w.line), "    reads %" PRIu64 ": ", r->reads);
 	wrap_item(&w, "hits", r->hits);
@@ -812,7 +762,7 @@ static void text_ring(FILE *out, const struct kvr_insp_snap *cur, const struct k
 	bool full = r->fill == r->capacity;
 	double rate = ring_rate(cur, prev, r);
 	if (rate >= 0)
-		snprintf(a, sizeof(a), "  %s msg/s", fmt_rate(rate, b, sizeof(b)));
+		snprintf(a, sizeof(a), "  %s msg/s", kvr_fmt_rate(rate, b, sizeof(b)));
 	else
 		a[0] = '\0';
 	pline(out, "  %s  capacity %u%s%s", r->name, r->capacity, a, full ? "  FULL" : "");
@@ -888,383 +838,285 @@ int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struc
 
 /* ---- JSON ------------------------------------------------------------------------------- */
 
-/* A minimal writer: exact 64-bit integers (cJSON would go through double). */
-struct jw {
-	FILE *f;
-	bool pretty;
-	int depth;
-	bool first[16];
-};
-
-static void jw_sep(struct jw *w, const char *key)
-{
-	if (!w->first[w->depth])
-		fputc(',', w->f);
-	w->first[w->depth] = false;
-	if (w->pretty) {
-		fputc('\n', w->f);
-		for (int i = 0; i < w->depth; i++)
-			fputs("  ", w->f);
-	}
-	if (key) /* keys are literals: nothing to escape */
-		fprintf(w->f, "\"%s\":%s", key, w->pretty ? " " : "");
-}
-
-static void jw_open(struct jw *w, const char *key, char ch)
-{
-	if (w->depth > 0)
-		jw_sep(w, key);
-	fputc(ch, w->f);
-	w->depth++;
-	w->first[w->depth] = true;
-}
-
-static void jw_close(struct jw *w, char ch)
-{
-	bool empty = w->first[w->depth];
-	w->depth--;
-	if (w->pretty && !empty) {
-		fputc('\n', w->f);
-		for (int i = 0; i < w->depth; i++)
-			fputs("  ", w->f);
-	}
-	fputc(ch, w->f);
-}
-
-static void jw_str(struct jw *w, const char *key, const char *v)
-{
-	jw_sep(w, key);
-	fputc('"', w->f);
-	for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
-		if (*p == '"' || *p == '\\')
-			fprintf(w->f, "\\%c", *p);
-		else if (*p < 0x20 || *p >= 0x7f)
-			fprintf(w->f, "\\u%04x", *p);
-		else
-			fputc(*p, w->f);
-	}
-	fputc('"', w->f);
-}
-
-static void jw_u64(struct jw *w, const char *key, uint64_t v)
-{
-	jw_sep(w, key);
-	fprintf(w->f, "%" PRIu64, v);
-}
-
-static void jw_i64(struct jw *w, const char *key, int64_t v)
-{
-	jw_sep(w, key);
-	fprintf(w->f, "%" PRId64, v);
-}
-
-static void jw_bool(struct jw *w, const char *key, bool v)
-{
-	jw_sep(w, key);
-	fputs(v ? "true" : "false", w->f);
-}
-
-static void jw_null(struct jw *w, const char *key)
-{
-	jw_sep(w, key);
-	fputs("null", w->f);
-}
-
-/* Seconds with nanosecond resolution, exact for any uint64 count of ns. */
-static void jw_secs(struct jw *w, const char *key, uint64_t ns)
-{
-	jw_sep(w, key);
-	fprintf(w->f, "%" PRIu64 ".%09" PRIu64, (uint64_t)(ns / 1000000000u), (uint64_t)(ns % 1000000000u));
-}
-
-static void jw_double(struct jw *w, const char *key, double v)
-{
-	if (!isfinite(v)) {
-		jw_null(w, key);
-		return;
-	}
-	jw_sep(w, key);
-	fprintf(w->f, "%.3f", v);
-}
-
-static void json_endpoint(struct jw *w, const char *key, const struct kvr_insp_snap *s, int ep, int32_t pid,
+static void json_endpoint(struct kvr_jw *w, const char *key, const struct kvr_insp_snap *s, int ep, int32_t pid,
 			  uint32_t blocked)
 {
 	char name[48];
-	jw_open(w, key, '{');
-	jw_i64(w, "endpoint", ep);
-	jw_str(w, "name", kvr_insp_endpoint_name(s, ep, name, sizeof(name)));
-	jw_i64(w, "pid", pid);
-	jw_bool(w, "blocked", blocked != 0);
-	jw_close(w, '}');
+	kvr_jw_object(w, key);
+	kvr_jw_i64(w, "endpoint", ep);
+	kvr_jw_str(w, "name", kvr_insp_endpoint_name(s, ep, name, sizeof(name)));
+	kvr_jw_i64(w, "pid", pid);
+	kvr_jw_bool(w, "blocked", blocked != 0);
+	kvr_jw_end(w);
 }
 
-static void json_ring(struct jw *w, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev,
+static void json_ring(struct kvr_jw *w, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev,
 		      const struct kvr_insp_ring *r)
 {
-	jw_open(w, NULL, '{');
-	jw_u64(w, "index", r->index);
-	jw_str(w, "name", r->name);
-	jw_bool(w, "valid", r->valid);
+	kvr_jw_object(w, NULL);
+	kvr_jw_u64(w, "index", r->index);
+	kvr_jw_str(w, "name", r->name);
+	kvr_jw_bool(w, "valid", r->valid);
 	if (!r->valid) {
-		jw_i64(w, "error", r->error);
-		jw_close(w, '}');
+		kvr_jw_i64(w, "error", r->error);
+		kvr_jw_end(w);
 		return;
 	}
-	jw_u64(w, "capacity", r->capacity);
-	jw_u64(w, "msg_size", r->msg_size);
-	jw_u64(w, "head", r->head);
-	jw_u64(w, "tail", r->tail);
-	jw_u64(w, "fill", r->fill);
-	jw_double(w, "fill_percent", r->capacity ? (double)r->fill * 100.0 / r->capacity : 0.0);
-	jw_bool(w, "full", r->fill == r->capacity);
+	kvr_jw_u64(w, "capacity", r->capacity);
+	kvr_jw_u64(w, "msg_size", r->msg_size);
+	kvr_jw_u64(w, "head", r->head);
+	kvr_jw_u64(w, "tail", r->tail);
+	kvr_jw_u64(w, "fill", r->fill);
+	kvr_jw_fixed3(w, "fill_percent", r->capacity ? (double)r->fill * 100.0 / r->capacity : 0.0);
+	kvr_jw_bool(w, "full", r->fill == r->capacity);
 	json_endpoint(w, "producer", cur, r->producer, r->prod_pid, r->prod_blocked);
 	json_endpoint(w, "consumer", cur, r->consumer, r->cons_pid, r->cons_blocked);
-	jw_u64(w, "enqueued", r->enqueued);
-	jw_u64(w, "dequeued", r->dequeued);
-	jw_u64(w, "rejected", r->rejected);
-	jw_u64(w, "full_waits", r->full_waits);
-	jw_u64(w, "full_wait_ns", r->full_wait_ns);
-	jw_secs(w, "full_wait_s", r->full_wait_ns);
-	jw_u64(w, "empty_sleeps", r->empty_sleeps);
+	kvr_jw_u64(w, "enqueued", r->enqueued);
+	kvr_jw_u64(w, "dequeued", r->dequeued);
+	kvr_jw_u64(w, "rejected", r->rejected);
+	kvr_jw_u64(w, "full_waits", r->full_waits);
+	kvr_jw_u64(w, "full_wait_ns", r->full_wait_ns);
+	kvr_jw_secs(w, "full_wait_s", r->full_wait_ns);
+	kvr_jw_u64(w, "empty_sleeps", r->empty_sleeps);
 	double rate = ring_rate(cur, prev, r);
 	if (rate >= 0)
-		jw_double(w, "rate_msgs_per_s", rate);
+		kvr_jw_fixed3(w, "rate_msgs_per_s", rate);
 	else
-		jw_null(w, "rate_msgs_per_s");
-	jw_bool(w, "stuck", ring_stuck(prev, r));
-	jw_open(w, "messages", '[');
+		kvr_jw_null(w, "rate_msgs_per_s");
+	kvr_jw_bool(w, "stuck", ring_stuck(prev, r));
+	kvr_jw_array(w, "messages");
 	for (unsigned k = 0; k < r->n_msgs; k++) {
 		const struct kvr_msg *m = &r->msgs[k];
 		char d[128];
-		jw_open(w, NULL, '{');
-		jw_u64(w, "index", k);
-		jw_u64(w, "type", m->hdr.type);
-		jw_str(w, "type_name", kvr_msg_type_name(m->hdr.type));
-		jw_u64(w, "req_id", m->hdr.req_id);
-		jw_u64(w, "seq", m->hdr.seq);
-		jw_u64(w, "flags", m->hdr.flags);
-		jw_bool(w, "more", m->hdr.flags & KVR_MSGF_MORE);
-		jw_bool(w, "error", m->hdr.flags & KVR_MSGF_ERROR);
-		jw_u64(w, "body_len", m->hdr.body_len);
-		jw_str(w, "text", kvr_msg_describe(m, d, sizeof(d)));
-		jw_close(w, '}');
+		kvr_jw_object(w, NULL);
+		kvr_jw_u64(w, "index", k);
+		kvr_jw_u64(w, "type", m->hdr.type);
+		kvr_jw_str(w, "type_name", kvr_msg_type_name(m->hdr.type));
+		kvr_jw_u64(w, "req_id", m->hdr.req_id);
+		kvr_jw_u64(w, "seq", m->hdr.seq);
+		kvr_jw_u64(w, "flags", m->hdr.flags);
+		kvr_jw_bool(w, "more", m->hdr.flags & KVR_MSGF_MORE);
+		kvr_jw_bool(w, "error", m->hdr.flags & KVR_MSGF_ERROR);
+		kvr_jw_u64(w, "body_len", m->hdr.body_len);
+		kvr_jw_str(w, "text", kvr_msg_describe(m, d, sizeof(d)));
+		kvr_jw_end(w);
 	}
-	jw_close(w, ']');
-	jw_close(w, '}');
+	kvr_jw_end(w);
+	kvr_jw_end(w);
 }
 
-static void json_l2(struct jw *w, const struct kvr_insp_l2 *l)
+static void json_l2(struct kvr_jw *w, const struct kvr_insp_l2 *l)
 {
-	jw_open(w, NULL, '{');
-	jw_str(w, "actor", l->name);
-	jw_u64(w, "actor_index", l->actor);
-	jw_str(w, "state", kvr_actor_state_name(l->state));
-	jw_u64(w, "dir_index", l->dir_index);
+	kvr_jw_object(w, NULL);
+	kvr_jw_str(w, "actor", l->name);
+	kvr_jw_u64(w, "actor_index", l->actor);
+	kvr_jw_str(w, "state", kvr_actor_state_name(l->state));
+	kvr_jw_u64(w, "dir_index", l->dir_index);
 	if (l->dir[0])
-		jw_str(w, "dir", l->dir);
+		kvr_jw_str(w, "dir", l->dir);
 	else
-		jw_null(w, "dir");
-	jw_u64(w, "used_bytes", l->used_bytes);
-	jw_u64(w, "files", l->files);
-	jw_u64(w, "capacity_bytes", l->capacity_bytes);
-	jw_u64(w, "evicted_files", l->evicted);
-	jw_open(w, "adoption", '{');
-	jw_u64(w, "adopted", l->adopted);
+		kvr_jw_null(w, "dir");
+	kvr_jw_u64(w, "used_bytes", l->used_bytes);
+	kvr_jw_u64(w, "files", l->files);
+	kvr_jw_u64(w, "capacity_bytes", l->capacity_bytes);
+	kvr_jw_u64(w, "evicted_files", l->evicted);
+	kvr_jw_object(w, "adoption");
+	kvr_jw_u64(w, "adopted", l->adopted);
 	for (unsigned r = 1; r < KVR_STAT_DK_REASON_MAX; r++)
 		if (adoption_reason(r))
-			jw_u64(w, adoption_reason(r), l->rejected[r]);
-	jw_close(w, '}');
-	jw_open(w, "read_failures", '{');
-	jw_u64(w, "damaged", l->reads_damaged);
-	jw_u64(w, "vanished", l->reads_vanished);
-	jw_u64(w, "io_error", l->reads_io_error);
-	jw_close(w, '}');
-	jw_u64(w, "read_only_refused_writes", l->writes_refused);
-	jw_open(w, "read_only_kept_files", '{');
-	jw_u64(w, "adoption", l->left_in_place);
-	jw_u64(w, "read", l->bad_kept);
-	jw_close(w, '}');
-	jw_close(w, '}');
+			kvr_jw_u64(w, adoption_reason(r), l->rejected[r]);
+	kvr_jw_end(w);
+	kvr_jw_object(w, "read_failures");
+	kvr_jw_u64(w, "damaged", l->reads_damaged);
+	kvr_jw_u64(w, "vanished", l->reads_vanished);
+	kvr_jw_u64(w, "io_error", l->reads_io_error);
+	kvr_jw_end(w);
+	kvr_jw_u64(w, "read_only_refused_writes", l->writes_refused);
+	kvr_jw_object(w, "read_only_kept_files");
+	kvr_jw_u64(w, "adoption", l->left_in_place);
+	kvr_jw_u64(w, "read", l->bad_kept);
+	kvr_jw_end(w);
+	kvr_jw_end(w);
 }
 
-static void json_remote(struct jw *w, const struct kvr_insp_remote *r)
+static void json_remote(struct kvr_jw *w, const struct kvr_insp_remote *r)
 {
-	jw_open(w, "remote", '{');
-	jw_str(w, "actor", r->name);
-	jw_u64(w, "actor_index", r->actor);
-	jw_str(w, "state", kvr_actor_state_name(r->state));
-	jw_u64(w, "nodes", r->nodes);
-	jw_u64(w, "nodes_up", r->nodes_up);
-	jw_u64(w, "slots_covered", r->slots_covered);
-	jw_u64(w, "inflight", r->inflight);
-	jw_u64(w, "reads", r->reads);
-	jw_u64(w, "hits", r->hits);
-	jw_u64(w, "misses", r->misses);
-	jw_u64(w, "bad_values", r->bad_values);
-	jw_u64(w, "read_errors", r->read_errors);
-	jw_u64(w, "writes", r->writes);
-	jw_u64(w, "write_errors", r->write_errors);
-	jw_u64(w, "stale_writes", r->writes_stale);
-	jw_u64(w, "bytes_in", r->bytes_in);
-	jw_u64(w, "bytes_out", r->bytes_out);
-	jw_u64(w, "moved_redirects", r->moved);
-	jw_u64(w, "ask_redirects", r->ask);
-	jw_u64(w, "timeouts", r->timeouts);
-	jw_u64(w, "connection_errors", r->conn_errors);
-	jw_u64(w, "reply_errors", r->reply_errors);
-	jw_u64(w, "slot_map_refreshes", r->refreshes);
-	jw_open(w, "lookup", '{');
-	jw_u64(w, "promoted", r->lk_reads);
-	jw_u64(w, "promotion_failures", r->lk_read_fails);
-	jw_u64(w, "writes_sent", r->lk_writes);
-	jw_u64(w, "writes_skipped", r->lk_writes_skipped);
-	jw_close(w, '}');
-	jw_close(w, '}');
+	kvr_jw_object(w, "remote");
+	kvr_jw_str(w, "actor", r->name);
+	kvr_jw_u64(w, "actor_index", r->actor);
+	kvr_jw_str(w, "state", kvr_actor_state_name(r->state));
+	kvr_jw_u64(w, "nodes", r->nodes);
+	kvr_jw_u64(w, "nodes_up", r->nodes_up);
+	kvr_jw_u64(w, "slots_covered", r->slots_covered);
+	kvr_jw_u64(w, "inflight", r->inflight);
+	kvr_jw_u64(w, "reads", r->reads);
+	kvr_jw_u64(w, "hits", r->hits);
+	kvr_jw_u64(w, "misses", r->misses);
+	kvr_jw_u64(w, "bad_values", r->bad_values);
+	kvr_jw_u64(w, "read_errors", r->read_errors);
+	kvr_jw_u64(w, "writes", r->writes);
+	kvr_jw_u64(w, "write_errors", r->write_errors);
+	kvr_jw_u64(w, "stale_writes", r->writes_stale);
+	kvr_jw_u64(w, "bytes_in", r->bytes_in);
+	kvr_jw_u64(w, "bytes_out", r->bytes_out);
+	kvr_jw_u64(w, "moved_redirects", r->moved);
+	kvr_jw_u64(w, "ask_redirects", r->ask);
+	kvr_jw_u64(w, "timeouts", r->timeouts);
+	kvr_jw_u64(w, "connection_errors", r->conn_errors);
+	kvr_jw_u64(w, "reply_errors", r->reply_errors);
+	kvr_jw_u64(w, "slot_map_refreshes", r->refreshes);
+	kvr_jw_object(w, "lookup");
+	kvr_jw_u64(w, "promoted", r->lk_reads);
+	kvr_jw_u64(w, "promotion_failures", r->lk_read_fails);
+	kvr_jw_u64(w, "writes_sent", r->lk_writes);
+	kvr_jw_u64(w, "writes_skipped", r->lk_writes_skipped);
+	kvr_jw_end(w);
+	kvr_jw_end(w);
 }
 
 int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev, bool pretty)
 {
 	if (!out || !cur)
 		return -EINVAL;
-	struct jw w = {.f = out, .pretty = pretty};
+	struct kvr_jw w;
+	kvr_jw_init(&w, out, pretty ? KVR_JW_INDENT : KVR_JW_COMPACT);
 	const struct kvr_insp_snap *s = cur;
 
-	jw_open(&w, NULL, '{');
-	jw_u64(&w, "schema", KVR_INSP_JSON_SCHEMA);
-	jw_u64(&w, "now_mono_ns", s->now.mono_ns);
-	jw_u64(&w, "now_real_ns", s->now.real_ns);
+	kvr_jw_object(&w, NULL);
+	kvr_jw_u64(&w, "schema", KVR_INSP_JSON_SCHEMA);
+	kvr_jw_u64(&w, "now_mono_ns", s->now.mono_ns);
+	kvr_jw_u64(&w, "now_real_ns", s->now.real_ns);
 	if (prev && prev->now.mono_ns < s->now.mono_ns)
-		jw_secs(&w, "interval_s", s->now.mono_ns - prev->now.mono_ns);
+		kvr_jw_secs(&w, "interval_s", s->now.mono_ns - prev->now.mono_ns);
 	else
-		jw_null(&w, "interval_s");
+		kvr_jw_null(&w, "interval_s");
 
-	jw_open(&w, "instance", '{');
-	jw_str(&w, "state", kvr_inst_state_name(s->state));
-	jw_u64(&w, "state_code", s->state);
-	jw_i64(&w, "supervisor_pid", s->supervisor_pid);
-	jw_u64(&w, "generation", s->generation);
-	jw_u64(&w, "started_real_ns", s->started_ns);
+	kvr_jw_object(&w, "instance");
+	kvr_jw_str(&w, "state", kvr_inst_state_name(s->state));
+	kvr_jw_u64(&w, "state_code", s->state);
+	kvr_jw_i64(&w, "supervisor_pid", s->supervisor_pid);
+	kvr_jw_u64(&w, "generation", s->generation);
+	kvr_jw_u64(&w, "started_real_ns", s->started_ns);
 	if (s->started_ns && s->started_ns <= s->now.real_ns)
-		jw_secs(&w, "uptime_s", s->now.real_ns - s->started_ns);
+		kvr_jw_secs(&w, "uptime_s", s->now.real_ns - s->started_ns);
 	else
-		jw_null(&w, "uptime_s");
-	jw_str(&w, "socket", s->socket_path);
-	jw_u64(&w, "max_actors", s->max_actors);
-	jw_u64(&w, "max_workers", s->max_workers);
-	jw_close(&w, '}');
+		kvr_jw_null(&w, "uptime_s");
+	kvr_jw_str(&w, "socket", s->socket_path);
+	kvr_jw_u64(&w, "max_actors", s->max_actors);
+	kvr_jw_u64(&w, "max_workers", s->max_workers);
+	kvr_jw_end(&w);
 
-	jw_open(&w, "actors", '[');
+	kvr_jw_array(&w, "actors");
 	for (unsigned i = 0; i < s->n_actors; i++) {
 		const struct kvr_insp_actor *a = &s->actors[i];
-		jw_open(&w, NULL, '{');
-		jw_u64(&w, "index", a->index);
-		jw_str(&w, "name", a->name);
-		jw_str(&w, "kind", kvr_actor_kind_name(a->kind));
-		jw_str(&w, "state", kvr_actor_state_name(a->state));
-		jw_u64(&w, "state_code", a->state);
-		jw_i64(&w, "pid", a->pid);
-		jw_u64(&w, "generation", a->generation);
-		jw_u64(&w, "restarts", a->restarts);
-		jw_i64(&w, "last_exit_code", a->last_exit_code);
-		jw_i64(&w, "last_exit_signal", a->last_exit_signal);
-		jw_u64(&w, "heartbeat_mono_ns", a->heartbeat_ns);
+		kvr_jw_object(&w, NULL);
+		kvr_jw_u64(&w, "index", a->index);
+		kvr_jw_str(&w, "name", a->name);
+		kvr_jw_str(&w, "kind", kvr_actor_kind_name(a->kind));
+		kvr_jw_str(&w, "state", kvr_actor_state_name(a->state));
+		kvr_jw_u64(&w, "state_code", a->state);
+		kvr_jw_i64(&w, "pid", a->pid);
+		kvr_jw_u64(&w, "generation", a->generation);
+		kvr_jw_u64(&w, "restarts", a->restarts);
+		kvr_jw_i64(&w, "last_exit_code", a->last_exit_code);
+		kvr_jw_i64(&w, "last_exit_signal", a->last_exit_signal);
+		kvr_jw_u64(&w, "heartbeat_mono_ns", a->heartbeat_ns);
 		if (a->heartbeat_ns)
-			jw_secs(&w, "heartbeat_age_s", s->now.mono_ns > a->heartbeat_ns ? s->now.mono_ns - a->heartbeat_ns : 0);
+			kvr_jw_secs(&w, "heartbeat_age_s", s->now.mono_ns > a->heartbeat_ns ? s->now.mono_ns - a->heartbeat_ns : 0);
 		else
-			jw_null(&w, "heartbeat_age_s");
-		jw_u64(&w, "held", a->held);
-		jw_close(&w, '}');
+			kvr_jw_null(&w, "heartbeat_age_s");
+		kvr_jw_u64(&w, "held", a->held);
+		kvr_jw_end(&w);
 	}
-	jw_close(&w, ']');
+	kvr_jw_end(&w);
 
 	if (s->has_slots) {
 		const struct kvr_slot_counts *c = &s->slots;
-		jw_open(&w, "l1_slots", '{');
-		jw_u64(&w, "slots", s->n_slots);
-		jw_u64(&w, "free", c->by_state[KVR_SLOT_FREE]);
-		jw_u64(&w, "writing", c->by_state[KVR_SLOT_WRITING]);
-		jw_u64(&w, "committed", c->by_state[KVR_SLOT_COMMITTED]);
-		jw_u64(&w, "reading", c->reading);
-		jw_u64(&w, "evicting", c->by_state[KVR_SLOT_EVICTING]);
-		jw_u64(&w, "draining", c->by_state[KVR_SLOT_DRAINING]);
-		jw_u64(&w, "invalid", c->invalid);
-		jw_open(&w, "pins", '{');
-		jw_u64(&w, "loaders", s->pins_by[0]);
-		jw_u64(&w, "lookup", s->pins_by[1]);
-		jw_u64(&w, "io", s->pins_by[2]);
-		jw_u64(&w, "remote", s->pins_by[3]);
-		jw_close(&w, '}');
-		jw_close(&w, '}');
+		kvr_jw_object(&w, "l1_slots");
+		kvr_jw_u64(&w, "slots", s->n_slots);
+		kvr_jw_u64(&w, "free", c->by_state[KVR_SLOT_FREE]);
+		kvr_jw_u64(&w, "writing", c->by_state[KVR_SLOT_WRITING]);
+		kvr_jw_u64(&w, "committed", c->by_state[KVR_SLOT_COMMITTED]);
+		kvr_jw_u64(&w, "reading", c->reading);
+		kvr_jw_u64(&w, "evicting", c->by_state[KVR_SLOT_EVICTING]);
+		kvr_jw_u64(&w, "draining", c->by_state[KVR_SLOT_DRAINING]);
+		kvr_jw_u64(&w, "invalid", c->invalid);
+		kvr_jw_object(&w, "pins");
+		kvr_jw_u64(&w, "loaders", s->pins_by[0]);
+		kvr_jw_u64(&w, "lookup", s->pins_by[1]);
+		kvr_jw_u64(&w, "io", s->pins_by[2]);
+		kvr_jw_u64(&w, "remote", s->pins_by[3]);
+		kvr_jw_end(&w);
+		kvr_jw_end(&w);
 	} else {
-		jw_null(&w, "l1_slots");
+		kvr_jw_null(&w, "l1_slots");
 	}
-	jw_open(&w, "workers", '[');
+	kvr_jw_array(&w, "workers");
 	for (unsigned i = 0; i < s->n_workers; i++) {
 		const struct kvr_insp_worker *k = &s->workers[i];
 		char name[24];
 		snprintf(name, sizeof(name), "client.%u", k->slot);
-		jw_open(&w, NULL, '{');
-		jw_u64(&w, "slot", k->slot);
-		jw_str(&w, "name", name);
-		jw_str(&w, "state", worker_state_name(k->state));
-		jw_i64(&w, "pid", k->pid);
-		jw_u64(&w, "uid", k->uid);
-		jw_u64(&w, "generation", k->generation);
-		jw_u64(&w, "tp_rank", k->tp_rank);
-		jw_u64(&w, "tp_size", k->tp_size);
-		jw_u64(&w, "dcp_rank", k->dcp_rank);
-		jw_u64(&w, "dcp_size", k->dcp_size);
-		jw_u64(&w, "engine", k->engine);
-		jw_close(&w, '}');
+		kvr_jw_object(&w, NULL);
+		kvr_jw_u64(&w, "slot", k->slot);
+		kvr_jw_str(&w, "name", name);
+		kvr_jw_str(&w, "state", worker_state_name(k->state));
+		kvr_jw_i64(&w, "pid", k->pid);
+		kvr_jw_u64(&w, "uid", k->uid);
+		kvr_jw_u64(&w, "generation", k->generation);
+		kvr_jw_u64(&w, "tp_rank", k->tp_rank);
+		kvr_jw_u64(&w, "tp_size", k->tp_size);
+		kvr_jw_u64(&w, "dcp_rank", k->dcp_rank);
+		kvr_jw_u64(&w, "dcp_size", k->dcp_size);
+		kvr_jw_u64(&w, "engine", k->engine);
+		kvr_jw_end(&w);
 	}
-	jw_close(&w, ']');
-	jw_open(&w, "schedulers", '[');
+	kvr_jw_end(&w);
+	kvr_jw_array(&w, "schedulers");
 	for (unsigned i = 0; i < s->n_scheds; i++) {
 		const struct kvr_insp_worker *k = &s->scheds[i];
-		jw_open(&w, NULL, '{');
-		jw_u64(&w, "slot", k->slot);
-		jw_str(&w, "state", worker_state_name(k->state));
-		jw_i64(&w, "pid", k->pid);
-		jw_u64(&w, "generation", k->generation);
-		jw_u64(&w, "engine", k->engine);
-		jw_close(&w, '}');
+		kvr_jw_object(&w, NULL);
+		kvr_jw_u64(&w, "slot", k->slot);
+		kvr_jw_str(&w, "state", worker_state_name(k->state));
+		kvr_jw_i64(&w, "pid", k->pid);
+		kvr_jw_u64(&w, "generation", k->generation);
+		kvr_jw_u64(&w, "engine", k->engine);
+		kvr_jw_end(&w);
 	}
-	jw_close(&w, ']');
-	jw_open(&w, "arena", '{');
-	jw_u64(&w, "bytes", s->arena_bytes);
-	jw_u64(&w, "huge_pages", s->arena_huge);
+	kvr_jw_end(&w);
+	kvr_jw_object(&w, "arena");
+	kvr_jw_u64(&w, "bytes", s->arena_bytes);
+	kvr_jw_u64(&w, "huge_pages", s->arena_huge);
 	static const char *const pfs[] = {"off", "running", "done", "skipped", "failed"};
-	jw_str(&w, "prefault", s->prefault_state < 5 ? pfs[s->prefault_state] : "?");
-	jw_u64(&w, "prefaulted_bytes", s->prefault_bytes);
-	jw_close(&w, '}');
-	jw_open(&w, "leases", '{');
-	jw_u64(&w, "held", s->leases);
-	jw_u64(&w, "granted", s->leases_granted);
-	jw_u64(&w, "taken", s->leases_taken);
-	jw_u64(&w, "loaded", s->lease_ends[0]);
-	jw_u64(&w, "released", s->lease_ends[1]);
-	jw_u64(&w, "expired", s->lease_ends[2]);
-	jw_u64(&w, "refused", s->lease_ends[3]);
-	jw_u64(&w, "missing", s->lease_ends[4]);
-	jw_close(&w, '}');
+	kvr_jw_str(&w, "prefault", s->prefault_state < 5 ? pfs[s->prefault_state] : "?");
+	kvr_jw_u64(&w, "prefaulted_bytes", s->prefault_bytes);
+	kvr_jw_end(&w);
+	kvr_jw_object(&w, "leases");
+	kvr_jw_u64(&w, "held", s->leases);
+	kvr_jw_u64(&w, "granted", s->leases_granted);
+	kvr_jw_u64(&w, "taken", s->leases_taken);
+	kvr_jw_u64(&w, "loaded", s->lease_ends[0]);
+	kvr_jw_u64(&w, "released", s->lease_ends[1]);
+	kvr_jw_u64(&w, "expired", s->lease_ends[2]);
+	kvr_jw_u64(&w, "refused", s->lease_ends[3]);
+	kvr_jw_u64(&w, "missing", s->lease_ends[4]);
+	kvr_jw_end(&w);
 
-	jw_open(&w, "rings", '[');
+	kvr_jw_array(&w, "rings");
 	for (unsigned i = 0; i < s->n_rings; i++)
 		json_ring(&w, cur, prev, &s->rings[i]);
-	jw_close(&w, ']');
+	kvr_jw_end(&w);
 
-	jw_open(&w, "l2", '[');
+	kvr_jw_array(&w, "l2");
 	for (unsigned i = 0; i < s->n_l2; i++)
 		json_l2(&w, &s->l2[i]);
-	jw_close(&w, ']');
+	kvr_jw_end(&w);
 	if (s->has_remote)
 		json_remote(&w, &s->remote);
 	else
-		jw_null(&w, "remote");
-	jw_close(&w, '}');
+		kvr_jw_null(&w, "remote");
+	kvr_jw_end(&w);
 	fputc('\n', out);
-	return ferror(out) ? -EIO : 0;
+	return kvr_jw_finish(&w);
 }
 
 int kvr_insp_render(FILE *out, const struct kvr_ctl *c, const struct kvr_insp_clock *now, unsigned max_msgs,

@@ -180,8 +180,4 @@ int kvr_insp_render(FILE *out, const struct kvr_ctl *c, const struct kvr_insp_cl
  * Writes at most len bytes (NUL included) and returns buf. */
 char *kvr_insp_endpoint_name(const struct kvr_insp_snap *s, int endpoint, char *buf, size_t len);
 
-/* Durations as inspect prints them, at most 7 characters: "0.25s", "12.3s", "4m05s",
- * "3h07m", "12d". Returns buf (len >= 8). */
-char *kvr_insp_fmt_duration(uint64_t ns, char *buf, size_t len);
-
 #endif
