@@ -1,14 +1,19 @@
 /* remote: the remote tier actor (kvring-remote) — promotion reads and write-throughs of L1 blocks against a Redis Cluster. */
 #include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
-#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
-#include <hiredis/sds.h>
 
 #include <kvring/msg.h>
 
@@ -18,6 +23,7 @@
 #include "kvr_log.h"
 #include "kvr_time.h"
 #include "rcluster.h"
+#include "resp.h"
 #include "rvalue.h"
 
 /*
@@ -27,31 +33,40 @@
  *   L2_READ  (key, lane, slot, epoch)  a promotion: the slot is WRITING, allocated by the
  *            lookup actor. One pipelined round trip to the master of the key's hash slot:
  *            EXISTS of every lane's value (a block counts only when all TP lanes are in
- *            the cluster), then GET of the asked lane. The value is checked (rvalue.h:
- *            magic, header checksum, namespace, key, lane, length, payload checksum)
- *            BEFORE a byte reaches the slot; then copied in and answered READ_DONE 0. A
- *            lane missing is -ENOENT, a value that fails its check -EBADMSG (both a miss,
- *            never served), anything else (no node, connection, timeout) another -errno.
+ *            the cluster), then GET of the asked lane. The value's header is checked
+ *            (rvalue.h: magic, header checksum, namespace, key, lane, length) BEFORE a
+ *            byte reaches the slot; the payload is then read from the socket straight into
+ *            the slot and its checksum compared before the answer: READ_DONE 0. A lane
+ *            missing is -ENOENT, a value that fails a check -EBADMSG (both a miss, never
+ *            served: the slot stays WRITING and the lookup actor frees it), anything else
+ *            (no node, connection, timeout) another -errno.
  *   L2_WRITE (key, lane, slot, epoch)  write-through of a COMMITTED slot: SET of header +
  *            payload (+ EX remote.ttl_s). No answer: the lookup actor does not wait for
  *            the shared tier (it is a cache; a write that fails is counted here).
  *
  * Slot safety: a slot is pinned (KVR_PIN_REMOTE) from the check of its state and epoch to
- * the end of the copy — for a read until the bytes are in, for a write until hiredis has
- * copied them into its output buffer (one copy: the payload is appended straight from the
- * slot to the formatted command, no intermediate buffer). A restarted remote actor drops
- * its predecessor's pins (its process, and so its copies, ended).
+ * the end of the copy — for a read until the bytes are in, for a write until the kernel
+ * has taken the payload (writev straight from the slot: no copy in this process). A
+ * restarted remote actor drops its predecessor's pins (its process, and so its copies,
+ * ended).
+ *
+ * Connections are kvring's own (hiredis 0.14's async client copies every value into its
+ * output buffer and every reply through its reader): one non-blocking TCP socket per
+ * master, commands pipelined from an output queue with writev, replies framed by resp.c —
+ * a GET's value streams into its slot, every other reply is parsed by hiredis's reader
+ * (redisReader: the RESP parser only, no connection). The start-up discovery uses hiredis's
+ * blocking client.
  *
  * Cluster: the slot map comes from CLUSTER SLOTS (rcluster.h), asked at start (bounded by
  * timeout_ms, before readiness) and again every RM_REFRESH_NS, after a MOVED and after a
- * node is lost. One connection per master, pipelined; MOVED updates the map and resends,
- * ASK resends once after ASKING. A request unanswered after remote.timeout_ms closes its
- * connection (a pipelined connection cannot drop one request): everything in flight there
- * fails, and the node is reconnected with backoff. remote.max_inflight bounds the
- * requests in flight; beyond it requests wait (in order) with the input ring held.
+ * node is lost. MOVED updates the map and resends, ASK resends once after ASKING. A
+ * request unanswered after remote.timeout_ms closes its connection (a pipelined
+ * connection cannot drop one request): everything in flight there fails, and the node is
+ * reconnected with backoff. remote.max_inflight bounds the requests in flight; beyond it
+ * requests wait (in order) with the input ring held.
  *
- * Nothing here blocks after init: the sockets are runtime fd watches, hiredis runs from
- * their callbacks, deadlines from the tick.
+ * Nothing here blocks after init (but getaddrinfo for a host name that is not an address,
+ * as hiredis did): the sockets are runtime fd watches, deadlines come from the tick.
  */
 
 #define RM_TICK_NS (10ull * 1000000ull)
@@ -60,26 +75,60 @@
 #define RM_BACKOFF_MIN_MS 50u
 #define RM_BACKOFF_MAX_MS 2000u
 #define RM_MAX_REDIRECTS 3u
-#define RM_READ_BURST 16u     /* socket reads per fd callback, RM_READ_CHUNK each */
-#define RM_READ_CHUNK (1u << 20)
+#define RM_READ_CHUNK (256u << 10)   /* socket reads of replies that are not streamed */
+#define RM_DIRECT_MIN (16u << 10)    /* a streamed value with this much left is read straight into its slot */
+#define RM_READ_BUDGET (64ull << 20) /* bytes read per fd callback: the other nodes and the ring get a turn */
+#define RM_IOV_MAX 64u
 #define RM_NONE 0xffffffffu
 
-/* A GET's value is checked and copied into its slot straight from hiredis's read buffer,
- * while the reply is parsed (create_string below): no reply object holds a second copy. */
-enum { LAND_NONE = 0, LAND_OK = 1, LAND_BAD = 2, LAND_STALE = 3 };
+/* What a GET's streamed value did (resp.h streams it while the reply is read). */
+enum { LAND_NONE = 0, LAND_OK = 1, LAND_BAD = 2, LAND_STALE = 3, LAND_SKIP = 4 };
 
 enum node_state { N_DOWN = 0, N_CONNECTING = 1, N_UP = 2 };
 
+/* The replies one queued command block expects, in order. */
+enum rkind { K_ASKING = 1, K_EXISTS, K_GET, K_SET, K_AUTH, K_SLOTS };
+
+/* ASKING + EXISTS of every lane + GET, or the head of a SET, formatted in RESP. */
+#define RM_PRE_MAX (64u + (KVR_CTL_MAX_WORKERS + 2u) * (KVR_RV_KEY_MAX + 16u))
+
+/*
+ * One block of commands in a node's output queue: pre, then (a SET) the value's header,
+ * its payload straight from the slot and post. It stays queued, in order, until its last
+ * reply is in (a pipeline answers in order, so the queue is also the list of replies to
+ * come); `off` bytes of it are written.
+ */
+struct rout {
+	struct rout *next;
+	uint32_t req;             /* its request, RM_NONE for the node's own (AUTH, CLUSTER SLOTS) */
+	uint8_t kinds[3], n_kinds, got;
+	bool pinned;              /* a SET: KVR_PIN_REMOTE on slot until its payload is written */
+	uint32_t slot;
+	uint64_t len, off;
+	const void *payload;
+	uint64_t payload_len;
+	struct kvr_rv_hdr hdr;
+	uint16_t pre_len, post_len;
+	char post[64];
+	char pre[RM_PRE_MAX];
+};
+
 struct rnode {
-	redisAsyncContext *ac;
-	int watch;                /* runtime fd watch of ac's socket, -1 */
-	uint32_t events;          /* what hiredis asked to wait for */
+	int fd;                   /* -1: no connection */
+	int watch;                /* runtime fd watch of fd, -1 */
+	uint32_t events;
 	enum node_state st;
 	uint64_t since_ns;        /* CONNECTING since */
 	uint64_t retry_ns;        /* DOWN: no connect before */
 	uint32_t backoff_ms;
 	bool timed_out;           /* being closed for a request past its deadline */
-	bool broken;              /* a command was cut short in the output buffer: close it */
+	int broken;               /* -errno: the connection failed where it could not be closed (a
+				   * write from a callback); closed at the end of the callback or tick */
+	struct rout *head, *wr, *tail; /* queue: head awaits replies, wr is the first not written */
+	struct kvr_resp rx;
+	uint32_t sink;            /* the request whose GET value is streaming, RM_NONE */
+	uint64_t sink_off, sink_len;
+	struct rout auth, slots;
 };
 
 struct rreq {
@@ -91,15 +140,18 @@ struct rreq {
 	unsigned node;
 	uint64_t first_ns;        /* when the request was taken */
 	uint64_t sent_ns;         /* when its commands went to node */
-	uint32_t gen;             /* bumped per send: answers to an earlier send are ignored */
+	uint32_t gen;             /* bumped per send and end: stale privdata is told apart */
 	uint8_t redirects;
 	bool asking;
 	bool parked;              /* no usable node for it yet: sent again from the tick until
 				   * timeout_ms after first_ns (a failover, a map being refreshed) */
+	bool queued;              /* out is in a node's queue */
 	long long exists;         /* EXISTS answer of this send, -1 none */
-	uint8_t landed;           /* LAND_*: what the reply parser did with this GET's value */
+	uint8_t landed;           /* LAND_*: what the streamed value did */
 	uint8_t reason;           /* LAND_BAD: enum kvr_rv_reason */
 	uint32_t next_free;
+	struct kvr_rv_hdr vhdr;   /* a GET's value header, as it arrived */
+	struct rout out;
 };
 
 struct remote {
@@ -125,12 +177,13 @@ struct remote {
 	uint64_t bad_logged_ns;
 	bool closing;             /* fini: nothing is parked any more */
 	bool map_dirty;           /* publish(): recount masters and covered slots */
-	char rbuf[RM_READ_CHUNK]; /* socket reads before hiredis's reader takes them */
+	redisReader *reader;      /* parses the replies that are not streamed */
+	char rbuf[RM_READ_CHUNK];
 	bool is_master[KVR_RC_MAX_NODES];
 	unsigned covered;
 };
 
-static struct remote *R; /* hiredis's adapter hooks get only the node */
+static struct remote *R; /* the resp callbacks get only the node */
 
 /* ---- stats -------------------------------------------------------------------------------- */
 
@@ -170,6 +223,16 @@ static void publish(struct remote *r)
 	gauge(r, KVR_STAT_RM_NODES_UP, up);
 	gauge(r, KVR_STAT_RM_INFLIGHT, r->inflight);
 	gauge(r, KVR_STAT_RM_SLOTS_COVERED, r->covered);
+}
+
+static const char *node_host(const struct remote *r, const struct rnode *n)
+{
+	return r->map.nodes[n - r->nodes].host;
+}
+
+static unsigned node_port(const struct remote *r, const struct rnode *n)
+{
+	return r->map.nodes[n - r->nodes].port;
 }
 
 /* ---- answers to the lookup actor ---------------------------------------------------------- */
@@ -225,21 +288,6 @@ static void req_put(struct remote *r, uint32_t i)
 	r->inflight--;
 }
 
-static void *priv_of(const struct remote *r, uint32_t i)
-{
-	return (void *)(uintptr_t)(((uint64_t)r->reqs[i].gen << 32) | i);
-}
-
-/* The request a callback's privdata names, or RM_NONE when it is stale (answered, resent). */
-static uint32_t req_of(const struct remote *r, void *priv)
-{
-	uint64_t v = (uint64_t)(uintptr_t)priv;
-	uint32_t i = (uint32_t)v;
-	if (i >= r->n_reqs || !r->reqs[i].type || r->reqs[i].gen != (uint32_t)(v >> 32))
-		return RM_NONE;
-	return i;
-}
-
 static bool slot_holds(const struct remote *r, const struct rreq *q)
 {
 	const struct kvr_slot *s = kvr_slot_at(r->slots, q->slot);
@@ -278,237 +326,463 @@ static void req_fail(struct remote *r, uint32_t i, int err)
 	}
 }
 
-/* ---- values straight into their slots -------------------------------------------------------- */
+/* ---- a GET's value straight into its slot ---------------------------------------------------- */
 
-static void on_get(redisAsyncContext *ac, void *reply, void *priv);
-static redisReplyObjectFunctions *hiredis_fn; /* hiredis's own reply functions (its reader's default) */
-static redisReplyObjectFunctions land_fn;     /* the same with create_string */
-
-/* Check value[0..len) of read q and copy its payload into q's slot: LAND_OK, LAND_BAD (q->reason
- * says why) or LAND_STALE (the slot is no longer the allocation asked for). */
-static uint8_t land(struct remote *r, struct rreq *q, const char *value, size_t len)
+/* Is q's slot still the allocation it asked for? Our pin kept it from reuse; the lookup
+ * actor may have aborted it meanwhile. */
+static bool slot_current(const struct remote *r, const struct rreq *q)
 {
-	unsigned reason = KVR_RV_OK;
-	if (kvr_rv_check(value, len, &r->id, q->key, q->lane, &reason) != 0) {
-		q->reason = (uint8_t)reason;
-		return LAND_BAD;
-	}
-	/* our pin kept the slot from reuse; the lookup actor may have aborted it meanwhile */
-	if (kvr_slot_state(r->slots, q->slot) != KVR_SLOT_WRITING || kvr_slot_epoch(r->slots, q->slot) != q->epoch ||
-	    !slot_holds(r, q))
-		return LAND_STALE;
-	memcpy(kvr_slot_data(r->slots, r->a->arena_seg.base, q->slot), value + KVR_RV_HDR_BYTES, r->id.lane_bytes);
-	return LAND_OK;
+	return kvr_slot_state(r->slots, q->slot) == KVR_SLOT_WRITING && kvr_slot_epoch(r->slots, q->slot) == q->epoch &&
+	       slot_holds(r, q);
 }
 
-/*
- * hiredis calls this for every bulk string it parses, with the bytes still in its read
- * buffer. The reply being parsed belongs to the first callback of the connection's list (a
- * pipeline answers in order); when that is one of our GETs, the value lands in the slot now
- * and the reply object carries no copy of it (str NULL, len kept). Anything else goes to
- * hiredis's own createString.
- */
-static void *create_string(const redisReadTask *task, char *str, size_t len)
+/* resp: a top-level bulk string begins. The reply at the head of the node's queue is a
+ * GET's: stream it (into the slot, or nowhere when it cannot count); anything else is
+ * captured. */
+static bool rx_bulk_begin(void *ctx, uint64_t len)
 {
-	struct rnode *n = task->privdata;
-	const redisCallback *cb = n && n->ac ? n->ac->replies.head : NULL;
-	if (!task->parent && task->type == REDIS_REPLY_STRING && cb && cb->fn == on_get) {
-		uint32_t i = req_of(R, cb->privdata);
-		struct rreq *q = i == RM_NONE ? NULL : &R->reqs[i];
-		if (q && q->type == KVR_MSG_L2_READ && !(R->lanes > 1 && q->exists != (long long)R->lanes)) {
-			redisReply *rp = calloc(1, sizeof(*rp));
-			if (!rp)
-				return NULL; /* hiredis reports out of memory and drops the connection */
-			rp->type = REDIS_REPLY_STRING;
-			rp->len = len;
-			q->landed = land(R, q, str, len);
-			return rp;
-		}
+	struct rnode *n = ctx;
+	const struct rout *h = n->head;
+	if (!h || (h == n->wr && !h->off) || h->req == RM_NONE || h->got >= h->n_kinds || h->kinds[h->got] != K_GET)
+		return false; /* not a GET's (or a reply to nothing sent: rx_reply refuses it) */
+	struct rreq *q = &R->reqs[h->req];
+	n->sink = h->req;
+	n->sink_off = 0;
+	n->sink_len = len;
+	q->landed = R->lanes > 1 && q->exists != (long long)R->lanes ? LAND_SKIP : LAND_NONE;
+	return true;
+}
+
+static void *rx_bulk_dest(void *ctx, size_t *room)
+{
+	struct rnode *n = ctx;
+	struct rreq *q = &R->reqs[n->sink];
+	if (q->landed != LAND_NONE)
+		return NULL; /* a miss, a bad header or a stale slot: the rest is dropped */
+	if (n->sink_off < sizeof(q->vhdr)) {
+		if (*room > sizeof(q->vhdr) - n->sink_off)
+			*room = sizeof(q->vhdr) - n->sink_off;
+		return (char *)&q->vhdr + n->sink_off;
 	}
-	return hiredis_fn->createString(task, str, len);
+	return (char *)kvr_slot_data(R->slots, R->a->arena_seg.base, q->slot) + (n->sink_off - sizeof(q->vhdr));
+}
+
+static void rx_bulk_wrote(void *ctx, size_t len)
+{
+	struct rnode *n = ctx;
+	struct rreq *q = &R->reqs[n->sink];
+	bool hdr_done = n->sink_off < sizeof(q->vhdr) && n->sink_off + len >= sizeof(q->vhdr);
+	n->sink_off += len;
+	if (!hdr_done || q->landed != LAND_NONE)
+		return;
+	/* the header is in: every check but the payload checksum, before a byte reaches the slot */
+	unsigned reason;
+	if (kvr_rv_check_hdr(&q->vhdr, n->sink_len, &R->id, q->key, q->lane, &reason)) {
+		q->landed = LAND_BAD;
+		q->reason = (uint8_t)reason;
+	} else if (!slot_current(R, q)) {
+		q->landed = LAND_STALE;
+	}
+}
+
+/* The streamed value is complete: its verdict. */
+static void rx_value_end(struct rnode *n)
+{
+	struct rreq *q = &R->reqs[n->sink];
+	n->sink = RM_NONE;
+	if (q->landed != LAND_NONE)
+		return;
+	if (n->sink_len < sizeof(q->vhdr)) { /* all of it was header bytes, and too few */
+		q->landed = LAND_BAD;
+		q->reason = KVR_RV_R_SHORT;
+	} else if (kvr_rv_check_payload(&q->vhdr, kvr_slot_data(R->slots, R->a->arena_seg.base, q->slot))) {
+		q->landed = LAND_BAD;
+		q->reason = KVR_RV_R_PAYLOAD_CSUM;
+	} else {
+		q->landed = slot_current(R, q) ? LAND_OK : LAND_STALE;
+	}
 }
 
 /* ---- connections -------------------------------------------------------------------------- */
 
 static void node_fd(struct kvr_actor *a, int fd, uint32_t revents, void *arg);
+static void dispatch(struct remote *r, struct rnode *n, uint32_t req, uint8_t kind, const redisReply *rp);
+static int rx_reply(void *ctx, const char *raw, size_t len, bool streamed);
 
-static struct rnode *node_of(void *privdata)
-{
-	return privdata;
-}
+static const struct kvr_resp_ops rx_ops = {
+	.bulk_begin = rx_bulk_begin,
+	.bulk_dest = rx_bulk_dest,
+	.bulk_wrote = rx_bulk_wrote,
+	.reply = rx_reply,
+};
 
-static void ev_set(struct rnode *n, uint32_t events)
+static void ev_set(struct remote *r, struct rnode *n, uint32_t events)
 {
+	if (n->events == events)
+		return;
 	n->events = events;
 	if (n->watch >= 0)
-		kvr_actor_watch_events(R->a, n->watch, events);
+		kvr_actor_watch_events(r->a, n->watch, events);
 }
 
-static void ev_add_read(void *p) { ev_set(node_of(p), node_of(p)->events | POLLIN); }
-static void ev_del_read(void *p) { ev_set(node_of(p), node_of(p)->events & ~(uint32_t)POLLIN); }
-static void ev_add_write(void *p) { ev_set(node_of(p), node_of(p)->events | POLLOUT); }
-static void ev_del_write(void *p) { ev_set(node_of(p), node_of(p)->events & ~(uint32_t)POLLOUT); }
-
-/* hiredis frees the context (a failed connect, a dropped or closed connection): every
- * callback it still held has been called with a NULL reply before this. */
-static void ev_cleanup(void *p)
-{
-	struct rnode *n = node_of(p);
-	if (n->watch >= 0)
-		kvr_actor_unwatch_fd(R->a, n->watch);
-	n->watch = -1;
-	n->ac = NULL;
-	n->events = 0;
-	n->st = N_DOWN;
-	n->timed_out = false;
-	n->broken = false;
-	n->retry_ns = kvr_now_ns() + (uint64_t)n->backoff_ms * 1000000ull;
-	n->backoff_ms = n->backoff_ms * 2 > RM_BACKOFF_MAX_MS ? RM_BACKOFF_MAX_MS : n->backoff_ms * 2;
-	R->next_refresh_ns = 0; /* a node lost: its slots may have moved to a replica */
-}
-
-static void on_connect(const redisAsyncContext *ac, int status)
-{
-	struct rnode *n = ac->data;
-	if (status != REDIS_OK) {
-		count(R, KVR_STAT_RM_CONN_ERRORS, 1);
-		kvr_warn("remote %s:%u: connect failed: %s", R->map.nodes[n - R->nodes].host,
-			 R->map.nodes[n - R->nodes].port, ac->errstr);
-		return; /* hiredis frees it: ev_cleanup */
-	}
-	n->st = N_UP;
-	n->backoff_ms = RM_BACKOFF_MIN_MS;
-}
-
-static void on_disconnect(const redisAsyncContext *ac, int status)
-{
-	struct rnode *n = ac->data;
-	if (status != REDIS_OK && !n->timed_out) {
-		count(R, KVR_STAT_RM_CONN_ERRORS, 1);
-		kvr_warn("remote %s:%u: connection lost: %s", R->map.nodes[n - R->nodes].host,
-			 R->map.nodes[n - R->nodes].port, ac->errstr);
-	}
-}
-
-static void on_auth(redisAsyncContext *ac, void *reply, void *priv)
-{
-	(void)priv;
-	const redisReply *rp = reply;
-	if (rp && rp->type == REDIS_REPLY_ERROR) {
-		struct rnode *n = ac->data;
-		kvr_err("remote %s:%u: AUTH refused: %s", R->map.nodes[n - R->nodes].host, R->map.nodes[n - R->nodes].port,
-			rp->str);
-		count(R, KVR_STAT_RM_REPLY_ERRORS, 1);
-		n->backoff_ms = RM_BACKOFF_MAX_MS;
-		redisAsyncDisconnect(ac);
-	}
-}
-
-/* A connection to node n, started when there is none and its backoff has passed. Returns
- * its context (maybe still connecting: hiredis queues commands until it is up) or NULL. */
-static redisAsyncContext *node_ctx(struct remote *r, unsigned ni)
+/* Drop node n's connection (from outside its reply processing): every request queued
+ * there is answered as if its reply were NULL (parked while its time is not up, else
+ * failed), pins of unwritten SETs go. */
+static void node_down(struct remote *r, unsigned ni, bool timed_out)
 {
 	struct rnode *n = &r->nodes[ni];
-	if (n->ac)
-		return n->ac;
+	if (n->fd < 0)
+		return;
+	if (n->watch >= 0)
+		kvr_actor_unwatch_fd(r->a, n->watch);
+	close(n->fd);
+	n->fd = n->watch = -1;
+	n->events = 0;
+	n->st = N_DOWN;
+	n->broken = 0;
+	n->retry_ns = kvr_now_ns() + (uint64_t)n->backoff_ms * 1000000ull;
+	n->backoff_ms = n->backoff_ms * 2 > RM_BACKOFF_MAX_MS ? RM_BACKOFF_MAX_MS : n->backoff_ms * 2;
+	r->next_refresh_ns = 0; /* a node lost: its slots may have moved to a replica */
+	kvr_resp_reset(&n->rx);
+	n->sink = RM_NONE;
+	struct rout *e = n->head;
+	n->head = n->wr = n->tail = NULL;
+	n->timed_out = timed_out;
+	while (e) {
+		struct rout *next = e->next;
+		e->next = NULL;
+		if (e->pinned) {
+			(void)kvr_slot_unpin(r->slots, e->slot, KVR_PIN_REMOTE);
+			e->pinned = false;
+		}
+		if (e->req != RM_NONE) {
+			r->reqs[e->req].queued = false;
+			dispatch(r, n, e->req, e->kinds[e->n_kinds - 1], NULL);
+		} else if (e->kinds[0] == K_SLOTS) {
+			r->refreshing = false;
+		}
+		e = next;
+	}
+	n->timed_out = false;
+}
+
+/* The first error of a connection seen where it cannot be closed: closed soon after. */
+static void node_broke(struct rnode *n, int err)
+{
+	if (!n->broken)
+		n->broken = err;
+}
+
+static void node_settle(struct remote *r, unsigned ni)
+{
+	struct rnode *n = &r->nodes[ni];
+	if (n->fd < 0 || !n->broken)
+		return;
+	count(r, KVR_STAT_RM_CONN_ERRORS, 1);
+	kvr_warn("remote %s:%u: connection lost: %s", node_host(r, n), node_port(r, n), strerror(-n->broken));
+	node_down(r, ni, false);
+}
+
+/* Write what the queue holds, from n->wr on, without waiting. */
+static void node_flush(struct remote *r, struct rnode *n)
+{
+	while (n->st == N_UP && n->wr && !n->broken) {
+		struct iovec iov[RM_IOV_MAX];
+		unsigned k = 0;
+		for (struct rout *e = n->wr; e && k + 4 <= RM_IOV_MAX; e = e->next) {
+			const struct {
+				const void *p;
+				uint64_t len;
+			} part[4] = {{e->pre, e->pre_len},
+				     {&e->hdr, e->payload ? sizeof(e->hdr) : 0},
+				     {e->payload, e->payload_len},
+				     {e->post, e->post_len}};
+			uint64_t skip = e == n->wr ? e->off : 0;
+			for (unsigned p = 0; p < 4; p++) {
+				if (skip >= part[p].len) {
+					skip -= part[p].len;
+					continue;
+				}
+				iov[k++] = (struct iovec){(char *)part[p].p + skip, part[p].len - skip};
+				skip = 0;
+			}
+		}
+		ssize_t put = writev(n->fd, iov, (int)k);
+		if (put < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno != EAGAIN)
+				node_broke(n, -errno);
+			break;
+		}
+		uint64_t left = (uint64_t)put;
+		while (left && n->wr) {
+			struct rout *e = n->wr;
+			uint64_t take = e->len - e->off < left ? e->len - e->off : left;
+			e->off += take;
+			left -= take;
+			if (e->off < e->len)
+				break;
+			if (e->pinned) { /* the kernel has the payload */
+				(void)kvr_slot_unpin(r->slots, e->slot, KVR_PIN_REMOTE);
+				e->pinned = false;
+			}
+			n->wr = e->next;
+		}
+	}
+	uint32_t ev = n->st == N_CONNECTING ? POLLOUT : POLLIN | (n->wr ? POLLOUT : 0);
+	ev_set(r, n, ev);
+}
+
+/* Queue e (its pre/post/payload set) on node n and write what can be written now. */
+static void node_push(struct remote *r, struct rnode *n, struct rout *e)
+{
+	e->next = NULL;
+	e->off = 0;
+	e->got = 0;
+	e->len = e->pre_len + (e->payload ? sizeof(e->hdr) + e->payload_len : 0) + e->post_len;
+	if (n->tail)
+		n->tail->next = e;
+	else
+		n->head = e;
+	n->tail = e;
+	if (!n->wr)
+		n->wr = e;
+	node_flush(r, n);
+}
+
+/* RESP of one command: argv[0..argc) into buf at *at (RM_PRE_MAX bounds it). */
+static bool fmt_cmd(char *buf, uint16_t *at, unsigned argc, const char *const *argv, const size_t *argl)
+{
+	size_t o = *at;
+	int w = snprintf(buf + o, RM_PRE_MAX - o, "*%u\r\n", argc);
+	if (w < 0 || (size_t)w >= RM_PRE_MAX - o)
+		return false;
+	o += (size_t)w;
+	for (unsigned i = 0; i < argc; i++) {
+		w = snprintf(buf + o, RM_PRE_MAX - o, "$%zu\r\n", argl[i]);
+		if (w < 0 || (size_t)w + argl[i] + 2 > RM_PRE_MAX - o)
+			return false;
+		o += (size_t)w;
+		memcpy(buf + o, argv[i], argl[i]);
+		o += argl[i];
+		buf[o++] = '\r';
+		buf[o++] = '\n';
+	}
+	*at = (uint16_t)o;
+	return true;
+}
+
+static void ctl_cmd(struct rout *e, uint8_t kind, unsigned argc, const char *const *argv)
+{
+	size_t argl[4];
+	for (unsigned i = 0; i < argc; i++)
+		argl[i] = strlen(argv[i]);
+	memset(e, 0, offsetof(struct rout, pre));
+	e->req = RM_NONE;
+	e->kinds[0] = kind;
+	e->n_kinds = 1;
+	(void)fmt_cmd(e->pre, &e->pre_len, argc, argv, argl); /* AUTH / CLUSTER SLOTS: bounded by the config */
+}
+
+/* A socket to host:port, connecting (non-blocking). -errno on failure. */
+static int tcp_start(const char *host, unsigned port)
+{
+	char ps[8];
+	snprintf(ps, sizeof(ps), "%u", port);
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST};
+	struct addrinfo *ai = NULL;
+	int rc = getaddrinfo(host, ps, &hints, &ai);
+	if (rc == EAI_NONAME) { /* a name, not an address: resolved (blocking) as hiredis did */
+		hints.ai_flags = 0;
+		rc = getaddrinfo(host, ps, &hints, &ai);
+	}
+	if (rc)
+		return rc == EAI_SYSTEM ? -errno : -EHOSTUNREACH;
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		rc = -errno;
+		freeaddrinfo(ai);
+		return rc;
+	}
+	int one = 1;
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	(void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) && errno != EINPROGRESS) {
+		rc = -errno;
+		close(fd);
+		freeaddrinfo(ai);
+		return rc;
+	}
+	freeaddrinfo(ai);
+	return fd;
+}
+
+/* Node ni with a connection (maybe still connecting: commands queue until it is up), or
+ * NULL: none, and its backoff has not passed or the connect failed at once. */
+static struct rnode *node_ctx(struct remote *r, unsigned ni)
+{
+	struct rnode *n = &r->nodes[ni];
+	if (n->fd >= 0)
+		return n;
 	uint64_t now = kvr_now_ns();
 	if (now < n->retry_ns)
 		return NULL;
 	const struct kvr_rc_node *addr = &r->map.nodes[ni];
-	redisAsyncContext *ac = redisAsyncConnect(addr->host, addr->port);
-	if (!ac || ac->err) {
+	int fd = tcp_start(addr->host, addr->port);
+	if (fd >= 0) {
+		n->watch = kvr_actor_watch_fd(r->a, fd, POLLOUT, node_fd, n); /* POLLOUT: the connect completes */
+		if (n->watch < 0) {
+			kvr_err("remote %s:%u: cannot watch the socket: %s", addr->host, addr->port, strerror(-n->watch));
+			close(fd);
+			n->watch = -1;
+			n->retry_ns = now + (uint64_t)RM_BACKOFF_MAX_MS * 1000000ull;
+			return NULL;
+		}
+	} else {
 		count(r, KVR_STAT_RM_CONN_ERRORS, 1);
-		kvr_warn("remote %s:%u: cannot connect: %s", addr->host, addr->port, ac ? ac->errstr : "out of memory");
-		if (ac)
-			redisAsyncFree(ac);
+		kvr_warn("remote %s:%u: cannot connect: %s", addr->host, addr->port, strerror(-fd));
 		n->retry_ns = now + (uint64_t)n->backoff_ms * 1000000ull;
 		return NULL;
 	}
-	ac->data = n;
-	ac->ev.data = n;
-	ac->ev.addRead = ev_add_read;
-	ac->ev.delRead = ev_del_read;
-	ac->ev.addWrite = ev_add_write;
-	ac->ev.delWrite = ev_del_write;
-	ac->ev.cleanup = ev_cleanup;
-	n->watch = kvr_actor_watch_fd(r->a, ac->c.fd, POLLOUT, node_fd, n); /* POLLOUT: the connect completes */
-	if (n->watch < 0) {
-		kvr_err("remote %s:%u: cannot watch the socket: %s", addr->host, addr->port, strerror(-n->watch));
-		ac->ev.cleanup = NULL;
-		redisAsyncFree(ac);
-		n->watch = -1;
-		n->retry_ns = now + (uint64_t)RM_BACKOFF_MAX_MS * 1000000ull;
-		return NULL;
-	}
-	if (!hiredis_fn) {
-		hiredis_fn = ac->c.reader->fn;
-		land_fn = *hiredis_fn;
-		land_fn.createString = create_string;
-	}
-	ac->c.reader->fn = &land_fn;
-	ac->c.reader->privdata = n;
-	ac->c.reader->maxbuf = 0; /* keep the read buffer between values (hiredis frees it above 16 KiB idle) */
+	n->fd = fd;
 	n->events = POLLOUT;
-	n->ac = ac;
 	n->st = N_CONNECTING;
 	n->since_ns = now;
-	redisAsyncSetConnectCallback(ac, on_connect);
-	redisAsyncSetDisconnectCallback(ac, on_disconnect);
+	n->broken = 0;
+	n->sink = RM_NONE;
+	kvr_resp_reset(&n->rx);
 	const struct kvr_config *cfg = &r->a->cfg;
 	if (cfg->remote.password[0]) {
-		if (cfg->remote.user[0])
-			(void)redisAsyncCommand(ac, on_auth, NULL, "AUTH %s %s", cfg->remote.user, cfg->remote.password);
-		else
-			(void)redisAsyncCommand(ac, on_auth, NULL, "AUTH %s", cfg->remote.password);
+		const char *argv[3] = {"AUTH", cfg->remote.user[0] ? cfg->remote.user : cfg->remote.password,
+				       cfg->remote.password};
+		ctl_cmd(&n->auth, K_AUTH, cfg->remote.user[0] ? 3 : 2, argv);
+		node_push(r, n, &n->auth);
 	}
-	return ac;
+	return n;
 }
 
-/* Close node n's connection now (from the tick, never inside a hiredis callback). */
-static void node_close(struct remote *r, unsigned ni, bool timed_out)
+/* The socket connected (or failed to). */
+static void node_connected(struct remote *r, unsigned ni)
 {
 	struct rnode *n = &r->nodes[ni];
-	if (!n->ac)
+	int err = 0;
+	socklen_t el = sizeof(err);
+	if (getsockopt(n->fd, SOL_SOCKET, SO_ERROR, &err, &el))
+		err = errno;
+	if (err) {
+		count(r, KVR_STAT_RM_CONN_ERRORS, 1);
+		kvr_warn("remote %s:%u: connect failed: %s", node_host(r, n), node_port(r, n), strerror(err));
+		node_down(r, ni, false);
 		return;
-	n->timed_out = timed_out;
-	redisAsyncFree(n->ac); /* callbacks with NULL replies, then ev_cleanup */
+	}
+	n->st = N_UP;
+	n->backoff_ms = RM_BACKOFF_MIN_MS;
+	node_flush(r, n);
+}
+
+/* resp: a reply is complete; it belongs to the head of the queue. */
+static int rx_reply(void *ctx, const char *raw, size_t len, bool streamed)
+{
+	struct rnode *n = ctx;
+	struct remote *r = R;
+	struct rout *h = n->head;
+	if (!h || (h == n->wr && (!h->off || h->got + 1 == h->n_kinds))) {
+		node_broke(n, -EPROTO); /* a reply to nothing we sent (or to a command not all sent) */
+		return 1;
+	}
+	uint8_t kind = h->kinds[h->got++];
+	uint32_t req = h->req;
+	if (h->got == h->n_kinds) { /* its last reply: off the queue before anything resends it */
+		n->head = h->next;
+		if (n->tail == h)
+			n->tail = NULL;
+		h->next = NULL;
+		if (req != RM_NONE)
+			r->reqs[req].queued = false;
+	}
+	if (streamed) {
+		rx_value_end(n);
+		redisReply v = {.type = REDIS_REPLY_STRING, .len = len};
+		dispatch(r, n, req, kind, &v);
+		return n->broken ? 1 : 0;
+	}
+	void *rp = NULL;
+	if (redisReaderFeed(r->reader, raw, len) != REDIS_OK || redisReaderGetReply(r->reader, &rp) != REDIS_OK ||
+	    !rp) {
+		/* cannot happen for a reply resp framed; the reader may be unusable: start anew */
+		redisReaderFree(r->reader);
+		r->reader = redisReaderCreate();
+		node_broke(n, r->reader ? -EPROTO : -ENOMEM);
+		return 1;
+	}
+	dispatch(r, n, req, kind, rp);
+	freeReplyObject(rp);
+	return n->broken ? 1 : 0;
 }
 
 static void node_fd(struct kvr_actor *a, int fd, uint32_t revents, void *arg)
 {
 	(void)a;
+	struct remote *r = R;
 	struct rnode *n = arg;
-	if (!n->ac)
+	unsigned ni = (unsigned)(n - r->nodes);
+	if (n->fd != fd)
 		return;
-	if (revents & (POLLOUT | POLLERR | POLLHUP))
-		redisAsyncHandleWrite(n->ac);
-	if (!n->ac || !(revents & (POLLIN | POLLERR | POLLHUP)))
+	if (n->st == N_CONNECTING) {
+		if (revents & (POLLOUT | POLLERR | POLLHUP))
+			node_connected(r, ni);
 		return;
-	/* hiredis reads 16 KiB per call (a 5 MiB value would be 320 wake-ups and reads): what
-	 * the socket holds is read here in RM_READ_CHUNK pieces and fed to hiredis's reader
-	 * (its public redisReaderFeed); then hiredis's own read (EAGAIN, or EOF and errors
-	 * handled its way) runs the callbacks of every reply now complete */
-	redisReader *rd = n->ac->c.reader;
-	for (unsigned k = 0; k < RM_READ_BURST; k++) {
-		ssize_t got = read(fd, R->rbuf, RM_READ_CHUNK);
-		if (got <= 0)
-			break; /* EAGAIN, EOF or an error: hiredis's read below sees it too */
-		if (redisReaderFeed(rd, R->rbuf, (size_t)got) != REDIS_OK)
-			break; /* out of memory: hiredis's read below reports it */
-		if ((size_t)got < RM_READ_CHUNK)
-			break;
 	}
-	redisAsyncHandleRead(n->ac);
+	if (revents & POLLOUT)
+		node_flush(r, n);
+	if (!(revents & (POLLIN | POLLERR | POLLHUP)))
+		goto out;
+	/* a streamed value is read straight into its slot; everything else through rbuf and resp */
+	for (uint64_t budget = RM_READ_BUDGET; budget && !n->broken;) {
+		uint64_t left = kvr_resp_stream_left(&n->rx);
+		ssize_t got;
+		if (left >= RM_DIRECT_MIN) {
+			size_t room = left > budget ? (size_t)budget : (size_t)left;
+			void *dst = rx_bulk_dest(n, &room);
+			if (!dst) {
+				dst = r->rbuf;
+				room = room < sizeof(r->rbuf) ? room : sizeof(r->rbuf);
+			}
+			got = read(fd, dst, room);
+			if (got > 0) {
+				kvr_resp_streamed(&n->rx, (size_t)got);
+				budget -= (uint64_t)got < budget ? (uint64_t)got : budget;
+				continue;
+			}
+		} else {
+			got = read(fd, r->rbuf, sizeof(r->rbuf));
+			if (got > 0) {
+				int rc = kvr_resp_feed(&n->rx, r->rbuf, (size_t)got);
+				if (rc < 0)
+					node_broke(n, rc);
+				budget -= (uint64_t)got < budget ? (uint64_t)got : budget;
+				continue;
+			}
+		}
+		if (got == 0) {
+			node_broke(n, -ECONNRESET); /* the server closed the connection */
+			break;
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN)
+			node_broke(n, -errno);
+		break;
+	}
+out:
+	node_settle(r, ni);
 }
 
 /* ---- the slot map -------------------------------------------------------------------------- */
 
-static void on_slots(redisAsyncContext *ac, void *reply, void *priv)
+static void on_slots(struct remote *r, struct rnode *n, const redisReply *rp)
 {
-	(void)priv;
-	struct remote *r = R;
-	const redisReply *rp = reply;
-	struct rnode *n = ac->data;
 	unsigned ni = (unsigned)(n - r->nodes);
 	r->refreshing = false;
 	if (!rp)
@@ -534,6 +808,16 @@ static void on_slots(redisAsyncContext *ac, void *reply, void *priv)
 	publish(r);
 }
 
+static void on_auth(struct remote *r, struct rnode *n, const redisReply *rp)
+{
+	if (rp && rp->type == REDIS_REPLY_ERROR) {
+		kvr_err("remote %s:%u: AUTH refused: %s", node_host(r, n), node_port(r, n), rp->str);
+		count(r, KVR_STAT_RM_REPLY_ERRORS, 1);
+		n->backoff_ms = RM_BACKOFF_MAX_MS;
+		node_broke(n, -EACCES);
+	}
+}
+
 /* Ask a node for the slot map: one that is up (the last one asked first), else the next
  * seed or known node that may be connected. */
 static void refresh(struct remote *r, uint64_t now)
@@ -556,11 +840,14 @@ static void refresh(struct remote *r, uint64_t now)
 	}
 	if (pick == RM_NONE)
 		return;
-	redisAsyncContext *ac = node_ctx(r, pick);
-	if (ac && redisAsyncCommand(ac, on_slots, NULL, "CLUSTER SLOTS") == REDIS_OK) {
-		r->refreshing = true;
-		r->refresh_node = pick;
-	}
+	struct rnode *n = node_ctx(r, pick);
+	if (!n)
+		return;
+	static const char *const argv[2] = {"CLUSTER", "SLOTS"};
+	ctl_cmd(&n->slots, K_SLOTS, 2, argv);
+	r->refreshing = true;
+	r->refresh_node = pick;
+	node_push(r, n, &n->slots);
 }
 
 /* At start, before readiness: ask the seeds in turn (blocking, timeout_ms each). */
@@ -612,10 +899,6 @@ static void discover(struct remote *r)
 
 /* ---- sending ------------------------------------------------------------------------------- */
 
-static void on_exists(redisAsyncContext *ac, void *reply, void *priv);
-static void on_get(redisAsyncContext *ac, void *reply, void *priv);
-static void on_set(redisAsyncContext *ac, void *reply, void *priv);
-
 /* Where key's hash slot lives: a node index, or RM_NONE (the map has no master for it). */
 static unsigned route(struct remote *r, const char *name, size_t len)
 {
@@ -644,17 +927,24 @@ static int req_send(struct remote *r, uint32_t i)
 			return -EHOSTUNREACH;
 		}
 	}
-	redisAsyncContext *ac = node_ctx(r, q->node);
-	if (!ac) {
+	struct rnode *n = node_ctx(r, q->node);
+	if (!n) {
 		refresh_soon(r); /* its master is down: a replica may have taken over */
 		return -ENOTCONN;
 	}
+	struct rout *e = &q->out;
+	memset(e, 0, offsetof(struct rout, pre));
+	e->req = i;
 	q->gen++;
 	q->exists = -1;
 	q->landed = LAND_NONE;
 	q->sent_ns = kvr_now_ns();
-	if (q->asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
-		return -ENOTCONN;
+	if (q->asking) {
+		static const char *const asking[1] = {"ASKING"};
+		static const size_t asking_l[1] = {6};
+		(void)fmt_cmd(e->pre, &e->pre_len, 1, asking, asking_l);
+		e->kinds[e->n_kinds++] = K_ASKING;
+	}
 	if (q->type == KVR_MSG_L2_READ) {
 		if (r->lanes > 1) {
 			const char *argv[1 + KVR_CTL_MAX_WORKERS];
@@ -666,52 +956,41 @@ static int req_send(struct remote *r, uint32_t i)
 				argl[1 + l] = kvr_rv_key_fmt(names[l], sizeof(names[l]), r->id.ns, q->key, l);
 				argv[1 + l] = names[l];
 			}
-			if (redisAsyncCommandArgv(ac, on_exists, priv_of(r, i), (int)(1 + r->lanes), argv, argl) != REDIS_OK)
-				return -ENOTCONN;
+			(void)fmt_cmd(e->pre, &e->pre_len, 1 + r->lanes, argv, argl); /* RM_PRE_MAX holds it */
+			e->kinds[e->n_kinds++] = K_EXISTS;
 		}
 		const char *argv[2] = {"GET", name};
 		size_t argl[2] = {3, len};
-		return redisAsyncCommandArgv(ac, on_get, priv_of(r, i), 2, argv, argl) == REDIS_OK ? 0 : -ENOTCONN;
-	}
-	/* SET name <header + payload> [EX ttl]: the command is formatted up to the value's
-	 * length, then the header and the payload are appended to hiredis's output buffer
-	 * straight from the slot, under our pin, and the pin goes (the bytes are copied) */
-	if (kvr_slot_pin_remote(r->slots, q->slot, q->epoch, KVR_SLOT_COMMITTED))
-		return -ESTALE;
-	if (!slot_holds(r, q)) {
-		(void)kvr_slot_unpin(r->slots, q->slot, KVR_PIN_REMOTE);
-		return -ESTALE;
-	}
-	const void *data = kvr_slot_data(r->slots, r->a->arena_seg.base, q->slot);
-	struct kvr_rv_hdr h;
-	kvr_rv_hdr_build(&h, &r->id, q->key, q->lane, data);
-	uint64_t vlen = KVR_RV_HDR_BYTES + r->id.lane_bytes;
-	char pre[256];
-	int plen = snprintf(pre, sizeof(pre), "*%d\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%llu\r\n", r->ttl[0] ? 5 : 3, len,
-			    name, (unsigned long long)vlen);
-	int rc = redisAsyncFormattedCommand(ac, on_set, priv_of(r, i), pre, (size_t)plen);
-	if (rc == REDIS_OK) {
-		/* room for the whole value at once, not by doubling while it is appended */
-		sds ob = sdsMakeRoomFor(ac->c.obuf, sizeof(h) + r->id.lane_bytes + 64);
-		ob = ob ? sdscatlen(ob, &h, sizeof(h)) : NULL;
-		ob = ob ? sdscatlen(ob, data, r->id.lane_bytes) : NULL;
-		ob = ob ? sdscatlen(ob, "\r\n", 2) : NULL;
-		if (ob && r->ttl[0]) {
-			char tail[64];
-			int tl = snprintf(tail, sizeof(tail), "$2\r\nEX\r\n$%zu\r\n%s\r\n", strlen(r->ttl), r->ttl);
-			ob = sdscatlen(ob, tail, (size_t)tl);
+		(void)fmt_cmd(e->pre, &e->pre_len, 2, argv, argl);
+		e->kinds[e->n_kinds++] = K_GET;
+	} else {
+		/* SET name <header + payload> [EX ttl]: the command up to the value's length, then
+		 * the header and the payload straight from the slot, written under our pin */
+		if (kvr_slot_pin_remote(r->slots, q->slot, q->epoch, KVR_SLOT_COMMITTED))
+			return -ESTALE;
+		if (!slot_holds(r, q)) {
+			(void)kvr_slot_unpin(r->slots, q->slot, KVR_PIN_REMOTE);
+			return -ESTALE;
 		}
-		if (!ob) {
-			/* sdscatlen left the buffer as it was, a command cut short in it: nothing
-			 * after it can be understood, the connection is closed at the next tick */
-			kvr_err("remote: out of memory appending a value: closing the connection");
-			r->nodes[q->node].broken = true;
-		} else {
-			ac->c.obuf = ob;
-		}
+		e->payload = kvr_slot_data(r->slots, r->a->arena_seg.base, q->slot);
+		e->payload_len = r->id.lane_bytes;
+		e->pinned = true;
+		e->slot = q->slot;
+		kvr_rv_hdr_build(&e->hdr, &r->id, q->key, q->lane, e->payload);
+		int w = snprintf(e->pre + e->pre_len, RM_PRE_MAX - e->pre_len, "*%d\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%llu\r\n",
+				 r->ttl[0] ? 5 : 3, len, name,
+				 (unsigned long long)(KVR_RV_HDR_BYTES + r->id.lane_bytes));
+		e->pre_len = (uint16_t)(e->pre_len + w);
+		w = snprintf(e->post, sizeof(e->post), "\r\n");
+		if (r->ttl[0])
+			w += snprintf(e->post + w, sizeof(e->post) - (size_t)w, "$2\r\nEX\r\n$%zu\r\n%s\r\n", strlen(r->ttl),
+				      r->ttl);
+		e->post_len = (uint16_t)w;
+		e->kinds[e->n_kinds++] = K_SET;
 	}
-	(void)kvr_slot_unpin(r->slots, q->slot, KVR_PIN_REMOTE);
-	return rc == REDIS_OK ? 0 : -ENOTCONN;
+	q->queued = true;
+	node_push(r, n, e);
+	return 0;
 }
 
 /* An error reply: MOVED / ASK are followed (at most RM_MAX_REDIRECTS times); true when the
@@ -743,27 +1022,13 @@ static bool redirect(struct remote *r, uint32_t i, const redisReply *rp)
 	return req_send(r, i) == 0;
 }
 
-static void on_exists(redisAsyncContext *ac, void *reply, void *priv)
+static void on_get(struct remote *r, uint32_t i, const redisReply *rp)
 {
-	(void)ac;
-	uint32_t i = req_of(R, priv);
-	const redisReply *rp = reply;
-	if (i != RM_NONE && rp && rp->type == REDIS_REPLY_INTEGER)
-		R->reqs[i].exists = rp->integer;
-}
-
-static void on_get(redisAsyncContext *ac, void *reply, void *priv)
-{
-	(void)ac;
-	struct remote *r = R;
-	uint32_t i = req_of(r, priv);
-	if (i == RM_NONE)
-		return;
 	struct rreq *q = &r->reqs[i];
-	const redisReply *rp = reply;
-	if (!rp) { /* the connection went: timed out or lost */
-		if (!park_after_loss(r, i))
-			req_fail(r, i, r->nodes[q->node].timed_out ? -ETIMEDOUT : -ECONNRESET);
+	if (!rp && park_after_loss(r, i))
+		return;
+	if (!rp) {
+		req_fail(r, i, -ETIMEDOUT);
 		return;
 	}
 	if (rp->type == REDIS_REPLY_ERROR) {
@@ -776,26 +1041,21 @@ static void on_get(redisAsyncContext *ac, void *reply, void *priv)
 		read_done(r, i, -ENOENT);
 		return;
 	}
-	unsigned reason = KVR_RV_OK;
-	uint8_t landed = q->landed;
-	if (landed == LAND_NONE && rp->type == REDIS_REPLY_STRING && rp->str) /* parsed before this read was ours */
-		landed = land(r, q, rp->str, rp->len);
-	if (landed == LAND_BAD)
-		reason = q->reason;
-	if (rp->type != REDIS_REPLY_STRING || landed == LAND_BAD || landed == LAND_NONE) {
+	if (rp->type != REDIS_REPLY_STRING || q->landed == LAND_BAD || q->landed == LAND_NONE) {
 		count(r, KVR_STAT_RM_BAD_VALUES, 1);
 		uint64_t now = kvr_now_ns();
 		if (now - r->bad_logged_ns > 1000000000ull || !r->bad_logged_ns) {
 			char name[KVR_RV_KEY_MAX];
 			(void)kvr_rv_key_fmt(name, sizeof(name), r->id.ns, q->key, q->lane);
 			kvr_warn("remote %s: value refused (%s, %zu bytes): a miss", name,
-				 rp->type != REDIS_REPLY_STRING ? "not a string" : kvr_rv_reason_name(reason), (size_t)rp->len);
+				 rp->type != REDIS_REPLY_STRING ? "not a string" : kvr_rv_reason_name(q->reason),
+				 (size_t)rp->len);
 			r->bad_logged_ns = now;
 		}
 		read_done(r, i, -EBADMSG);
 		return;
 	}
-	if (landed == LAND_STALE) {
+	if (q->landed == LAND_STALE) {
 		count(r, KVR_STAT_RM_READ_ERRORS, 1);
 		read_done(r, i, -ESTALE);
 		return;
@@ -807,14 +1067,8 @@ static void on_get(redisAsyncContext *ac, void *reply, void *priv)
 	read_done(r, i, 0);
 }
 
-static void on_set(redisAsyncContext *ac, void *reply, void *priv)
+static void on_set(struct remote *r, uint32_t i, const redisReply *rp)
 {
-	(void)ac;
-	struct remote *r = R;
-	uint32_t i = req_of(r, priv);
-	if (i == RM_NONE)
-		return;
-	const redisReply *rp = reply;
 	if (!rp && park_after_loss(r, i))
 		return;
 	if (rp && rp->type == REDIS_REPLY_ERROR) {
@@ -824,6 +1078,31 @@ static void on_set(redisAsyncContext *ac, void *reply, void *priv)
 			kvr_warn("remote: SET refused: %s", rp->str);
 	}
 	write_done(r, i, rp && rp->type != REDIS_REPLY_ERROR);
+}
+
+/* A reply (NULL: the connection went first) of kind for request req (RM_NONE: node n's own). */
+static void dispatch(struct remote *r, struct rnode *n, uint32_t req, uint8_t kind, const redisReply *rp)
+{
+	switch (kind) {
+	case K_AUTH:
+		on_auth(r, n, rp);
+		return;
+	case K_SLOTS:
+		on_slots(r, n, rp);
+		return;
+	case K_ASKING:
+		return; /* an ASKING refused shows in the reply after it */
+	case K_EXISTS:
+		if (rp && rp->type == REDIS_REPLY_INTEGER)
+			r->reqs[req].exists = rp->integer;
+		return;
+	case K_GET:
+		on_get(r, req, rp);
+		return;
+	case K_SET:
+		on_set(r, req, rp);
+		return;
+	}
 }
 
 /* ---- requests from the lookup actor --------------------------------------------------------- */
@@ -883,9 +1162,17 @@ static int handle(struct remote *r, const struct kvr_msg *m, const struct kvr_ms
 		return -EAGAIN;
 	}
 	uint32_t gen = r->reqs[i].gen;
-	r->reqs[i] = t;
-	r->reqs[i].gen = gen;
-	r->reqs[i].next_free = RM_NONE;
+	struct rreq *q = &r->reqs[i];
+	memset(q, 0, offsetof(struct rreq, vhdr));
+	q->type = t.type;
+	q->lane = t.lane;
+	q->slot = t.slot;
+	q->epoch = t.epoch;
+	q->req_id = t.req_id;
+	q->key = t.key;
+	q->first_ns = t.first_ns;
+	q->gen = gen;
+	q->next_free = RM_NONE;
 	send_or_park(r, i);
 	return 0;
 }
@@ -901,6 +1188,13 @@ static int start(void *ctx, const struct kvr_msg *m)
 static void account(struct remote *r)
 {
 	kvr_actor_set_held(r->a, r->inflight + r->wait.n);
+}
+
+/* Connections that broke while a request was being sent (outside their fd callback). */
+static void settle_all(struct remote *r)
+{
+	for (unsigned ni = 0; ni < r->map.n_nodes; ni++)
+		node_settle(r, ni);
 }
 
 static int remote_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
@@ -924,6 +1218,7 @@ static int remote_on_pass(struct kvr_actor *a, uint64_t now_ns)
 	(void)now_ns;
 	if (r->wait.n && r->free_req != RM_NONE)
 		kvr_backlog_retry(&r->wait, start, r);
+	settle_all(r);
 	account(r);
 	return KVR_PASS_IDLE;
 }
@@ -939,20 +1234,17 @@ static void remote_on_tick(struct kvr_actor *a, uint64_t now)
 		if (q->type && !q->parked && now > q->sent_ns && now - q->sent_ns > r->timeout_ns)
 			late[q->node] = true;
 	}
+	settle_all(r);
 	for (unsigned ni = 0; ni < r->map.n_nodes; ni++) {
 		struct rnode *n = &r->nodes[ni];
 		bool slow_connect = n->st == N_CONNECTING && now - n->since_ns > r->timeout_ns;
-		if (n->ac && n->broken) {
-			node_close(r, ni, false);
-			continue;
-		}
-		if (!n->ac || (!late[ni] && !slow_connect))
+		if (n->fd < 0 || (!late[ni] && !slow_connect))
 			continue;
 		count(r, KVR_STAT_RM_TIMEOUTS, 1);
 		kvr_warn("remote %s:%u: %s after %u ms: connection closed, reconnecting", r->map.nodes[ni].host,
 			 r->map.nodes[ni].port, slow_connect ? "no connect" : "a request unanswered",
 			 a->cfg.remote.timeout_ms);
-		node_close(r, ni, true);
+		node_down(r, ni, true);
 	}
 	refresh(r, now);
 	for (uint32_t i = 0; i < r->n_reqs; i++)
@@ -960,6 +1252,7 @@ static void remote_on_tick(struct kvr_actor *a, uint64_t now)
 			send_or_park(r, i);
 	if (r->wait.n && r->free_req != RM_NONE)
 		kvr_backlog_retry(&r->wait, start, r);
+	settle_all(r);
 	publish(r);
 	account(r);
 }
@@ -988,10 +1281,6 @@ static int remote_init(struct kvr_actor *a)
 		kvr_err("remote.cluster is empty");
 		return -EINVAL;
 	}
-	/* values are MiBs: keep freed buffers in the process instead of mapping and unmapping
-	 * (and faulting in) several MiB per request */
-	(void)mallopt(M_MMAP_THRESHOLD, 64 << 20);
-	(void)mallopt(M_TRIM_THRESHOLD, 512 << 20);
 	struct remote *r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
@@ -1030,12 +1319,15 @@ static int remote_init(struct kvr_actor *a)
 		}
 	}
 	r->n_seeds = r->map.n_nodes;
-	for (unsigned n = 0; n < KVR_RC_MAX_NODES; n++)
-		r->nodes[n] = (struct rnode){.watch = -1, .backoff_ms = RM_BACKOFF_MIN_MS};
+	for (unsigned n = 0; n < KVR_RC_MAX_NODES; n++) {
+		r->nodes[n] = (struct rnode){.fd = -1, .watch = -1, .backoff_ms = RM_BACKOFF_MIN_MS, .sink = RM_NONE};
+		kvr_resp_init(&r->nodes[n].rx, &rx_ops, &r->nodes[n]);
+	}
 	r->n_reqs = cfg->remote.max_inflight;
 	r->reqs = calloc(r->n_reqs, sizeof(*r->reqs));
+	r->reader = redisReaderCreate();
 	rc = -ENOMEM;
-	if (!r->reqs)
+	if (!r->reqs || !r->reader)
 		goto fail;
 	for (uint32_t i = 0; i < r->n_reqs; i++)
 		r->reqs[i].next_free = i + 1 < r->n_reqs ? i + 1 : RM_NONE;
@@ -1049,6 +1341,8 @@ static int remote_init(struct kvr_actor *a)
 	kvr_actor_set_data(a, r);
 	return 0;
 fail:
+	if (r->reader)
+		redisReaderFree(r->reader);
 	free(r->reqs);
 	free(r);
 	R = NULL;
@@ -1062,7 +1356,7 @@ static void remote_fini(struct kvr_actor *a)
 		return;
 	r->closing = true;
 	for (unsigned ni = 0; ni < r->map.n_nodes; ni++)
-		node_close(r, ni, false); /* what is in flight fails and is answered */
+		node_down(r, ni, false); /* what is in flight fails and is answered */
 	for (uint32_t i = 0; i < r->n_reqs; i++)
 		if (r->reqs[i].type) /* parked: no node had it */
 			req_fail(r, i, -ECANCELED);
@@ -1079,6 +1373,9 @@ static void remote_fini(struct kvr_actor *a)
 	publish(r);
 	if (r->dropped)
 		kvr_warn("%llu messages to the lookup actor dropped", (unsigned long long)r->dropped);
+	for (unsigned n = 0; n < KVR_RC_MAX_NODES; n++)
+		kvr_resp_fini(&r->nodes[n].rx);
+	redisReaderFree(r->reader);
 	free(r->reqs);
 	free(r);
 	R = NULL;

@@ -91,30 +91,49 @@ static enum kvr_rv_reason hdr_check(const struct kvr_rv_hdr *h, const struct kvr
 	return KVR_RV_OK;
 }
 
-int kvr_rv_check(const void *value, size_t len, const struct kvr_l2_ident *id, kvr_key key, unsigned lane,
-		 unsigned *ret_reason)
+int kvr_rv_check_hdr(const void *hdr, uint64_t len, const struct kvr_l2_ident *id, kvr_key key, unsigned lane,
+		     unsigned *ret_reason)
 {
 	struct kvr_rv_hdr h;
 	enum kvr_rv_reason r;
 
-	if ((!value && len) || !id)
+	if ((!hdr && len) || !id)
 		return -EINVAL;
 	if (len < sizeof(h)) {
 		r = KVR_RV_R_SHORT;
 		goto out;
 	}
-	memcpy(&h, value, sizeof(h)); /* value may be unaligned (a reply buffer) */
+	memcpy(&h, hdr, sizeof(h)); /* hdr may be unaligned (a reply buffer) */
 	r = hdr_check(&h, id, key, lane);
-	if (r != KVR_RV_OK)
-		goto out;
-	if (len - sizeof(h) < h.payload_bytes)
+	if (r == KVR_RV_OK && len - sizeof(h) < h.payload_bytes)
 		r = KVR_RV_R_SHORT;
-	else if (len - sizeof(h) > h.payload_bytes)
+	else if (r == KVR_RV_OK && len - sizeof(h) > h.payload_bytes)
 		r = KVR_RV_R_LENGTH;
-	else if (kvr_l2_payload_hash((const uint8_t *)value + sizeof(h), h.payload_bytes) != h.payload_xxh3)
-		r = KVR_RV_R_PAYLOAD_CSUM;
 out:
 	if (ret_reason)
 		*ret_reason = r;
 	return r == KVR_RV_OK ? 0 : -EBADMSG;
+}
+
+int kvr_rv_check_payload(const void *hdr, const void *payload)
+{
+	struct kvr_rv_hdr h;
+	memcpy(&h, hdr, sizeof(h));
+	return kvr_l2_payload_hash(payload, h.payload_bytes) == h.payload_xxh3 ? 0 : -EBADMSG;
+}
+
+int kvr_rv_check(const void *value, size_t len, const struct kvr_l2_ident *id, kvr_key key, unsigned lane,
+		 unsigned *ret_reason)
+{
+	if ((!value && len) || !id)
+		return -EINVAL;
+	unsigned r;
+	int rc = kvr_rv_check_hdr(value, len, id, key, lane, &r);
+	if (rc == 0 && kvr_rv_check_payload(value, (const uint8_t *)value + KVR_RV_HDR_BYTES)) {
+		r = KVR_RV_R_PAYLOAD_CSUM;
+		rc = -EBADMSG;
+	}
+	if (ret_reason)
+		*ret_reason = r;
+	return rc;
 }

@@ -101,4 +101,12 @@ void kvr_rv_hdr_build(struct kvr_rv_hdr *ret, const struct kvr_l2_ident *id, kvr
 int kvr_rv_check(const void *value, size_t len, const struct kvr_l2_ident *id, kvr_key key, unsigned lane,
 		 unsigned *ret_reason);
 
+/* kvr_rv_check in two steps, for a value that arrives in pieces: the header hdr[0..128)
+ * of a value of len bytes in all, every check but the payload checksum (the same reasons,
+ * in the same order; len < 128: SHORT, hdr not looked at); then, once the payload is
+ * complete, its checksum against the header's (0 or -EBADMSG: PAYLOAD_CSUM). */
+int kvr_rv_check_hdr(const void *hdr, uint64_t len, const struct kvr_l2_ident *id, kvr_key key, unsigned lane,
+		     unsigned *ret_reason);
+int kvr_rv_check_payload(const void *hdr, const void *payload);
+
 #endif

@@ -710,10 +710,22 @@ static uint8_t *make_value(uint8_t *value, const struct kvr_l2_ident *id, kvr_ke
 	return value;
 }
 
+/* kvr_rv_check's verdict; every call also checks that the two steps the remote actor uses
+ * on a streamed value (kvr_rv_check_hdr on the first 128 bytes, kvr_rv_check_payload once
+ * the rest is in) come to the same one. */
 static int check(const void *v, size_t len, unsigned *reason)
 {
 	*reason = 0xdead;
-	return kvr_rv_check(v, len, &ID, KEY, LANE, reason);
+	int rc = kvr_rv_check(v, len, &ID, KEY, LANE, reason);
+	unsigned r2 = 0xbeef;
+	int rc2 = kvr_rv_check_hdr(v, len, &ID, KEY, LANE, &r2);
+	if (rc2 == 0 && kvr_rv_check_payload(v, (const uint8_t *)v + KVR_RV_HDR_BYTES)) {
+		rc2 = -EBADMSG;
+		r2 = KVR_RV_R_PAYLOAD_CSUM;
+	}
+	cr_assert_eq(rc2, rc, "two steps: %d, one: %d", rc2, rc);
+	cr_assert_eq(r2, *reason, "two steps: %s, one: %s", kvr_rv_reason_name(r2), kvr_rv_reason_name(*reason));
+	return rc;
 }
 
 /* Edit the header of value and recompute its checksum (a writer that really wrote it). */
