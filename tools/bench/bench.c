@@ -165,6 +165,7 @@ struct ack_watch {
 	struct bench_remote *rm;
 	uint64_t base_acked, base_handed, base_skipped, base_errors, base_stale, base_bytes; /* before the cold phase */
 	uint64_t acked, ack_ns;      /* acknowledged since, and when that count was first seen */
+	uint64_t hand_ns;            /* when the first lane handed to the remote actor was seen; 0 = none yet */
 	uint64_t cold_end_ns;        /* every rank at the gate; 0 = not yet */
 	bool released;
 };
@@ -195,6 +196,8 @@ static void ack_poll(void *arg)
 		x->acked = acked;
 		x->ack_ns = now;
 	}
+	if (!x->hand_ns && stat_a(x, "lookup", KVR_STAT_LK_RM_WRITES) != x->base_handed)
+		x->hand_ns = now;
 	struct bench_barrier *g = shared_gate(x->sh);
 	if (!x->cold_end_ns) {
 		if (atomic_load(&g->arrived) < x->o->tp)
@@ -216,12 +219,10 @@ static void ack_poll(void *arg)
 	rm->wr_settled = done;
 	rm->wr_acked = acked;
 	rm->wr_bytes = stat_a(x, "remote", KVR_STAT_RM_BYTES_OUT) - x->base_bytes;
-	uint64_t first = 0;
-	for (uint32_t r = 0; r < x->o->tp; r++) {
-		uint64_t t = x->sh->res[r].st_first_ns;
-		first = t && (!first || t < first) ? t : first;
-	}
-	uint64_t last = x->ack_ns > x->cold_end_ns ? x->ack_ns : x->cold_end_ns; /* no ack after the stores: their end */
+	/* the tier's window: the first lane handed over (the stores before it are L1's time) ->
+	 * the last ack, or the stores' end when the SETs kept up with them */
+	uint64_t first = x->hand_ns;
+	uint64_t last = x->ack_ns > x->cold_end_ns ? x->ack_ns : x->cold_end_ns;
 	rm->wr_ns = first && last > first ? last - first : 0;
 	rm->wr_tail_ns = x->ack_ns > x->cold_end_ns ? x->ack_ns - x->cold_end_ns : 0;
 	x->released = true;

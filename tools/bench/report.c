@@ -313,7 +313,7 @@ static void print_remote(FILE *f, const struct bench_summary *s)
 	fprintf(f, "  write (A, SET)         %9.2f GB/s  %" PRIu64 " of %" PRIu64 " lanes acknowledged, %.1f MiB in %s\n",
 		rm->wr_gbps, rm->wr_acked, rm->wr_expected, kvr_fmt_mib(rm->wr_bytes),
 		kvr_fmt_ns((double)rm->wr_ns, a, sizeof(a)));
-	fprintf(f, "                         first store -> last ack, %s of it after the last store\n",
+	fprintf(f, "                         first lane handed over -> last ack, %s of it after the last store\n",
 		kvr_fmt_ns((double)rm->wr_tail_ns, a, sizeof(a)));
 	fprintf(f, "                         errors %" PRIu64 ", stale %" PRIu64 ", skipped %" PRIu64 "%s\n", rm->wr_errors,
 		rm->wr_stale, rm->wr_skipped, rm->wr_settled ? "" : ", NOT SETTLED (timed out)");
