@@ -14,6 +14,7 @@
 #include "kvr_backlog.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
+#include "kvr_outbox.h"
 #include "kvr_time.h"
 #include "l2store.h"
 
@@ -67,7 +68,8 @@ struct disk {
 	uint32_t free_req;
 	unsigned inflight;
 	struct kvr_l2_done done[DISK_POLL_MAX];
-	uint64_t send_timeout_ns;
+	uint64_t send_timeout_ns;   /* an answer waits at most this for room in disk.rep */
+	struct kvr_outbox out_q;    /* answers that found disk.rep full: no handler waits for room */
 	uint64_t dropped;           /* messages we could not send */
 	bool read_only;             /* l2.read_only */
 	uint64_t refused;           /* L2_WRITEs refused (read-only) */
@@ -114,14 +116,27 @@ static void send_l2(struct disk *d, unsigned type, uint64_t req_id, kvr_key key,
 	};
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, status < 0 ? KVR_MSGF_ERROR : 0, req_id, 0, &b, sizeof(b));
-	int rc = kvr_msg_send(d->out, &m, kvr_now_ns() + d->send_timeout_ns);
-	if (rc) {
+	/* never waits: a full ring queues the answer, on_pass sends it as room appears */
+	if (kvr_outbox_send(&d->out_q, &m, kvr_now_ns())) {
 		if (!d->dropped++)
-			kvr_warn("disk.rep: %s dropped (%s); the lookup actor stopped reading", kvr_msg_type_name(type),
-				 strerror(-rc));
+			kvr_warn("disk.rep: %s dropped (%s)", kvr_msg_type_name(type), strerror(ENOBUFS));
 		return;
 	}
 	kvr_actor_count(d->a, KVR_STAT_MSGS_OUT, 1);
+}
+
+/* Queued answers to the ring; those that waited send_timeout_ns are dropped (the lookup
+ * actor stopped reading: its successor asks again). */
+static int flush_out(struct disk *d, uint64_t now)
+{
+	uint32_t lost = kvr_outbox_flush(&d->out_q, now, d->send_timeout_ns);
+	if (lost) {
+		if (!d->dropped)
+			kvr_warn("disk.rep: %u answers dropped after %llu ms without room; the lookup actor stopped reading",
+				 lost, (unsigned long long)(d->send_timeout_ns / 1000000ull));
+		d->dropped += lost;
+	}
+	return kvr_outbox_pending(&d->out_q) ? KVR_PASS_WAITING : KVR_PASS_IDLE;
 }
 
 /* ---- request slots ----------------------------------------------------------------------- */
@@ -490,9 +505,8 @@ static int disk_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct 
 /* After the pass's messages: submit their I/O together (and take what completed). */
 static int disk_on_pass(struct kvr_actor *a, uint64_t now_ns)
 {
-	(void)now_ns;
 	progress(a->data);
-	return KVR_PASS_IDLE;
+	return flush_out(a->data, now_ns);
 }
 
 /* The store's eventfd: completions arrived. */
@@ -624,6 +638,7 @@ static int disk_init(struct kvr_actor *a)
 		goto fail;
 	}
 	kvr_backlog_init(&d->wait, a, d->in);
+	kvr_outbox_init(&d->out_q, d->out);
 	d->qd = sc.queue_depth ? sc.queue_depth : 1;
 	d->reqs = calloc(d->qd, sizeof(*d->reqs));
 	if (!d->reqs) {
@@ -650,6 +665,7 @@ static int disk_init(struct kvr_actor *a)
 	kvr_actor_set_data(a, d);
 	return 0;
 fail:
+	kvr_outbox_free(&d->out_q);
 	free(d->reqs);
 	free(d);
 	return rc;
@@ -664,6 +680,17 @@ static void disk_fini(struct kvr_actor *a)
 	(void)settle_all(d);
 	kvr_backlog_retry(&d->wait, start, d); /* what still waited for room: started and settled too */
 	(void)settle_all(d);
+	/* the answers still queued: the lookup actor may take them for a while (exit only waits here) */
+	for (uint64_t until = kvr_now_ns() + DISK_FINI_TIMEOUT_NS; kvr_outbox_pending(&d->out_q);) {
+		uint64_t now = kvr_now_ns();
+		if (now >= until) {
+			d->dropped += kvr_outbox_clear(&d->out_q);
+			break;
+		}
+		if (flush_out(d, now) == KVR_PASS_WAITING)
+			(void)usleep(1000);
+	}
+	kvr_outbox_free(&d->out_q);
 	publish(d);
 	if (d->inflight || d->wait.n)
 		kvr_warn("%u requests unanswered at stop", d->inflight + d->wait.n);

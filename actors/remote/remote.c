@@ -21,6 +21,7 @@
 #include "kvr_backlog.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
+#include "kvr_outbox.h"
 #include "kvr_segment.h"
 #include "kvr_time.h"
 #include "rcluster.h"
@@ -81,6 +82,7 @@
 #define RM_READ_BUDGET (64ull << 20) /* bytes read per fd callback: the other nodes and the ring get a turn */
 #define RM_IOV_MAX 64u
 #define RM_NONE 0xffffffffu
+#define RM_FINI_FLUSH_NS (1000ull * 1000000ull) /* at exit, queued answers wait this long for room */
 
 /* What a GET's streamed value did (resp.h streams it while the reply is read). */
 enum { LAND_NONE = 0, LAND_OK = 1, LAND_BAD = 2, LAND_STALE = 3, LAND_SKIP = 4 };
@@ -174,6 +176,7 @@ struct remote {
 	uint64_t next_refresh_ns;
 	unsigned seed_rr;
 	struct kvr_backlog wait;  /* requests that found every request slot in use */
+	struct kvr_outbox out_q;  /* answers that found remote.rep full: no handler waits for room */
 	uint64_t dropped;
 	uint64_t bad_logged_ns;
 	bool closing;             /* fini: nothing is parked any more */
@@ -260,13 +263,27 @@ static void send_read_done(struct remote *r, const struct rreq *q, int status)
 			       .lane = q->lane, .status = status};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_L2_READ_DONE, status < 0 ? KVR_MSGF_ERROR : 0, q->req_id, 0, &b, sizeof(b));
-	int rc = kvr_msg_send(r->out, &m, kvr_now_ns() + r->send_timeout_ns);
-	if (rc) {
+	/* never waits: a full ring queues the answer, on_pass sends it as room appears */
+	if (kvr_outbox_send(&r->out_q, &m, kvr_now_ns())) {
 		if (!r->dropped++)
-			kvr_warn("remote.rep: READ_DONE dropped (%s); the lookup actor stopped reading", strerror(-rc));
+			kvr_warn("remote.rep: READ_DONE dropped (%s)", strerror(ENOBUFS));
 		return;
 	}
 	count(r, KVR_STAT_MSGS_OUT, 1);
+}
+
+/* Queued answers to the ring; those that waited send_timeout_ns are dropped (the lookup
+ * actor stopped reading; its reads are aborted on its side). */
+static int flush_out(struct remote *r, uint64_t now)
+{
+	uint32_t lost = kvr_outbox_flush(&r->out_q, now, r->send_timeout_ns);
+	if (lost) {
+		if (!r->dropped)
+			kvr_warn("remote.rep: %u answers dropped after %llu ms without room; the lookup actor stopped reading",
+				 lost, (unsigned long long)(r->send_timeout_ns / 1000000ull));
+		r->dropped += lost;
+	}
+	return kvr_outbox_pending(&r->out_q) ? KVR_PASS_WAITING : KVR_PASS_IDLE;
 }
 
 /* ---- requests ----------------------------------------------------------------------------- */
@@ -1232,12 +1249,11 @@ static int remote_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 static int remote_on_pass(struct kvr_actor *a, uint64_t now_ns)
 {
 	struct remote *r = a->data;
-	(void)now_ns;
 	if (r->wait.n && r->free_req != RM_NONE)
 		kvr_backlog_retry(&r->wait, start, r);
 	settle_all(r);
 	account(r);
-	return KVR_PASS_IDLE;
+	return flush_out(r, now_ns);
 }
 
 /* Deadlines: a request past timeout_ms closes its connection; a connect that takes longer
@@ -1320,6 +1336,7 @@ static int remote_init(struct kvr_actor *a)
 		goto fail;
 	}
 	kvr_backlog_init(&r->wait, a, r->in);
+	kvr_outbox_init(&r->out_q, r->out);
 	if (r->lanes > KVR_CTL_MAX_WORKERS) {
 		rc = -EINVAL;
 		goto fail;
@@ -1362,6 +1379,7 @@ fail:
 	if (r->reader)
 		redisReaderFree(r->reader);
 	free(r->mapped);
+	kvr_outbox_free(&r->out_q);
 	free(r->reqs);
 	free(r);
 	R = NULL;
@@ -1389,6 +1407,17 @@ static void remote_fini(struct kvr_actor *a)
 			send_read_done(r, &t, -ECANCELED);
 		}
 	}
+	/* the answers still queued: the lookup actor may take them for a while (exit only waits here) */
+	for (uint64_t until = kvr_now_ns() + RM_FINI_FLUSH_NS; kvr_outbox_pending(&r->out_q);) {
+		uint64_t now = kvr_now_ns();
+		if (now >= until) {
+			r->dropped += kvr_outbox_clear(&r->out_q);
+			break;
+		}
+		if (flush_out(r, now) == KVR_PASS_WAITING)
+			(void)usleep(1000);
+	}
+	kvr_outbox_free(&r->out_q);
 	publish(r);
 	if (r->dropped)
 		kvr_warn("%llu messages to the lookup actor dropped", (unsigned long long)r->dropped);

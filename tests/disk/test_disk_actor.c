@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "client_harness.h"
+#include "kvr_list.h"
 #include "kvr_time.h"
 
 static struct ct_env env;
@@ -133,4 +135,65 @@ Test(disk_actor, eviction_reported_gone)
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0, "no read of a file known gone");
 	cr_assert_eq(ct_stat(&env, "disk.0", KVR_STAT_MALFORMED), 0);
+}
+
+/*
+ * The lookup actor stops reading its answers (SIGSTOP) while the disk actor owes it more
+ * of them than disk.rep holds: one L2_SYNC over 96 files on disk is 97 answers for a ring
+ * of 64. The disk actor keeps the rest in its outbox and its loop goes on: its heartbeat
+ * moves on for 300 ms with the ring full (a handler blocked in the send, as it was, stopped
+ * the heartbeat for up to timeouts.reply_ms per answer: 2 s, and health checks kill an
+ * actor whose heartbeat stands). Once the lookup actor runs again every answer arrives,
+ * none dropped. (The stop is shorter than the 5 s after which kvringd kills the stopped
+ * lookup actor itself.)
+ */
+Test(disk_actor, a_full_reply_ring_never_stops_its_loop)
+{
+	enum { FILES = 96 };
+	struct ct_opts o = {.l1_slots = 16, .l2_dir = l2dir};
+	ct_start(&env, &tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "attach: %s", kvr_last_error(NULL));
+	uint32_t src[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+	for (unsigned p = 0; p < FILES / 8; p++) {
+		for (uint32_t i = 0; i < 8; i++)
+			ct_fill(r, src[i], TAG(p, i));
+		store_prompt(r, 10 + p, 300 + p, src, 8);
+	}
+	cr_assert_eq(wait_files(l2dir, FILES, 5000), FILES);
+	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == FILES, 5000));
+	struct kvr_ring *dreq = ct_ring(&env, "disk.req.0"), *drep = ct_ring(&env, "disk.rep.0");
+	cr_assert(H_WAIT(kvr_ring_count(drep) == 0, 2000), "the lookup actor reads its answers");
+	uint32_t cap = kvr_ring_free(drep);
+	cr_assert_lt(cap, FILES + 1, "the ring (%u) must be smaller than the answers owed", cap);
+
+	pid_t lpid = ct_actor_pid(&env, "lookup"), dpid = ct_actor_pid(&env, "disk.0");
+	uint32_t dgen = ct_actor_gen(&env, "disk.0");
+	uint64_t out0 = ct_stat(&env, "disk.0", KVR_STAT_MSGS_OUT);
+	cr_assert_eq(kill(lpid, SIGSTOP), 0);
+	/* the stopped lookup actor is disk.req.0's only producer: the test sends in its place */
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_L2_SYNC, 0, 0, 0, NULL, 0);
+	cr_assert_eq(kvr_msg_send(dreq, &m, kvr_now_ns() + 1000000000ull), 0);
+	cr_assert(H_WAIT(kvr_ring_count(drep) == cap, 2000), "the answers fill disk.rep");
+	struct kvr_actor_ent *de = h_actor(&env.h, "disk.0");
+	uint64_t full_at = kvr_now_ns();
+	bool alive = H_WAIT(atomic_load(&de->heartbeat_ns) > full_at + 300000000ull, 3000);
+	uint32_t still = kvr_ring_count(drep);
+	cr_assert_eq(kill(lpid, SIGCONT), 0);
+	cr_assert(alive, "the disk actor's loop stopped with its reply ring full");
+	cr_assert_eq(still, cap, "nobody read the ring meanwhile");
+	cr_assert_eq(ct_actor_pid(&env, "disk.0"), dpid, "the disk actor was not killed");
+	cr_assert_eq(ct_actor_gen(&env, "disk.0"), dgen);
+	cr_assert(H_WAIT(ct_stat(&env, "disk.0", KVR_STAT_MSGS_OUT) == out0 + FILES + 1, 3000),
+		  "every answer of the sync was sent: %llu of %u", (unsigned long long)(ct_stat(&env, "disk.0", KVR_STAT_MSGS_OUT) - out0),
+		  FILES + 1);
+	cr_assert(H_WAIT(kvr_ring_count(drep) == 0, 3000), "and read by the lookup actor");
+	cr_assert_eq(ct_actor_pid(&env, "lookup"), lpid);
+	cr_assert_eq(ct_stat(&env, "disk.0", KVR_STAT_MALFORMED), 0);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_MALFORMED), 0);
+	/* and the tier still works: a prompt that left L1 comes back from disk */
+	uint32_t tokens[8 * 16];
+	ct_prompt(tokens, 8 * 16, 300);
+	cr_assert_eq(ct_lookup(r, 99, tokens, 8 * 16), 8);
 }

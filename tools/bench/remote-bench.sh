@@ -5,10 +5,14 @@
 #
 # Starts a 3-master Redis Cluster (no replicas) on loopback in a temp dir on free ports
 # (tools/redis-cluster.sh), then, in this order:
-#   1. redis-benchmark --cluster -t set,get -d V -n N -c C -P 1 --csv against it, V the
-#      byte size of one kvring value (one lane of one block + its 128-byte header, asked of
-#      kvring-bench --dry-run), C = remote.max_inflight of kvring (default 4); the values it
-#      read are checked to be V bytes long;
+#   1. redis-benchmark --cluster -d V -n N -c C -P 1 --csv against it, V the byte size of
+#      one kvring value (one lane of one block + its 128-byte header, asked of kvring-bench
+#      --dry-run), C = remote.max_inflight of kvring (default 4), on keys like kvring's:
+#      SET of a fresh key each time (-r 10^9: Redis allocates every value anew, as for
+#      kvring's distinct blocks), then GET over GET_KEYS keys per master written before
+#      (-r GET_KEYS; every one checked to hold V bytes, so no GET reads a nil). For
+#      reference also its default, one key per client overwritten and read again (Redis
+#      reuses the value's memory, the value stays in cache): shown, not compared;
 #   2. FLUSHALL on every master;
 #   3. kvring-bench --spawn --remote <masters> (two instances: A stores, B loads every block
 #      from the cluster, A loads from its L1) with the same C as --remote-inflight;
@@ -112,33 +116,64 @@ flush() {
 	done
 }
 
-# redis-benchmark once: SET then GET rps into $set_rps / $get_rps. --cluster spreads its
-# clients over the masters, each on a key of its own node (key:{tag}:__rand_int__): every GET
-# returns the value its SETs wrote, checked below.
-redis_bench() {
-	local csv m h pt key len checked=0
-	csv=$(timeout 300 redis-benchmark --cluster -h 127.0.0.1 -p "$first_port" -t set,get -d "$value_bytes" \
-		-n "$requests" -c "$clients" -P 1 --csv 2>&1) || { echo "$csv" >&2; die "redis-benchmark failed"; }
-	set_rps=$(awk -F'","' '/^"SET"/ { print $2 }' <<<"$csv")
-	get_rps=$(awk -F'","' '/^"GET"/ { print $2 }' <<<"$csv")
-	[ -n "$set_rps" ] && [ -n "$get_rps" ] || { echo "$csv" >&2; die "no SET/GET rows in redis-benchmark's CSV"; }
-	# the values GET read were the full size (a GET of a missing key would be fast and wrong)
+GET_KEYS=16 # keys per master the GET baseline reads (48 x 5 MiB: out of cache, like kvring's 64 lanes)
+
+# redis-benchmark -t $1 with extra options $3..; its rps into the variable named $2.
+# --cluster spreads its clients over the masters, each on keys of its own node
+# (key:{tag}:__rand_int__).
+rb_run() {
+	local t=$1 var=$2 csv rps
+	shift 2
+	csv=$(timeout 300 redis-benchmark --cluster -h 127.0.0.1 -p "$first_port" -t "$t" -d "$value_bytes" \
+		-c "$clients" -P 1 --csv "$@" 2>&1) || { echo "$csv" >&2; die "redis-benchmark failed"; }
+	rps=$(awk -F'","' -v t="${t^^}" '$1 == "\"" t { print $2 }' <<<"$csv")
+	[ -n "$rps" ] || { echo "$csv" >&2; die "no ${t^^} row in redis-benchmark's CSV"; }
+	printf -v "$var" '%s' "$rps"
+}
+
+# The keys redis-benchmark left on the masters: each must hold value_bytes (a GET of a
+# missing key would be fast and wrong); echoes their number per master, "n1 n2 n3".
+rb_keys() {
+	local m h pt key len n out=""
 	for m in $masters; do
-		h=${m%:*} pt=${m##*:}
+		h=${m%:*} pt=${m##*:} n=0
 		for key in $(timeout 10 redis-cli -h "$h" -p "$pt" --scan --pattern 'key:*' 2>/dev/null); do
 			len=$(timeout 10 redis-cli -h "$h" -p "$pt" strlen "$key" 2>/dev/null)
 			[ "$len" = "$value_bytes" ] || die "redis-benchmark's $key on $m holds $len bytes, not $value_bytes"
-			checked=$((checked + 1))
+			n=$((n + 1))
 		done
+		out+="$n "
 	done
-	[ "$checked" -gt 0 ] || die "redis-benchmark left no key behind: its GETs read nothing"
-	echo "redis-benchmark: SET $set_rps/s, GET $get_rps/s ($checked keys of $value_bytes bytes checked)"
+	echo "${out% }"
+}
+
+# redis-benchmark once, on an empty cluster: $set_rps (fresh keys), $get_rps (GET_KEYS
+# written keys per master), $set1k_rps / $get1k_rps (its default: one key per client).
+redis_bench() {
+	local counts c tries
+	flush
+	rb_run set set_rps -n "$requests" -r 1000000000
+	flush
+	# every key the GETs can pick written first (random picks: repeat until all are there)
+	for tries in 1 2 3 4 5; do
+		rb_run set _ -n $((GET_KEYS * 24)) -r "$GET_KEYS"
+		counts=$(rb_keys)
+		for c in $counts; do [ "$c" -ge "$GET_KEYS" ] || continue 2; done
+		break
+	done
+	for c in $counts; do [ "$c" -ge "$GET_KEYS" ] || die "the GET baseline's keys were not all written ($counts)"; done
+	rb_run get get_rps -n "$requests" -r "$GET_KEYS"
+	flush
+	rb_run set set1k_rps -n "$requests"
+	rb_run get get1k_rps -n "$requests"
+	local one=$(rb_keys)
+	echo "redis-benchmark: SET $set_rps/s (fresh keys), GET $get_rps/s (keys per master: $counts, each" \
+		"$value_bytes bytes); one key per client ($one): SET $set1k_rps/s, GET $get1k_rps/s"
 }
 
 # 1. redis-benchmark
-flush
 redis_bench
-set1=$set_rps get1=$get_rps
+set1=$set_rps get1=$get_rps set1k1=$set1k_rps get1k1=$get1k_rps
 
 # 2. an empty cluster for kvring
 flush
@@ -149,13 +184,13 @@ st=$?
 [ -s "$out" ] || die "kvring-bench wrote no JSON (exit $st)"
 
 # 4. redis-benchmark again, on an empty cluster
-flush
 redis_bench
-set2=$set_rps get2=$get_rps
+set2=$set_rps get2=$get_rps set1k2=$set1k_rps get1k2=$get1k_rps
 
-python3 - "$out" "$set1" "$get1" "$set2" "$get2" "$value_bytes" "$requests" "$clients" "$st" "$seeds" "${json_out:-}" <<'EOF'
+python3 - "$out" "$set1" "$get1" "$set2" "$get2" "$value_bytes" "$requests" "$clients" "$st" "$seeds" "${json_out:-}" \
+	"$set1k1" "$get1k1" "$set1k2" "$get1k2" "$GET_KEYS" <<'EOF'
 import json, sys
-path, set1, get1, set2, get2, value, n, c, st, seeds, json_out = sys.argv[1:]
+path, set1, get1, set2, get2, value, n, c, st, seeds, json_out, s1k1, g1k1, s1k2, g1k2, gkeys = sys.argv[1:]
 k = json.load(open(path))
 rm = k.get("remote") or {}
 value = int(value)
@@ -171,9 +206,12 @@ def line(what, mine, cmd, theirs, runs):
     print(f"remote {what}: {mine:.3f} GB/s vs redis {cmd} {theirs:.3f} GB/s = {r:.2f} "
           f"(goal >= {goal}: {'met' if r >= goal else 'missed'}; redis before/after {runs[0]:.3f}/{runs[1]:.3f})")
     return r
+one_key = {"set_gbps_runs": [gb(s1k1), gb(s1k2)], "get_gbps_runs": [gb(g1k1), gb(g1k2)]}
 print()
 wr_ratio = line("write", wr, "SET", redis_set, sets)
 rd_ratio = line("read", rd, "GET", redis_get, gets)
+print(f"(redis-benchmark on one key per client, not compared: SET {sum(one_key['set_gbps_runs']) / 2:.3f} GB/s, "
+      f"GET {sum(one_key['get_gbps_runs']) / 2:.3f} GB/s)")
 b = rm.get("b_warm", {}).get("latency_ns", {})
 a = rm.get("a_warm", {}).get("latency_ns", {})
 ms = lambda v: v / 1e6
@@ -186,6 +224,8 @@ print(f"B's warm phase end to end (lookups with their promotions + loads into en
 if json_out:
     doc = {"tool": "remote-bench.sh", "cluster": seeds.split(","), "value_bytes": value,
            "redis_benchmark": {"requests": int(n), "clients": int(c), "pipeline": 1,
+                               "set_keys": "fresh (-r 1000000000)", "get_keys_per_master": int(gkeys),
+                               "one_key_per_client": one_key,
                                "set_rps": [float(set1), float(set2)], "get_rps": [float(get1), float(get2)],
                                "set_gbps_runs": sets, "get_gbps_runs": gets,
                                "set_gbps": redis_set, "get_gbps": redis_get},
