@@ -23,11 +23,15 @@
 # latency against A's, and stops the cluster whatever happened.
 #
 # Workload (override after --): llama-3.1-8b at TP 1 with 40-token blocks = 5 MiB a lane
-# (32 layers x K,V x 8 heads x 128 x bf16 = 128 KiB a token), 8 prompts x 8 blocks of
-# their own (no shared prefix: 64 lanes, 320 MiB), every prompt stored at once
-# (--concurrency 8: the pattern is generated before the first store, so nothing but kvring
-# competes with the write-through), loaded one at a time (--warm-concurrency 1: each
-# prompt's latency alone).
+# (32 layers x K,V x 8 heads x 128 x bf16 = 128 KiB a token), 2 prompts x 32 blocks of
+# their own (1,280 tokens each, no shared prefix: 64 lanes, 320 MiB), every prompt stored
+# at once (--concurrency 8: the pattern is generated before the first store, so nothing
+# but kvring competes with the write-through), loaded one at a time (--warm-concurrency 1:
+# each prompt's latency alone). Prompts this long keep max_inflight reads in flight once
+# the lookup's read-ahead window has opened (1, 2, 4 ... 16 blocks: a prompt the cluster
+# never saw costs one GET), which is what a throughput figure needs; short prompts
+# (-- --input-len 320 --prompts 8: 8 blocks each) measure mostly that window's opening,
+# see docs/benchmarks.md.
 #
 #   --bench PATH    kvring-bench (default: $KVR_BUILD_ROOT/tools/bench/kvring-bench, else
 #                   build/tools/bench/kvring-bench of the source tree)
@@ -81,7 +85,7 @@ for p in redis-server redis-cli redis-benchmark; do
 done
 command -v python3 >/dev/null 2>&1 || die "python3 not found (it reads the JSON)"
 
-workload=(--model llama-3.1-8b --tp 1 --block-tokens 40 --input-len 320 --prefix-len 0 --prompts 8
+workload=(--model llama-3.1-8b --tp 1 --block-tokens 40 --input-len 1280 --prefix-len 0 --prompts 2
 	--concurrency 8 --warm-concurrency 1)
 workload+=("${extra[@]}")
 
