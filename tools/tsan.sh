@@ -14,7 +14,7 @@
 # Usage: tools/tsan.sh [--build-dir DIR] [--keep]
 #   exit 0: clean; 1: a race or a failure (the logs are kept); 77: no TSan toolchain here.
 # GCC does not model atomic_thread_fence under TSan (-Wtsan); the two fences are on the CUDA
-# store-event path (client.c submit, cuda/cuda_desc.c), which this host workload never runs.
+# store-event path (client.c submit, xfer/cuda_desc.c), which this host workload never runs.
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)

@@ -8,7 +8,7 @@
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_time.h"
-#include "stage_common.h"
+#include "store_path.h"
 
 /*
  * With decode context parallelism a block's tokens are spread over the D ranks of a DCP

@@ -4,12 +4,12 @@
 
 #include "kvr_actor.h"
 #include "kvr_log.h"
-#include "stage_common.h"
+#include "load_path.h"
 
 /*
- * One loader per attached worker (a DCP rank's loads are served by its group's gather
- * actor instead). The load path itself — pin, copy in staging-lease chunks, unpin, name
- * exactly the blocks not restored — is stage_load_feed() (actors/common/stage_paths.c).
+ * One loader per attached worker, a DCP rank's too (it scatters its own tokens out of the
+ * canonical lane: supervisor/dcp_groups.c). The load path itself — pin, copy in staging-lease chunks, unpin, name
+ * exactly the blocks not restored — is stage_load_feed() (load_path.c, beside this file).
  */
 
 struct loader {

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "client_harness.h"
-#include "shm_test.h"
+#include "ipc_test.h"
 
 static struct ct_env env;
 

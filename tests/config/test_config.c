@@ -587,7 +587,7 @@ Test(config, good_inputs)
 	}
 }
 
-/* Every preset of shm/presets.c fills the geometry it names; the preset list is the enum's. */
+/* Every preset of kv/presets.c fills the geometry it names; the preset list is the enum's. */
 Test(config, presets)
 {
 	const struct kvr_preset *p;
@@ -755,7 +755,7 @@ Test(config, doc_drift)
 	cr_assert_not_null(file, "%s is missing: regenerate it with: %s/tests/config/gen-config-doc > docs/config.md",
 			   path, build);
 	cr_assert(len == strlen(md) && !memcmp(file, md, len),
-		  "docs/config.md is out of date with the key table in shm/config.c: regenerate it with: "
+		  "docs/config.md is out of date with the key table in config/config.c: regenerate it with: "
 		  "%s/tests/config/gen-config-doc > docs/config.md", build);
 
 	/* the generator prints exactly that */

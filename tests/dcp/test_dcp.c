@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../shm/shm_test.h"
+#include "../ipc/ipc_test.h"
 #include "dcp_test.h"
 #include "kvr_dcp.h"
 #include "kvr_geometry.h"

@@ -15,7 +15,7 @@
 
 #include <kvring/kvring.h>
 
-#include "../shm/shm_test.h"
+#include "../ipc/ipc_test.h"
 #include "../supervisor/sup_harness.h"
 #include "../../supervisor/sup.h"
 #include "kvr_dcp.h"

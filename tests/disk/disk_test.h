@@ -18,7 +18,7 @@
 #include <criterion/criterion.h>
 #include <liburing.h>
 
-#include "../shm/shm_test.h"
+#include "../ipc/ipc_test.h"
 #include "l2file.h"
 #include "l2store.h"
 #include "uring.h"

@@ -18,7 +18,7 @@
 
 #include <kvring/msg.h>
 
-#include "../shm/shm_test.h"
+#include "../ipc/ipc_test.h"
 #include "kvr_ctl.h"
 #include "l2file.h"
 

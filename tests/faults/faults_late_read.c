@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../shm/shm_test.h"
+#include "../ipc/ipc_test.h"
 #include "client_harness.h"
 #include "faults_harness.h"
 #include "l2file.h"

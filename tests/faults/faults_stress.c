@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../shm/shm_test.h"
+#include "../ipc/ipc_test.h"
 #include "client_harness.h"
 #include "faults_harness.h"
 #include "kvr_ring.h"

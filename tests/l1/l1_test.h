@@ -1,4 +1,4 @@
-/* Helpers shared by the L1 tests: slot-table segments and synthetic keys (seeds and the PRNG: shm_test.h). */
+/* Helpers shared by the L1 tests: slot-table segments and synthetic keys (seeds and the PRNG: tests/ipc/ipc_test.h). */
 #ifndef KVR_L1_TEST_H
 #define KVR_L1_TEST_H
 
@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "../shm/shm_test.h"
+#include "../ipc/ipc_test.h"
 #include "kvr_keys.h"
 #include "kvr_segment.h"
 #include "kvr_slots.h"

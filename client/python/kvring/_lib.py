@@ -12,7 +12,7 @@ Where the library is found, first match wins:
    (``client/python/kvring`` -> repository root three levels up);
 4. ``libkvring.so.0`` through the dynamic linker (an installed kvring).
 
-The struct mirrors follow ``include/kvring/kvring.h`` and ``shm/kvr_geometry.h``
+The struct mirrors follow ``include/kvring/kvring.h`` and ``kv/kvr_geometry.h``
 field for field. ``struct kvr_geometry`` is the attach payload, byte for byte, so its
 mirror is checked against the library when the library is loaded (`_check_geometry_abi`):
 a kvring built with another region table size is refused with a message naming both sizes
@@ -56,7 +56,7 @@ __all__ = [
 # ---- constants (kvr_geometry.h, kvring.h) --------------------------------------------
 
 KVR_GEOMETRY_VERSION = 1
-KVR_GEOM_MAX_REGIONS = 1024  # shm/kvr_geometry.h: 512 layers x K, V
+KVR_GEOM_MAX_REGIONS = 1024  # kv/kvr_geometry.h: 512 layers x K, V
 KVR_ENGINE_ID_MAX = 48
 KVR_MODEL_NS_MAX = 64
 
@@ -278,7 +278,7 @@ _PROTOS: dict[str, tuple[object, list[object]]] = {
     ),
     "kvr_lease_release": (ctypes.c_int, [_client_p, _u64]),
     "kvr_lease_take": (ctypes.c_int, [_client_p, _u64, _P(LookupResult)]),
-    # geometry helpers (shm/kvr_geometry.h, linked into libkvring)
+    # geometry helpers (kv/kvr_geometry.h, linked into libkvring)
     "kvr_geometry_set_region": (ctypes.c_int, [_P(Geometry), ctypes.c_uint, _P(Region)]),
     "kvr_geometry_validate": (ctypes.c_int, [_P(Geometry), _u64, ctypes.c_char_p, ctypes.c_size_t]),
     "kvr_geometry_lane_bytes": (_u64, [_P(Geometry)]),

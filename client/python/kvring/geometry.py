@@ -2,7 +2,7 @@
 
 A worker tells kvringd at attach where every block's bytes are in its KV memory: per
 region (a layer's page, or its K and V pages) the offset of block 0, the stride between
-blocks and the page size (shm/kvr_geometry.h has the full story). `build_geometry`
+blocks and the page size (kv/kvr_geometry.h has the full story). `build_geometry`
 fills the struct through the library's own setters and `validate_geometry` runs the
 library's validator, so Python never re-implements either.
 """

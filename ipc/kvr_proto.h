@@ -113,7 +113,7 @@ _Static_assert(sizeof(struct kvr_attach_engine) == 128, "engine identity");
  * kvringd checks it like any KV memfd (see ATTACH above: its F_SEAL_FUTURE_WRITE is
  * accepted because it starts with the magic) and needs no change; an actor that does not know the format cannot map it
  * writable (EPERM) and fails instead of copying into it. Readers validate every field
- * (cuda/kvr_cuda.h: kvr_cuda_desc_read, kvr_cuda_desc_check) before using any.
+ * (xfer/kvr_cuda.h: kvr_cuda_desc_read, kvr_cuda_desc_check) before using any.
  *
  * Store events: a STORE whose list messages carry KVR_STOREF_CUDA_EVENT (msg.h) must not
  * read the KV memory before the IPC event in entry (wire id % n_events) has completed; the

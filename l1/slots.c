@@ -4,6 +4,11 @@
 #include <errno.h>
 #include <string.h>
 
+#include "kvr_ctl.h"
+
+/* the limits that travel together (kv/geometry.c): a pin counter per worker in every slot */
+_Static_assert(KVR_CTL_MAX_WORKERS <= KVR_SLOT_MAX_WORKERS, "every worker slot has its pin counter in a slot");
+
 #define SLOTS_OFF 256u /* slot array right after the 256-byte header (64-byte aligned) */
 
 size_t kvr_slots_memsize(uint32_t n_slots)

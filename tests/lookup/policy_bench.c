@@ -7,7 +7,7 @@
 
 #include "kvr_index.h"
 #include "kvr_time.h"
-#include "l1_test.h"
+#include "../l1/l1_test.h"
 
 /*
  * The trace, in blocks (chained keys, as kvring computes them):

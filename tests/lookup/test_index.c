@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "kvr_index.h"
-#include "l1_test.h"
+#include "../l1/l1_test.h"
 
 static struct kvr_segment seg = {.fd = -1};
 static struct kvr_slot_table *t;

@@ -4,7 +4,7 @@
 #include <kvring/msg.h>
 
 #include "kvr_ctl.h"
-#include "shm_test.h"
+#include "ipc_test.h"
 
 #define N_ACTORS 4
 #define N_WORKERS 2

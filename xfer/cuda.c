@@ -31,7 +31,7 @@
 #define KERNEL_THREADS 256u
 
 #ifdef KVR_XFER_HAVE_CUDA_KERNEL
-/* cuda/copy_kernel.cu */
+/* xfer/copy_kernel.cu */
 struct kvr_cuda_piece {
 	uint64_t dst, src, len;
 };

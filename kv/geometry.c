@@ -13,16 +13,14 @@
 
 #include "kvr_ctl.h"
 #include "kvr_dcp.h"
-#include "kvr_slots.h"
 #include "kvr_proto.h"
 
 _Static_assert(sizeof(struct kvr_geometry) <= KVR_PROTO_PAYLOAD_MAX, "the geometry is the attach payload");
 _Static_assert(sizeof(struct kvr_geometry) <= KVR_CTL_GEOM_BYTES, "the geometry fits its control-segment area");
 _Static_assert(KVR_CTL_GEOM_BYTES % 64 == 0, "control-segment geometry areas stay 64-byte aligned");
-/* the limits that travel together: a lane per TP rank, a worker per rank, a pin counter per
- * worker in every slot */
+/* the limits that travel together: a lane per TP rank, a worker per rank (and a pin counter
+ * per worker in every slot: l1/slots.c) */
 _Static_assert(KVR_MAX_TP <= KVR_CTL_MAX_WORKERS, "every rank of a TP group attaches as one worker");
-_Static_assert(KVR_CTL_MAX_WORKERS <= KVR_SLOT_MAX_WORKERS, "every worker slot has its pin counter in a slot");
 
 int kvr_geometry_set_region(struct kvr_geometry *g, unsigned i, const struct kvr_region *r)
 {

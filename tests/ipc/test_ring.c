@@ -9,7 +9,7 @@
 
 #include "kvr_ring.h"
 #include "kvr_segment.h"
-#include "shm_test.h"
+#include "ipc_test.h"
 
 #define MSG 64u
 #define SEG_SIZE (1u << 20)

@@ -4,7 +4,7 @@
 
 #include "kvr_ring.h"
 #include "kvr_segment.h"
-#include "shm_test.h"
+#include "ipc_test.h"
 
 #ifndef STRESS_MSGS /* per capacity; KVR_STRESS_MSGS overrides it at run time */
 #define STRESS_MSGS 100000ull

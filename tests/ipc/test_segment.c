@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 
 #include "kvr_segment.h"
-#include "shm_test.h"
+#include "ipc_test.h"
 
 static struct kvr_segment seg = {.fd = -1}, seg2 = {.fd = -1};
 

@@ -4,11 +4,10 @@
 #include <errno.h>
 #include <stdlib.h>
 
-/* ---- CUDA backend: add it here ----------------------------------------------------------
- * The CUDA issue adds cuda/cuda.c defining kvr_xfer_cuda_backend and compiles it with
- * -DKVR_XFER_HAVE_CUDA from cuda/meson.build when the toolkit is found. Nothing else in
- * this file or in the planner changes: the dispatch below already validates runs and
- * tickets for any backend. */
+/* ---- CUDA backend -------------------------------------------------------------------------
+ * xfer/cuda.c defines kvr_xfer_cuda_backend; xfer/meson.build compiles it with
+ * -DKVR_XFER_HAVE_CUDA when the toolkit is found. The dispatch below validates runs and
+ * tickets the same way for every backend. */
 #ifdef KVR_XFER_HAVE_CUDA
 extern const struct kvr_xfer_backend kvr_xfer_cuda_backend;
 #endif

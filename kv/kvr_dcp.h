@@ -54,7 +54,7 @@
 #define KVR_DCP_MAX 16u /* ranks of one DCP group (DCP ranks are TP ranks: <= KVR_MAX_TP) */
 
 /* One copy between a rank's KV memory and the arena. Same fields, order and meaning as
- * cuda/kvr_xfer.h's struct kvr_xfer_run, so a stage copies it field by field. */
+ * xfer/kvr_xfer.h's struct kvr_xfer_run, so a stage copies it field by field. */
 struct kvr_dcp_run {
 	uint64_t kv_off;
 	uint64_t slot_off;

@@ -10,7 +10,7 @@
 
 /*
  * A worker whose KV memory is GPU memory attaches with a KV descriptor instead of a KV
- * memfd (format: shm/kvr_proto.h, struct kvr_cuda_desc; why: docs/cuda.md). This module is
+ * memfd (format: ipc/kvr_proto.h, struct kvr_cuda_desc; why: docs/cuda.md). This module is
  * CUDA-free and always built: the actor side reads and checks a descriptor and its event
  * table; the worker side (tests, benches, workers that do not link libkvring — libkvring's
  * kvr_attach writes the same format itself) creates one. The CUDA backend (cuda.c, built

@@ -1,6 +1,6 @@
-/* Helpers shared by the shm/ tests: seeds, a PRNG, child processes, stamped messages. */
-#ifndef KVR_SHM_TEST_H
-#define KVR_SHM_TEST_H
+/* Helpers shared by the tests (first those of ipc/): seeds, a PRNG, child processes, stamped messages. */
+#ifndef KVR_IPC_TEST_H
+#define KVR_IPC_TEST_H
 
 #include <errno.h>
 #include <poll.h>

@@ -1581,7 +1581,7 @@ char *kvr_config_doc_markdown(void)
 	sb_printf(&b,
 		  "# kvring configuration\n"
 		  "\n"
-		  "<!-- Generated from the key table in shm/config.c: do not edit. Regenerate with\n"
+		  "<!-- Generated from the key table in config/config.c: do not edit. Regenerate with\n"
 		  "     BUILDDIR/tests/config/gen-config-doc > docs/config.md -->\n"
 		  "\n"
 		  "kvringd reads one JSON object with the sections below. Every key is optional: a missing key\n"
@@ -1629,7 +1629,7 @@ char *kvr_config_doc_markdown(void)
 		}
 	}
 	sb_printf(&b, "\n## Model presets\n\n");
-	sb_printf(&b, "From shm/presets.c (each model's config.json). kv_heads counts all TP ranks; MLA head_dim is "
+	sb_printf(&b, "From kv/presets.c (each model's config.json). kv_heads counts all TP ranks; MLA head_dim is "
 		  "the latent width.\n\n");
 	sb_printf(&b, "| preset | model_id | layers | kv_heads | head_dim | dtype_bytes | attention |\n");
 	sb_printf(&b, "| --- | --- | --- | --- | --- | --- | --- |\n");

@@ -6,7 +6,7 @@
 #include <xxhash.h>
 
 #include "kvr_keys.h"
-#include "l1_test.h"
+#include "../ipc/ipc_test.h"
 
 TestSuite(keys);
 
