@@ -225,6 +225,8 @@ enum kvr_stat_lookup {
 				       * value, no node, a timeout) */
 	KVR_STAT_LK_RM_WRITES,        /* committed lanes handed to the remote actor (write-through) */
 	KVR_STAT_LK_RM_WRITES_SKIPPED,/* ... not handed over: its ring was full (a cache: counted, not retried) */
+	KVR_STAT_LK_L2_RING_STALLS,   /* promotion reads that found disk.req / remote.req full: the
+				       * promotion waited for room instead of the lookup actor */
 };
 
 enum kvr_stat_xfer { /* loader and storer */

@@ -31,7 +31,9 @@ struct pend {                 /* one promotion per worker (its client's lookup i
 	uint32_t n;               /* blocks decided so far (the reply covers a prefix of them) */
 	uint32_t total;           /* blocks it may still extend to */
 	const kvr_key *keys;      /* the worker's lookup keys (valid while it waits: one lookup at a time) */
-	bool stalled;             /* write-back: waiting for demotions to free L1 room */
+	bool stalled;             /* waiting for room: in L1 (write-back: demotions) or in a full
+				   * disk.req / remote.req ring (retried when a read ends, a write is
+				   * answered, and from the tick) */
 	uint64_t deadline;        /* stop stalling then */
 	uint32_t waiting;
 	uint32_t rm_waiting;      /* of those, reads from the shared tier */
@@ -205,8 +207,10 @@ static int send_l2(struct l2tier *t, unsigned disk, unsigned type, uint64_t id, 
 	struct kvr_msg_l2 b = {.key_lo = k.lo, .key_hi = k.hi, .slot = slot, .epoch = epoch, .lane = (uint16_t)lane};
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, 0, id, 0, type == KVR_MSG_L2_SYNC ? NULL : &b, type == KVR_MSG_L2_SYNC ? 0 : sizeof(b));
-	return type == KVR_MSG_L2_WRITE ? kvr_ring_try_enqueue(t->req[disk], &m) /* the write queue retries */
-					: kvr_msg_send(t->req[disk], &m, kvr_now_ns() + kvr_ms_to_ns(t->a->cfg.timeouts.reply_ms));
+	/* a write or a read never waits for room: the write queue retries, a promotion stalls
+	 * (extend_more); only L2_SYNC (at start, after a disk actor's restart) may wait */
+	return type != KVR_MSG_L2_SYNC ? kvr_ring_try_enqueue(t->req[disk], &m)
+				       : kvr_msg_send(t->req[disk], &m, kvr_now_ns() + kvr_ms_to_ns(t->a->cfg.timeouts.reply_ms));
 }
 
 /* The eviction veto: a block with a lane in the write queue stays (its write must find it),
@@ -547,7 +551,10 @@ static int rm_send_read(struct l2tier *t, uint64_t id, kvr_key k, unsigned lane,
 /* Promote blocks of worker's lookup from p->n on: a block whose lanes are all in L1 or on
  * disk continues the prefix; the requester's lane is read from disk into a slot of its own.
  * Stops at the first block that cannot be had. With write-back, a full L1 first writes its
- * least recent blocks out: the promotion stalls until they are on disk (l2t_on_msg retries). */
+ * least recent blocks out: the promotion stalls until they are on disk (l2t_on_msg retries).
+ * A read that finds its ring full stalls the promotion too (never a wait in the send, which
+ * held up every worker's lookup, never a prefix cut short by a busy disk) until
+ * timeouts.alloc_wait_ms after the lookup began. */
 static void extend_more(struct l2tier *t, unsigned worker)
 {
 	struct pend *p = &t->pend[worker];
@@ -605,6 +612,11 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		if (src) {
 			rd->used = false;
 			(void)kvr_index_abort(t->idx, r.slot, r.epoch);
+			if (src == -EAGAIN && now_of(t) < p->deadline) {
+				kvr_actor_count(t->a, KVR_STAT_LK_L2_RING_STALLS, 1);
+				p->stalled = true; /* the ring is full: go on when there is room */
+				return;
+			}
 			break;
 		}
 		p->refs[i] = r;
@@ -701,6 +713,8 @@ static int read_ended(struct l2tier *t, uint32_t ri, int status, struct l2t_done
 			extend_more(t, rd.worker); /* the window moved: read further ahead */
 		}
 	}
+	if (p->stalled && p->n < p->total)
+		extend_more(t, rd.worker); /* an answer taken off a ring: room for the next read */
 	if (p->waiting || p->stalled)
 		return 0;
 	finish(t, rd.worker, done);

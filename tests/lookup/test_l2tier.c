@@ -243,6 +243,110 @@ Test(l2tier, a_promotion_answers_the_verified_prefix_once_every_read_ended)
 	cr_assert_eq(stat(KVR_STAT_LK_L2_READS), 3);
 }
 
+/* Fill ring r with L2_SYNC fillers (what another worker's reads would be) until `room` slots
+ * are left; returns how many went in. */
+static unsigned fill_ring(struct kvr_ring *r, uint32_t room)
+{
+	struct kvr_msg f;
+	kvr_msg_build(&f, KVR_MSG_L2_SYNC, 0, 0, 0, NULL, 0);
+	unsigned n = 0;
+	while (kvr_ring_free(r) > room) {
+		cr_assert_eq(kvr_ring_try_enqueue(r, &f), 0);
+		n++;
+	}
+	return n;
+}
+
+static void drain_fillers(struct kvr_ring *r, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct kvr_msg m;
+		cr_assert_eq(kvr_ring_try_dequeue(r, &m), 0);
+		cr_assert_eq(m.hdr.type, KVR_MSG_L2_SYNC, "a filler, not a read");
+	}
+}
+
+/*
+ * disk.req full (another worker's reads, a slow disk): a promotion's read neither waits in
+ * the send (it held the lookup actor, and so every worker's lookup, up to reply_ms) nor
+ * ends the prefix: the promotion stalls and goes on when one of its reads ends, or from
+ * the tick once the ring has room, until alloc_wait_ms after the lookup began.
+ */
+Test(l2tier, a_full_disk_ring_stalls_the_promotion_instead_of_blocking)
+{
+	build(true, false, 6);
+	unsigned fill = fill_ring(dreq, 2);
+	kvr_key keys[6];
+	for (unsigned i = 0; i < 6; i++)
+		keys[i] = key_of(0, i);
+	struct kvr_index_ref refs[6];
+	cr_assert_eq(l2t_extend(t, 0, 78, 0, keys, 6, 0, refs, 0), -EINPROGRESS);
+	cr_assert_eq(kvr_ring_free(dreq), 0, "two reads took the room there was");
+	cr_assert_eq(stat(KVR_STAT_LK_L2_RING_STALLS), 1);
+	cr_assert_eq(stat(KVR_STAT_LK_L2_READ_FAILS), 0, "nothing failed for a full ring");
+	drain_fillers(dreq, fill);
+	struct kvr_msg m[6];
+	struct kvr_msg_l2 b[6];
+	for (unsigned i = 0; i < 2; i++) {
+		m[i] = take(dreq, KVR_MSG_L2_READ, &b[i]);
+		cr_assert_eq(b[i].key_lo, keys[i].lo);
+	}
+	struct kvr_msg none;
+	cr_assert_neq(kvr_ring_try_dequeue(dreq, &none), 0);
+	/* read 0 ends: the stall goes on, the other four reads go out */
+	struct l2t_done done;
+	cr_assert_eq(answer_read(drep, &m[0], &b[0], 0, 0, &done), 0);
+	for (unsigned i = 2; i < 6; i++) {
+		m[i] = take(dreq, KVR_MSG_L2_READ, &b[i]);
+		cr_assert_eq(b[i].key_lo, keys[i].lo, "read %u in order", i);
+	}
+	for (unsigned i = 1; i < 6; i++)
+		cr_assert_eq(answer_read(drep, &m[i], &b[i], 0, 0, &done), i == 5 ? 2 : 0);
+	cr_assert_eq(done.matched, 6, "the whole prompt, as if the ring had had room");
+	cr_assert_eq(done.promoted, 6);
+}
+
+/* The same with no read of its own out: the tick sends it once the ring has room; and a
+ * ring that stays full ends the promotion at alloc_wait_ms with what it has. */
+Test(l2tier, a_stalled_promotion_goes_on_from_the_tick_and_ends_at_its_deadline)
+{
+	build(true, false, 2);
+	unsigned fill = fill_ring(dreq, 0);
+	kvr_key keys[2] = {key_of(0, 0), key_of(0, 1)};
+	struct kvr_index_ref refs[2];
+	cr_assert_eq(l2t_extend(t, 0, 79, 0, keys, 2, 0, refs, 0), -EINPROGRESS);
+	struct l2t_done done;
+	cr_assert_eq(l2t_tick(t, &done), 0, "still no room: still stalled");
+	drain_fillers(dreq, fill);
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	struct kvr_msg m[2];
+	struct kvr_msg_l2 b[2];
+	for (unsigned i = 0; i < 2; i++)
+		m[i] = take(dreq, KVR_MSG_L2_READ, &b[i]);
+	cr_assert_eq(answer_read(drep, &m[0], &b[0], 0, 0, &done), 0);
+	cr_assert_eq(answer_read(drep, &m[1], &b[1], 0, 0, &done), 2);
+	cr_assert_eq(done.matched, 2);
+
+}
+
+Test(l2tier, a_promotion_stalled_on_a_ring_that_never_frees_ends_at_alloc_wait)
+{
+	build(true, false, 2);
+	(void)fill_ring(dreq, 0);
+	kvr_key keys[2] = {key_of(0, 0), key_of(0, 1)};
+	struct kvr_index_ref refs[2];
+	cr_assert_eq(l2t_extend(t, 0, 80, 0, keys, 2, 0, refs, 0), -EINPROGRESS);
+	struct l2t_done done;
+	act.now_ns += kvr_ms_to_ns(act.cfg.timeouts.alloc_wait_ms) - 1;
+	cr_assert_eq(l2t_tick(t, &done), 0, "before the deadline: still stalled");
+	act.now_ns += 2;
+	cr_assert_eq(l2t_tick(t, &done), 1, "at the deadline: answered");
+	cr_assert_eq(done.matched, 0, "nothing could be read");
+	cr_assert_eq(stat(KVR_STAT_LK_L2_READ_FAILS), 0);
+	for (uint32_t s = 0; s < N_SLOTS; s++)
+		cr_assert_neq(kvr_slot_state(st, s), KVR_SLOT_WRITING, "slot %u left WRITING", s);
+}
+
 /*
  * The lost-answer scan runs on the injected clock: a read unanswered for l2_answer_ms is
  * given up (its slot aborted, the promotion answered); a write sent after the tick's clock

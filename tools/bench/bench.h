@@ -416,7 +416,7 @@ int bench_server_stop(struct bench_server *s, int64_t timeout_ms, bool show_log,
 /* Map the control segment of a started server read-only (INSPECT over its socket, as
  * kvring-inspect does), once; bench_server_stop unmaps it. 0 or -errno with the reason in err. */
 int bench_server_ctl(struct bench_server *s, char *err, size_t errlen);
-/* Counter `stat` of the actor named `actor` (shm/kvr_ctl.h's enums); 0 when there is no such
+/* Counter `stat` of the actor named `actor` (ipc/kvr_ctl.h's enums); 0 when there is no such
  * actor or no mapping (bench_server_ctl first). */
 uint64_t bench_server_stat(const struct bench_server *s, const char *actor, unsigned stat);
 
