@@ -680,16 +680,7 @@ static void disk_fini(struct kvr_actor *a)
 	(void)settle_all(d);
 	kvr_backlog_retry(&d->wait, start, d); /* what still waited for room: started and settled too */
 	(void)settle_all(d);
-	/* the answers still queued: the lookup actor may take them for a while (exit only waits here) */
-	for (uint64_t until = kvr_now_ns() + DISK_FINI_TIMEOUT_NS; kvr_outbox_pending(&d->out_q);) {
-		uint64_t now = kvr_now_ns();
-		if (now >= until) {
-			d->dropped += kvr_outbox_clear(&d->out_q);
-			break;
-		}
-		if (flush_out(d, now) == KVR_PASS_WAITING)
-			(void)usleep(1000);
-	}
+	d->dropped += kvr_outbox_drain(&d->out_q, DISK_FINI_TIMEOUT_NS); /* the answers still queued: a while to be taken */
 	kvr_outbox_free(&d->out_q);
 	publish(d);
 	if (d->inflight || d->wait.n)

@@ -1196,17 +1196,9 @@ static int handle(struct remote *r, const struct kvr_msg *m, const struct kvr_ms
 		return -EAGAIN;
 	}
 	uint32_t gen = r->reqs[i].gen;
-	struct rreq *q = &r->reqs[i];
-	memset(q, 0, offsetof(struct rreq, vhdr));
-	q->type = t.type;
-	q->lane = t.lane;
-	q->slot = t.slot;
-	q->epoch = t.epoch;
-	q->req_id = t.req_id;
-	q->key = t.key;
-	q->first_ns = t.first_ns;
-	q->gen = gen;
-	q->next_free = RM_NONE;
+	r->reqs[i] = t;
+	r->reqs[i].gen = gen;
+	r->reqs[i].next_free = RM_NONE;
 	send_or_park(r, i);
 	return 0;
 }
@@ -1407,16 +1399,7 @@ static void remote_fini(struct kvr_actor *a)
 			send_read_done(r, &t, -ECANCELED);
 		}
 	}
-	/* the answers still queued: the lookup actor may take them for a while (exit only waits here) */
-	for (uint64_t until = kvr_now_ns() + RM_FINI_FLUSH_NS; kvr_outbox_pending(&r->out_q);) {
-		uint64_t now = kvr_now_ns();
-		if (now >= until) {
-			r->dropped += kvr_outbox_clear(&r->out_q);
-			break;
-		}
-		if (flush_out(r, now) == KVR_PASS_WAITING)
-			(void)usleep(1000);
-	}
+	r->dropped += kvr_outbox_drain(&r->out_q, RM_FINI_FLUSH_NS); /* the answers still queued: a while to be taken */
 	kvr_outbox_free(&r->out_q);
 	publish(r);
 	if (r->dropped)

@@ -4,6 +4,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "kvr_time.h"
 
 void kvr_outbox_init(struct kvr_outbox *ob, struct kvr_ring *ring)
 {
@@ -103,5 +106,19 @@ uint32_t kvr_outbox_flush(struct kvr_outbox *ob, uint64_t now_ns, uint64_t timeo
 	}
 	if (ob->n && now_ns - ob->since_ns > timeout_ns)
 		return kvr_outbox_clear(ob);
+	return 0;
+}
+
+uint32_t kvr_outbox_drain(struct kvr_outbox *ob, uint64_t for_ns)
+{
+	uint64_t until = kvr_now_ns() + for_ns;
+	while (ob->n) {
+		uint64_t now = kvr_now_ns();
+		if (now >= until)
+			return kvr_outbox_clear(ob);
+		(void)kvr_outbox_flush(ob, now, UINT64_MAX);
+		if (ob->n)
+			(void)usleep(1000); /* at exit only: nothing else to serve */
+	}
 	return 0;
 }
