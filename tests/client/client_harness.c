@@ -47,6 +47,11 @@ void ct_untrack_child(pid_t pid)
 			children[i] = 0;
 }
 
+const struct ct_model ct_tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
+				 .tp_size = 1};
+const struct ct_model ct_tiny_tp2 = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
+				     .tp_size = 2};
+
 void ct_fini(struct ct_env *e)
 {
 	ct_close_all();

@@ -34,6 +34,10 @@ struct ct_model {
 	uint32_t layers, kv_heads, head_dim, dtype_bytes, block_tokens, tp_size; /* kv_heads: all ranks */
 };
 
+/* The model most tests use: 2 layers x K,V x 16 tokens x 2 heads x 16 x bf16 = 4096 bytes a
+ * lane (one 4 KiB slot); ct_tiny_tp2 is the same at TP 2 (one KV head a rank). */
+extern const struct ct_model ct_tiny, ct_tiny_tp2;
+
 struct ct_opts {
 	unsigned max_workers;      /* 0 = tp_size */
 	uint32_t l1_slots;         /* arena holds this many slots; 0 = 64 */

@@ -39,8 +39,6 @@ static void teardown(void)
 
 TestSuite(faults, .init = setup, .fini = teardown, .timeout = 60);
 
-static const struct ct_model tiny_tp2 = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
-					 .block_tokens = 16, .tp_size = 2};
 
 #define TAG(prompt, i) (1000ull * (prompt) + (i) + 1)
 
@@ -111,7 +109,7 @@ static unsigned collect(struct ct_rank *r, struct ct_done *d, unsigned want, int
  */
 Test(faults, kvringd_kill9_ends_actors_and_fails_calls)
 {
-	ct_start(&env, &tiny_tp2, NULL);
+	ct_start(&env, &ct_tiny_tp2, NULL);
 	struct ct_rank *r0, *r1;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r0), 0, "%s", kvr_last_error(NULL));
 	cr_assert_eq(ct_rank_open(&env, 1, 16, 0, &r1), 0, "%s", kvr_last_error(NULL));
@@ -215,8 +213,6 @@ Test(faults, kvringd_kill9_ends_actors_and_fails_calls)
 
 /* ---- defect 8: bad KV memory at attach -------------------------------------------------- */
 
-static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
-				     .tp_size = 1};
 
 /* The geometry ct_rank_open would attach rank 0 of e->m with (16 blocks). */
 static struct kvr_geometry rank0_geometry(const struct ct_env *e)
@@ -291,7 +287,7 @@ struct bad_kv {
  */
 Test(faults, bad_kv_memory_refused_at_attach)
 {
-	ct_start(&env, &tiny, &(struct ct_opts){.max_workers = 2});
+	ct_start(&env, &ct_tiny, &(struct ct_opts){.max_workers = 2});
 	struct kvr_geometry g = rank0_geometry(&env);
 	uint64_t need = kvr_geometry_kv_extent(&g);
 
@@ -412,7 +408,7 @@ Test(faults, idle_connections_do_not_lock_out_attach)
 {
 	char sup_extra[64];
 	snprintf(sup_extra, sizeof(sup_extra), ", \"attach_timeout_ms\": %d", ATTACH_TIMEOUT_MS);
-	ct_start(&env, &tiny, &(struct ct_opts){.sup_extra = sup_extra});
+	ct_start(&env, &ct_tiny, &(struct ct_opts){.sup_extra = sup_extra});
 	static struct pollfd idle[N_IDLE];
 	uint64_t t_connect = 0;
 	for (unsigned i = 0; i < N_IDLE; i++) {

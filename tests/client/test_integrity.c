@@ -15,7 +15,7 @@
 #include "client_harness.h"
 
 /*
- * Every test runs the real kvringd with an L2 tier and a tiny model (one 4 KiB slot per
+ * Every test runs the real kvringd with an L2 tier and a ct_tiny model (one 4 KiB slot per
  * block lane). Faults are caused, not simulated: kill -9 of a worker or an actor, SIGSTOP
  * of the disk actor, and the disk actor's read gate (KVRING_TEST_READ_GATE, disk.c), which
  * holds every L2 read after its slot was claimed and before its I/O is submitted — a read
@@ -50,8 +50,6 @@ static void teardown(void)
 
 TestSuite(integrity, .init = setup, .fini = teardown, .timeout = 120);
 
-static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
-				     .tp_size = 1};
 
 #define BT 16
 #define BLOCKS 4
@@ -193,7 +191,7 @@ static void kill_child(pid_t pid)
  * on disk afterwards, 1 and 2 in L1. */
 static struct ct_rank *three_prompts_one_on_disk(const struct ct_opts *o)
 {
-	ct_start(&env, &tiny, o);
+	ct_start(&env, &ct_tiny, o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	for (unsigned p = 0; p < 3; p++) {
@@ -255,7 +253,7 @@ Test(integrity, killed_lookup_leaves_no_pins)
 {
 	gate_arm();
 	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	/* prompt 0's first two blocks stay in L1, its last two go to disk only */
@@ -355,7 +353,7 @@ Test(integrity, dead_disk_actor_backpressures_stores)
 	gate_arm();
 	wgate_arm();
 	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	store_prompt(r, 0);
@@ -404,7 +402,7 @@ Test(integrity, write_through_never_skips_on_a_full_ring)
 {
 	const unsigned P = 20;
 	struct ct_opts o = {.l1_slots = 96, .l2_dir = l2dir, .max_workers = 2};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	pid_t dpid = ct_actor_pid(&env, "disk.0");

@@ -30,12 +30,6 @@ static void teardown(void)
 
 TestSuite(client, .init = setup, .fini = teardown, .timeout = 60);
 
-/* The small model most tests use: 2 layers x K,V x 16 tokens x 2 heads x 16 x bf16 = 4096 bytes a lane. */
-static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
-				     .tp_size = 1};
-static const struct ct_model tiny_tp2 = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
-					 .block_tokens = 16, .tp_size = 2};
-
 #define TAG(prompt, i) (1000ull * (prompt) + (i) + 1)
 
 static void assert_holds(const struct ct_rank *r, uint32_t block, uint64_t tag, const char *what)
@@ -79,7 +73,7 @@ struct rt_param {
 ParameterizedTestParameters(client, roundtrip)
 {
 	static struct rt_param p[] = {
-		{{2, 2, 16, 2, 16, 1}, 4},   /* the tiny model, block 16 */
+		{{2, 2, 16, 2, 16, 1}, 4},   /* the ct_tiny model, block 16 */
 		{{2, 2, 16, 2, 128, 1}, 4},  /* block 128 */
 		{{2, 2, 16, 2, 16, 2}, 5},   /* TP 2, one head per rank */
 		{{3, 4, 8, 2, 128, 2}, 3},   /* TP 2, 3 layers, 2 heads per rank of 8 */
@@ -158,7 +152,7 @@ ParameterizedTest(struct rt_param *p, client, roundtrip)
 Test(client, quorum_visible_only_when_every_rank_stored)
 {
 	const uint32_t n = 3, bt = 16;
-	ct_start(&env, &tiny_tp2, NULL);
+	ct_start(&env, &ct_tiny_tp2, NULL);
 	struct ct_rank *r0, *r1;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r0), 0);
 	cr_assert_eq(ct_rank_open(&env, 1, 16, 0, &r1), 0);
@@ -209,7 +203,7 @@ Test(client, quorum_visible_only_when_every_rank_stored)
 Test(client, quorum_rank_dies_before_commit)
 {
 	const uint32_t n = 3, bt = 16;
-	ct_start(&env, &tiny_tp2, NULL);
+	ct_start(&env, &ct_tiny_tp2, NULL);
 	/* fork before this process holds any client: the child must not inherit its socket */
 	int w1;
 	pid_t child = ct_spawn_rank_child(&env, 1, 16, NULL, 0, &w1);
@@ -311,7 +305,7 @@ Test(client, quorum_rank_dies_before_commit)
 Test(client, prefix_sharing_stores_suffix_only)
 {
 	const uint32_t bt = 16;
-	ct_start(&env, &tiny, NULL);
+	ct_start(&env, &ct_tiny, NULL);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r), 0);
 	/* A: 10 blocks in engine blocks 0..9. B: A's first 7 blocks (same engine blocks, as a
@@ -408,7 +402,7 @@ static uint32_t lookup_load_checked(struct ct_rank *r, uint32_t p, const uint32_
 Test(client, eviction_lru_exact)
 {
 	struct ct_opts o = {.l1_slots = 8, .eviction = "lru"};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r), 0);
 	static uint32_t tokens[EV_PROMPTS + 4][32];
@@ -444,7 +438,7 @@ Test(client, eviction_lru_exact)
 Test(client, eviction_s3fifo_never_wrong_bytes)
 {
 	struct ct_opts o = {.l1_slots = 8, .eviction = "s3fifo"};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r), 0);
 	static uint32_t tokens[EV_PROMPTS][32];
@@ -465,7 +459,7 @@ Test(client, eviction_s3fifo_never_wrong_bytes)
 Test(client, store_with_nothing_evictable)
 {
 	struct ct_opts o = {.l1_slots = 8, .eviction = "lru"};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r), 0);
 	static uint32_t tokens[5][32];
@@ -553,9 +547,9 @@ ParameterizedTestParameters(client, staging_streams)
 
 ParameterizedTest(struct stage_param *p, client, staging_streams)
 {
-	const uint64_t lane = ct_lane_bytes(&tiny), buf = p->buffer_lanes * lane;
+	const uint64_t lane = ct_lane_bytes(&ct_tiny), buf = p->buffer_lanes * lane;
 	struct ct_opts o = {.staging_ceiling = 4 * buf, .staging_buffer = buf, .load_percent = 50};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 102, 0, &r), 0);
 	char line[64];
@@ -599,7 +593,7 @@ static void store_four(struct ct_rank *r, uint32_t *tokens)
 
 Test(client, loader_killed_mid_load)
 {
-	ct_start(&env, &tiny, NULL);
+	ct_start(&env, &ct_tiny, NULL);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	uint32_t tokens[64], dst[4] = {12, 10, 8, 6};
@@ -647,7 +641,7 @@ Test(client, loader_killed_mid_load)
  */
 Test(client, loader_restarted_before_client_polls)
 {
-	ct_start(&env, &tiny, NULL);
+	ct_start(&env, &ct_tiny, NULL);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	uint32_t tokens[64], dst[4] = {9, 8, 7, 6};
@@ -691,7 +685,7 @@ static void *lookup_thread(void *arg)
 
 Test(client, lookup_killed_mid_lookup)
 {
-	ct_start(&env, &tiny, NULL);
+	ct_start(&env, &ct_tiny, NULL);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	uint32_t tokens[64], dst[4] = {4, 5, 6, 7};
@@ -739,7 +733,7 @@ Test(client, lookup_killed_mid_lookup)
  */
 Test(client, lookup_restarted_before_client_reads)
 {
-	ct_start(&env, &tiny, NULL);
+	ct_start(&env, &ct_tiny, NULL);
 	int to_child[2], from_child[2];
 	cr_assert_eq(pipe(to_child), 0);
 	cr_assert_eq(pipe(from_child), 0);
@@ -806,7 +800,7 @@ Test(client, lookup_restarted_before_client_reads)
 Test(client, bad_inputs_rejected)
 {
 	struct ct_opts o = {.max_workers = 4};
-	ct_start(&env, &tiny_tp2, &o);
+	ct_start(&env, &ct_tiny_tp2, &o);
 	struct ct_rank *r0, *r1, *bad;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r0), 0);
 	cr_assert_eq(ct_rank_open(&env, 1, 16, 0, &r1), 0);
@@ -921,7 +915,7 @@ Test(client, bad_inputs_rejected)
 Test(client, sigterm_drains_a_pending_store)
 {
 	const uint32_t bt = 16, n = 6;
-	ct_start(&env, &tiny, NULL);
+	ct_start(&env, &ct_tiny, NULL);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	uint32_t tokens[6 * 16], blocks[6];

@@ -33,10 +33,6 @@ static void teardown(void)
 
 TestSuite(l2, .init = setup, .fini = teardown, .timeout = 90);
 
-/* 2 layers x K,V x 16 tokens x 2 heads x 16 x bf16 = 4096 bytes a lane: one 4 KiB slot. */
-static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
-				     .tp_size = 1};
-
 #define TAG(prompt, i) (5000ull * (prompt) + (i) + 1)
 #define PROMPTS 6
 #define BLOCKS 4
@@ -101,15 +97,15 @@ static void stop_kvringd(void)
 static void restart(const struct ct_opts *o)
 {
 	stop_kvringd();
-	ct_start(&env, &tiny, o);
+	ct_start(&env, &ct_tiny, o);
 }
 
-/* A tiny L1 (4 slots) in front of a large L2: every block is written through, most are
+/* A ct_tiny L1 (4 slots) in front of a large L2: every block is written through, most are
  * evicted from L1; SIGTERM, start again (L1 empty), and every prompt is served from L2. */
 Test(l2, survives_restart_byte_exact)
 {
 	struct ct_opts o = {.l1_slots = 4, .l2_dir = l2dir};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	store_prompts(r);
@@ -135,7 +131,7 @@ Test(l2, survives_restart_byte_exact)
 Test(l2, damaged_file_is_a_miss)
 {
 	struct ct_opts o = {.l1_slots = 4, .l2_dir = l2dir};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	store_prompts(r);
@@ -181,7 +177,7 @@ static bool log_has_synced(unsigned n)
 Test(l2, disk_actor_killed_mid_writes)
 {
 	struct ct_opts o = {.l1_slots = 64, .l2_dir = l2dir};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	pid_t disk = ct_actor_pid(&env, "disk.0");
@@ -200,7 +196,7 @@ Test(l2, disk_actor_killed_mid_writes)
 	stop_kvringd();
 	unsigned complete = h_count_files(l2dir, ".kvb");
 	cr_assert_leq(complete, PROMPTS * BLOCKS);
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	cr_assert_eq(h_count_files(l2dir, ".kvb"), complete, "adoption keeps every complete file");
 	cr_assert(log_has_synced(complete), "the lookup actor learned of exactly %u files", complete);
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
@@ -219,7 +215,7 @@ Test(l2, disk_full_keeps_l1_serving)
 	if (mount("kvr-l2-full", l2dir, "tmpfs", 0, "size=64k,mode=0700") != 0)
 		cr_skip_test("cannot mount a small tmpfs here (%s)", strerror(errno));
 	struct ct_opts o = {.l1_slots = 64, .l2_dir = l2dir, .l2_bytes = 64ull << 20};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	for (unsigned p = 0; p < PROMPTS; p++)
@@ -250,7 +246,7 @@ Test(l2, disk_full_keeps_l1_serving)
 	stop_kvringd();
 	cr_assert_eq(h_count_files(l2dir, ".kvb"), written, "only complete files under real names");
 
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	cr_assert(log_has_synced((unsigned)written), "want %llu files adopted; log:\n%s", (unsigned long long)written,
 		  h_read_file(env.h.log));
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
@@ -266,7 +262,7 @@ Test(l2, disk_full_keeps_l1_serving)
 Test(l2, kvringd_killed_mid_writes)
 {
 	struct ct_opts o = {.l1_slots = 64, .l2_dir = l2dir};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	pid_t disk = ct_actor_pid(&env, "disk.0");
@@ -287,7 +283,7 @@ Test(l2, kvringd_killed_mid_writes)
 	usleep(200 * 1000); /* the other actors end on their parent's death */
 	unsigned complete = h_count_files(l2dir, ".kvb");
 
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	cr_assert(log_has_synced(complete), "adopted exactly the %u complete files", complete);
 	cr_assert_eq(h_count_files(l2dir, ".kvb"), complete);
 	cr_assert_eq(h_count_files(l2dir, ""), complete, "no temporary file left (dot files such as the lock aside)");
@@ -305,7 +301,7 @@ Test(l2, kvringd_killed_mid_writes)
 Test(l2, write_back_demotes_on_eviction)
 {
 	struct ct_opts o = {.l1_slots = 4, .l2_dir = l2dir, .l2_mode = "write-back"};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	store_prompt(r, 0, 1000);

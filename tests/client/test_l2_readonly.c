@@ -48,10 +48,7 @@ static void teardown(void)
 
 TestSuite(l2ro, .init = setup, .fini = teardown, .timeout = 60);
 
-/* 2 layers x K,V x 16 tokens x 2 heads x 16 x bf16 = 4096 bytes a lane; the same model with
- * 128-token blocks is 32 KiB a lane. */
-static const struct ct_model tiny16 = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
-				       .block_tokens = 16, .tp_size = 1};
+/* ct_tiny (client_harness.h) with 128-token blocks: 32 KiB a lane. */
 static const struct ct_model tiny128 = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
 					.block_tokens = 128, .tp_size = 1};
 
@@ -198,7 +195,7 @@ static void ns_dir_of(char *buf, size_t len, const struct ct_env *e)
  * namespace directory) filled in. */
 static void write_legacy_store(char *ns, size_t nslen)
 {
-	ct_start(&env, &tiny16, &rw_opts);
+	ct_start(&env, &ct_tiny, &rw_opts);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	for (unsigned p = 0; p < PROMPTS; p++) {
@@ -278,7 +275,7 @@ Test(l2ro, serves_legacy_store_changes_nothing)
 	snapshot(l2dir, &before_root);
 	cr_assert(snap_has(&before, ".kvr.lock"));
 
-	ct_start(&env, &tiny16, &ro_opts);
+	ct_start(&env, &ct_tiny, &ro_opts);
 	/* adoption: 32 block files - the bad header = 31 served; tmp and bad header left in place */
 	cr_assert(h_log_contains(&env.h, "read-only: adopted 31 files"), "log:\n%s", h_read_file(env.h.log));
 	cr_assert(h_log_contains(&env.h, "; 2 skipped and left in place (tmp 1, header_checksum 1), 1 foreign left "
@@ -355,7 +352,7 @@ Test(l2ro, store_is_refused)
 	struct snap before, after;
 	snapshot(ns, &before);
 
-	ct_start(&env, &tiny16, &ro_opts);
+	ct_start(&env, &ct_tiny, &ro_opts);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
 	uint32_t fresh[TOKENS], blocks[BLOCKS];
@@ -396,7 +393,7 @@ Test(l2ro, next_to_a_128_token_instance)
 	struct snap before, after, s128;
 	snapshot(ns16, &before);
 
-	ct_start(&env, &tiny16, &ro_opts);
+	ct_start(&env, &ct_tiny, &ro_opts);
 	ct_start(&env2, &tiny128, &(struct ct_opts){.l1_slots = 16, .l2_dir = l2dir});
 	ns_dir_of(ns128, sizeof(ns128), &env2);
 	cr_assert_str_neq(ns128, ns16, "block_tokens is part of the namespace");

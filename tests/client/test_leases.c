@@ -11,7 +11,7 @@
 #include "client_harness.h"
 
 /*
- * The real kvringd, lookup, loader, storer (and disk) actors with a tiny model. A scheduler
+ * The real kvringd, lookup, loader, storer (and disk) actors with a ct_tiny model. A scheduler
  * client (kvr_attach_scheduler) leases a prefix; the engine's workers take the lease and
  * load it; the test checks the bytes, the lease counters and, at the end, that the slot
  * table is clean (only FREE and COMMITTED, no pins): a lease that ended left no pin.
@@ -34,10 +34,6 @@ static void teardown(void)
 
 TestSuite(leases, .init = setup, .fini = teardown, .timeout = 120);
 
-static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
-				     .tp_size = 1};
-static const struct ct_model tiny_tp2 = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
-					 .block_tokens = 16, .tp_size = 2};
 
 #define BT 16
 #define TAG(p, i) (5000ull * (p) + (i) + 1)
@@ -92,7 +88,7 @@ static void take_load_exact(struct ct_rank *r, uint64_t id, uint32_t n, uint32_t
  * cannot take them; both ranks load exactly the leased bytes; the second LEASE_DONE ends it. */
 Test(leases, pinned_through_pressure_then_loaded_by_every_rank)
 {
-	ct_start(&env, &tiny_tp2, &(struct ct_opts){.l1_slots = 24});
+	ct_start(&env, &ct_tiny_tp2, &(struct ct_opts){.l1_slots = 24});
 	struct ct_rank *r0, *r1;
 	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r0), 0);
 	cr_assert_eq(ct_rank_open(&env, 1, 64, 0, &r1), 0);
@@ -145,7 +141,7 @@ Test(leases, pinned_through_pressure_then_loaded_by_every_rank)
  * counted; taking a lease that ended is -ENOENT; a lease of nothing keeps nothing. */
 Test(leases, released_expired_replaced_missing)
 {
-	ct_start(&env, &tiny, NULL);
+	ct_start(&env, &ct_tiny, NULL);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r), 0);
 	uint32_t a[3 * BT], none[3 * BT];
@@ -189,7 +185,7 @@ Test(leases, released_expired_replaced_missing)
  * lease is its engine's only; one worker per (engine, TP rank); bad identities refused. */
 Test(leases, engines_share_one_model_and_isolate_others)
 {
-	ct_start(&env, &tiny, &(struct ct_opts){.max_workers = 4});
+	ct_start(&env, &ct_tiny, &(struct ct_opts){.max_workers = 4});
 	struct ct_rank *ea, *eb, *ec, *dup;
 	cr_assert_eq(ct_rank_open_engine(&env, 0, 32, 0, "engine-a", NULL, &ea), 0, "%s", kvr_last_error(NULL));
 	cr_assert_eq(ct_rank_open_engine(&env, 0, 32, 0, "engine-b", NULL, &eb), 0,
@@ -235,7 +231,7 @@ Test(leases, engines_share_one_model_and_isolate_others)
 Test(leases, lease_promotes_from_l2_after_restart)
 {
 	struct ct_opts o = {.l1_slots = 32, .l2_dir = l2dir, .max_workers = 2};
-	ct_start(&env, &tiny_tp2, &o);
+	ct_start(&env, &ct_tiny_tp2, &o);
 	struct ct_rank *r0, *r1;
 	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
 	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
@@ -252,7 +248,7 @@ Test(leases, lease_promotes_from_l2_after_restart)
 	kvr_segment_close(&env.slots_seg);
 	kvr_segment_close(&env.ctl_seg);
 	kvr_segment_close(&env.arena_seg);
-	ct_start(&env, &tiny_tp2, &o);
+	ct_start(&env, &ct_tiny_tp2, &o);
 	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
 	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
 	struct kvr_client *s = sched_open(NULL, NULL);

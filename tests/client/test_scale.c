@@ -131,10 +131,8 @@ static struct kvr_completion wait_one(struct ct_rank *r, int64_t timeout_ms)
  * serving it (storer, loader, lookup) are busy, not dead, and none is killed. */
 Test(scale, a_60000_block_store_and_load_outlive_the_health_check)
 {
-	static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
-					     .block_tokens = 16, .tp_size = 1};
 	enum { NB = 60000 };
-	ct_start(&env, &tiny, &(struct ct_opts){.l1_slots = NB + 64, .health_ms = 10});
+	ct_start(&env, &ct_tiny, &(struct ct_opts){.l1_slots = NB + 64, .health_ms = 10});
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, NB + 8, 0, &r), 0, "%s", kvr_last_error(NULL));
 	static uint32_t tokens[NB * 16], blocks[NB];
@@ -180,9 +178,7 @@ Test(scale, a_60000_block_store_and_load_outlive_the_health_check)
  * order, once it reads again. */
 Test(scale, a_worker_that_never_reads_delays_no_other)
 {
-	static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2,
-					     .block_tokens = 16, .tp_size = 1};
-	ct_start(&env, &tiny, &(struct ct_opts){.max_workers = 2, .sections_extra =
+	ct_start(&env, &ct_tiny, &(struct ct_opts){.max_workers = 2, .sections_extra =
 		",\n  \"timeouts\": {\"reply_ms\": 60000, \"alloc_wait_ms\": 120000, \"lookup_call_ms\": 180000}"});
 	struct ct_rank *a, *b;
 	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-a", NULL, &a), 0, "%s", kvr_last_error(NULL));

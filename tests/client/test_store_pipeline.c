@@ -13,7 +13,7 @@
 #include "kvr_time.h"
 
 /*
- * The real kvringd, a tiny model (one 4 KiB lane per block) and staging sized for a store
+ * The real kvringd, a ct_tiny model (one 4 KiB lane per block) and staging sized for a store
  * pool of 4 leases: staging.ceiling_bytes = 8 lanes, load_percent 50, one lane per lease.
  * The storer then keeps up to 4 stores in its window (KVR_STAT_XF_STORES_INFLIGHT, with
  * its high-water mark KVR_STAT_XF_STORES_INFLIGHT_MAX). Nothing here is proven by sleeping:
@@ -41,8 +41,6 @@ static void teardown(void)
 
 TestSuite(store_pipe, .init = setup, .fini = teardown, .timeout = 120);
 
-static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
-				     .tp_size = 1};
 
 #define BT 16
 #define N_STORES 8
@@ -54,9 +52,9 @@ static uint32_t tokens[N_STORES][PER * BT];
 /* The instance: a 4-deep store pool (plus `sections`, e.g. timeouts); rank 0 with 64 blocks. */
 static struct ct_rank *start4(const char *sections)
 {
-	struct ct_opts o = {.l1_slots = 64, .staging_ceiling = 8 * ct_lane_bytes(&tiny),
-			    .staging_buffer = ct_lane_bytes(&tiny), .load_percent = 50, .sections_extra = sections};
-	ct_start(&env, &tiny, &o);
+	struct ct_opts o = {.l1_slots = 64, .staging_ceiling = 8 * ct_lane_bytes(&ct_tiny),
+			    .staging_buffer = ct_lane_bytes(&ct_tiny), .load_percent = 50, .sections_extra = sections};
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r), 0);
 	return r;
@@ -309,9 +307,9 @@ Test(store_pipe, lookup_killed_with_four_in_flight)
  * step each store is in). */
 Test(store_pipe, lookup_killed_mid_flow)
 {
-	struct ct_opts o = {.l1_slots = 256, .staging_ceiling = 8 * ct_lane_bytes(&tiny),
-			    .staging_buffer = ct_lane_bytes(&tiny), .load_percent = 50};
-	ct_start(&env, &tiny, &o);
+	struct ct_opts o = {.l1_slots = 256, .staging_ceiling = 8 * ct_lane_bytes(&ct_tiny),
+			    .staging_buffer = ct_lane_bytes(&ct_tiny), .load_percent = 50};
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 256, 0, &r), 0);
 	enum { BIG = 24 };
@@ -439,11 +437,11 @@ Test(store_pipe, abandoned_alloc_bars_the_next_with_a_tier)
 	static char l2dir[256];
 	snprintf(l2dir, sizeof(l2dir), "%s/l2", env.h.dir);
 	cr_assert_eq(mkdir(l2dir, 0700), 0);
-	struct ct_opts o = {.l1_slots = 64, .staging_ceiling = 8 * ct_lane_bytes(&tiny),
-			    .staging_buffer = ct_lane_bytes(&tiny), .load_percent = 50, .l2_dir = l2dir,
+	struct ct_opts o = {.l1_slots = 64, .staging_ceiling = 8 * ct_lane_bytes(&ct_tiny),
+			    .staging_buffer = ct_lane_bytes(&ct_tiny), .load_percent = 50, .l2_dir = l2dir,
 			    .sections_extra = ",\n  \"timeouts\": {\"reply_ms\": 100, \"alloc_wait_ms\": 200, "
 					      "\"l2_answer_ms\": 300, \"lookup_call_ms\": 500}"};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r), 0);
 	pid_t lk = freeze_with_four(r);

@@ -33,10 +33,6 @@ static void teardown(void)
 
 TestSuite(disk_actor, .init = setup, .fini = teardown, .timeout = 60);
 
-/* 2 layers x K,V x 16 tokens x 2 heads x 16 x bf16 = 4096 bytes a lane */
-static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
-				     .tp_size = 1};
-
 #define TAG(prompt, i) (1000ull * (prompt) + (i) + 1)
 
 static unsigned wait_files(const char *root, unsigned want, int ms)
@@ -50,7 +46,7 @@ static unsigned wait_files(const char *root, unsigned want, int ms)
 
 static void store_prompt(struct ct_rank *r, uint64_t req, uint64_t seed, const uint32_t *src, uint32_t n)
 {
-	size_t n_tokens = (size_t)n * tiny.block_tokens;
+	size_t n_tokens = (size_t)n * ct_tiny.block_tokens;
 	uint32_t tokens[16 * 16];
 	ct_prompt(tokens, n_tokens, seed);
 	struct ct_done d;
@@ -67,7 +63,7 @@ static void store_prompt(struct ct_rank *r, uint64_t req, uint64_t seed, const u
 Test(disk_actor, write_through_then_promote)
 {
 	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r), 0, "attach: %s", kvr_last_error(NULL));
 	uint32_t a_src[4] = {1, 2, 3, 4}, b_src[8] = {5, 6, 7, 8, 9, 10, 11, 12}, dst[4] = {20, 21, 22, 23};
@@ -109,7 +105,7 @@ Test(disk_actor, write_through_then_promote)
 Test(disk_actor, eviction_reported_gone)
 {
 	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .l2_bytes = 6 * 8192};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r), 0, "attach: %s", kvr_last_error(NULL));
 	uint32_t a_src[4] = {1, 2, 3, 4}, b_src[8] = {5, 6, 7, 8, 9, 10, 11, 12};
@@ -151,7 +147,7 @@ Test(disk_actor, a_full_reply_ring_never_stops_its_loop)
 {
 	enum { FILES = 96 };
 	struct ct_opts o = {.l1_slots = 16, .l2_dir = l2dir};
-	ct_start(&env, &tiny, &o);
+	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "attach: %s", kvr_last_error(NULL));
 	uint32_t src[8] = {0, 1, 2, 3, 4, 5, 6, 7};

@@ -28,10 +28,6 @@ static char remote_section[1024];
 static struct kvr_rc_map cmap;
 static redisContext *conns[KVR_RC_MAX_NODES];
 
-/* 2 layers x K,V x 16 tokens x 2 heads x 16 x bf16 = 4096 bytes a lane: one 4 KiB slot. */
-static const struct ct_model tiny = {.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype_bytes = 2, .block_tokens = 16,
-				     .tp_size = 1};
-
 #define PROMPTS 8
 #define BLOCKS 4
 #define BT 16
@@ -204,7 +200,7 @@ TestSuite(remote, .init = setup, .fini = teardown, .timeout = 120);
 static struct ct_rank *start(struct ct_env *e, uint32_t l1_slots)
 {
 	struct ct_opts o = {.l1_slots = l1_slots, .sections_extra = remote_section};
-	ct_start(e, &tiny, &o);
+	ct_start(e, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(e, 0, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
 	cr_assert(H_WAIT(ct_stat(e, "remote", KVR_STAT_RM_SLOTS_COVERED) == KVR_RC_SLOTS, 5000),
@@ -537,7 +533,7 @@ Test(remote, a_killed_remote_actor_leaves_a_quiet_table)
 	key_name(&A, keys[0], 0, name);
 	pid_t master = node_pid(cmap.nodes[cmap.owner[kvr_rc_key_slot(name, strlen(name))]].port);
 	struct ct_opts o = {.l1_slots = 64, .sections_extra = remote_section, .max_workers = 2};
-	ct_start(&B, &tiny, &o); /* two worker slots: the child's, then the test's own */
+	ct_start(&B, &ct_tiny, &o); /* two worker slots: the child's, then the test's own */
 	cr_assert(H_WAIT(ct_stat(&B, "remote", KVR_STAT_RM_SLOTS_COVERED) == KVR_RC_SLOTS, 5000));
 	cr_assert_eq(kill(master, SIGSTOP), 0);
 	int w;
