@@ -828,8 +828,8 @@ static bool copy_one(struct stage_store_pipe *p, uint64_t now)
 	return true;
 }
 
-/* A late ALLOC_REP (its job gave up) may name WRITING slots nobody will commit: RESET once
- * no job holds slots a RESET would take away. */
+/* A late ALLOC_REP (its job gave up), or a COMMIT or RESET the outbox dropped, may leave
+ * WRITING slots nobody will commit: RESET once no job holds slots a RESET would take away. */
 static bool reset_when_quiet(struct stage_store_pipe *p, uint64_t now)
 {
 	if (!p->reset_wanted)
@@ -837,7 +837,8 @@ static bool reset_when_quiet(struct stage_store_pipe *p, uint64_t now)
 	for (unsigned i = 0; i < p->n; i++)
 		if (holds_slots(job_at(p, i)))
 			return false;
-	kvr_info("worker %u: a late allocation answer: lane reset", p->ss->owner);
+	kvr_info("worker %u: slots nobody will commit (a late allocation answer, a dropped request): lane reset",
+		 p->ss->owner);
 	send_reset(p, now);
 	return true;
 }
@@ -994,10 +995,9 @@ bool stage_store_pipe_submit(struct stage_store_pipe *p, const struct stage_stor
 	return p->n >= p->depth;
 }
 
-int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m)
+int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m, uint64_t now)
 {
 	struct stage_store_job *j = NULL;
-	uint64_t now = kvr_now_ns();
 	if (m->hdr.type == KVR_MSG_ALLOC_REP) {
 		for (unsigned i = 0; i < window(p) && !j; i++)
 			if (job_at(p, i)->state == JOB_ALLOC)
@@ -1060,9 +1060,13 @@ int stage_store_pipe_pass(struct stage_store_pipe *p, uint64_t now, bool *ret_ro
 	bool moved = check_lookup(p, now);
 	uint32_t before = p->out.n;
 	uint32_t dropped = kvr_outbox_flush(&p->out, now, lookup_call_ns(p));
-	if (dropped)
+	if (dropped) {
 		kvr_err("worker %u: the lookup actor took nothing for %u ms: %u request messages dropped", p->ss->owner,
 			p->ss->a->cfg.timeouts.lookup_call_ms, dropped);
+		/* a dropped COMMIT or RESET leaves slots the lookup actor allocated WRITING with
+		 * nobody to commit them: reset the lane once no job holds slots */
+		p->reset_wanted = true;
+	}
 	moved |= p->out.n != before;
 	for (int copies = 0;; copies++) {
 		bool step;
@@ -1075,8 +1079,8 @@ int stage_store_pipe_pass(struct stage_store_pipe *p, uint64_t now, bool *ret_ro
 		} while (step);
 		if (copies == 1 || !copy_one(p, now))
 			break;
-		moved = true;
-		now = kvr_now_ns();
+		moved = true; /* `now` stays the pass's clock: a deadline set after the copy is
+			       * early by the copy's length, never late */
 	}
 	arm_timer(p, now);
 	pipe_gauges(p);

@@ -141,8 +141,9 @@ void stage_store_pipe_close(struct stage_store_pipe *p);
 /* A complete STORE (rq's items are copied). Returns true when the window is full: the
  * caller holds its input until stage_store_pipe_pass() says there is room. */
 bool stage_store_pipe_submit(struct stage_store_pipe *p, const struct stage_store_req *rq);
-/* One message of ss->commit_rep. 0, or -EBADMSG (not a reply type of this ring). */
-int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m);
+/* One message of ss->commit_rep, at now_ns (the actor's clock: a->now_ns). 0, or -EBADMSG
+ * (not a reply type of this ring). */
+int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m, uint64_t now_ns);
 /* Move the jobs on: send what can be sent, copy one job, answer finished jobs in order.
  * Returns KVR_PASS_* (struct kvr_stage.on_pass); *ret_room: the window has room again. */
 int stage_store_pipe_pass(struct stage_store_pipe *p, uint64_t now_ns, bool *ret_room);

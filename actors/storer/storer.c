@@ -72,7 +72,7 @@ static int storer_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 {
 	struct storer *s = a->data;
 	if (ring == s->ss.commit_rep)
-		return stage_store_pipe_reply(&s->pipe, m);
+		return stage_store_pipe_reply(&s->pipe, m, a->now_ns);
 	if (ring != s->sw.req)
 		return -EBADMSG;
 	int rc = kvr_list_feed(&s->req, m);

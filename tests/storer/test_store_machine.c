@@ -467,7 +467,7 @@ static int step(bool *ret_room)
 	act.now_ns = now;
 	struct kvr_msg m;
 	while (kvr_ring_try_dequeue(crep, &m) == 0)
-		cr_assert_eq(stage_store_pipe_reply(&pipe_, &m), 0, "a %s of commit.rep.0 rejected",
+		cr_assert_eq(stage_store_pipe_reply(&pipe_, &m, now), 0, "a %s of commit.rep.0 rejected",
 			     kvr_msg_type_name(m.hdr.type));
 	(void)kvr_watch_dispatch(&act, now);
 	bool room;
@@ -945,7 +945,9 @@ Test(store_machine, a_full_commit_ring_queues_requests_in_the_outbox_instead_of_
  * A ring that never frees: the ALLOC waits in the outbox; at lookup_call_ms the store fails
  * -ETIMEDOUT (its RESET queues behind the ALLOC), and one pass later (the outbox's own
  * timeout: waited more than lookup_call_ms) both are dropped: nothing half sent reaches the
- * lookup actor once it reads again. The next store goes through.
+ * lookup actor once it reads again — only a fresh RESET (anything dropped may have left
+ * allocated slots WRITING: the lane is reset once no job holds slots). The next store
+ * goes through.
  */
 Test(store_machine, a_commit_ring_that_never_frees_fails_the_store_and_drops_its_requests)
 {
@@ -963,10 +965,15 @@ Test(store_machine, a_commit_ring_that_never_frees_fails_the_store_and_drops_its
 	cr_assert_eq(pipe_.out.n, 2, "the ALLOC and the RESET behind it");
 	now += 1;
 	(void)step(&room);
-	cr_assert_eq(pipe_.out.n, 0);
 	cr_assert_eq(pipe_.out.dropped, 2);
+	cr_assert_eq(pipe_.out.n, 1, "a fresh RESET waits for room");
 	drain_fillers(creq, fill);
-	expect_no_req("the dropped requests never reach the lookup actor");
+	(void)step(&room);
+	struct lk_req r;
+	cr_assert(next_req(&r) && r.type == KVR_MSG_RESET, "the dropped ALLOC never reaches the lookup actor: a RESET does");
+	(void)answer_reset(&r);
+	(void)step(&room);
+	expect_no_req("nothing else was sent");
 
 	cr_assert(!submit(1, 2, 3));
 	(void)step(&room);
@@ -983,32 +990,17 @@ Test(store_machine, a_commit_ring_that_never_frees_fails_the_store_and_drops_its
 	assert_quiet();
 }
 
-/* ---- defects the stepped test shows (run with KVR_TEST_KNOWN_DEFECTS=1) ------------------ */
+/* ---- defects the stepped test found (fixed in the store path; kept as regressions) ---------- */
 
 /*
- * These assert what the contract says and fail today; they are skipped unless
- * KVR_TEST_KNOWN_DEFECTS=1, so the fast suite stays green until the store path is fixed
- * (then drop the skip).
+ * The clock (was a defect): stage_store_pipe_pass took `now` but, after a copy, read the
+ * real clock for the COMMIT's deadline, the outbox's queue time and the timer, and
+ * stage_store_pipe_reply read the real clock for the alloc_wait_ms barrier after a RESET
+ * answer. Both now use the clock they are given (the actor's): the COMMIT of a store copied
+ * lookup_call_ms / 2 into the injected clock is not overdue lookup_call_ms / 4 too early.
  */
-static void known_defect(void)
+Test(store_machine, a_commit_deadline_follows_the_injected_clock)
 {
-	const char *e = getenv("KVR_TEST_KNOWN_DEFECTS");
-	if (!e || strcmp(e, "1"))
-		cr_skip_test("known store-path defect: KVR_TEST_KNOWN_DEFECTS=1 runs it");
-}
-
-/*
- * DEFECT (the clock): stage_store_pipe_pass takes `now` but, after a copy, reads the real
- * clock (store_path.c:1079 `now = kvr_now_ns();`) and uses that for the COMMIT's deadline,
- * the outbox's queue time and the timer; stage_store_pipe_reply has no `now` and reads the
- * real clock too (store_path.c:1000), which places the alloc_wait_ms barrier after a RESET
- * answer (store_path.c:1047). In kvr_actor_main both clocks agree to a few microseconds, so
- * production is not affected; a stepped test is: here the COMMIT of a store copied
- * lookup_call_ms / 2 into the injected clock is overdue lookup_call_ms / 4 too early.
- */
-Test(store_machine, defect_a_commit_deadline_follows_the_injected_clock)
-{
-	known_defect();
 	build(false);
 	cr_assert(!submit(0, 1, 1));
 	uint64_t t0 = now;
@@ -1031,20 +1023,17 @@ Test(store_machine, defect_a_commit_deadline_follows_the_injected_clock)
 }
 
 /*
- * DEFECT (a RESET lost with the outbox): a store whose COMMIT waits in the outbox (the
+ * A RESET lost with the outbox (was a defect): a store whose COMMIT waits in the outbox (the
  * lookup actor took nothing from commit.req: alive but not reading it) fails at
  * lookup_call_ms and queues its RESET behind the COMMIT; on the next pass the outbox's own
  * timeout (kvr_outbox_flush in stage_store_pipe_pass, store_path.c:1062, same
  * lookup_call_ms) drops both. Its slots, allocated by an ALLOC the lookup actor did take,
- * stay WRITING for good: no job holds them, no RESET is wanted (reset_wanted is only set by
- * a late ALLOC_REP), and only a restart of the lookup actor or of this storer resets the
- * lane. The lookup actor answers later ALLOCs of those keys PRESENT (allocated on the
- * lane), so they are reported present and never stored. Expected: a RESET reaches
- * commit.req once the ring has room again.
+ * stayed WRITING for good (and later ALLOCs of those keys were answered PRESENT: reported
+ * present, never stored). Now anything the outbox drops makes the pipe reset the lane once
+ * no job holds slots: a RESET reaches commit.req once the ring has room again.
  */
-Test(store_machine, defect_a_reset_dropped_with_the_outbox_is_sent_again)
+Test(store_machine, a_reset_dropped_with_the_outbox_is_sent_again)
 {
-	known_defect();
 	build(false);
 	cr_assert(!submit(0, 2, 1));
 	uint64_t t0 = now;
@@ -1080,10 +1069,10 @@ Test(store_machine, defect_a_reset_dropped_with_the_outbox_is_sent_again)
 
 /*
  * The injected clock starts at the real clock (kvr_now_ns at build) and only moves ahead of
- * it. It must not start anywhere else (test_l2tier.c starts at 1000 s): the pipe reads the
- * real clock after a copy and in stage_store_pipe_reply (the first defect above), and
- * kvr_outbox_flush computes now - since_ns unsigned, so an injected clock behind the real
- * one would make a queued message look 2^64 ns old. Each test keeps the deadlines it
+ * it: the store path's blocking calls at open and close (the RESET at open, the STOP wait)
+ * still read the real clock, and kvr_outbox_flush computes now - since_ns unsigned, so a
+ * message queued on one clock and flushed on another that is behind it would look 2^64 ns
+ * old. Each test keeps the deadlines it
  * asserts on the injected clock: ALLOC deadlines (set by start_alloc from the pass's `now`),
  * the stale-ALLOC cap (set by the tick's), and answers delivered before the timers run
  * (step(): the runtime's order), so a COMMIT deadline taken from the real clock is never
