@@ -7,6 +7,8 @@
 
 #include <kvring/msg.h>
 
+#include "../runtime/step_test.h"
+
 #include "kvr_actor.h"
 #include "kvr_ctl.h"
 #include "kvr_index.h"
@@ -243,27 +245,14 @@ Test(l2tier, a_promotion_answers_the_verified_prefix_once_every_read_ended)
 	cr_assert_eq(stat(KVR_STAT_LK_L2_READS), 3);
 }
 
-/* Fill ring r with L2_SYNC fillers (what another worker's reads would be) until `room` slots
- * are left; returns how many went in. */
 static unsigned fill_ring(struct kvr_ring *r, uint32_t room)
 {
-	struct kvr_msg f;
-	kvr_msg_build(&f, KVR_MSG_L2_SYNC, 0, 0, 0, NULL, 0);
-	unsigned n = 0;
-	while (kvr_ring_free(r) > room) {
-		cr_assert_eq(kvr_ring_try_enqueue(r, &f), 0);
-		n++;
-	}
-	return n;
+	return step_fill_ring(r, room, KVR_MSG_L2_SYNC);
 }
 
 static void drain_fillers(struct kvr_ring *r, unsigned n)
 {
-	for (unsigned i = 0; i < n; i++) {
-		struct kvr_msg m;
-		cr_assert_eq(kvr_ring_try_dequeue(r, &m), 0);
-		cr_assert_eq(m.hdr.type, KVR_MSG_L2_SYNC, "a filler, not a read");
-	}
+	step_drain_fillers(r, n, KVR_MSG_L2_SYNC);
 }
 
 /*

@@ -11,6 +11,8 @@
 
 #include <kvring/msg.h>
 
+#include "../runtime/step_test.h"
+
 #include "kvr_actor.h"
 #include "kvr_ctl.h"
 #include "kvr_geometry.h"
@@ -866,27 +868,14 @@ Test(store_machine, with_l2_an_abandoned_alloc_never_answered_bars_the_next_for_
 
 /* ---- 4. a full commit.req ---------------------------------------------------------------- */
 
-/* Fill ring r with PINGs (stand-ins for what the lookup actor has not taken yet) until `room`
- * slots are left; returns how many went in. */
 static unsigned fill_ring(struct kvr_ring *r, uint32_t room)
 {
-	struct kvr_msg f;
-	kvr_msg_build(&f, KVR_MSG_PING, 0, 0, 0, NULL, 0);
-	unsigned n = 0;
-	while (kvr_ring_free(r) > room) {
-		cr_assert_eq(kvr_ring_try_enqueue(r, &f), 0);
-		n++;
-	}
-	return n;
+	return step_fill_ring(r, room, KVR_MSG_PING);
 }
 
 static void drain_fillers(struct kvr_ring *r, unsigned n)
 {
-	for (unsigned i = 0; i < n; i++) {
-		struct kvr_msg m;
-		cr_assert_eq(kvr_ring_try_dequeue(r, &m), 0);
-		cr_assert_eq(m.hdr.type, KVR_MSG_PING, "a filler, not a request");
-	}
+	step_drain_fillers(r, n, KVR_MSG_PING);
 }
 
 /*
