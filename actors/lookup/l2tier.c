@@ -91,6 +91,7 @@ struct l2tier {
 	unsigned disk_actor[L2T_MAX_DISKS];
 	uint32_t disk_gen[L2T_MAX_DISKS];
 	bool synced[L2T_MAX_DISKS];   /* the answer to our last L2_SYNC is complete */
+	bool sync_due[L2T_MAX_DISKS]; /* an L2_SYNC found disk.req full: sent again from the tick */
 	struct l2ent *set;
 	uint32_t set_cap, set_n, set_dead;
 	struct pend *pend;
@@ -207,10 +208,15 @@ static int send_l2(struct l2tier *t, unsigned disk, unsigned type, uint64_t id, 
 	struct kvr_msg_l2 b = {.key_lo = k.lo, .key_hi = k.hi, .slot = slot, .epoch = epoch, .lane = (uint16_t)lane};
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, 0, id, 0, type == KVR_MSG_L2_SYNC ? NULL : &b, type == KVR_MSG_L2_SYNC ? 0 : sizeof(b));
-	/* a write or a read never waits for room: the write queue retries, a promotion stalls
-	 * (extend_more); only L2_SYNC (at start, after a disk actor's restart) may wait */
-	return type != KVR_MSG_L2_SYNC ? kvr_ring_try_enqueue(t->req[disk], &m)
-				       : kvr_msg_send(t->req[disk], &m, kvr_now_ns() + kvr_ms_to_ns(t->a->cfg.timeouts.reply_ms));
+	/* nothing waits for room: the write queue retries, a promotion stalls (extend_more),
+	 * an L2_SYNC is sent again from the tick (sync_disk) */
+	return kvr_ring_try_enqueue(t->req[disk], &m);
+}
+
+/* Ask disk d for its list (at start, after its restart); again from the tick while its ring is full. */
+static void sync_disk(struct l2tier *t, unsigned d)
+{
+	t->sync_due[d] = send_l2(t, d, KVR_MSG_L2_SYNC, 0, (kvr_key){0, 0}, 0, 0, 0) != 0;
 }
 
 /* The eviction veto: a block with a lane in the write queue stays (its write must find it),
@@ -335,7 +341,7 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 			return -ENOENT;
 		}
 		t->disk_gen[d] = atomic_load(&kvr_ctl_actor(a->ctl, t->disk_actor[d])->generation);
-		(void)send_l2(t, d, KVR_MSG_L2_SYNC, 0, (kvr_key){0, 0}, 0, 0, 0);
+		sync_disk(t, d);
 	}
 	if (a->cfg.remote.n_cluster) {
 		t->has_rm = true;
@@ -359,6 +365,8 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 		while (!t->synced[d] && kvr_now_ns() < deadline && !a->stopping) {
 			struct kvr_msg m;
 			struct l2t_done unused;
+			if (t->sync_due[d])
+				sync_disk(t, d);
 			if (kvr_ring_dequeue(t->rep[d], &m, 50000000) == 0)
 				(void)l2t_on_msg(t, t->rep[d], &m, &unused);
 		}
@@ -831,13 +839,15 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 			t->disk_gen[d] = gen;
 			t->synced[d] = false;
 			wq_requeue(t, d);
-			(void)send_l2(t, d, KVR_MSG_L2_SYNC, 0, (kvr_key){0, 0}, 0, 0, 0);
+			sync_disk(t, d);
 			for (uint32_t i = 0; i < t->n_reads; i++) {
 				struct read *rd = &t->reads[i];
 				if (rd->used && rd->disk == d && rd->disk_gen != gen && read_ended(t, i, -EPIPE, done))
 					return 1;
 			}
 		}
+		if (t->sync_due[d])
+			sync_disk(t, d);
 		wq_pump(t, d);
 	}
 	if (t->has_rm) {

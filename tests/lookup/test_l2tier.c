@@ -256,6 +256,31 @@ static void drain_fillers(struct kvr_ring *r, unsigned n)
 }
 
 /*
+ * A disk actor restarted while its ring is full: the tick does not wait for room to ask
+ * the successor for its list (it held the lookup actor, and every worker's lookup, up to
+ * reply_ms in the send, and then gave the request up); the L2_SYNC goes out from a later
+ * tick once there is room.
+ */
+Test(l2tier, the_list_of_a_restarted_disk_actor_is_asked_for_once_its_ring_has_room)
+{
+	build(true, false, 0);
+	unsigned fill = step_fill_ring(dreq, 0, KVR_MSG_PING);
+	atomic_fetch_add(&kvr_ctl_actor(act.ctl, DISK_ACTOR)->generation, 1); /* kill -9, restarted */
+	struct l2t_done done;
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	cr_assert_eq(kvr_ring_free(dreq), 0, "no room: nothing sent");
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	step_drain_fillers(dreq, fill, KVR_MSG_PING);
+	struct kvr_msg m;
+	cr_assert_neq(kvr_ring_try_dequeue(dreq, &m), 0, "only the fillers were in the ring");
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	cr_assert_eq(kvr_ring_try_dequeue(dreq, &m), 0, "the tick asked again");
+	cr_assert_eq(m.hdr.type, KVR_MSG_L2_SYNC, "sent a %s", kvr_msg_type_name(m.hdr.type));
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	cr_assert_neq(kvr_ring_try_dequeue(dreq, &m), 0, "once");
+}
+
+/*
  * disk.req full (another worker's reads, a slow disk): a promotion's read neither waits in
  * the send (it held the lookup actor, and so every worker's lookup, up to reply_ms) nor
  * ends the prefix: the promotion stalls and goes on when one of its reads ends, or from
