@@ -584,26 +584,19 @@ static void node_push(struct remote *r, struct rnode *n, struct rout *e)
 	node_flush(r, n);
 }
 
-/* RESP of one command: argv[0..argc) into buf at *at (RM_PRE_MAX bounds it). */
+/* One command formatted by hiredis (redisFormatCommandArgv), appended to buf at *at; false
+ * when it does not fit RM_PRE_MAX (it always does: keys and config strings are bounded). */
 static bool fmt_cmd(char *buf, uint16_t *at, unsigned argc, const char *const *argv, const size_t *argl)
 {
-	size_t o = *at;
-	int w = snprintf(buf + o, RM_PRE_MAX - o, "*%u\r\n", argc);
-	if (w < 0 || (size_t)w >= RM_PRE_MAX - o)
-		return false;
-	o += (size_t)w;
-	for (unsigned i = 0; i < argc; i++) {
-		w = snprintf(buf + o, RM_PRE_MAX - o, "$%zu\r\n", argl[i]);
-		if (w < 0 || (size_t)w + argl[i] + 2 > RM_PRE_MAX - o)
-			return false;
-		o += (size_t)w;
-		memcpy(buf + o, argv[i], argl[i]);
-		o += argl[i];
-		buf[o++] = '\r';
-		buf[o++] = '\n';
+	char *cmd = NULL;
+	int n = redisFormatCommandArgv(&cmd, (int)argc, (const char **)argv, argl);
+	bool ok = n > 0 && (size_t)n <= RM_PRE_MAX - *at;
+	if (ok) {
+		memcpy(buf + *at, cmd, (size_t)n);
+		*at = (uint16_t)(*at + n);
 	}
-	*at = (uint16_t)o;
-	return true;
+	redisFreeCommand(cmd);
+	return ok;
 }
 
 static void ctl_cmd(struct rout *e, uint8_t kind, unsigned argc, const char *const *argv)

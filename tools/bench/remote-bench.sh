@@ -176,13 +176,13 @@ rb_keys() {
 # redis-benchmark once, on an empty cluster: $set_rps (fresh keys), $get_rps (GET_KEYS
 # written keys per master), $set1k_rps / $get1k_rps (its default: one key per client).
 redis_bench() {
-	local counts c tries
+	local counts c tries populate_rps
 	flush
 	rb_run set set_rps -n "$requests" -r 1000000000
 	flush
 	# every key the GETs can pick written first (random picks: repeat until all are there)
 	for tries in 1 2 3 4 5; do
-		rb_run set _ -n $((GET_KEYS * 24)) -r "$GET_KEYS"
+		rb_run set populate_rps -n $((GET_KEYS * 24)) -r "$GET_KEYS"
 		counts=$(rb_keys)
 		for c in $counts; do [ "$c" -ge "$GET_KEYS" ] || continue 2; done
 		break
