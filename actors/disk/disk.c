@@ -70,7 +70,6 @@ struct disk {
 	struct kvr_l2_done done[DISK_POLL_MAX];
 	uint64_t send_timeout_ns;   /* an answer waits at most this for room in disk.rep */
 	struct kvr_outbox out_q;    /* answers that found disk.rep full: no handler waits for room */
-	uint64_t dropped;           /* messages we could not send */
 	bool read_only;             /* l2.read_only */
 	uint64_t refused;           /* L2_WRITEs refused (read-only) */
 	const char *root;           /* l2.dirs[i] */
@@ -118,7 +117,7 @@ static void send_l2(struct disk *d, unsigned type, uint64_t req_id, kvr_key key,
 	kvr_msg_build(&m, type, status < 0 ? KVR_MSGF_ERROR : 0, req_id, 0, &b, sizeof(b));
 	/* never waits: a full ring queues the answer, on_pass sends it as room appears */
 	if (kvr_outbox_send(&d->out_q, &m, kvr_now_ns())) {
-		if (!d->dropped++)
+		if (d->out_q.dropped == 1) /* the first drop: out_q.dropped counts them all */
 			kvr_warn("disk.rep: %s dropped (%s)", kvr_msg_type_name(type), strerror(ENOBUFS));
 		return;
 	}
@@ -126,17 +125,10 @@ static void send_l2(struct disk *d, unsigned type, uint64_t req_id, kvr_key key,
 }
 
 /* Queued answers to the ring; those that waited send_timeout_ns are dropped (the lookup
- * actor stopped reading: its successor asks again). */
+ * actor stopped reading: counted in out_q.dropped, logged once). */
 static int flush_out(struct disk *d, uint64_t now)
 {
-	uint32_t lost = kvr_outbox_flush(&d->out_q, now, d->send_timeout_ns);
-	if (lost) {
-		if (!d->dropped)
-			kvr_warn("disk.rep: %u answers dropped after %llu ms without room; the lookup actor stopped reading",
-				 lost, (unsigned long long)(d->send_timeout_ns / 1000000ull));
-		d->dropped += lost;
-	}
-	return kvr_outbox_pending(&d->out_q) ? KVR_PASS_WAITING : KVR_PASS_IDLE;
+	return kvr_outbox_pass(&d->out_q, now, d->send_timeout_ns) ? KVR_PASS_WAITING : KVR_PASS_IDLE;
 }
 
 /* ---- request slots ----------------------------------------------------------------------- */
@@ -431,11 +423,11 @@ static void do_sync(struct disk *d, uint64_t req_id)
 		else
 			n = kvr_l2_store_lru(d->store, keys, lanes, (unsigned)st.files);
 	}
-	uint64_t before = d->dropped;
-	for (unsigned i = 0; i < n && d->dropped == before; i++)
+	uint64_t before = d->out_q.dropped;
+	for (unsigned i = 0; i < n && d->out_q.dropped == before; i++)
 		send_l2(d, KVR_MSG_L2_HAVE, req_id, keys[i], (uint16_t)lanes[i], 0, 0, 0, 0);
 	send_l2(d, KVR_MSG_L2_HAVE, req_id, (kvr_key){0, 0}, 0xffff, 0, 0, KVR_L2F_LAST, 0);
-	kvr_info("sync: %u files listed%s", n, d->dropped != before ? " (cut short: reply ring stuck)" : "");
+	kvr_info("sync: %u files listed%s", n, d->out_q.dropped != before ? " (cut short: no room for the list)" : "");
 	free(keys);
 	free(lanes);
 }
@@ -680,13 +672,13 @@ static void disk_fini(struct kvr_actor *a)
 	(void)settle_all(d);
 	kvr_backlog_retry(&d->wait, start, d); /* what still waited for room: started and settled too */
 	(void)settle_all(d);
-	d->dropped += kvr_outbox_drain(&d->out_q, DISK_FINI_TIMEOUT_NS); /* the answers still queued: a while to be taken */
-	kvr_outbox_free(&d->out_q);
+	(void)kvr_outbox_drain(&d->out_q, DISK_FINI_TIMEOUT_NS); /* the answers still queued: a while to be taken */
 	publish(d);
 	if (d->inflight || d->wait.n)
 		kvr_warn("%u requests unanswered at stop", d->inflight + d->wait.n);
-	if (d->dropped)
-		kvr_warn("%llu messages to the lookup actor dropped", (unsigned long long)d->dropped);
+	if (d->out_q.dropped)
+		kvr_warn("%llu messages to the lookup actor dropped", (unsigned long long)d->out_q.dropped);
+	kvr_outbox_free(&d->out_q);
 	if (d->refused)
 		kvr_warn("%llu L2 writes refused (l2.read_only)", (unsigned long long)d->refused);
 	kvr_l2_store_close(d->store);

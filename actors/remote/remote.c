@@ -177,7 +177,7 @@ struct remote {
 	unsigned seed_rr;
 	struct kvr_backlog wait;  /* requests that found every request slot in use */
 	struct kvr_outbox out_q;  /* answers that found remote.rep full: no handler waits for room */
-	uint64_t dropped;
+	uint64_t set_refusals;    /* SETs the cluster refused (logged: the first, then short ones) */
 	uint64_t bad_logged_ns;
 	bool closing;             /* fini: nothing is parked any more */
 	bool map_dirty;           /* publish(): recount masters and covered slots */
@@ -265,7 +265,7 @@ static void send_read_done(struct remote *r, const struct rreq *q, int status)
 	kvr_msg_build(&m, KVR_MSG_L2_READ_DONE, status < 0 ? KVR_MSGF_ERROR : 0, q->req_id, 0, &b, sizeof(b));
 	/* never waits: a full ring queues the answer, on_pass sends it as room appears */
 	if (kvr_outbox_send(&r->out_q, &m, kvr_now_ns())) {
-		if (!r->dropped++)
+		if (r->out_q.dropped == 1) /* the first drop: out_q.dropped counts them all */
 			kvr_warn("remote.rep: READ_DONE dropped (%s)", strerror(ENOBUFS));
 		return;
 	}
@@ -273,17 +273,10 @@ static void send_read_done(struct remote *r, const struct rreq *q, int status)
 }
 
 /* Queued answers to the ring; those that waited send_timeout_ns are dropped (the lookup
- * actor stopped reading; its reads are aborted on its side). */
+ * actor stopped reading: counted in out_q.dropped, logged once). */
 static int flush_out(struct remote *r, uint64_t now)
 {
-	uint32_t lost = kvr_outbox_flush(&r->out_q, now, r->send_timeout_ns);
-	if (lost) {
-		if (!r->dropped)
-			kvr_warn("remote.rep: %u answers dropped after %llu ms without room; the lookup actor stopped reading",
-				 lost, (unsigned long long)(r->send_timeout_ns / 1000000ull));
-		r->dropped += lost;
-	}
-	return kvr_outbox_pending(&r->out_q) ? KVR_PASS_WAITING : KVR_PASS_IDLE;
+	return kvr_outbox_pass(&r->out_q, now, r->send_timeout_ns) ? KVR_PASS_WAITING : KVR_PASS_IDLE;
 }
 
 /* ---- requests ----------------------------------------------------------------------------- */
@@ -1101,7 +1094,7 @@ static void on_set(struct remote *r, uint32_t i, const redisReply *rp)
 	if (rp && rp->type == REDIS_REPLY_ERROR) {
 		if (redirect(r, i, rp))
 			return;
-		if (!r->dropped++ || rp->len < 200)
+		if (!r->set_refusals++ || rp->len < 200)
 			kvr_warn("remote: SET refused: %s", rp->str);
 	}
 	write_done(r, i, rp && rp->type != REDIS_REPLY_ERROR);
@@ -1392,11 +1385,11 @@ static void remote_fini(struct kvr_actor *a)
 			send_read_done(r, &t, -ECANCELED);
 		}
 	}
-	r->dropped += kvr_outbox_drain(&r->out_q, RM_FINI_FLUSH_NS); /* the answers still queued: a while to be taken */
-	kvr_outbox_free(&r->out_q);
+	(void)kvr_outbox_drain(&r->out_q, RM_FINI_FLUSH_NS); /* the answers still queued: a while to be taken */
 	publish(r);
-	if (r->dropped)
-		kvr_warn("%llu messages to the lookup actor dropped", (unsigned long long)r->dropped);
+	if (r->out_q.dropped)
+		kvr_warn("%llu messages to the lookup actor dropped", (unsigned long long)r->out_q.dropped);
+	kvr_outbox_free(&r->out_q);
 	for (unsigned n = 0; n < KVR_RC_MAX_NODES; n++)
 		kvr_resp_fini(&r->nodes[n].rx);
 	redisReaderFree(r->reader);

@@ -52,6 +52,10 @@ int kvr_outbox_send_list(struct kvr_outbox *ob, unsigned type, uint64_t req_id, 
  * more than timeout_ns. Returns the messages dropped by this call. */
 uint32_t kvr_outbox_flush(struct kvr_outbox *ob, uint64_t now_ns, uint64_t timeout_ns);
 
+/* kvr_outbox_flush for an actor's pass: the first drop since init is logged (naming the
+ * ring), every drop is in ob->dropped. Returns true while messages wait (KVR_PASS_WAITING). */
+bool kvr_outbox_pass(struct kvr_outbox *ob, uint64_t now_ns, uint64_t timeout_ns);
+
 /* At exit (never in the loop: it sleeps): flush until nothing is queued or for_ns passed,
  * then drop the rest. Returns the messages dropped. */
 uint32_t kvr_outbox_drain(struct kvr_outbox *ob, uint64_t for_ns);

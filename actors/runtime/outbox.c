@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvr_log.h"
 #include "kvr_time.h"
 
 void kvr_outbox_init(struct kvr_outbox *ob, struct kvr_ring *ring)
@@ -121,4 +122,14 @@ uint32_t kvr_outbox_drain(struct kvr_outbox *ob, uint64_t for_ns)
 			(void)usleep(1000); /* at exit only: nothing else to serve */
 	}
 	return 0;
+}
+
+bool kvr_outbox_pass(struct kvr_outbox *ob, uint64_t now_ns, uint64_t timeout_ns)
+{
+	bool first = ob->dropped == 0;
+	uint32_t lost = kvr_outbox_flush(ob, now_ns, timeout_ns);
+	if (lost && first)
+		kvr_warn("%s: %u messages dropped after %llu ms without room; its reader stopped reading (said once)",
+			 ob->ring->name, lost, (unsigned long long)(timeout_ns / 1000000ull));
+	return kvr_outbox_pending(ob);
 }
