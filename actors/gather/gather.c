@@ -70,11 +70,13 @@ static void update_held(struct kvr_actor *a, struct gather *g)
 	kvr_actor_set_held(a, held);
 }
 
-static void pend_remove(struct rank *rk, unsigned i)
+/* Take request i out of rank rk's queue; the caller owns (and frees) its items. */
+static struct kvr_msg_store_item *pend_take(struct rank *rk, unsigned i)
 {
-	free(rk->q[i].items);
+	struct kvr_msg_store_item *items = rk->q[i].items;
 	memmove(&rk->q[i], &rk->q[i + 1], (rk->n - i - 1) * sizeof(rk->q[0]));
 	rk->n--;
+	return items;
 }
 
 static bool same_keys(const struct pend *a, const struct pend *b)
@@ -115,13 +117,18 @@ static void match(struct kvr_actor *a, struct gather *g)
 			i++;
 			continue;
 		}
+		/* out of the queues (and out of the held count) before any rank hears back:
+		 * a rank that has its answer never sees its store still held */
+		struct kvr_msg_store_item *owned[KVR_DCP_MAX];
 		for (unsigned r = 0; r < g->d; r++) {
 			sw[r] = &g->r[r].st;
 			rq[r] = g->r[r].q[at[r]].rq;
+			owned[r] = pend_take(&g->r[r], at[r]);
 		}
+		update_held(a, g);
 		stage_store_run(&g->ss, sw, rq, g->d);
 		for (unsigned r = 0; r < g->d; r++)
-			pend_remove(&g->r[r], at[r]);
+			free(owned[r]);
 		/* i now names the next request of rank 0 */
 	}
 	update_held(a, g);
@@ -188,8 +195,11 @@ static void gather_tick(struct kvr_actor *a, uint64_t now)
 				 "nothing stored (a canonical block needs every rank's shard)",
 				 (unsigned long long)p->rq.wire, r, p->rq.n, missing,
 				 (unsigned long long)(g->timeout_ns / 1000000));
-			stage_store_fail(&g->ss, &rk->st, &p->rq, -ETIMEDOUT);
-			pend_remove(rk, i);
+			struct stage_store_req rq = p->rq;
+			struct kvr_msg_store_item *owned = pend_take(rk, i);
+			update_held(a, g); /* before the rank hears back */
+			stage_store_fail(&g->ss, &rk->st, &rq, -ETIMEDOUT);
+			free(owned);
 		}
 	}
 	update_held(a, g);
@@ -239,8 +249,11 @@ static void gather_fini(struct kvr_actor *a)
 		struct rank *rk = &g->r[r];
 		while (rk->n) {
 			/* stopping (drain timed out, or a rank left): answered, not dropped */
-			stage_store_fail(&g->ss, &rk->st, &rk->q[0].rq, -ESHUTDOWN);
-			pend_remove(rk, 0);
+			struct stage_store_req rq = rk->q[0].rq;
+			struct kvr_msg_store_item *owned = pend_take(rk, 0);
+			update_held(a, g);
+			stage_store_fail(&g->ss, &rk->st, &rq, -ESHUTDOWN);
+			free(owned);
 		}
 		stage_worker_close(&rk->st);
 		kvr_list_asm_free(&rk->store_asm);
