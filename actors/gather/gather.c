@@ -79,6 +79,18 @@ static struct kvr_msg_store_item *pend_take(struct rank *rk, unsigned i)
 	return items;
 }
 
+/* Answer rank r's request i with status, out of the queue and the held count first: a
+ * rank that has its answer never sees its store still held. */
+static void pend_fail(struct kvr_actor *a, struct gather *g, unsigned r, unsigned i, int status)
+{
+	struct rank *rk = &g->r[r];
+	struct stage_store_req rq = rk->q[i].rq;
+	struct kvr_msg_store_item *owned = pend_take(rk, i);
+	update_held(a, g);
+	stage_store_fail(&g->ss, &rk->st, &rq, status);
+	free(owned);
+}
+
 static bool same_keys(const struct pend *a, const struct pend *b)
 {
 	if (a->rq.n != b->rq.n)
@@ -195,14 +207,9 @@ static void gather_tick(struct kvr_actor *a, uint64_t now)
 				 "nothing stored (a canonical block needs every rank's shard)",
 				 (unsigned long long)p->rq.wire, r, p->rq.n, missing,
 				 (unsigned long long)(g->timeout_ns / 1000000));
-			struct stage_store_req rq = p->rq;
-			struct kvr_msg_store_item *owned = pend_take(rk, i);
-			update_held(a, g); /* before the rank hears back */
-			stage_store_fail(&g->ss, &rk->st, &rq, -ETIMEDOUT);
-			free(owned);
+			pend_fail(a, g, r, i, -ETIMEDOUT);
 		}
 	}
-	update_held(a, g);
 }
 
 static int gather_init(struct kvr_actor *a)
@@ -249,11 +256,7 @@ static void gather_fini(struct kvr_actor *a)
 		struct rank *rk = &g->r[r];
 		while (rk->n) {
 			/* stopping (drain timed out, or a rank left): answered, not dropped */
-			struct stage_store_req rq = rk->q[0].rq;
-			struct kvr_msg_store_item *owned = pend_take(rk, 0);
-			update_held(a, g);
-			stage_store_fail(&g->ss, &rk->st, &rq, -ESHUTDOWN);
-			free(owned);
+			pend_fail(a, g, r, 0, -ESHUTDOWN);
 		}
 		stage_worker_close(&rk->st);
 		kvr_list_asm_free(&rk->store_asm);
