@@ -72,6 +72,7 @@ struct kvr_client {
 	uint64_t sup_checked_ns;  /* when the socket was last looked at */
 	struct kvr_segment ctl_seg;
 	struct kvr_ctl *ctl;
+	struct kvr_ctl_rings rings; /* our views of its rings (we use our six) */
 	struct kvr_attach_info info;
 	struct kvr_geometry geom;
 	kvr_key ns;
@@ -152,7 +153,7 @@ static struct kvr_ring *ring_named(struct kvr_client *c, const char *fmt)
 	char name[KVR_RING_NAME_MAX];
 	snprintf(name, sizeof(name), fmt, c->worker);
 	int i = kvr_ctl_find_ring(c->ctl, name);
-	return i < 0 ? NULL : kvr_ctl_ring(c->ctl, (unsigned)i);
+	return i < 0 ? NULL : kvr_ctl_ring(&c->rings, (unsigned)i);
 }
 
 static uint32_t actor_gen(const struct kvr_client *c, unsigned actor)
@@ -395,7 +396,7 @@ KVR_EXPORT int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client 
 	/* The client needs only the control segment (rings, actor table); the arena and the
 	 * slot table are the actors' business. */
 	if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 1, &c->ctl_seg)) ||
-	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl))) {
+	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl, &c->rings))) {
 		rc = fail(c, rc, "attach: cannot map the instance's segments: %s", strerror(-rc));
 		goto close_fds;
 	}
@@ -591,7 +592,7 @@ static void handle_reply(struct kvr_client *c, struct kvr_ring *ring, const stru
 {
 	int i = find_pending(c, m->hdr.req_id);
 	if (i < 0) {
-		atomic_fetch_add_explicit(&ring->rejected, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&ring->shm->rejected, 1, memory_order_relaxed);
 		return;
 	}
 	struct pending *p = &c->pend[i];
@@ -647,7 +648,7 @@ static void handle_reply(struct kvr_client *c, struct kvr_ring *ring, const stru
 	return;
 bad:
 	/* A malformed reply: count it; the request fails as a whole (never trusted). */
-	atomic_fetch_add_explicit(&ring->rejected, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&ring->shm->rejected, 1, memory_order_relaxed);
 	fail_pending(c, (unsigned)i, -EPROTO);
 }
 
@@ -984,7 +985,7 @@ KVR_EXPORT int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kv
 	nfds = 1;
 	c->geom.block_tokens = c->info.block_tokens;
 	if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 1, &c->ctl_seg)) ||
-	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl))) {
+	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl, &c->rings))) {
 		rc = fail(c, rc, "attach: cannot map the instance's control segment: %s", strerror(-rc));
 		goto close_fds;
 	}
@@ -998,10 +999,10 @@ KVR_EXPORT int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kv
 	char name[KVR_RING_NAME_MAX];
 	snprintf(name, sizeof(name), "sched.req.%u", c->worker);
 	int i = kvr_ctl_find_ring(c->ctl, name);
-	c->lk_req = i < 0 ? NULL : kvr_ctl_ring(c->ctl, (unsigned)i);
+	c->lk_req = i < 0 ? NULL : kvr_ctl_ring(&c->rings, (unsigned)i);
 	snprintf(name, sizeof(name), "sched.rep.%u", c->worker);
 	i = kvr_ctl_find_ring(c->ctl, name);
-	c->lk_rep = i < 0 ? NULL : kvr_ctl_ring(c->ctl, (unsigned)i);
+	c->lk_rep = i < 0 ? NULL : kvr_ctl_ring(&c->rings, (unsigned)i);
 	if (!c->lk_req || !c->lk_rep) {
 		rc = fail(c, -EPROTO, "attach: the instance has no rings for scheduler slot %u", c->worker);
 		goto err;

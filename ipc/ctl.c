@@ -96,7 +96,7 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
 		/* A consumer that reads several rings sleeps once, on its own waiter. An actor
 		 * that produces a ring waits for room in it on that same waiter: a reader freeing
 		 * room wakes an actor whose replies wait in its outbox (kvr_outbox.h). */
-		struct kvr_ring *r = kvr_ctl_ring(c, i);
+		struct kvr_ring_shm *r = kvr_ctl_ring_shm(c, i);
 		int cons = rings[i].consumer, prod = rings[i].producer;
 		if (prod >= 0 && (unsigned)prod < max_actors)
 			kvr_ring_set_producer_waiter(r, &kvr_ctl_actor(c, (unsigned)prod)->waiter);
@@ -120,16 +120,43 @@ static bool region_ok(uint64_t off, uint64_t len, uint64_t size, uint64_t *end)
 	return true;
 }
 
-/* A waiter at ring_off + wo (wo from a ring header, untrusted) lies after the ctl header,
- * inside the segment, 8-byte aligned. ring_off <= size was checked by the caller. */
-static bool waiter_ok(uint64_t ring_off, int64_t wo, uint64_t size)
+/* addr is the waiter of entry k < n of a table of n entries of stride bytes at base. */
+static bool table_waiter(uintptr_t addr, uintptr_t base, unsigned n, size_t stride, size_t waiter_off)
 {
-	int64_t lo = (int64_t)sizeof(struct kvr_ctl) - (int64_t)ring_off;
-	int64_t hi = (int64_t)(size - ring_off) - (int64_t)sizeof(struct kvr_waiter);
-	return wo >= lo && wo <= hi && ((int64_t)ring_off + wo) % 8 == 0;
+	if (addr < base || addr >= base + (uintptr_t)n * stride)
+		return false;
+	return (addr - base) % stride == waiter_off;
 }
 
-int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl)
+/* kvr_ring_waiters.ok for control-segment rings: an actor's or a client's waiter. */
+static bool ctl_waiter_ok(const void *ctx, uintptr_t addr)
+{
+	const struct kvr_ctl *c = ctx;
+	uintptr_t base = (uintptr_t)c;
+	return table_waiter(addr, base + c->actors_off, c->max_actors, sizeof(struct kvr_actor_ent),
+			    offsetof(struct kvr_actor_ent, waiter)) ||
+	       table_waiter(addr, base + c->workers_off, c->max_workers + c->max_schedulers,
+			    sizeof(struct kvr_worker_ent), offsetof(struct kvr_worker_ent, waiter));
+}
+
+/* The capacity of a control-segment ring of `bytes` bytes (a directory entry's), or 0 when
+ * no capacity gives exactly that size. */
+static uint32_t ring_capacity(uint64_t bytes)
+{
+	if (bytes <= sizeof(struct kvr_ring_shm) || bytes > kvr_ring_memsize(1u << 30, KVR_CTL_RING_MSG_SIZE))
+		return 0;
+	uint64_t cap = (bytes - sizeof(struct kvr_ring_shm)) / KVR_CTL_RING_MSG_SIZE;
+	if (cap > UINT32_MAX || kvr_ring_memsize((uint32_t)cap, KVR_CTL_RING_MSG_SIZE) != bytes)
+		return 0;
+	return (uint32_t)cap;
+}
+
+struct kvr_ring_waiters kvr_ctl_legal_waiters(const struct kvr_ctl *c)
+{
+	return (struct kvr_ring_waiters){.ok = ctl_waiter_ok, .ctx = c};
+}
+
+int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl, struct kvr_ctl_rings *ret_rings)
 {
 	if (!seg || !seg->base || seg->size < sizeof(struct kvr_ctl))
 		return -EINVAL;
@@ -157,23 +184,45 @@ int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl)
 	if (!c->config_cap || c->config_len >= c->config_cap || kvr_ctl_config_json(c)[c->config_len] != '\0')
 		return -EBADMSG;
 	unsigned n = atomic_load(&c->n_rings);
+	const struct kvr_ring_waiters legal = kvr_ctl_legal_waiters(c);
 	for (unsigned i = 0; i < n; i++) {
 		struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
-		struct kvr_ring *r;
+		struct kvr_ring view;
 		/* rings in directory order, none overlapping another (two names, one ring, would
 		 * give it two producers) */
 		if (!memchr(e->name, '\0', sizeof(e->name)) || !region_ok(e->offset, e->bytes, size, &end))
 			return -EBADMSG;
-		if (kvr_ring_attach((uint8_t *)c + e->offset, e->bytes, &r))
+		/* The view's sizes come from the directory (kvringd's), never from the ring header,
+		 * which a client writes: every ring here carries struct kvr_msg, and the entry's
+		 * bytes say the capacity. */
+		uint32_t cap = ring_capacity(e->bytes);
+		if (!cap || kvr_ring_view_sized((uint8_t *)c + e->offset, cap, KVR_CTL_RING_MSG_SIZE, &legal, &view))
 			return -EBADMSG;
-		/* every user copies struct kvr_msg in and out: another size would overrun it */
-		if (r->msg_size != KVR_CTL_RING_MSG_SIZE)
-			return -EBADMSG;
-		/* waiters must lie inside the segment: a ring is never trusted to point outside */
-		if (!waiter_ok(e->offset, r->cons_waiter_off, size) || !waiter_ok(e->offset, r->prod_waiter_off, size))
-			return -EBADMSG;
+		if (ret_rings)
+			ret_rings->ring[i] = view;
+	}
+	if (ret_rings) {
+		ret_rings->ctl = c;
+		ret_rings->n = n;
 	}
 	*ret_ctl = c;
+	return 0;
+}
+
+int kvr_ctl_ring_view(const struct kvr_ctl *c, unsigned i, struct kvr_ring *ret)
+{
+	if (i >= atomic_load(&((struct kvr_ctl *)c)->n_rings) || i >= c->max_rings)
+		return -ENOENT;
+	const struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
+	uint64_t size = c->seg.size;
+	uint32_t cap = ring_capacity(e->bytes);
+	if (e->offset < c->ring_area_off || e->offset % 64 || e->offset > size || e->bytes > size - e->offset || !cap)
+		return -EBADMSG;
+	const struct kvr_ring_waiters legal = kvr_ctl_legal_waiters(c);
+	struct kvr_ring v;
+	if (kvr_ring_view_sized((uint8_t *)c + e->offset, cap, KVR_CTL_RING_MSG_SIZE, &legal, &v))
+		return -EBADMSG;
+	*ret = v;
 	return 0;
 }
 
@@ -209,7 +258,7 @@ int kvr_ctl_ring_rebind(struct kvr_ctl *c, unsigned i, int producer, int consume
 	if (i >= atomic_load(&c->n_rings))
 		return -ENOENT;
 	struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
-	struct kvr_ring *r = kvr_ctl_ring(c, i);
+	struct kvr_ring_shm *r = kvr_ctl_ring_shm(c, i);
 	e->producer = (int16_t)producer;
 	e->consumer = (int16_t)consumer;
 	if (producer >= 0 && (unsigned)producer < c->max_actors)

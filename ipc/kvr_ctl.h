@@ -416,9 +416,11 @@ static inline struct kvr_ring_ent *kvr_ctl_ring_ent(const struct kvr_ctl *c, uns
 {
 	return (struct kvr_ring_ent *)((uint8_t *)c + c->rings_off) + i;
 }
-static inline struct kvr_ring *kvr_ctl_ring(const struct kvr_ctl *c, unsigned i)
+/* Ring i's shared header: for kvringd's layout code and for observers reading counters.
+ * Ring operations go through a view (kvr_ctl_ring()). */
+static inline struct kvr_ring_shm *kvr_ctl_ring_shm(const struct kvr_ctl *c, unsigned i)
 {
-	return (struct kvr_ring *)((uint8_t *)c + kvr_ctl_ring_ent(c, i)->offset);
+	return (struct kvr_ring_shm *)((uint8_t *)c + kvr_ctl_ring_ent(c, i)->offset);
 }
 static inline struct kvr_actor_stats *kvr_ctl_stats(const struct kvr_ctl *c, unsigned i)
 {
@@ -450,9 +452,38 @@ size_t kvr_ctl_memsize(unsigned max_actors, unsigned max_workers, const struct k
 int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_workers,
 		 const struct kvr_ctl_ring_spec *rings, unsigned n_rings, const char *config_json);
 
-/* Validate a mapped control segment (offsets in bounds, every ring header valid).
- * Returns 0 and *ret_ctl, or -EPROTO / -EBADMSG. Safe on a read-only mapping. */
-int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl);
+/*
+ * Process-private views of every ring of one mapping of a control segment (kvr_ring.h):
+ * built by kvr_ctl_attach() once every offset was checked, then the only way this process
+ * moves messages through those rings. A ring's waiters are legal when they are its own or
+ * an actor's or client's table entry's waiter (whatever a ring header says later).
+ * Keep it next to the mapping: its views point into it.
+ */
+struct kvr_ctl_rings {
+	const struct kvr_ctl *ctl;
+	unsigned n;
+	struct kvr_ring ring[KVR_CTL_MAX_RINGS];
+};
+
+/* The view of ring i; NULL when there is no ring i. */
+static inline struct kvr_ring *kvr_ctl_ring(const struct kvr_ctl_rings *v, unsigned i)
+{
+	return i < v->n ? (struct kvr_ring *)&v->ring[i] : NULL;
+}
+
+/* The waiters a ring of control segment c may legally point at besides its own (for
+ * observers that build one view at a time with kvr_ring_view()). */
+struct kvr_ring_waiters kvr_ctl_legal_waiters(const struct kvr_ctl *c);
+
+/* Build a view of ring i alone, checking its directory entry against the segment again
+ * (observers re-read a segment that is not theirs; tests). 0, -ENOENT (no ring i) or
+ * -EBADMSG (the entry or the header does not validate). */
+int kvr_ctl_ring_view(const struct kvr_ctl *c, unsigned i, struct kvr_ring *ret);
+
+/* Validate a mapped control segment (offsets in bounds, every ring header valid) and, when
+ * ret_rings is not NULL, build the views of its rings there. Returns 0 and *ret_ctl, or
+ * -EPROTO / -EBADMSG. Safe on a read-only mapping. */
+int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl, struct kvr_ctl_rings *ret_rings);
 
 /* Find a ring by name; returns its index or -ENOENT. */
 int kvr_ctl_find_ring(const struct kvr_ctl *c, const char *name);

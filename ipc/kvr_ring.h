@@ -3,6 +3,7 @@
 #define KVR_RING_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -11,11 +12,26 @@
  * Contract
  * --------
  * A ring lives in memory someone else owns (a shared-memory segment): size it with
- * kvr_ring_memsize(), then kvr_ring_init() it in place. It holds no pointers, only
- * offsets, so every process that maps the segment at any address can use it.
+ * kvr_ring_memsize(), then kvr_ring_init() it in place. Its shared header (struct
+ * kvr_ring_shm) holds no pointers, only offsets, so every process that maps the segment at
+ * any address can use it.
+ *
+ * A process uses a ring through its own view (struct kvr_ring), built once by
+ * kvr_ring_view(): the header is validated (magic, version, sizes, offsets inside the
+ * mapping, waiters among the legal ones) and the view keeps the mask, message size, data
+ * pointer and waiter pointers in process-private memory. The fast path reads the sizes and
+ * the data pointer from the view only, never again from the shared header, so a peer that
+ * scribbles over the header (a buggy worker) cannot make this process copy outside the
+ * ring or outside its own buffers: it can only make the ring look empty or full, or its
+ * messages garbage (which decoders reject). The one shared field the fast path reads is
+ * each waiter offset, because kvringd re-points it when a DCP group re-forms: a changed
+ * offset is resolved again and checked against the legal waiters before it is used (an
+ * illegal one falls back to the ring's own waiter).
  *
  * Exactly one producer process and one consumer process at a time. Capacity is a power
- * of two; indices are free-running 32-bit counters (tail - head = fill).
+ * of two; indices are free-running 32-bit counters (tail - head = fill; a fill above the
+ * capacity, which only a scribbled index can produce, reads as an empty ring to the
+ * consumer and a full one to the producer).
  *
  * Blocking is the backpressure: kvr_ring_enqueue() on a full ring waits for the consumer,
  * kvr_ring_dequeue() on an empty ring waits for the producer. Waiting is adaptive: a
@@ -37,6 +53,7 @@
 #define KVR_RING_VERSION 1u
 #define KVR_RING_NAME_MAX 32
 #define KVR_CACHELINE 64
+#define KVR_RING_MAX_SPIN_NS 1000000u /* a view never spins longer than this, whatever the header says */
 
 /* One futex word plus the sleepers' announcement. seq changes whenever sleepers must
  * wake. sleepers counts announced sleepers (low 31 bits); bit 31 says a wake was sent
@@ -47,15 +64,16 @@ struct kvr_waiter {
 	_Atomic uint32_t sleepers;
 };
 
-struct kvr_ring {
-	/* line 0: immutable after init */
+/* The shared header, at the start of the ring's memory; the messages follow it. */
+struct kvr_ring_shm {
+	/* line 0: immutable after init, except the waiter offsets (kvringd re-points them) */
 	uint64_t magic;
 	uint32_t version;
 	uint32_t capacity; /* messages, power of two */
 	uint32_t msg_size; /* bytes, multiple of 8 */
 	uint32_t spin_ns;  /* how long a waiter spins before it sleeps */
-	int64_t cons_waiter_off; /* offset from the ring to the consumer's waiter */
-	int64_t prod_waiter_off; /* offset from the ring to the producer's waiter */
+	_Atomic int64_t cons_waiter_off; /* offset from the ring to the consumer's waiter */
+	_Atomic int64_t prod_waiter_off; /* offset from the ring to the producer's waiter */
 	uint32_t data_off;       /* offset from the ring to message 0 */
 	uint32_t reserved0;
 
@@ -84,10 +102,32 @@ struct kvr_ring {
 	struct kvr_waiter own_prod_waiter;
 };
 
-_Static_assert(offsetof(struct kvr_ring, tail) == 128, "producer line");
-_Static_assert(offsetof(struct kvr_ring, head) == 192, "consumer line");
-_Static_assert(offsetof(struct kvr_ring, own_cons_waiter) == 256, "waiter line");
-_Static_assert(sizeof(struct kvr_ring) == 320, "ring header size");
+_Static_assert(offsetof(struct kvr_ring_shm, tail) == 128, "producer line");
+_Static_assert(offsetof(struct kvr_ring_shm, head) == 192, "consumer line");
+_Static_assert(offsetof(struct kvr_ring_shm, own_cons_waiter) == 256, "waiter line");
+_Static_assert(sizeof(struct kvr_ring_shm) == 320, "ring header size");
+
+/* Which waiters, besides the ring's own two, a ring may point at: ok(ctx, addr) says
+ * whether addr (computed from an untrusted offset: compare it, never dereference it
+ * before ok says yes) is one. The owner of the mapping supplies it (kvr_ctl_attach: the
+ * actor and client table entries' waiters); it must stay valid as long as the view. */
+struct kvr_ring_waiters {
+	bool (*ok)(const void *ctx, uintptr_t addr);
+	const void *ctx;
+};
+
+/* A process-private view of one ring: everything the fast path needs, checked once. */
+struct kvr_ring {
+	struct kvr_ring_shm *shm;  /* indices, counters, pids: the only shared state written */
+	uint8_t *data;             /* message 0 */
+	uint32_t mask;             /* capacity - 1 */
+	uint32_t msg_size;
+	uint32_t spin_ns;          /* at most KVR_RING_MAX_SPIN_NS */
+	uint32_t reserved;
+	int64_t cons_off, prod_off;        /* the shared offsets cons_w / prod_w were resolved from */
+	struct kvr_waiter *cons_w, *prod_w;
+	struct kvr_ring_waiters legal;
+};
 
 /* Bytes needed for a ring of capacity messages of msg_size bytes; 0 if the sizes are
  * invalid (capacity not a power of two in [2, 2^30], msg_size not a multiple of 8 in
@@ -97,13 +137,25 @@ size_t kvr_ring_memsize(uint32_t capacity, uint32_t msg_size);
 /* Initialise a ring in place at mem (64-byte aligned, kvr_ring_memsize() bytes). */
 int kvr_ring_init(void *mem, uint32_t capacity, uint32_t msg_size, const char *name);
 
-/* Validate a ring header found in a mapping of avail bytes starting at mem.
- * Returns 0 and sets *ret_ring, or -EINVAL / -EPROTO (wrong magic or version). */
-int kvr_ring_attach(void *mem, size_t avail, struct kvr_ring **ret_ring);
+/* Validate the ring header found in a mapping of avail bytes starting at mem and build the
+ * view *ret. legal may be NULL (only the ring's own waiters are legal). Returns 0, or
+ * -EINVAL (sizes or offsets that do not validate, a waiter that is not legal) / -EPROTO
+ * (wrong magic or version); *ret is untouched on failure. */
+int kvr_ring_view(void *mem, size_t avail, const struct kvr_ring_waiters *legal, struct kvr_ring *ret);
 
-/* Redirect the waiter the consumer (producer) sleeps on. w must lie in the same mapping. */
-void kvr_ring_set_consumer_waiter(struct kvr_ring *r, struct kvr_waiter *w);
-void kvr_ring_set_producer_waiter(struct kvr_ring *r, struct kvr_waiter *w);
+/* Build the view of a ring whose sizes the caller knows from a source it trusts (the
+ * control segment's directory, written by kvringd only), not from the header: nothing but
+ * the waiter offsets is read from the header, and an offset that names no legal waiter
+ * gives the ring's own. A header scribbled over by a peer thus neither fails this nor
+ * changes the view. 0, or -EINVAL (bad arguments, sizes kvr_ring_memsize() refuses). */
+int kvr_ring_view_sized(void *mem, uint32_t capacity, uint32_t msg_size, const struct kvr_ring_waiters *legal,
+			struct kvr_ring *ret);
+
+/* Redirect the waiter the consumer (producer) sleeps on: the owner of the layout only
+ * (kvringd), before or between the endpoints' use. w must lie in the same mapping. */
+void kvr_ring_set_consumer_waiter(struct kvr_ring_shm *r, struct kvr_waiter *w);
+void kvr_ring_set_producer_waiter(struct kvr_ring_shm *r, struct kvr_waiter *w);
+/* The waiters the view wakes (after resolving a changed offset). */
 struct kvr_waiter *kvr_ring_consumer_waiter(struct kvr_ring *r);
 struct kvr_waiter *kvr_ring_producer_waiter(struct kvr_ring *r);
 
@@ -126,9 +178,13 @@ int kvr_ring_dequeue(struct kvr_ring *r, void *ret_msg, int64_t timeout_ns);
 unsigned kvr_ring_enqueue_burst(struct kvr_ring *r, const void *msgs, unsigned n);
 unsigned kvr_ring_dequeue_burst(struct kvr_ring *r, void *ret_msgs, unsigned n);
 
-/* Messages currently in the ring (a snapshot; exact for the producer and consumer). */
+/* Messages currently in the ring (a snapshot; exact for the producer and consumer; 0 when
+ * the indices do not make sense). */
 uint32_t kvr_ring_count(const struct kvr_ring *r);
 uint32_t kvr_ring_free(const struct kvr_ring *r);
+/* The same, for observers that read a validated header without a view (capacity from the
+ * header: only kvr_ctl_attach()ed or kvr_ring_view()ed headers). */
+uint32_t kvr_ring_shm_count(const struct kvr_ring_shm *r);
 
 /* Read-only snapshot for observers (inspect): copy the message at head + i without
  * consuming it. Returns 0, or -ENOENT if i >= fill at the time of the call. A message

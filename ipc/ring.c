@@ -15,12 +15,7 @@
 
 static inline uint8_t *slot_at(const struct kvr_ring *r, uint32_t idx)
 {
-	return (uint8_t *)r + r->data_off + (size_t)(idx & (r->capacity - 1)) * r->msg_size;
-}
-
-static inline struct kvr_waiter *waiter_at(const struct kvr_ring *r, int64_t off)
-{
-	return (struct kvr_waiter *)((uint8_t *)r + off);
+	return r->data + (size_t)(idx & r->mask) * r->msg_size;
 }
 
 size_t kvr_ring_memsize(uint32_t capacity, uint32_t msg_size)
@@ -29,7 +24,7 @@ size_t kvr_ring_memsize(uint32_t capacity, uint32_t msg_size)
 		return 0;
 	if (msg_size < 8 || msg_size > 4096 || (msg_size % 8))
 		return 0;
-	size_t sz = sizeof(struct kvr_ring) + (size_t)capacity * msg_size;
+	size_t sz = sizeof(struct kvr_ring_shm) + (size_t)capacity * msg_size;
 	return (sz + KVR_CACHELINE - 1) & ~(size_t)(KVR_CACHELINE - 1);
 }
 
@@ -38,15 +33,15 @@ int kvr_ring_init(void *mem, uint32_t capacity, uint32_t msg_size, const char *n
 	size_t sz = kvr_ring_memsize(capacity, msg_size);
 	if (!mem || !sz || ((uintptr_t)mem % KVR_CACHELINE))
 		return -EINVAL;
-	struct kvr_ring *r = mem;
+	struct kvr_ring_shm *r = mem;
 	memset(r, 0, sizeof(*r));
 	r->version = KVR_RING_VERSION;
 	r->capacity = capacity;
 	r->msg_size = msg_size;
 	r->spin_ns = KVR_RING_DEFAULT_SPIN_NS;
-	r->data_off = sizeof(struct kvr_ring);
-	r->cons_waiter_off = offsetof(struct kvr_ring, own_cons_waiter);
-	r->prod_waiter_off = offsetof(struct kvr_ring, own_prod_waiter);
+	r->data_off = sizeof(struct kvr_ring_shm);
+	atomic_init(&r->cons_waiter_off, (int64_t)offsetof(struct kvr_ring_shm, own_cons_waiter));
+	atomic_init(&r->prod_waiter_off, (int64_t)offsetof(struct kvr_ring_shm, own_prod_waiter));
 	if (name)
 		strncpy(r->name, name, KVR_RING_NAME_MAX - 1);
 	/* Publish the magic last: an observer that sees it sees an initialised header. */
@@ -54,57 +49,128 @@ int kvr_ring_init(void *mem, uint32_t capacity, uint32_t msg_size, const char *n
 	return 0;
 }
 
-int kvr_ring_attach(void *mem, size_t avail, struct kvr_ring **ret_ring)
+/* The waiter at shm + off if it is the ring's own (own), or one the mapping's owner calls
+ * legal; NULL otherwise. The address is computed in integers: off is untrusted. */
+static struct kvr_waiter *resolve_waiter(const struct kvr_ring *v, int64_t off, struct kvr_waiter *own)
 {
-	struct kvr_ring *r = mem;
-	if (!mem || avail < sizeof(*r) || ((uintptr_t)mem % KVR_CACHELINE))
+	uintptr_t addr = (uintptr_t)v->shm + (uintptr_t)off;
+	if (addr == (uintptr_t)own)
+		return own;
+	if (addr % _Alignof(struct kvr_waiter) == 0 && v->legal.ok && v->legal.ok(v->legal.ctx, addr))
+		return (struct kvr_waiter *)addr;
+	return NULL;
+}
+
+int kvr_ring_view(void *mem, size_t avail, const struct kvr_ring_waiters *legal, struct kvr_ring *ret)
+{
+	struct kvr_ring_shm *r = mem;
+	if (!mem || !ret || avail < sizeof(*r) || ((uintptr_t)mem % KVR_CACHELINE))
 		return -EINVAL;
 	if (atomic_load_explicit((_Atomic uint64_t *)&r->magic, memory_order_acquire) != KVR_RING_MAGIC ||
 	    r->version != KVR_RING_VERSION)
 		return -EPROTO;
-	size_t sz = kvr_ring_memsize(r->capacity, r->msg_size);
-	if (!sz || sz > avail || r->data_off != sizeof(*r))
+	/* Read each field once: a peer may change the header while we look at it. */
+	uint32_t capacity = r->capacity, msg_size = r->msg_size, data_off = r->data_off, spin = r->spin_ns;
+	size_t sz = kvr_ring_memsize(capacity, msg_size);
+	if (!sz || sz > avail || data_off != sizeof(*r))
 		return -EINVAL;
 	/* observers print the name: it must end inside its field */
 	if (!memchr(r->name, '\0', sizeof(r->name)))
 		return -EINVAL;
-	/* Waiters must lie inside this ring's mapping, which the caller vouches for with avail
-	 * measured from mem; a redirected waiter points before the ring (into its segment). */
-	*ret_ring = r;
+	struct kvr_ring v = {
+		.shm = r,
+		.data = (uint8_t *)r + data_off,
+		.mask = capacity - 1,
+		.msg_size = msg_size,
+		.spin_ns = spin < KVR_RING_MAX_SPIN_NS ? spin : KVR_RING_MAX_SPIN_NS,
+		.cons_off = atomic_load_explicit(&r->cons_waiter_off, memory_order_relaxed),
+		.prod_off = atomic_load_explicit(&r->prod_waiter_off, memory_order_relaxed),
+	};
+	if (legal)
+		v.legal = *legal;
+	v.cons_w = resolve_waiter(&v, v.cons_off, &r->own_cons_waiter);
+	v.prod_w = resolve_waiter(&v, v.prod_off, &r->own_prod_waiter);
+	if (!v.cons_w || !v.prod_w)
+		return -EINVAL;
+	*ret = v;
 	return 0;
 }
 
-void kvr_ring_set_consumer_waiter(struct kvr_ring *r, struct kvr_waiter *w)
+int kvr_ring_view_sized(void *mem, uint32_t capacity, uint32_t msg_size, const struct kvr_ring_waiters *legal,
+			struct kvr_ring *ret)
 {
-	r->cons_waiter_off = (int64_t)((uint8_t *)w - (uint8_t *)r);
+	struct kvr_ring_shm *r = mem;
+	if (!mem || !ret || ((uintptr_t)mem % KVR_CACHELINE) || !kvr_ring_memsize(capacity, msg_size))
+		return -EINVAL;
+	struct kvr_ring v = {
+		.shm = r,
+		.data = (uint8_t *)r + sizeof(*r),
+		.mask = capacity - 1,
+		.msg_size = msg_size,
+		.spin_ns = KVR_RING_MAX_SPIN_NS,
+		.cons_off = atomic_load_explicit(&r->cons_waiter_off, memory_order_relaxed),
+		.prod_off = atomic_load_explicit(&r->prod_waiter_off, memory_order_relaxed),
+	};
+	uint32_t spin = r->spin_ns;
+	if (spin < KVR_RING_MAX_SPIN_NS)
+		v.spin_ns = spin;
+	if (legal)
+		v.legal = *legal;
+	v.cons_w = resolve_waiter(&v, v.cons_off, &r->own_cons_waiter);
+	v.prod_w = resolve_waiter(&v, v.prod_off, &r->own_prod_waiter);
+	if (!v.cons_w)
+		v.cons_w = &r->own_cons_waiter;
+	if (!v.prod_w)
+		v.prod_w = &r->own_prod_waiter;
+	*ret = v;
+	return 0;
 }
 
-void kvr_ring_set_producer_waiter(struct kvr_ring *r, struct kvr_waiter *w)
+void kvr_ring_set_consumer_waiter(struct kvr_ring_shm *r, struct kvr_waiter *w)
 {
-	r->prod_waiter_off = (int64_t)((uint8_t *)w - (uint8_t *)r);
+	atomic_store_explicit(&r->cons_waiter_off, (int64_t)((uint8_t *)w - (uint8_t *)r), memory_order_relaxed);
 }
 
+void kvr_ring_set_producer_waiter(struct kvr_ring_shm *r, struct kvr_waiter *w)
+{
+	atomic_store_explicit(&r->prod_waiter_off, (int64_t)((uint8_t *)w - (uint8_t *)r), memory_order_relaxed);
+}
+
+/* The waiter to wake, after a re-pointing by kvringd (rare: a relaxed load of a line that
+ * is read-mostly). An offset that resolves to no legal waiter wakes the ring's own. */
 struct kvr_waiter *kvr_ring_consumer_waiter(struct kvr_ring *r)
 {
-	return waiter_at(r, r->cons_waiter_off);
+	int64_t off = atomic_load_explicit(&r->shm->cons_waiter_off, memory_order_relaxed);
+	if (__builtin_expect(off != r->cons_off, 0)) {
+		struct kvr_waiter *w = resolve_waiter(r, off, &r->shm->own_cons_waiter);
+		r->cons_w = w ? w : &r->shm->own_cons_waiter;
+		r->cons_off = off;
+	}
+	return r->cons_w;
 }
 
 struct kvr_waiter *kvr_ring_producer_waiter(struct kvr_ring *r)
 {
-	return waiter_at(r, r->prod_waiter_off);
+	int64_t off = atomic_load_explicit(&r->shm->prod_waiter_off, memory_order_relaxed);
+	if (__builtin_expect(off != r->prod_off, 0)) {
+		struct kvr_waiter *w = resolve_waiter(r, off, &r->shm->own_prod_waiter);
+		r->prod_w = w ? w : &r->shm->own_prod_waiter;
+		r->prod_off = off;
+	}
+	return r->prod_w;
 }
 
 /* A claimant is not waiting, whatever a predecessor killed mid-wait left in the flag. */
 void kvr_ring_claim_producer(struct kvr_ring *r, pid_t pid)
 {
-	atomic_store_explicit(&r->prod_pid, pid, memory_order_relaxed);
-	atomic_store_explicit(&r->prod_blocked, 0, memory_order_relaxed);
+	atomic_store_explicit(&r->shm->prod_pid, pid, memory_order_relaxed);
+	atomic_store_explicit(&r->shm->prod_blocked, 0, memory_order_relaxed);
 }
 
 void kvr_ring_claim_consumer(struct kvr_ring *r, pid_t pid)
 {
-	atomic_store_explicit(&r->cons_pid, pid, memory_order_relaxed);
-	atomic_store_explicit(&r->cons_blocked, 0, memory_order_relaxed);
+	atomic_store_explicit(&r->shm->cons_pid, pid, memory_order_relaxed);
+	atomic_store_explicit(&r->shm->cons_blocked, 0, memory_order_relaxed);
 }
 
 /* ---- waiters ------------------------------------------------------------------------ */
@@ -181,25 +247,47 @@ static inline void bump(_Atomic uint64_t *c, uint64_t by)
 	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + by, memory_order_relaxed);
 }
 
+/* Fill from a pair of indices: t - h, or 0 when that exceeds the capacity (only scribbled
+ * indices do that). The consumer sees such a ring empty; the producer, through
+ * kvr_ring_free(), full. */
+static inline uint32_t fill_of(uint32_t t, uint32_t h, uint32_t capacity)
+{
+	uint32_t n = t - h;
+	return n <= capacity ? n : 0;
+}
+
+static inline uint32_t capacity_of(const struct kvr_ring *r)
+{
+	return r->mask + 1;
+}
+
 uint32_t kvr_ring_count(const struct kvr_ring *r)
 {
-	uint32_t t = atomic_load_explicit(&((struct kvr_ring *)r)->tail, memory_order_acquire);
-	uint32_t h = atomic_load_explicit(&((struct kvr_ring *)r)->head, memory_order_acquire);
-	uint32_t n = t - h;
-	return n > r->capacity ? r->capacity : n;
+	uint32_t t = atomic_load_explicit(&r->shm->tail, memory_order_acquire);
+	uint32_t h = atomic_load_explicit(&r->shm->head, memory_order_acquire);
+	return fill_of(t, h, capacity_of(r));
 }
 
 uint32_t kvr_ring_free(const struct kvr_ring *r)
 {
-	return r->capacity - kvr_ring_count(r);
+	uint32_t t = atomic_load_explicit(&r->shm->tail, memory_order_acquire);
+	uint32_t h = atomic_load_explicit(&r->shm->head, memory_order_acquire);
+	return t - h <= capacity_of(r) ? capacity_of(r) - (t - h) : 0;
+}
+
+uint32_t kvr_ring_shm_count(const struct kvr_ring_shm *r)
+{
+	uint32_t t = atomic_load_explicit(&((struct kvr_ring_shm *)r)->tail, memory_order_acquire);
+	uint32_t h = atomic_load_explicit(&((struct kvr_ring_shm *)r)->head, memory_order_acquire);
+	return fill_of(t, h, r->capacity);
 }
 
 unsigned kvr_ring_enqueue_burst(struct kvr_ring *r, const void *msgs, unsigned n)
 {
-	uint32_t t = atomic_load_explicit(&r->tail, memory_order_relaxed);
+	uint32_t t = atomic_load_explicit(&r->shm->tail, memory_order_relaxed);
 	/* acquire pairs with the consumer's release store of head: slots it freed are read out */
-	uint32_t h = atomic_load_explicit(&r->head, memory_order_acquire);
-	uint32_t room = r->capacity - (t - h);
+	uint32_t h = atomic_load_explicit(&r->shm->head, memory_order_acquire);
+	uint32_t room = t - h <= capacity_of(r) ? capacity_of(r) - (t - h) : 0;
 	if (n > room)
 		n = room;
 	if (!n)
@@ -208,18 +296,18 @@ unsigned kvr_ring_enqueue_burst(struct kvr_ring *r, const void *msgs, unsigned n
 	for (unsigned i = 0; i < n; i++)
 		memcpy(slot_at(r, t + i), src + (size_t)i * r->msg_size, r->msg_size);
 	/* release pairs with the consumer's acquire load of tail: the copies are visible first */
-	atomic_store_explicit(&r->tail, t + n, memory_order_release);
-	bump(&r->enqueued, n);
-	kvr_waiter_wake(waiter_at(r, r->cons_waiter_off));
+	atomic_store_explicit(&r->shm->tail, t + n, memory_order_release);
+	bump(&r->shm->enqueued, n);
+	kvr_waiter_wake(kvr_ring_consumer_waiter(r));
 	return n;
 }
 
 unsigned kvr_ring_dequeue_burst(struct kvr_ring *r, void *ret_msgs, unsigned n)
 {
-	uint32_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
+	uint32_t h = atomic_load_explicit(&r->shm->head, memory_order_relaxed);
 	/* acquire pairs with the producer's release store of tail */
-	uint32_t t = atomic_load_explicit(&r->tail, memory_order_acquire);
-	uint32_t avail = t - h;
+	uint32_t t = atomic_load_explicit(&r->shm->tail, memory_order_acquire);
+	uint32_t avail = fill_of(t, h, capacity_of(r));
 	if (n > avail)
 		n = avail;
 	if (!n)
@@ -228,9 +316,9 @@ unsigned kvr_ring_dequeue_burst(struct kvr_ring *r, void *ret_msgs, unsigned n)
 	for (unsigned i = 0; i < n; i++)
 		memcpy(dst + (size_t)i * r->msg_size, slot_at(r, h + i), r->msg_size);
 	/* release pairs with the producer's acquire load of head: we are done reading */
-	atomic_store_explicit(&r->head, h + n, memory_order_release);
-	bump(&r->dequeued, n);
-	kvr_waiter_wake(waiter_at(r, r->prod_waiter_off));
+	atomic_store_explicit(&r->shm->head, h + n, memory_order_release);
+	bump(&r->shm->dequeued, n);
+	kvr_waiter_wake(kvr_ring_producer_waiter(r));
 	return n;
 }
 
@@ -246,9 +334,9 @@ int kvr_ring_try_dequeue(struct kvr_ring *r, void *ret_msg)
 
 int kvr_ring_peek(const struct kvr_ring *r, uint32_t i, void *ret_msg)
 {
-	uint32_t h = atomic_load_explicit(&((struct kvr_ring *)r)->head, memory_order_acquire);
-	uint32_t t = atomic_load_explicit(&((struct kvr_ring *)r)->tail, memory_order_acquire);
-	if (t - h > r->capacity || i >= t - h)
+	uint32_t h = atomic_load_explicit(&r->shm->head, memory_order_acquire);
+	uint32_t t = atomic_load_explicit(&r->shm->tail, memory_order_acquire);
+	if (i >= fill_of(t, h, capacity_of(r)))
 		return -ENOENT;
 	memcpy(ret_msg, slot_at(r, h + i), r->msg_size);
 	return 0;
@@ -324,10 +412,10 @@ int kvr_ring_enqueue(struct kvr_ring *r, const void *msg, int64_t timeout_ns)
 		if (timeout_ns == 0)
 			return -EAGAIN;
 		uint64_t start = kvr_now_ns();
-		int rc = wait_until(r, has_room, waiter_at(r, r->prod_waiter_off), &r->prod_blocked, NULL,
+		int rc = wait_until(r, has_room, kvr_ring_producer_waiter(r), &r->shm->prod_blocked, NULL,
 				    timeout_ns, start);
-		bump(&r->full_waits, 1);
-		bump(&r->full_wait_ns, kvr_now_ns() - start);
+		bump(&r->shm->full_waits, 1);
+		bump(&r->shm->full_wait_ns, kvr_now_ns() - start);
 		if (rc < 0)
 			return rc;
 		/* Single producer: room seen stays room. */
@@ -342,8 +430,8 @@ int kvr_ring_dequeue(struct kvr_ring *r, void *ret_msg, int64_t timeout_ns)
 		if (timeout_ns == 0)
 			return -EAGAIN;
 		uint64_t start = kvr_now_ns();
-		int rc = wait_until(r, has_msg, waiter_at(r, r->cons_waiter_off), &r->cons_blocked,
-				    &r->empty_sleeps, timeout_ns, start);
+		int rc = wait_until(r, has_msg, kvr_ring_consumer_waiter(r), &r->shm->cons_blocked,
+				    &r->shm->empty_sleeps, timeout_ns, start);
 		if (rc < 0)
 			return rc;
 	}

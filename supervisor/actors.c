@@ -90,8 +90,8 @@ int sup_actors_init(struct sup *s)
 		struct sup_actor *a = &s->actors[i];
 		a->index = i;
 		a->ent = kvr_ctl_actor(s->ctl, i);
-		a->ctl_in = kvr_ctl_ring(s->ctl, a->ent->ctl_in);
-		a->ctl_out = kvr_ctl_ring(s->ctl, a->ent->ctl_out);
+		a->ctl_in = kvr_ctl_ring(&s->rings, a->ent->ctl_in);
+		a->ctl_out = kvr_ctl_ring(&s->rings, a->ent->ctl_out);
 		kvr_ring_claim_producer(a->ctl_in, getpid());
 		kvr_ring_claim_consumer(a->ctl_out, getpid());
 		a->exe = s->exe[a->ent->kind];
@@ -533,7 +533,7 @@ static void drain_pongs(struct sup *s, struct sup_actor *a)
 			atomic_fetch_add_explicit(&kvr_ctl_stats(s->ctl, a->index)->c[KVR_STAT_MALFORMED], 1,
 						  memory_order_relaxed);
 			/* we are ctl.out's consumer: rejected is ours to count */
-			atomic_fetch_add_explicit(&a->ctl_out->rejected, 1, memory_order_relaxed);
+			atomic_fetch_add_explicit(&a->ctl_out->shm->rejected, 1, memory_order_relaxed);
 			kvr_debug("%s: malformed message on ctl.out rejected", name_of(a));
 			continue;
 		}

@@ -170,7 +170,7 @@ static void reset_owner(struct sup *s, struct sup_dcp_group *gr)
 	int i = kvr_ctl_find_ring(s->ctl, name);
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_RESET, 0, (uint64_t)kvr_now_ns() << 8 | 0xff, 0, NULL, 0);
-	if (i < 0 || kvr_ring_try_enqueue(kvr_ctl_ring(s->ctl, (unsigned)i), &m))
+	if (i < 0 || kvr_ring_try_enqueue(kvr_ctl_ring(&s->rings, (unsigned)i), &m))
 		kvr_warn("DCP group %u: RESET of worker %d's unfinished slots not sent", gr->index, gr->owner);
 }
 

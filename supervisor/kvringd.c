@@ -107,7 +107,7 @@ static bool sup_drained(const struct sup *s)
 			continue;
 		if (atomic_load(&s->actors[cons].ent->state) != KVR_ACTOR_READY)
 			continue;
-		if (kvr_ring_count(kvr_ctl_ring(s->ctl, i)))
+		if (kvr_ring_count(kvr_ctl_ring(&s->rings, i)))
 			return false;
 	}
 	/* a store taken off its ring may still be copying or committing */

@@ -155,7 +155,7 @@ void sup_storer_rings_bind(struct sup *s, unsigned w, int storer)
 		if (cons != EP_LOOKUP) {
 			struct kvr_msg m;
 			unsigned dropped = 0;
-			while (kvr_ring_try_dequeue(kvr_ctl_ring(s->ctl, (unsigned)i), &m) == 0)
+			while (kvr_ring_try_dequeue(kvr_ctl_ring(&s->rings, (unsigned)i), &m) == 0)
 				dropped++;
 			if (dropped)
 				kvr_info("ring %s: %u stale messages dropped before it changes hands", name, dropped);
@@ -385,9 +385,14 @@ int sup_segments_create(struct sup *s)
 		kvr_err("cannot initialise the control segment: %s", strerror(-rc));
 		goto fail;
 	}
-	s->ctl = s->ctl_seg.base;
 	for (int i = 0; i < n; i++)
-		kvr_ctl_ring(s->ctl, (unsigned)i)->spin_ns = s->cfg.rings.spin_ns;
+		kvr_ctl_ring_shm(s->ctl_seg.base, (unsigned)i)->spin_ns = s->cfg.rings.spin_ns;
+	/* our own ring views, checked like anyone else's */
+	rc = kvr_ctl_attach(&s->ctl_seg, &s->ctl, &s->rings);
+	if (rc) {
+		kvr_err("the control segment just built does not validate: %s", strerror(-rc));
+		goto fail;
+	}
 
 	rc = create_l1(s);
 	if (rc)

@@ -326,26 +326,28 @@ static void render_rings(FILE *f, const struct kvr_ctl *c)
 		n = c->max_rings;
 	family(f, "kvring_ring_fill_ratio", "gauge", "Messages in the ring divided by its capacity.");
 	for (unsigned i = 0; i < n; i++) {
-		struct kvr_ring *r = kvr_ctl_ring(c, i);
+		/* the header kvringd laid out: only the counters change */
+		struct kvr_ring_shm *r = kvr_ctl_ring_shm(c, i);
 		/* head before tail: tail then never reads older than head */
 		uint32_t h = atomic_load_explicit(&r->head, memory_order_acquire);
 		uint32_t t = atomic_load_explicit(&r->tail, memory_order_acquire);
-		uint32_t fill = t - h > r->capacity ? r->capacity : t - h;
+		uint32_t cap = r->capacity ? r->capacity : 1;
+		uint32_t fill = t - h > cap ? cap : t - h;
 		ring_label(f, "kvring_ring_fill_ratio", kvr_ctl_ring_ent(c, i));
-		fprintf(f, "%.9g\n", (double)fill / (double)r->capacity);
+		fprintf(f, "%.9g\n", (double)fill / (double)cap);
 	}
 	family(f, "kvring_ring_producer_blocked_seconds_total", "counter",
 	       "Time the ring's producer waited on a full ring (backpressure), counted when each wait ends.");
 	for (unsigned i = 0; i < n; i++) {
 		ring_label(f, "kvring_ring_producer_blocked_seconds_total", kvr_ctl_ring_ent(c, i));
-		seconds(f, atomic_load_explicit(&kvr_ctl_ring(c, i)->full_wait_ns, memory_order_relaxed));
+		seconds(f, atomic_load_explicit(&kvr_ctl_ring_shm(c, i)->full_wait_ns, memory_order_relaxed));
 		fputc('\n', f);
 	}
 	family(f, "kvring_ring_rejected_messages_total", "counter", "Malformed messages the ring's consumer rejected.");
 	for (unsigned i = 0; i < n; i++) {
 		ring_label(f, "kvring_ring_rejected_messages_total", kvr_ctl_ring_ent(c, i));
 		fprintf(f, "%llu\n",
-			(unsigned long long)atomic_load_explicit(&kvr_ctl_ring(c, i)->rejected, memory_order_relaxed));
+			(unsigned long long)atomic_load_explicit(&kvr_ctl_ring_shm(c, i)->rejected, memory_order_relaxed));
 	}
 }
 

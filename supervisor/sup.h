@@ -123,6 +123,7 @@ struct sup {
 	const char *argv0;
 	struct kvr_segment ctl_seg, arena_seg, slots_seg;
 	struct kvr_ctl *ctl;
+	struct kvr_ctl_rings rings;       /* our views of its rings (built once the layout is set) */
 	struct kvr_slot_table *slots;
 	/* the instance's model, as rank 0 of its TP group sees it (layout.c) */
 	struct kvr_geometry geom;

@@ -167,7 +167,7 @@ static void reject(struct kvr_actor *a, struct kvr_ring *r)
 {
 	kvr_actor_count(a, KVR_STAT_MALFORMED, 1);
 	/* rejected lives on the consumer's line: we are its only writer */
-	atomic_fetch_add_explicit(&r->rejected, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&r->shm->rejected, 1, memory_order_relaxed);
 }
 
 /* Attach every ring the directory assigns to us; the control rings are remembered apart. */
@@ -177,7 +177,7 @@ static int attach_rings(struct kvr_actor *a)
 	pid_t me = getpid();
 	for (unsigned i = 0; i < n; i++) {
 		const struct kvr_ring_ent *e = kvr_ctl_ring_ent(a->ctl, i);
-		struct kvr_ring *r = kvr_ctl_ring(a->ctl, i);
+		struct kvr_ring *r = kvr_ctl_ring(&a->rings, i);
 		if (e->consumer == (int)a->index) {
 			kvr_ring_claim_consumer(r, me);
 			if (i == a->ent->ctl_in) {
@@ -223,7 +223,7 @@ static int setup(struct kvr_actor *a, const struct actor_args *args)
 		kvr_err("cannot map the control segment (fd %d): %s", args->ctl_fd, strerror(-rc));
 		return rc;
 	}
-	rc = kvr_ctl_attach(&a->ctl_seg, &a->ctl);
+	rc = kvr_ctl_attach(&a->ctl_seg, &a->ctl, &a->rings);
 	if (rc) {
 		kvr_err("control segment does not validate: %s", strerror(-rc));
 		return rc;
@@ -456,9 +456,9 @@ static void release_rings(struct kvr_actor *a)
 {
 	pid_t me = getpid();
 	for (unsigned i = 0; i < a->n_inputs; i++)
-		atomic_compare_exchange_strong(&a->inputs[i].ring->cons_pid, &me, 0);
+		atomic_compare_exchange_strong(&a->inputs[i].ring->shm->cons_pid, &me, 0);
 	for (unsigned i = 0; i < a->n_outputs; i++)
-		atomic_compare_exchange_strong(&a->outputs[i].ring->prod_pid, &me, 0);
+		atomic_compare_exchange_strong(&a->outputs[i].ring->shm->prod_pid, &me, 0);
 }
 
 static int install_signals(void)

@@ -111,6 +111,7 @@ struct kvr_actor {
 	unsigned n_group;              /* gather: --group, the worker slot of each DCP rank */
 	unsigned group[KVR_ACTOR_MAX_KV];
 	struct kvr_ctl *ctl;
+	struct kvr_ctl_rings rings;    /* our views of the control segment's rings */
 	struct kvr_config cfg;         /* the instance's effective config */
 	unsigned index;                /* actor index in the control segment */
 	struct kvr_actor_ent *ent;     /* our actor entry */

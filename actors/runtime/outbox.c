@@ -130,6 +130,6 @@ bool kvr_outbox_pass(struct kvr_outbox *ob, uint64_t now_ns, uint64_t timeout_ns
 	uint32_t lost = kvr_outbox_flush(ob, now_ns, timeout_ns);
 	if (lost && first)
 		kvr_warn("%s: %u messages dropped after %llu ms without room; its reader stopped reading (said once)",
-			 ob->ring->name, lost, (unsigned long long)(timeout_ns / 1000000ull));
+			 ob->ring->shm->name, lost, (unsigned long long)(timeout_ns / 1000000ull));
 	return kvr_outbox_pending(ob);
 }

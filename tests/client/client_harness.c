@@ -140,7 +140,7 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	rc = kvr_segment_map(fd, KVR_SEG_CTL, 1, &e->ctl_seg);
 	close(fd);
 	cr_assert_eq(rc, 0, "map the control segment: %s", strerror(-rc));
-	rc = kvr_ctl_attach(&e->ctl_seg, &e->ctl);
+	rc = kvr_ctl_attach(&e->ctl_seg, &e->ctl, &e->rings);
 	cr_assert_eq(rc, 0);
 }
 
@@ -499,7 +499,7 @@ struct kvr_ring *ct_ring(const struct ct_env *e, const char *name)
 {
 	int i = kvr_ctl_find_ring(e->ctl, name);
 	cr_assert(i >= 0, "no ring %s", name);
-	return kvr_ctl_ring(e->ctl, (unsigned)i);
+	return kvr_ctl_ring(&e->rings, (unsigned)i);
 }
 
 int ct_recv_msg(struct kvr_ring *ring, uint64_t req_id, struct kvr_msg *ret, int ms)

@@ -66,6 +66,7 @@ struct ct_env {
 	struct kvr_slot_table *slots;
 	struct kvr_segment ctl_seg;     /* read-write */
 	struct kvr_ctl *ctl;
+	struct kvr_ctl_rings rings; /* the test's views of its rings */
 	struct kvr_segment arena_seg;   /* read-only: the L1 bytes */
 };
 

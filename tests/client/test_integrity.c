@@ -367,12 +367,12 @@ Test(integrity, dead_disk_actor_backpressures_stores)
 		ct_fill(r, blocks[i], TAG(2, i));
 	cr_assert_eq(kvr_store(r->c, 1002, tokens[2], BLOCKS * BT, NULL, 0, blocks, BLOCKS), 0);
 	pid_t dpid = ct_actor_pid(&env, "disk.0");
-	uint32_t sent = atomic_load(&dreq->tail); /* the lookup actor is its only producer */
+	uint32_t sent = atomic_load(&dreq->shm->tail); /* the lookup actor is its only producer */
 	cr_assert_eq(kill(dpid, SIGKILL), 0);
 	cr_assert(ct_wait_ready(&env, "disk.0", dpid, 5000) > 0);
 	/* the lookup actor saw the death once it asks the successor for its list (L2_SYNC):
 	 * whatever it decides about the waiting store, it decides in that same pass */
-	cr_assert(H_WAIT(atomic_load(&dreq->tail) != sent, 3000), "the lookup actor did not notice the death");
+	cr_assert(H_WAIT(atomic_load(&dreq->shm->tail) != sent, 3000), "the lookup actor did not notice the death");
 	struct ct_done d;
 	bool early = kvr_poll(r->c, &d.c, 1) == 1;
 	cr_assert(!early || d.c.status == 0, "the store failed when the disk actor died: %d (%u failed)", d.c.status,

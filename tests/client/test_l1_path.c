@@ -841,7 +841,7 @@ Test(client, bad_inputs_rejected)
 
 	/* malformed messages on lookup.req.0 (its producer, the rank-0 client, is idle) */
 	struct kvr_ring *lreq = ct_ring(&env, "lookup.req.0");
-	uint64_t rej0 = atomic_load(&lreq->rejected), mal0 = ct_stat(&env, "lookup", KVR_STAT_MALFORMED);
+	uint64_t rej0 = atomic_load(&lreq->shm->rejected), mal0 = ct_stat(&env, "lookup", KVR_STAT_MALFORMED);
 	struct kvr_msg m;
 	kvr_msg_build(&m, 99, 0, 1, 0, NULL, 0); /* unknown type */
 	cr_assert_eq(kvr_ring_try_enqueue(lreq, &m), 0);
@@ -852,8 +852,8 @@ Test(client, bad_inputs_rejected)
 	kvr_msg_build_list(&m, KVR_MSG_LOOKUP, 3, 0, 0, 0, k2, 2);
 	m.hdr.flags |= KVR_MSGF_MORE; /* claims more follows although the list is complete */
 	cr_assert_eq(kvr_ring_try_enqueue(lreq, &m), 0);
-	cr_assert(H_WAIT(atomic_load(&lreq->rejected) == rej0 + 3, 2000), "rejected %llu, want %llu",
-		  (unsigned long long)atomic_load(&lreq->rejected), (unsigned long long)(rej0 + 3));
+	cr_assert(H_WAIT(atomic_load(&lreq->shm->rejected) == rej0 + 3, 2000), "rejected %llu, want %llu",
+		  (unsigned long long)atomic_load(&lreq->shm->rejected), (unsigned long long)(rej0 + 3));
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_MALFORMED), mal0 + 3);
 	cr_assert_eq(ct_lookup(r0, 6, tokens, 40), 2, "the next real lookup works");
 

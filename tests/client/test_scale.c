@@ -197,7 +197,7 @@ Test(scale, a_worker_that_never_reads_delays_no_other)
 	struct kvr_ring *req = ct_ring(&env, name);
 	snprintf(name, sizeof(name), "lookup.rep.%u", b->worker);
 	struct kvr_ring *rep = ct_ring(&env, name);
-	const unsigned flood = rep->capacity + 500;
+	const unsigned flood = rep->shm->capacity + 500;
 	kvr_key k;
 	ct_keys(&env, tokens, 16, &k);
 	uint64_t gen = (uint64_t)(ct_actor_gen(&env, "lookup") & 0xffff) << 48 |
@@ -207,7 +207,7 @@ Test(scale, a_worker_that_never_reads_delays_no_other)
 		kvr_msg_build_list(&m, KVR_MSG_LOOKUP, gen | (0x1000 + i), 0, 0, 0, &k, 1);
 		cr_assert_eq(kvr_ring_enqueue(req, &m, 5000000000ll), 0, "request %u not taken", i);
 	}
-	cr_assert(H_WAIT(kvr_ring_count(rep) == rep->capacity, 5000), "b's reply ring did not fill");
+	cr_assert(H_WAIT(kvr_ring_count(rep) == rep->shm->capacity, 5000), "b's reply ring did not fill");
 
 	/* a is answered at once, byte-exact, while b's answers wait */
 	cr_assert_eq(ct_lookup_load_exact(a, 2, tokens, 2 * 16, 4, 21), 2, "a's lookup waited behind b");

@@ -1076,10 +1076,11 @@ Test(dcp_kvringd, stale_store_does_not_cross_actors, .fini = granks_close)
 	struct kvr_ctl *wctl;
 	cr_assert_eq(kvr_segment_map(cfd, KVR_SEG_CTL, 1, &wseg), 0);
 	close(cfd);
-	cr_assert_eq(kvr_ctl_attach(&wseg, &wctl), 0);
+	static struct kvr_ctl_rings wrings;
+	cr_assert_eq(kvr_ctl_attach(&wseg, &wctl, &wrings), 0);
 	char name[KVR_RING_NAME_MAX];
 	snprintf(name, sizeof(name), "store.req.%u", w1);
-	struct kvr_ring *ring = kvr_ctl_ring(wctl, (unsigned)kvr_ctl_find_ring(wctl, name));
+	struct kvr_ring *ring = kvr_ctl_ring(&wrings, (unsigned)kvr_ctl_find_ring(wctl, name));
 	uint64_t wire = ((uint64_t)(ggen & 0xffff) << 48) | 77;
 	cr_assert_eq(kvr_list_send(ring, KVR_MSG_STORE, wire, 0, items, G_PROMPT, 0), 0);
 	granks_detach_all();
@@ -1149,7 +1150,7 @@ Test(dcp_kvringd, gather_killed_while_its_owner_leaves_leaks_no_slot, .fini = gr
 	int fd = h_daemon_memfd(inst.pid, "kvring-ctl", O_RDWR);
 	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_CTL, 1, &ctl_seg), 0);
 	close(fd);
-	cr_assert_eq(kvr_ctl_attach(&ctl_seg, &ctl), 0);
+	cr_assert_eq(kvr_ctl_attach(&ctl_seg, &ctl, NULL), 0);
 	fd = h_daemon_memfd(inst.pid, "kvring-slots", O_RDONLY);
 	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_SLOTS, 0, &slots_seg), 0);
 	close(fd);

@@ -44,9 +44,11 @@ static struct kvr_segment ro;     /* the observer's mapping: PROT_READ */
 static struct kvr_ctl *wctl;      /* through seg */
 static const struct kvr_ctl *rctl; /* through ro */
 
+static struct kvr_ctl_rings wrings; /* the writer's views */
+
 static struct kvr_ring *wring(unsigned i)
 {
-	return kvr_ctl_ring(wctl, i);
+	return kvr_ctl_ring(&wrings, i);
 }
 
 static void set_actor(unsigned i, const char *name, unsigned kind, unsigned state, int pid, unsigned restarts,
@@ -80,7 +82,7 @@ static void build_segment(void)
 	snprintf(name, sizeof(name), "kvr-test-inspect-%d", getpid());
 	cr_assert_eq(kvr_segment_create(name, KVR_SEG_CTL, sz, 3, 0, &seg), 0);
 	cr_assert_eq(kvr_ctl_init(&seg, 4, 2, specs, N_RINGS, "{}"), 0);
-	wctl = seg.base;
+	cr_assert_eq(kvr_ctl_attach(&seg, &wctl, &wrings), 0);
 
 	atomic_store(&wctl->state, KVR_INST_DEGRADED);
 	wctl->supervisor_pid = 4242;
@@ -117,22 +119,22 @@ static void build_segment(void)
 
 	kvr_ring_claim_producer(wring(R_CTL_OUT), 5001);
 	kvr_ring_claim_consumer(wring(R_CTL_OUT), 4242);
-	atomic_store(&wring(R_CTL_OUT)->cons_blocked, 1);
+	atomic_store(&wring(R_CTL_OUT)->shm->cons_blocked, 1);
 
 	/* loader.0.in: full (4 of 4), its consumer (loader.0) dead, the client blocked */
 	for (uint32_t s = 0; s < 4; s++)
 		enqueue(R_LOADER_IN, KVR_MSG_LOAD, s < 3 ? KVR_MSGF_MORE : 0, 77, s, 40);
 	struct kvr_ring *ld = wring(R_LOADER_IN);
 	kvr_ring_claim_producer(ld, 6001);
-	atomic_store(&ld->prod_blocked, 1);
-	atomic_store(&ld->full_waits, 2);
-	atomic_store(&ld->full_wait_ns, 1500000000ull);
-	atomic_store(&ld->rejected, 1);
+	atomic_store(&ld->shm->prod_blocked, 1);
+	atomic_store(&ld->shm->full_waits, 2);
+	atomic_store(&ld->shm->full_wait_ns, 1500000000ull);
+	atomic_store(&ld->shm->rejected, 1);
 
 	/* the observer's mapping */
 	cr_assert_eq(kvr_segment_map(seg.fd, KVR_SEG_CTL, 0, &ro), 0);
 	struct kvr_ctl *c;
-	cr_assert_eq(kvr_ctl_attach(&ro, &c), 0);
+	cr_assert_eq(kvr_ctl_attach(&ro, &c, NULL), 0);
 	rctl = c;
 }
 
@@ -250,12 +252,12 @@ Test(inspect, rendering_changes_nothing)
 	free(render(rctl, 64, 0));
 	free(render(rctl, 64, KVR_INSP_JSON));
 
-	cr_assert_eq(atomic_load(&x->head), 6);
-	cr_assert_eq(atomic_load(&x->tail), 9);
-	cr_assert_eq(atomic_load(&x->enqueued), 9);
-	cr_assert_eq(atomic_load(&x->dequeued), 6);
+	cr_assert_eq(atomic_load(&x->shm->head), 6);
+	cr_assert_eq(atomic_load(&x->shm->tail), 9);
+	cr_assert_eq(atomic_load(&x->shm->enqueued), 9);
+	cr_assert_eq(atomic_load(&x->shm->dequeued), 6);
 	cr_assert_eq(kvr_ring_count(x), 3);
-	cr_assert_eq(atomic_load(&wring(R_LOADER_IN)->full_waits), 2);
+	cr_assert_eq(atomic_load(&wring(R_LOADER_IN)->shm->full_waits), 2);
 	/* every byte of the segment: counters, waiters, sleeper counts, messages */
 	cr_assert_eq(memcmp(before, seg.base, n), 0, "the segment changed while it was rendered");
 	free(before);
@@ -492,13 +494,13 @@ Test(inspect, fits_80_columns_whatever_the_segment_holds)
 		memset(e->name, 'r', sizeof(e->name)); /* no NUL */
 		e->name[5] = '\n';
 		struct kvr_ring *r = wring(i);
-		atomic_store(&r->enqueued, UINT64_MAX);
-		atomic_store(&r->dequeued, UINT64_MAX - 1);
-		atomic_store(&r->rejected, UINT64_MAX);
-		atomic_store(&r->full_waits, UINT64_MAX);
-		atomic_store(&r->full_wait_ns, UINT64_MAX);
-		atomic_store(&r->prod_pid, INT32_MAX);
-		atomic_store(&r->prod_blocked, 1);
+		atomic_store(&r->shm->enqueued, UINT64_MAX);
+		atomic_store(&r->shm->dequeued, UINT64_MAX - 1);
+		atomic_store(&r->shm->rejected, UINT64_MAX);
+		atomic_store(&r->shm->full_waits, UINT64_MAX);
+		atomic_store(&r->shm->full_wait_ns, UINT64_MAX);
+		atomic_store(&r->shm->prod_pid, INT32_MAX);
+		atomic_store(&r->shm->prod_blocked, 1);
 	}
 	kvr_ctl_ring_ent(wctl, R_CTL_OUT)->producer = INT16_MIN;
 	kvr_ctl_ring_ent(wctl, R_CTL_OUT)->consumer = INT16_MAX;
@@ -512,8 +514,8 @@ Test(inspect, fits_80_columns_whatever_the_segment_holds)
 	struct kvr_insp_clock t1 = {.mono_ns = UINT64_MAX, .real_ns = UINT64_MAX};
 	cr_assert_eq(kvr_insp_snapshot(rctl, &t0, KVR_INSP_MAX_MSGS, &prev), 0);
 	for (unsigned i = 0; i < N_RINGS; i++)
-		atomic_store(&wring(i)->enqueued, 0); /* prev sees UINT64_MAX, cur 0: no rate */
-	atomic_store(&wring(R_LOOKUP_REQ)->enqueued, UINT64_MAX); /* same: rate 0 */
+		atomic_store(&wring(i)->shm->enqueued, 0); /* prev sees UINT64_MAX, cur 0: no rate */
+	atomic_store(&wring(R_LOOKUP_REQ)->shm->enqueued, UINT64_MAX); /* same: rate 0 */
 	t1.mono_ns = 1; /* and a rate over 1 ns */
 	cr_assert_eq(kvr_insp_snapshot(rctl, &t1, KVR_INSP_MAX_MSGS, &cur), 0);
 	prev->now.mono_ns = 0;

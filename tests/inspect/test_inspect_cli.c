@@ -72,7 +72,9 @@ static void setup(void)
 	size_t sz = kvr_ctl_memsize(2, 1, specs, 1, 8);
 	cr_assert_eq(kvr_segment_create("kvr-test-inspect-cli", KVR_SEG_CTL, sz, 1, 0, &fk.seg), 0);
 	cr_assert_eq(kvr_ctl_init(&fk.seg, 2, 1, specs, 1, "{}"), 0);
-	struct kvr_ctl *c = fk.seg.base;
+	struct kvr_ctl *c;
+	static struct kvr_ctl_rings rings;
+	cr_assert_eq(kvr_ctl_attach(&fk.seg, &c, &rings), 0);
 	atomic_store(&c->state, KVR_INST_RUNNING);
 	c->supervisor_pid = getpid();
 	c->generation = 7;
@@ -81,7 +83,7 @@ static void setup(void)
 	atomic_store(&a->state, KVR_ACTOR_READY);
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_PING, 0, 7, 0, NULL, 0);
-	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(c, 0), &m), 0);
+	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(&rings, 0), &m), 0);
 
 	snprintf(fk.path, sizeof(fk.path), "/tmp/kvr-test-inspect-%d.sock", getpid());
 	snprintf(out_path, sizeof(out_path), "/tmp/kvr-test-inspect-%d.out", getpid());
@@ -163,7 +165,7 @@ Test(inspect_cli, json_over_the_socket)
 	cJSON_Delete(root);
 	free(js);
 	/* the observer left the ring as it was */
-	cr_assert_eq(kvr_ring_count(kvr_ctl_ring(fk.seg.base, 0)), 1);
+	cr_assert_eq(kvr_ring_shm_count(kvr_ctl_ring_shm(fk.seg.base, 0)), 1);
 }
 
 Test(inspect_cli, text_over_the_socket)

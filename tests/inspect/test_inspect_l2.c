@@ -119,7 +119,7 @@ TestSuite(inspect_l2, .init = setup, .fini = teardown, .timeout = 20);
 static char *render(unsigned flags)
 {
 	struct kvr_ctl *c;
-	cr_assert_eq(kvr_ctl_attach(&ro, &c), 0);
+	cr_assert_eq(kvr_ctl_attach(&ro, &c, NULL), 0);
 	struct kvr_insp_clock now = {.mono_ns = 500 * S_NS, .real_ns = 1800000000ull * S_NS};
 	char *buf = NULL;
 	size_t len = 0;
@@ -293,7 +293,7 @@ Test(inspect_l2, remote_text_section_exact)
 Test(inspect_l2, remote_in_watch_frames)
 {
 	struct kvr_ctl *c;
-	cr_assert_eq(kvr_ctl_attach(&ro, &c), 0);
+	cr_assert_eq(kvr_ctl_attach(&ro, &c, NULL), 0);
 	struct kvr_insp_clock t0 = {.mono_ns = 500 * S_NS, .real_ns = 1800000000ull * S_NS};
 	struct kvr_insp_clock t1 = {.mono_ns = 501 * S_NS, .real_ns = 1800000001ull * S_NS};
 	struct kvr_insp_snap *prev, *cur;

@@ -22,6 +22,7 @@ static const char config_json[] = "{\"instance\":\"test\",\"rings\":{\"capacity\
 
 static struct kvr_segment seg = {.fd = -1}, copy = {.fd = -1}, ro = {.fd = -1};
 static struct kvr_ctl *ctl;
+static struct kvr_ctl_rings rings; /* views through seg */
 
 static void setup(void)
 {
@@ -29,7 +30,7 @@ static void setup(void)
 	cr_assert_gt(sz, 0);
 	cr_assert_eq(kvr_segment_create("kvr-test-ctl", KVR_SEG_CTL, sz, 9, 0, &seg), 0);
 	cr_assert_eq(kvr_ctl_init(&seg, N_ACTORS, N_WORKERS, specs, N_RINGS, config_json), 0);
-	cr_assert_eq(kvr_ctl_attach(&seg, &ctl), 0);
+	cr_assert_eq(kvr_ctl_attach(&seg, &ctl, &rings), 0);
 }
 
 static void teardown(void)
@@ -87,17 +88,17 @@ Test(ctl, layout)
 	uint64_t end = c->ring_area_off;
 	for (unsigned i = 0; i < N_RINGS; i++) {
 		struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
-		struct kvr_ring *r = kvr_ctl_ring(c, i);
+		struct kvr_ring *r = kvr_ctl_ring(&rings, i);
 		cr_assert_str_eq(e->name, specs[i].name);
 		cr_assert_eq(e->offset % 64, 0);
 		cr_assert_geq(e->offset, end, "ring %u overlaps the one before", i);
 		cr_assert_eq(e->bytes, kvr_ring_memsize(specs[i].capacity, KVR_CTL_RING_MSG_SIZE));
 		cr_assert_eq(e->producer, specs[i].producer);
 		cr_assert_eq(e->consumer, specs[i].consumer);
-		cr_assert_eq(r->magic, KVR_RING_MAGIC);
-		cr_assert_eq(r->capacity, specs[i].capacity);
+		cr_assert_eq(r->shm->magic, KVR_RING_MAGIC);
+		cr_assert_eq(r->shm->capacity, specs[i].capacity);
 		cr_assert_eq(r->msg_size, KVR_CTL_RING_MSG_SIZE);
-		cr_assert_str_eq(r->name, specs[i].name);
+		cr_assert_str_eq(r->shm->name, specs[i].name);
 		end = e->offset + e->bytes;
 	}
 	cr_assert_leq(end, seg.size);
@@ -121,7 +122,7 @@ Test(ctl, consumer_waiters)
 {
 	struct kvr_ctl *c = ctl;
 	for (unsigned i = 0; i < N_RINGS; i++) {
-		struct kvr_ring *r = kvr_ctl_ring(c, i);
+		struct kvr_ring *r = kvr_ctl_ring(&rings, i);
 		int cons = specs[i].consumer;
 		struct kvr_waiter *want;
 		if (cons >= 0)
@@ -129,11 +130,11 @@ Test(ctl, consumer_waiters)
 		else if (KVR_EP_IS_CLIENT(cons))
 			want = &kvr_ctl_worker(c, (unsigned)KVR_EP_CLIENT_SLOT(cons))->waiter;
 		else
-			want = &r->own_cons_waiter;
+			want = &r->shm->own_cons_waiter;
 		cr_assert_eq(kvr_ring_consumer_waiter(r), want, "ring %s", specs[i].name);
 		/* an actor waits for room on its own waiter too (a reader freeing room wakes it) */
 		int prod = specs[i].producer;
-		struct kvr_waiter *pw = prod >= 0 ? &kvr_ctl_actor(c, (unsigned)prod)->waiter : &r->own_prod_waiter;
+		struct kvr_waiter *pw = prod >= 0 ? &kvr_ctl_actor(c, (unsigned)prod)->waiter : &r->shm->own_prod_waiter;
 		cr_assert_eq(kvr_ring_producer_waiter(r), pw, "ring %s", specs[i].name);
 	}
 
@@ -142,16 +143,16 @@ Test(ctl, consumer_waiters)
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_STOP, 0, 1, 0, NULL, 0);
 	uint32_t seen = kvr_waiter_prepare(w);
-	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(c, 0), &m), 0);
+	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(&rings, 0), &m), 0);
 	cr_assert_eq(atomic_load(&w->seq), seen + 1);
 	/* the sleeper is woken once: a second producer before it re-arms makes no syscall */
-	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(c, 2), &m), 0);
+	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(&rings, 2), &m), 0);
 	cr_assert_eq(atomic_load(&w->seq), seen + 1);
 	kvr_waiter_finish(w);
 	seen = kvr_waiter_prepare(w);
-	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(c, 2), &m), 0);
+	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(&rings, 2), &m), 0);
 	cr_assert_eq(atomic_load(&w->seq), seen + 1, "re-armed sleeper woken again");
-	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(c, 4), &m), 0);
+	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(&rings, 4), &m), 0);
 	cr_assert_eq(atomic_load(&w->seq), seen + 1, "actor 1's ring woke actor 0");
 	cr_assert_eq(atomic_load(&kvr_ctl_actor(c, 1)->waiter.seq), 0);
 	kvr_waiter_finish(w);
@@ -161,14 +162,15 @@ Test(ctl, attach_readonly)
 {
 	cr_assert_eq(kvr_segment_map(seg.fd, KVR_SEG_CTL, 0, &ro), 0);
 	struct kvr_ctl *c = NULL;
-	cr_assert_eq(kvr_ctl_attach(&ro, &c), 0);
+	static struct kvr_ctl_rings ro_rings;
+	cr_assert_eq(kvr_ctl_attach(&ro, &c, &ro_rings), 0);
 	cr_assert_eq((void *)c, ro.base);
 	cr_assert_eq(kvr_ctl_find_ring(c, "lookup.resp.0"), 3);
 	cr_assert_str_eq(kvr_ctl_config_json(c), config_json);
 	struct kvr_msg m, out;
 	kvr_msg_build(&m, KVR_MSG_STOP, 0, 77, 0, NULL, 0);
-	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(ctl, 3), &m), 0);
-	cr_assert_eq(kvr_ring_peek(kvr_ctl_ring(c, 3), 0, &out), 0, "observer cannot peek");
+	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(&rings, 3), &m), 0);
+	cr_assert_eq(kvr_ring_peek(kvr_ctl_ring(&ro_rings, 3), 0, &out), 0, "observer cannot peek");
 	cr_assert_eq(out.hdr.req_id, 77);
 }
 
@@ -194,7 +196,7 @@ Test(ctl, init_rejects)
 	cr_assert_eq(kvr_ctl_init(&copy, N_ACTORS, N_WORKERS, specs, N_RINGS, config_json), -ENOSPC);
 	/* the rejected calls left the real segment as it was */
 	struct kvr_ctl *c;
-	cr_assert_eq(kvr_ctl_attach(&seg, &c), 0);
+	cr_assert_eq(kvr_ctl_attach(&seg, &c, NULL), 0);
 	cr_assert_eq(atomic_load(&c->n_rings), N_RINGS);
 	cr_assert_eq(c->max_actors, N_ACTORS);
 
@@ -203,7 +205,7 @@ Test(ctl, init_rejects)
 	size_t sz = kvr_ctl_memsize(1, 0, NULL, 0, 1);
 	cr_assert_eq(kvr_segment_create("kvr-test-min", KVR_SEG_CTL, sz, 1, 0, &copy), 0);
 	cr_assert_eq(kvr_ctl_init(&copy, 1, 0, NULL, 0, NULL), 0);
-	cr_assert_eq(kvr_ctl_attach(&copy, &c), 0);
+	cr_assert_eq(kvr_ctl_attach(&copy, &c, NULL), 0);
 	cr_assert_str_eq(kvr_ctl_config_json(c), "");
 	cr_assert_eq(kvr_ctl_find_ring(c, "ctl.lookup.in"), -ENOENT);
 }
@@ -220,7 +222,7 @@ static struct kvr_ctl *fresh_copy(void)
 }
 
 static struct kvr_ring_ent *ent(struct kvr_ctl *c, unsigned i) { return kvr_ctl_ring_ent(c, i); }
-static struct kvr_ring *ring(struct kvr_ctl *c, unsigned i) { return kvr_ctl_ring(c, i); }
+static struct kvr_ring_shm *ring(struct kvr_ctl *c, unsigned i) { return kvr_ctl_ring_shm(c, i); }
 
 enum corruption {
 	C_NONE,
@@ -245,6 +247,10 @@ enum corruption {
 	C_CONS_WAITER_MIN,
 	C_PROD_WAITER_END,
 	C_PROD_WAITER_NEG,
+	C_CONS_WAITER_STATS,
+	C_CONS_WAITER_HEARTBEAT,
+	C_PROD_WAITER_OTHER_RING,
+	C_CONS_WAITER_OTHER_ACTOR,
 	C_MAX_ACTORS_65,
 	C_MAX_ACTORS_BIG,
 	C_MAX_ACTORS_OVERLAP,
@@ -262,6 +268,12 @@ enum corruption {
 	N_CORRUPTIONS
 };
 
+/* want HEADER: a ring header scribbled over (a client can write its rings' headers). The
+ * segment still attaches and ring 2's view is the one its directory entry describes: the
+ * header's sizes are never read, and a waiter offset that names no legal waiter gives the
+ * ring's own waiter. */
+#define HEADER 1
+
 static const struct {
 	const char *what;
 	int want;
@@ -277,17 +289,21 @@ static const struct {
 	[C_RING_OFF_ALIAS] = {"two directory entries, one ring", -EBADMSG},
 	[C_RING_BYTES_ZERO] = {"ring bytes 0", -EBADMSG},
 	[C_RING_BYTES_HUGE] = {"ring bytes ~0", -EBADMSG},
-	[C_RING_MAGIC] = {"ring magic", -EBADMSG},
-	[C_RING_MSG_SIZE] = {"ring msg_size 128 (capacity halved to fit)", -EBADMSG},
-	[C_RING_NAME] = {"ring header name without NUL", -EBADMSG},
+	[C_RING_MAGIC] = {"ring magic", HEADER},
+	[C_RING_MSG_SIZE] = {"ring msg_size 128 (capacity halved to fit)", HEADER},
+	[C_RING_NAME] = {"ring header name without NUL", HEADER},
 	[C_ENT_NAME] = {"directory name without NUL", -EBADMSG},
-	[C_CONS_WAITER_HDR] = {"consumer waiter in the segment header", -EBADMSG},
-	[C_CONS_WAITER_END] = {"consumer waiter past the end", -EBADMSG},
-	[C_CONS_WAITER_MISALIGNED] = {"consumer waiter misaligned", -EBADMSG},
-	[C_CONS_WAITER_MAX] = {"consumer waiter offset INT64_MAX", -EBADMSG},
-	[C_CONS_WAITER_MIN] = {"consumer waiter offset INT64_MIN", -EBADMSG},
-	[C_PROD_WAITER_END] = {"producer waiter straddles the end", -EBADMSG},
-	[C_PROD_WAITER_NEG] = {"producer waiter before the segment", -EBADMSG},
+	[C_CONS_WAITER_HDR] = {"consumer waiter in the segment header", HEADER},
+	[C_CONS_WAITER_END] = {"consumer waiter past the end", HEADER},
+	[C_CONS_WAITER_MISALIGNED] = {"consumer waiter misaligned", HEADER},
+	[C_CONS_WAITER_MAX] = {"consumer waiter offset INT64_MAX", HEADER},
+	[C_CONS_WAITER_MIN] = {"consumer waiter offset INT64_MIN", HEADER},
+	[C_PROD_WAITER_END] = {"producer waiter straddles the end", HEADER},
+	[C_PROD_WAITER_NEG] = {"producer waiter before the segment", HEADER},
+	[C_CONS_WAITER_STATS] = {"consumer waiter on an actor's counters (inside, aligned, not a waiter)", HEADER},
+	[C_CONS_WAITER_HEARTBEAT] = {"consumer waiter on an actor entry's heartbeat", HEADER},
+	[C_CONS_WAITER_OTHER_ACTOR] = {"consumer waiter on another actor's waiter (legal: it only wakes)", HEADER},
+	[C_PROD_WAITER_OTHER_RING] = {"producer waiter on another ring's own waiter", HEADER},
 	[C_MAX_ACTORS_65] = {"max_actors 65", -EBADMSG},
 	[C_MAX_ACTORS_BIG] = {"max_actors 0xffffffff", -EBADMSG},
 	[C_MAX_ACTORS_OVERLAP] = {"max_actors 8 (actor table overlaps the worker table)", -EBADMSG},
@@ -336,6 +352,23 @@ static void corrupt(struct kvr_ctl *c, enum corruption k)
 	case C_CONS_WAITER_MAX: ring(c, i)->cons_waiter_off = INT64_MAX; break;
 	case C_CONS_WAITER_MIN: ring(c, i)->cons_waiter_off = INT64_MIN; break;
 	case C_PROD_WAITER_END: ring(c, i)->prod_waiter_off = (int64_t)(size - ent(c, i)->offset) - 4; break;
+	case C_CONS_WAITER_STATS:
+		ring(c, i)->cons_waiter_off = (int64_t)c->stats_off + 8 - (int64_t)ent(c, i)->offset;
+		break;
+	case C_CONS_WAITER_HEARTBEAT:
+		ring(c, i)->cons_waiter_off = (int64_t)(c->actors_off + offsetof(struct kvr_actor_ent, heartbeat_ns)) -
+					      (int64_t)ent(c, i)->offset;
+		break;
+	case C_CONS_WAITER_OTHER_ACTOR:
+		ring(c, i)->cons_waiter_off = (int64_t)(c->actors_off + sizeof(struct kvr_actor_ent) +
+						       offsetof(struct kvr_actor_ent, waiter)) -
+					      (int64_t)ent(c, i)->offset;
+		break;
+	case C_PROD_WAITER_OTHER_RING:
+		ring(c, i)->prod_waiter_off = (int64_t)(ent(c, i + 1)->offset +
+						       offsetof(struct kvr_ring_shm, own_prod_waiter)) -
+					      (int64_t)ent(c, i)->offset;
+		break;
 	case C_PROD_WAITER_NEG: ring(c, i)->prod_waiter_off = -(int64_t)ent(c, i)->offset - 64; break;
 	case C_MAX_ACTORS_65: c->max_actors = KVR_CTL_MAX_ACTORS + 1; break;
 	case C_MAX_ACTORS_BIG: c->max_actors = UINT32_MAX; break;
@@ -355,6 +388,23 @@ static void corrupt(struct kvr_ctl *c, enum corruption k)
 	}
 }
 
+/* The corruptions that point ring 2's consumer waiter at something that is not a waiter. */
+static bool scribbles_cons_waiter(int k)
+{
+	switch (k) {
+	case C_CONS_WAITER_HDR:
+	case C_CONS_WAITER_END:
+	case C_CONS_WAITER_MISALIGNED:
+	case C_CONS_WAITER_MAX:
+	case C_CONS_WAITER_MIN:
+	case C_CONS_WAITER_STATS:
+	case C_CONS_WAITER_HEARTBEAT:
+		return true;
+	default:
+		return false;
+	}
+}
+
 Test(ctl, attach_rejects_corrupt_copies)
 {
 	struct kvr_ctl *const canary = (struct kvr_ctl *)(uintptr_t)0x7e7e7e7e;
@@ -362,9 +412,33 @@ Test(ctl, attach_rejects_corrupt_copies)
 		struct kvr_ctl *c = fresh_copy();
 		corrupt(c, (enum corruption)k);
 		struct kvr_ctl *got = canary;
-		int rc = kvr_ctl_attach(&copy, &got);
-		cr_expect_eq(rc, corruptions[k].want, "%s: got %d, want %d", corruptions[k].what, rc,
-			     corruptions[k].want);
+		static struct kvr_ctl_rings views;
+		int rc = kvr_ctl_attach(&copy, &got, &views);
+		int want = corruptions[k].want == HEADER ? 0 : corruptions[k].want;
+		cr_expect_eq(rc, want, "%s: got %d, want %d", corruptions[k].what, rc, want);
+		if (!rc && corruptions[k].want == HEADER) {
+			const unsigned i = 2;
+			struct kvr_ring *v = kvr_ctl_ring(&views, i);
+			struct kvr_ring_shm *h = kvr_ctl_ring_shm(c, i);
+			cr_expect_eq(v->mask, specs[i].capacity - 1, "%s: mask from the header", corruptions[k].what);
+			cr_expect_eq(v->msg_size, KVR_CTL_RING_MSG_SIZE, "%s", corruptions[k].what);
+			cr_expect_eq(v->data, (uint8_t *)h + sizeof(*h), "%s", corruptions[k].what);
+			/* ring 2 is consumed by actor 0; its producer, a client, keeps the ring's own */
+			struct kvr_waiter *want_cw = &kvr_ctl_actor(c, 0)->waiter;
+			if (k == C_CONS_WAITER_OTHER_ACTOR)
+				want_cw = &kvr_ctl_actor(c, 1)->waiter;
+			else if (scribbles_cons_waiter(k))
+				want_cw = &h->own_cons_waiter;
+			cr_expect_eq(kvr_ring_consumer_waiter(v), want_cw, "%s: consumer waiter", corruptions[k].what);
+			cr_expect_eq(kvr_ring_producer_waiter(v), &h->own_prod_waiter, "%s: producer waiter",
+				     corruptions[k].what);
+			/* messages go where the directory says, whatever the header claims */
+			struct kvr_msg m, out;
+			kvr_msg_build(&m, KVR_MSG_STOP, 0, 100 + (uint64_t)k, 0, NULL, 0);
+			cr_expect_eq(kvr_ring_try_enqueue(v, &m), 0, "%s", corruptions[k].what);
+			cr_expect_eq(kvr_ring_try_dequeue(v, &out), 0, "%s", corruptions[k].what);
+			cr_expect_eq(memcmp(&m, &out, sizeof(m)), 0, "%s", corruptions[k].what);
+		}
 		if (rc)
 			cr_expect_eq(got, canary, "%s: ret_ctl written on failure", corruptions[k].what);
 		else
@@ -372,8 +446,8 @@ Test(ctl, attach_rejects_corrupt_copies)
 	}
 	struct kvr_ctl *got = canary;
 	struct kvr_segment tiny = {.fd = -1, .base = seg.base, .size = sizeof(struct kvr_ctl) - 1};
-	cr_expect_eq(kvr_ctl_attach(&tiny, &got), -EINVAL);
-	cr_expect_eq(kvr_ctl_attach(NULL, &got), -EINVAL);
+	cr_expect_eq(kvr_ctl_attach(&tiny, &got, NULL), -EINVAL);
+	cr_expect_eq(kvr_ctl_attach(NULL, &got, NULL), -EINVAL);
 	cr_expect_eq(got, canary);
 }
 

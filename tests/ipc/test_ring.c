@@ -41,15 +41,35 @@ static void *shared(void)
 	return at(SHARED_OFF);
 }
 
+/* Waiters a test ring may point at: any aligned word of the test segment (the tests put
+ * shared waiters in its bookkeeping area). */
+static bool in_segment(const void *ctx, uintptr_t addr)
+{
+	(void)ctx;
+	return addr >= (uintptr_t)seg.base && addr + sizeof(struct kvr_waiter) <= (uintptr_t)seg.base + seg.size;
+}
+static const struct kvr_ring_waiters seg_waiters = {.ok = in_segment};
+
+/* Views of the rings a test made: process-private (a forked child gets its own copy). */
+static struct kvr_ring views[64];
+static unsigned n_views;
+
+static struct kvr_ring *view_at(size_t off)
+{
+	cr_assert_lt(n_views, sizeof(views) / sizeof(views[0]));
+	struct kvr_ring *r = &views[n_views];
+	cr_assert_eq(kvr_ring_view(at(off), seg.size - off, &seg_waiters, r), 0);
+	n_views++;
+	return r;
+}
+
 static struct kvr_ring *make_ring(size_t off, uint32_t cap, uint32_t msg_size, const char *name)
 {
-	struct kvr_ring *r = NULL;
 	size_t sz = kvr_ring_memsize(cap, msg_size);
 	cr_assert_neq(sz, 0);
 	cr_assert_leq(off + sz, seg.size);
 	cr_assert_eq(kvr_ring_init(at(off), cap, msg_size, name), 0);
-	cr_assert_eq(kvr_ring_attach(at(off), seg.size - off, &r), 0);
-	return r;
+	return view_at(off);
 }
 
 TestSuite(ring, .init = setup, .fini = teardown);
@@ -86,16 +106,21 @@ Test(ring, init)
 
 	const char *longname = "a-ring-name-much-longer-than-thirty-one-characters";
 	cr_assert_eq(kvr_ring_init(mem, 8, MSG, longname), 0);
-	struct kvr_ring *r = (struct kvr_ring *)mem;
+	struct kvr_ring_shm *r = (struct kvr_ring_shm *)mem;
 	cr_assert_eq(r->magic, KVR_RING_MAGIC);
 	cr_assert_eq(r->version, KVR_RING_VERSION);
 	cr_assert_eq(r->capacity, 8);
 	cr_assert_eq(r->msg_size, MSG);
-	cr_assert_eq(r->data_off, sizeof(struct kvr_ring));
-	cr_assert_eq(r->cons_waiter_off, offsetof(struct kvr_ring, own_cons_waiter));
-	cr_assert_eq(r->prod_waiter_off, offsetof(struct kvr_ring, own_prod_waiter));
-	cr_assert_eq(kvr_ring_consumer_waiter(r), &r->own_cons_waiter);
-	cr_assert_eq(kvr_ring_producer_waiter(r), &r->own_prod_waiter);
+	cr_assert_eq(r->data_off, sizeof(struct kvr_ring_shm));
+	cr_assert_eq(r->cons_waiter_off, offsetof(struct kvr_ring_shm, own_cons_waiter));
+	cr_assert_eq(r->prod_waiter_off, offsetof(struct kvr_ring_shm, own_prod_waiter));
+	struct kvr_ring *v = view_at(RING_OFF);
+	cr_assert_eq(v->shm, r);
+	cr_assert_eq(v->data, mem + sizeof(struct kvr_ring_shm));
+	cr_assert_eq(v->mask, 7);
+	cr_assert_eq(v->msg_size, MSG);
+	cr_assert_eq(kvr_ring_consumer_waiter(v), &r->own_cons_waiter);
+	cr_assert_eq(kvr_ring_producer_waiter(v), &r->own_prod_waiter);
 	cr_assert_eq(strlen(r->name), KVR_RING_NAME_MAX - 1);
 	cr_assert_eq(strncmp(r->name, longname, KVR_RING_NAME_MAX - 1), 0);
 	cr_assert_eq(atomic_load(&r->head), 0);
@@ -103,8 +128,8 @@ Test(ring, init)
 	cr_assert_eq(atomic_load(&r->enqueued), 0);
 	cr_assert_eq(atomic_load(&r->own_cons_waiter.seq), 0);
 	cr_assert_eq(atomic_load(&r->own_cons_waiter.sleepers), 0);
-	cr_assert_eq(kvr_ring_count(r), 0);
-	cr_assert_eq(kvr_ring_free(r), 8);
+	cr_assert_eq(kvr_ring_count(v), 0);
+	cr_assert_eq(kvr_ring_free(v), 8);
 
 	cr_assert_eq(kvr_ring_init(mem, 8, MSG, NULL), 0);
 	cr_assert_eq(r->name[0], '\0');
@@ -116,19 +141,21 @@ Test(ring, attach_rejects)
 	size_t sz = kvr_ring_memsize(cap, MSG);
 	uint8_t *good = at(RING_OFF), *bad = at(RING_OFF + 8192);
 	cr_assert_eq(kvr_ring_init(good, cap, MSG, "good"), 0);
-	struct kvr_ring *const canary = (struct kvr_ring *)(uintptr_t)0x5a5a5a5a;
-	struct kvr_ring *r = canary;
+	struct kvr_ring canary, r;
+	memset(&canary, 0x5a, sizeof(canary));
+	r = canary;
 
-	cr_assert_eq(kvr_ring_attach(good, sz, &r), 0);
-	cr_assert_eq(r, (struct kvr_ring *)good);
+	cr_assert_eq(kvr_ring_view(good, sz, NULL, &r), 0);
+	cr_assert_eq(r.shm, (struct kvr_ring_shm *)good);
 
-	enum { MAGIC, VERSION, CAP_NPOT, CAP_BIG, MSGSZ, DATA_OFF, NAME, N_CORRUPT };
+	enum { MAGIC, VERSION, CAP_NPOT, CAP_BIG, MSGSZ, DATA_OFF, NAME, CONS_W, PROD_W, CONS_W_WILD, N_CORRUPT };
 	static const char *const what[] = {"magic", "version", "capacity 3", "capacity 16", "msg_size 60",
-					   "data_off", "name without NUL"};
-	static const int want[] = {-EPROTO, -EPROTO, -EINVAL, -EINVAL, -EINVAL, -EINVAL, -EINVAL};
+					   "data_off", "name without NUL", "consumer waiter not its own (no legal others)",
+					   "producer waiter on the consumer's", "consumer waiter offset INT64_MIN"};
+	static const int want[] = {-EPROTO, -EPROTO, -EINVAL, -EINVAL, -EINVAL, -EINVAL, -EINVAL, -EINVAL, -EINVAL, -EINVAL};
 	for (int k = 0; k < N_CORRUPT; k++) {
 		memcpy(bad, good, sz);
-		struct kvr_ring *b = (struct kvr_ring *)bad;
+		struct kvr_ring_shm *b = (struct kvr_ring_shm *)bad;
 		switch (k) {
 		case MAGIC: b->magic ^= 1; break;
 		case VERSION: b->version = KVR_RING_VERSION + 1; break;
@@ -137,18 +164,22 @@ Test(ring, attach_rejects)
 		case MSGSZ: b->msg_size = 60; break;
 		case DATA_OFF: b->data_off = 0; break;
 		case NAME: memset(b->name, 'n', sizeof(b->name)); break;
+		case CONS_W: b->cons_waiter_off = -64; break;
+		case PROD_W: b->prod_waiter_off = offsetof(struct kvr_ring_shm, own_cons_waiter); break;
+		case CONS_W_WILD: b->cons_waiter_off = INT64_MIN; break;
 		}
 		r = canary;
-		cr_expect_eq(kvr_ring_attach(bad, sz, &r), want[k], "%s: got %d", what[k], kvr_ring_attach(bad, sz, &r));
-		cr_expect_eq(r, canary, "%s: ret_ring written on failure", what[k]);
+		int rc = kvr_ring_view(bad, sz, NULL, &r);
+		cr_expect_eq(rc, want[k], "%s: got %d", what[k], rc);
+		cr_expect_eq(memcmp(&r, &canary, sizeof(r)), 0, "%s: the view written on failure", what[k]);
 	}
 	r = canary;
-	cr_expect_eq(kvr_ring_attach(good, sz - 1, &r), -EINVAL, "truncated avail accepted");
-	cr_expect_eq(kvr_ring_attach(good, sizeof(struct kvr_ring) - 1, &r), -EINVAL);
-	cr_expect_eq(kvr_ring_attach(good, 0, &r), -EINVAL);
-	cr_expect_eq(kvr_ring_attach(good + 8, sz, &r), -EINVAL, "misaligned attach accepted");
-	cr_expect_eq(kvr_ring_attach(NULL, sz, &r), -EINVAL);
-	cr_expect_eq(r, canary);
+	cr_expect_eq(kvr_ring_view(good, sz - 1, NULL, &r), -EINVAL, "truncated avail accepted");
+	cr_expect_eq(kvr_ring_view(good, sizeof(struct kvr_ring_shm) - 1, NULL, &r), -EINVAL);
+	cr_expect_eq(kvr_ring_view(good, 0, NULL, &r), -EINVAL);
+	cr_expect_eq(kvr_ring_view(good + 8, sz, NULL, &r), -EINVAL, "misaligned attach accepted");
+	cr_expect_eq(kvr_ring_view(NULL, sz, NULL, &r), -EINVAL);
+	cr_expect_eq(memcmp(&r, &canary, sizeof(r)), 0);
 }
 
 Test(ring, peek_does_not_consume)
@@ -165,8 +196,8 @@ Test(ring, peek_does_not_consume)
 			cr_assert_eq(kvr_ring_peek(r, i, out), 0);
 			cr_assert_eq(stamp_check(out, i, 7), 0, "peek %u", i);
 		}
-	cr_assert_eq(atomic_load(&r->head), 0, "peek moved head");
-	cr_assert_eq(atomic_load(&r->dequeued), 0);
+	cr_assert_eq(atomic_load(&r->shm->head), 0, "peek moved head");
+	cr_assert_eq(atomic_load(&r->shm->dequeued), 0);
 	cr_assert_eq(kvr_ring_count(r), 5);
 	memcpy(out, canary, MSG);
 	cr_assert_eq(kvr_ring_peek(r, 5, out), -ENOENT);
@@ -190,15 +221,15 @@ Test(ring, peek_does_not_consume)
 		cr_assert_eq(stamp_check(out, 2 + i, 7), 0, "peek %u after wrap", i);
 	}
 	cr_assert_eq(kvr_ring_peek(r, 8, out), -ENOENT);
-	cr_assert_eq(atomic_load(&r->head), 2);
+	cr_assert_eq(atomic_load(&r->shm->head), 2);
 }
 
 /* Free-running 32-bit indices: a ring keeps working when tail and head wrap past 2^32. */
 Test(ring, index_wrap)
 {
 	struct kvr_ring *r = make_ring(RING_OFF, 8, MSG, "wrap");
-	atomic_store(&r->head, UINT32_MAX - 20);
-	atomic_store(&r->tail, UINT32_MAX - 20);
+	atomic_store(&r->shm->head, UINT32_MAX - 20);
+	atomic_store(&r->shm->tail, UINT32_MAX - 20);
 	uint8_t buf[16 * MSG], out[16 * MSG];
 	uint64_t sent = 0, got = 0;
 	struct rng g = {42};
@@ -221,8 +252,8 @@ Test(ring, index_wrap)
 	}
 	got += kvr_ring_dequeue_burst(r, out, 16);
 	cr_assert_eq(got, sent);
-	cr_assert_eq(atomic_load(&r->tail), (uint32_t)(UINT32_MAX - 20 + sent));
-	cr_assert_lt(atomic_load(&r->tail), 1000, "tail did not wrap (sent %llu)", (unsigned long long)sent);
+	cr_assert_eq(atomic_load(&r->shm->tail), (uint32_t)(UINT32_MAX - 20 + sent));
+	cr_assert_lt(atomic_load(&r->shm->tail), 1000, "tail did not wrap (sent %llu)", (unsigned long long)sent);
 	cr_assert_eq(kvr_ring_count(r), 0);
 }
 
@@ -287,27 +318,27 @@ Test(ring, backpressure_producer)
 	cr_assert_eq(kvr_ring_enqueue(r, m, 0), -EAGAIN, "timeout 0 is a try");
 	cr_assert_eq(kvr_ring_enqueue_burst(r, m, 1), 0);
 
-	uint64_t fw0 = atomic_load(&r->full_waits), fwns0 = atomic_load(&r->full_wait_ns);
+	uint64_t fw0 = atomic_load(&r->shm->full_waits), fwns0 = atomic_load(&r->shm->full_wait_ns);
 	uint64_t t0 = kvr_now_ns();
 	cr_assert_eq(kvr_ring_enqueue(r, m, 50 * MS), -ETIMEDOUT);
 	uint64_t el = kvr_now_ns() - t0;
 	cr_assert_geq(el, 50 * MS, "timed enqueue returned after %llu ns", (unsigned long long)el);
 	cr_assert_lt(el, 2000 * MS);
-	cr_assert_eq(atomic_load(&r->full_waits), fw0 + 1);
-	cr_assert_geq(atomic_load(&r->full_wait_ns) - fwns0, 50 * MS);
-	cr_assert_eq(atomic_load(&r->enqueued), 8);
-	cr_assert_eq(atomic_load(&r->prod_blocked), 0);
+	cr_assert_eq(atomic_load(&r->shm->full_waits), fw0 + 1);
+	cr_assert_geq(atomic_load(&r->shm->full_wait_ns) - fwns0, 50 * MS);
+	cr_assert_eq(atomic_load(&r->shm->enqueued), 8);
+	cr_assert_eq(atomic_load(&r->shm->prod_blocked), 0);
 	cr_assert_eq(kvr_ring_count(r), 8);
 
 	/* another process blocks on the full ring until we take exactly one message */
 	pid_t pid = spawn(blocked_producer, r);
 	cr_assert_gt(pid, 0);
-	cr_assert_eq(wait_u32(&r->prod_blocked, 1, 5000), 0, "producer never reported blocked");
-	cr_assert_eq(atomic_load(&r->prod_pid), pid);
-	cr_assert_eq(wait_u32(&r->own_prod_waiter.sleepers, 1, 5000), 0, "producer never announced its sleep");
+	cr_assert_eq(wait_u32(&r->shm->prod_blocked, 1, 5000), 0, "producer never reported blocked");
+	cr_assert_eq(atomic_load(&r->shm->prod_pid), pid);
+	cr_assert_eq(wait_u32(&r->shm->own_prod_waiter.sleepers, 1, 5000), 0, "producer never announced its sleep");
 	sleep_us(20000);
 	cr_assert_eq(atomic_load(&s->done_ns), 0, "blocking enqueue returned on a full ring");
-	cr_assert_eq(atomic_load(&r->prod_blocked), 1);
+	cr_assert_eq(atomic_load(&r->shm->prod_blocked), 1);
 	cr_assert_eq(kvr_ring_count(r), 8);
 
 	uint64_t t_deq = kvr_now_ns();
@@ -322,10 +353,10 @@ Test(ring, backpressure_producer)
 		(double)(done - t_deq) / 1e3);
 	cr_assert_eq(stamp_check(out, 0, 1), 0);
 	cr_assert_eq(kvr_ring_count(r), 8);
-	cr_assert_eq(atomic_load(&r->enqueued), 9);
-	cr_assert_eq(atomic_load(&r->full_waits), fw0 + 2);
-	cr_assert_eq(atomic_load(&r->prod_blocked), 0);
-	cr_assert_eq(atomic_load(&r->own_prod_waiter.sleepers), 0);
+	cr_assert_eq(atomic_load(&r->shm->enqueued), 9);
+	cr_assert_eq(atomic_load(&r->shm->full_waits), fw0 + 2);
+	cr_assert_eq(atomic_load(&r->shm->prod_blocked), 0);
+	cr_assert_eq(atomic_load(&r->shm->own_prod_waiter.sleepers), 0);
 	for (uint64_t i = 1; i <= 8; i++) {
 		cr_assert_eq(kvr_ring_try_dequeue(r, out), 0);
 		cr_assert_eq(stamp_check(out, i, 1), 0, "message %llu", (unsigned long long)i);
@@ -355,23 +386,23 @@ Test(ring, backpressure_consumer)
 	cr_assert_eq(kvr_ring_try_dequeue(r, out), -EAGAIN);
 	cr_assert_eq(kvr_ring_dequeue(r, out, 0), -EAGAIN);
 	cr_assert_eq(kvr_ring_dequeue_burst(r, out, 4), 0);
-	uint64_t es0 = atomic_load(&r->empty_sleeps);
+	uint64_t es0 = atomic_load(&r->shm->empty_sleeps);
 	uint64_t t0 = kvr_now_ns();
 	cr_assert_eq(kvr_ring_dequeue(r, out, 50 * MS), -ETIMEDOUT);
 	uint64_t el = kvr_now_ns() - t0;
 	cr_assert_geq(el, 50 * MS, "timed dequeue returned after %llu ns", (unsigned long long)el);
 	cr_assert_lt(el, 2000 * MS);
-	cr_assert_geq(atomic_load(&r->empty_sleeps), es0 + 1, "the timed dequeue never slept");
-	cr_assert_eq(atomic_load(&r->cons_blocked), 0);
-	cr_assert_eq(atomic_load(&r->own_cons_waiter.sleepers), 0);
+	cr_assert_geq(atomic_load(&r->shm->empty_sleeps), es0 + 1, "the timed dequeue never slept");
+	cr_assert_eq(atomic_load(&r->shm->cons_blocked), 0);
+	cr_assert_eq(atomic_load(&r->shm->own_cons_waiter.sleepers), 0);
 	cr_assert_arr_eq(out, canary, MSG, "failed dequeue wrote its output");
-	cr_assert_eq(atomic_load(&r->dequeued), 0);
+	cr_assert_eq(atomic_load(&r->shm->dequeued), 0);
 
 	/* a consumer in another process sleeps until we enqueue */
 	pid_t pid = spawn(blocked_consumer, r);
 	cr_assert_gt(pid, 0);
-	cr_assert_eq(wait_u32(&r->cons_blocked, 1, 5000), 0, "consumer never reported blocked");
-	cr_assert_eq(wait_u64_ge(&r->empty_sleeps, es0 + 2, 5000), 0, "the blocked consumer never slept");
+	cr_assert_eq(wait_u32(&r->shm->cons_blocked, 1, 5000), 0, "consumer never reported blocked");
+	cr_assert_eq(wait_u64_ge(&r->shm->empty_sleeps, es0 + 2, 5000), 0, "the blocked consumer never slept");
 	sleep_us(10000);
 	cr_assert_eq(atomic_load(&s->done_ns), 0);
 	stamp(m, 99, 5);
@@ -384,10 +415,10 @@ Test(ring, backpressure_consumer)
 	cr_assert_geq(atomic_load(&s->done_ns), t_enq);
 	cr_assert_eq(stamp_check(s->msg, 99, 5), 0);
 	cr_assert_eq(kvr_ring_count(r), 0);
-	cr_assert_eq(atomic_load(&r->dequeued), 1);
-	cr_assert_eq(atomic_load(&r->cons_blocked), 0);
-	cr_assert_eq(atomic_load(&r->own_cons_waiter.sleepers), 0);
-	cr_assert_geq(atomic_load(&r->own_cons_waiter.seq), 1, "the producer did not wake the sleeper");
+	cr_assert_eq(atomic_load(&r->shm->dequeued), 1);
+	cr_assert_eq(atomic_load(&r->shm->cons_blocked), 0);
+	cr_assert_eq(atomic_load(&r->shm->own_cons_waiter.sleepers), 0);
+	cr_assert_geq(atomic_load(&r->shm->own_cons_waiter.seq), 1, "the producer did not wake the sleeper");
 }
 
 static void on_usr1(int sig)
@@ -414,7 +445,7 @@ Test(ring, signal_interrupts_wait)
 	atomic_store(&s->rc, 1);
 	pid_t pid = spawn(interrupted_consumer, r);
 	cr_assert_gt(pid, 0);
-	cr_assert_eq(wait_u32(&r->cons_blocked, 1, 5000), 0);
+	cr_assert_eq(wait_u32(&r->shm->cons_blocked, 1, 5000), 0);
 	/* The signal may land between the blocked flag and the futex call (then the handler
 	 * runs and the wait goes on): send it until the dequeue returns. */
 	int st = 0, rc = -ETIMEDOUT;
@@ -429,8 +460,8 @@ Test(ring, signal_interrupts_wait)
 	cr_assert_eq(rc, 0, "dequeue did not return on a signal");
 	cr_assert_eq(exit_code(st), 0);
 	cr_assert_eq(atomic_load(&s->rc), -EINTR);
-	cr_assert_eq(atomic_load(&r->cons_blocked), 0);
-	cr_assert_eq(atomic_load(&r->own_cons_waiter.sleepers), 0);
+	cr_assert_eq(atomic_load(&r->shm->cons_blocked), 0);
+	cr_assert_eq(atomic_load(&r->shm->own_cons_waiter.sleepers), 0);
 	cr_assert_eq(kvr_ring_count(r), 0);
 }
 
@@ -474,15 +505,15 @@ Test(ring, wake_needs_a_sleeper)
 		cr_assert_eq(kvr_ring_dequeue_burst(r, m, 4), 4);
 		cr_assert_eq(kvr_ring_dequeue(r, m, -1), 0);
 	}
-	cr_assert_eq(atomic_load(&r->own_cons_waiter.seq), 0);
-	cr_assert_eq(atomic_load(&r->own_prod_waiter.seq), 0);
+	cr_assert_eq(atomic_load(&r->shm->own_cons_waiter.seq), 0);
+	cr_assert_eq(atomic_load(&r->shm->own_prod_waiter.seq), 0);
 	kvr_waiter_prepare(kvr_ring_consumer_waiter(r));
 	cr_assert_eq(kvr_ring_try_enqueue(r, m), 0);
-	cr_assert_eq(atomic_load(&r->own_cons_waiter.seq), 1, "enqueue did not wake an announced sleeper");
+	cr_assert_eq(atomic_load(&r->shm->own_cons_waiter.seq), 1, "enqueue did not wake an announced sleeper");
 	kvr_waiter_finish(kvr_ring_consumer_waiter(r));
 	kvr_waiter_prepare(kvr_ring_producer_waiter(r));
 	cr_assert_eq(kvr_ring_try_dequeue(r, m), 0);
-	cr_assert_eq(atomic_load(&r->own_prod_waiter.seq), 1, "dequeue did not wake an announced sleeper");
+	cr_assert_eq(atomic_load(&r->shm->own_prod_waiter.seq), 1, "dequeue did not wake an announced sleeper");
 	kvr_waiter_finish(kvr_ring_producer_waiter(r));
 }
 
@@ -548,10 +579,10 @@ static int nosys_child(void *arg)
 		moved -= kvr_ring_try_dequeue(r, m) == 0;
 		moved -= kvr_ring_dequeue(r, m, 1000000) == 0;
 	}
-	s->moved = moved + (uint32_t)atomic_load(&r->dequeued);
+	s->moved = moved + (uint32_t)atomic_load(&r->shm->dequeued);
 	s->after_stream = futex_wakes;
-	s->cons_seq = atomic_load(&r->own_cons_waiter.seq);
-	s->prod_seq = atomic_load(&r->own_prod_waiter.seq);
+	s->cons_seq = atomic_load(&r->shm->own_cons_waiter.seq);
+	s->prod_seq = atomic_load(&r->shm->own_prod_waiter.seq);
 
 	/* one announced sleeper: exactly one syscall per side */
 	kvr_waiter_prepare(kvr_ring_consumer_waiter(r));
@@ -610,7 +641,7 @@ static unsigned ws_per_round(unsigned ring, unsigned round)
 
 static struct kvr_ring *ws_ring(unsigned i)
 {
-	return (struct kvr_ring *)at(RING_OFF + i * 4096);
+	return view_at(RING_OFF + i * 4096);
 }
 
 static int ws_producer(void *arg)
@@ -655,9 +686,9 @@ Test(ring, shared_waiter_four_producers)
 	struct kvr_ring *r[WS_RINGS];
 	for (unsigned i = 0; i < WS_RINGS; i++) {
 		r[i] = make_ring(RING_OFF + i * 4096, 8, MSG, "shared");
-		kvr_ring_set_consumer_waiter(r[i], &s->cons_w);
+		kvr_ring_set_consumer_waiter(r[i]->shm, &s->cons_w);
 		cr_assert_eq(kvr_ring_consumer_waiter(r[i]), &s->cons_w);
-		cr_assert_lt(r[i]->cons_waiter_off, 0, "a shared waiter before the ring has a negative offset");
+		cr_assert_lt(r[i]->shm->cons_waiter_off, 0, "a shared waiter before the ring has a negative offset");
 	}
 	pid_t pid[WS_RINGS];
 	for (unsigned i = 0; i < WS_RINGS; i++) {
@@ -720,9 +751,9 @@ Test(ring, shared_waiter_four_producers)
 		for (unsigned round = 1; round <= WS_ROUNDS; round++)
 			w += ws_per_round(i, round);
 		cr_assert_eq(next[i], w, "ring %u", i);
-		cr_assert_eq(atomic_load(&r[i]->enqueued), w);
-		cr_assert_eq(atomic_load(&r[i]->dequeued), w);
-		cr_assert_eq(atomic_load(&r[i]->own_cons_waiter.seq), 0, "ring %u woke its own waiter", i);
+		cr_assert_eq(atomic_load(&r[i]->shm->enqueued), w);
+		cr_assert_eq(atomic_load(&r[i]->shm->dequeued), w);
+		cr_assert_eq(atomic_load(&r[i]->shm->own_cons_waiter.seq), 0, "ring %u woke its own waiter", i);
 		want_total += w;
 	}
 	cr_assert_eq(total, want_total);
@@ -759,16 +790,21 @@ struct kc_shared {
 	int32_t b_rc;
 };
 
-static struct kvr_ring *kc_ring_mem(void)
+static void *kc_ring_mem(void)
 {
-	return (struct kvr_ring *)at(RING_OFF);
+	return at(RING_OFF);
+}
+
+static struct kvr_ring *kc_ring(void)
+{
+	return view_at(RING_OFF);
 }
 
 static int kc_producer(void *arg)
 {
 	(void)arg;
 	struct kc_shared *s = shared();
-	struct kvr_ring *r = kc_ring_mem();
+	struct kvr_ring *r = kc_ring();
 	kvr_ring_claim_producer(r, getpid());
 	uint8_t m[MSG];
 	for (uint64_t seq = 1; seq <= KC_N; seq++) {
@@ -783,7 +819,7 @@ static int kc_consumer_a(void *arg)
 {
 	(void)arg;
 	struct kc_shared *s = shared();
-	struct kvr_ring *r = kc_ring_mem();
+	struct kvr_ring *r = kc_ring();
 	kvr_ring_claim_consumer(r, getpid());
 	uint8_t m[MSG];
 	for (uint64_t seq = 1; seq <= KC_N; seq++) {
@@ -811,14 +847,14 @@ static int kc_consumer_b(void *arg)
 {
 	(void)arg;
 	struct kc_shared *s = shared();
-	struct kvr_ring *r;
-	int rc = kvr_ring_attach(kc_ring_mem(), seg.size - RING_OFF, &r);
+	struct kvr_ring view, *r = &view;
+	int rc = kvr_ring_view(kc_ring_mem(), seg.size - RING_OFF, &seg_waiters, &view);
 	if (rc) {
 		s->b_rc = rc;
 		return 2;
 	}
 	kvr_ring_claim_consumer(r, getpid());
-	s->b_head_at_attach = atomic_load(&r->head);
+	s->b_head_at_attach = atomic_load(&r->shm->head);
 	uint8_t m[MSG];
 	uint64_t expect = 0;
 	while (expect != KC_N + 1) {
@@ -868,8 +904,8 @@ static uint64_t kc_run(enum kc_mode mode, uint32_t stop_at, uint64_t seed, struc
 	cr_assert_eq(exit_code(st), 1000 + SIGKILL, "consumer A was not killed (exit %d)", exit_code(st));
 	uint64_t progress = atomic_load(&s->progress);
 	fprintf(stderr, "consumer killed after seq %llu: head %u, cons_blocked %u, sleepers left on its waiter %u\n",
-		(unsigned long long)progress, atomic_load(&r->head), atomic_load(&r->cons_blocked),
-		atomic_load(&r->own_cons_waiter.sleepers));
+		(unsigned long long)progress, atomic_load(&r->shm->head), atomic_load(&r->shm->cons_blocked),
+		atomic_load(&r->shm->own_cons_waiter.sleepers));
 
 	pid_t b = spawn(kc_consumer_b, NULL);
 	cr_assert_gt(b, 0);
@@ -885,10 +921,10 @@ static uint64_t kc_run(enum kc_mode mode, uint32_t stop_at, uint64_t seed, struc
 		  (unsigned long long)s->b_first, (unsigned long long)progress);
 	cr_assert_eq(s->b_last, KC_N);
 	cr_assert_eq(s->b_count, KC_N - s->b_first + 1);
-	cr_assert_eq(atomic_load(&r->head), KC_N);
-	cr_assert_eq(atomic_load(&r->tail), KC_N);
-	cr_assert_eq(atomic_load(&r->cons_pid), b);
-	cr_assert_eq(atomic_load(&r->cons_blocked), 0);
+	cr_assert_eq(atomic_load(&r->shm->head), KC_N);
+	cr_assert_eq(atomic_load(&r->shm->tail), KC_N);
+	cr_assert_eq(atomic_load(&r->shm->cons_pid), b);
+	cr_assert_eq(atomic_load(&r->shm->cons_blocked), 0);
 	return progress;
 }
 
@@ -909,31 +945,31 @@ Test(ring, consumer_killed_asleep)
 	struct kvr_ring *r = make_ring(RING_OFF, 8, MSG, "asleep");
 	pid_t pid = spawn(sleeping_consumer, r);
 	cr_assert_gt(pid, 0);
-	cr_assert_eq(wait_u32(&r->own_cons_waiter.sleepers, 1, 5000), 0);
-	cr_assert_eq(atomic_load(&r->cons_blocked), 1);
+	cr_assert_eq(wait_u32(&r->shm->own_cons_waiter.sleepers, 1, 5000), 0);
+	cr_assert_eq(atomic_load(&r->shm->cons_blocked), 1);
 	kill(pid, SIGKILL);
 	int st;
 	cr_assert_eq(reap(pid, 5000, &st), 0);
 	cr_assert_eq(exit_code(st), 1000 + SIGKILL);
-	cr_assert_eq(atomic_load(&r->cons_blocked), 1, "nobody cleared the dead consumer's flag yet");
-	cr_assert_eq(atomic_load(&r->own_cons_waiter.sleepers), 1);
+	cr_assert_eq(atomic_load(&r->shm->cons_blocked), 1, "nobody cleared the dead consumer's flag yet");
+	cr_assert_eq(atomic_load(&r->shm->own_cons_waiter.sleepers), 1);
 
 	kvr_ring_claim_consumer(r, getpid());
-	cr_assert_eq(atomic_load(&r->cons_pid), getpid());
-	cr_assert_eq(atomic_load(&r->cons_blocked), 0, "claim left the dead consumer's blocked flag");
-	cr_assert_eq(atomic_load(&r->own_cons_waiter.sleepers), 1);
+	cr_assert_eq(atomic_load(&r->shm->cons_pid), getpid());
+	cr_assert_eq(atomic_load(&r->shm->cons_blocked), 0, "claim left the dead consumer's blocked flag");
+	cr_assert_eq(atomic_load(&r->shm->own_cons_waiter.sleepers), 1);
 
 	/* the ring still works both ways; the stale sleeper only makes wakes real syscalls */
 	uint8_t m[MSG], out[MSG];
 	stamp(m, 5, 5);
-	uint32_t seq0 = atomic_load(&r->own_cons_waiter.seq);
+	uint32_t seq0 = atomic_load(&r->shm->own_cons_waiter.seq);
 	cr_assert_eq(kvr_ring_try_enqueue(r, m), 0);
-	cr_assert_eq(atomic_load(&r->own_cons_waiter.seq), seq0 + 1);
+	cr_assert_eq(atomic_load(&r->shm->own_cons_waiter.seq), seq0 + 1);
 	cr_assert_eq(kvr_ring_dequeue(r, out, 1000 * MS), 0);
 	cr_assert_eq(stamp_check(out, 5, 5), 0);
-	atomic_store(&r->own_cons_waiter.sleepers, 0); /* what the supervisor does on restart */
+	atomic_store(&r->shm->own_cons_waiter.sleepers, 0); /* what the supervisor does on restart */
 	cr_assert_eq(kvr_ring_try_enqueue(r, m), 0);
-	cr_assert_eq(atomic_load(&r->own_cons_waiter.seq), seq0 + 1);
+	cr_assert_eq(atomic_load(&r->shm->own_cons_waiter.seq), seq0 + 1);
 }
 
 Test(ring, consumer_killed_mid_stream, .timeout = 120)

@@ -46,12 +46,13 @@ static struct stress_ctl *ctl_of(void)
 	return (struct stress_ctl *)((uint8_t *)seg.base + sizeof(struct kvr_seg_hdr));
 }
 
+/* This process's view of the ring (each side builds its own after fork). */
 static struct kvr_ring *ring_of(void)
 {
-	struct kvr_ring *r = NULL;
-	if (kvr_ring_attach((uint8_t *)seg.base + RING_OFF, seg.size - RING_OFF, &r))
+	static struct kvr_ring view;
+	if (kvr_ring_view((uint8_t *)seg.base + RING_OFF, seg.size - RING_OFF, NULL, &view))
 		return NULL;
-	return r;
+	return &view;
 }
 
 static void fail_side(struct stress_ctl *c, int rc)
@@ -260,15 +261,15 @@ ParameterizedTest(uint32_t *cap, ring_stress, stamped, .fini = teardown, .timeou
 
 	/* counts and final state */
 	cr_assert_eq(atomic_load(&c->received), n);
-	cr_assert_eq(atomic_load(&r->enqueued), n);
-	cr_assert_eq(atomic_load(&r->dequeued), n);
-	cr_assert_eq(atomic_load(&r->tail), (uint32_t)n);
-	cr_assert_eq(atomic_load(&r->head), (uint32_t)n);
+	cr_assert_eq(atomic_load(&r->shm->enqueued), n);
+	cr_assert_eq(atomic_load(&r->shm->dequeued), n);
+	cr_assert_eq(atomic_load(&r->shm->tail), (uint32_t)n);
+	cr_assert_eq(atomic_load(&r->shm->head), (uint32_t)n);
 	cr_assert_eq(kvr_ring_count(r), 0);
-	cr_assert_eq(atomic_load(&r->prod_blocked), 0);
-	cr_assert_eq(atomic_load(&r->cons_blocked), 0);
-	cr_assert_eq(atomic_load(&r->own_cons_waiter.sleepers), 0);
-	cr_assert_eq(atomic_load(&r->own_prod_waiter.sleepers), 0);
+	cr_assert_eq(atomic_load(&r->shm->prod_blocked), 0);
+	cr_assert_eq(atomic_load(&r->shm->cons_blocked), 0);
+	cr_assert_eq(atomic_load(&r->shm->own_cons_waiter.sleepers), 0);
+	cr_assert_eq(atomic_load(&r->shm->own_prod_waiter.sleepers), 0);
 	uint64_t ps = 0, cs = 0;
 	for (int i = 0; i < N_STYLES; i++) {
 		ps += c->prod_style[i];
@@ -282,12 +283,12 @@ ParameterizedTest(uint32_t *cap, ring_stress, stamped, .fini = teardown, .timeou
 	cr_assert_eq(cs, n);
 
 	double secs = (double)(c->t_cons_end - c->t_start) / 1e9;
-	uint64_t fw = atomic_load(&r->full_waits);
+	uint64_t fw = atomic_load(&r->shm->full_waits);
 	fprintf(stderr,
 		"ring_stress cap %u: %llu msgs in %.3f s = %.2f M msg/s; producer full_waits %llu (avg %.1f us), "
 		"consumer empty_sleeps %llu; futex wakes: consumer %u producer %u\n",
 		*cap, (unsigned long long)n, secs, (double)n / secs / 1e6, (unsigned long long)fw,
-		fw ? (double)atomic_load(&r->full_wait_ns) / (double)fw / 1e3 : 0.0,
-		(unsigned long long)atomic_load(&r->empty_sleeps), atomic_load(&r->own_cons_waiter.seq),
-		atomic_load(&r->own_prod_waiter.seq));
+		fw ? (double)atomic_load(&r->shm->full_wait_ns) / (double)fw / 1e3 : 0.0,
+		(unsigned long long)atomic_load(&r->shm->empty_sleeps), atomic_load(&r->shm->own_cons_waiter.seq),
+		atomic_load(&r->shm->own_prod_waiter.seq));
 }

@@ -52,7 +52,7 @@ static struct kvr_ring *ring_named(const char *name)
 {
 	int i = kvr_ctl_find_ring(act.ctl, name);
 	cr_assert_geq(i, 0, "ring %s", name);
-	return kvr_ctl_ring(act.ctl, (unsigned)i);
+	return kvr_ctl_ring(&act.rings, (unsigned)i);
 }
 
 static void add_io(const char *name, bool input)
@@ -60,7 +60,7 @@ static void add_io(const char *name, bool input)
 	int i = kvr_ctl_find_ring(act.ctl, name);
 	cr_assert_geq(i, 0);
 	struct kvr_actor_ring *r = input ? &act.inputs[act.n_inputs++] : &act.outputs[act.n_outputs++];
-	*r = (struct kvr_actor_ring){.ring = kvr_ctl_ring(act.ctl, (unsigned)i), .index = i};
+	*r = (struct kvr_actor_ring){.ring = kvr_ctl_ring(&act.rings, (unsigned)i), .index = i};
 }
 
 static void send_have(kvr_key k, unsigned lane, bool last)
@@ -94,7 +94,7 @@ static void build(bool l2, bool remote, unsigned on_disk)
 	cr_assert_eq(kvr_segment_create(name, KVR_SEG_CTL, sz, 1, 0, &ctl_seg), 0);
 	cr_assert_eq(kvr_ctl_init(&ctl_seg, n_actors, MW, specs, n, "{}"), 0);
 	memset(&act, 0, sizeof(act));
-	act.ctl = ctl_seg.base;
+	cr_assert_eq(kvr_ctl_attach(&ctl_seg, &act.ctl, &act.rings), 0);
 	act.stats = &stats;
 	act.ent = kvr_ctl_actor(act.ctl, 0);
 	act.ent->kind = KVR_ACTOR_LOOKUP;

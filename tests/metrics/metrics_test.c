@@ -43,7 +43,8 @@ void m_fake_init_config(struct m_fake *f, const char *json)
 	cr_assert_gt(sz, 0);
 	cr_assert_eq(kvr_segment_create("kvr-test-metrics-ctl", KVR_SEG_CTL, sz, 1, 0, &f->ctl_seg), 0);
 	cr_assert_eq(kvr_ctl_init(&f->ctl_seg, MF_ACTORS, 2, fake_rings, 2, json), 0);
-	cr_assert_eq(kvr_ctl_attach(&f->ctl_seg, &f->ctl), 0);
+	static struct kvr_ctl_rings rings;
+	cr_assert_eq(kvr_ctl_attach(&f->ctl_seg, &f->ctl, &rings), 0);
 	struct kvr_ctl *c = f->ctl;
 	atomic_store(&c->state, KVR_INST_RUNNING);
 	fake_actor(c, 0, "lookup", KVR_ACTOR_LOOKUP, KVR_ACTOR_READY);
@@ -74,12 +75,12 @@ void m_fake_init_config(struct m_fake *f, const char *json)
 	kvr_hist_observe(h, 16001);
 	kvr_hist_observe(h, 1000000000);
 
-	struct kvr_ring *r = kvr_ctl_ring(c, 0);
+	struct kvr_ring *r = kvr_ctl_ring(&rings, 0);
 	uint8_t msg[KVR_CTL_RING_MSG_SIZE] = {0};
 	cr_assert_eq(kvr_ring_try_enqueue(r, msg), 0);
 	cr_assert_eq(kvr_ring_try_enqueue(r, msg), 0);
-	atomic_store(&r->full_wait_ns, 1500000000ull);
-	atomic_store(&r->rejected, 3);
+	atomic_store(&r->shm->full_wait_ns, 1500000000ull);
+	atomic_store(&r->shm->rejected, 3);
 
 	size_t tsz = kvr_slots_memsize(MF_SLOTS);
 	cr_assert_eq(kvr_segment_create("kvr-test-metrics-slots", KVR_SEG_SLOTS, tsz, 1, 0, &f->slots_seg), 0);

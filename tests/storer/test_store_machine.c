@@ -90,7 +90,7 @@ static void add_io(const char *name, bool input)
 	int i = kvr_ctl_find_ring(act.ctl, name);
 	cr_assert_geq(i, 0, "ring %s", name);
 	struct kvr_actor_ring *r = input ? &act.inputs[act.n_inputs++] : &act.outputs[act.n_outputs++];
-	*r = (struct kvr_actor_ring){.ring = kvr_ctl_ring(act.ctl, (unsigned)i), .index = i};
+	*r = (struct kvr_actor_ring){.ring = kvr_ctl_ring(&act.rings, (unsigned)i), .index = i};
 }
 
 /* stage_store_open's RESET, answered by the lookup actor's stand-in. */
@@ -127,7 +127,7 @@ static void build(bool l2)
 	cr_assert_eq(kvr_segment_create(name, KVR_SEG_CTL, sz, 1, 0, &ctl_seg), 0);
 	cr_assert_eq(kvr_ctl_init(&ctl_seg, N_ACTORS, MW, specs, 4, "{}"), 0);
 	memset(&act, 0, sizeof(act));
-	act.ctl = ctl_seg.base;
+	cr_assert_eq(kvr_ctl_attach(&ctl_seg, &act.ctl, &act.rings), 0);
 	act.stats = &stats;
 	act.index = STORER;
 	act.ent = kvr_ctl_actor(act.ctl, STORER);

@@ -246,7 +246,7 @@ void h_inspect_map(struct h_inst *in)
 	int rc = kvr_segment_map(fd, KVR_SEG_CTL, 0, &in->ro);
 	close(fd);
 	cr_assert(rc == 0, "map ctl read-only: %s", strerror(-rc));
-	rc = kvr_ctl_attach(&in->ro, &in->ctl);
+	rc = kvr_ctl_attach(&in->ro, &in->ctl, NULL);
 	cr_assert(rc == 0, "ctl attach: %s", strerror(-rc));
 }
 
@@ -338,11 +338,24 @@ struct kvr_actor_ent *h_actor(const struct h_inst *in, const char *name)
 	return i < 0 ? NULL : kvr_ctl_actor(in->ctl, (unsigned)i);
 }
 
+/* Views handed out by the ring helpers: each test is its own process, the pool outlives it. */
+static struct kvr_ring view_pool[256];
+static unsigned view_pool_used;
+
+static struct kvr_ring *view_of(const struct kvr_ctl *c, unsigned i)
+{
+	cr_assert_lt(view_pool_used, sizeof(view_pool) / sizeof(view_pool[0]), "ring view pool exhausted");
+	struct kvr_ring *v = &view_pool[view_pool_used++];
+	int rc = kvr_ctl_ring_view(c, i, v);
+	cr_assert_eq(rc, 0, "ring %u does not validate: %d", i, rc);
+	return v;
+}
+
 struct kvr_ring *h_ring(const struct kvr_ctl *c, const char *name)
 {
 	int i = kvr_ctl_find_ring(c, name);
 	cr_assert(i >= 0, "no ring %s", name);
-	return kvr_ctl_ring(c, (unsigned)i);
+	return view_of(c, (unsigned)i);
 }
 
 uint64_t h_stat(const struct h_inst *in, const char *actor, unsigned s)

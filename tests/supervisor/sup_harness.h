@@ -118,6 +118,7 @@ void h_worker_close(struct h_worker *w);
 /* Actor table helpers on the read-only mapping. */
 int h_actor_index(const struct kvr_ctl *c, const char *name);
 struct kvr_actor_ent *h_actor(const struct h_inst *in, const char *name);
+/* A view of ring name (one per call, valid for the test). */
 struct kvr_ring *h_ring(const struct kvr_ctl *c, const char *name);
 /* Open the daemon's own descriptor of memfd `name` ("kvring-ctl", "kvring-slots", ...)
  * through /proc/<pid>/fd with flags: the test owns the daemon, so it may look inside. */

@@ -98,13 +98,13 @@ Test(supervisor, inspect_layout)
 		cr_assert(i >= 0, "ring %s missing", data[k].name);
 		cr_assert_eq(kvr_ctl_ring_ent(c, (unsigned)i)->producer, data[k].prod, "%s producer", data[k].name);
 		cr_assert_eq(kvr_ctl_ring_ent(c, (unsigned)i)->consumer, data[k].cons, "%s consumer", data[k].name);
-		cr_assert_eq(kvr_ctl_ring(c, (unsigned)i)->capacity, 64);
+		cr_assert_eq(kvr_ctl_ring_shm(c, (unsigned)i)->capacity, 64);
 	}
 	/* the lookup actor claimed the rings it consumes */
 	pid_t lk = atomic_load(&kvr_ctl_actor(c, 0)->pid);
-	cr_assert_eq(atomic_load(&h_ring(c, "lookup.req.0")->cons_pid), lk);
-	cr_assert_eq(atomic_load(&h_ring(c, "commit.rep.1")->prod_pid), lk);
-	cr_assert_eq(atomic_load(&h_ring(c, "ctl.lookup.in")->prod_pid), inst.pid);
+	cr_assert_eq(atomic_load(&h_ring(c, "lookup.req.0")->shm->cons_pid), lk);
+	cr_assert_eq(atomic_load(&h_ring(c, "commit.rep.1")->shm->prod_pid), lk);
+	cr_assert_eq(atomic_load(&h_ring(c, "ctl.lookup.in")->shm->prod_pid), inst.pid);
 	/* the effective config is embedded */
 	cr_assert(strstr(kvr_ctl_config_json(c), inst.sock));
 	cr_assert(strstr(kvr_ctl_config_json(c), "\"health_interval_ms\": 200"));
@@ -154,9 +154,9 @@ Test(supervisor, attach_busy_detach_reattach)
 	struct kvr_actor_ent *ld = wait_ready("loader.0", 3000);
 	struct kvr_actor_ent *st = wait_ready("storer.0", 3000);
 	pid_t ld_pid = atomic_load(&ld->pid), st_pid = atomic_load(&st->pid);
-	cr_assert_eq(atomic_load(&h_ring(inst.ctl, "load.req.0")->cons_pid), ld_pid);
-	cr_assert_eq(atomic_load(&h_ring(inst.ctl, "store.req.0")->cons_pid), st_pid);
-	cr_assert_eq(atomic_load(&h_ring(inst.ctl, "commit.req.0")->prod_pid), st_pid);
+	cr_assert_eq(atomic_load(&h_ring(inst.ctl, "load.req.0")->shm->cons_pid), ld_pid);
+	cr_assert_eq(atomic_load(&h_ring(inst.ctl, "store.req.0")->shm->cons_pid), st_pid);
+	cr_assert_eq(atomic_load(&h_ring(inst.ctl, "commit.req.0")->shm->prod_pid), st_pid);
 
 	/* one slot only */
 	cr_assert_eq(h_attach(inst.sock, &w2), 0);
@@ -216,13 +216,13 @@ static void kill_and_check(const char *name)
 	cr_assert_eq(e->last_exit_code, -1);
 	cr_assert(!h_pid_alive(pid0));
 	/* its control rings are re-attached by the new process ... */
-	cr_assert_eq(atomic_load(&h_ring(inst.ctl, rin)->cons_pid), pid1);
-	cr_assert_eq(atomic_load(&h_ring(inst.ctl, rout)->prod_pid), pid1);
+	cr_assert_eq(atomic_load(&h_ring(inst.ctl, rin)->shm->cons_pid), pid1);
+	cr_assert_eq(atomic_load(&h_ring(inst.ctl, rout)->shm->prod_pid), pid1);
 	/* ... and it answers pings */
 	uint64_t pings = h_stat(&inst, name, KVR_STAT_PINGS);
-	uint64_t out_deq = atomic_load(&h_ring(inst.ctl, rout)->dequeued);
+	uint64_t out_deq = atomic_load(&h_ring(inst.ctl, rout)->shm->dequeued);
 	cr_assert(H_WAIT(h_stat(&inst, name, KVR_STAT_PINGS) > pings &&
-				 atomic_load(&h_ring(inst.ctl, rout)->dequeued) > out_deq,
+				 atomic_load(&h_ring(inst.ctl, rout)->shm->dequeued) > out_deq,
 			 2000),
 		  "no pong from the restarted %s", name);
 	cr_assert_eq(atomic_load(&e->pid), pid1, "%s restarted again", name);
@@ -396,7 +396,7 @@ Test(supervisor, sigterm_waits_for_rings)
 	struct kvr_segment seg;
 	struct kvr_ctl *c;
 	cr_assert_eq(kvr_segment_map(w.fds[0], KVR_SEG_CTL, 1, &seg), 0);
-	cr_assert_eq(kvr_ctl_attach(&seg, &c), 0);
+	cr_assert_eq(kvr_ctl_attach(&seg, &c, NULL), 0);
 	struct kvr_ring *req = h_ring(c, "lookup.req.0");
 
 	cr_assert_eq(kill(lk, SIGSTOP), 0);
@@ -416,7 +416,7 @@ Test(supervisor, sigterm_waits_for_rings)
 	cr_assert(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
 	inst.pid = 0;
 	cr_assert_eq(kvr_ring_count(req), 0);
-	cr_assert_eq(atomic_load(&req->rejected), 1);
+	cr_assert_eq(atomic_load(&req->shm->rejected), 1);
 	cr_assert_eq(atomic_load(&c->state), KVR_INST_STOPPED);
 	cr_assert(h_log_contains(&inst, "rings drained: stopping every actor"));
 	kvr_segment_close(&seg);
@@ -606,7 +606,7 @@ Test(supervisor, malformed_messages_counted)
 	struct kvr_segment seg;
 	struct kvr_ctl *c;
 	cr_assert_eq(kvr_segment_map(w.fds[0], KVR_SEG_CTL, 1, &seg), 0);
-	cr_assert_eq(kvr_ctl_attach(&seg, &c), 0);
+	cr_assert_eq(kvr_ctl_attach(&seg, &c, NULL), 0);
 	struct kvr_ring *req = h_ring(c, "lookup.req.0");
 	kvr_ring_claim_producer(req, getpid());
 
@@ -618,9 +618,9 @@ Test(supervisor, malformed_messages_counted)
 	for (int i = 0; i < 3; i++)
 		cr_assert_eq(kvr_ring_try_enqueue(req, &bad[i]), 0);
 
-	cr_assert(H_WAIT(atomic_load(&req->rejected) == 3, 2000), "rejected = %llu",
-		  (unsigned long long)atomic_load(&req->rejected));
-	cr_assert_eq(atomic_load(&req->dequeued), 3);
+	cr_assert(H_WAIT(atomic_load(&req->shm->rejected) == 3, 2000), "rejected = %llu",
+		  (unsigned long long)atomic_load(&req->shm->rejected));
+	cr_assert_eq(atomic_load(&req->shm->dequeued), 3);
 	cr_assert_eq(kvr_ring_count(req), 0);
 	cr_assert_eq(h_stat(&inst, "lookup", KVR_STAT_MALFORMED), 3);
 	/* the actor keeps serving: a new pong after the bad messages, same process */

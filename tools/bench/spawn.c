@@ -326,7 +326,7 @@ int bench_server_ctl(struct bench_server *s, char *err, size_t errlen)
 			      rep.status < 0 ? strerror(-rep.status) : "no control segment");
 	else if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 0, &s->ctl_seg)))
 		kvr_errf(err, errlen, rc, "%s: map the control segment: %s", s->name, strerror(-rc));
-	else if ((rc = kvr_ctl_attach(&s->ctl_seg, &s->ctl))) {
+	else if ((rc = kvr_ctl_attach(&s->ctl_seg, &s->ctl, NULL))) {
 		kvr_errf(err, errlen, rc, "%s: the control segment does not validate: %s", s->name, strerror(-rc));
 		kvr_segment_close(&s->ctl_seg);
 		s->ctl = NULL;

@@ -48,15 +48,17 @@ static void snap_ring(const struct kvr_ctl *c, unsigned i, struct kvr_insp_snap 
 		out->error = -EBADMSG;
 		return;
 	}
-	struct kvr_ring *r;
-	int rc = kvr_ring_attach((uint8_t *)c + e->offset, e->bytes, &r); /* only reads */
+	struct kvr_ring view;
+	const struct kvr_ring_waiters legal = kvr_ctl_legal_waiters(c);
+	int rc = kvr_ring_view((uint8_t *)c + e->offset, e->bytes, &legal, &view); /* only reads */
 	if (rc) {
 		out->error = rc;
 		return;
 	}
+	const struct kvr_ring_shm *r = view.shm;
 	out->valid = 1;
-	out->capacity = r->capacity;
-	out->msg_size = r->msg_size;
+	out->capacity = view.mask + 1;
+	out->msg_size = view.msg_size;
 	/* head before tail: the consumer never passes the tail it will later be read at */
 	out->head = atomic_load_explicit(&r->head, memory_order_acquire);
 	out->tail = atomic_load_explicit(&r->tail, memory_order_acquire);
@@ -78,7 +80,7 @@ static void snap_ring(const struct kvr_ctl *c, unsigned i, struct kvr_insp_snap 
 		return;
 	unsigned want = out->fill < s->max_msgs ? out->fill : s->max_msgs;
 	for (unsigned k = 0; k < want; k++) {
-		if (kvr_ring_peek(r, k, &out->msgs[k]) < 0)
+		if (kvr_ring_peek(&view, k, &out->msgs[k]) < 0)
 			break; /* consumed meanwhile */
 		out->n_msgs++;
 	}

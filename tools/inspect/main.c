@@ -119,7 +119,7 @@ static int show(const struct kvr_segment *seg, const struct kvr_segment *slots_s
 		struct kvr_insp_snap *prev, struct kvr_insp_snap **ret_snap)
 {
 	struct kvr_ctl *c;
-	int rc = kvr_ctl_attach(seg, &c); /* re-validated every time: the segment is not ours */
+	int rc = kvr_ctl_attach(seg, &c, NULL); /* re-validated every time: the segment is not ours */
 	if (rc) {
 		fprintf(stderr, "kvring-inspect: control segment does not validate: %s\n", strerror(-rc));
 		return rc;

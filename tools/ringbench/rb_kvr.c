@@ -10,6 +10,7 @@
 
 struct rb_chan {
 	struct kvr_ring *tx, *rx;
+	struct kvr_ctl_rings rings; /* this process's views */
 };
 
 static int kvr_setup(struct rb_env *env, char *why, size_t len)
@@ -53,9 +54,15 @@ static int kvr_open(struct rb_env *env, enum rb_role role, struct rb_chan **ret,
 		return -ENOMEM;
 	}
 	/* the mapping was inherited across fork(): same segment, same rings */
-	struct kvr_ctl *ctl = env->seg.base;
-	struct kvr_ring *a2b = kvr_ctl_ring(ctl, (unsigned)env->ring_a2b);
-	struct kvr_ring *b2a = kvr_ctl_ring(ctl, (unsigned)env->ring_b2a);
+	struct kvr_ctl *ctl;
+	int rc = kvr_ctl_attach(&env->seg, &ctl, &c->rings);
+	if (rc) {
+		snprintf(why, len, "the segment does not validate: %s", strerror(-rc));
+		free(c);
+		return rc;
+	}
+	struct kvr_ring *a2b = kvr_ctl_ring(&c->rings, (unsigned)env->ring_a2b);
+	struct kvr_ring *b2a = kvr_ctl_ring(&c->rings, (unsigned)env->ring_b2a);
 	c->tx = role == RB_A ? a2b : b2a;
 	c->rx = role == RB_A ? b2a : a2b;
 	kvr_ring_claim_producer(c->tx, getpid());
