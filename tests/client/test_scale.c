@@ -4,6 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "client_harness.h"
@@ -265,4 +268,164 @@ Test(scale, the_largest_geometry_attaches_and_one_more_region_is_refused)
 	struct kvr_geometry g;
 	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&g, KVR_GEOM_MAX_REGIONS / 2 + 1, 1, 8, 2, 16, 4), -EINVAL,
 		     "a geometry of more than KVR_GEOM_MAX_REGIONS regions cannot be built");
+}
+
+/* ---- a worker that scribbles over its rings ----------------------------------------- */
+
+/* The rings a worker's client reads and writes: what it may scribble over. */
+static const char *const worker_ring_fmts[] = {"lookup.req.%u", "lookup.rep.%u", "load.req.%u",
+					       "load.rep.%u",   "store.req.%u",  "store.rep.%u"};
+#define N_WORKER_RINGS (sizeof(worker_ring_fmts) / sizeof(worker_ring_fmts[0]))
+
+struct scribble_target {
+	uint8_t *mem;
+	size_t bytes;
+};
+
+static void worker_rings(unsigned w, struct scribble_target *ret)
+{
+	for (unsigned k = 0; k < N_WORKER_RINGS; k++) {
+		char name[KVR_RING_NAME_MAX];
+		snprintf(name, sizeof(name), worker_ring_fmts[k], w);
+		int i = kvr_ctl_find_ring(env.ctl, name);
+		cr_assert_geq(i, 0, "no ring %s", name);
+		const struct kvr_ring_ent *e = kvr_ctl_ring_ent(env.ctl, (unsigned)i);
+		ret[k] = (struct scribble_target){(uint8_t *)env.ctl + e->offset, e->bytes};
+	}
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+/* The values that broke a ring that trusted its header: sizes that overrun every buffer,
+ * indices far apart, waiter offsets outside the mapping, at a non-waiter, at another
+ * client's waiter (legal: it only wakes). */
+static void scribble_nasty(struct kvr_ring_shm *h, unsigned variant, int64_t other_waiter_off)
+{
+	switch (variant % 6) {
+	case 0:
+		h->msg_size = 4096;
+		h->capacity = 1u << 30;
+		break;
+	case 1:
+		h->data_off = UINT32_MAX;
+		atomic_store(&h->tail, atomic_load(&h->head) + 5); /* five messages the header says are there */
+		break;
+	case 2:
+		atomic_store(&h->tail, atomic_load(&h->head) + (1u << 31)); /* fill above any capacity */
+		atomic_store(&h->cons_waiter_off, INT64_MIN);
+		atomic_store(&h->prod_waiter_off, INT64_MAX);
+		break;
+	case 3:
+		atomic_store(&h->cons_waiter_off, -(int64_t)sizeof(struct kvr_seg_hdr)); /* in the ctl header */
+		atomic_store(&h->prod_waiter_off, 4);
+		break;
+	case 4:
+		atomic_store(&h->cons_waiter_off, other_waiter_off);
+		atomic_store(&h->prod_waiter_off, other_waiter_off);
+		break;
+	case 5:
+		memset(h, 0xff, sizeof(*h));
+		break;
+	}
+}
+
+/* The scribbler: every byte of every ring of worker w, random, over and over, until killed. */
+static void scribble_forever(const struct scribble_target *t, uint64_t seed)
+{
+	uint64_t s = seed | 1;
+	for (;;) {
+		for (unsigned k = 0; k < N_WORKER_RINGS; k++) {
+			uint64_t *p = (uint64_t *)(void *)t[k].mem;
+			for (size_t j = 0; j < t[k].bytes / 8; j++)
+				p[j] = xorshift(&s);
+		}
+		usleep(200); /* two cores: the actors and the test must run too */
+	}
+}
+
+/*
+ * Worker b scribbles over every byte of the memory its rings occupy — headers, indices,
+ * waiter offsets, messages — first with the values that break a trusting ring, then with
+ * random bytes from another process while worker a stores and loads. No actor dies or
+ * restarts, the lookup actor rejects (and counts) what it cannot decode, every byte a
+ * loads is a's, and once b is gone the slot table holds only FREE and COMMITTED slots.
+ */
+Test(scale, a_worker_scribbling_over_its_rings_crashes_no_actor)
+{
+	ct_start(&env, &ct_tiny, &(struct ct_opts){.max_workers = 2});
+	struct ct_rank *a, *b;
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-a", NULL, &a), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-b", NULL, &b), 0, "%s", kvr_last_error(NULL));
+	uint32_t tokens[2 * 16], blocks[2] = {0, 1};
+	ct_prompt(tokens, 2 * 16, 31);
+	ct_fill(a, 0, 41);
+	ct_fill(a, 1, 42);
+	struct ct_done d;
+	ct_store(a, 1, tokens, 2 * 16, blocks, 2, &d);
+	cr_assert_eq(d.c.status, 0);
+
+	unsigned n_actors = atomic_load(&env.ctl->n_actors);
+	pid_t pid0[KVR_CTL_MAX_ACTORS];
+	uint32_t restarts0[KVR_CTL_MAX_ACTORS];
+	for (unsigned i = 0; i < n_actors; i++) {
+		pid0[i] = atomic_load(&kvr_ctl_actor(env.ctl, i)->pid);
+		restarts0[i] = kvr_ctl_actor(env.ctl, i)->restarts;
+	}
+	uint64_t malformed0 = ct_stat(&env, "lookup", KVR_STAT_MALFORMED);
+	struct scribble_target t[N_WORKER_RINGS];
+	worker_rings(b->worker, t);
+	/* a's client waiter, as an offset from each of b's rings */
+	uintptr_t a_waiter = (uintptr_t)&kvr_ctl_worker(env.ctl, a->worker)->waiter;
+
+	uint64_t req = 100;
+	for (unsigned round = 0; round < 24; round++) {
+		for (unsigned k = 0; k < N_WORKER_RINGS; k++)
+			scribble_nasty((struct kvr_ring_shm *)(void *)t[k].mem, round + k,
+				       (int64_t)(a_waiter - (uintptr_t)t[k].mem));
+		cr_assert_eq(ct_lookup_load_exact(a, req++, tokens, 2 * 16, 4, 41), 2, "round %u", round);
+	}
+
+	uint64_t seed = 0x5c1bb1e5ull ^ (uint64_t)getpid();
+	pid_t scribbler = fork();
+	cr_assert_geq(scribbler, 0);
+	if (scribbler == 0) {
+		scribble_forever(t, seed);
+		_exit(0);
+	}
+	ct_track_child(scribbler);
+	for (unsigned round = 0; round < 40; round++) {
+		cr_assert_eq(ct_lookup_load_exact(a, req++, tokens, 2 * 16, 4, 41), 2, "round %u", round);
+		if (round % 8 == 7) { /* a new prompt of a's, stored and loaded back while b scribbles */
+			uint32_t more[2 * 16];
+			ct_prompt(more, 2 * 16, 1000 + round);
+			ct_fill(a, 8, 500 + round);
+			ct_fill(a, 9, 501 + round);
+			uint32_t mb[2] = {8, 9};
+			ct_store(a, req++, more, 2 * 16, mb, 2, &d);
+			cr_assert_eq(d.c.status, 0, "round %u: a's store failed: %d", round, d.c.status);
+			cr_assert_eq(ct_lookup_load_exact(a, req++, more, 2 * 16, 12, 500 + round), 2, "round %u", round);
+		}
+	}
+	cr_assert_eq(kill(scribbler, SIGKILL), 0);
+	cr_assert_eq(waitpid(scribbler, NULL, 0), scribbler);
+	ct_untrack_child(scribbler);
+
+	for (unsigned i = 0; i < n_actors; i++) {
+		const struct kvr_actor_ent *ae = kvr_ctl_actor(env.ctl, i);
+		cr_assert_eq(atomic_load(&ae->pid), pid0[i], "%s: pid %d, was %d", ae->name, atomic_load(&ae->pid), pid0[i]);
+		cr_assert_eq(ae->restarts, restarts0[i], "%s restarted", ae->name);
+	}
+	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_MALFORMED), malformed0,
+		     "the lookup actor never saw (and rejected) a scribbled message");
+
+	/* b goes; its slots (whatever its garbage made the lookup actor allocate) are reclaimed */
+	ct_rank_close(b);
+	ct_assert_table_clean(&env);
+	cr_assert_eq(ct_lookup_load_exact(a, req++, tokens, 2 * 16, 4, 41), 2);
 }
