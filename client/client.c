@@ -389,12 +389,12 @@ KVR_EXPORT int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client 
 	}
 	int fds[KVR_PROTO_MAX_FDS];
 	unsigned nfds = 0;
-	if ((rc = recv_attach_reply(c, 3, fds)))
+	if ((rc = recv_attach_reply(c, 1, fds)))
 		goto err;
-	nfds = 3;
+	nfds = 1;
 
-	/* The client needs only the control segment (rings, actor table); the arena and the
-	 * slot table are the actors' business. */
+	/* The client gets only the control segment (rings, actor table); the arena and the
+	 * slot table are the actors' business, and never handed to a worker. */
 	if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 1, &c->ctl_seg)) ||
 	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl, &c->rings))) {
 		rc = fail(c, rc, "attach: cannot map the instance's segments: %s", strerror(-rc));

@@ -13,7 +13,7 @@
  * (and, for an attach, with the request: the worker's KV memory) as SCM_RIGHTS.
  *
  *   INSPECT  -> reply status 0 + fds [ctl (read-only)]
- *   ATTACH   -> reply status 0 + worker slot + fds [ctl, arena, ...]; the connection then
+ *   ATTACH   -> reply status 0 + worker slot + fds [ctl]; the connection then
  *               stays open for the worker's lifetime: when it closes (the worker died or
  *               detached) kvringd releases the worker's leases, reclaims its uncommitted
  *               slots and stops its loader and storer.
@@ -24,7 +24,7 @@
  */
 
 #define KVR_PROTO_MAGIC 0x4b565250u /* "KVRP" */
-#define KVR_PROTO_VERSION 1u
+#define KVR_PROTO_VERSION 2u /* 2: an attach reply carries the control segment only */
 #define KVR_PROTO_MAX_FDS 8
 #define KVR_PROTO_REASON_MAX 160
 #define KVR_PROTO_PAYLOAD_MAX 20480 /* a geometry of 1024 regions + the engine identity: one
@@ -60,7 +60,9 @@ struct kvr_proto_rep {
 
 /* ATTACH: the request payload is the worker's struct kvr_geometry (kvr_geometry.h) and
  * one fd travels with it: the worker's KV memory (host backend: a memfd). The reply
- * payload is struct kvr_attach_info and its fds are [ctl, arena, slot table].
+ * payload is struct kvr_attach_info and its one fd is the control segment. The arena and
+ * the slot table never reach a worker: the actors copy and commit, and a worker holding
+ * them could overwrite every other worker's KV bytes and slot states.
  * kvringd refuses KV memory no actor could map safely, naming why in the reason: an
  * O_PATH or not read-write fd, anything but a memfd, a hugetlbfs memfd, one sealed
  * against writes (F_SEAL_WRITE; F_SEAL_FUTURE_WRITE unless it is a CUDA KV descriptor),

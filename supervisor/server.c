@@ -595,7 +595,7 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 		sup_groups_update(s);
 
 	rep.worker = (uint32_t)w;
-	rep.n_fds = 3;
+	rep.n_fds = 1;
 	struct kvr_attach_info info = {
 		.ns_lo = ns.lo,
 		.ns_hi = ns.hi,
@@ -613,8 +613,8 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	};
 	memcpy(rep.payload, &info, sizeof(info));
 	rep.payload_len = sizeof(info);
-	int out[3] = {s->ctl_seg.fd, s->arena_seg.fd, s->slots_seg.fd};
-	if (send_rep(c->fd, &rep, out, 3))
+	/* the control segment only (kvr_proto.h): no worker gets the arena or the slot table */
+	if (send_rep(c->fd, &rep, &s->ctl_seg.fd, 1))
 		kvr_warn("worker %d: attach reply not sent; it detaches when the connection closes", w);
 	return;
 reply:

@@ -129,15 +129,19 @@ Test(supervisor, attach_busy_detach_reattach)
 	cr_assert_eq(h_attach(inst.sock, &w1), 0);
 	cr_assert_eq(w1.status, 0, "attach: %s", w1.reason);
 	cr_assert_eq(w1.worker, 0);
-	cr_assert_eq(w1.n_fds, 3, "ctl, arena and slot table");
-	/* the fds are the control segment (writable), the arena and the slot table: 64 MiB of
-	 * L1 hold 3 slots of one qwen3-8b block lane (36 layers x K,V x 8 heads x 128 x bf16 x
-	 * 128 tokens = 18 MiB) after the arena's 4 KiB header */
+	cr_assert_eq(w1.n_fds, 1, "the control segment only: no worker gets the arena or the slot table");
+	/* the fd is the control segment (writable). The instance's: 64 MiB of L1 hold 3 slots of
+	 * one qwen3-8b block lane (36 layers x K,V x 8 heads x 128 x bf16 x 128 tokens = 18 MiB)
+	 * after the arena's 4 KiB header */
 	struct kvr_segment ctl, arena, slots;
 	struct kvr_slot_table *t;
 	cr_assert_eq(kvr_segment_map(w1.fds[0], KVR_SEG_CTL, 1, &ctl), 0);
-	cr_assert_eq(kvr_segment_map(w1.fds[1], KVR_SEG_ARENA, 1, &arena), 0);
-	cr_assert_eq(kvr_segment_map(w1.fds[2], KVR_SEG_SLOTS, 1, &slots), 0);
+	int fd = h_daemon_memfd(inst.pid, "kvring-arena", O_RDONLY);
+	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_ARENA, 0, &arena), 0);
+	close(fd);
+	fd = h_daemon_memfd(inst.pid, "kvring-slots", O_RDONLY);
+	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_SLOTS, 0, &slots), 0);
+	close(fd);
 	cr_assert_eq(kvr_slots_attach(&slots, &t), 0);
 	cr_assert_eq(t->slot_bytes, 18874368);
 	cr_assert_eq(t->n_slots, 3);
