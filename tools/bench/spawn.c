@@ -18,9 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
-
 #include "bench.h"
+#include "json_writer.h"
 #include "kvr_log.h"
 #include "kvr_proto.h"
 #include "kvr_time.h"
@@ -36,45 +35,62 @@ char *bench_server_config(const struct bench_opts *o, const struct bench_plan *p
 			cap = pl->unique_bytes / 3;
 		cap = ((cap + (1u << 20) - 1) >> 20 << 20) + (1u << 20);
 	}
-	cJSON *root = cJSON_CreateObject();
-	if (!root)
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	if (!f)
 		return NULL;
-	cJSON *inst = cJSON_AddObjectToObject(root, "instance");
-	cJSON_AddStringToObject(inst, "socket", socket);
+	struct kvr_jw w;
+	kvr_jw_init(&w, f, KVR_JW_TABS);
+	kvr_jw_object(&w, NULL);
+	kvr_jw_object(&w, "instance");
+	kvr_jw_str(&w, "socket", socket);
 	/* a cross-layout run attaches every rank twice; a slot is freed once its gather actor exited */
 	bool relayout = pl->ld.dcp != pl->st.dcp || pl->ld.interleave != pl->st.interleave;
-	cJSON_AddNumberToObject(inst, "max_workers", relayout ? 2 * o->tp : o->tp);
-	cJSON *model = cJSON_AddObjectToObject(root, "model");
-	cJSON_AddStringToObject(model, "preset", o->model);
-	cJSON_AddNumberToObject(model, "block_tokens", o->block_tokens);
+	kvr_jw_u64(&w, "max_workers", relayout ? 2 * o->tp : o->tp);
+	kvr_jw_end(&w);
+	kvr_jw_object(&w, "model");
+	kvr_jw_str(&w, "preset", o->model);
+	kvr_jw_u64(&w, "block_tokens", o->block_tokens);
 	/* the canonical block: MLA as without DCP; MHA's tp_size is the number of lanes, tp / dcp */
-	cJSON_AddNumberToObject(model, "tp_size", pl->preset->attention == KVR_ATTN_MLA ? o->tp : pl->lanes);
-	cJSON *l1 = cJSON_AddObjectToObject(root, "l1");
-	cJSON_AddNumberToObject(l1, "capacity_bytes", (double)cap);
+	kvr_jw_u64(&w, "tp_size", pl->preset->attention == KVR_ATTN_MLA ? o->tp : pl->lanes);
+	kvr_jw_end(&w);
+	kvr_jw_object(&w, "l1");
+	kvr_jw_u64(&w, "capacity_bytes", cap);
+	kvr_jw_end(&w);
 	if (o->evict) { /* L2 beside the socket: <tmpdir>/l2, twice the workload */
 		char dir[PATH_MAX];
 		snprintf(dir, sizeof(dir), "%s", socket);
 		char *slash = strrchr(dir, '/');
 		if (slash)
 			snprintf(slash, sizeof(dir) - (size_t)(slash - dir), "/l2");
-		cJSON *l2 = cJSON_AddObjectToObject(root, "l2");
-		cJSON *dirs = cJSON_AddArrayToObject(l2, "dirs");
-		cJSON_AddItemToArray(dirs, cJSON_CreateString(dir));
-		cJSON_AddNumberToObject(l2, "capacity_bytes", (double)(pl->unique_bytes * 2 + (64u << 20)));
-		cJSON_AddStringToObject(l2, "durability", "none");
+		kvr_jw_object(&w, "l2");
+		kvr_jw_array(&w, "dirs");
+		kvr_jw_str(&w, NULL, dir);
+		kvr_jw_end(&w);
+		kvr_jw_u64(&w, "capacity_bytes", pl->unique_bytes * 2 + (64u << 20));
+		kvr_jw_str(&w, "durability", "none");
+		kvr_jw_end(&w);
 	}
 	if (o->n_remote) {
-		cJSON *rm = cJSON_AddObjectToObject(root, "remote");
-		cJSON *seeds = cJSON_AddArrayToObject(rm, "cluster");
+		kvr_jw_object(&w, "remote");
+		kvr_jw_array(&w, "cluster");
 		for (uint32_t i = 0; i < o->n_remote; i++)
-			cJSON_AddItemToArray(seeds, cJSON_CreateString(o->remote_seed[i]));
-		cJSON_AddNumberToObject(rm, "timeout_ms", BENCH_REMOTE_TIMEOUT_MS);
-		cJSON_AddNumberToObject(rm, "max_inflight", o->remote_inflight);
+			kvr_jw_str(&w, NULL, o->remote_seed[i]);
+		kvr_jw_end(&w);
+		kvr_jw_u64(&w, "timeout_ms", BENCH_REMOTE_TIMEOUT_MS);
+		kvr_jw_u64(&w, "max_inflight", o->remote_inflight);
+		kvr_jw_end(&w);
 	}
-	cJSON *metrics = cJSON_AddObjectToObject(root, "metrics");
-	cJSON_AddBoolToObject(metrics, "enabled", 0);
-	char *text = cJSON_Print(root);
-	cJSON_Delete(root);
+	kvr_jw_object(&w, "metrics");
+	kvr_jw_bool(&w, "enabled", false);
+	kvr_jw_end(&w);
+	kvr_jw_end(&w);
+	int rc = kvr_jw_finish(&w);
+	if (fclose(f) != 0 || rc) {
+		free(text);
+		return NULL;
+	}
 	return text;
 }
 

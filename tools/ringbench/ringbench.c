@@ -1,5 +1,4 @@
 /* kvring-ringbench: 64-byte message latency and throughput between two processes: kvr ring, pipe, iceoryx. */
-#include <cJSON.h>
 #include <errno.h>
 #include <getopt.h>
 #include <poll.h>
@@ -16,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json_writer.h"
 #include "kvr_time.h"
 #include "ringbench.h"
 
@@ -508,72 +508,80 @@ static void print_text(const struct row *rows, const struct params *p, const str
 
 static void print_json(const struct row *rows, const struct params *p, const struct machine *m)
 {
-	cJSON *root = cJSON_CreateObject();
-	cJSON *mj = cJSON_AddObjectToObject(root, "machine");
-	cJSON_AddNumberToObject(mj, "cpus_online", (double)m->cpus_online);
-	cJSON_AddNumberToObject(mj, "cpus_usable", m->cpus_allowed);
-	cJSON_AddStringToObject(mj, "cpu_model", m->cpu_model);
-	cJSON_AddStringToObject(mj, "kernel", m->kernel);
-	cJSON *pj = cJSON_AddObjectToObject(root, "params");
-	cJSON_AddNumberToObject(pj, "message_bytes", KVR_MSG_SIZE);
-	cJSON_AddNumberToObject(pj, "messages", (double)p->messages);
-	cJSON_AddNumberToObject(pj, "roundtrips", (double)p->roundtrips);
-	cJSON_AddNumberToObject(pj, "warmup_roundtrips", (double)p->warmup);
-	cJSON_AddNumberToObject(pj, "kvr_ring_capacity", p->capacity);
-	cJSON *tj = cJSON_AddArrayToObject(root, "transports");
+	struct kvr_jw w;
+	kvr_jw_init(&w, stdout, KVR_JW_TABS);
+	kvr_jw_object(&w, NULL);
+	kvr_jw_object(&w, "machine");
+	kvr_jw_u64(&w, "cpus_online", (uint64_t)m->cpus_online);
+	kvr_jw_i64(&w, "cpus_usable", m->cpus_allowed);
+	kvr_jw_str(&w, "cpu_model", m->cpu_model);
+	kvr_jw_str(&w, "kernel", m->kernel);
+	kvr_jw_end(&w);
+	kvr_jw_object(&w, "params");
+	kvr_jw_u64(&w, "message_bytes", KVR_MSG_SIZE);
+	kvr_jw_u64(&w, "messages", p->messages);
+	kvr_jw_u64(&w, "roundtrips", p->roundtrips);
+	kvr_jw_u64(&w, "warmup_roundtrips", p->warmup);
+	kvr_jw_u64(&w, "kvr_ring_capacity", p->capacity);
+	kvr_jw_end(&w);
+	kvr_jw_array(&w, "transports");
 	for (int i = 0; i < 3; i++) {
 		const struct row *r = &rows[i];
 		if (r->state == 0)
 			continue;
-		cJSON *o = cJSON_CreateObject();
-		cJSON_AddItemToArray(tj, o);
-		cJSON_AddStringToObject(o, "name", r->t->name);
-		cJSON_AddStringToObject(o, "label", r->t->label);
-		cJSON_AddStringToObject(o, "result", row_state(r));
+		kvr_jw_object(&w, NULL);
+		kvr_jw_str(&w, "name", r->t->name);
+		kvr_jw_str(&w, "label", r->t->label);
+		kvr_jw_str(&w, "result", row_state(r));
 		if (r->state != 1) {
-			cJSON_AddStringToObject(o, "reason", r->why);
+			kvr_jw_str(&w, "reason", r->why);
+			kvr_jw_end(&w);
 			continue;
 		}
 		const struct side *a = &r->pp[RB_A];
-		cJSON *l = cJSON_AddObjectToObject(o, "latency");
-		cJSON_AddNumberToObject(l, "roundtrips", (double)(a->count - p->warmup));
-		cJSON_AddNumberToObject(l, "one_way_p50_ns", (double)a->rtt_p50 / 2);
-		cJSON_AddNumberToObject(l, "one_way_p99_ns", (double)a->rtt_p99 / 2);
-		cJSON_AddNumberToObject(l, "rtt_min_ns", (double)a->rtt_min);
-		cJSON_AddNumberToObject(l, "rtt_p50_ns", (double)a->rtt_p50);
-		cJSON_AddNumberToObject(l, "rtt_p99_ns", (double)a->rtt_p99);
-		cJSON_AddNumberToObject(l, "rtt_p999_ns", (double)a->rtt_p999);
-		cJSON_AddNumberToObject(l, "rtt_max_ns", (double)a->rtt_max);
-		cJSON_AddNumberToObject(l, "rtt_mean_ns", p->roundtrips ? (double)a->rtt_sum / (double)p->roundtrips : 0);
-		cJSON *t = cJSON_AddObjectToObject(o, "throughput");
-		cJSON_AddNumberToObject(t, "messages_sent", (double)r->st[RB_A].count);
-		cJSON_AddNumberToObject(t, "messages_verified", (double)r->st[RB_B].count);
-		cJSON_AddNumberToObject(t, "seconds", r->stream_s);
-		cJSON_AddNumberToObject(t, "msgs_per_s", r->msgs_per_s);
-		cJSON_AddNumberToObject(t, "producer_cpu_s", (double)r->st[RB_A].cpu_ns / 1e9);
-		cJSON_AddNumberToObject(t, "consumer_cpu_s", (double)r->st[RB_B].cpu_ns / 1e9);
-		cJSON_AddNumberToObject(t, "cpu_percent", r->stream_cpu_pct);
+		kvr_jw_object(&w, "latency");
+		kvr_jw_u64(&w, "roundtrips", a->count - p->warmup);
+		kvr_jw_double(&w, "one_way_p50_ns", (double)a->rtt_p50 / 2);
+		kvr_jw_double(&w, "one_way_p99_ns", (double)a->rtt_p99 / 2);
+		kvr_jw_u64(&w, "rtt_min_ns", a->rtt_min);
+		kvr_jw_u64(&w, "rtt_p50_ns", a->rtt_p50);
+		kvr_jw_u64(&w, "rtt_p99_ns", a->rtt_p99);
+		kvr_jw_u64(&w, "rtt_p999_ns", a->rtt_p999);
+		kvr_jw_u64(&w, "rtt_max_ns", a->rtt_max);
+		kvr_jw_double(&w, "rtt_mean_ns", p->roundtrips ? (double)a->rtt_sum / (double)p->roundtrips : 0);
+		kvr_jw_end(&w);
+		kvr_jw_object(&w, "throughput");
+		kvr_jw_u64(&w, "messages_sent", r->st[RB_A].count);
+		kvr_jw_u64(&w, "messages_verified", r->st[RB_B].count);
+		kvr_jw_double(&w, "seconds", r->stream_s);
+		kvr_jw_double(&w, "msgs_per_s", r->msgs_per_s);
+		kvr_jw_double(&w, "producer_cpu_s", (double)r->st[RB_A].cpu_ns / 1e9);
+		kvr_jw_double(&w, "consumer_cpu_s", (double)r->st[RB_B].cpu_ns / 1e9);
+		kvr_jw_double(&w, "cpu_percent", r->stream_cpu_pct);
+		kvr_jw_end(&w);
+		kvr_jw_end(&w);
 	}
-	cJSON *rj = cJSON_AddObjectToObject(root, "ratios");
+	kvr_jw_end(&w);
+	kvr_jw_object(&w, "ratios");
 	const struct row *kvr = find_row(rows, "kvr");
 	const char *peers[] = {"pipe", "iceoryx"};
 	for (int i = 0; i < 2; i++) {
 		const struct row *peer = find_row(rows, peers[i]);
-		char key[32];
-		snprintf(key, sizeof(key), "kvr/%s", peers[i]);
+		/* keys are written as given: both are literals */
+		const char *key = i == 0 ? "kvr/pipe" : "kvr/iceoryx";
 		if (kvr->state != 1 || peer->state != 1) {
-			cJSON_AddNullToObject(rj, key);
+			kvr_jw_null(&w, key);
 			continue;
 		}
-		cJSON *o = cJSON_AddObjectToObject(rj, key);
-		cJSON_AddNumberToObject(o, "p50_latency", (double)kvr->pp[RB_A].rtt_p50 / (double)peer->pp[RB_A].rtt_p50);
-		cJSON_AddNumberToObject(o, "throughput", kvr->msgs_per_s / peer->msgs_per_s);
+		kvr_jw_object(&w, key);
+		kvr_jw_double(&w, "p50_latency", (double)kvr->pp[RB_A].rtt_p50 / (double)peer->pp[RB_A].rtt_p50);
+		kvr_jw_double(&w, "throughput", kvr->msgs_per_s / peer->msgs_per_s);
+		kvr_jw_end(&w);
 	}
-	char *s = cJSON_Print(root);
-	if (s)
-		puts(s);
-	free(s);
-	cJSON_Delete(root);
+	kvr_jw_end(&w);
+	kvr_jw_end(&w);
+	if (kvr_jw_finish(&w) == 0)
+		putchar('\n');
 }
 
 /* ---- main ------------------------------------------------------------------------------- */
