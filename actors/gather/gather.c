@@ -30,8 +30,8 @@
  * drain waits for them.
  *
  * The split on load needs nothing from the other ranks: each rank's own loader copies its
- * tokens out of the canonical lane (the same kvr_dcp runs, stage_load_feed), so the D
- * ranks' loads run in parallel — one gather thread serving them all measured 0.52x
+ * tokens out of the canonical lane (the same kvr_dcp runs; actors/loader/loader.c), so the
+ * D ranks' loads run in parallel — one gather thread serving them all measured 0.52x
  * memcpy per rank at D = 4 (docs/benchmarks.md).
  *
  * The copies go straight between each rank's KV memory and the slot, one hop: on the host
