@@ -137,27 +137,28 @@ void kvr_ring_set_producer_waiter(struct kvr_ring_shm *r, struct kvr_waiter *w)
 }
 
 /* The waiter to wake, after a re-pointing by kvringd (rare: a relaxed load of a line that
- * is read-mostly). An offset that resolves to no legal waiter wakes the ring's own. */
+ * is read-mostly): *w as resolved from *off, resolved again when the shared offset moved.
+ * An offset that resolves to no legal waiter wakes the ring's own. */
+static struct kvr_waiter *current_waiter(struct kvr_ring *r, _Atomic int64_t *shared_off, int64_t *off,
+					 struct kvr_waiter **w, struct kvr_waiter *own)
+{
+	int64_t now = atomic_load_explicit(shared_off, memory_order_relaxed);
+	if (__builtin_expect(now != *off, 0)) {
+		struct kvr_waiter *got = resolve_waiter(r, now, own);
+		*w = got ? got : own;
+		*off = now;
+	}
+	return *w;
+}
+
 struct kvr_waiter *kvr_ring_consumer_waiter(struct kvr_ring *r)
 {
-	int64_t off = atomic_load_explicit(&r->shm->cons_waiter_off, memory_order_relaxed);
-	if (__builtin_expect(off != r->cons_off, 0)) {
-		struct kvr_waiter *w = resolve_waiter(r, off, &r->shm->own_cons_waiter);
-		r->cons_w = w ? w : &r->shm->own_cons_waiter;
-		r->cons_off = off;
-	}
-	return r->cons_w;
+	return current_waiter(r, &r->shm->cons_waiter_off, &r->cons_off, &r->cons_w, &r->shm->own_cons_waiter);
 }
 
 struct kvr_waiter *kvr_ring_producer_waiter(struct kvr_ring *r)
 {
-	int64_t off = atomic_load_explicit(&r->shm->prod_waiter_off, memory_order_relaxed);
-	if (__builtin_expect(off != r->prod_off, 0)) {
-		struct kvr_waiter *w = resolve_waiter(r, off, &r->shm->own_prod_waiter);
-		r->prod_w = w ? w : &r->shm->own_prod_waiter;
-		r->prod_off = off;
-	}
-	return r->prod_w;
+	return current_waiter(r, &r->shm->prod_waiter_off, &r->prod_off, &r->prod_w, &r->shm->own_prod_waiter);
 }
 
 /* A claimant is not waiting, whatever a predecessor killed mid-wait left in the flag. */

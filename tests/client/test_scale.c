@@ -174,6 +174,21 @@ Test(scale, a_60000_block_store_and_load_outlive_the_health_check)
 	cr_assert(!missed, "an actor missed pings (kvringd's log says which)");
 }
 
+/* Engines a and b attached (one worker each); a stored a 2-block prompt of `seed` in its
+ * engine blocks 0 and 1, holding tag0 and tag0 + 1. */
+static void two_engines(struct ct_rank **a, struct ct_rank **b, uint32_t *tokens, uint64_t seed, uint64_t tag0)
+{
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-a", NULL, a), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-b", NULL, b), 0, "%s", kvr_last_error(NULL));
+	uint32_t blocks[2] = {0, 1};
+	ct_prompt(tokens, 2 * 16, seed);
+	ct_fill(*a, 0, tag0);
+	ct_fill(*a, 1, tag0 + 1);
+	struct ct_done d;
+	ct_store(*a, 1, tokens, 2 * 16, blocks, 2, &d);
+	cr_assert_eq(d.c.status, 0);
+}
+
 /* A worker that never drains its reply ring delays nobody: with timeouts.reply_ms at a
  * minute, a lookup actor that waited for room in that ring would hold every other worker's
  * lookup for a minute (their 5 s timeout would fail them). The other worker's lookup is
@@ -184,15 +199,8 @@ Test(scale, a_worker_that_never_reads_delays_no_other)
 	ct_start(&env, &ct_tiny, &(struct ct_opts){.max_workers = 2, .sections_extra =
 		",\n  \"timeouts\": {\"reply_ms\": 60000, \"alloc_wait_ms\": 120000, \"lookup_call_ms\": 180000}"});
 	struct ct_rank *a, *b;
-	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-a", NULL, &a), 0, "%s", kvr_last_error(NULL));
-	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-b", NULL, &b), 0, "%s", kvr_last_error(NULL));
-	uint32_t tokens[2 * 16], blocks[2] = {0, 1};
-	ct_prompt(tokens, 2 * 16, 9);
-	ct_fill(a, 0, 21);
-	ct_fill(a, 1, 22);
-	struct ct_done d;
-	ct_store(a, 1, tokens, 2 * 16, blocks, 2, &d);
-	cr_assert_eq(d.c.status, 0);
+	uint32_t tokens[2 * 16];
+	two_engines(&a, &b, tokens, 9, 21);
 
 	/* b floods the lookup actor with lookups and reads no answer: more than its ring holds */
 	char name[32];
@@ -360,15 +368,9 @@ Test(scale, a_worker_scribbling_over_its_rings_crashes_no_actor)
 {
 	ct_start(&env, &ct_tiny, &(struct ct_opts){.max_workers = 2});
 	struct ct_rank *a, *b;
-	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-a", NULL, &a), 0, "%s", kvr_last_error(NULL));
-	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-b", NULL, &b), 0, "%s", kvr_last_error(NULL));
-	uint32_t tokens[2 * 16], blocks[2] = {0, 1};
-	ct_prompt(tokens, 2 * 16, 31);
-	ct_fill(a, 0, 41);
-	ct_fill(a, 1, 42);
+	uint32_t tokens[2 * 16];
+	two_engines(&a, &b, tokens, 31, 41);
 	struct ct_done d;
-	ct_store(a, 1, tokens, 2 * 16, blocks, 2, &d);
-	cr_assert_eq(d.c.status, 0);
 
 	unsigned n_actors = atomic_load(&env.ctl->n_actors);
 	pid_t pid0[KVR_CTL_MAX_ACTORS];
