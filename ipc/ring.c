@@ -61,25 +61,15 @@ static struct kvr_waiter *resolve_waiter(const struct kvr_ring *v, int64_t off, 
 	return NULL;
 }
 
-int kvr_ring_view(void *mem, size_t avail, const struct kvr_ring_waiters *legal, struct kvr_ring *ret)
+/* The view of r with the given sizes (already checked). A waiter offset that names no legal
+ * waiter fails it (strict: kvr_ring_view) or gives the ring's own (kvr_ring_view_sized). */
+static int make_view(struct kvr_ring_shm *r, uint32_t capacity, uint32_t msg_size,
+		     const struct kvr_ring_waiters *legal, bool strict, struct kvr_ring *ret)
 {
-	struct kvr_ring_shm *r = mem;
-	if (!mem || !ret || avail < sizeof(*r) || ((uintptr_t)mem % KVR_CACHELINE))
-		return -EINVAL;
-	if (atomic_load_explicit((_Atomic uint64_t *)&r->magic, memory_order_acquire) != KVR_RING_MAGIC ||
-	    r->version != KVR_RING_VERSION)
-		return -EPROTO;
-	/* Read each field once: a peer may change the header while we look at it. */
-	uint32_t capacity = r->capacity, msg_size = r->msg_size, data_off = r->data_off, spin = r->spin_ns;
-	size_t sz = kvr_ring_memsize(capacity, msg_size);
-	if (!sz || sz > avail || data_off != sizeof(*r))
-		return -EINVAL;
-	/* observers print the name: it must end inside its field */
-	if (!memchr(r->name, '\0', sizeof(r->name)))
-		return -EINVAL;
+	uint32_t spin = r->spin_ns;
 	struct kvr_ring v = {
 		.shm = r,
-		.data = (uint8_t *)r + data_off,
+		.data = (uint8_t *)r + sizeof(*r),
 		.mask = capacity - 1,
 		.msg_size = msg_size,
 		.spin_ns = spin < KVR_RING_MAX_SPIN_NS ? spin : KVR_RING_MAX_SPIN_NS,
@@ -90,40 +80,41 @@ int kvr_ring_view(void *mem, size_t avail, const struct kvr_ring_waiters *legal,
 		v.legal = *legal;
 	v.cons_w = resolve_waiter(&v, v.cons_off, &r->own_cons_waiter);
 	v.prod_w = resolve_waiter(&v, v.prod_off, &r->own_prod_waiter);
-	if (!v.cons_w || !v.prod_w)
+	if (strict && (!v.cons_w || !v.prod_w))
 		return -EINVAL;
-	*ret = v;
-	return 0;
-}
-
-int kvr_ring_view_sized(void *mem, uint32_t capacity, uint32_t msg_size, const struct kvr_ring_waiters *legal,
-			struct kvr_ring *ret)
-{
-	struct kvr_ring_shm *r = mem;
-	if (!mem || !ret || ((uintptr_t)mem % KVR_CACHELINE) || !kvr_ring_memsize(capacity, msg_size))
-		return -EINVAL;
-	struct kvr_ring v = {
-		.shm = r,
-		.data = (uint8_t *)r + sizeof(*r),
-		.mask = capacity - 1,
-		.msg_size = msg_size,
-		.spin_ns = KVR_RING_MAX_SPIN_NS,
-		.cons_off = atomic_load_explicit(&r->cons_waiter_off, memory_order_relaxed),
-		.prod_off = atomic_load_explicit(&r->prod_waiter_off, memory_order_relaxed),
-	};
-	uint32_t spin = r->spin_ns;
-	if (spin < KVR_RING_MAX_SPIN_NS)
-		v.spin_ns = spin;
-	if (legal)
-		v.legal = *legal;
-	v.cons_w = resolve_waiter(&v, v.cons_off, &r->own_cons_waiter);
-	v.prod_w = resolve_waiter(&v, v.prod_off, &r->own_prod_waiter);
 	if (!v.cons_w)
 		v.cons_w = &r->own_cons_waiter;
 	if (!v.prod_w)
 		v.prod_w = &r->own_prod_waiter;
 	*ret = v;
 	return 0;
+}
+
+int kvr_ring_view(void *mem, size_t avail, const struct kvr_ring_waiters *legal, struct kvr_ring *ret)
+{
+	struct kvr_ring_shm *r = mem;
+	if (!mem || !ret || avail < sizeof(*r) || ((uintptr_t)mem % KVR_CACHELINE))
+		return -EINVAL;
+	if (atomic_load_explicit((_Atomic uint64_t *)&r->magic, memory_order_acquire) != KVR_RING_MAGIC ||
+	    r->version != KVR_RING_VERSION)
+		return -EPROTO;
+	/* Read each field once: a peer may change the header while we look at it. */
+	uint32_t capacity = r->capacity, msg_size = r->msg_size, data_off = r->data_off;
+	size_t sz = kvr_ring_memsize(capacity, msg_size);
+	if (!sz || sz > avail || data_off != sizeof(*r))
+		return -EINVAL;
+	/* observers print the name: it must end inside its field */
+	if (!memchr(r->name, '\0', sizeof(r->name)))
+		return -EINVAL;
+	return make_view(r, capacity, msg_size, legal, true, ret);
+}
+
+int kvr_ring_view_sized(void *mem, uint32_t capacity, uint32_t msg_size, const struct kvr_ring_waiters *legal,
+			struct kvr_ring *ret)
+{
+	if (!mem || !ret || ((uintptr_t)mem % KVR_CACHELINE) || !kvr_ring_memsize(capacity, msg_size))
+		return -EINVAL;
+	return make_view(mem, capacity, msg_size, legal, false, ret);
 }
 
 void kvr_ring_set_consumer_waiter(struct kvr_ring_shm *r, struct kvr_waiter *w)
