@@ -50,6 +50,33 @@ size_t kvr_ctl_memsize(unsigned max_actors, unsigned max_workers, const struct k
 	return plan_layout(max_actors, max_workers, rings, n_rings, config_cap, &p, NULL) ? 0 : p.total;
 }
 
+/*
+ * Which waiter each side of a ring sleeps on. An actor sleeps once for every ring it
+ * serves: on its own waiter, where the rings kvringd and other actors produce point their
+ * consumer waiter and the rings other actors consume point their producer waiter (a
+ * reader freeing room wakes an actor whose replies wait in its outbox, kvr_outbox.h). A
+ * ring a client produces or consumes keeps its own waiter on the actor's side, and the
+ * actor adds it to its sleep (kvr_waiters_wait): a client never writes an actor's waiter.
+ * A client sleeps on its table entry's waiter for the rings it consumes (the actors that
+ * produce them wake it).
+ */
+static void point_waiters(struct kvr_ctl *c, struct kvr_ring_shm *r, int prod, int cons)
+{
+	bool prod_actor = prod >= 0 && (unsigned)prod < c->max_actors;
+	bool cons_actor = cons >= 0 && (unsigned)cons < c->max_actors;
+	bool cons_client = KVR_EP_IS_CLIENT(cons) &&
+			   (unsigned)KVR_EP_CLIENT_SLOT(cons) < c->max_workers + c->max_schedulers;
+	struct kvr_waiter *cw = &r->own_cons_waiter, *pw = &r->own_prod_waiter;
+	if (cons_actor && !KVR_EP_IS_CLIENT(prod))
+		cw = &kvr_ctl_actor(c, (unsigned)cons)->waiter;
+	else if (cons_client)
+		cw = &kvr_ctl_worker(c, (unsigned)KVR_EP_CLIENT_SLOT(cons))->waiter;
+	if (prod_actor && !KVR_EP_IS_CLIENT(cons))
+		pw = &kvr_ctl_actor(c, (unsigned)prod)->waiter;
+	kvr_ring_set_consumer_waiter(r, cw);
+	kvr_ring_set_producer_waiter(r, pw);
+}
+
 int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_workers,
 		 const struct kvr_ctl_ring_spec *rings, unsigned n_rings, const char *config_json)
 {
@@ -93,17 +120,7 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
 		rc = kvr_ring_init((uint8_t *)c + e->offset, rings[i].capacity, KVR_CTL_RING_MSG_SIZE, e->name);
 		if (rc)
 			return rc;
-		/* A consumer that reads several rings sleeps once, on its own waiter. An actor
-		 * that produces a ring waits for room in it on that same waiter: a reader freeing
-		 * room wakes an actor whose replies wait in its outbox (kvr_outbox.h). */
-		struct kvr_ring_shm *r = kvr_ctl_ring_shm(c, i);
-		int cons = rings[i].consumer, prod = rings[i].producer;
-		if (prod >= 0 && (unsigned)prod < max_actors)
-			kvr_ring_set_producer_waiter(r, &kvr_ctl_actor(c, (unsigned)prod)->waiter);
-		if (cons >= 0 && (unsigned)cons < max_actors)
-			kvr_ring_set_consumer_waiter(r, &kvr_ctl_actor(c, (unsigned)cons)->waiter);
-		else if (KVR_EP_IS_CLIENT(cons) && (unsigned)KVR_EP_CLIENT_SLOT(cons) < max_workers + KVR_CTL_MAX_SCHEDULERS)
-			kvr_ring_set_consumer_waiter(r, &kvr_ctl_worker(c, (unsigned)KVR_EP_CLIENT_SLOT(cons))->waiter);
+		point_waiters(c, kvr_ctl_ring_shm(c, i), rings[i].producer, rings[i].consumer);
 	}
 	atomic_store(&c->n_rings, n_rings);
 	return 0;
@@ -258,14 +275,8 @@ int kvr_ctl_ring_rebind(struct kvr_ctl *c, unsigned i, int producer, int consume
 	if (i >= atomic_load(&c->n_rings))
 		return -ENOENT;
 	struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
-	struct kvr_ring_shm *r = kvr_ctl_ring_shm(c, i);
 	e->producer = (int16_t)producer;
 	e->consumer = (int16_t)consumer;
-	if (producer >= 0 && (unsigned)producer < c->max_actors)
-		kvr_ring_set_producer_waiter(r, &kvr_ctl_actor(c, (unsigned)producer)->waiter);
-	if (consumer >= 0 && (unsigned)consumer < c->max_actors)
-		kvr_ring_set_consumer_waiter(r, &kvr_ctl_actor(c, (unsigned)consumer)->waiter);
-	else if (KVR_EP_IS_CLIENT(consumer) && (unsigned)KVR_EP_CLIENT_SLOT(consumer) < c->max_workers + c->max_schedulers)
-		kvr_ring_set_consumer_waiter(r, &kvr_ctl_worker(c, (unsigned)KVR_EP_CLIENT_SLOT(consumer))->waiter);
+	point_waiters(c, kvr_ctl_ring_shm(c, i), producer, consumer);
 	return 0;
 }

@@ -200,6 +200,13 @@ void kvr_waiter_finish(struct kvr_waiter *w);
 /* Wake every sleeper of w; a syscall only when one sleeps. */
 void kvr_waiter_wake(struct kvr_waiter *w);
 
+/* The same wait on n waiters at once (futex_waitv, Linux >= 5.16): returns when any of them
+ * moves from its seen[i] (each kvr_waiter_prepare()d, kvr_waiter_finish()ed after), the
+ * timeout passes or a signal arrives. 0, -ETIMEDOUT, -EINTR, -E2BIG (n above
+ * KVR_WAITERS_MAX) or -ENOSYS (no futex_waitv: the caller waits on one and polls). */
+#define KVR_WAITERS_MAX 128
+int kvr_waiters_wait(struct kvr_waiter *const *w, const uint32_t *seen, unsigned n, int64_t timeout_ns);
+
 /* One spin-wait step: tell the CPU we are spinning (PAUSE / YIELD). */
 static inline void kvr_cpu_relax(void)
 {

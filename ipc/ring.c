@@ -231,6 +231,29 @@ void kvr_waiter_wake(struct kvr_waiter *w)
 	syscall(SYS_futex, &w->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+int kvr_waiters_wait(struct kvr_waiter *const *w, const uint32_t *seen, unsigned n, int64_t timeout_ns)
+{
+	if (n == 1)
+		return kvr_waiter_wait(w[0], seen[0], timeout_ns);
+	if (n == 0 || n > KVR_WAITERS_MAX)
+		return n ? -E2BIG : -EINVAL;
+	struct futex_waitv v[KVR_WAITERS_MAX];
+	for (unsigned i = 0; i < n; i++) /* shared futexes: FUTEX_32 without FUTEX_PRIVATE_FLAG */
+		v[i] = (struct futex_waitv){.val = seen[i], .uaddr = (uint64_t)(uintptr_t)&w[i]->seq, .flags = FUTEX_32};
+	struct timespec abs, *tsp = NULL;
+	if (timeout_ns >= 0) { /* futex_waitv takes an absolute deadline */
+		uint64_t at = kvr_now_ns() + (uint64_t)timeout_ns;
+		abs.tv_sec = (time_t)(at / 1000000000u);
+		abs.tv_nsec = (long)(at % 1000000000u);
+		tsp = &abs;
+	}
+	if (syscall(SYS_futex_waitv, v, n, 0, tsp, CLOCK_MONOTONIC) >= 0)
+		return 0;
+	if (errno == EAGAIN) /* a word changed before we slept */
+		return 0;
+	return -errno;
+}
+
 /* ---- fast path ---------------------------------------------------------------------- */
 
 static inline void bump(_Atomic uint64_t *c, uint64_t by)

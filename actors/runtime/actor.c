@@ -388,11 +388,74 @@ static bool spin_for_work(const struct kvr_actor *a, uint64_t deadline)
 	}
 }
 
+/*
+ * What the loop sleeps on: its own waiter first (every ring kvringd and other actors share
+ * with it points there, and SIGTERM bumps it), then each ring of a client's it serves — the
+ * consumer waiter of an input a client produces, the producer waiter of an output a client
+ * consumes: those keep their own (ipc/ctl.c, point_waiters), so that a client never
+ * writes an actor's waiter. Held inputs are left out (their messages wait anyway).
+ * Returns the count, at most KVR_WAITERS_MAX (the rest are polled: the sleep is capped).
+ */
+static unsigned sleep_set(struct kvr_actor *a, struct kvr_waiter **ws, bool *capped)
+{
+	struct kvr_waiter *own = &a->ent->waiter;
+	unsigned n = 0;
+	*capped = false;
+	ws[n++] = own;
+	for (unsigned i = 0; i < a->n_inputs; i++) {
+		struct kvr_waiter *w = kvr_ring_consumer_waiter(a->inputs[i].ring);
+		if (w == own || a->inputs[i].held)
+			continue;
+		if (n == KVR_WAITERS_MAX)
+			*capped = true;
+		else
+			ws[n++] = w;
+	}
+	for (unsigned i = 0; i < a->n_outputs; i++) {
+		struct kvr_waiter *w = kvr_ring_producer_waiter(a->outputs[i].ring);
+		if (w == own)
+			continue;
+		if (n == KVR_WAITERS_MAX)
+			*capped = true;
+		else
+			ws[n++] = w;
+	}
+	return n;
+}
+
+/* Sleep on the set (after kvr_waiter_prepare of each): one futex_waitv, or io_uring's wait
+ * when the stage watches fds (it covers the first waiter only: with more, the sleep is cut
+ * to KVR_WATCH_FALLBACK_NS and the rings are looked at after it). */
+static void sleep_on(struct kvr_actor *a, struct kvr_waiter **ws, const uint32_t *seen, unsigned n, bool capped,
+		     int64_t timeout)
+{
+	static bool no_waitv;
+	if ((n > 1 || capped) && (kvr_watch_uses_uring(a) || no_waitv || capped) &&
+	    (timeout < 0 || timeout > KVR_WATCH_FALLBACK_NS))
+		timeout = KVR_WATCH_FALLBACK_NS;
+	if (kvr_watch_uses_uring(a)) {
+		(void)kvr_watch_sleep(a, ws[0], seen[0], timeout);
+		return;
+	}
+	if (!no_waitv && n > 1) {
+		int rc = kvr_waiters_wait(ws, seen, n, timeout);
+		if (rc != -ENOSYS)
+			return;
+		no_waitv = true;
+		kvr_warn("this kernel has no futex_waitv (Linux < 5.16): rings of clients are looked at every %lld us",
+			 (long long)(KVR_WATCH_FALLBACK_NS / 1000));
+		if (timeout < 0 || timeout > KVR_WATCH_FALLBACK_NS)
+			timeout = KVR_WATCH_FALLBACK_NS;
+	}
+	(void)kvr_waiter_wait(ws[0], seen[0], timeout);
+}
+
 static void run_loop(struct kvr_actor *a)
 {
 	const struct kvr_stage *st = a->stage;
 	uint64_t next_tick = st->tick_ns ? kvr_now_ns() + st->tick_ns : UINT64_MAX;
-	struct kvr_waiter *w = &a->ent->waiter;
+	struct kvr_waiter *ws[KVR_WAITERS_MAX];
+	uint32_t seen[KVR_WAITERS_MAX];
 	bool had_work = false;
 
 	while (!a->stopping) {
@@ -426,9 +489,13 @@ static void run_loop(struct kvr_actor *a)
 			continue;
 		had_work = false;
 
-		uint32_t seen = kvr_waiter_prepare(w);
+		bool capped;
+		unsigned nw = sleep_set(a, ws, &capped);
+		for (unsigned i = 0; i < nw; i++)
+			seen[i] = kvr_waiter_prepare(ws[i]);
 		if (have_work(a) || term_flag || (output_waits && st->on_pass(a, kvr_now_ns()) == KVR_PASS_MOVED)) {
-			kvr_waiter_finish(w);
+			for (unsigned i = 0; i < nw; i++)
+				kvr_waiter_finish(ws[i]);
 			continue;
 		}
 		int64_t timeout = MAX_SLEEP_NS;
@@ -442,12 +509,10 @@ static void run_loop(struct kvr_actor *a)
 			timeout = MAX_SLEEP_NS;
 		if (output_waits && timeout > KVR_ACTOR_OUTPUT_POLL_NS)
 			timeout = KVR_ACTOR_OUTPUT_POLL_NS; /* a reader's ring may have room again */
-		/* 0, -ETIMEDOUT or -EINTR: all re-check */
-		if (kvr_watch_uses_uring(a))
-			(void)kvr_watch_sleep(a, w, seen, timeout);
-		else
-			(void)kvr_waiter_wait(w, seen, timeout);
-		kvr_waiter_finish(w);
+		/* woken, timed out or interrupted: all re-check */
+		sleep_on(a, ws, seen, nw, capped, timeout);
+		for (unsigned i = 0; i < nw; i++)
+			kvr_waiter_finish(ws[i]);
 		kvr_actor_count(a, KVR_STAT_LOOP_WAKEUPS, 1);
 	}
 }

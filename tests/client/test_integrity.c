@@ -386,7 +386,9 @@ Test(integrity, dead_disk_actor_backpressures_stores)
 	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) >= 3 * BLOCKS, 5000), "every lane reaches L2: %llu",
 		  (unsigned long long)lk(KVR_STAT_LK_L2_WRITES));
 	cr_assert_eq(lk(KVR_STAT_LK_L2_WRITE_FAILS), 0);
-	cr_assert_eq(h_count_files(l2dir, ".kvb"), 3 * BLOCKS);
+	unsigned files = h_count_files(l2dir, ".kvb");
+	cr_assert_eq(files, 3 * BLOCKS, "%u block files, want %u (L2 writes %llu, queued %llu)", files, 3 * BLOCKS,
+		     (unsigned long long)lk(KVR_STAT_LK_L2_WRITES), (unsigned long long)lk(KVR_STAT_LK_L2_WRITES_QUEUED));
 	gate_release(64); /* promotion reads of the prompts evicted meanwhile */
 	for (unsigned p = 0; p < 3; p++)
 		cr_assert_eq(load_exact(r, 40 + p, p), BLOCKS);

@@ -467,6 +467,77 @@ Test(ring, signal_interrupts_wait)
 
 /* ---- waiters ------------------------------------------------------------------------ */
 
+/* kvr_waiters_wait: one sleep on several waiters (an actor and its clients' rings). */
+struct wv_shared {
+	struct kvr_waiter w[3];
+	_Atomic uint32_t armed; /* the child announced itself on all three */
+	_Atomic int32_t rc;
+	_Atomic uint64_t waited_ns;
+};
+
+static int wv_sleeper(void *arg)
+{
+	(void)arg;
+	struct wv_shared *s = shared();
+	struct kvr_waiter *ws[3] = {&s->w[0], &s->w[1], &s->w[2]};
+	uint32_t seen[3];
+	for (unsigned i = 0; i < 3; i++)
+		seen[i] = kvr_waiter_prepare(ws[i]);
+	atomic_store(&s->armed, 1);
+	uint64_t t0 = kvr_now_ns();
+	int rc = kvr_waiters_wait(ws, seen, 3, 10000 * MS);
+	atomic_store(&s->waited_ns, kvr_now_ns() - t0);
+	for (unsigned i = 0; i < 3; i++)
+		kvr_waiter_finish(ws[i]);
+	atomic_store(&s->rc, rc);
+	return 0;
+}
+
+Test(ring, waiters_wait_wakes_on_any)
+{
+	struct wv_shared *s = shared();
+	memset(s, 0, sizeof(*s));
+	atomic_store(&s->rc, 1);
+	pid_t pid = spawn(wv_sleeper, NULL);
+	cr_assert_gt(pid, 0);
+	cr_assert_eq(wait_u32(&s->armed, 1, 5000), 0);
+	/* the third waiter's producer: its wake (a sleeper announced) ends the sleep on all */
+	kvr_waiter_wake(&s->w[2]);
+	int st;
+	cr_assert_eq(reap(pid, 5000, &st), 0, "the sleeper did not wake on its third waiter");
+	forget_kid(pid);
+	cr_assert_eq(exit_code(st), 0);
+	cr_assert_eq(atomic_load(&s->rc), 0);
+	cr_assert_lt(atomic_load(&s->waited_ns), 5000 * MS, "woken by the timeout, not the wake");
+	cr_assert_eq(atomic_load(&s->w[0].seq), 0, "only the woken waiter moves");
+	cr_assert_eq(atomic_load(&s->w[2].seq), 1);
+	for (unsigned i = 0; i < 3; i++)
+		cr_assert_eq(atomic_load(&s->w[i].sleepers) & 0x7fffffffu, 0, "waiter %u: a sleeper left announced", i);
+}
+
+Test(ring, waiters_wait_times_out_and_sees_moved_words)
+{
+	struct wv_shared *s = shared();
+	memset(s, 0, sizeof(*s));
+	struct kvr_waiter *ws[3] = {&s->w[0], &s->w[1], &s->w[2]};
+	uint32_t seen[3];
+	for (unsigned i = 0; i < 3; i++)
+		seen[i] = kvr_waiter_prepare(ws[i]);
+	uint64_t t0 = kvr_now_ns();
+	cr_assert_eq(kvr_waiters_wait(ws, seen, 3, 20 * MS), -ETIMEDOUT);
+	cr_assert_geq(kvr_now_ns() - t0, 20 * MS, "returned before its deadline");
+	/* a word that moved before the sleep: no sleep at all (the wake is not lost) */
+	atomic_fetch_add(&s->w[1].seq, 1);
+	t0 = kvr_now_ns();
+	cr_assert_eq(kvr_waiters_wait(ws, seen, 3, 10000 * MS), 0);
+	cr_assert_lt(kvr_now_ns() - t0, 5000 * MS);
+	for (unsigned i = 0; i < 3; i++)
+		kvr_waiter_finish(ws[i]);
+	cr_assert_eq(kvr_waiters_wait(ws, seen, 0, 0), -EINVAL);
+	cr_assert_eq(kvr_waiters_wait(ws, seen, KVR_WAITERS_MAX + 1, 0), -E2BIG);
+}
+
+
 Test(ring, wake_needs_a_sleeper)
 {
 	struct kvr_waiter *w = at(RING_OFF);
