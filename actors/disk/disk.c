@@ -385,10 +385,17 @@ static int do_write(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b)
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, 0, -EINVAL);
 		return 0;
 	}
+	/* The same lane is being written (a duplicate: a dead predecessor's writes are sent
+	 * again while the old ones still sit in our ring). The duplicate waits for that write's
+	 * completion, which retries it: then PRESENT if the write landed, else written anew.
+	 * Answered at once it would say "on disk" before the file is, and the lookup actor
+	 * would let the slot go on that word. */
+	if (kvr_l2_store_writing(d->store, key, b->lane))
+		return -EAGAIN;
 	int rc = start_io(d, req_id, b, KVR_SLOT_COMMITTED, KVR_MSG_L2_WRITE);
-	if (rc == 0 || rc == -EAGAIN)
-		return rc; /* answered on completion (on_done unpins), or waits for room */
-	bool present = rc == KVR_L2_PRESENT || rc == KVR_L2_INFLIGHT;
+	if (rc == 0 || rc == -EAGAIN || rc == KVR_L2_INFLIGHT)
+		return rc == 0 ? 0 : -EAGAIN; /* answered on completion (on_done unpins), or waits */
+	bool present = rc == KVR_L2_PRESENT;
 	if (!present && rc != -ESTALE)
 		write_failed(d, key, b->lane, rc);
 	send_l2(d, KVR_MSG_L2_WRITE_DONE, req_id, key, b->lane, b->slot, b->epoch, present ? KVR_L2F_PRESENT : 0,

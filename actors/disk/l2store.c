@@ -418,6 +418,12 @@ bool kvr_l2_store_contains(const struct kvr_l2_store *s, kvr_key key, uint32_t l
 	return idx != NONE && s->ents[idx].state == E_PRESENT;
 }
 
+bool kvr_l2_store_writing(const struct kvr_l2_store *s, kvr_key key, uint32_t lane)
+{
+	uint32_t idx = find(s, key, lane);
+	return idx != NONE && s->ents[idx].state == E_WRITING;
+}
+
 int kvr_l2_store_remove(struct kvr_l2_store *s, kvr_key key, uint32_t lane)
 {
 	if (s->cfg.read_only) {

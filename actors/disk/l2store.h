@@ -175,6 +175,8 @@ int kvr_l2_store_get(struct kvr_l2_store *s, kvr_key key, uint32_t lane, void *d
 
 /* Whether (key, lane) is present (not being written or evicted). No recency change. */
 bool kvr_l2_store_contains(const struct kvr_l2_store *s, kvr_key key, uint32_t lane);
+/* Whether a put of (key, lane) is in flight (its file not yet in place). */
+bool kvr_l2_store_writing(const struct kvr_l2_store *s, kvr_key key, uint32_t lane);
 
 /* Delete a present file. 0 (its unlink is queued), -ENOENT (not present), -EBUSY (a write of
  * it is in flight), -EROFS (a read-only store). */
