@@ -237,6 +237,14 @@ static bool evict_veto_hook(void *ctx, kvr_key key, const uint32_t *lane_slots)
 
 /* ---- the write queue ---------------------------------------------------------------------- */
 
+/* Lanes in the write queue (queued or sent) changed by d: the gauge follows at once, so
+ * inspect and /metrics never show writes that are done. */
+static void inflight_add(struct l2tier *t, int d)
+{
+	t->writes_inflight = (unsigned)((int)t->writes_inflight + d);
+	atomic_store_explicit(&t->a->stats->c[KVR_STAT_LK_L2_WRITES_QUEUED], t->writes_inflight, memory_order_relaxed);
+}
+
 /* Append slot to disk d's FIFO (a slot is in at most one FIFO, once: only while QUEUED). */
 static void wq_push(struct l2tier *t, unsigned d, uint32_t slot)
 {
@@ -263,7 +271,7 @@ static void wq_pump(struct l2tier *t, unsigned d)
 				kvr_warn("l2 write of slot %u dropped: the slot changed while queued", s);
 				kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES_SKIPPED, 1);
 				t->wq[s].state = WQ_NONE;
-				t->writes_inflight--;
+				inflight_add(t, -1);
 			} else if (send_l2(t, d, KVR_MSG_L2_WRITE, 0, sl->key, sl->lane, s, t->wq[s].epoch)) {
 				return; /* ring full: the next WRITE_DONE or tick sends it */
 			} else {
@@ -430,7 +438,7 @@ static void write_lane(struct l2tier *t, kvr_key key, uint32_t slot, uint32_t ep
 	 * the disk actor pins the slot itself for the time its I/O is in flight. */
 	t->wq[slot].state = WQ_QUEUED;
 	t->wq[slot].epoch = epoch;
-	t->writes_inflight++;
+	inflight_add(t, 1);
 	unsigned d = route(t, key);
 	wq_push(t, d, slot);
 	wq_pump(t, d);
@@ -778,7 +786,7 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 		bool ours = b.slot < t->n_slots && t->wq[b.slot].state == WQ_SENT && t->wq[b.slot].epoch == b.epoch;
 		if (ours) {
 			t->wq[b.slot].state = WQ_NONE;
-			t->writes_inflight--;
+			inflight_add(t, -1);
 		}
 		wq_pump(t, d);
 		if (b.status == 0) {

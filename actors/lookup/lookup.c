@@ -701,8 +701,6 @@ static void lookup_on_tick(struct kvr_actor *a, uint64_t now)
 	kvr_index_reap(l->idx); /* aborted slots whose I/O ended are free again */
 	alloc_retry_all(a, l); /* ALLOCs past their deadline are answered NOROOM */
 	atomic_store_explicit(&a->stats->c[KVR_STAT_LK_DRAINING], kvr_index_draining(l->idx), memory_order_relaxed);
-	atomic_store_explicit(&a->stats->c[KVR_STAT_LK_L2_WRITES_QUEUED], l2t_writes_inflight(l->l2),
-			      memory_order_relaxed);
 }
 
 /* Every pass of the loop: move waiting replies to their readers' rings. */

@@ -423,6 +423,7 @@ Test(l2tier, a_dead_disk_actor_ends_its_reads_and_gets_its_writes_again)
 	cr_assert_eq(l2t_on_msg(t, drep, &ans, &done), 0);
 	cr_assert(l2t_has(t, key_of(1, 0), 0));
 	cr_assert_eq(l2t_writes_inflight(t), 2);
+	cr_assert_eq(stat(KVR_STAT_LK_L2_WRITES_QUEUED), 2, "the gauge follows the answer, not the next tick");
 	kvr_key k[2] = {key_of(0, 0), key_of(0, 1)};
 	struct kvr_index_ref refs[2];
 	cr_assert_eq(l2t_extend(t, 0, 9, 0, k, 2, 0, refs, 0), -EINPROGRESS);
@@ -446,6 +447,15 @@ Test(l2tier, a_dead_disk_actor_ends_its_reads_and_gets_its_writes_again)
 	cr_assert_eq(l2t_tick(t, &done), 0);
 	cr_assert_neq(kvr_ring_try_dequeue(dreq, &m), 0, "nothing twice");
 	cr_assert_eq(l2t_writes_inflight(t), 2);
+	cr_assert_eq(stat(KVR_STAT_LK_L2_WRITES_QUEUED), 2);
+	/* both answered: the gauge is 0 at once */
+	for (unsigned i = 1; i < 3; i++) {
+		a = w[i];
+		kvr_msg_build(&ans, KVR_MSG_L2_WRITE_DONE, 0, wm[i].hdr.req_id, 0, &a, sizeof(a));
+		cr_assert_eq(l2t_on_msg(t, drep, &ans, &done), 0);
+	}
+	cr_assert_eq(l2t_writes_inflight(t), 0);
+	cr_assert_eq(stat(KVR_STAT_LK_L2_WRITES_QUEUED), 0);
 	/* the read slots whose reads were aborted: FREE (no I/O pin held) */
 	for (uint32_t s = 0; s < N_SLOTS; s++)
 		cr_assert(kvr_slot_state(st, s) == KVR_SLOT_FREE || kvr_slot_state(st, s) == KVR_SLOT_COMMITTED);
