@@ -339,6 +339,19 @@ Test(integrity, aborted_promotion_keeps_the_block_on_disk)
 	assert_table_clean();
 }
 
+/* kvringd with 8 L1 slots and an L2 tier whose every read and write waits at the test's
+ * gates; one rank attached. */
+static struct ct_rank *start_write_gated(void)
+{
+	gate_arm();
+	wgate_arm();
+	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	return r;
+}
+
 /*
  * Defect 4: a dead disk actor failed stores instead of backpressuring. L1 (8 slots) fills
  * with lanes waiting for their write; the disk actor has taken the first write off its ring
@@ -350,12 +363,7 @@ Test(integrity, aborted_promotion_keeps_the_block_on_disk)
  */
 Test(integrity, dead_disk_actor_backpressures_stores)
 {
-	gate_arm();
-	wgate_arm();
-	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
-	ct_start(&env, &ct_tiny, &o);
-	struct ct_rank *r;
-	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	struct ct_rank *r = start_write_gated();
 	store_prompt(r, 0);
 	store_prompt(r, 1);
 	cr_assert(H_WAIT(lines_of("wheld.log") == 1, 3000), "the disk actor holds no write");
@@ -407,12 +415,7 @@ Test(integrity, dead_disk_actor_backpressures_stores)
  */
 Test(integrity, a_duplicate_write_is_answered_after_the_write_it_duplicates)
 {
-	gate_arm();
-	wgate_arm();
-	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
-	ct_start(&env, &ct_tiny, &o);
-	struct ct_rank *r;
-	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	struct ct_rank *r = start_write_gated();
 	store_n(r, 0, 1);
 	cr_assert(H_WAIT(lines_of("wheld.log") == 1, 3000), "the disk actor holds no write");
 	kvr_key key;
