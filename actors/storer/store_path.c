@@ -255,16 +255,26 @@ static void sort_alloc(const struct kvr_slot_table *t, const struct kvr_msg_slot
 	*ret_fail = n_fail;
 }
 
-/* After a COMMIT_REP. The slot table is the truth: a slot is ours if it is COMMITTED under
- * our epoch (the lookup actor may have refused one it reclaimed meanwhile). Returns the
- * slots committed; appends the positions of the others to fail_pos. */
-static uint32_t count_committed(const struct kvr_slot_table *t, const struct kvr_msg_slot *written,
-				const uint32_t *pos, uint32_t n_copy, uint32_t *fail_pos, uint32_t *n_fail)
+/*
+ * After a COMMIT_REP: how many of the n_copy slots committed, and which did not (their
+ * positions appended to fail_pos). The lookup actor's count is the answer when it says every
+ * slot committed: by the time the storer reads this reply the lookup actor may already have
+ * evicted a committed slot (an ALLOC of another worker, a full arena) and handed it out
+ * again, so re-reading the slot table then would call a stored block failed. When the count
+ * is short the answer does not say which were refused (a slot reclaimed before its COMMIT);
+ * the slot table decides then, and a slot that is no longer COMMITTED under our epoch counts
+ * as failed — conservative: the worker stores that block again, nothing wrong is served.
+ */
+static uint32_t commit_outcome(const struct kvr_slot_table *t, const struct kvr_msg_slot *written, const uint32_t *pos,
+			       uint32_t n_copy, uint32_t reported, uint32_t *fail_pos, uint32_t *n_fail)
 {
+	if (reported == n_copy)
+		return n_copy;
 	uint32_t committed = 0;
 	for (uint32_t k = 0; k < n_copy; k++) {
 		uint32_t sl = written[k].slot;
-		if (kvr_slot_state(t, sl) == KVR_SLOT_COMMITTED && kvr_slot_epoch(t, sl) == written[k].epoch)
+		if (committed < reported && kvr_slot_state(t, sl) == KVR_SLOT_COMMITTED &&
+		    kvr_slot_epoch(t, sl) == written[k].epoch)
 			committed++;
 		else
 			fail_pos[(*n_fail)++] = pos[k];
@@ -350,10 +360,11 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 			(void)reset_lane(ss);
 			return;
 		}
-		committed = count_committed(sw[0]->slots, ss->written, ss->pos, n_copy, ss->fail_pos, &n_fail);
-		if (committed != cr.n_committed)
-			kvr_warn("store %llx: lookup reported %u commits, the slot table shows %u",
-				 (unsigned long long)rq[0].wire, cr.n_committed, committed);
+		committed = commit_outcome(sw[0]->slots, ss->written, ss->pos, n_copy, cr.n_committed, ss->fail_pos,
+					   &n_fail);
+		if (committed != n_copy)
+			kvr_warn("store %llx: %u of %u slots committed (lookup reported %u)",
+				 (unsigned long long)rq[0].wire, committed, n_copy, cr.n_committed);
 	}
 
 	/* 4. answer every rank (blocks count once: a DCP group stores one canonical block) */
@@ -1047,10 +1058,11 @@ int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m, 
 			p->stale_until = now + kvr_ms_to_ns(p->ss->a->cfg.timeouts.alloc_wait_ms);
 		return 0; /* a RESET's answer, or a late one */
 	}
-	j->committed = count_committed(p->sw->slots, j->written, j->pos, j->n_copy, j->fail_pos, &j->n_fail);
-	if (j->committed != cr.n_committed)
-		kvr_warn("store %llx: lookup reported %u commits, the slot table shows %u", (unsigned long long)j->rq.wire,
-			 cr.n_committed, j->committed);
+	j->committed = commit_outcome(p->sw->slots, j->written, j->pos, j->n_copy, cr.n_committed, j->fail_pos,
+				      &j->n_fail);
+	if (j->committed != j->n_copy)
+		kvr_warn("store %llx: %u of %u slots committed (lookup reported %u)", (unsigned long long)j->rq.wire,
+			 j->committed, j->n_copy, cr.n_committed);
 	job_finish(j, 0);
 	return 0;
 }

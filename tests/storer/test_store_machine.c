@@ -701,6 +701,56 @@ Test(store_machine, an_alloc_answered_noroom_fails_only_that_store)
 	assert_quiet();
 }
 
+/* ---- 2b. the commit answer, not a later look at the slot table, says what was stored ---- */
+
+/*
+ * Store 0's two slots commit (the lookup actor answers 2 of 2) and, before the storer reads
+ * that answer, the lookup actor evicts one of them and hands it to worker 1 (a full arena:
+ * any ALLOC may take the coldest COMMITTED slot). The store was still stored whole: answered
+ * 0, two blocks stored, none failed (it used to read the slot table again and answer -EIO
+ * with "lookup reported 2 commits, the slot table shows 1"). Store 1's first slot is
+ * reclaimed before its COMMIT (the lookup actor refuses it: 1 of 2): that block, and only
+ * it, is answered failed.
+ */
+Test(store_machine, a_slot_evicted_after_its_commit_still_counts_as_stored)
+{
+	build(false);
+	static const uint32_t s0[2] = {20, 21}, s1[2] = {30, 31};
+	cr_assert(!submit(0, 2, 0));
+	cr_assert(!submit(1, 2, 10));
+	bool room;
+	(void)step(&room);
+	struct lk_req a = expect_alloc(0);
+	answer_alloc(&a, s0, NULL);
+	(void)step(&room);
+	a = expect_alloc(1);
+	struct lk_req c0 = expect_req(KVR_MSG_COMMIT);
+	answer_commit(&c0);
+	uint32_t ep = kvr_slot_epoch(st, 21);
+	cr_assert_eq(kvr_slot_evict_begin(st, 21, ep), 0);
+	cr_assert_eq(kvr_slot_evict(st, 21, ep), 0);
+	uint32_t ep1;
+	cr_assert_eq(kvr_slot_alloc(st, 21, key_of(99, 0), 0, 1, &ep1), 0, "slot 21 reused by worker 1");
+	(void)step(&room);
+	expect_done(0, 0, 2, 0, NULL, 0);
+
+	answer_alloc(&a, s1, NULL);
+	(void)step(&room);
+	struct lk_req c1 = expect_req(KVR_MSG_COMMIT);
+	cr_assert_eq(kvr_slot_abort(st, 30, c1.slots[0].epoch), 0, "slot 30 reclaimed before its COMMIT");
+	answer_commit(&c1);
+	(void)step(&room);
+	static const uint32_t first[1] = {0};
+	expect_done(1, -EIO, 1, 0, first, 1);
+	assert_slot_holds(20, S[0].items[0].block);
+	assert_slot_holds(31, S[1].items[1].block);
+	cr_assert_eq(kvr_slot_state(st, 30), KVR_SLOT_FREE);
+	cr_assert_eq(stat(KVR_STAT_XF_BLOCKS), 3);
+	cr_assert_eq(stat(KVR_STAT_XF_FAILED_BLOCKS), 1);
+	cr_assert_eq(kvr_slot_abort(st, 21, ep1), 0); /* worker 1's slot: not this pipe's */
+	assert_quiet();
+}
+
 /* ---- 3. an answer that never comes ------------------------------------------------------ */
 
 /*
