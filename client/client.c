@@ -322,6 +322,34 @@ static int recv_attach_reply(struct kvr_client *c, unsigned want_fds, int *fds)
 	return rc;
 }
 
+/*
+ * Map what kvringd handed over: fds[0] the control segment, read-only (the actor table, the
+ * directory, the other clients' places, where it reads zeros), fds[1] this client's own
+ * area, read-write (its rings and its waiter; kvr_ctl.h). The area must be that of our
+ * client slot: worker slot c->worker, or a scheduler's, after the workers' (KVR_EP_CLIENT).
+ * Closes both fds.
+ */
+static int map_instance(struct kvr_client *c, int *fds, bool sched)
+{
+	unsigned got = UINT32_MAX, slot = c->worker;
+	int rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 0, &c->ctl_seg);
+	if (!rc && sched)
+		slot += ((const struct kvr_ctl *)c->ctl_seg.base)->max_workers;
+	if (!rc && !(rc = kvr_ctl_map_area(&c->ctl_seg, fds[1], 1, &got)) && got != slot)
+		rc = -EBADSLT;
+	if (!rc)
+		rc = kvr_ctl_attach_client(&c->ctl_seg, slot, &c->ctl, &c->rings);
+	close(fds[0]);
+	close(fds[1]);
+	if (rc) {
+		kvr_segment_close(&c->ctl_seg);
+		c->ctl = NULL;
+		return fail(c, rc, "attach: cannot map the instance's control segment%s: %s",
+			    rc == -EBADSLT ? " (the area handed over is another slot's)" : "", strerror(-rc));
+	}
+	return 0;
+}
+
 /* A client not attached yet (no socket, no segment), or NULL (attach_err set). */
 static struct kvr_client *client_new(int64_t timeout_ms)
 {
@@ -388,21 +416,18 @@ KVR_EXPORT int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client 
 		goto err;
 	}
 	int fds[KVR_PROTO_MAX_FDS];
-	unsigned nfds = 0;
-	if ((rc = recv_attach_reply(c, 1, fds)))
+	if ((rc = recv_attach_reply(c, 2, fds)))
 		goto err;
-	nfds = 1;
-
-	/* The client gets only the control segment (rings, actor table); the arena and the
-	 * slot table are the actors' business, and never handed to a worker. */
-	if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 1, &c->ctl_seg)) ||
-	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl, &c->rings))) {
-		rc = fail(c, rc, "attach: cannot map the instance's segments: %s", strerror(-rc));
-		goto close_fds;
+	/* The client gets only the control segment, read-only, and its own area of it; the
+	 * arena and the slot table are the actors' business, and never handed to a worker. */
+	if (c->worker >= KVR_CTL_MAX_WORKERS) {
+		close(fds[0]);
+		close(fds[1]);
+		rc = fail(c, -EPROTO, "attach: worker slot %u out of range", c->worker);
+		goto err;
 	}
-	for (unsigned i = 0; i < nfds; i++)
-		close(fds[i]);
-	nfds = 0;
+	if ((rc = map_instance(c, fds, false)))
+		goto err;
 	if (c->worker >= c->ctl->max_workers) {
 		rc = fail(c, -EPROTO, "attach: worker slot %u out of range", c->worker);
 		goto err;
@@ -428,7 +453,7 @@ KVR_EXPORT int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client 
 	kvr_ring_claim_consumer(c->lk_rep, me);
 	kvr_ring_claim_consumer(c->ld_rep, me);
 	kvr_ring_claim_consumer(c->st_rep, me);
-	c->waiter = &kvr_ctl_worker(c->ctl, c->worker)->waiter;
+	c->waiter = &kvr_ctl_area(c->ctl, c->worker)->waiter;
 
 	/* kvringd starts our loader and storer on attach (a DCP rank's storer: its group's gather
 	 * actor, once the group is complete): wait until they serve. */
@@ -467,9 +492,6 @@ KVR_EXPORT int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client 
 	*ret_client = c;
 	return 0;
 
-close_fds:
-	for (unsigned i = 0; i < nfds; i++)
-		close(fds[i]);
 err:
 	snprintf(attach_err, sizeof(attach_err), "%s", c->err);
 	kvr_detach(c);
@@ -967,7 +989,6 @@ KVR_EXPORT int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kv
 		return -ENOMEM;
 	c->sched = true;
 	int rc, fds[KVR_PROTO_MAX_FDS];
-	unsigned nfds = 0;
 	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION,
 				    .op = KVR_OP_ATTACH_SCHED, .payload_len = sizeof(struct kvr_attach_engine)};
 	struct kvr_attach_engine eng;
@@ -980,17 +1001,17 @@ KVR_EXPORT int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kv
 		rc = fail(c, rc, "attach request: %s", strerror(-rc));
 		goto err;
 	}
-	if ((rc = recv_attach_reply(c, 1, fds)))
+	if ((rc = recv_attach_reply(c, 2, fds)))
 		goto err;
-	nfds = 1;
 	c->geom.block_tokens = c->info.block_tokens;
-	if ((rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 1, &c->ctl_seg)) ||
-	    (rc = kvr_ctl_attach(&c->ctl_seg, &c->ctl, &c->rings))) {
-		rc = fail(c, rc, "attach: cannot map the instance's control segment: %s", strerror(-rc));
-		goto close_fds;
+	if (c->worker >= KVR_CTL_MAX_SCHEDULERS) {
+		close(fds[0]);
+		close(fds[1]);
+		rc = fail(c, -EPROTO, "attach: scheduler slot %u out of range", c->worker);
+		goto err;
 	}
-	close(fds[0]);
-	nfds = 0;
+	if ((rc = map_instance(c, fds, true)))
+		goto err;
 	if (!c->geom.block_tokens || c->worker >= c->ctl->max_schedulers ||
 	    c->info.lookup_actor >= c->ctl->max_actors) {
 		rc = fail(c, -EPROTO, "attach: scheduler slot %u or attach info out of range", c->worker);
@@ -1011,12 +1032,9 @@ KVR_EXPORT int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kv
 	c->next_wire = (uint64_t)(se->generation & 0xffff) << 32;
 	kvr_ring_claim_producer(c->lk_req, getpid());
 	kvr_ring_claim_consumer(c->lk_rep, getpid());
-	c->waiter = &se->waiter;
+	c->waiter = &kvr_ctl_area(c->ctl, c->ctl->max_workers + c->worker)->waiter;
 	*ret_client = c;
 	return 0;
-close_fds:
-	for (unsigned k = 0; k < nfds; k++)
-		close(fds[k]);
 err:
 	snprintf(attach_err, sizeof(attach_err), "%s", c->err);
 	kvr_detach(c);

@@ -1,15 +1,31 @@
-/* Control segment: layout planning, initialisation and validation. */
+/* Control segment: layout planning, initialisation, client areas and validation. */
 #include "kvr_ctl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define ALIGN64(x) (((x) + 63) & ~(size_t)63)
+#define ALIGN_AREA(x) (((x) + KVR_CTL_AREA_ALIGN - 1) & ~(size_t)(KVR_CTL_AREA_ALIGN - 1))
 
 struct plan {
-	size_t actors_off, workers_off, rings_off, stats_off, config_off, geom_off, ring_area_off, total;
+	size_t actors_off, workers_off, rings_off, stats_off, config_off, geom_off, areas_off, ring_area_off, total;
+	unsigned n_areas;
+	struct kvr_area_ent area[KVR_CTL_MAX_CLIENTS];
 };
+
+/* The client slot whose area holds a ring between these endpoints, or -1 (no client). */
+static int ring_client(int producer, int consumer, unsigned n_areas)
+{
+	int ep = KVR_EP_IS_CLIENT(producer) ? producer : consumer;
+	if (!KVR_EP_IS_CLIENT(ep) || (unsigned)KVR_EP_CLIENT_SLOT(ep) >= n_areas)
+		return -1;
+	return KVR_EP_CLIENT_SLOT(ep);
+}
 
 static int plan_layout(unsigned max_actors, unsigned max_workers, const struct kvr_ctl_ring_spec *rings,
 		       unsigned n_rings, size_t config_cap, struct plan *p, size_t *ring_offs)
@@ -17,6 +33,7 @@ static int plan_layout(unsigned max_actors, unsigned max_workers, const struct k
 	if (!max_actors || max_actors > KVR_CTL_MAX_ACTORS || max_workers > KVR_CTL_MAX_WORKERS ||
 	    n_rings > KVR_CTL_MAX_RINGS || (n_rings && !rings))
 		return -EINVAL;
+	p->n_areas = max_workers + KVR_CTL_MAX_SCHEDULERS;
 	size_t off = ALIGN64(sizeof(struct kvr_ctl));
 	p->actors_off = off;
 	off = ALIGN64(off + max_actors * sizeof(struct kvr_actor_ent));
@@ -30,14 +47,30 @@ static int plan_layout(unsigned max_actors, unsigned max_workers, const struct k
 	off = ALIGN64(off + config_cap);
 	p->geom_off = off;
 	off = ALIGN64(off + (size_t)max_workers * KVR_CTL_GEOM_BYTES);
+	p->areas_off = off;
+	off = ALIGN64(off + p->n_areas * sizeof(struct kvr_area_ent));
 	p->ring_area_off = off;
-	for (unsigned i = 0; i < n_rings; i++) {
-		size_t sz = kvr_ring_memsize(rings[i].capacity, KVR_CTL_RING_MSG_SIZE);
-		if (!sz)
-			return -EINVAL;
-		if (ring_offs)
-			ring_offs[i] = off;
-		off = ALIGN64(off + sz);
+	/* the rings no client uses, then one area per client slot with that client's rings */
+	for (int slot = -1; slot < (int)p->n_areas; slot++) {
+		if (slot >= 0) {
+			off = ALIGN_AREA(off);
+			p->area[slot].offset = off;
+			off += sizeof(struct kvr_client_area);
+		}
+		for (unsigned i = 0; i < n_rings; i++) {
+			if (ring_client(rings[i].producer, rings[i].consumer, p->n_areas) != slot)
+				continue;
+			size_t sz = kvr_ring_memsize(rings[i].capacity, KVR_CTL_RING_MSG_SIZE);
+			if (!sz)
+				return -EINVAL;
+			if (ring_offs)
+				ring_offs[i] = off;
+			off = ALIGN64(off + sz);
+		}
+		if (slot >= 0) {
+			off = ALIGN_AREA(off);
+			p->area[slot].bytes = off - p->area[slot].offset;
+		}
 	}
 	p->total = off;
 	return 0;
@@ -57,20 +90,19 @@ size_t kvr_ctl_memsize(unsigned max_actors, unsigned max_workers, const struct k
  * reader freeing room wakes an actor whose replies wait in its outbox, kvr_outbox.h). A
  * ring a client produces or consumes keeps its own waiter on the actor's side, and the
  * actor adds it to its sleep (kvr_waiters_wait): a client never writes an actor's waiter.
- * A client sleeps on its table entry's waiter for the rings it consumes (the actors that
- * produce them wake it).
+ * A client sleeps on its area's waiter for the rings it consumes (the actors that produce
+ * them wake it).
  */
 static void point_waiters(struct kvr_ctl *c, struct kvr_ring_shm *r, int prod, int cons)
 {
 	bool prod_actor = prod >= 0 && (unsigned)prod < c->max_actors;
 	bool cons_actor = cons >= 0 && (unsigned)cons < c->max_actors;
-	bool cons_client = KVR_EP_IS_CLIENT(cons) &&
-			   (unsigned)KVR_EP_CLIENT_SLOT(cons) < c->max_workers + c->max_schedulers;
+	bool cons_client = KVR_EP_IS_CLIENT(cons) && (unsigned)KVR_EP_CLIENT_SLOT(cons) < c->n_areas;
 	struct kvr_waiter *cw = &r->own_cons_waiter, *pw = &r->own_prod_waiter;
 	if (cons_actor && !KVR_EP_IS_CLIENT(prod))
 		cw = &kvr_ctl_actor(c, (unsigned)cons)->waiter;
 	else if (cons_client)
-		cw = &kvr_ctl_worker(c, (unsigned)KVR_EP_CLIENT_SLOT(cons))->waiter;
+		cw = &kvr_ctl_area(c, (unsigned)KVR_EP_CLIENT_SLOT(cons))->waiter;
 	if (prod_actor && !KVR_EP_IS_CLIENT(cons))
 		pw = &kvr_ctl_actor(c, (unsigned)prod)->waiter;
 	kvr_ring_set_consumer_waiter(r, cw);
@@ -103,12 +135,29 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
 	c->config_off = p.config_off;
 	c->geom_off = p.geom_off;
 	c->ring_area_off = p.ring_area_off;
+	c->areas_off = p.areas_off;
+	c->n_areas = p.n_areas;
 	c->config_cap = (uint32_t)(cfg_len + 1);
 	c->config_len = (uint32_t)cfg_len;
 	if (cfg_len)
 		memcpy((uint8_t *)c + p.config_off, config_json, cfg_len + 1);
 	for (unsigned i = 0; i < max_actors; i++)
 		kvr_ctl_actor(c, i)->last_exit_code = -1;
+	for (unsigned a = 0; a < p.n_areas; a++) {
+		((struct kvr_area_ent *)((uint8_t *)c + p.areas_off))[a] = p.area[a];
+		/* the area's header is a segment header of its own: once it moves into its memfd
+		 * (kvr_ctl_split_areas) it is validated like any segment */
+		struct kvr_client_area *ar = kvr_ctl_area(c, a);
+		memset(ar, 0, sizeof(*ar));
+		ar->seg.layout_version = KVR_LAYOUT_VERSION;
+		ar->seg.kind = KVR_SEG_CLIENT;
+		ar->seg.size = p.area[a].bytes;
+		ar->seg.creator_pid = c->seg.creator_pid;
+		ar->seg.generation = c->seg.generation;
+		ar->seg.created_ns = c->seg.created_ns;
+		ar->seg.magic = KVR_SEG_MAGIC;
+		ar->slot = a;
+	}
 
 	for (unsigned i = 0; i < n_rings; i++) {
 		struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
@@ -145,15 +194,18 @@ static bool table_waiter(uintptr_t addr, uintptr_t base, unsigned n, size_t stri
 	return (addr - base) % stride == waiter_off;
 }
 
-/* kvr_ring_waiters.ok for control-segment rings: an actor's or a client's waiter. */
+/* kvr_ring_waiters.ok for control-segment rings: an actor's or a client area's waiter. */
 static bool ctl_waiter_ok(const void *ctx, uintptr_t addr)
 {
 	const struct kvr_ctl *c = ctx;
 	uintptr_t base = (uintptr_t)c;
-	return table_waiter(addr, base + c->actors_off, c->max_actors, sizeof(struct kvr_actor_ent),
-			    offsetof(struct kvr_actor_ent, waiter)) ||
-	       table_waiter(addr, base + c->workers_off, c->max_workers + c->max_schedulers,
-			    sizeof(struct kvr_worker_ent), offsetof(struct kvr_worker_ent, waiter));
+	if (table_waiter(addr, base + c->actors_off, c->max_actors, sizeof(struct kvr_actor_ent),
+			 offsetof(struct kvr_actor_ent, waiter)))
+		return true;
+	for (unsigned a = 0; a < c->n_areas; a++)
+		if (addr == (uintptr_t)&kvr_ctl_area(c, a)->waiter)
+			return true;
+	return false;
 }
 
 /* The capacity of a control-segment ring of `bytes` bytes (a directory entry's), or 0 when
@@ -173,7 +225,25 @@ struct kvr_ring_waiters kvr_ctl_legal_waiters(const struct kvr_ctl *c)
 	return (struct kvr_ring_waiters){.ok = ctl_waiter_ok, .ctx = c};
 }
 
-int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl, struct kvr_ctl_rings *ret_rings)
+/* The area table: n_areas entries in slot order from `*end` on, aligned, none overlapping the
+ * next, all inside the segment. Moves *end past the last. */
+static bool areas_ok(const struct kvr_ctl *c, uint64_t size, uint64_t *end)
+{
+	if (c->n_areas != c->max_workers + c->max_schedulers)
+		return false;
+	for (unsigned a = 0; a < c->n_areas; a++) {
+		const struct kvr_area_ent *e = kvr_ctl_area_ent(c, a);
+		uint64_t off = e->offset, bytes = e->bytes;
+		if (off % KVR_CTL_AREA_ALIGN || bytes % KVR_CTL_AREA_ALIGN || bytes < sizeof(struct kvr_client_area) ||
+		    !region_ok(off, bytes, size, end))
+			return false;
+	}
+	return true;
+}
+
+/* Validate the tables of a mapped control segment; build the views of its rings into
+ * ret_rings (when not NULL) — of every ring, or only of client `only`'s (only >= 0). */
+static int attach(const struct kvr_segment *seg, int only, struct kvr_ctl **ret_ctl, struct kvr_ctl_rings *ret_rings)
 {
 	if (!seg || !seg->base || seg->size < sizeof(struct kvr_ctl))
 		return -EINVAL;
@@ -195,20 +265,49 @@ int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl, stru
 	    !region_ok(c->stats_off, (uint64_t)c->max_actors * sizeof(struct kvr_actor_stats), size, &end) ||
 	    !region_ok(c->config_off, c->config_cap, size, &end) ||
 	    !region_ok(c->geom_off, (uint64_t)c->max_workers * KVR_CTL_GEOM_BYTES, size, &end) ||
+	    c->n_areas > KVR_CTL_MAX_CLIENTS ||
+	    !region_ok(c->areas_off, (uint64_t)c->n_areas * sizeof(struct kvr_area_ent), size, &end) ||
 	    !region_ok(c->ring_area_off, 0, size, &end))
 		return -EBADMSG;
+	uint64_t ring_end = end; /* the rings no client uses end before the first area */
+	if (!areas_ok(c, size, &end) || (only >= 0 && (unsigned)only >= c->n_areas))
+		return -EBADMSG;
+	uint64_t first_area = c->n_areas ? kvr_ctl_area_ent(c, 0)->offset : size;
 	/* readers use the config as a C string */
 	if (!c->config_cap || c->config_len >= c->config_cap || kvr_ctl_config_json(c)[c->config_len] != '\0')
 		return -EBADMSG;
+	if (only >= 0) {
+		const struct kvr_client_area *ar = kvr_ctl_area(c, (unsigned)only);
+		if (ar->seg.magic != KVR_SEG_MAGIC || ar->seg.kind != KVR_SEG_CLIENT || ar->slot != (unsigned)only ||
+		    ar->seg.size != kvr_ctl_area_ent(c, (unsigned)only)->bytes)
+			return -EBADMSG; /* the area is not mapped over its place */
+	}
+	uint64_t area_end[KVR_CTL_MAX_CLIENTS];
+	for (unsigned a = 0; a < c->n_areas; a++)
+		area_end[a] = kvr_ctl_area_ent(c, a)->offset + sizeof(struct kvr_client_area);
 	unsigned n = atomic_load(&c->n_rings);
 	const struct kvr_ring_waiters legal = kvr_ctl_legal_waiters(c);
 	for (unsigned i = 0; i < n; i++) {
 		struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
 		struct kvr_ring view;
-		/* rings in directory order, none overlapping another (two names, one ring, would
-		 * give it two producers) */
-		if (!memchr(e->name, '\0', sizeof(e->name)) || !region_ok(e->offset, e->bytes, size, &end))
+		if (!memchr(e->name, '\0', sizeof(e->name)))
 			return -EBADMSG;
+		/* Each ring where kvr_ctl_init() put it: a client's inside its area, the others
+		 * before the first area; in directory order there, none overlapping another (two
+		 * names, one ring, would give it two producers). */
+		int cl = ring_client(e->producer, e->consumer, c->n_areas);
+		if (cl >= 0) {
+			const struct kvr_area_ent *ae = kvr_ctl_area_ent(c, (unsigned)cl);
+			if (!region_ok(e->offset, e->bytes, ae->offset + ae->bytes, &area_end[cl]))
+				return -EBADMSG;
+		} else if (!region_ok(e->offset, e->bytes, first_area, &ring_end)) {
+			return -EBADMSG;
+		}
+		if (only >= 0 && cl != only) {
+			if (ret_rings)
+				memset(&ret_rings->ring[i], 0, sizeof(ret_rings->ring[i]));
+			continue;
+		}
 		/* The view's sizes come from the directory (kvringd's), never from the ring header,
 		 * which a client writes: every ring here carries struct kvr_msg, and the entry's
 		 * bytes say the capacity. */
@@ -223,6 +322,107 @@ int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl, stru
 		ret_rings->n = n;
 	}
 	*ret_ctl = c;
+	return 0;
+}
+
+int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl, struct kvr_ctl_rings *ret_rings)
+{
+	return attach(seg, -1, ret_ctl, ret_rings);
+}
+
+int kvr_ctl_attach_client(const struct kvr_segment *seg, unsigned slot, struct kvr_ctl **ret_ctl,
+			  struct kvr_ctl_rings *ret_rings)
+{
+	return attach(seg, slot < KVR_CTL_MAX_CLIENTS ? (int)slot : KVR_CTL_MAX_CLIENTS, ret_ctl, ret_rings);
+}
+
+int kvr_ctl_split_areas(struct kvr_segment *seg, int *ret_fds)
+{
+	if (!seg || !seg->base || !seg->writable || !ret_fds)
+		return -EINVAL;
+	struct kvr_ctl *c = seg->base;
+	uint64_t end = c->ring_area_off;
+	if (!areas_ok(c, seg->size, &end))
+		return -EBADMSG;
+	unsigned done = 0;
+	int rc = 0;
+	for (; done < c->n_areas; done++) {
+		const struct kvr_area_ent *e = kvr_ctl_area_ent(c, done);
+		uint8_t *at = (uint8_t *)seg->base + e->offset;
+		char name[32];
+		snprintf(name, sizeof(name), "kvring-client.%u", done);
+		struct kvr_segment a;
+		if ((rc = kvr_segment_create(name, KVR_SEG_CLIENT, e->bytes, c->seg.generation, 0, &a)))
+			break;
+		if (a.size != e->bytes) {
+			kvr_segment_close(&a);
+			rc = -EINVAL;
+			break;
+		}
+		/* the area as kvr_ctl_init() wrote it, behind the header kvr_segment_create() wrote */
+		memcpy((uint8_t *)a.base + sizeof(struct kvr_seg_hdr), at + sizeof(struct kvr_seg_hdr),
+		       e->bytes - sizeof(struct kvr_seg_hdr));
+		int fd = a.fd;
+		(void)munmap(a.base, a.size);
+		if ((rc = kvr_segment_map_fixed(fd, KVR_SEG_CLIENT, 1, at, e->bytes))) {
+			(void)close(fd);
+			break;
+		}
+		ret_fds[done] = fd;
+		/* what the control segment's own memfd held there is never read again */
+		(void)fallocate(seg->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)e->offset, (off_t)e->bytes);
+	}
+	if (rc)
+		while (done)
+			(void)close(ret_fds[--done]);
+	return rc;
+}
+
+int kvr_ctl_map_area(struct kvr_segment *seg, int fd, int writable, unsigned *ret_slot)
+{
+	if (!seg || !seg->base || seg->size < sizeof(struct kvr_ctl) || fd < 0)
+		return -EINVAL;
+	const struct kvr_ctl *c = seg->base;
+	struct kvr_client_area h;
+	if (pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h))
+		return -EPROTO;
+	uint64_t end = c->ring_area_off;
+	if (c->n_areas > KVR_CTL_MAX_CLIENTS || c->areas_off > seg->size ||
+	    (uint64_t)c->n_areas * sizeof(struct kvr_area_ent) > seg->size - c->areas_off || !areas_ok(c, seg->size, &end))
+		return -EBADMSG;
+	if (h.seg.magic != KVR_SEG_MAGIC || h.seg.layout_version != KVR_LAYOUT_VERSION)
+		return -EPROTO;
+	if (h.seg.kind != KVR_SEG_CLIENT)
+		return -EMEDIUMTYPE;
+	if (h.slot >= c->n_areas)
+		return -EINVAL;
+	const struct kvr_area_ent *e = kvr_ctl_area_ent(c, h.slot);
+	int rc = kvr_segment_map_fixed(fd, KVR_SEG_CLIENT, writable, (uint8_t *)seg->base + e->offset, e->bytes);
+	if (rc)
+		return rc;
+	if (ret_slot)
+		*ret_slot = h.slot;
+	return 0;
+}
+
+int kvr_ctl_map(const int *fds, unsigned n_fds, int writable, struct kvr_segment *ret)
+{
+	if (!fds || !n_fds || !ret)
+		return -EINVAL;
+	struct kvr_segment seg;
+	int rc = kvr_segment_map(fds[0], KVR_SEG_CTL, writable, &seg);
+	if (rc)
+		return rc;
+	for (unsigned i = 1; i < n_fds; i++) {
+		struct kvr_seg_hdr h;
+		if (fds[i] < 0 || pread(fds[i], &h, sizeof(h), 0) != (ssize_t)sizeof(h) || h.kind != KVR_SEG_CLIENT)
+			continue;
+		if ((rc = kvr_ctl_map_area(&seg, fds[i], writable, NULL))) {
+			kvr_segment_close(&seg);
+			return rc;
+		}
+	}
+	*ret = seg;
 	return 0;
 }
 

@@ -20,12 +20,25 @@
  *   struct kvr_actor_stats[max_actors]   counters each actor writes and kvringd exports
  *   char config_json[config_cap]         the effective config, as --check-config prints it
  *   uint8_t geometry[max_workers][18560] each attached worker's geometry (loader/storer read it)
- *   rings ...                            every ring, 64-byte aligned, at the offsets above
+ *   struct kvr_area_ent [n_areas]        where each client slot's area lies
+ *   rings ...                            the rings no client uses, 64-byte aligned
+ *   client areas [n_areas]               one per client slot (worker w: area w; scheduler i:
+ *                                        area max_workers + i), KVR_CTL_AREA_ALIGN aligned:
+ *     struct kvr_client_area             its header (a segment header of kind KVR_SEG_CLIENT)
+ *                                        and the waiter the client sleeps on
+ *     rings ...                          every ring that client produces or consumes
  *
  * All references are offsets from the segment base. Writers: kvringd writes the instance
  * fields, actor/worker table entries and the directory; each actor writes its own
  * heartbeat, stats and the rings it produces/consumes. Observers (kvring-inspect) map it
  * read-only.
+ *
+ * A client writes only its area. kvringd builds the segment in one memfd, then moves each
+ * area into a memfd of its own (kvr_ctl_split_areas) and maps it over its place: every
+ * process that serves clients maps the control segment and every area over it
+ * (kvr_ctl_map_area; the offsets stay those of one segment). A client gets the control
+ * segment read-only and its own area read-write; where the other areas lie it reads zeros.
+ * A segment that was never split (tests building one in memory) keeps its areas inside.
  */
 
 #define KVR_CTL_MAX_ACTORS 64
@@ -35,6 +48,8 @@
 #define KVR_ACTOR_NAME_MAX 24
 #define KVR_CTL_GEOM_BYTES 18560 /* per worker: the geometry it attached with (kvr_geometry.h), 64-aligned */
 #define KVR_CTL_RING_MSG_SIZE 64 /* every control-segment ring carries struct kvr_msg */
+#define KVR_CTL_MAX_CLIENTS (KVR_CTL_MAX_WORKERS + KVR_CTL_MAX_SCHEDULERS) /* client slots, one area each */
+#define KVR_CTL_AREA_ALIGN 65536u /* a client area's offset and size: a multiple of every Linux page size */
 
 enum kvr_inst_state {
 	KVR_INST_STARTING = 1,
@@ -140,8 +155,7 @@ struct kvr_worker_ent {
 	uint32_t tp_rank, tp_size;
 	uint32_t dcp_rank, dcp_size;
 	uint64_t attached_ns;
-	/* every ring the client consumes points its consumer waiter here */
-	_Alignas(8) struct kvr_waiter waiter;
+	uint64_t reserved0;     /* was the client's waiter: it lives in the client's area now */
 	/* the generation whose WORKER_GONE the lookup actor has handled (it writes it): kvringd
 	 * frees the worker slot only then, so a new worker in this slot never meets the abort
 	 * of its predecessor's slots */
@@ -151,6 +165,22 @@ struct kvr_worker_ent {
 	uint8_t reserved[9];
 };
 _Static_assert(sizeof(struct kvr_worker_ent) == 64, "worker entry");
+
+/* The start of a client slot's area (kvr_ctl_area()). */
+struct kvr_client_area {
+	struct kvr_seg_hdr seg; /* kind KVR_SEG_CLIENT, size = the area's bytes: the area is a segment */
+	uint32_t slot;          /* the client slot it belongs to */
+	uint32_t reserved0;
+	/* every ring the client consumes points its consumer waiter here */
+	_Alignas(8) struct kvr_waiter waiter;
+	uint8_t reserved[48];
+};
+_Static_assert(sizeof(struct kvr_client_area) == 128, "client area header");
+
+struct kvr_area_ent {
+	uint64_t offset; /* from the segment base; KVR_CTL_AREA_ALIGN aligned */
+	uint64_t bytes;  /* a multiple of KVR_CTL_AREA_ALIGN */
+};
 
 struct kvr_ring_ent {
 	char name[KVR_RING_NAME_MAX]; /* "lookup.req.0", "ctl.loader.0.in" */
@@ -393,7 +423,8 @@ struct kvr_ctl {
 	_Atomic uint64_t prefault_bytes; /* arena bytes faulted in so far */
 	uint64_t arena_bytes;          /* the L1 arena's size */
 	uint32_t arena_huge;           /* 1: huge pages back it */
-	uint8_t reserved[12];
+	uint32_t n_areas;              /* client areas: max_workers + max_schedulers */
+	uint64_t areas_off;            /* struct kvr_area_ent [n_areas] */
 };
 _Static_assert(offsetof(struct kvr_ctl, geom_off) == 272, "ctl header: 4 bytes of padding after socket_path");
 _Static_assert(sizeof(struct kvr_ctl) == 320, "ctl header");
@@ -430,6 +461,15 @@ static inline void *kvr_ctl_worker_geometry(const struct kvr_ctl *c, unsigned w)
 {
 	return (uint8_t *)c + c->geom_off + (size_t)w * KVR_CTL_GEOM_BYTES;
 }
+static inline const struct kvr_area_ent *kvr_ctl_area_ent(const struct kvr_ctl *c, unsigned slot)
+{
+	return (const struct kvr_area_ent *)((const uint8_t *)c + c->areas_off) + slot;
+}
+/* Client slot `slot`'s area (its header; its rings follow). */
+static inline struct kvr_client_area *kvr_ctl_area(const struct kvr_ctl *c, unsigned slot)
+{
+	return (struct kvr_client_area *)((uint8_t *)c + kvr_ctl_area_ent(c, slot)->offset);
+}
 static inline const char *kvr_ctl_config_json(const struct kvr_ctl *c)
 {
 	return (const char *)c + c->config_off;
@@ -465,10 +505,11 @@ struct kvr_ctl_rings {
 	struct kvr_ring ring[KVR_CTL_MAX_RINGS];
 };
 
-/* The view of ring i; NULL when there is no ring i. */
+/* The view of ring i; NULL when there is no ring i (or no view of it: a client has views of
+ * its own rings only). */
 static inline struct kvr_ring *kvr_ctl_ring(const struct kvr_ctl_rings *v, unsigned i)
 {
-	return i < v->n ? (struct kvr_ring *)&v->ring[i] : NULL;
+	return i < v->n && v->ring[i].shm ? (struct kvr_ring *)&v->ring[i] : NULL;
 }
 
 /* The waiters a ring of control segment c may legally point at besides its own (for
@@ -484,6 +525,31 @@ int kvr_ctl_ring_view(const struct kvr_ctl *c, unsigned i, struct kvr_ring *ret)
  * ret_rings is not NULL, build the views of its rings there. Returns 0 and *ret_ctl, or
  * -EPROTO / -EBADMSG. Safe on a read-only mapping. */
 int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl, struct kvr_ctl_rings *ret_rings);
+
+/* As kvr_ctl_attach(), for the client of slot `slot`, which maps the segment read-only and
+ * only its own area (kvr_ctl_map_area()): the tables are validated as there, the area's
+ * header must name that slot, and views are built only of the rings the client produces or
+ * consumes (kvr_ctl_ring() is NULL for the others). */
+int kvr_ctl_attach_client(const struct kvr_segment *seg, unsigned slot, struct kvr_ctl **ret_ctl,
+			  struct kvr_ctl_rings *ret_rings);
+
+/* kvringd, once, after kvr_ctl_init() and before anyone maps the segment: move every client
+ * area into a memfd of its own ("kvring-client.N", sealed), mapped read-write over its place
+ * in seg; the segment's own pages there are released. ret_fds[n_areas] gets the memfds
+ * (the caller keeps them: they are handed to the actors, the client of the slot and
+ * inspect). 0 or -errno (then nothing is left open). */
+int kvr_ctl_split_areas(struct kvr_segment *seg, int *ret_fds);
+
+/* Map a client area (an fd kvr_ctl_split_areas() made, or a read-only reopening of one)
+ * over its place in the mapping seg of its control segment, read-write when `writable`.
+ * The slot comes from the area's header and must be one of seg's; *ret_slot gets it.
+ * -EINVAL (seg's area table does not hold that slot), or kvr_segment_map_fixed()'s errors. */
+int kvr_ctl_map_area(struct kvr_segment *seg, int fd, int writable, unsigned *ret_slot);
+
+/* Map a control segment handed over as descriptors: fds[0] the segment, every other fd of
+ * kind KVR_SEG_CLIENT one of its areas, mapped over it (others, e.g. a slot table, are
+ * skipped). Read-only unless `writable`. *ret as kvr_segment_map(). 0 or -errno. */
+int kvr_ctl_map(const int *fds, unsigned n_fds, int writable, struct kvr_segment *ret);
 
 /* Find a ring by name; returns its index or -ENOENT. */
 int kvr_ctl_find_ring(const struct kvr_ctl *c, const char *name);

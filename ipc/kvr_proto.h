@@ -12,8 +12,9 @@
  * request record and receives one reply record; file descriptors travel with the reply
  * (and, for an attach, with the request: the worker's KV memory) as SCM_RIGHTS.
  *
- *   INSPECT  -> reply status 0 + fds [ctl (read-only)]
- *   ATTACH   -> reply status 0 + worker slot + fds [ctl]; the connection then
+ *   INSPECT  -> reply status 0 + fds [ctl, slot table, every client area] (all read-only)
+ *   ATTACH   -> reply status 0 + worker slot + fds [ctl (read-only), the worker's own
+ *               client area (read-write): kvr_ctl.h]; the connection then
  *               stays open for the worker's lifetime: when it closes (the worker died or
  *               detached) kvringd releases the worker's leases, reclaims its uncommitted
  *               slots and stops its loader and storer.
@@ -24,8 +25,9 @@
  */
 
 #define KVR_PROTO_MAGIC 0x4b565250u /* "KVRP" */
-#define KVR_PROTO_VERSION 2u /* 2: an attach reply carries the control segment only */
-#define KVR_PROTO_MAX_FDS 8
+#define KVR_PROTO_VERSION 3u /* 3: an attach reply carries the control segment read-only and
+			      * the client's own area; INSPECT every area too */
+#define KVR_PROTO_MAX_FDS 40 /* INSPECT: 2 + KVR_CTL_MAX_CLIENTS */
 #define KVR_PROTO_REASON_MAX 160
 #define KVR_PROTO_PAYLOAD_MAX 20480 /* a geometry of 1024 regions + the engine identity: one
 				     * SOCK_SEQPACKET record (the socket buffer holds ~200 KiB) */
@@ -101,7 +103,7 @@ struct kvr_attach_engine {
 _Static_assert(sizeof(struct kvr_attach_engine) == 128, "engine identity");
 
 /* ATTACH_SCHED: payload struct kvr_attach_engine, no fds. Reply: status 0, worker = the
- * scheduler slot, fds [ctl], payload struct kvr_attach_info (ns, lanes, n_slots, block_tokens,
+ * scheduler slot, fds [ctl (read-only), its client area], payload struct kvr_attach_info (ns, lanes, n_slots, block_tokens,
  * lookup_actor; the worker-only fields 0). The connection stays open while attached, as for
  * ATTACH. */
 

@@ -18,13 +18,14 @@
  */
 
 #define KVR_SEG_MAGIC 0x4745534752564b00ull /* "\0KVRSEG" little-endian-ish tag */
-#define KVR_LAYOUT_VERSION 1u
+#define KVR_LAYOUT_VERSION 2u /* 2: client areas in the control segment (kvr_ctl.h) */
 
 enum kvr_seg_kind {
 	KVR_SEG_CTL = 1,   /* control: instance, actors, ring directory, rings, stats */
 	KVR_SEG_ARENA = 2, /* L1 slots (KV bytes) */
 	KVR_SEG_SLOTS = 3, /* slot table and index */
 	KVR_SEG_KV = 4,    /* a worker's KV memory (host backend), created by the client */
+	KVR_SEG_CLIENT = 5, /* one client slot's area of the control segment: its rings, its waiter */
 };
 
 struct kvr_seg_hdr {
@@ -59,6 +60,12 @@ int kvr_segment_create(const char *name, enum kvr_seg_kind kind, size_t size, ui
  * -EMEDIUMTYPE on wrong kind, -EBADMSG when the header size disagrees with the fd size.
  * The fd is dup'ed: the caller keeps its own. */
 int kvr_segment_map(int fd, enum kvr_seg_kind expect_kind, int writable, struct kvr_segment *ret);
+
+/* Map segment fd, which must be of `kind` and exactly `size` bytes, over [addr, addr + size)
+ * of a mapping this process owns (MAP_FIXED replaces what was there): a control segment's
+ * client areas (kvr_ctl_map_area()). The header is read and validated before anything is
+ * mapped (-EPROTO, -EMEDIUMTYPE, -EBADMSG as above); the fd is not kept. */
+int kvr_segment_map_fixed(int fd, enum kvr_seg_kind kind, int writable, void *addr, size_t size);
 
 /* Fault every page of [base, base+len) in now, writable (MADV_POPULATE_WRITE), so the data
  * path never takes a page fault on L1. Returns 0 or -errno (-EINVAL on kernels before

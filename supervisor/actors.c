@@ -191,10 +191,21 @@ static int spawn(struct sup *s, struct sup_actor *a)
 	snprintf(a_idx, sizeof(a_idx), "%u", a->index);
 	snprintf(a_ready, sizeof(a_ready), "%d", p[1]);
 	snprintf(a_slots, sizeof(a_slots), "%d", s->slots_seg.fd);
-	char *argv[16 + 4 * KVR_DCP_MAX] = {(char *)a->exe, "--ctl-fd", a_ctl, "--arena-fd", a_arena, "--actor", a_idx,
+	/* every client area, mapped over the control segment: the actors serve the clients' rings */
+	char a_areas[KVR_CTL_MAX_CLIENTS * 12] = "";
+	char *argv[18 + 4 * KVR_DCP_MAX] = {(char *)a->exe, "--ctl-fd", a_ctl, "--arena-fd", a_arena, "--actor", a_idx,
 					    "--ready-fd", a_ready, "--slots-fd", a_slots, NULL};
-	int keep[4 + KVR_DCP_MAX] = {s->ctl_seg.fd, s->arena_seg.fd, p[1], s->slots_seg.fd};
+	int keep[4 + KVR_CTL_MAX_CLIENTS + KVR_DCP_MAX] = {s->ctl_seg.fd, s->arena_seg.fd, p[1], s->slots_seg.fd};
 	int n_keep = 4, n_arg = 11;
+	size_t a_len = 0;
+	for (unsigned ar = 0; ar < s->ctl->n_areas; ar++) {
+		a_len += (size_t)snprintf(a_areas + a_len, sizeof(a_areas) - a_len, "%s%d", ar ? "," : "", s->area_fd[ar]);
+		keep[n_keep++] = s->area_fd[ar];
+	}
+	if (s->ctl->n_areas) {
+		argv[n_arg++] = "--area-fds";
+		argv[n_arg++] = a_areas;
+	}
 	char a_group[KVR_DCP_MAX * 4], kv_str[KVR_DCP_MAX][2][24];
 	unsigned kind = a->ent->kind, w = a->ent->index;
 	const struct sup_dcp_group *gr = sup_gather_group(s, a->index);

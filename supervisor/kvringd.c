@@ -375,6 +375,8 @@ int main(int argc, char **argv)
 	s->argv0 = argv[0];
 	s->epfd = s->sigfd = s->tfd = s->listen_fd = -1;
 	s->ctl_seg.fd = s->arena_seg.fd = s->slots_seg.fd = -1;
+	for (unsigned a = 0; a < KVR_CTL_MAX_CLIENTS; a++)
+		s->area_fd[a] = -1;
 	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
 		s->kv_fd[w] = s->worker_engine[w] = -1;
 	for (unsigned i = 0; i < KVR_CTL_MAX_SCHEDULERS; i++)

@@ -387,6 +387,13 @@ int sup_segments_create(struct sup *s)
 	}
 	for (int i = 0; i < n; i++)
 		kvr_ctl_ring_shm(s->ctl_seg.base, (unsigned)i)->spin_ns = s->cfg.rings.spin_ns;
+	/* every client slot's rings and waiter into a memfd of its own: a client is handed the
+	 * control segment read-only and only its area writable (kvr_ctl.h) */
+	rc = kvr_ctl_split_areas(&s->ctl_seg, s->area_fd);
+	if (rc) {
+		kvr_err("cannot give the client areas their own memory: %s", strerror(-rc));
+		goto fail;
+	}
 	/* our own ring views, checked like anyone else's */
 	rc = kvr_ctl_attach(&s->ctl_seg, &s->ctl, &s->rings);
 	if (rc) {
@@ -420,4 +427,9 @@ void sup_segments_close(struct sup *s)
 	kvr_segment_close(&s->arena_seg);
 	kvr_segment_close(&s->ctl_seg);
 	s->ctl = NULL;
+	for (unsigned a = 0; a < KVR_CTL_MAX_CLIENTS; a++)
+		if (s->area_fd[a] >= 0) {
+			(void)close(s->area_fd[a]);
+			s->area_fd[a] = -1;
+		}
 }

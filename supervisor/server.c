@@ -297,24 +297,51 @@ static int reopen_ro(int fd)
 	return open(p, O_RDONLY | O_CLOEXEC);
 }
 
-/* INSPECT: the control segment and the slot table, both read-only. */
+/* An attach reply (rep, n_fds 2) with the control segment, read-only, and client slot
+ * `area`'s area, read-write: all a client may write. 0 or -errno. */
+static int send_client_fds(struct sup *s, int sock, const struct kvr_proto_rep *rep, unsigned area)
+{
+	int fds[2] = {reopen_ro(s->ctl_seg.fd), s->area_fd[area]};
+	if (fds[0] < 0) {
+		int rc = -errno;
+		kvr_warn("cannot open a read-only view of the control segment: %s", strerror(errno));
+		return rc;
+	}
+	int rc = send_rep(sock, rep, fds, 2);
+	(void)close(fds[0]);
+	return rc;
+}
+
+/* INSPECT: the control segment, the slot table and every client area, all read-only. */
 static void handle_inspect(struct sup *s, struct sup_conn *c)
 {
 	struct kvr_proto_rep rep;
-	int fds[2] = {reopen_ro(s->ctl_seg.fd), -1};
-	if (fds[0] < 0) {
+	int fds[2 + KVR_CTL_MAX_CLIENTS];
+	unsigned n = 0;
+	fds[n] = reopen_ro(s->ctl_seg.fd);
+	if (fds[n] < 0) {
 		rep_init(s, &rep, -errno, "cannot open a read-only view of the control segment: %s", strerror(errno));
 		(void)send_rep(c->fd, &rep, NULL, 0);
 		return;
 	}
-	fds[1] = reopen_ro(s->slots_seg.fd); /* optional: kvring-inspect shows what it gets */
-	unsigned n = fds[1] >= 0 ? 2 : 1;
+	n++;
+	if ((fds[n] = reopen_ro(s->slots_seg.fd)) >= 0) /* optional: kvring-inspect shows what it gets */
+		n++;
+	for (unsigned a = 0; a < s->ctl->n_areas; a++) {
+		if ((fds[n] = reopen_ro(s->area_fd[a])) < 0) {
+			rep_init(s, &rep, -errno, "cannot open a read-only view of client area %u: %s", a, strerror(errno));
+			(void)send_rep(c->fd, &rep, NULL, 0);
+			goto out;
+		}
+		n++;
+	}
 	rep_init(s, &rep, 0, NULL);
 	rep.n_fds = n;
 	int rc = send_rep(c->fd, &rep, fds, n);
+	kvr_debug("inspect from pid %d%s", (int)c->pid, rc ? ": reply not sent" : "");
+out:
 	for (unsigned i = 0; i < n; i++)
 		(void)close(fds[i]);
-	kvr_debug("inspect from pid %d%s", (int)c->pid, rc ? ": reply not sent" : "");
 }
 
 /* Compare one geometry field with the instance's model; fill rep on a mismatch. */
@@ -581,7 +608,7 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	we->engine = (uint16_t)engine;
 	we->kind = KVR_CLIENT_WORKER;
 	s->worker_engine[w] = engine;
-	atomic_store(&we->waiter.sleepers, 0);
+	atomic_store(&kvr_ctl_area(s->ctl, (unsigned)w)->waiter.sleepers, 0);
 	atomic_store(&we->state, KVR_WORKER_ATTACHED);
 	c->worker = w;
 	s->worker_conn[w] = c;
@@ -595,7 +622,7 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 		sup_groups_update(s);
 
 	rep.worker = (uint32_t)w;
-	rep.n_fds = 1;
+	rep.n_fds = 2;
 	struct kvr_attach_info info = {
 		.ns_lo = ns.lo,
 		.ns_hi = ns.hi,
@@ -613,8 +640,9 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	};
 	memcpy(rep.payload, &info, sizeof(info));
 	rep.payload_len = sizeof(info);
-	/* the control segment only (kvr_proto.h): no worker gets the arena or the slot table */
-	if (send_rep(c->fd, &rep, &s->ctl_seg.fd, 1))
+	/* the control segment, read-only, and the worker's own area (kvr_proto.h): no worker
+	 * gets the arena, the slot table or another client's rings */
+	if (send_client_fds(s, c->fd, &rep, (unsigned)w))
 		kvr_warn("worker %d: attach reply not sent; it detaches when the connection closes", w);
 	return;
 reply:
@@ -684,7 +712,7 @@ static void handle_attach_sched(struct sup *s, struct sup_conn *c, const struct 
 	se->attached_ns = kvr_now_ns();
 	se->engine = (uint16_t)engine;
 	se->kind = KVR_CLIENT_SCHEDULER;
-	atomic_store(&se->waiter.sleepers, 0);
+	atomic_store(&kvr_ctl_area(s->ctl, s->ctl->max_workers + (unsigned)slot)->waiter.sleepers, 0);
 	atomic_store(&se->state, KVR_WORKER_ATTACHED);
 	c->sched = slot;
 	s->sched_engine[slot] = engine;
@@ -692,7 +720,7 @@ static void handle_attach_sched(struct sup *s, struct sup_conn *c, const struct 
 
 	rep_init(s, &rep, 0, NULL);
 	rep.worker = (uint32_t)slot;
-	rep.n_fds = 1;
+	rep.n_fds = 2;
 	struct kvr_attach_info info = {
 		.ns_lo = ns.lo,
 		.ns_hi = ns.hi,
@@ -706,8 +734,7 @@ static void handle_attach_sched(struct sup *s, struct sup_conn *c, const struct 
 	};
 	memcpy(rep.payload, &info, sizeof(info));
 	rep.payload_len = sizeof(info);
-	int out[1] = {s->ctl_seg.fd};
-	if (send_rep(c->fd, &rep, out, 1))
+	if (send_client_fds(s, c->fd, &rep, s->ctl->max_workers + (unsigned)slot))
 		kvr_warn("scheduler %d: attach reply not sent; it detaches when the connection closes", slot);
 	return;
 reply:

@@ -122,6 +122,7 @@ struct sup {
 	char *cfg_json;          /* effective config, embedded in the control segment */
 	const char *argv0;
 	struct kvr_segment ctl_seg, arena_seg, slots_seg;
+	int area_fd[KVR_CTL_MAX_CLIENTS];      /* each client slot's area of ctl_seg (kvr_ctl_split_areas) */
 	struct kvr_ctl *ctl;
 	struct kvr_ctl_rings rings;       /* our views of its rings (built once the layout is set) */
 	struct kvr_slot_table *slots;

@@ -40,7 +40,8 @@ struct actor_args {
 	int ctl_fd, arena_fd, ready_fd;
 	int actor;
 	int slots_fd; /* -1 when not given */
-	unsigned n_kv, n_kv_bytes, n_group;
+	unsigned n_kv, n_kv_bytes, n_group, n_areas;
+	int area_fd[KVR_CTL_MAX_CLIENTS]; /* the control segment's client areas (kvr_ctl.h) */
 	int kv_fd[KVR_ACTOR_MAX_KV];
 	uint64_t kv_bytes[KVR_ACTOR_MAX_KV];
 	unsigned group[KVR_ACTOR_MAX_KV];
@@ -77,6 +78,26 @@ static int parse_int(const char *s, int *ret)
 	return 0;
 }
 
+/* "12,13,14" -> the client areas' fds; 0 or -EINVAL */
+static int parse_areas(const char *s, struct actor_args *a)
+{
+	a->n_areas = 0;
+	while (*s) {
+		char *end;
+		errno = 0;
+		long v = strtol(s, &end, 10);
+		if (errno || end == s || v < 0 || v > INT_MAX || a->n_areas == KVR_CTL_MAX_CLIENTS)
+			return -EINVAL;
+		a->area_fd[a->n_areas++] = (int)v;
+		if (*end == ',' && end[1])
+			end++;
+		else if (*end)
+			return -EINVAL;
+		s = end;
+	}
+	return a->n_areas ? 0 : -EINVAL;
+}
+
 static int parse_args(int argc, char **argv, struct actor_args *ret)
 {
 	static const struct option opts[] = {
@@ -88,6 +109,7 @@ static int parse_args(int argc, char **argv, struct actor_args *ret)
 		{"kv-fd", required_argument, NULL, 'k'},
 		{"kv-bytes", required_argument, NULL, 'b'},
 		{"group", required_argument, NULL, 'g'},
+		{"area-fds", required_argument, NULL, 'A'},
 		{0},
 	};
 	struct actor_args a = {.ctl_fd = -1, .arena_fd = -1, .ready_fd = -1, .actor = -1, .slots_fd = -1};
@@ -127,6 +149,10 @@ static int parse_args(int argc, char **argv, struct actor_args *ret)
 		}
 		case 'g':
 			if (parse_group(optarg, &a))
+				return -EINVAL;
+			continue;
+		case 'A':
+			if (parse_areas(optarg, &a))
 				return -EINVAL;
 			continue;
 		default:
@@ -223,6 +249,12 @@ static int setup(struct kvr_actor *a, const struct actor_args *args)
 		kvr_err("cannot map the control segment (fd %d): %s", args->ctl_fd, strerror(-rc));
 		return rc;
 	}
+	/* every client's area over its place: its rings are served from here */
+	for (unsigned i = 0; i < args->n_areas; i++)
+		if ((rc = kvr_ctl_map_area(&a->ctl_seg, args->area_fd[i], 1, NULL))) {
+			kvr_err("cannot map client area %u (fd %d): %s", i, args->area_fd[i], strerror(-rc));
+			return rc;
+		}
 	rc = kvr_ctl_attach(&a->ctl_seg, &a->ctl, &a->rings);
 	if (rc) {
 		kvr_err("control segment does not validate: %s", strerror(-rc));
@@ -561,7 +593,7 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 	}
 	if (parse_args(argc, argv, &args)) {
 		kvr_err("usage: kvring-%s --ctl-fd N --arena-fd N --actor I --ready-fd N [--slots-fd N] "
-			"[--kv-fd N --kv-bytes N]... [--group W,W,...]", stage->name);
+			"[--area-fds N,N,...] [--kv-fd N --kv-bytes N]... [--group W,W,...]", stage->name);
 		return 1;
 	}
 	rc = install_signals();
@@ -575,6 +607,8 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 	(void)close(args.arena_fd);
 	if (args.slots_fd >= 0)
 		(void)close(args.slots_fd);
+	for (unsigned i = 0; i < args.n_areas; i++)
+		(void)close(args.area_fd[i]);
 	if (rc)
 		goto out;
 	term_waiter = &a->ent->waiter;

@@ -136,10 +136,7 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	close(fd);
 	cr_assert_eq(rc, 0, "map the arena: %s", strerror(-rc));
 
-	fd = h_daemon_memfd(e->h.pid, "kvring-ctl", O_RDWR);
-	rc = kvr_segment_map(fd, KVR_SEG_CTL, 1, &e->ctl_seg);
-	close(fd);
-	cr_assert_eq(rc, 0, "map the control segment: %s", strerror(-rc));
+	h_daemon_ctl(e->h.pid, 1, &e->ctl_seg);
 	rc = kvr_ctl_attach(&e->ctl_seg, &e->ctl, &e->rings);
 	cr_assert_eq(rc, 0);
 }

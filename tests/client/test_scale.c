@@ -280,7 +280,8 @@ Test(scale, the_largest_geometry_attaches_and_one_more_region_is_refused)
 
 /* ---- a worker that scribbles over its rings ----------------------------------------- */
 
-/* The rings a worker's client reads and writes: what it may scribble over. */
+/* The rings a worker's client reads and writes (all of them in its area, the only memory
+ * it can write: kvr_ctl.h). */
 static const char *const worker_ring_fmts[] = {"lookup.req.%u", "lookup.rep.%u", "load.req.%u",
 					       "load.rep.%u",   "store.req.%u",  "store.rep.%u"};
 #define N_WORKER_RINGS (sizeof(worker_ring_fmts) / sizeof(worker_ring_fmts[0]))
@@ -299,7 +300,17 @@ static void worker_rings(unsigned w, struct scribble_target *ret)
 		cr_assert_geq(i, 0, "no ring %s", name);
 		const struct kvr_ring_ent *e = kvr_ctl_ring_ent(env.ctl, (unsigned)i);
 		ret[k] = (struct scribble_target){(uint8_t *)env.ctl + e->offset, e->bytes};
+		const struct kvr_area_ent *ae = kvr_ctl_area_ent(env.ctl, w);
+		cr_assert(e->offset >= ae->offset && e->offset + e->bytes <= ae->offset + ae->bytes,
+			  "ring %s lies in worker %u's area", name, w);
 	}
+}
+
+/* Everything worker w can write: its area (header, waiter, rings, the padding). */
+static struct scribble_target worker_area(unsigned w)
+{
+	const struct kvr_area_ent *ae = kvr_ctl_area_ent(env.ctl, w);
+	return (struct scribble_target){(uint8_t *)env.ctl + ae->offset, ae->bytes};
 }
 
 static uint64_t xorshift(uint64_t *s)
@@ -343,24 +354,23 @@ static void scribble_nasty(struct kvr_ring_shm *h, unsigned variant, int64_t oth
 	}
 }
 
-/* The scribbler: every byte of every ring of worker w, random, over and over, until killed. */
-static void scribble_forever(const struct scribble_target *t, uint64_t seed)
+/* The scribbler: every byte of worker w's area, random, over and over, until killed. */
+static void scribble_forever(struct scribble_target t, uint64_t seed)
 {
 	uint64_t s = seed | 1;
 	for (;;) {
-		for (unsigned k = 0; k < N_WORKER_RINGS; k++) {
-			uint64_t *p = (uint64_t *)(void *)t[k].mem;
-			for (size_t j = 0; j < t[k].bytes / 8; j++)
-				p[j] = xorshift(&s);
-		}
+		uint64_t *p = (uint64_t *)(void *)t.mem;
+		for (size_t j = 0; j < t.bytes / 8; j++)
+			p[j] = xorshift(&s);
 		usleep(200); /* two cores: the actors and the test must run too */
 	}
 }
 
 /*
- * Worker b scribbles over every byte of the memory its rings occupy — headers, indices,
- * waiter offsets, messages — first with the values that break a trusting ring, then with
- * random bytes from another process while worker a stores and loads. No actor dies or
+ * Worker b scribbles over every byte of the memory it can write — its area of the control
+ * segment: its waiter and its rings' headers, indices, waiter offsets, messages — first with
+ * the values that break a trusting ring, then with random bytes from another process while
+ * worker a stores and loads. No actor dies or
  * restarts, the lookup actor rejects (and counts) what it cannot decode, every byte a
  * loads is a's, and once b is gone the slot table holds only FREE and COMMITTED slots.
  */
@@ -383,7 +393,7 @@ Test(scale, a_worker_scribbling_over_its_rings_crashes_no_actor)
 	struct scribble_target t[N_WORKER_RINGS];
 	worker_rings(b->worker, t);
 	/* a's client waiter, as an offset from each of b's rings */
-	uintptr_t a_waiter = (uintptr_t)&kvr_ctl_worker(env.ctl, a->worker)->waiter;
+	uintptr_t a_waiter = (uintptr_t)&kvr_ctl_area(env.ctl, a->worker)->waiter;
 
 	uint64_t req = 100;
 	for (unsigned round = 0; round < 24; round++) {
@@ -397,7 +407,7 @@ Test(scale, a_worker_scribbling_over_its_rings_crashes_no_actor)
 	pid_t scribbler = fork();
 	cr_assert_geq(scribbler, 0);
 	if (scribbler == 0) {
-		scribble_forever(t, seed);
+		scribble_forever(worker_area(b->worker), seed);
 		_exit(0);
 	}
 	ct_track_child(scribbler);

@@ -1059,23 +1059,11 @@ Test(dcp_kvringd, stale_store_does_not_cross_actors, .fini = granks_close)
 	struct kvr_msg_store_item items[G_PROMPT];
 	for (unsigned b = 0; b < G_PROMPT; b++)
 		items[b] = (struct kvr_msg_store_item){.key = {keys[b].lo, keys[b].hi}, .block = b};
-	/* a writable view of the control segment, from kvringd's own descriptor */
-	int cfd = -1;
-	char lnk[256], tgt[256];
-	for (int fdn = 0; fdn < 256 && cfd < 0; fdn++) {
-		snprintf(lnk, sizeof(lnk), "/proc/%d/fd/%d", (int)inst.pid, fdn);
-		ssize_t n = readlink(lnk, tgt, sizeof(tgt) - 1);
-		if (n > 0) {
-			tgt[n] = 0;
-			if (strstr(tgt, "kvring-ctl"))
-				cfd = open(lnk, O_RDWR);
-		}
-	}
-	cr_assert_geq(cfd, 0);
+	/* a writable view of the control segment and its client areas, from kvringd's own
+	 * descriptors */
 	struct kvr_segment wseg;
 	struct kvr_ctl *wctl;
-	cr_assert_eq(kvr_segment_map(cfd, KVR_SEG_CTL, 1, &wseg), 0);
-	close(cfd);
+	h_daemon_ctl(inst.pid, 1, &wseg);
 	static struct kvr_ctl_rings wrings;
 	cr_assert_eq(kvr_ctl_attach(&wseg, &wctl, &wrings), 0);
 	char name[KVR_RING_NAME_MAX];
@@ -1147,11 +1135,9 @@ Test(dcp_kvringd, gather_killed_while_its_owner_leaves_leaks_no_slot, .fini = gr
 	struct kvr_segment ctl_seg = {.fd = -1}, slots_seg = {.fd = -1};
 	struct kvr_ctl *ctl;
 	struct kvr_slot_table *st;
-	int fd = h_daemon_memfd(inst.pid, "kvring-ctl", O_RDWR);
-	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_CTL, 1, &ctl_seg), 0);
-	close(fd);
+	h_daemon_ctl(inst.pid, 1, &ctl_seg);
 	cr_assert_eq(kvr_ctl_attach(&ctl_seg, &ctl, NULL), 0);
-	fd = h_daemon_memfd(inst.pid, "kvring-slots", O_RDONLY);
+	int fd = h_daemon_memfd(inst.pid, "kvring-slots", O_RDONLY);
 	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_SLOTS, 0, &slots_seg), 0);
 	close(fd);
 	cr_assert_eq(kvr_slots_attach(&slots_seg, &st), 0);

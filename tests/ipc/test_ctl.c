@@ -1,6 +1,11 @@
 /* Control-segment tests: layout, initialisation, validation of corrupt copies, ring directory. */
 #include <criterion/criterion.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <kvring/msg.h>
 
 #include "kvr_ctl.h"
@@ -84,14 +89,46 @@ Test(ctl, layout)
 	for (unsigned i = 0; i < N_WORKERS; i++)
 		cr_assert_eq(atomic_load(&kvr_ctl_worker(c, i)->state), KVR_WORKER_FREE);
 
-	/* every ring: in the ring area, in directory order, sized for its capacity, named */
+	/* the client areas: one per client slot, in slot order, aligned, each starting with its
+	 * header (a segment header of kind CLIENT naming the slot) */
+	cr_assert_eq(c->n_areas, N_WORKERS + KVR_CTL_MAX_SCHEDULERS);
+	cr_assert_geq(c->areas_off, c->geom_off + N_WORKERS * KVR_CTL_GEOM_BYTES);
+	cr_assert_geq(c->ring_area_off, c->areas_off + c->n_areas * sizeof(struct kvr_area_ent));
+	uint64_t area_end = c->ring_area_off;
+	for (unsigned a = 0; a < c->n_areas; a++) {
+		const struct kvr_area_ent *ae = kvr_ctl_area_ent(c, a);
+		cr_assert_eq(ae->offset % KVR_CTL_AREA_ALIGN, 0);
+		cr_assert_eq(ae->bytes % KVR_CTL_AREA_ALIGN, 0);
+		cr_assert_geq(ae->offset, area_end, "area %u overlaps the one before", a);
+		const struct kvr_client_area *ar = kvr_ctl_area(c, a);
+		cr_assert_eq(ar->seg.magic, KVR_SEG_MAGIC);
+		cr_assert_eq(ar->seg.kind, KVR_SEG_CLIENT);
+		cr_assert_eq(ar->seg.size, ae->bytes);
+		cr_assert_eq(ar->seg.generation, 9);
+		cr_assert_eq(ar->slot, a);
+		area_end = ae->offset + ae->bytes;
+	}
+	cr_assert_eq(area_end, seg.size);
+	cr_assert_eq(area_end, kvr_ctl_memsize(N_ACTORS, N_WORKERS, specs, N_RINGS, sizeof(config_json)));
+
+	/* every ring sized for its capacity, named; those no client uses in the ring area in
+	 * directory order, a client's inside that client's area, after its header */
 	uint64_t end = c->ring_area_off;
 	for (unsigned i = 0; i < N_RINGS; i++) {
 		struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
 		struct kvr_ring *r = kvr_ctl_ring(&rings, i);
 		cr_assert_str_eq(e->name, specs[i].name);
 		cr_assert_eq(e->offset % 64, 0);
-		cr_assert_geq(e->offset, end, "ring %u overlaps the one before", i);
+		int ep = KVR_EP_IS_CLIENT(specs[i].producer) ? specs[i].producer : specs[i].consumer;
+		if (KVR_EP_IS_CLIENT(ep)) {
+			const struct kvr_area_ent *ae = kvr_ctl_area_ent(c, (unsigned)KVR_EP_CLIENT_SLOT(ep));
+			cr_assert_geq(e->offset, ae->offset + sizeof(struct kvr_client_area), "ring %u", i);
+			cr_assert_leq(e->offset + e->bytes, ae->offset + ae->bytes, "ring %u", i);
+		} else {
+			cr_assert_geq(e->offset, end, "ring %u overlaps the one before", i);
+			cr_assert_leq(e->offset + e->bytes, kvr_ctl_area_ent(c, 0)->offset);
+			end = e->offset + e->bytes;
+		}
 		cr_assert_eq(e->bytes, kvr_ring_memsize(specs[i].capacity, KVR_CTL_RING_MSG_SIZE));
 		cr_assert_eq(e->producer, specs[i].producer);
 		cr_assert_eq(e->consumer, specs[i].consumer);
@@ -99,12 +136,86 @@ Test(ctl, layout)
 		cr_assert_eq(r->shm->capacity, specs[i].capacity);
 		cr_assert_eq(r->msg_size, KVR_CTL_RING_MSG_SIZE);
 		cr_assert_str_eq(r->shm->name, specs[i].name);
-		end = e->offset + e->bytes;
 	}
-	cr_assert_leq(end, seg.size);
-	cr_assert_eq(end, kvr_ctl_memsize(N_ACTORS, N_WORKERS, specs, N_RINGS, sizeof(config_json)));
+	/* the two rings of client 0 lie one after the other in its area */
+	cr_assert_eq(kvr_ctl_ring_ent(c, 2)->offset, kvr_ctl_area_ent(c, 0)->offset + sizeof(struct kvr_client_area));
+	cr_assert_eq(kvr_ctl_ring_ent(c, 3)->offset, kvr_ctl_ring_ent(c, 2)->offset + kvr_ctl_ring_ent(c, 2)->bytes);
 	for (unsigned i = N_RINGS; i < KVR_CTL_MAX_RINGS; i++)
 		cr_assert_eq(kvr_ctl_ring_ent(c, i)->name[0], '\0');
+}
+
+/*
+ * kvringd's split: every area moves into a memfd of its own, mapped over its place. A client
+ * given the segment read-only and its own area sees its rings (a message a "server" mapping
+ * enqueues arrives) and zeros where the other areas lie; a write outside its area faults.
+ */
+Test(ctl, split_areas_and_a_client_mapping)
+{
+	int afd[KVR_CTL_MAX_CLIENTS];
+	cr_assert_eq(kvr_ctl_split_areas(&seg, afd), 0);
+	/* the server side: the segment and every area */
+	int fds[1 + KVR_CTL_MAX_CLIENTS];
+	fds[0] = seg.fd;
+	for (unsigned a = 0; a < ctl->n_areas; a++)
+		fds[1 + a] = afd[a];
+	struct kvr_segment srv = {.fd = -1};
+	cr_assert_eq(kvr_ctl_map(fds, 1 + ctl->n_areas, 1, &srv), 0);
+	struct kvr_ctl *sc;
+	static struct kvr_ctl_rings srings;
+	cr_assert_eq(kvr_ctl_attach(&srv, &sc, &srings), 0);
+	cr_assert_eq(kvr_ctl_area(sc, 1)->slot, 1, "area 1 through its own memfd");
+
+	/* client 1: the segment read-only (a read-only open of it), its area read-write */
+	char p[64];
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", seg.fd);
+	int ro_fd = open(p, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(ro_fd, 0);
+	struct kvr_segment cl = {.fd = -1};
+	cr_assert_eq(kvr_segment_map(ro_fd, KVR_SEG_CTL, 0, &cl), 0);
+	close(ro_fd);
+	unsigned slot = 99;
+	cr_assert_eq(kvr_ctl_map_area(&cl, afd[1], 1, &slot), 0);
+	cr_assert_eq(slot, 1);
+	struct kvr_ctl *cc;
+	static struct kvr_ctl_rings crings;
+	cr_assert_eq(kvr_ctl_attach_client(&cl, 0, &cc, &crings), -EBADMSG, "area 0 is not mapped here");
+	cr_assert_eq(kvr_ctl_attach_client(&cl, 1, &cc, &crings), 0);
+	cr_assert_not_null(kvr_ctl_ring(&crings, 4), "loader.req.1: client 1's");
+	for (unsigned i = 0; i < N_RINGS; i++)
+		if (i != 4)
+			cr_assert_null(kvr_ctl_ring(&crings, i), "ring %u is not client 1's", i);
+	/* area 0 (client 0's rings) reads as zeros here; the server's mapping has them */
+	const struct kvr_area_ent *a0 = kvr_ctl_area_ent(cc, 0);
+	const uint8_t *z = (const uint8_t *)cc + a0->offset;
+	for (uint64_t b = 0; b < a0->bytes; b++)
+		if (z[b])
+			cr_assert_fail("area 0 byte %llu visible to client 1", (unsigned long long)b);
+	cr_assert_eq(kvr_ctl_ring_shm(sc, 2)->magic, KVR_RING_MAGIC);
+	/* a message from client 1 to its actor, and one back */
+	struct kvr_msg m, got;
+	kvr_msg_build(&m, KVR_MSG_PING, 0, 42, 0, NULL, 0);
+	cr_assert_eq(kvr_ring_try_enqueue(kvr_ctl_ring(&crings, 4), &m), 0);
+	cr_assert_eq(kvr_ring_try_dequeue(kvr_ctl_ring(&srings, 4), &got), 0);
+	cr_assert_eq(got.hdr.req_id, 42);
+	/* the client's waiter is in its area, and its consumed rings point there */
+	cr_assert_eq(kvr_ring_consumer_waiter(kvr_ctl_ring(&srings, 3)), &kvr_ctl_area(sc, 0)->waiter);
+	/* a write outside its area faults */
+	pid_t child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		signal(SIGSEGV, SIG_DFL);
+		atomic_store(&kvr_ctl_actor(cc, 0)->state, KVR_ACTOR_FAILED);
+		_exit(0);
+	}
+	int st;
+	cr_assert_eq(waitpid(child, &st, 0), child);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "the write went through (%#x)", st);
+	/* an area fd of the wrong kind, or another segment's, is refused */
+	cr_assert_eq(kvr_ctl_map_area(&cl, seg.fd, 0, NULL), -EMEDIUMTYPE);
+	kvr_segment_close(&cl);
+	kvr_segment_close(&srv);
+	for (unsigned a = 0; a < ctl->n_areas; a++)
+		close(afd[a]);
 }
 
 Test(ctl, find_ring)
@@ -132,7 +243,7 @@ Test(ctl, consumer_waiters)
 		if (cons >= 0 && !KVR_EP_IS_CLIENT(prod))
 			want = &kvr_ctl_actor(c, (unsigned)cons)->waiter;
 		else if (KVR_EP_IS_CLIENT(cons))
-			want = &kvr_ctl_worker(c, (unsigned)KVR_EP_CLIENT_SLOT(cons))->waiter;
+			want = &kvr_ctl_area(c, (unsigned)KVR_EP_CLIENT_SLOT(cons))->waiter;
 		cr_assert_eq(kvr_ring_consumer_waiter(r), want, "ring %s", specs[i].name);
 		/* an actor waits for room on its own waiter too (a reader freeing room wakes it) */
 		struct kvr_waiter *pw = prod >= 0 && !KVR_EP_IS_CLIENT(cons) ? &kvr_ctl_actor(c, (unsigned)prod)->waiter

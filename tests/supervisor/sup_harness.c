@@ -207,6 +207,32 @@ bool h_log_contains(const struct h_inst *in, const char *s)
 	return found;
 }
 
+/* INSPECT's descriptors (the control segment, the slot table, every client area) into
+ * fds[KVR_PROTO_MAX_FDS]; returns how many, or -errno. */
+static int inspect_fds(const char *sock, int *fds)
+{
+	int fd = kvr_proto_connect(sock);
+	if (fd < 0)
+		return fd;
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_INSPECT};
+	int rc = kvr_proto_send(fd, &req, offsetof(struct kvr_proto_req, payload), NULL, 0);
+	static struct kvr_proto_rep rep;
+	unsigned n_fds = 0;
+	if (!rc) {
+		ssize_t n = kvr_proto_recv(fd, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &n_fds);
+		rc = n < 0 ? (int)n : n == 0 ? -ECONNRESET : 0;
+	}
+	close(fd);
+	if (rc)
+		return rc;
+	if (rep.status || n_fds < 1) {
+		for (unsigned i = 0; i < n_fds; i++)
+			close(fds[i]);
+		return rep.status ? rep.status : -EPROTO;
+	}
+	return (int)n_fds;
+}
+
 int h_inspect_fd(const char *sock)
 {
 	int fd = kvr_proto_connect(sock);
@@ -237,14 +263,16 @@ int h_inspect_fd(const char *sock)
 void h_inspect_map(struct h_inst *in)
 {
 	h_unmap(in);
-	int fd = h_inspect_fd(in->sock);
-	cr_assert(fd >= 0, "INSPECT on %s failed: %s", in->sock, strerror(-fd));
+	int fds[KVR_PROTO_MAX_FDS];
+	int n = inspect_fds(in->sock, fds);
+	cr_assert(n >= 1, "INSPECT on %s failed: %s", in->sock, strerror(-n));
 	struct stat st;
-	cr_assert(fstat(fd, &st) == 0);
+	cr_assert(fstat(fds[0], &st) == 0);
 	in->ctl_ino = st.st_ino;
 	in->ctl_dev = st.st_dev;
-	int rc = kvr_segment_map(fd, KVR_SEG_CTL, 0, &in->ro);
-	close(fd);
+	int rc = kvr_ctl_map(fds, (unsigned)n, 0, &in->ro); /* the client areas over their places */
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
 	cr_assert(rc == 0, "map ctl read-only: %s", strerror(-rc));
 	rc = kvr_ctl_attach(&in->ro, &in->ctl, NULL);
 	cr_assert(rc == 0, "ctl attach: %s", strerror(-rc));
@@ -459,4 +487,63 @@ int h_daemon_memfd(pid_t pid, const char *name, int flags)
 	closedir(d);
 	cr_assert(fd >= 0, "kvringd (pid %d) holds no memfd %s", (int)pid, name);
 	return fd;
+}
+
+void h_daemon_ctl(pid_t pid, int writable, struct kvr_segment *ret)
+{
+	int fds[1 + KVR_CTL_MAX_CLIENTS];
+	unsigned n = 0;
+	uint64_t seen = 0;
+	fds[n++] = h_daemon_memfd(pid, "kvring-ctl", writable ? O_RDWR : O_RDONLY);
+	char dir[64];
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+	DIR *d = opendir(dir);
+	cr_assert(d, "open %s: %s", dir, strerror(errno));
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		char p[384], link[256];
+		snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+		ssize_t k = readlink(p, link, sizeof(link) - 1);
+		if (k <= 0)
+			continue;
+		link[k] = 0;
+		if (strncmp(link, "/memfd:kvring-client.", 21) != 0)
+			continue;
+		/* kvringd may hold an area twice for a moment (the read-only copy it opened for an
+		 * INSPECT reply it just sent): one fd per slot */
+		char *end;
+		unsigned long slot = strtoul(link + 21, &end, 10);
+		cr_assert(slot < KVR_CTL_MAX_CLIENTS && *end == ' ', "memfd %s", link);
+		if (seen & (1ull << slot))
+			continue;
+		seen |= 1ull << slot;
+		fds[n] = open(p, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+		if (fds[n] < 0 && errno == ENOENT) { /* that copy, closed meanwhile */
+			seen &= ~(1ull << slot);
+			continue;
+		}
+		cr_assert_geq(fds[n], 0, "open %s: %s", p, strerror(errno));
+		n++;
+	}
+	closedir(d);
+	int rc = kvr_ctl_map(fds, n, writable, ret);
+	for (unsigned i = 0; i < n; i++)
+		close(fds[i]);
+	cr_assert_eq(rc, 0, "map kvringd's control segment and its %u client areas: %s", n - 1, strerror(-rc));
+	const struct kvr_ctl *c = ret->base;
+	cr_assert_eq(n - 1, c->n_areas, "kvringd holds %u client areas, the segment has %u", n - 1, c->n_areas);
+}
+
+struct kvr_ctl *h_worker_map(const struct h_worker *w, struct kvr_segment *ret)
+{
+	cr_assert_eq(w->n_fds, 2, "an attach reply carries the control segment and the client's area");
+	cr_assert_eq(kvr_segment_map(w->fds[0], KVR_SEG_CTL, 0, ret), 0, "map the control segment read-only");
+	unsigned slot = UINT32_MAX;
+	int rc = kvr_ctl_map_area(ret, w->fds[1], 1, &slot);
+	cr_assert_eq(rc, 0, "map the client area: %s", strerror(-rc));
+	cr_assert_eq(slot, w->worker, "the area handed over is slot %u's, the worker is %u", slot, w->worker);
+	struct kvr_ctl *c;
+	rc = kvr_ctl_attach_client(ret, slot, &c, NULL);
+	cr_assert_eq(rc, 0, "attach as client %u: %s", slot, strerror(-rc));
+	return c;
 }

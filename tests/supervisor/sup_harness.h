@@ -120,9 +120,15 @@ int h_actor_index(const struct kvr_ctl *c, const char *name);
 struct kvr_actor_ent *h_actor(const struct h_inst *in, const char *name);
 /* A view of ring name (one per call, valid for the test). */
 struct kvr_ring *h_ring(const struct kvr_ctl *c, const char *name);
+/* Map what worker w's attach reply handed over as a client does: the control segment
+ * read-only, its own area read-write over it. Asserts; returns the segment's header. */
+struct kvr_ctl *h_worker_map(const struct h_worker *w, struct kvr_segment *ret);
 /* Open the daemon's own descriptor of memfd `name` ("kvring-ctl", "kvring-slots", ...)
  * through /proc/<pid>/fd with flags: the test owns the daemon, so it may look inside. */
 int h_daemon_memfd(pid_t pid, const char *name, int flags);
+/* Map kvringd's control segment and every client area over it (kvr_ctl_map), from its
+ * /proc fds: read-write when `writable` (a test acting as an actor). Asserts on failure. */
+void h_daemon_ctl(pid_t pid, int writable, struct kvr_segment *ret);
 uint64_t h_stat(const struct h_inst *in, const char *actor, unsigned s);
 
 /* Is pid alive (and not a zombie)? */

@@ -129,13 +129,54 @@ Test(supervisor, attach_busy_detach_reattach)
 	cr_assert_eq(h_attach(inst.sock, &w1), 0);
 	cr_assert_eq(w1.status, 0, "attach: %s", w1.reason);
 	cr_assert_eq(w1.worker, 0);
-	cr_assert_eq(w1.n_fds, 1, "the control segment only: no worker gets the arena or the slot table");
-	/* the fd is the control segment (writable). The instance's: 64 MiB of L1 hold 3 slots of
-	 * one qwen3-8b block lane (36 layers x K,V x 8 heads x 128 x bf16 x 128 tokens = 18 MiB)
-	 * after the arena's 4 KiB header */
-	struct kvr_segment ctl, arena, slots;
+	cr_assert_eq(w1.n_fds, 2, "the control segment and the worker's area: no arena, no slot table");
+	/* fds[0]: the control segment, read-only: not mappable writable */
+	cr_assert_eq(fcntl(w1.fds[0], F_GETFL) & O_ACCMODE, O_RDONLY);
+	void *wm = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, w1.fds[0], 0);
+	cr_assert_eq(wm, MAP_FAILED, "a worker can map the control segment writable");
+	/* fds[1]: worker 0's area, the only memory it can write */
+	struct kvr_client_area ah;
+	cr_assert_eq(pread(w1.fds[1], &ah, sizeof(ah), 0), (ssize_t)sizeof(ah));
+	cr_assert_eq(ah.seg.kind, KVR_SEG_CLIENT);
+	cr_assert_eq(ah.slot, 0);
+	struct kvr_segment ctl, arena, slots, full;
+	struct kvr_ctl *wc = h_worker_map(&w1, &ctl);
+	cr_assert_eq(wc->n_areas, 1 + KVR_CTL_MAX_SCHEDULERS);
+	/* its mapping of the control segment is read-only: a write faults */
+	pid_t child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		signal(SIGSEGV, SIG_DFL);
+		*(volatile uint32_t *)&kvr_ctl_actor(wc, 0)->state = KVR_ACTOR_FAILED;
+		_exit(0);
+	}
+	int cst;
+	cr_assert_eq(waitpid(child, &cst, 0), child);
+	cr_assert(WIFSIGNALED(cst) && WTERMSIG(cst) == SIGSEGV, "a write to the actor table did not fault (%#x)", cst);
+	/* its own rings are in its area; every other client's area reads as zeros there, while
+	 * kvringd's mapping holds that client's rings */
+	int lk0 = kvr_ctl_find_ring(wc, "lookup.req.0"), sk0 = kvr_ctl_find_ring(wc, "sched.req.0");
+	cr_assert(lk0 >= 0 && sk0 >= 0);
+	const struct kvr_area_ent *a0 = kvr_ctl_area_ent(wc, 0);
+	cr_assert(kvr_ctl_ring_ent(wc, (unsigned)lk0)->offset > a0->offset &&
+		  kvr_ctl_ring_ent(wc, (unsigned)lk0)->offset < a0->offset + a0->bytes);
+	h_daemon_ctl(inst.pid, 0, &full);
+	for (unsigned a = 1; a < wc->n_areas; a++) {
+		const struct kvr_area_ent *ae = kvr_ctl_area_ent(wc, a);
+		const uint8_t *mine = (const uint8_t *)wc + ae->offset, *real = (const uint8_t *)full.base + ae->offset;
+		for (uint64_t b = 0; b < ae->bytes; b++)
+			if (mine[b])
+				cr_assert_fail("client area %u byte %llu is visible to worker 0", a, (unsigned long long)b);
+		cr_assert_eq(((const struct kvr_client_area *)(const void *)real)->slot, a);
+		cr_assert_eq(((const struct kvr_client_area *)(const void *)real)->seg.kind, KVR_SEG_CLIENT);
+	}
+	const struct kvr_ring_shm *sched_ring = kvr_ctl_ring_shm(full.base, (unsigned)sk0);
+	cr_assert_eq(sched_ring->magic, KVR_RING_MAGIC, "kvringd's view holds scheduler 0's ring");
+	cr_assert_eq(kvr_ctl_ring_shm(wc, (unsigned)sk0)->magic, 0, "worker 0 sees no scheduler ring");
+	kvr_segment_close(&full);
+	/* The instance's: 64 MiB of L1 hold 3 slots of one qwen3-8b block lane (36 layers x K,V
+	 * x 8 heads x 128 x bf16 x 128 tokens = 18 MiB) after the arena's 4 KiB header */
 	struct kvr_slot_table *t;
-	cr_assert_eq(kvr_segment_map(w1.fds[0], KVR_SEG_CTL, 1, &ctl), 0);
 	int fd = h_daemon_memfd(inst.pid, "kvring-arena", O_RDONLY);
 	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_ARENA, 0, &arena), 0);
 	close(fd);
@@ -399,8 +440,7 @@ Test(supervisor, sigterm_waits_for_rings)
 	cr_assert_eq(w.status, 0);
 	struct kvr_segment seg;
 	struct kvr_ctl *c;
-	cr_assert_eq(kvr_segment_map(w.fds[0], KVR_SEG_CTL, 1, &seg), 0);
-	cr_assert_eq(kvr_ctl_attach(&seg, &c, NULL), 0);
+	c = h_worker_map(&w, &seg);
 	struct kvr_ring *req = h_ring(c, "lookup.req.0");
 
 	cr_assert_eq(kill(lk, SIGSTOP), 0);
@@ -524,8 +564,9 @@ Test(supervisor, accept_without_fds_does_not_spin)
 	ssize_t n = kvr_proto_recv(sock, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &n_fds);
 	cr_assert_gt(n, 0, "no reply once fds are available again: %s", strerror((int)-n));
 	cr_assert_eq(rep.status, 0);
-	cr_assert_eq(n_fds, 2, "the control segment and the slot table");
-	for (unsigned i = 0; i < 2; i++) { /* both read-only: an observer cannot map them writable */
+	/* the control segment, the slot table, and the areas of 1 worker + 16 scheduler slots */
+	cr_assert_eq(n_fds, 2 + 1 + KVR_CTL_MAX_SCHEDULERS, "the control segment, the slot table, every client area");
+	for (unsigned i = 0; i < n_fds; i++) { /* all read-only: an observer cannot map them writable */
 		cr_assert_eq(fcntl(fds[i], F_GETFL) & O_ACCMODE, O_RDONLY);
 		void *wm = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[i], 0);
 		cr_assert_eq(wm, MAP_FAILED, "INSPECT fd %u maps writable", i);
@@ -533,8 +574,14 @@ Test(supervisor, accept_without_fds_does_not_spin)
 	struct kvr_segment slots_seg;
 	cr_assert_eq(kvr_segment_map(fds[1], KVR_SEG_SLOTS, 0, &slots_seg), 0, "the second fd is the slot table");
 	kvr_segment_close(&slots_seg);
-	close(fds[0]);
-	close(fds[1]);
+	for (unsigned i = 2; i < n_fds; i++) {
+		struct kvr_client_area ah;
+		cr_assert_eq(pread(fds[i], &ah, sizeof(ah), 0), (ssize_t)sizeof(ah));
+		cr_assert_eq(ah.seg.kind, KVR_SEG_CLIENT, "fd %u is a client area", i);
+		cr_assert_eq(ah.slot, i - 2, "the areas in slot order");
+	}
+	for (unsigned i = 0; i < n_fds; i++)
+		close(fds[i]);
 	close(sock);
 	cr_assert(h_log_contains(&inst, "accepting connections again"));
 }
@@ -609,8 +656,7 @@ Test(supervisor, malformed_messages_counted)
 	cr_assert_eq(w.status, 0);
 	struct kvr_segment seg;
 	struct kvr_ctl *c;
-	cr_assert_eq(kvr_segment_map(w.fds[0], KVR_SEG_CTL, 1, &seg), 0);
-	cr_assert_eq(kvr_ctl_attach(&seg, &c, NULL), 0);
+	c = h_worker_map(&w, &seg);
 	struct kvr_ring *req = h_ring(c, "lookup.req.0");
 	kvr_ring_claim_producer(req, getpid());
 

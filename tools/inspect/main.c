@@ -100,7 +100,9 @@ static int fetch_ctl(const char *path, struct kvr_segment *ret_seg, struct kvr_s
 	} else if (n_fds < 1) {
 		fprintf(stderr, "kvring-inspect: %s: reply carries no control segment\n", path);
 	} else {
-		rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 0, ret_seg);
+		/* fds[0] the control segment, then the slot table and every client area (whose
+		 * rings are mapped over their places in it: kvr_ctl.h) */
+		rc = kvr_ctl_map(fds, n_fds, 0, ret_seg);
 		if (rc)
 			fprintf(stderr, "kvring-inspect: %s: cannot map the control segment: %s\n", path,
 				strerror(-rc));
