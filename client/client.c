@@ -325,18 +325,18 @@ static int recv_attach_reply(struct kvr_client *c, unsigned want_fds, int *fds)
 /*
  * Map what kvringd handed over: fds[0] the control segment, read-only (the actor table, the
  * directory, the other clients' places, where it reads zeros), fds[1] this client's own
- * area, read-write (its rings and its waiter; kvr_ctl.h). The area must be that of our
- * client slot: worker slot c->worker, or a scheduler's, after the workers' (KVR_EP_CLIENT).
+ * area, read-write (its rings and its waiter; kvr_ctl.h): that of our client slot, worker
+ * slot c->worker, or a scheduler's, after the workers' (KVR_EP_CLIENT).
  * Closes both fds.
  */
 static int map_instance(struct kvr_client *c, int *fds, bool sched)
 {
-	unsigned got = UINT32_MAX, slot = c->worker;
+	unsigned slot = c->worker;
 	int rc = kvr_segment_map(fds[0], KVR_SEG_CTL, 0, &c->ctl_seg);
 	if (!rc && sched)
 		slot += ((const struct kvr_ctl *)c->ctl_seg.base)->max_workers;
-	if (!rc && !(rc = kvr_ctl_map_area(&c->ctl_seg, fds[1], 1, &got)) && got != slot)
-		rc = -EBADSLT;
+	if (!rc)
+		rc = kvr_ctl_map_area(&c->ctl_seg, slot, fds[1], 1);
 	if (!rc)
 		rc = kvr_ctl_attach_client(&c->ctl_seg, slot, &c->ctl, &c->rings);
 	close(fds[0]);
@@ -344,8 +344,8 @@ static int map_instance(struct kvr_client *c, int *fds, bool sched)
 	if (rc) {
 		kvr_segment_close(&c->ctl_seg);
 		c->ctl = NULL;
-		return fail(c, rc, "attach: cannot map the instance's control segment%s: %s",
-			    rc == -EBADSLT ? " (the area handed over is another slot's)" : "", strerror(-rc));
+		return fail(c, rc, "attach: cannot map the instance's control segment (client slot %u): %s", slot,
+			    strerror(-rc));
 	}
 	return 0;
 }

@@ -109,6 +109,21 @@ static void point_waiters(struct kvr_ctl *c, struct kvr_ring_shm *r, int prod, i
 	kvr_ring_set_producer_waiter(r, pw);
 }
 
+void kvr_ctl_area_reset(struct kvr_ctl *c, unsigned slot)
+{
+	/* a segment header of its own (informational: what a reader of the memfd alone sees) */
+	struct kvr_client_area *ar = kvr_ctl_area(c, slot);
+	memset(ar, 0, sizeof(*ar));
+	ar->seg.layout_version = KVR_LAYOUT_VERSION;
+	ar->seg.kind = KVR_SEG_CLIENT;
+	ar->seg.size = kvr_ctl_area_ent(c, slot)->bytes;
+	ar->seg.creator_pid = c->seg.creator_pid;
+	ar->seg.generation = c->seg.generation;
+	ar->seg.created_ns = c->seg.created_ns;
+	ar->seg.magic = KVR_SEG_MAGIC;
+	ar->slot = slot;
+}
+
 int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_workers,
 		 const struct kvr_ctl_ring_spec *rings, unsigned n_rings, const char *config_json)
 {
@@ -145,20 +160,8 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
 		kvr_ctl_actor(c, i)->last_exit_code = -1;
 	for (unsigned a = 0; a < p.n_areas; a++) {
 		((struct kvr_area_ent *)((uint8_t *)c + p.areas_off))[a] = p.area[a];
-		/* the area's header is a segment header of its own: once it moves into its memfd
-		 * (kvr_ctl_split_areas) it is validated like any segment */
-		struct kvr_client_area *ar = kvr_ctl_area(c, a);
-		memset(ar, 0, sizeof(*ar));
-		ar->seg.layout_version = KVR_LAYOUT_VERSION;
-		ar->seg.kind = KVR_SEG_CLIENT;
-		ar->seg.size = p.area[a].bytes;
-		ar->seg.creator_pid = c->seg.creator_pid;
-		ar->seg.generation = c->seg.generation;
-		ar->seg.created_ns = c->seg.created_ns;
-		ar->seg.magic = KVR_SEG_MAGIC;
-		ar->slot = a;
+		kvr_ctl_area_reset(c, a);
 	}
-
 	for (unsigned i = 0; i < n_rings; i++) {
 		struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
 		strncpy(e->name, rings[i].name, KVR_RING_NAME_MAX - 1);
@@ -276,12 +279,6 @@ static int attach(const struct kvr_segment *seg, int only, struct kvr_ctl **ret_
 	/* readers use the config as a C string */
 	if (!c->config_cap || c->config_len >= c->config_cap || kvr_ctl_config_json(c)[c->config_len] != '\0')
 		return -EBADMSG;
-	if (only >= 0) {
-		const struct kvr_client_area *ar = kvr_ctl_area(c, (unsigned)only);
-		if (ar->seg.magic != KVR_SEG_MAGIC || ar->seg.kind != KVR_SEG_CLIENT || ar->slot != (unsigned)only ||
-		    ar->seg.size != kvr_ctl_area_ent(c, (unsigned)only)->bytes)
-			return -EBADMSG; /* the area is not mapped over its place */
-	}
 	uint64_t area_end[KVR_CTL_MAX_CLIENTS];
 	for (unsigned a = 0; a < c->n_areas; a++)
 		area_end[a] = kvr_ctl_area_ent(c, a)->offset + sizeof(struct kvr_client_area);
@@ -359,12 +356,10 @@ int kvr_ctl_split_areas(struct kvr_segment *seg, int *ret_fds)
 			rc = -EINVAL;
 			break;
 		}
-		/* the area as kvr_ctl_init() wrote it, behind the header kvr_segment_create() wrote */
-		memcpy((uint8_t *)a.base + sizeof(struct kvr_seg_hdr), at + sizeof(struct kvr_seg_hdr),
-		       e->bytes - sizeof(struct kvr_seg_hdr));
+		memcpy(a.base, at, e->bytes); /* the area as kvr_ctl_init() wrote it */
 		int fd = a.fd;
 		(void)munmap(a.base, a.size);
-		if ((rc = kvr_segment_map_fixed(fd, KVR_SEG_CLIENT, 1, at, e->bytes))) {
+		if ((rc = kvr_segment_map_over(fd, 1, at, e->bytes))) {
 			(void)close(fd);
 			break;
 		}
@@ -378,49 +373,36 @@ int kvr_ctl_split_areas(struct kvr_segment *seg, int *ret_fds)
 	return rc;
 }
 
-int kvr_ctl_map_area(struct kvr_segment *seg, int fd, int writable, unsigned *ret_slot)
+int kvr_ctl_map_area(struct kvr_segment *seg, unsigned slot, int fd, int writable)
 {
 	if (!seg || !seg->base || seg->size < sizeof(struct kvr_ctl) || fd < 0)
 		return -EINVAL;
 	const struct kvr_ctl *c = seg->base;
-	struct kvr_client_area h;
-	if (pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h))
-		return -EPROTO;
 	uint64_t end = c->ring_area_off;
 	if (c->n_areas > KVR_CTL_MAX_CLIENTS || c->areas_off > seg->size ||
 	    (uint64_t)c->n_areas * sizeof(struct kvr_area_ent) > seg->size - c->areas_off || !areas_ok(c, seg->size, &end))
 		return -EBADMSG;
-	if (h.seg.magic != KVR_SEG_MAGIC || h.seg.layout_version != KVR_LAYOUT_VERSION)
-		return -EPROTO;
-	if (h.seg.kind != KVR_SEG_CLIENT)
-		return -EMEDIUMTYPE;
-	if (h.slot >= c->n_areas)
+	if (slot >= c->n_areas)
 		return -EINVAL;
-	const struct kvr_area_ent *e = kvr_ctl_area_ent(c, h.slot);
-	int rc = kvr_segment_map_fixed(fd, KVR_SEG_CLIENT, writable, (uint8_t *)seg->base + e->offset, e->bytes);
-	if (rc)
-		return rc;
-	if (ret_slot)
-		*ret_slot = h.slot;
-	return 0;
+	const struct kvr_area_ent *e = kvr_ctl_area_ent(c, slot);
+	return kvr_segment_map_over(fd, writable, (uint8_t *)seg->base + e->offset, e->bytes);
 }
 
-int kvr_ctl_map(const int *fds, unsigned n_fds, int writable, struct kvr_segment *ret)
+int kvr_ctl_map(int ctl_fd, const int *area_fds, unsigned n_areas, int writable, struct kvr_segment *ret)
 {
-	if (!fds || !n_fds || !ret)
+	if (!ret || (n_areas && !area_fds))
 		return -EINVAL;
 	struct kvr_segment seg;
-	int rc = kvr_segment_map(fds[0], KVR_SEG_CTL, writable, &seg);
+	int rc = kvr_segment_map(ctl_fd, KVR_SEG_CTL, writable, &seg);
 	if (rc)
 		return rc;
-	for (unsigned i = 1; i < n_fds; i++) {
-		struct kvr_seg_hdr h;
-		if (fds[i] < 0 || pread(fds[i], &h, sizeof(h), 0) != (ssize_t)sizeof(h) || h.kind != KVR_SEG_CLIENT)
-			continue;
-		if ((rc = kvr_ctl_map_area(&seg, fds[i], writable, NULL))) {
-			kvr_segment_close(&seg);
-			return rc;
-		}
+	if (n_areas && n_areas != ((const struct kvr_ctl *)seg.base)->n_areas)
+		rc = -EBADMSG;
+	for (unsigned i = 0; !rc && i < n_areas; i++)
+		rc = kvr_ctl_map_area(&seg, i, area_fds[i], writable);
+	if (rc) {
+		kvr_segment_close(&seg);
+		return rc;
 	}
 	*ret = seg;
 	return 0;
@@ -478,5 +460,22 @@ int kvr_ctl_ring_rebind(struct kvr_ctl *c, unsigned i, int producer, int consume
 	e->producer = (int16_t)producer;
 	e->consumer = (int16_t)consumer;
 	point_waiters(c, kvr_ctl_ring_shm(c, i), producer, consumer);
+	return 0;
+}
+
+int kvr_ctl_ring_reset(struct kvr_ctl *c, unsigned i, uint32_t spin_ns)
+{
+	if (i >= atomic_load(&c->n_rings) || i >= c->max_rings)
+		return -ENOENT;
+	const struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
+	uint32_t cap = ring_capacity(e->bytes);
+	if (!cap || !memchr(e->name, '\0', sizeof(e->name)) || e->offset % 64 || e->offset > c->seg.size ||
+	    e->bytes > c->seg.size - e->offset)
+		return -EBADMSG;
+	struct kvr_ring_shm *r = kvr_ctl_ring_shm(c, i);
+	int rc = kvr_ring_reset(r, cap, KVR_CTL_RING_MSG_SIZE, spin_ns, e->name);
+	if (rc)
+		return rc;
+	point_waiters(c, r, e->producer, e->consumer);
 	return 0;
 }

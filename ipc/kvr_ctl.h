@@ -38,6 +38,7 @@
  * process that serves clients maps the control segment and every area over it
  * (kvr_ctl_map_area; the offsets stay those of one segment). A client gets the control
  * segment read-only and its own area read-write; where the other areas lie it reads zeros.
+ * Nothing in an area is trusted: where it lies and its size come from the area table.
  * A segment that was never split (tests building one in memory) keeps its areas inside.
  */
 
@@ -527,29 +528,34 @@ int kvr_ctl_ring_view(const struct kvr_ctl *c, unsigned i, struct kvr_ring *ret)
 int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl, struct kvr_ctl_rings *ret_rings);
 
 /* As kvr_ctl_attach(), for the client of slot `slot`, which maps the segment read-only and
- * only its own area (kvr_ctl_map_area()): the tables are validated as there, the area's
- * header must name that slot, and views are built only of the rings the client produces or
- * consumes (kvr_ctl_ring() is NULL for the others). */
+ * only its own area (kvr_ctl_map_area()): the tables are validated as there, and views are
+ * built only of the rings the client produces or consumes (kvr_ctl_ring() is NULL for the
+ * others). */
 int kvr_ctl_attach_client(const struct kvr_segment *seg, unsigned slot, struct kvr_ctl **ret_ctl,
 			  struct kvr_ctl_rings *ret_rings);
 
 /* kvringd, once, after kvr_ctl_init() and before anyone maps the segment: move every client
- * area into a memfd of its own ("kvring-client.N", sealed), mapped read-write over its place
- * in seg; the segment's own pages there are released. ret_fds[n_areas] gets the memfds
- * (the caller keeps them: they are handed to the actors, the client of the slot and
- * inspect). 0 or -errno (then nothing is left open). */
+ * area into a memfd of its own ("kvring-client.N", sealed against resizing), mapped
+ * read-write over its place in seg; the segment's own pages there are released.
+ * ret_fds[n_areas] gets the memfds in slot order (the caller keeps them: they are handed
+ * to the actors, the client of the slot and inspect). 0 or -errno (nothing left open). */
 int kvr_ctl_split_areas(struct kvr_segment *seg, int *ret_fds);
 
-/* Map a client area (an fd kvr_ctl_split_areas() made, or a read-only reopening of one)
- * over its place in the mapping seg of its control segment, read-write when `writable`.
- * The slot comes from the area's header and must be one of seg's; *ret_slot gets it.
- * -EINVAL (seg's area table does not hold that slot), or kvr_segment_map_fixed()'s errors. */
-int kvr_ctl_map_area(struct kvr_segment *seg, int fd, int writable, unsigned *ret_slot);
+/* Map client slot `slot`'s area, fd (kvr_ctl_split_areas()'s, or a read-only reopening of
+ * it), over its place in the mapping seg of its control segment, read-write when
+ * `writable`. Where and how big come from seg's area table (kvringd's), never from the
+ * area, which its client writes. -EINVAL (no such slot), -EBADMSG (the table does not
+ * validate, or fd is not the area's size). */
+int kvr_ctl_map_area(struct kvr_segment *seg, unsigned slot, int fd, int writable);
 
-/* Map a control segment handed over as descriptors: fds[0] the segment, every other fd of
- * kind KVR_SEG_CLIENT one of its areas, mapped over it (others, e.g. a slot table, are
- * skipped). Read-only unless `writable`. *ret as kvr_segment_map(). 0 or -errno. */
-int kvr_ctl_map(const int *fds, unsigned n_fds, int writable, struct kvr_segment *ret);
+/* Map a control segment handed over as descriptors: ctl_fd the segment, area_fds[i] client
+ * slot i's area for i < n_areas (0: none; else the segment's n_areas), each mapped over its
+ * place. Read-only unless `writable`. *ret as kvr_segment_map(). 0 or -errno. */
+int kvr_ctl_map(int ctl_fd, const int *area_fds, unsigned n_areas, int writable, struct kvr_segment *ret);
+
+/* Client slot `slot`'s area header and waiter as kvr_ctl_init() wrote them (kvringd, when
+ * the slot goes free: its client wrote there). */
+void kvr_ctl_area_reset(struct kvr_ctl *c, unsigned slot);
 
 /* Find a ring by name; returns its index or -ENOENT. */
 int kvr_ctl_find_ring(const struct kvr_ctl *c, const char *name);
@@ -558,6 +564,14 @@ int kvr_ctl_find_ring(const struct kvr_ctl *c, const char *name);
  * group's gather actor takes over its workers' loader/storer rings) and point its
  * consumer waiter at the new consumer's. -ENOENT when i is not a ring. */
 int kvr_ctl_ring_rebind(struct kvr_ctl *c, unsigned i, int producer, int consumer);
+
+/* Ring i as kvr_ctl_init() left it: empty, its header rewritten from the directory (sizes,
+ * name, spin_ns, waiters as laid out for its endpoints), counters zero. For the one actor
+ * endpoint of a client's ring, or kvringd while none runs, once the client is gone: the
+ * next client of the slot must not inherit what its predecessor left there (scribbled
+ * indices would leave the ring stuck full or empty). Nobody may use the ring meanwhile.
+ * -ENOENT when i is not a ring, -EBADMSG when its directory entry does not validate. */
+int kvr_ctl_ring_reset(struct kvr_ctl *c, unsigned i, uint32_t spin_ns);
 
 /* Human-readable names. */
 const char *kvr_inst_state_name(unsigned s);

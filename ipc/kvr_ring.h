@@ -137,6 +137,13 @@ size_t kvr_ring_memsize(uint32_t capacity, uint32_t msg_size);
 /* Initialise a ring in place at mem (64-byte aligned, kvr_ring_memsize() bytes). */
 int kvr_ring_init(void *mem, uint32_t capacity, uint32_t msg_size, const char *name);
 
+/* Make the ring at mem, initialised before, empty again with these sizes and name, its
+ * indices, pids, flags, counters and own waiters zero, its waiter offsets its own — while
+ * observers (/metrics, inspect) may read it: every shared word is stored atomically, and
+ * the fields written once at init only where they differ (a scribbler changed them). No
+ * endpoint may use the ring meanwhile. Returns 0 or -EINVAL as kvr_ring_init(). */
+int kvr_ring_reset(void *mem, uint32_t capacity, uint32_t msg_size, uint32_t spin_ns, const char *name);
+
 /* Validate the ring header found in a mapping of avail bytes starting at mem and build the
  * view *ret. legal may be NULL (only the ring's own waiters are legal). Returns 0, or
  * -EINVAL (sizes or offsets that do not validate, a waiter that is not legal) / -EPROTO

@@ -25,7 +25,8 @@ enum kvr_seg_kind {
 	KVR_SEG_ARENA = 2, /* L1 slots (KV bytes) */
 	KVR_SEG_SLOTS = 3, /* slot table and index */
 	KVR_SEG_KV = 4,    /* a worker's KV memory (host backend), created by the client */
-	KVR_SEG_CLIENT = 5, /* one client slot's area of the control segment: its rings, its waiter */
+	KVR_SEG_CLIENT = 5, /* one client slot's area of the control segment: its rings, its waiter
+			     * (its header is informational: the client writes it) */
 };
 
 struct kvr_seg_hdr {
@@ -61,11 +62,11 @@ int kvr_segment_create(const char *name, enum kvr_seg_kind kind, size_t size, ui
  * The fd is dup'ed: the caller keeps its own. */
 int kvr_segment_map(int fd, enum kvr_seg_kind expect_kind, int writable, struct kvr_segment *ret);
 
-/* Map segment fd, which must be of `kind` and exactly `size` bytes, over [addr, addr + size)
- * of a mapping this process owns (MAP_FIXED replaces what was there): a control segment's
- * client areas (kvr_ctl_map_area()). The header is read and validated before anything is
- * mapped (-EPROTO, -EMEDIUMTYPE, -EBADMSG as above); the fd is not kept. */
-int kvr_segment_map_fixed(int fd, enum kvr_seg_kind kind, int writable, void *addr, size_t size);
+/* Map fd, which must be exactly `size` bytes, read-write when `writable`, over [addr, addr +
+ * size) of a mapping this process owns (MAP_FIXED replaces what was there): a control
+ * segment's client areas (kvr_ctl_map_area()). Nothing in it is read: its contents may be a
+ * client's. -EBADMSG when the size differs; the fd is not kept. */
+int kvr_segment_map_over(int fd, int writable, void *addr, size_t size);
 
 /* Fault every page of [base, base+len) in now, writable (MADV_POPULATE_WRITE), so the data
  * path never takes a page fault on L1. Returns 0 or -errno (-EINVAL on kernels before

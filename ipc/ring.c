@@ -49,6 +49,51 @@ int kvr_ring_init(void *mem, uint32_t capacity, uint32_t msg_size, const char *n
 	return 0;
 }
 
+int kvr_ring_reset(void *mem, uint32_t capacity, uint32_t msg_size, uint32_t spin_ns, const char *name)
+{
+	size_t sz = kvr_ring_memsize(capacity, msg_size);
+	if (!mem || !sz || ((uintptr_t)mem % KVR_CACHELINE))
+		return -EINVAL;
+	struct kvr_ring_shm *r = mem;
+	const memory_order rx = memory_order_relaxed;
+	atomic_store_explicit(&r->tail, 0, rx);
+	atomic_store_explicit(&r->head, 0, rx);
+	atomic_store_explicit(&r->prod_pid, 0, rx);
+	atomic_store_explicit(&r->cons_pid, 0, rx);
+	atomic_store_explicit(&r->prod_blocked, 0, rx);
+	atomic_store_explicit(&r->cons_blocked, 0, rx);
+	_Atomic uint64_t *const counters[] = {&r->enqueued, &r->full_waits, &r->full_wait_ns,
+					      &r->dequeued, &r->empty_sleeps, &r->rejected};
+	for (unsigned i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
+		atomic_store_explicit(counters[i], 0, rx);
+	struct kvr_waiter *const own[] = {&r->own_cons_waiter, &r->own_prod_waiter};
+	for (unsigned i = 0; i < 2; i++) {
+		atomic_store_explicit(&own[i]->seq, 0, rx);
+		atomic_store_explicit(&own[i]->sleepers, 0, rx);
+	}
+	atomic_store_explicit(&r->cons_waiter_off, (int64_t)offsetof(struct kvr_ring_shm, own_cons_waiter), rx);
+	atomic_store_explicit(&r->prod_waiter_off, (int64_t)offsetof(struct kvr_ring_shm, own_prod_waiter), rx);
+	/* written once at init, read by observers without ordering: rewritten only if changed */
+	char nm[KVR_RING_NAME_MAX] = {0};
+	if (name)
+		strncpy(nm, name, KVR_RING_NAME_MAX - 1);
+	if (r->version != KVR_RING_VERSION)
+		r->version = KVR_RING_VERSION;
+	if (r->capacity != capacity)
+		r->capacity = capacity;
+	if (r->msg_size != msg_size)
+		r->msg_size = msg_size;
+	if (r->spin_ns != spin_ns)
+		r->spin_ns = spin_ns;
+	if (r->data_off != sizeof(struct kvr_ring_shm))
+		r->data_off = sizeof(struct kvr_ring_shm);
+	if (memcmp(r->name, nm, sizeof(nm)))
+		memcpy(r->name, nm, sizeof(nm));
+	if (__atomic_load_n(&r->magic, __ATOMIC_RELAXED) != KVR_RING_MAGIC)
+		__atomic_store_n(&r->magic, KVR_RING_MAGIC, __ATOMIC_RELEASE);
+	return 0;
+}
+
 /* The waiter at shm + off if it is the ring's own (own), or one the mapping's owner calls
  * legal; NULL otherwise. The address is computed in integers: off is untrusted. */
 static struct kvr_waiter *resolve_waiter(const struct kvr_ring *v, int64_t off, struct kvr_waiter *own)

@@ -116,27 +116,17 @@ int kvr_segment_map(int fd, enum kvr_seg_kind expect_kind, int writable, struct 
 	return 0;
 }
 
-int kvr_segment_map_fixed(int fd, enum kvr_seg_kind kind, int writable, void *addr, size_t size)
+int kvr_segment_map_over(int fd, int writable, void *addr, size_t size)
 {
-	if (fd < 0 || !addr || size < sizeof(struct kvr_seg_hdr))
+	if (fd < 0 || !addr || !size)
 		return -EINVAL;
 	struct stat st;
 	if (fstat(fd, &st) < 0)
 		return -errno;
-	struct kvr_seg_hdr h;
-	ssize_t n = pread(fd, &h, sizeof(h), 0);
-	if (n < 0)
-		return -errno;
-	if ((size_t)n != sizeof(h) || h.magic != KVR_SEG_MAGIC || h.layout_version != KVR_LAYOUT_VERSION)
-		return -EPROTO;
-	if (h.kind != (uint32_t)kind)
-		return -EMEDIUMTYPE;
-	if ((uint64_t)st.st_size != size || h.size != size)
+	if ((uint64_t)st.st_size != size)
 		return -EBADMSG;
 	void *got = mmap(addr, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
-	if (got == MAP_FAILED)
-		return -errno;
-	return 0;
+	return got == MAP_FAILED ? -errno : 0;
 }
 
 #ifndef MADV_POPULATE_WRITE

@@ -325,9 +325,13 @@ static void handle_inspect(struct sup *s, struct sup_conn *c)
 		return;
 	}
 	n++;
-	if ((fds[n] = reopen_ro(s->slots_seg.fd)) >= 0) /* optional: kvring-inspect shows what it gets */
-		n++;
-	for (unsigned a = 0; a < s->ctl->n_areas; a++) {
+	if ((fds[n] = reopen_ro(s->slots_seg.fd)) < 0) {
+		rep_init(s, &rep, -errno, "cannot open a read-only view of the slot table: %s", strerror(errno));
+		(void)send_rep(c->fd, &rep, NULL, 0);
+		goto out;
+	}
+	n++;
+	for (unsigned a = 0; a < s->ctl->n_areas; a++) { /* in slot order: kvr_ctl_map() */
 		if ((fds[n] = reopen_ro(s->area_fd[a])) < 0) {
 			rep_init(s, &rep, -errno, "cannot open a read-only view of client area %u: %s", a, strerror(errno));
 			(void)send_rep(c->fd, &rep, NULL, 0);
@@ -775,6 +779,32 @@ static void worker_detach(struct sup *s, struct sup_conn *c)
 	sup_group_leave(s, w);
 }
 
+/* A detached worker's load and store rings, once every actor serving them has exited, as
+ * kvringd laid them out: the next worker of the slot inherits nothing its predecessor left
+ * (scribbled indices would leave a ring stuck). The lookup actor resets lookup.req/rep at
+ * WORKER_GONE. */
+static void reset_worker_rings(struct sup *s, unsigned w)
+{
+	static const char *const fmts[] = {"load.req.%u", "load.rep.%u", "store.req.%u", "store.rep.%u"};
+	for (unsigned k = 0; k < sizeof(fmts) / sizeof(fmts[0]); k++) {
+		char name[KVR_RING_NAME_MAX];
+		snprintf(name, sizeof(name), fmts[k], w);
+		int i = kvr_ctl_find_ring(s->ctl, name);
+		const struct kvr_ring_ent *e = i < 0 ? NULL : kvr_ctl_ring_ent(s->ctl, (unsigned)i);
+		int other = e ? (KVR_EP_IS_CLIENT(e->producer) ? e->consumer : e->producer) : -1;
+		/* a DCP group's gather actor may serve it: only when that actor is not running */
+		if (other >= 0 && (unsigned)other < s->ctl->max_actors &&
+		    atomic_load(&kvr_ctl_actor(s->ctl, (unsigned)other)->pid) > 0) {
+			kvr_warn("worker slot %u: ring %s not reset: %s still runs", w, name,
+				 kvr_ctl_actor(s->ctl, (unsigned)other)->name);
+			continue;
+		}
+		int rc = i < 0 ? i : kvr_ctl_ring_reset(s->ctl, (unsigned)i, s->cfg.rings.spin_ns);
+		if (rc)
+			kvr_warn("worker slot %u: cannot reset ring %s: %s", w, name, strerror(-rc));
+	}
+}
+
 /*
  * A DETACHING worker slot goes FREE in three steps, each waiting for the one before:
  *   1. its loader, its storer and its DCP group's gather actor have exited: nothing can
@@ -796,6 +826,16 @@ void sup_workers_update(struct sup *s)
 		const struct sup_actor *l = &s->actors[SUP_ACTOR_LOADER(w)], *st = &s->actors[SUP_ACTOR_STORER(w)];
 		if (l->pid > 0 || st->pid > 0 || !sup_group_release(s, w))
 			continue;
+		/* A lookup actor killed after it took WORKER_GONE off its ring and before it
+		 * acknowledged it took the message with it: its successor gets it again (it may
+		 * get it twice — the kept ring and this — which is harmless: the second finds
+		 * nothing to release, and one of an older generation of the slot is ignored). */
+		uint32_t lgen = atomic_load(&s->actors[SUP_ACTOR_LOOKUP].ent->generation);
+		if (s->worker_gone_sent[w] && s->worker_gone_lgen[w] != lgen &&
+		    atomic_load_explicit(&we->gone_ack, memory_order_acquire) != we->generation) {
+			kvr_info("worker slot %u: WORKER_GONE again, to the restarted lookup actor", w);
+			s->worker_gone_sent[w] = false;
+		}
 		if (!s->worker_gone_sent[w]) {
 			struct kvr_msg m;
 			struct kvr_msg_worker_gone gone = {.worker = w, .generation = we->generation};
@@ -803,6 +843,7 @@ void sup_workers_update(struct sup *s)
 			if (sup_actor_send(&s->actors[SUP_ACTOR_LOOKUP], &m))
 				continue; /* ctl ring full: again on the next pass */
 			s->worker_gone_sent[w] = true;
+			s->worker_gone_lgen[w] = lgen;
 		}
 		if (atomic_load_explicit(&we->gone_ack, memory_order_acquire) != we->generation)
 			continue;
@@ -810,6 +851,8 @@ void sup_workers_update(struct sup *s)
 			(void)close(s->kv_fd[w]);
 		s->kv_fd[w] = -1;
 		s->worker_gone_sent[w] = false;
+		reset_worker_rings(s, w);
+		kvr_ctl_area_reset(s->ctl, w); /* its header and waiter: its client wrote there */
 		atomic_store(&we->pid, 0);
 		atomic_store(&we->state, KVR_WORKER_FREE);
 		kvr_debug("worker slot %u free", w);

@@ -152,6 +152,7 @@ struct sup {
 	struct sup_dcp_group groups[KVR_CTL_MAX_WORKERS / 2];
 	int worker_group[KVR_CTL_MAX_WORKERS]; /* a DCP worker's group slot until its slot is free, else -1 */
 	bool worker_gone_sent[KVR_CTL_MAX_WORKERS]; /* a DETACHING worker's WORKER_GONE is on its way */
+	uint32_t worker_gone_lgen[KVR_CTL_MAX_WORKERS]; /* ... to this generation of the lookup actor */
 
 	struct sup_metrics *metrics; /* the /metrics server, NULL when disabled */
 

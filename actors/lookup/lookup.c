@@ -600,6 +600,23 @@ static int on_worker_lease(struct kvr_actor *a, struct lookup *l, unsigned wi, c
 	return 0;
 }
 
+/* The gone worker's two rings here (we are their one actor endpoint, its client is gone) as
+ * kvringd laid them out: whatever the client left in them — scribbled indices included —
+ * never reaches the next worker of the slot (kvr_ctl_ring_reset). Its other rings are
+ * kvringd's to reset, once its loader and storer have exited. */
+static void reset_client_rings(struct kvr_actor *a, unsigned w)
+{
+	static const char *const fmts[] = {"lookup.req.%u", "lookup.rep.%u"};
+	for (unsigned k = 0; k < 2; k++) {
+		char name[KVR_RING_NAME_MAX];
+		snprintf(name, sizeof(name), fmts[k], w);
+		int i = kvr_ctl_find_ring(a->ctl, name);
+		int rc = i < 0 ? i : kvr_ctl_ring_reset(a->ctl, (unsigned)i, a->cfg.rings.spin_ns);
+		if (rc)
+			kvr_warn("worker %u gone: cannot reset ring %s: %s", w, name, strerror(-rc));
+	}
+}
+
 static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
 {
 	struct lookup *l = a->data;
@@ -618,6 +635,19 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 		struct kvr_msg_worker_gone g;
 		if (kvr_msg_decode_worker_gone(m, &g) || g.worker >= l->n_workers)
 			return -EBADMSG;
+		/* kvringd sends it again to a restarted lookup actor (the first may have died with
+		 * its predecessor). It is ours to handle only while the slot waits for it
+		 * (DETACHING, that attach's generation); a copy handled before is stale — the slot
+		 * went free on our answer and may serve a new worker now, whose rings and slots
+		 * must not be touched. */
+		const struct kvr_worker_ent *we = kvr_ctl_worker(a->ctl, g.worker);
+		if (atomic_load(&we->state) != KVR_WORKER_DETACHING || g.generation != we->generation) {
+			kvr_actor_count(a, KVR_STAT_LK_STALE, 1);
+			kvr_info("worker %u gone (generation %u): stale, the slot is %s at generation %u", g.worker,
+				 g.generation, atomic_load(&we->state) == KVR_WORKER_DETACHING ? "detaching" : "not detaching",
+				 we->generation);
+			return 0;
+		}
 		struct kvr_slots_release rel = {0};
 		l2t_cancel(l->l2, g.worker); /* no reply goes to a dead worker's ring (its reads finish) */
 		(void)kvr_outbox_clear(&l->w[g.worker].lk_out);
@@ -627,6 +657,7 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 		kvr_actor_count(a, KVR_STAT_LK_ABORTED, rel.aborted);
 		kvr_info("worker %u gone: %u pins dropped on %u slots, %u unfinished slots reclaimed (%u wait for I/O)",
 			 g.worker, rel.pins, rel.unpinned_slots, rel.aborted, rel.draining);
+		reset_client_rings(a, g.worker);
 		/* kvringd frees the worker slot once it sees this (kvr_worker_ent.gone_ack) */
 		atomic_store_explicit(&kvr_ctl_worker(a->ctl, g.worker)->gone_ack, g.generation, memory_order_release);
 		return 0;

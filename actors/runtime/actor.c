@@ -41,7 +41,7 @@ struct actor_args {
 	int actor;
 	int slots_fd; /* -1 when not given */
 	unsigned n_kv, n_kv_bytes, n_group, n_areas;
-	int area_fd[KVR_CTL_MAX_CLIENTS]; /* the control segment's client areas (kvr_ctl.h) */
+	int area_fd[KVR_CTL_MAX_CLIENTS]; /* the control segment's client areas, in slot order (kvr_ctl.h) */
 	int kv_fd[KVR_ACTOR_MAX_KV];
 	uint64_t kv_bytes[KVR_ACTOR_MAX_KV];
 	unsigned group[KVR_ACTOR_MAX_KV];
@@ -251,7 +251,7 @@ static int setup(struct kvr_actor *a, const struct actor_args *args)
 	}
 	/* every client's area over its place: its rings are served from here */
 	for (unsigned i = 0; i < args->n_areas; i++)
-		if ((rc = kvr_ctl_map_area(&a->ctl_seg, args->area_fd[i], 1, NULL))) {
+		if ((rc = kvr_ctl_map_area(&a->ctl_seg, i, args->area_fd[i], 1))) {
 			kvr_err("cannot map client area %u (fd %d): %s", i, args->area_fd[i], strerror(-rc));
 			return rc;
 		}

@@ -285,6 +285,57 @@ Test(integrity, killed_lookup_leaves_no_pins)
 }
 
 /*
+ * A lookup actor killed -9 after it took a gone worker's WORKER_GONE off its ring and before
+ * it acknowledged it took the message with it. kvringd had sent it once, so the slot stayed
+ * DETACHING forever: no worker could attach there again (tools/tsan.sh hit it: "no free
+ * worker slot" for the second bench's rank 1). The test takes the message off the stopped
+ * lookup actor's ring itself, kills the actor, and the restarted one must get WORKER_GONE
+ * again: the slot goes free, a new worker attaches there, stores and loads byte-exact.
+ */
+Test(integrity, a_worker_gone_lost_with_a_killed_lookup_actor_is_sent_again)
+{
+	struct ct_opts o = {.l1_slots = 16, .max_workers = 1};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
+	store_prompt(r, 0);
+	unsigned w = r->worker;
+	uint32_t gen = kvr_ctl_worker(env.ctl, w)->generation;
+	pid_t lpid = ct_actor_pid(&env, "lookup");
+	ct_stop_process(lpid); /* from here the test is the ring's one consumer */
+	ct_rank_close(r);
+	/* kvringd sends WORKER_GONE once the worker's loader and storer have exited */
+	struct kvr_ring *in = ct_ring(&env, "ctl.lookup.in");
+	cr_assert(H_WAIT(kvr_ring_count(in) >= 1, 5000), "no WORKER_GONE on the lookup actor's ring");
+	struct kvr_msg m;
+	struct kvr_msg_worker_gone g;
+	bool taken = false;
+	while (!taken && kvr_ring_try_dequeue(in, &m) == 0) /* PINGs may come first */
+		taken = m.hdr.type == KVR_MSG_WORKER_GONE;
+	cr_assert(taken, "WORKER_GONE taken off the ring, as the lookup actor would");
+	cr_assert_eq(kvr_msg_decode_worker_gone(&m, &g), 0);
+	cr_assert_eq(g.worker, w);
+	cr_assert_eq(g.generation, gen);
+	cr_assert_eq(kill(lpid, SIGKILL), 0); /* ... and died with it */
+	pid_t np = ct_wait_ready(&env, "lookup", lpid, 5000);
+	cr_assert(np > 0 && np != lpid);
+	wait_worker_free(w);
+	cr_assert(h_log_contains(&env.h, "WORKER_GONE again, to the restarted lookup actor"));
+	assert_table_clean();
+
+	/* the slot serves a new worker */
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(r->worker, w);
+	cr_assert_eq(kvr_ctl_worker(env.ctl, w)->generation, gen + 1);
+	cr_assert_eq(load_exact(r, 30, 0), BLOCKS, "prompt 0, stored by the worker before");
+	store_prompt(r, 1);
+	cr_assert_eq(load_exact(r, 31, 1), BLOCKS);
+	cr_assert_eq(atomic_load(&kvr_ctl_worker(env.ctl, w)->state), KVR_WORKER_ATTACHED, "the new worker kept its slot");
+	close_rank(r);
+	assert_table_clean();
+}
+
+/*
  * Defect 3: an aborted promotion forgot that a block is on disk. A promotion of prompt 0
  * is in flight (first read held) when its requester is killed -9. Before the fix that freed
  * the promotion slots, the disk actor answered the reads still queued -ESTALE, and -ESTALE

@@ -437,7 +437,32 @@ Test(scale, a_worker_scribbling_over_its_rings_crashes_no_actor)
 		     "the lookup actor never saw (and rejected) a scribbled message");
 
 	/* b goes; its slots (whatever its garbage made the lookup actor allocate) are reclaimed */
+	unsigned bw = b->worker;
 	ct_rank_close(b);
 	ct_assert_table_clean(&env);
 	cr_assert_eq(ct_lookup_load_exact(a, req++, tokens, 2 * 16, 4, 41), 2);
+
+	/* the next worker of b's slot inherits none of the garbage: its rings were laid out
+	 * again once b was gone (the lookup actor's two at WORKER_GONE, kvringd's four when the
+	 * slot went free), and it stores and loads byte-exact */
+	cr_assert(H_WAIT(atomic_load(&kvr_ctl_worker(env.ctl, bw)->state) == KVR_WORKER_FREE, 5000),
+		  "worker slot %u never went free", bw);
+	for (unsigned k = 0; k < N_WORKER_RINGS; k++) {
+		const struct kvr_ring_shm *h = (const struct kvr_ring_shm *)(const void *)t[k].mem;
+		cr_assert_eq(h->magic, KVR_RING_MAGIC, "%s", worker_ring_fmts[k]);
+		cr_assert_eq(atomic_load(&h->head), atomic_load(&h->tail), "%s is empty", worker_ring_fmts[k]);
+		cr_assert_eq(h->capacity * (uint64_t)KVR_CTL_RING_MSG_SIZE + sizeof(*h), t[k].bytes, "%s", worker_ring_fmts[k]);
+	}
+	struct ct_rank *c2;
+	cr_assert_eq(ct_rank_open_engine(&env, 0, 16, 0, "engine-c", NULL, &c2), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(c2->worker, bw, "the new worker took b's slot");
+	uint32_t fresh[2 * 16], cb[2] = {3, 4};
+	ct_prompt(fresh, 2 * 16, 777);
+	ct_fill(c2, 3, 900);
+	ct_fill(c2, 4, 901);
+	ct_store(c2, req++, fresh, 2 * 16, cb, 2, &d);
+	cr_assert_eq(d.c.status, 0, "the next worker's store: %d", d.c.status);
+	cr_assert_eq(d.c.n_blocks, 2);
+	cr_assert_eq(ct_lookup_load_exact(c2, req++, fresh, 2 * 16, 10, 900), 2);
+	ct_rank_close(c2);
 }

@@ -154,12 +154,9 @@ Test(ctl, split_areas_and_a_client_mapping)
 	int afd[KVR_CTL_MAX_CLIENTS];
 	cr_assert_eq(kvr_ctl_split_areas(&seg, afd), 0);
 	/* the server side: the segment and every area */
-	int fds[1 + KVR_CTL_MAX_CLIENTS];
-	fds[0] = seg.fd;
-	for (unsigned a = 0; a < ctl->n_areas; a++)
-		fds[1 + a] = afd[a];
 	struct kvr_segment srv = {.fd = -1};
-	cr_assert_eq(kvr_ctl_map(fds, 1 + ctl->n_areas, 1, &srv), 0);
+	cr_assert_eq(kvr_ctl_map(seg.fd, afd, ctl->n_areas - 1, 1, &srv), -EBADMSG, "an area missing");
+	cr_assert_eq(kvr_ctl_map(seg.fd, afd, ctl->n_areas, 1, &srv), 0);
 	struct kvr_ctl *sc;
 	static struct kvr_ctl_rings srings;
 	cr_assert_eq(kvr_ctl_attach(&srv, &sc, &srings), 0);
@@ -173,12 +170,11 @@ Test(ctl, split_areas_and_a_client_mapping)
 	struct kvr_segment cl = {.fd = -1};
 	cr_assert_eq(kvr_segment_map(ro_fd, KVR_SEG_CTL, 0, &cl), 0);
 	close(ro_fd);
-	unsigned slot = 99;
-	cr_assert_eq(kvr_ctl_map_area(&cl, afd[1], 1, &slot), 0);
-	cr_assert_eq(slot, 1);
+	cr_assert_eq(kvr_ctl_map_area(&cl, ctl->n_areas, afd[1], 1), -EINVAL, "no such slot");
+	cr_assert_eq(kvr_ctl_map_area(&cl, 1, afd[1], 1), 0);
 	struct kvr_ctl *cc;
 	static struct kvr_ctl_rings crings;
-	cr_assert_eq(kvr_ctl_attach_client(&cl, 0, &cc, &crings), -EBADMSG, "area 0 is not mapped here");
+	cr_assert_eq(kvr_ctl_attach_client(&cl, ctl->n_areas, &cc, &crings), -EBADMSG, "no such slot");
 	cr_assert_eq(kvr_ctl_attach_client(&cl, 1, &cc, &crings), 0);
 	cr_assert_not_null(kvr_ctl_ring(&crings, 4), "loader.req.1: client 1's");
 	for (unsigned i = 0; i < N_RINGS; i++)
@@ -210,8 +206,19 @@ Test(ctl, split_areas_and_a_client_mapping)
 	int st;
 	cr_assert_eq(waitpid(child, &st, 0), child);
 	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "the write went through (%#x)", st);
-	/* an area fd of the wrong kind, or another segment's, is refused */
-	cr_assert_eq(kvr_ctl_map_area(&cl, seg.fd, 0, NULL), -EMEDIUMTYPE);
+	/* an fd of another size (the control segment's own) is no area */
+	cr_assert_eq(kvr_ctl_map_area(&cl, 0, seg.fd, 0), -EBADMSG);
+	/* nothing in an area is trusted: its client may scribble over its header, and it still
+	 * maps (where and how big come from the area table) */
+	memset(kvr_ctl_area(cc, 1), 0xa5, sizeof(struct kvr_client_area));
+	struct kvr_segment again = {.fd = -1};
+	cr_assert_eq(kvr_ctl_map(seg.fd, afd, ctl->n_areas, 0, &again), 0);
+	struct kvr_ctl *ac;
+	cr_assert_eq(kvr_ctl_attach(&again, &ac, NULL), 0);
+	kvr_ctl_area_reset(sc, 1);
+	cr_assert_eq(kvr_ctl_area(ac, 1)->slot, 1, "the header as kvr_ctl_init() wrote it");
+	cr_assert_eq(kvr_ctl_area(ac, 1)->seg.kind, KVR_SEG_CLIENT);
+	kvr_segment_close(&again);
 	kvr_segment_close(&cl);
 	kvr_segment_close(&srv);
 	for (unsigned a = 0; a < ctl->n_areas; a++)

@@ -270,7 +270,9 @@ void h_inspect_map(struct h_inst *in)
 	cr_assert(fstat(fds[0], &st) == 0);
 	in->ctl_ino = st.st_ino;
 	in->ctl_dev = st.st_dev;
-	int rc = kvr_ctl_map(fds, (unsigned)n, 0, &in->ro); /* the client areas over their places */
+	/* fds: the control segment, the slot table, every client area in slot order */
+	cr_assert_geq(n, 2, "INSPECT sent %d fds", n);
+	int rc = kvr_ctl_map(fds[0], fds + 2, (unsigned)n - 2, 0, &in->ro); /* the areas over their places */
 	for (int i = 0; i < n; i++)
 		close(fds[i]);
 	cr_assert(rc == 0, "map ctl read-only: %s", strerror(-rc));
@@ -491,10 +493,9 @@ int h_daemon_memfd(pid_t pid, const char *name, int flags)
 
 void h_daemon_ctl(pid_t pid, int writable, struct kvr_segment *ret)
 {
-	int fds[1 + KVR_CTL_MAX_CLIENTS];
+	int ctl_fd = h_daemon_memfd(pid, "kvring-ctl", writable ? O_RDWR : O_RDONLY), fds[KVR_CTL_MAX_CLIENTS];
 	unsigned n = 0;
 	uint64_t seen = 0;
-	fds[n++] = h_daemon_memfd(pid, "kvring-ctl", writable ? O_RDWR : O_RDONLY);
 	char dir[64];
 	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
 	DIR *d = opendir(dir);
@@ -516,34 +517,31 @@ void h_daemon_ctl(pid_t pid, int writable, struct kvr_segment *ret)
 		cr_assert(slot < KVR_CTL_MAX_CLIENTS && *end == ' ', "memfd %s", link);
 		if (seen & (1ull << slot))
 			continue;
-		seen |= 1ull << slot;
-		fds[n] = open(p, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-		if (fds[n] < 0 && errno == ENOENT) { /* that copy, closed meanwhile */
-			seen &= ~(1ull << slot);
+		int fd = open(p, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+		if (fd < 0 && errno == ENOENT) /* that copy, closed meanwhile */
 			continue;
-		}
-		cr_assert_geq(fds[n], 0, "open %s: %s", p, strerror(errno));
+		cr_assert_geq(fd, 0, "open %s: %s", p, strerror(errno));
+		seen |= 1ull << slot;
+		fds[slot] = fd;
 		n++;
 	}
 	closedir(d);
-	int rc = kvr_ctl_map(fds, n, writable, ret);
+	cr_assert_eq(seen, (1ull << n) - 1, "kvringd's client areas are not slots 0..%u", n - 1);
+	int rc = kvr_ctl_map(ctl_fd, fds, n, writable, ret);
+	close(ctl_fd);
 	for (unsigned i = 0; i < n; i++)
 		close(fds[i]);
-	cr_assert_eq(rc, 0, "map kvringd's control segment and its %u client areas: %s", n - 1, strerror(-rc));
-	const struct kvr_ctl *c = ret->base;
-	cr_assert_eq(n - 1, c->n_areas, "kvringd holds %u client areas, the segment has %u", n - 1, c->n_areas);
+	cr_assert_eq(rc, 0, "map kvringd's control segment and its %u client areas: %s", n, strerror(-rc));
 }
 
 struct kvr_ctl *h_worker_map(const struct h_worker *w, struct kvr_segment *ret)
 {
 	cr_assert_eq(w->n_fds, 2, "an attach reply carries the control segment and the client's area");
 	cr_assert_eq(kvr_segment_map(w->fds[0], KVR_SEG_CTL, 0, ret), 0, "map the control segment read-only");
-	unsigned slot = UINT32_MAX;
-	int rc = kvr_ctl_map_area(ret, w->fds[1], 1, &slot);
+	int rc = kvr_ctl_map_area(ret, w->worker, w->fds[1], 1);
 	cr_assert_eq(rc, 0, "map the client area: %s", strerror(-rc));
-	cr_assert_eq(slot, w->worker, "the area handed over is slot %u's, the worker is %u", slot, w->worker);
 	struct kvr_ctl *c;
-	rc = kvr_ctl_attach_client(ret, slot, &c, NULL);
-	cr_assert_eq(rc, 0, "attach as client %u: %s", slot, strerror(-rc));
+	rc = kvr_ctl_attach_client(ret, w->worker, &c, NULL);
+	cr_assert_eq(rc, 0, "attach as client %u: %s", w->worker, strerror(-rc));
 	return c;
 }

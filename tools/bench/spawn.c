@@ -340,7 +340,7 @@ int bench_server_ctl(struct bench_server *s, char *err, size_t errlen)
 	else if (rep.status < 0 || n_fds < 1)
 		rc = kvr_errf(err, errlen, rep.status < 0 ? rep.status : -EPROTO, "%s: INSPECT refused: %s", s->name,
 			      rep.status < 0 ? strerror(-rep.status) : "no control segment");
-	else if ((rc = kvr_ctl_map(fds, n_fds, 0, &s->ctl_seg)))
+	else if ((rc = kvr_ctl_map(fds[0], fds + 2, n_fds >= 2 ? n_fds - 2 : 0, 0, &s->ctl_seg)))
 		kvr_errf(err, errlen, rc, "%s: map the control segment: %s", s->name, strerror(-rc));
 	else if ((rc = kvr_ctl_attach(&s->ctl_seg, &s->ctl, NULL))) {
 		kvr_errf(err, errlen, rc, "%s: the control segment does not validate: %s", s->name, strerror(-rc));

@@ -100,15 +100,15 @@ static int fetch_ctl(const char *path, struct kvr_segment *ret_seg, struct kvr_s
 	} else if (n_fds < 1) {
 		fprintf(stderr, "kvring-inspect: %s: reply carries no control segment\n", path);
 	} else {
-		/* fds[0] the control segment, then the slot table and every client area (whose
-		 * rings are mapped over their places in it: kvr_ctl.h) */
-		rc = kvr_ctl_map(fds, n_fds, 0, ret_seg);
+		/* fds[0] the control segment, then the slot table and every client area in slot
+		 * order (their rings are mapped over their places in it: kvr_ctl.h) */
+		rc = kvr_ctl_map(fds[0], fds + 2, n_fds > 2 ? n_fds - 2 : 0, 0, ret_seg);
 		if (rc)
 			fprintf(stderr, "kvring-inspect: %s: cannot map the control segment: %s\n", path,
 				strerror(-rc));
 		else
 			ret = 0;
-		/* the slot table, from a kvringd that sends it (older ones do not): optional */
+		/* the slot table: shown when there is one and it maps */
 		if (!rc && n_fds >= 2 && kvr_segment_map(fds[1], KVR_SEG_SLOTS, 0, ret_slots))
 			ret_slots->base = NULL;
 	}
