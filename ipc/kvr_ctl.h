@@ -497,7 +497,7 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
  * Process-private views of every ring of one mapping of a control segment (kvr_ring.h):
  * built by kvr_ctl_attach() once every offset was checked, then the only way this process
  * moves messages through those rings. A ring's waiters are legal when they are its own or
- * an actor's or client's table entry's waiter (whatever a ring header says later).
+ * an actor's table entry's or a client area's waiter (whatever a ring header says later).
  * Keep it next to the mapping: its views point into it.
  */
 struct kvr_ctl_rings {
