@@ -93,7 +93,8 @@ size_t kvr_ctl_memsize(unsigned max_actors, unsigned max_workers, const struct k
  * A client sleeps on its area's waiter for the rings it consumes (the actors that produce
  * them wake it).
  */
-static void point_waiters(struct kvr_ctl *c, struct kvr_ring_shm *r, int prod, int cons)
+static void waiters_of(const struct kvr_ctl *c, struct kvr_ring_shm *r, int prod, int cons, struct kvr_waiter **ret_cw,
+		       struct kvr_waiter **ret_pw)
 {
 	bool prod_actor = prod >= 0 && (unsigned)prod < c->max_actors;
 	bool cons_actor = cons >= 0 && (unsigned)cons < c->max_actors;
@@ -105,14 +106,22 @@ static void point_waiters(struct kvr_ctl *c, struct kvr_ring_shm *r, int prod, i
 		cw = &kvr_ctl_area(c, (unsigned)KVR_EP_CLIENT_SLOT(cons))->waiter;
 	if (prod_actor && !KVR_EP_IS_CLIENT(cons))
 		pw = &kvr_ctl_actor(c, (unsigned)prod)->waiter;
+	*ret_cw = cw;
+	*ret_pw = pw;
+}
+
+static void point_waiters(struct kvr_ctl *c, struct kvr_ring_shm *r, int prod, int cons)
+{
+	struct kvr_waiter *cw, *pw;
+	waiters_of(c, r, prod, cons, &cw, &pw);
 	kvr_ring_set_consumer_waiter(r, cw);
 	kvr_ring_set_producer_waiter(r, pw);
 }
 
-void kvr_ctl_area_reset(struct kvr_ctl *c, unsigned slot)
+/* Client slot `slot`'s area header as kvr_ctl_init() writes it, into *ar. */
+static void area_header(const struct kvr_ctl *c, unsigned slot, struct kvr_client_area *ar)
 {
 	/* a segment header of its own (informational: what a reader of the memfd alone sees) */
-	struct kvr_client_area *ar = kvr_ctl_area(c, slot);
 	memset(ar, 0, sizeof(*ar));
 	ar->seg.layout_version = KVR_LAYOUT_VERSION;
 	ar->seg.kind = KVR_SEG_CLIENT;
@@ -122,6 +131,11 @@ void kvr_ctl_area_reset(struct kvr_ctl *c, unsigned slot)
 	ar->seg.created_ns = c->seg.created_ns;
 	ar->seg.magic = KVR_SEG_MAGIC;
 	ar->slot = slot;
+}
+
+void kvr_ctl_area_reset(struct kvr_ctl *c, unsigned slot)
+{
+	area_header(c, slot, kvr_ctl_area(c, slot));
 }
 
 int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_workers,
@@ -477,5 +491,53 @@ int kvr_ctl_ring_reset(struct kvr_ctl *c, unsigned i, uint32_t spin_ns)
 	if (rc)
 		return rc;
 	point_waiters(c, r, e->producer, e->consumer);
+	return 0;
+}
+
+int kvr_ctl_area_fresh(const struct kvr_ctl *c, unsigned slot, uint32_t spin_ns, int *ret_fd)
+{
+	if (!c || !ret_fd || slot >= c->n_areas)
+		return -EINVAL;
+	const struct kvr_area_ent *ae = kvr_ctl_area_ent(c, slot);
+	char name[32];
+	snprintf(name, sizeof(name), "kvring-client.%u", slot);
+	struct kvr_segment a;
+	int rc = kvr_segment_create(name, KVR_SEG_CLIENT, ae->bytes, c->seg.generation, 0, &a);
+	if (rc)
+		return rc;
+	if (a.size != ae->bytes) {
+		kvr_segment_close(&a);
+		return -EINVAL;
+	}
+	area_header(c, slot, a.base);
+	/* its rings as kvr_ctl_init() lays them out; a waiter offset is relative to its ring,
+	 * so it is computed at the area's place in c and holds wherever the area is mapped */
+	unsigned n = atomic_load(&((struct kvr_ctl *)c)->n_rings);
+	for (unsigned i = 0; i < n && !rc; i++) {
+		const struct kvr_ring_ent *e = kvr_ctl_ring_ent(c, i);
+		if (ring_client(e->producer, e->consumer, c->n_areas) != (int)slot)
+			continue;
+		uint32_t cap = ring_capacity(e->bytes);
+		if (!cap || e->offset < ae->offset || e->offset + e->bytes > ae->offset + ae->bytes) {
+			rc = -EBADMSG;
+			break;
+		}
+		struct kvr_ring_shm *r = (struct kvr_ring_shm *)((uint8_t *)a.base + (e->offset - ae->offset));
+		if ((rc = kvr_ring_init(r, cap, KVR_CTL_RING_MSG_SIZE, e->name)))
+			break;
+		r->spin_ns = spin_ns;
+		struct kvr_ring_shm *at = kvr_ctl_ring_shm(c, i);
+		struct kvr_waiter *cw, *pw;
+		waiters_of(c, at, e->producer, e->consumer, &cw, &pw);
+		atomic_store(&r->cons_waiter_off, (int64_t)((uint8_t *)cw - (uint8_t *)at));
+		atomic_store(&r->prod_waiter_off, (int64_t)((uint8_t *)pw - (uint8_t *)at));
+	}
+	int fd = a.fd;
+	(void)munmap(a.base, a.size);
+	if (rc) {
+		(void)close(fd);
+		return rc;
+	}
+	*ret_fd = fd;
 	return 0;
 }

@@ -156,7 +156,10 @@ struct kvr_worker_ent {
 	uint32_t tp_rank, tp_size;
 	uint32_t dcp_rank, dcp_size;
 	uint64_t attached_ns;
-	uint64_t reserved0;     /* was the client's waiter: it lives in the client's area now */
+	/* the generation whose fresh client area the lookup actor has mapped (it writes it, before
+	 * gone_ack): kvringd then maps it too and closes the old one */
+	_Atomic uint32_t area_ack;
+	uint32_t reserved0;
 	/* the generation whose WORKER_GONE the lookup actor has handled (it writes it): kvringd
 	 * frees the worker slot only then, so a new worker in this slot never meets the abort
 	 * of its predecessor's slots */
@@ -553,9 +556,15 @@ int kvr_ctl_map_area(struct kvr_segment *seg, unsigned slot, int fd, int writabl
  * place. Read-only unless `writable`. *ret as kvr_segment_map(). 0 or -errno. */
 int kvr_ctl_map(int ctl_fd, const int *area_fds, unsigned n_areas, int writable, struct kvr_segment *ret);
 
-/* Client slot `slot`'s area header and waiter as kvr_ctl_init() wrote them (kvringd, when
- * the slot goes free: its client wrote there). */
+/* Client slot `slot`'s area header and waiter as kvr_ctl_init() wrote them (in place). */
 void kvr_ctl_area_reset(struct kvr_ctl *c, unsigned slot);
+
+/* A new memfd ("kvring-client.N", sealed) holding client slot `slot`'s area of c as
+ * kvr_ctl_init() lays it out: header, waiter, every ring of that client empty (spin_ns,
+ * waiters pointed as for their endpoints). kvringd gives a slot a fresh area before its
+ * next client: its predecessor may still map the old one (kvr_ctl_map_area swaps it in at
+ * the same address, so views and waiter pointers stay valid). *ret_fd, 0 or -errno. */
+int kvr_ctl_area_fresh(const struct kvr_ctl *c, unsigned slot, uint32_t spin_ns, int *ret_fd);
 
 /* Find a ring by name; returns its index or -ENOENT. */
 int kvr_ctl_find_ring(const struct kvr_ctl *c, const char *name);

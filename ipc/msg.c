@@ -292,6 +292,8 @@ int kvr_msg_decode_worker_gone(const struct kvr_msg *m, struct kvr_msg_worker_go
 	if (check_fixed(m, KVR_MSG_WORKER_GONE, 0, sizeof(r)))
 		return -EBADMSG;
 	memcpy(&r, m->body, sizeof(r));
+	if (r.area_fd < -1 || r.reserved)
+		return -EBADMSG;
 	*ret = r;
 	return 0;
 }

@@ -180,6 +180,26 @@ static void purge_stale_ctl(struct sup_actor *a)
 			(void)kvr_ring_try_enqueue(a->ctl_in, &m);
 }
 
+/* Which client areas actor a serves rings of: the lookup actor every client's, a loader or a
+ * storer its worker's, a gather actor its group's members'; the disk and remote actors none.
+ * An actor maps only those: a slot's area is replaced between two of its clients
+ * (kvr_ctl_area_fresh), and only the lookup actor, which outlives them, follows. */
+static void areas_served(struct sup *s, const struct sup_actor *a, bool *serves)
+{
+	unsigned kind = a->ent->kind, w = a->ent->index;
+	if (kind == KVR_ACTOR_LOOKUP) {
+		for (unsigned i = 0; i < s->ctl->n_areas && i < KVR_CTL_MAX_CLIENTS; i++)
+			serves[i] = true;
+	} else if ((kind == KVR_ACTOR_LOADER || kind == KVR_ACTOR_STORER) && w < s->ctl->max_workers) {
+		serves[w] = true;
+	} else if (kind == KVR_ACTOR_GATHER) {
+		const struct sup_dcp_group *gr = sup_gather_group(s, a->index);
+		for (unsigned r = 0; gr && r < gr->dcp_size; r++)
+			if (gr->members[r] >= 0 && (unsigned)gr->members[r] < s->ctl->max_workers)
+				serves[gr->members[r]] = true;
+	}
+}
+
 static int spawn(struct sup *s, struct sup_actor *a)
 {
 	int p[2];
@@ -191,19 +211,24 @@ static int spawn(struct sup *s, struct sup_actor *a)
 	snprintf(a_idx, sizeof(a_idx), "%u", a->index);
 	snprintf(a_ready, sizeof(a_ready), "%d", p[1]);
 	snprintf(a_slots, sizeof(a_slots), "%d", s->slots_seg.fd);
-	/* every client area, mapped over the control segment: the actors serve the clients' rings */
-	char a_areas[KVR_CTL_MAX_CLIENTS * 12] = "";
 	char *argv[18 + 4 * KVR_DCP_MAX] = {(char *)a->exe, "--ctl-fd", a_ctl, "--arena-fd", a_arena, "--actor", a_idx,
 					    "--ready-fd", a_ready, "--slots-fd", a_slots, NULL};
 	int keep[4 + KVR_CTL_MAX_CLIENTS + KVR_DCP_MAX] = {s->ctl_seg.fd, s->arena_seg.fd, p[1], s->slots_seg.fd};
 	int n_keep = 4, n_arg = 11;
+	/* the client areas whose rings it serves, mapped over the control segment ("slot:fd") */
+	char a_areas[KVR_CTL_MAX_CLIENTS * 16] = "";
+	bool serves[KVR_CTL_MAX_CLIENTS] = {0};
+	areas_served(s, a, serves);
 	size_t a_len = 0;
-	for (unsigned ar = 0; ar < s->ctl->n_areas; ar++) {
-		a_len += (size_t)snprintf(a_areas + a_len, sizeof(a_areas) - a_len, "%s%d", ar ? "," : "", s->area_fd[ar]);
+	for (unsigned ar = 0; ar < s->ctl->n_areas && ar < KVR_CTL_MAX_CLIENTS; ar++) {
+		if (!serves[ar])
+			continue;
+		a_len += (size_t)snprintf(a_areas + a_len, sizeof(a_areas) - a_len, "%s%u:%d", a_len ? "," : "", ar,
+					  s->area_fd[ar]);
 		keep[n_keep++] = s->area_fd[ar];
 	}
-	if (s->ctl->n_areas) {
-		argv[n_arg++] = "--area-fds";
+	if (a_len) {
+		argv[n_arg++] = "--areas";
 		argv[n_arg++] = a_areas;
 	}
 	char a_group[KVR_DCP_MAX * 4], kv_str[KVR_DCP_MAX][2][24];

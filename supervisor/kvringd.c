@@ -378,6 +378,8 @@ int main(int argc, char **argv)
 	for (unsigned a = 0; a < KVR_CTL_MAX_CLIENTS; a++)
 		s->area_fd[a] = -1;
 	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
+		s->area_next_fd[w] = -1;
+	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
 		s->kv_fd[w] = s->worker_engine[w] = -1;
 	for (unsigned i = 0; i < KVR_CTL_MAX_SCHEDULERS; i++)
 		s->sched_engine[i] = -1;

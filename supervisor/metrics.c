@@ -758,3 +758,15 @@ void sup_metrics_close(struct sup *s)
 	free(m);
 	s->metrics = NULL;
 }
+
+void sup_metrics_pause(struct sup *s)
+{
+	if (s->metrics)
+		pthread_mutex_lock(&s->metrics->lock);
+}
+
+void sup_metrics_resume(struct sup *s)
+{
+	if (s->metrics)
+		pthread_mutex_unlock(&s->metrics->lock);
+}

@@ -805,6 +805,41 @@ static void reset_worker_rings(struct sup *s, unsigned w)
 	}
 }
 
+/* The lookup actor acknowledged WORKER_GONE: if it mapped the slot's fresh area (area_ack),
+ * map it here too and drop the old one — from now on every process that serves the slot
+ * (the lookup actor; the next loader, storer, gather actor, client: spawned or handed the
+ * fresh fd) shares the fresh area, and the old one is mapped only by whoever kept it. If not
+ * (it could not open it), the old area's rings are laid out again in place. false: the
+ * lookup actor maps the fresh area and we cannot (out of memory): the slot must not serve
+ * anyone until we can, so it stays DETACHING and this is tried again on the next pass. */
+static bool take_fresh_area(struct sup *s, unsigned w, const struct kvr_worker_ent *we)
+{
+	int fresh = s->area_next_fd[w];
+	if (fresh >= 0 && atomic_load_explicit(&we->area_ack, memory_order_acquire) == we->generation) {
+		sup_metrics_pause(s); /* a render reads the area's ring counters */
+		int rc = kvr_ctl_map_area(&s->ctl_seg, w, fresh, 1);
+		sup_metrics_resume(s);
+		if (rc) {
+			if (!s->area_map_failed[w])
+				kvr_err("worker slot %u: cannot map the fresh client area the lookup actor maps: %s; "
+					"the slot waits until it can", w, strerror(-rc));
+			s->area_map_failed[w] = true;
+			return false;
+		}
+		s->area_map_failed[w] = false;
+		s->area_next_fd[w] = -1;
+		(void)close(s->area_fd[w]);
+		s->area_fd[w] = fresh;
+		return true;
+	}
+	s->area_next_fd[w] = -1;
+	if (fresh >= 0)
+		(void)close(fresh);
+	reset_worker_rings(s, w);
+	kvr_ctl_area_reset(s->ctl, w); /* its header and waiter: its client wrote there */
+	return true;
+}
+
 /*
  * A DETACHING worker slot goes FREE in three steps, each waiting for the one before:
  *   1. its loader, its storer and its DCP group's gather actor have exited: nothing can
@@ -826,19 +861,34 @@ void sup_workers_update(struct sup *s)
 		const struct sup_actor *l = &s->actors[SUP_ACTOR_LOADER(w)], *st = &s->actors[SUP_ACTOR_STORER(w)];
 		if (l->pid > 0 || st->pid > 0 || !sup_group_release(s, w))
 			continue;
-		/* A lookup actor killed after it took WORKER_GONE off its ring and before it
-		 * acknowledged it took the message with it: its successor gets it again (it may
-		 * get it twice — the kept ring and this — which is harmless: the second finds
-		 * nothing to release, and one of an older generation of the slot is ignored). */
+		/* The lookup actor restarted since WORKER_GONE went out: it may have died with the
+		 * message (taken off its ring, not acknowledged), or have acknowledged it and mapped
+		 * the fresh area just before it died, its successor mapping the old one it was
+		 * spawned with. Either way the successor gets the message again, and only its own
+		 * answer counts (the acknowledgments are cleared first; it may handle the message
+		 * twice — the kept ring copy and this — which is harmless: the second finds nothing
+		 * to release and maps the same area again). */
 		uint32_t lgen = atomic_load(&s->actors[SUP_ACTOR_LOOKUP].ent->generation);
-		if (s->worker_gone_sent[w] && s->worker_gone_lgen[w] != lgen &&
-		    atomic_load_explicit(&we->gone_ack, memory_order_acquire) != we->generation) {
+		if (s->worker_gone_sent[w] && s->worker_gone_lgen[w] != lgen) {
 			kvr_info("worker slot %u: WORKER_GONE again, to the restarted lookup actor", w);
+			atomic_store(&we->area_ack, 0);
+			atomic_store(&we->gone_ack, 0);
 			s->worker_gone_sent[w] = false;
 		}
 		if (!s->worker_gone_sent[w]) {
+			/* the slot's next client gets a fresh area: the gone one may live on and keep
+			 * its mapping of the old one (a worker that detached and did not exit) */
+			if (s->area_next_fd[w] < 0) {
+				int rc = kvr_ctl_area_fresh(s->ctl, w, s->cfg.rings.spin_ns, &s->area_next_fd[w]);
+				if (rc) {
+					s->area_next_fd[w] = -1;
+					kvr_warn("worker slot %u: no fresh client area (%s): its rings are reset in place",
+						 w, strerror(-rc));
+				}
+			}
 			struct kvr_msg m;
-			struct kvr_msg_worker_gone gone = {.worker = w, .generation = we->generation};
+			struct kvr_msg_worker_gone gone = {.worker = w, .generation = we->generation,
+							   .area_fd = s->area_next_fd[w]};
 			kvr_msg_build(&m, KVR_MSG_WORKER_GONE, 0, 0, 0, &gone, sizeof(gone));
 			if (sup_actor_send(&s->actors[SUP_ACTOR_LOOKUP], &m))
 				continue; /* ctl ring full: again on the next pass */
@@ -850,9 +900,9 @@ void sup_workers_update(struct sup *s)
 		if (s->kv_fd[w] >= 0)
 			(void)close(s->kv_fd[w]);
 		s->kv_fd[w] = -1;
+		if (!take_fresh_area(s, w, we))
+			continue;
 		s->worker_gone_sent[w] = false;
-		reset_worker_rings(s, w);
-		kvr_ctl_area_reset(s->ctl, w); /* its header and waiter: its client wrote there */
 		atomic_store(&we->pid, 0);
 		atomic_store(&we->state, KVR_WORKER_FREE);
 		kvr_debug("worker slot %u free", w);

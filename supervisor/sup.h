@@ -123,6 +123,9 @@ struct sup {
 	const char *argv0;
 	struct kvr_segment ctl_seg, arena_seg, slots_seg;
 	int area_fd[KVR_CTL_MAX_CLIENTS];      /* each client slot's area of ctl_seg (kvr_ctl_split_areas) */
+	int area_next_fd[KVR_CTL_MAX_WORKERS]; /* a DETACHING worker slot's fresh area, until the
+						* lookup actor maps it (kvr_ctl_area_fresh); -1 */
+	bool area_map_failed[KVR_CTL_MAX_WORKERS]; /* ... and we could not map it yet (logged once) */
 	struct kvr_ctl *ctl;
 	struct kvr_ctl_rings rings;       /* our views of its rings (built once the layout is set) */
 	struct kvr_slot_table *slots;
@@ -319,6 +322,10 @@ int sup_metrics_open(struct sup *s, char *err, size_t errlen);
 int sup_metrics_start(struct sup *s);
 /* Stop serving and close the socket (before the segments are unmapped). Idempotent. */
 void sup_metrics_close(struct sup *s);
+/* Hold off renders while the main thread changes what they read (a client area mapped over
+ * its place: kvr_ctl_map_area). No-ops when /metrics is disabled. */
+void sup_metrics_pause(struct sup *s);
+void sup_metrics_resume(struct sup *s);
 
 /* What one scrape reads. The renderer keeps derived counters monotonic in it. */
 struct sup_metrics_view {

@@ -1,5 +1,6 @@
 /* lookup stage: the prefix index — longest visible prefix, suffix-only slot allocation, commit quorum, eviction. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -600,10 +601,10 @@ static int on_worker_lease(struct kvr_actor *a, struct lookup *l, unsigned wi, c
 	return 0;
 }
 
-/* The gone worker's two rings here (we are their one actor endpoint, its client is gone) as
- * kvringd laid them out: whatever the client left in them — scribbled indices included —
- * never reaches the next worker of the slot (kvr_ctl_ring_reset). Its other rings are
- * kvringd's to reset, once its loader and storer have exited. */
+/* The fallback when the slot gets no fresh area (give_fresh_area): the gone worker's two rings
+ * here (we are their one actor endpoint, its client is gone) laid out again in place, so what
+ * it left in them — scribbled indices included — never reaches the next worker of the slot
+ * (kvr_ctl_ring_reset). kvringd resets its other rings, once its loader and storer exited. */
 static void reset_client_rings(struct kvr_actor *a, unsigned w)
 {
 	static const char *const fmts[] = {"lookup.req.%u", "lookup.rep.%u"};
@@ -615,6 +616,32 @@ static void reset_client_rings(struct kvr_actor *a, unsigned w)
 		if (rc)
 			kvr_warn("worker %u gone: cannot reset ring %s: %s", w, name, strerror(-rc));
 	}
+}
+
+/* The gone worker's slot gets a fresh client area (kvringd made it, g->area_fd is kvringd's
+ * descriptor of it): mapped over the old one at the same address, so our views of its rings
+ * stay valid and whatever the gone worker left in the old one — or still writes there, if it
+ * lives on — reaches nobody. Said in area_ack, before the gone_ack kvringd waits for. If it
+ * cannot be mapped, the old area's rings we serve are laid out again in place. */
+static void give_fresh_area(struct kvr_actor *a, const struct kvr_msg_worker_gone *g)
+{
+	int rc = -ENOENT;
+	if (g->area_fd >= 0) {
+		char p[64];
+		snprintf(p, sizeof(p), "/proc/%d/fd/%d", (int)a->ctl->supervisor_pid, g->area_fd);
+		int fd = open(p, O_RDWR | O_CLOEXEC);
+		rc = fd < 0 ? -errno : kvr_ctl_map_area(&a->ctl_seg, g->worker, fd, 1);
+		if (fd >= 0)
+			(void)close(fd);
+		if (!rc) {
+			atomic_store_explicit(&kvr_ctl_worker(a->ctl, g->worker)->area_ack, g->generation,
+					      memory_order_release);
+			return;
+		}
+		kvr_warn("worker %u gone: cannot map its slot's fresh area (%s): %s; its rings are reset in place",
+			 g->worker, p, strerror(-rc));
+	}
+	reset_client_rings(a, g->worker);
 }
 
 static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
@@ -657,7 +684,7 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 		kvr_actor_count(a, KVR_STAT_LK_ABORTED, rel.aborted);
 		kvr_info("worker %u gone: %u pins dropped on %u slots, %u unfinished slots reclaimed (%u wait for I/O)",
 			 g.worker, rel.pins, rel.unpinned_slots, rel.aborted, rel.draining);
-		reset_client_rings(a, g.worker);
+		give_fresh_area(a, &g);
 		/* kvringd frees the worker slot once it sees this (kvr_worker_ent.gone_ack) */
 		atomic_store_explicit(&kvr_ctl_worker(a->ctl, g.worker)->gone_ack, g.generation, memory_order_release);
 		return 0;

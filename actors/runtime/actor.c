@@ -40,31 +40,58 @@ struct actor_args {
 	int ctl_fd, arena_fd, ready_fd;
 	int actor;
 	int slots_fd; /* -1 when not given */
-	unsigned n_kv, n_kv_bytes, n_group, n_areas;
-	int area_fd[KVR_CTL_MAX_CLIENTS]; /* the control segment's client areas, in slot order (kvr_ctl.h) */
+	unsigned n_kv, n_kv_bytes, n_group;
+	unsigned n_areas;
+	unsigned area_slot[KVR_CTL_MAX_CLIENTS], area_fd[KVR_CTL_MAX_CLIENTS]; /* the client areas it serves (kvr_ctl.h) */
 	int kv_fd[KVR_ACTOR_MAX_KV];
 	uint64_t kv_bytes[KVR_ACTOR_MAX_KV];
 	unsigned group[KVR_ACTOR_MAX_KV];
 };
 
-/* "3,7,11" -> workers; 0 or -EINVAL */
-static int parse_group(const char *s, struct actor_args *a)
+/* "3,7,11" -> out[0..*n): at most cap numbers, each <= max; 0 or -EINVAL (none, or a bad one) */
+static int parse_list(const char *s, unsigned long max, unsigned cap, unsigned *out, unsigned *n)
 {
-	a->n_group = 0;
+	*n = 0;
 	while (*s) {
 		char *end;
 		errno = 0;
 		unsigned long v = strtoul(s, &end, 10);
-		if (errno || end == s || v >= KVR_CTL_MAX_WORKERS || a->n_group == KVR_ACTOR_MAX_KV)
+		if (errno || end == s || *s == '-' || v > max || *n == cap)
 			return -EINVAL;
-		a->group[a->n_group++] = (unsigned)v;
+		out[(*n)++] = (unsigned)v;
 		if (*end == ',' && end[1])
 			end++;
 		else if (*end)
 			return -EINVAL;
 		s = end;
 	}
-	return a->n_group ? 0 : -EINVAL;
+	return *n ? 0 : -EINVAL;
+}
+
+/* "0:12,3:15" -> client area slot:fd pairs; 0 or -EINVAL */
+static int parse_areas(const char *s, struct actor_args *a)
+{
+	a->n_areas = 0;
+	while (*s) {
+		char *end;
+		errno = 0;
+		unsigned long slot = strtoul(s, &end, 10), fd;
+		if (errno || end == s || *s == '-' || slot >= KVR_CTL_MAX_CLIENTS || *end != ':' ||
+		    a->n_areas == KVR_CTL_MAX_CLIENTS)
+			return -EINVAL;
+		s = end + 1;
+		fd = strtoul(s, &end, 10);
+		if (errno || end == s || *s == '-' || fd > INT_MAX)
+			return -EINVAL;
+		a->area_slot[a->n_areas] = (unsigned)slot;
+		a->area_fd[a->n_areas++] = (unsigned)fd;
+		if (*end == ',' && end[1])
+			end++;
+		else if (*end)
+			return -EINVAL;
+		s = end;
+	}
+	return a->n_areas ? 0 : -EINVAL;
 }
 
 static int parse_int(const char *s, int *ret)
@@ -78,26 +105,6 @@ static int parse_int(const char *s, int *ret)
 	return 0;
 }
 
-/* "12,13,14" -> the client areas' fds; 0 or -EINVAL */
-static int parse_areas(const char *s, struct actor_args *a)
-{
-	a->n_areas = 0;
-	while (*s) {
-		char *end;
-		errno = 0;
-		long v = strtol(s, &end, 10);
-		if (errno || end == s || v < 0 || v > INT_MAX || a->n_areas == KVR_CTL_MAX_CLIENTS)
-			return -EINVAL;
-		a->area_fd[a->n_areas++] = (int)v;
-		if (*end == ',' && end[1])
-			end++;
-		else if (*end)
-			return -EINVAL;
-		s = end;
-	}
-	return a->n_areas ? 0 : -EINVAL;
-}
-
 static int parse_args(int argc, char **argv, struct actor_args *ret)
 {
 	static const struct option opts[] = {
@@ -109,7 +116,7 @@ static int parse_args(int argc, char **argv, struct actor_args *ret)
 		{"kv-fd", required_argument, NULL, 'k'},
 		{"kv-bytes", required_argument, NULL, 'b'},
 		{"group", required_argument, NULL, 'g'},
-		{"area-fds", required_argument, NULL, 'A'},
+		{"areas", required_argument, NULL, 'A'},
 		{0},
 	};
 	struct actor_args a = {.ctl_fd = -1, .arena_fd = -1, .ready_fd = -1, .actor = -1, .slots_fd = -1};
@@ -147,8 +154,8 @@ static int parse_args(int argc, char **argv, struct actor_args *ret)
 			a.kv_bytes[a.n_kv_bytes++] = v;
 			continue;
 		}
-		case 'g':
-			if (parse_group(optarg, &a))
+		case 'g': /* workers */
+			if (parse_list(optarg, KVR_CTL_MAX_WORKERS - 1, KVR_ACTOR_MAX_KV, a.group, &a.n_group))
 				return -EINVAL;
 			continue;
 		case 'A':
@@ -249,10 +256,11 @@ static int setup(struct kvr_actor *a, const struct actor_args *args)
 		kvr_err("cannot map the control segment (fd %d): %s", args->ctl_fd, strerror(-rc));
 		return rc;
 	}
-	/* every client's area over its place: its rings are served from here */
+	/* the areas of the clients it serves over their places: their rings are served from here
+	 * (another client's place reads zeros: its rings are not ours) */
 	for (unsigned i = 0; i < args->n_areas; i++)
-		if ((rc = kvr_ctl_map_area(&a->ctl_seg, i, args->area_fd[i], 1))) {
-			kvr_err("cannot map client area %u (fd %d): %s", i, args->area_fd[i], strerror(-rc));
+		if ((rc = kvr_ctl_map_area(&a->ctl_seg, args->area_slot[i], (int)args->area_fd[i], 1))) {
+			kvr_err("cannot map client area %u (fd %u): %s", args->area_slot[i], args->area_fd[i], strerror(-rc));
 			return rc;
 		}
 	rc = kvr_ctl_attach(&a->ctl_seg, &a->ctl, &a->rings);
@@ -593,7 +601,7 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 	}
 	if (parse_args(argc, argv, &args)) {
 		kvr_err("usage: kvring-%s --ctl-fd N --arena-fd N --actor I --ready-fd N [--slots-fd N] "
-			"[--area-fds N,N,...] [--kv-fd N --kv-bytes N]... [--group W,W,...]", stage->name);
+			"[--areas SLOT:FD,...] [--kv-fd N --kv-bytes N]... [--group W,W,...]", stage->name);
 		return 1;
 	}
 	rc = install_signals();
@@ -608,7 +616,7 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 	if (args.slots_fd >= 0)
 		(void)close(args.slots_fd);
 	for (unsigned i = 0; i < args.n_areas; i++)
-		(void)close(args.area_fd[i]);
+		(void)close((int)args.area_fd[i]);
 	if (rc)
 		goto out;
 	term_waiter = &a->ent->waiter;

@@ -204,6 +204,9 @@ struct kvr_msg_commit_rep {
 struct kvr_msg_worker_gone {
 	uint32_t worker;
 	uint32_t generation;
+	int32_t area_fd;     /* kvringd's descriptor of the slot's fresh client area, which the lookup
+			      * actor maps over the old one before it acknowledges (-1: none) */
+	uint32_t reserved;
 };
 
 _Static_assert(sizeof(struct kvr_msg_list_hdr) + KVR_LIST_KEYS * sizeof(struct kvr_msg_key) <= KVR_MSG_BODY, "");

@@ -136,7 +136,7 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	close(fd);
 	cr_assert_eq(rc, 0, "map the arena: %s", strerror(-rc));
 
-	h_daemon_ctl(e->h.pid, 1, &e->ctl_seg);
+	h_daemon_ctl(&e->h, 1, &e->ctl_seg);
 	rc = kvr_ctl_attach(&e->ctl_seg, &e->ctl, &e->rings);
 	cr_assert_eq(rc, 0);
 }
@@ -183,6 +183,9 @@ int ct_rank_open_engine(struct ct_env *e, unsigned rank, uint32_t num_blocks, ui
 		return rc;
 	}
 	r->worker = kvr_worker_slot(r->c);
+	/* the slot may have got a fresh area since the test mapped the control segment */
+	if (e->ctl_seg.base)
+		h_daemon_areas(&e->h, 1, &e->ctl_seg);
 	*ret = r;
 	return 0;
 }

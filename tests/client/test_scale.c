@@ -442,11 +442,15 @@ Test(scale, a_worker_scribbling_over_its_rings_crashes_no_actor)
 	ct_assert_table_clean(&env);
 	cr_assert_eq(ct_lookup_load_exact(a, req++, tokens, 2 * 16, 4, 41), 2);
 
-	/* the next worker of b's slot inherits none of the garbage: its rings were laid out
-	 * again once b was gone (the lookup actor's two at WORKER_GONE, kvringd's four when the
-	 * slot went free), and it stores and loads byte-exact */
+	/* the next worker of b's slot inherits none of the garbage: the slot got a fresh area
+	 * once b was gone (the lookup actor mapped it at WORKER_GONE, kvringd when the slot went
+	 * free; b's old one is mapped by nobody but whoever kept it), and it stores and loads
+	 * byte-exact */
 	cr_assert(H_WAIT(atomic_load(&kvr_ctl_worker(env.ctl, bw)->state) == KVR_WORKER_FREE, 5000),
 		  "worker slot %u never went free", bw);
+	cr_assert_eq(kvr_ctl_worker(env.ctl, bw)->area_ack, kvr_ctl_worker(env.ctl, bw)->generation,
+		     "the lookup actor mapped the fresh area");
+	h_daemon_areas(&env.h, 1, &env.ctl_seg); /* our mapping still showed b's old area */
 	for (unsigned k = 0; k < N_WORKER_RINGS; k++) {
 		const struct kvr_ring_shm *h = (const struct kvr_ring_shm *)(const void *)t[k].mem;
 		cr_assert_eq(h->magic, KVR_RING_MAGIC, "%s", worker_ring_fmts[k]);

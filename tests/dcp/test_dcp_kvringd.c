@@ -1063,7 +1063,7 @@ Test(dcp_kvringd, stale_store_does_not_cross_actors, .fini = granks_close)
 	 * descriptors */
 	struct kvr_segment wseg;
 	struct kvr_ctl *wctl;
-	h_daemon_ctl(inst.pid, 1, &wseg);
+	h_daemon_ctl(&inst, 1, &wseg);
 	static struct kvr_ctl_rings wrings;
 	cr_assert_eq(kvr_ctl_attach(&wseg, &wctl, &wrings), 0);
 	char name[KVR_RING_NAME_MAX];
@@ -1135,7 +1135,7 @@ Test(dcp_kvringd, gather_killed_while_its_owner_leaves_leaks_no_slot, .fini = gr
 	struct kvr_segment ctl_seg = {.fd = -1}, slots_seg = {.fd = -1};
 	struct kvr_ctl *ctl;
 	struct kvr_slot_table *st;
-	h_daemon_ctl(inst.pid, 1, &ctl_seg);
+	h_daemon_ctl(&inst, 1, &ctl_seg);
 	cr_assert_eq(kvr_ctl_attach(&ctl_seg, &ctl, NULL), 0);
 	int fd = h_daemon_memfd(inst.pid, "kvring-slots", O_RDONLY);
 	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_SLOTS, 0, &slots_seg), 0);

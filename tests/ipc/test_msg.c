@@ -79,7 +79,7 @@ static void good(enum dec d, struct kvr_msg *m)
 		break;
 	}
 	case D_WORKER_GONE: {
-		struct kvr_msg_worker_gone p = {.worker = 1, .generation = 3};
+		struct kvr_msg_worker_gone p = {.worker = 1, .generation = 3, .area_fd = 17};
 		memcpy(body, &p, sizeof(p));
 		break;
 	}

@@ -235,27 +235,11 @@ static int inspect_fds(const char *sock, int *fds)
 
 int h_inspect_fd(const char *sock)
 {
-	int fd = kvr_proto_connect(sock);
-	if (fd < 0)
-		return fd;
-	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_INSPECT};
-	int rc = kvr_proto_send(fd, &req, offsetof(struct kvr_proto_req, payload), NULL, 0);
-	static struct kvr_proto_rep rep;
 	int fds[KVR_PROTO_MAX_FDS];
-	unsigned n_fds = 0;
-	if (!rc) {
-		ssize_t n = kvr_proto_recv(fd, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &n_fds);
-		rc = n < 0 ? (int)n : n == 0 ? -ECONNRESET : 0;
-	}
-	close(fd);
-	if (rc)
-		return rc;
-	if (rep.status || n_fds < 1) {
-		for (unsigned i = 0; i < n_fds; i++)
-			close(fds[i]);
-		return rep.status ? rep.status : -EPROTO;
-	}
-	for (unsigned i = 1; i < n_fds; i++) /* the slot table: not needed here */
+	int n = inspect_fds(sock, fds);
+	if (n < 0)
+		return n;
+	for (int i = 1; i < n; i++) /* the slot table and the client areas: not needed here */
 		close(fds[i]);
 	return fds[0];
 }
@@ -491,47 +475,46 @@ int h_daemon_memfd(pid_t pid, const char *name, int flags)
 	return fd;
 }
 
-void h_daemon_ctl(pid_t pid, int writable, struct kvr_segment *ret)
+/* fd again, read-write (a new open of the memfd through /proc: its mode allows the owner) */
+static int reopen_rw(int fd)
 {
-	int ctl_fd = h_daemon_memfd(pid, "kvring-ctl", writable ? O_RDWR : O_RDONLY), fds[KVR_CTL_MAX_CLIENTS];
-	unsigned n = 0;
-	uint64_t seen = 0;
-	char dir[64];
-	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
-	DIR *d = opendir(dir);
-	cr_assert(d, "open %s: %s", dir, strerror(errno));
-	struct dirent *de;
-	while ((de = readdir(d))) {
-		char p[384], link[256];
-		snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
-		ssize_t k = readlink(p, link, sizeof(link) - 1);
-		if (k <= 0)
-			continue;
-		link[k] = 0;
-		if (strncmp(link, "/memfd:kvring-client.", 21) != 0)
-			continue;
-		/* kvringd may hold an area twice for a moment (the read-only copy it opened for an
-		 * INSPECT reply it just sent): one fd per slot */
-		char *end;
-		unsigned long slot = strtoul(link + 21, &end, 10);
-		cr_assert(slot < KVR_CTL_MAX_CLIENTS && *end == ' ', "memfd %s", link);
-		if (seen & (1ull << slot))
-			continue;
-		int fd = open(p, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-		if (fd < 0 && errno == ENOENT) /* that copy, closed meanwhile */
-			continue;
-		cr_assert_geq(fd, 0, "open %s: %s", p, strerror(errno));
-		seen |= 1ull << slot;
-		fds[slot] = fd;
-		n++;
-	}
-	closedir(d);
-	cr_assert_eq(seen, (1ull << n) - 1, "kvringd's client areas are not slots 0..%u", n - 1);
-	int rc = kvr_ctl_map(ctl_fd, fds, n, writable, ret);
-	close(ctl_fd);
-	for (unsigned i = 0; i < n; i++)
+	char p[64];
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+	int rw = open(p, O_RDWR | O_CLOEXEC);
+	cr_assert_geq(rw, 0, "reopen %s read-write: %s", p, strerror(errno));
+	return rw;
+}
+
+void h_daemon_ctl(const struct h_inst *in, int writable, struct kvr_segment *ret)
+{
+	int fds[KVR_PROTO_MAX_FDS];
+	int n = inspect_fds(in->sock, fds);
+	cr_assert_geq(n, 2, "INSPECT on %s: %s", in->sock, n < 0 ? strerror(-n) : "too few fds");
+	for (int i = 0; writable && i < n; i++) {
+		int rw = reopen_rw(fds[i]);
 		close(fds[i]);
-	cr_assert_eq(rc, 0, "map kvringd's control segment and its %u client areas: %s", n, strerror(-rc));
+		fds[i] = rw;
+	}
+	int rc = kvr_ctl_map(fds[0], fds + 2, (unsigned)n - 2, writable, ret);
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
+	cr_assert_eq(rc, 0, "map kvringd's control segment and its %d client areas: %s", n - 2, strerror(-rc));
+}
+
+void h_daemon_areas(const struct h_inst *in, int writable, struct kvr_segment *seg)
+{
+	int fds[KVR_PROTO_MAX_FDS];
+	int n = inspect_fds(in->sock, fds);
+	cr_assert_geq(n, 2, "INSPECT on %s: %s", in->sock, n < 0 ? strerror(-n) : "too few fds");
+	for (int i = 2; i < n; i++) {
+		int fd = writable ? reopen_rw(fds[i]) : fds[i];
+		int rc = kvr_ctl_map_area(seg, (unsigned)i - 2, fd, writable);
+		cr_assert_eq(rc, 0, "map client area %d again: %s", i - 2, strerror(-rc));
+		if (fd != fds[i])
+			close(fd);
+	}
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
 }
 
 struct kvr_ctl *h_worker_map(const struct h_worker *w, struct kvr_segment *ret)

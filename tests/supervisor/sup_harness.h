@@ -126,9 +126,13 @@ struct kvr_ctl *h_worker_map(const struct h_worker *w, struct kvr_segment *ret);
 /* Open the daemon's own descriptor of memfd `name` ("kvring-ctl", "kvring-slots", ...)
  * through /proc/<pid>/fd with flags: the test owns the daemon, so it may look inside. */
 int h_daemon_memfd(pid_t pid, const char *name, int flags);
-/* Map kvringd's control segment and every client area over it (kvr_ctl_map), from its
- * /proc fds: read-write when `writable` (a test acting as an actor). Asserts on failure. */
-void h_daemon_ctl(pid_t pid, int writable, struct kvr_segment *ret);
+/* Map kvringd's control segment and every client area over it (kvr_ctl_map), from the
+ * descriptors INSPECT hands out: read-write when `writable` (a test acting as an actor; the
+ * descriptors are reopened read-write through /proc). Asserts on failure. */
+void h_daemon_ctl(const struct h_inst *in, int writable, struct kvr_segment *ret);
+/* Map kvringd's current client areas over seg again: a slot gets a fresh area between two of
+ * its workers (kvr_ctl_area_fresh), which a mapping made before does not see. */
+void h_daemon_areas(const struct h_inst *in, int writable, struct kvr_segment *seg);
 uint64_t h_stat(const struct h_inst *in, const char *actor, unsigned s);
 
 /* Is pid alive (and not a zombie)? */

@@ -160,7 +160,7 @@ Test(supervisor, attach_busy_detach_reattach)
 	const struct kvr_area_ent *a0 = kvr_ctl_area_ent(wc, 0);
 	cr_assert(kvr_ctl_ring_ent(wc, (unsigned)lk0)->offset > a0->offset &&
 		  kvr_ctl_ring_ent(wc, (unsigned)lk0)->offset < a0->offset + a0->bytes);
-	h_daemon_ctl(inst.pid, 0, &full);
+	h_daemon_ctl(&inst, 0, &full);
 	for (unsigned a = 1; a < wc->n_areas; a++) {
 		const struct kvr_area_ent *ae = kvr_ctl_area_ent(wc, a);
 		const uint8_t *mine = (const uint8_t *)wc + ae->offset, *real = (const uint8_t *)full.base + ae->offset;
@@ -210,6 +210,13 @@ Test(supervisor, attach_busy_detach_reattach)
 	cr_assert_eq(w2.n_fds, 0);
 	h_worker_close(&w2);
 
+	/* a mapping of its area that outlives the worker's attach (a worker that detaches and
+	 * runs on keeps one) */
+	struct stat ast1;
+	cr_assert_eq(fstat(w1.fds[1], &ast1), 0);
+	uint8_t *old_area = mmap(NULL, (size_t)ast1.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, w1.fds[1], 0);
+	cr_assert_neq(old_area, MAP_FAILED);
+
 	/* the worker goes away: its loader and storer stop cleanly, the slot is freed */
 	h_worker_close(&w1);
 	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_FREE, 4000), "slot not freed");
@@ -232,6 +239,29 @@ Test(supervisor, attach_busy_detach_reattach)
 	ld = wait_ready("loader.0", 3000);
 	cr_assert_neq(atomic_load(&ld->pid), ld_pid);
 	cr_assert_eq(atomic_load(&ld->generation), 2);
+
+	/* ... with a fresh area: what the old one's mapping writes reaches nobody. The new
+	 * worker's lookup ring, as kvringd and the lookup actor map it, keeps its header, and
+	 * the lookup actor reads what the new worker writes there (a bad message, counted). */
+	struct stat ast2;
+	cr_assert_eq(fstat(w2.fds[1], &ast2), 0);
+	cr_assert_neq(ast2.st_ino, ast1.st_ino, "the slot's next worker got the same area");
+	memset(old_area, 0xff, (size_t)ast1.st_size);
+	munmap(old_area, (size_t)ast1.st_size);
+	h_daemon_areas(&inst, 0, &inst.ro);
+	const struct kvr_ring_shm *lrq = h_ring(inst.ctl, "lookup.req.0")->shm;
+	cr_assert_eq(lrq->magic, KVR_RING_MAGIC, "the old area's writes reached the new worker's ring");
+	cr_assert_eq(atomic_load(&lrq->head), atomic_load(&lrq->tail));
+	struct kvr_segment seg2;
+	struct kvr_ctl *c2 = h_worker_map(&w2, &seg2);
+	struct kvr_ring *req2 = h_ring(c2, "lookup.req.0");
+	kvr_ring_claim_producer(req2, getpid());
+	struct kvr_msg bad;
+	kvr_msg_build(&bad, 60, 0, 1, 0, NULL, 0); /* unknown type */
+	cr_assert_eq(kvr_ring_try_enqueue(req2, &bad), 0); /* wakes the consumer */
+	cr_assert(H_WAIT(h_stat(&inst, "lookup", KVR_STAT_MALFORMED) == 1, 3000),
+		  "the lookup actor does not read the new worker's fresh ring");
+	kvr_segment_close(&seg2);
 	h_worker_close(&w2);
 }
 
