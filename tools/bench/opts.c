@@ -38,7 +38,7 @@ void bench_usage(FILE *f)
 		"  --seed N             workload seed (default 1)\n"
 		"  --phases LIST        cold,warm (default), cold or warm\n"
 		"  --allow-misses       warm misses after a cold phase are not errors (L1 smaller than\n"
-		"                       the workload)\n"
+		"                       the workload), nor blocks evicted between lookup and load\n"
 		"  --timeout-ms MS      per-call ceiling and completion wait (default 30000)\n"
 		"  --json FILE          write the results as JSON (\"-\": stdout)\n"
 		"  --plot FILE.png      draw latency CDFs and throughput against memcpy with gnuplot\n"

@@ -502,6 +502,18 @@ Test(bench, summary_and_json_two_ranks)
 	cr_assert(s.ok);
 	bench_summarise(&o, &pl, res, smp, 1, &s);
 	cr_assert(!s.ok, "an extra error (kvringd's exit) fails the run");
+	/* a block evicted between lookup and load (the loader listed it failed): an error unless
+	 * misses are allowed */
+	res[1].ld_failed_blocks = 1;
+	bench_summarise(&o, &pl, res, smp, 0, &s);
+	cr_assert(s.ok, "an evicted block is a miss with --allow-misses");
+	cr_assert_eq(s.ld_failed_blocks, 1);
+	o.allow_misses = false;
+	bench_summarise(&o, &pl, res, smp, 0, &s);
+	cr_assert(!s.ok);
+	cr_assert_eq(s.errors, 2 + 1, "two misses and the failed block");
+	o.allow_misses = true;
+	res[1].ld_failed_blocks = 0;
 
 	/* a warm-only run: no cold key, misses are not errors */
 	o.allow_misses = false;
