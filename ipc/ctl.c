@@ -347,7 +347,7 @@ int kvr_ctl_attach_client(const struct kvr_segment *seg, unsigned slot, struct k
 	return attach(seg, slot < KVR_CTL_MAX_CLIENTS ? (int)slot : KVR_CTL_MAX_CLIENTS, ret_ctl, ret_rings);
 }
 
-int kvr_ctl_split_areas(struct kvr_segment *seg, int *ret_fds)
+int kvr_ctl_split_areas(struct kvr_segment *seg, uint32_t spin_ns, int *ret_fds)
 {
 	if (!seg || !seg->base || !seg->writable || !ret_fds)
 		return -EINVAL;
@@ -358,22 +358,12 @@ int kvr_ctl_split_areas(struct kvr_segment *seg, int *ret_fds)
 	unsigned done = 0;
 	int rc = 0;
 	for (; done < c->n_areas; done++) {
+		/* the area as kvr_ctl_init() lays it out, in its own memfd, over its place */
 		const struct kvr_area_ent *e = kvr_ctl_area_ent(c, done);
-		uint8_t *at = (uint8_t *)seg->base + e->offset;
-		char name[32];
-		snprintf(name, sizeof(name), "kvring-client.%u", done);
-		struct kvr_segment a;
-		if ((rc = kvr_segment_create(name, KVR_SEG_CLIENT, e->bytes, c->seg.generation, 0, &a)))
+		int fd;
+		if ((rc = kvr_ctl_area_fresh(c, done, spin_ns, &fd)))
 			break;
-		if (a.size != e->bytes) {
-			kvr_segment_close(&a);
-			rc = -EINVAL;
-			break;
-		}
-		memcpy(a.base, at, e->bytes); /* the area as kvr_ctl_init() wrote it */
-		int fd = a.fd;
-		(void)munmap(a.base, a.size);
-		if ((rc = kvr_segment_map_over(fd, 1, at, e->bytes))) {
+		if ((rc = kvr_segment_map_over(fd, 1, (uint8_t *)seg->base + e->offset, e->bytes))) {
 			(void)close(fd);
 			break;
 		}

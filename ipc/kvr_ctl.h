@@ -537,12 +537,12 @@ int kvr_ctl_attach(const struct kvr_segment *seg, struct kvr_ctl **ret_ctl, stru
 int kvr_ctl_attach_client(const struct kvr_segment *seg, unsigned slot, struct kvr_ctl **ret_ctl,
 			  struct kvr_ctl_rings *ret_rings);
 
-/* kvringd, once, after kvr_ctl_init() and before anyone maps the segment: move every client
- * area into a memfd of its own ("kvring-client.N", sealed against resizing), mapped
- * read-write over its place in seg; the segment's own pages there are released.
+/* kvringd, once, after kvr_ctl_init() and before anyone maps the segment: give every client
+ * area a memfd of its own (kvr_ctl_area_fresh(), rings with spin_ns), mapped read-write over
+ * its place in seg; the segment's own pages there are released.
  * ret_fds[n_areas] gets the memfds in slot order (the caller keeps them: they are handed
  * to the actors, the client of the slot and inspect). 0 or -errno (nothing left open). */
-int kvr_ctl_split_areas(struct kvr_segment *seg, int *ret_fds);
+int kvr_ctl_split_areas(struct kvr_segment *seg, uint32_t spin_ns, int *ret_fds);
 
 /* Map client slot `slot`'s area, fd (kvr_ctl_split_areas()'s, or a read-only reopening of
  * it), over its place in the mapping seg of its control segment, read-write when

@@ -389,7 +389,7 @@ int sup_segments_create(struct sup *s)
 		kvr_ctl_ring_shm(s->ctl_seg.base, (unsigned)i)->spin_ns = s->cfg.rings.spin_ns;
 	/* every client slot's rings and waiter into a memfd of its own: a client is handed the
 	 * control segment read-only and only its area writable (kvr_ctl.h) */
-	rc = kvr_ctl_split_areas(&s->ctl_seg, s->area_fd);
+	rc = kvr_ctl_split_areas(&s->ctl_seg, s->cfg.rings.spin_ns, s->area_fd);
 	if (rc) {
 		kvr_err("cannot give the client areas their own memory: %s", strerror(-rc));
 		goto fail;

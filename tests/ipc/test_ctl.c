@@ -152,7 +152,7 @@ Test(ctl, layout)
 Test(ctl, split_areas_and_a_client_mapping)
 {
 	int afd[KVR_CTL_MAX_CLIENTS];
-	cr_assert_eq(kvr_ctl_split_areas(&seg, afd), 0);
+	cr_assert_eq(kvr_ctl_split_areas(&seg, kvr_ctl_ring_shm(ctl, 0)->spin_ns, afd), 0);
 	/* the server side: the segment and every area */
 	struct kvr_segment srv = {.fd = -1};
 	cr_assert_eq(kvr_ctl_map(seg.fd, afd, ctl->n_areas - 1, 1, &srv), -EBADMSG, "an area missing");
