@@ -11,6 +11,7 @@
 #include <string.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "kvr_config.h"
@@ -40,6 +41,7 @@
 #define MEMO_MAX 1024          /* lookups remembered for a following load */
 #define WAIT_SLICE_NS 20000000 /* re-check actor liveness this often while waiting */
 #define SUP_CHECK_NS 10000000  /* look at the attach socket at most this often (kvringd alive?) */
+#define DEAD_FENCE_NS 5000000000ull /* kvringd died: wait this long at most for its actors to exit */
 
 struct memo {
 	uint64_t req_id;
@@ -63,6 +65,7 @@ struct pending {
 	uint32_t *failed;
 	uint32_t failed_total, failed_got;
 	uint32_t ev_plus1; /* CUDA store: its event-table entry + 1; 0 = none */
+	uint32_t cancel_plus1; /* cancelled: its entry in our area's cancel table + 1; 0 = none */
 	bool lease;        /* a load of a lease (req_id is the lease id): report LEASE_DONE */
 };
 
@@ -105,10 +108,13 @@ struct kvr_client {
 	struct kvr_cuda_event *cuda_ev;
 	uint64_t *cuda_ev_owner;
 
+	uint64_t cancel_owner[KVR_AREA_CANCEL_MAX]; /* wire id each cancel-table entry holds, 0 = free */
+
 	char err[256];
 };
 
 static int fail(struct kvr_client *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void client_free(struct kvr_client *c);
 static int fail(struct kvr_client *c, int rc, const char *fmt, ...)
 {
 	if (c) {
@@ -167,6 +173,47 @@ static bool actor_alive(const struct kvr_client *c, unsigned actor, uint32_t gen
 	return atomic_load(&e->generation) == gen && atomic_load(&e->state) == KVR_ACTOR_READY;
 }
 
+/* Whether the incarnation `gen` of an actor may still run, and so still copy for a request
+ * sent to it: a stopping actor finishes what it is copying before it exits. Only once it
+ * is gone (its slot restarted, backing off, given up, or stopped with no process) are its
+ * requests failed — the fence of an actor's death (docs/api.md). */
+static bool actor_may_run(const struct kvr_client *c, unsigned actor, uint32_t gen)
+{
+	const struct kvr_actor_ent *e = kvr_ctl_actor(c->ctl, actor);
+	if (atomic_load(&e->generation) != gen)
+		return false;
+	uint32_t st = atomic_load(&e->state);
+	return st == KVR_ACTOR_READY || (st == KVR_ACTOR_STOPPING && atomic_load(&e->pid) > 0);
+}
+
+/* Wait until the processes of our loader and storer (a DCP rank's: its group's gather
+ * actor) have exited, up to deadline: kvringd died and they die with it (parent-death
+ * signal), but a copy may be under way until they have. 0, or -ETIMEDOUT. */
+static int await_actors_exit(struct kvr_client *c, uint64_t deadline)
+{
+	unsigned actors[2] = {c->info.loader_actor, c->info.storer_actor};
+	int rc = 0;
+	for (unsigned k = 0; k < 2 && !c->sched; k++) {
+		pid_t pid = atomic_load(&kvr_ctl_actor(c->ctl, actors[k])->pid);
+		int fd = pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
+		if (fd < 0)
+			continue; /* not running, or already gone (ESRCH) */
+		for (;;) {
+			uint64_t now = kvr_now_ns();
+			struct pollfd p = {.fd = fd, .events = POLLIN};
+			int n = poll(&p, 1, now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000));
+			if (n == 1)
+				break;
+			if (n < 0 && errno == EINTR)
+				continue;
+			rc = -ETIMEDOUT;
+			break;
+		}
+		close(fd);
+	}
+	return rc;
+}
+
 /*
  * Is kvringd gone? The attach connection stays open for as long as we are attached and
  * kvringd never writes on it unasked, so a hang-up on it means kvringd exited — however
@@ -184,8 +231,14 @@ static bool sup_gone(struct kvr_client *c)
 		return false;
 	c->sup_checked_ns = now;
 	struct pollfd p = {.fd = c->sock, .events = POLLRDHUP};
-	if (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)))
+	if (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL))) {
 		c->sup_gone = true;
+		/* the fence: nothing is reported failed (and so the engine's again) while an actor
+		 * of ours may still be copying */
+		if (c->ctl && c->n_pend && await_actors_exit(c, now + DEAD_FENCE_NS))
+			snprintf(c->err, sizeof(c->err), "kvringd is gone and our loader or storer did not exit "
+				 "within %llu ms: failing our requests anyway", DEAD_FENCE_NS / 1000000);
+	}
 	return c->sup_gone;
 }
 
@@ -494,7 +547,7 @@ KVR_EXPORT int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client 
 
 err:
 	snprintf(attach_err, sizeof(attach_err), "%s", c->err);
-	kvr_detach(c);
+	client_free(c); /* nothing was submitted: nothing to fence */
 	return rc;
 }
 
@@ -505,16 +558,73 @@ static void ev_release(struct kvr_client *c, const struct pending *p)
 		c->cuda_ev_owner[p->ev_plus1 - 1] = 0;
 }
 
+/* A cancelled request completed: its cancel-table entry is free again. */
+static void cancel_release(struct kvr_client *c, const struct pending *p)
+{
+	if (!p->cancel_plus1)
+		return;
+	unsigned e = p->cancel_plus1 - 1;
+	if (c->cancel_owner[e] == p->wire_id) {
+		atomic_store_explicit(&kvr_ctl_area(c->ctl, c->worker)->cancel[e], 0, memory_order_release);
+		c->cancel_owner[e] = 0;
+	}
+}
+
 static void pending_free(struct pending *p)
 {
 	free(p->blocks);
 	free(p->failed);
 }
 
-KVR_EXPORT void kvr_detach(struct kvr_client *c)
+/*
+ * The detach fence: ask kvringd to detach us and wait for its answer, which it gives once
+ * our loader, storer and gather actor have exited (supervisor/server.c answer_fence). With
+ * kvringd gone, wait for those processes ourselves. 0, or -errno with c->err set.
+ */
+static int detach_fenced(struct kvr_client *c)
 {
-	if (!c)
-		return;
+	uint64_t deadline = kvr_now_ns() + (uint64_t)c->timeout_ns;
+	if (sup_gone(c))
+		return await_actors_exit(c, deadline) ?
+			       fail(c, -ETIMEDOUT, "detach: kvringd is gone and our loader or storer did not exit "
+				    "within %lld ms", (long long)(c->timeout_ns / 1000000)) : 0;
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_DETACH};
+	int rc = kvr_proto_send(c->sock, &req, offsetof(struct kvr_proto_req, payload), NULL, 0);
+	if (rc)
+		return fail(c, rc, "detach: request not sent: %s", strerror(-rc));
+	for (;;) {
+		uint64_t now = kvr_now_ns();
+		struct pollfd p = {.fd = c->sock, .events = POLLIN};
+		int n = now >= deadline ? 0 : poll(&p, 1, (int)((deadline - now + 999999) / 1000000));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return fail(c, -ETIMEDOUT, "detach: kvringd did not confirm within %lld ms that our loader and "
+				    "storer stopped (kvringd's log says which still runs); our KV memory may still be "
+				    "read or written", (long long)(c->timeout_ns / 1000000));
+		struct kvr_proto_rep rep;
+		ssize_t got = kvr_proto_recv(c->sock, &rep, sizeof(rep), NULL, 0, NULL);
+		if (got <= 0) {
+			/* kvringd died meanwhile: its actors die with it */
+			c->sup_gone = true;
+			return await_actors_exit(c, deadline) ?
+				       fail(c, -ETIMEDOUT, "detach: kvringd died and our loader or storer did not exit "
+					    "within %lld ms", (long long)(c->timeout_ns / 1000000)) : 0;
+		}
+		if ((size_t)got < offsetof(struct kvr_proto_rep, payload) || rep.magic != KVR_PROTO_MAGIC)
+			return fail(c, -EPROTO, "detach: malformed answer");
+		if (rep.status < 0) {
+			rep.reason[sizeof(rep.reason) - 1] = 0;
+			return fail(c, rep.status, "detach refused: %s", rep.reason);
+		}
+		return 0;
+	}
+}
+
+/* Close and free a client: its socket (kvringd sees the close: releases our leases, stops
+ * our actors), its mappings, its memory. No fence: what kvr_detach adds. */
+static void client_free(struct kvr_client *c)
+{
 	if (c->sock >= 0)
 		close(c->sock); /* kvringd sees the close: releases our leases, stops our actors */
 	kvr_segment_close(&c->ctl_seg);
@@ -535,6 +645,20 @@ KVR_EXPORT void kvr_detach(struct kvr_client *c)
 		munmap(c->cuda_map, c->cuda_map_len);
 	free(c->cuda_ev_owner);
 	free(c);
+}
+
+KVR_EXPORT int kvr_detach(struct kvr_client *c)
+{
+	if (!c)
+		return 0;
+	int rc = 0;
+	if (c->sock >= 0 && c->ctl && !c->sched) {
+		rc = detach_fenced(c);
+		if (rc)
+			snprintf(attach_err, sizeof(attach_err), "%s", c->err); /* c is gone: kvr_last_error(NULL) */
+	}
+	client_free(c);
+	return rc;
 }
 
 /* ---- completions ------------------------------------------------------------------------ */
@@ -576,6 +700,7 @@ static void finish_pending(struct kvr_client *c, unsigned i)
 	if (push_done(c, &p->done, p->failed) == 0)
 		p->failed = NULL;
 	ev_release(c, p);
+	cancel_release(c, p);
 	free(p->blocks);
 	free(p->failed);
 	remove_pending(c, i);
@@ -601,7 +726,7 @@ static void reap_dead(struct kvr_client *c)
 	bool gone = sup_gone(c);
 	for (unsigned i = 0; i < c->n_pend;) {
 		struct pending *p = &c->pend[i];
-		if (!gone && actor_alive(c, p->actor, p->gen))
+		if (!gone && actor_may_run(c, p->actor, p->gen))
 			i++;
 		else
 			fail_pending(c, i, -EPIPE);
@@ -1037,7 +1162,7 @@ KVR_EXPORT int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kv
 	return 0;
 err:
 	snprintf(attach_err, sizeof(attach_err), "%s", c->err);
-	kvr_detach(c);
+	client_free(c); /* nothing was submitted: nothing to fence */
 	return rc;
 }
 
@@ -1229,6 +1354,36 @@ static void abort_submit(struct kvr_client *c, uint64_t wire)
 		pending_free(&c->pend[i]);
 		remove_pending(c, (unsigned)i);
 	}
+}
+
+KVR_EXPORT int kvr_cancel(struct kvr_client *c, uint64_t req_id)
+{
+	if (!c)
+		return -EINVAL;
+	if (c->sched || !c->ctl)
+		return fail(c, -EINVAL, "cancel: a scheduler client has no loads or stores");
+	drain_replies(c); /* what already completed is not cancelled: its completion says so */
+	struct kvr_client_area *ar = kvr_ctl_area(c->ctl, c->worker);
+	int n = 0;
+	for (unsigned i = 0; i < c->n_pend; i++) {
+		struct pending *p = &c->pend[i];
+		if (p->req_id != req_id)
+			continue;
+		n++;
+		if (p->cancel_plus1)
+			continue; /* cancelled before */
+		unsigned e = 0;
+		while (e < KVR_AREA_CANCEL_MAX && c->cancel_owner[e])
+			e++;
+		if (e == KVR_AREA_CANCEL_MAX)
+			return fail(c, -EBUSY, "cancel: %u cancels outstanding (wait for their completions)",
+				    KVR_AREA_CANCEL_MAX);
+		c->cancel_owner[e] = p->wire_id;
+		p->cancel_plus1 = e + 1;
+		/* the actor reads it before its next copy chunk or commit (stage_fence) */
+		atomic_store_explicit(&ar->cancel[e], p->wire_id, memory_order_release);
+	}
+	return n;
 }
 
 KVR_EXPORT int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks)

@@ -24,8 +24,8 @@
  *   rings ...                            the rings no client uses, 64-byte aligned
  *   client areas [n_areas]               one per client slot (worker w: area w; scheduler i:
  *                                        area max_workers + i), KVR_CTL_AREA_ALIGN aligned:
- *     struct kvr_client_area             its header (a segment header of kind KVR_SEG_CLIENT)
- *                                        and the waiter the client sleeps on
+ *     struct kvr_client_area             its header (a segment header of kind KVR_SEG_CLIENT),
+ *                                        the waiter the client sleeps on, its cancel table
  *     rings ...                          every ring that client produces or consumes
  *
  * All references are offsets from the segment base. Writers: kvringd writes the instance
@@ -51,6 +51,7 @@
 #define KVR_CTL_RING_MSG_SIZE 64 /* every control-segment ring carries struct kvr_msg */
 #define KVR_CTL_MAX_CLIENTS (KVR_CTL_MAX_WORKERS + KVR_CTL_MAX_SCHEDULERS) /* client slots, one area each */
 #define KVR_CTL_AREA_ALIGN 65536u /* a client area's offset and size: a multiple of every Linux page size */
+#define KVR_AREA_CANCEL_MAX 64   /* cancels a client can have outstanding (kvr_cancel: -EBUSY beyond) */
 
 enum kvr_inst_state {
 	KVR_INST_STARTING = 1,
@@ -178,8 +179,17 @@ struct kvr_client_area {
 	/* every ring the client consumes points its consumer waiter here */
 	_Alignas(8) struct kvr_waiter waiter;
 	uint8_t reserved[48];
+	/*
+	 * Requests the client cancelled (kvr_cancel): the wire ids of its loads and stores it
+	 * wants stopped, 0 = a free entry. The client writes an entry and clears it when the
+	 * request's completion arrived; its loader, storer or gather actor reads them before
+	 * every copy chunk and before a commit (stage_fence). Untrusted like all of the area:
+	 * a scribbled entry can only cancel that client's own requests.
+	 */
+	_Atomic uint64_t cancel[KVR_AREA_CANCEL_MAX];
 };
-_Static_assert(sizeof(struct kvr_client_area) == 128, "client area header");
+_Static_assert(sizeof(struct kvr_client_area) == 128 + 8 * KVR_AREA_CANCEL_MAX, "client area header");
+_Static_assert(offsetof(struct kvr_client_area, cancel) == 128, "cancel table after the first 128 bytes");
 
 struct kvr_area_ent {
 	uint64_t offset; /* from the segment base; KVR_CTL_AREA_ALIGN aligned */
@@ -275,6 +285,7 @@ enum kvr_stat_xfer { /* loader and storer */
 	KVR_STAT_XF_STORES_INFLIGHT = KVR_STAT_XF_NEXT, /* storer gauge: stores in its pipeline's window
 				       * (accepted, not answered; at most its depth, docs: stage_common.h) */
 	KVR_STAT_XF_STORES_INFLIGHT_MAX, /* storer: the most stores in that window at once (high-water mark) */
+	KVR_STAT_XF_FENCED,           /* requests a fence stopped (cancelled, worker detached or died; stage_fence) */
 	KVR_STAT_XF_END,              /* the next free after the storer's counters */
 };
 

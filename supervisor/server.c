@@ -252,7 +252,7 @@ static void accept_all(struct sup *s, unsigned *evicted)
 			(void)close(fd);
 			continue;
 		}
-		*c = (struct sup_conn){.fd = fd, .watch = {W_CONN, c}, .pid = cr.pid, .uid = cr.uid, .worker = -1, .sched = -1,
+		*c = (struct sup_conn){.fd = fd, .watch = {W_CONN, c}, .pid = cr.pid, .uid = cr.uid, .worker = -1, .sched = -1, .fence_slot = -1,
 				       .refused = refused, .deadline = kvr_now_ns() + attach_timeout_ns(s),
 				       .next = s->conns};
 		if (sup_epoll_add(s, fd, &c->watch, EPOLLIN | EPOLLRDHUP) < 0) {
@@ -840,10 +840,29 @@ static bool take_fresh_area(struct sup *s, unsigned w, const struct kvr_worker_e
 	return true;
 }
 
+/* Worker slot w's loader, storer and gather actor have exited: a DETACH waiting for that
+ * (its fence) is answered. */
+static void answer_fence(struct sup *s, unsigned w)
+{
+	for (struct sup_conn *c = s->conns; c; c = c->next) {
+		if (c->fence_slot != (int)w || c->fd < 0)
+			continue;
+		struct kvr_proto_rep rep;
+		rep_init(s, &rep, 0, NULL);
+		if (send_rep(c->fd, &rep, NULL, 0))
+			kvr_warn("worker slot %u: detach answer not sent (pid %d)", w, (int)c->pid);
+		kvr_debug("worker slot %u: detach fenced in %llu us", w,
+			  (unsigned long long)((kvr_now_ns() - c->fence_ns) / 1000));
+		c->fence_slot = -1;
+		c->deadline = kvr_now_ns() + attach_timeout_ns(s); /* it may attach again */
+	}
+}
+
 /*
  * A DETACHING worker slot goes FREE in three steps, each waiting for the one before:
  *   1. its loader, its storer and its DCP group's gather actor have exited: nothing can
- *      copy into or out of a slot for it any more;
+ *      copy into or out of a slot for it any more, nor out of or into its memory — the
+ *      worker's DETACH is answered now (its fence);
  *   2. WORKER_GONE goes to the lookup actor, which drops the worker's pins and aborts its
  *      WRITING slots — only now, so no copy still running lands in a slot given to another
  *      store (a full ctl ring is retried on the next pass);
@@ -861,6 +880,7 @@ void sup_workers_update(struct sup *s)
 		const struct sup_actor *l = &s->actors[SUP_ACTOR_LOADER(w)], *st = &s->actors[SUP_ACTOR_STORER(w)];
 		if (l->pid > 0 || st->pid > 0 || !sup_group_release(s, w))
 			continue;
+		answer_fence(s, w);
 		/* The lookup actor restarted since WORKER_GONE went out: it may have died with the
 		 * message (taken off its ring, not acknowledged), or have acknowledged it and mapped
 		 * the fresh area just before it died, its successor mapping the old one it was
@@ -975,8 +995,8 @@ void sup_conns_expire(struct sup *s, uint64_t now)
 	unsigned n = 0;
 	for (struct sup_conn *c = s->conns, *next; c; c = next) {
 		next = c->next;
-		if (conn_attached(c) || c->deadline > now)
-			continue;
+		if (conn_attached(c) || c->fence_slot >= 0 || c->deadline > now)
+			continue; /* waiting for its detach's fence: answered, then it may attach again */
 		kvr_debug("connection from pid %d closed: not attached within %u ms", (int)c->pid,
 			  s->cfg.supervisor.attach_timeout_ms);
 		conn_close(s, c);
@@ -1044,11 +1064,16 @@ void sup_conn_input(struct sup *s, struct sup_conn *c, uint32_t events)
 	case KVR_OP_DETACH:
 		if (!conn_attached(c)) {
 			rep_init(s, &rep, -ENOTCONN, "not attached");
+		} else if (c->worker >= 0) {
+			/* the fence: answered by sup_workers_update once the worker's loader, storer and
+			 * gather actor have exited — nothing of it can copy any more (docs/api.md) */
+			c->fence_slot = c->worker;
+			c->fence_ns = kvr_now_ns();
+			worker_detach(s, c);
+			c->deadline = kvr_now_ns() + attach_timeout_ns(s); /* it may attach again */
+			break;
 		} else {
-			if (c->worker >= 0)
-				worker_detach(s, c);
-			else
-				sched_detach(s, c);
+			sched_detach(s, c);
 			c->deadline = kvr_now_ns() + attach_timeout_ns(s); /* it may attach again */
 			rep_init(s, &rep, 0, NULL);
 		}

@@ -92,6 +92,8 @@ struct sup_conn {
 	uid_t uid;
 	int worker;              /* attached worker slot, -1 if none */
 	int sched;               /* attached scheduler slot, -1 if none */
+	int fence_slot;          /* DETACH of this worker slot: answered once nothing of it can copy, -1 none */
+	uint64_t fence_ns;       /* when that DETACH came (logged with the answer) */
 	bool refused;            /* not the owner: answered -EACCES, closed on its next input */
 	uint64_t deadline;       /* not attached by then (CLOCK_MONOTONIC ns): closed */
 	struct sup_conn *next;

@@ -2,9 +2,12 @@
 #include "stage_common.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "kvr_dcp.h"
 #include "kvr_list.h"
@@ -39,14 +42,58 @@ static int size_pool(struct stage_worker *sw, unsigned pool_percent)
 	return sw->runs ? 0 : -ENOMEM;
 }
 
+/* The fence's view of the worker: its slot's generation and state now, and a pidfd of its
+ * process. Opened after the worker attached (kvringd spawns us then), so the pid is that
+ * worker's; one that already exited makes every fence fire. */
+static void fence_open(struct stage_worker *sw)
+{
+	const struct kvr_worker_ent *we = kvr_ctl_worker(sw->a->ctl, sw->worker);
+	sw->fence_gen = we->generation;
+	sw->fence_attached = atomic_load(&we->state) == KVR_WORKER_ATTACHED;
+	pid_t pid = atomic_load(&we->pid);
+	if (!sw->fence_attached || pid <= 0)
+		return;
+	int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (fd >= 0)
+		sw->pidfd = fd;
+	else if (errno == ESRCH)
+		sw->worker_dead = true;
+	else
+		kvr_warn("worker %u: pidfd_open(%d): %s; its death is seen only when kvringd marks it detached",
+			 sw->worker, (int)pid, strerror(errno));
+}
+
+int stage_fence(struct stage_worker *sw, uint64_t wire)
+{
+	const struct kvr_worker_ent *we = kvr_ctl_worker(sw->a->ctl, sw->worker);
+	if (we->generation != sw->fence_gen ||
+	    (sw->fence_attached && atomic_load_explicit(&we->state, memory_order_acquire) != KVR_WORKER_ATTACHED))
+		return -ESHUTDOWN;
+	if (!sw->worker_dead && sw->pidfd >= 0) {
+		struct pollfd p = {.fd = sw->pidfd, .events = POLLIN};
+		sw->worker_dead = poll(&p, 1, 0) == 1;
+	}
+	if (sw->worker_dead)
+		return -EOWNERDEAD;
+	if (wire) {
+		struct kvr_client_area *ar = kvr_ctl_area(sw->a->ctl, sw->worker);
+		for (unsigned i = 0; i < KVR_AREA_CANCEL_MAX; i++)
+			if (atomic_load_explicit(&ar->cancel[i], memory_order_acquire) == wire)
+				return -ECANCELED;
+	}
+	return 0;
+}
+
 int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned worker, int kv_fd, uint64_t kv_bytes,
 		      const char *req_fmt, const char *rep_fmt, unsigned pool_percent)
 {
 	memset(sw, 0, sizeof(*sw));
 	sw->a = a;
 	sw->worker = worker;
+	sw->pidfd = -1;
 	if (sw->worker >= a->ctl->max_workers || !a->slots || kv_fd < 0)
 		return -EINVAL;
+	fence_open(sw);
 	memcpy(&sw->geom, kvr_ctl_worker_geometry(a->ctl, sw->worker), sizeof(sw->geom));
 	char err[KVR_GEOM_ERR_MAX];
 	if (kvr_geometry_validate(&sw->geom, kvr_geometry_kv_extent(&sw->geom), err, sizeof(err)) ||
@@ -144,6 +191,9 @@ void stage_worker_close(struct stage_worker *sw)
 		return;
 	kvr_xfer_close(sw->xfer);
 	kvr_cuda_events_unmap(&sw->events);
+	if (sw->pidfd >= 0)
+		(void)close(sw->pidfd);
+	sw->pidfd = -1;
 	free(sw->regions);
 	sw->xfer = NULL;
 	sw->regions = NULL;
@@ -226,7 +276,7 @@ static void add_stats(struct kvr_xfer_stats *st, const struct kvr_xfer_stats *s)
 
 int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir, const uint32_t *const *blocks,
 		      const uint64_t *slot_offs, uint32_t n, const struct kvr_xfer_dep *const *ready,
-		      struct kvr_xfer_stats *st)
+		      const uint64_t *wire, struct kvr_xfer_stats *st)
 {
 	/* Up to pool_leases chunks in flight; each waits for its copies before the lease is
 	 * reused. A chunk is submitted for every rank before any of it is waited for, so the
@@ -246,6 +296,9 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 	int rc = 0;
 	for (;;) {
 		/* after an error nothing more is issued; what is in flight is still reaped */
+		/* the fence, before every chunk: a cancel, detach or death stops the copy here */
+		for (unsigned r = 0; wire && !rc && done < n && inflight < depth && r < n_ranks; r++)
+			rc = stage_fence(sw[r], wire[r]);
 		if (!rc && done < n && inflight < depth) {
 			uint32_t k = n - done < chunk ? n - done : chunk, at = (head + inflight) % depth;
 			unsigned submitted = 0;

@@ -39,6 +39,11 @@ struct stage_worker {
 	struct kvr_ring *req, *rep;
 	bool cuda;                    /* the worker's KV memory is GPU memory (CUDA IPC) */
 	struct kvr_cuda_events events;/* CUDA: the producer events of its stores */
+	/* the fence (stage_fence): the worker as it was when this stage opened */
+	uint32_t fence_gen;           /* its slot's attach generation */
+	bool fence_attached;          /* its slot was ATTACHED (a stepped test's may be FREE) */
+	int pidfd;                    /* the worker process (pidfd_open), -1: not watched */
+	bool worker_dead;             /* its pidfd said it exited (sticky) */
 };
 
 /* Set up for worker slot `worker` whose KV memory is kv_fd (kv_bytes): read its geometry
@@ -49,17 +54,36 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned wor
 		      const char *req_fmt, const char *rep_fmt, unsigned pool_percent);
 void stage_worker_close(struct stage_worker *sw);
 
+/*
+ * The fence (docs/api.md, "Fences"): may a copy for request `wire` of sw's worker go on,
+ * or a store of it be committed? Checked before every copy chunk and before a COMMIT. A
+ * copy stops, and a store is not committed, once
+ *
+ *   -ECANCELED   its client cancelled it (kvr_cancel: the wire id is in the cancel table of
+ *                the worker's area; wire 0 checks only the two below);
+ *   -ESHUTDOWN   the worker detached (its slot left ATTACHED, or was attached again);
+ *   -EOWNERDEAD  the worker process exited (its pidfd is readable): memory it shared with
+ *                another process may already hold other data.
+ *
+ * 0: go on. One poll() of the pidfd and a scan of the cancel table: about a microsecond,
+ * against a chunk's copy of megabytes.
+ */
+int stage_fence(struct stage_worker *sw, uint64_t wire);
+
 /* Copy n blocks between the workers' blocks and the slots at slot_offs for n_ranks ranks
  * at once (a storer or loader: 1; a DCP group's store: every rank, blocks[r] being rank
  * r's engine block ids of the same slots), one staging lease (chunk_blocks blocks) at a
  * time, every rank's copies of a chunk submitted before any is waited for, each lease
  * waited for before it is reused. Rank r's copies wait for ready[r] first (ready NULL or
  * ready[r] NULL: nothing to wait for; CUDA stores: the producer's event, of which each
- * submission takes its own reference). Adds rank r's stats into st[r]. 0 or -errno
- * (nothing more is copied after one). */
+ * submission takes its own reference). Adds rank r's stats into st[r]. Before each chunk
+ * every rank's fence is checked for request wire[r] (stage_fence; wire NULL: not checked):
+ * a fenced copy issues nothing more, waits for what it issued and returns the fence's
+ * error — when it returns, nothing of the request can still touch the worker's memory
+ * (on CUDA its copies' events completed). 0 or -errno (nothing more is copied after one). */
 int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir, const uint32_t *const *blocks,
 		      const uint64_t *slot_offs, uint32_t n, const struct kvr_xfer_dep *const *ready,
-		      struct kvr_xfer_stats *st);
+		      const uint64_t *wire, struct kvr_xfer_stats *st);
 
 /* Answer a request: the result message `type` (body of body_len bytes) followed, when
  * n_failed > 0, by the failed engine block ids as KVR_MSG_BLOCKS. Counts the request and its

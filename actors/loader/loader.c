@@ -133,12 +133,22 @@ static void load_execute(struct stage_worker *sw, struct load *ld)
 
 	struct kvr_xfer_stats st = {0};
 	const uint32_t *blocks = ld->blocks;
-	int rc = stage_copy_chunks(&sw, 1, KVR_XFER_SLOT_TO_KV, &blocks, ld->slot_offs, n_ok, NULL, &st);
+	int rc = stage_copy_chunks(&sw, 1, KVR_XFER_SLOT_TO_KV, &blocks, ld->slot_offs, n_ok, NULL, &wire, &st);
 	for (uint32_t i = 0; i < n_ok; i++)
 		(void)kvr_slot_unpin(sw->slots, ld->slots[i], sw->worker);
 	if (rc) {
-		/* Nothing of this request can be trusted in the worker's blocks: fail them all. */
-		kvr_warn("load %llx: copy failed: %s", (unsigned long long)wire, strerror(-rc));
+		/* Nothing of this request can be trusted in the worker's blocks: fail them all (a
+		 * failed block may be partly written: the engine recomputes it). A fenced load
+		 * (cancelled, its worker detached or died) stopped before a chunk and wrote
+		 * nothing after: this reply is the cancel's acknowledgment. */
+		if (rc == -ECANCELED || rc == -ESHUTDOWN || rc == -EOWNERDEAD) {
+			kvr_actor_count(sw->a, KVR_STAT_XF_FENCED, 1);
+			kvr_info("load %llx: stopped after %llu bytes: %s", (unsigned long long)wire,
+				 (unsigned long long)st.bytes,
+				 rc == -ECANCELED ? "cancelled" : rc == -ESHUTDOWN ? "its worker detached" : "its worker died");
+		} else {
+			kvr_warn("load %llx: copy failed: %s", (unsigned long long)wire, strerror(-rc));
+		}
 		n_failed = 0;
 		for (uint32_t i = 0; i < n; i++)
 			ld->failed[n_failed++] = items[i].block;

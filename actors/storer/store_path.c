@@ -189,6 +189,17 @@ static void fail_ranks(struct stage_store *ss, struct stage_worker *const *sw, c
 	ss->run_ns = 0;
 }
 
+/* A fence's error (stage_fence): the store was cancelled, or its worker detached or died. */
+static bool store_fenced(int rc)
+{
+	return rc == -ECANCELED || rc == -ESHUTDOWN || rc == -EOWNERDEAD;
+}
+
+static const char *fence_why(int rc)
+{
+	return rc == -ECANCELED ? "cancelled" : rc == -ESHUTDOWN ? "its worker detached" : "its worker died";
+}
+
 /* Checks before anything is allocated: 0, or the status that fails every rank. Fills
  * ready[r] / readyp[r] with rank r's producer event (CUDA). */
 static int store_check(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
@@ -334,8 +345,17 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 			b[k] = rq[r].items[ss->pos[k]].block;
 		blocks[r] = b;
 	}
-	rc = stage_copy_chunks(sw, n_ranks, KVR_XFER_KV_TO_SLOT, blocks, ss->slot_offs, n_copy, readyp, st);
+	uint64_t wires[KVR_ACTOR_MAX_KV];
+	for (unsigned r = 0; r < n_ranks; r++)
+		wires[r] = rq[r].wire;
+	rc = stage_copy_chunks(sw, n_ranks, KVR_XFER_KV_TO_SLOT, blocks, ss->slot_offs, n_copy, readyp, wires, st);
+	/* the fence again, after the copy: a rank that detached, died or cancelled before its
+	 * copy was whole may have had other bytes in its blocks by then — never committed */
+	for (unsigned r = 0; !rc && n_copy && r < n_ranks; r++)
+		rc = stage_fence(sw[r], wires[r]);
 	if (rc) {
+		if (store_fenced(rc))
+			kvr_actor_count(ss->a, KVR_STAT_XF_FENCED, 1);
 		kvr_warn("store %llx: copy failed: %s", (unsigned long long)rq[0].wire, strerror(-rc));
 		fail_ranks(ss, sw, rq, n_ranks, rc);
 		(void)reset_lane(ss); /* aborts the WRITING slots: nothing partial becomes visible */
@@ -623,7 +643,7 @@ static void lane_reset(struct stage_store_pipe *p, struct stage_store_job *cause
 			job_fault(j, status);
 		} else if (holds_slots(j)) {
 			abandon_alloc(p, j, now);
-			job_fault(j, -ECANCELED);
+			job_fault(j, -EAGAIN); /* not -ECANCELED: that says its client cancelled it */
 			others++;
 		}
 	}
@@ -758,8 +778,12 @@ static bool start_alloc(struct stage_store_pipe *p, uint64_t now)
 		if (j->state != JOB_QUEUED)
 			continue;
 		const struct kvr_xfer_dep *readyp = NULL;
-		int rc = j->items ? store_check(ss, &sw, &j->rq, 1, &j->ready, &readyp) : -ENOMEM;
+		int rc = stage_fence(sw, j->rq.wire);
+		if (!rc)
+			rc = j->items ? store_check(ss, &sw, &j->rq, 1, &j->ready, &readyp) : -ENOMEM;
 		if (rc) {
+			if (store_fenced(rc))
+				kvr_actor_count(ss->a, KVR_STAT_XF_FENCED, 1);
 			job_finish(j, rc);
 			moved = true;
 			continue;
@@ -801,6 +825,16 @@ static bool send_commits(struct stage_store_pipe *p, uint64_t now)
 			break;
 		if (j->state != JOB_COPIED)
 			continue;
+		/* the fence after the copy: the worker detached, died or cancelled the store before
+		 * this point — its blocks may have held other bytes by the end of the copy */
+		int frc = stage_fence(p->sw, j->rq.wire);
+		if (frc) {
+			kvr_info("store %llx: not committed: %s", (unsigned long long)j->rq.wire, fence_why(frc));
+			kvr_actor_count(p->ss->a, KVR_STAT_XF_FENCED, 1);
+			lane_reset(p, j, frc, now);
+			moved = true;
+			continue;
+		}
 		j->id = ++p->ss->next_id;
 		j->deadline = now + lookup_call_ns(p);
 		j->state = JOB_COMMIT;
@@ -829,9 +863,16 @@ static bool copy_one(struct stage_store_pipe *p, uint64_t now)
 	const uint32_t *blocks = j->blocks;
 	const struct kvr_xfer_dep *readyp = j->has_ready ? &j->ready : NULL;
 	memset(&j->st, 0, sizeof(j->st));
-	int rc = stage_copy_chunks(&sw, 1, KVR_XFER_KV_TO_SLOT, &blocks, j->slot_offs, j->n_copy, &readyp, &j->st);
+	int rc = stage_copy_chunks(&sw, 1, KVR_XFER_KV_TO_SLOT, &blocks, j->slot_offs, j->n_copy, &readyp, &j->rq.wire,
+				   &j->st);
 	if (rc) {
-		kvr_warn("store %llx: copy failed: %s", (unsigned long long)j->rq.wire, strerror(-rc));
+		if (store_fenced(rc)) {
+			kvr_info("store %llx: copy stopped after %llu bytes: %s", (unsigned long long)j->rq.wire,
+				 (unsigned long long)j->st.bytes, fence_why(rc));
+			kvr_actor_count(p->ss->a, KVR_STAT_XF_FENCED, 1);
+		} else {
+			kvr_warn("store %llx: copy failed: %s", (unsigned long long)j->rq.wire, strerror(-rc));
+		}
 		lane_reset(p, j, rc, now); /* aborts the WRITING slots: nothing partial becomes visible */
 	} else {
 		j->state = JOB_COPIED;

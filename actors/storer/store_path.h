@@ -77,9 +77,12 @@ void stage_store_fail(struct stage_store *ss, struct stage_worker *sw, const str
  *
  * Failures: an ALLOC or COMMIT unanswered for timeouts.lookup_call_ms fails its job
  * (-ETIMEDOUT, every block listed), a copy error fails its job with the copy's error, and
- * both RESET the lane. RESET aborts every WRITING slot of the worker, also those of the
+ * both RESET the lane. So does a fence (stage_fence: the store cancelled by its client, its
+ * worker detached or died), checked before the ALLOC, before every copy chunk and before
+ * the COMMIT: the job fails with the fence's error (-ECANCELED, -ESHUTDOWN, -EOWNERDEAD)
+ * and nothing of it is committed. RESET aborts every WRITING slot of the worker, also those of the
  * other jobs that hold allocated, uncommitted slots: those jobs are failed at the same time
- * (-ECANCELED, every block listed) and never copy into their slots again — a RESET slot
+ * (-EAGAIN, every block listed) and never copy into their slots again — a RESET slot
  * may be handed to anyone. Jobs whose COMMIT went out before the RESET keep their answer
  * (the lookup actor takes commit.req in order). A restart of the lookup actor (its
  * generation, checked every pass and every 50 ms while a job waits for it) fails every job

@@ -30,6 +30,30 @@ extern "C" {
  * those completions were collected): detach and attach again.
  *
  * Threading: a client is used by one thread at a time (the engine's worker thread).
+ *
+ * Fences — when the engine's KV memory is its own again. kvring's loader and storer read
+ * and write the worker's KV memory (the memfd or the GPU allocations it shared at attach)
+ * from their own processes. The engine's half of the contract: it does not write a block
+ * it passed to kvr_store(), nor read or hand to another request a block it passed to
+ * kvr_load(), until kvring says the operation is over, which is exactly:
+ *
+ *   - its completion was returned by kvr_poll()/kvr_wait() — success, failure or
+ *     -ECANCELED alike; the -EPIPE completions that follow an actor's or kvringd's death
+ *     come only once that actor's process has exited (kvringd's death: up to 5 s);
+ *   - or kvr_detach() returned 0 (every operation of this worker is over).
+ *
+ * kvring's half: after that point nothing of the operation reads or writes the memory
+ * (on CUDA the copies' events completed), and a store whose copy was not whole by then —
+ * cancelled, its worker detached or died — is never committed: no other worker is ever
+ * served bytes the engine wrote after it let the memory go. A worker killed while another
+ * process keeps its memory mapped: its stores are not committed once its process exited
+ * (the storer checks a pidfd of it before each copy chunk and before the commit); its
+ * loader stops before the next chunk, so that process waits for kvringd to free the
+ * worker's slot (kvring-inspect) before reusing the memory.
+ *
+ * A failed load leaves the failed blocks undefined (they may be partly written: a loader
+ * killed mid-copy, a cancel between two chunks): the engine recomputes them. Blocks not
+ * listed failed hold exactly the stored bytes; blocks not in the request are never written.
  */
 
 struct kvr_client;
@@ -82,7 +106,19 @@ struct kvr_attach_opts {
 #define KVR_MODEL_NS_MAX 64
 
 int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client **ret_client);
-void kvr_detach(struct kvr_client *c);
+
+/*
+ * Detach and free c (NULL: nothing). A worker's detach is fenced: it returns once kvringd
+ * reports that this worker's loader, storer and DCP gather actor have exited, so nothing
+ * of any load or store can still read or write its KV memory — stores not yet committed
+ * never will be, loads still copying stopped. Idle: a few milliseconds; mid-copy: within
+ * one copy chunk plus the actors' exit. 0, or (c is freed either way; the reason in
+ * kvr_last_error(NULL)): -ETIMEDOUT kvringd did not confirm within the attach timeout
+ * (an actor that does not stop: kvringd kills it 5 s after asking; the memory may be
+ * touched until then), -EPIPE/-ECONNRESET kvringd gone and its actors did not exit in
+ * time. A scheduler client detaches at once (it has no memory to fence).
+ */
+int kvr_detach(struct kvr_client *c);
 
 /* The reason for the last error on c (never NULL; "" when none). With c NULL: why the
  * last kvr_attach() of the calling thread failed (it leaves no client to ask). */
@@ -237,6 +273,19 @@ int kvr_wait(struct kvr_client *c, struct kvr_completion *ret, unsigned max, int
 
 /* Requests submitted and not yet completed. */
 unsigned kvr_inflight(const struct kvr_client *c);
+
+/*
+ * Cancel every load and store of req_id in flight on this worker client. Asynchronous: each
+ * completes through kvr_poll() as usual, and that completion is the fence — from then on
+ * nothing of it touches the KV memory. A cancelled load stops before its next copy chunk
+ * (status -ECANCELED, every block listed failed: those already written are undefined, the
+ * engine recomputes them); a cancelled store stops before its next chunk or its commit and
+ * commits nothing (-ECANCELED, every block failed). One that finished first completes with
+ * its own result. Returns how many requests were in flight under req_id (0: none: there is
+ * nothing to wait for), -EBUSY when 64 cancels are outstanding (collect completions and
+ * call again), -EINVAL on a scheduler client.
+ */
+int kvr_cancel(struct kvr_client *c, uint64_t req_id);
 
 #ifdef __cplusplus
 }
