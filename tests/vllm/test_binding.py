@@ -132,6 +132,31 @@ def actor_restart_is_not_gone(kv: kt.Kvringd, w: kvring.Worker, tokens: list[int
     check(c.status == 0 and c.n_present == 4, f"store after the storer's restart: {c}")
 
 
+def cancel_is_the_fence(kv: kt.Kvringd, w: kvring.Worker, mm: mmap.mmap, tokens: list[int]) -> None:
+    """Worker.cancel (kvr_cancel): a load queued behind a stopped loader and cancelled
+    completes -ECANCELED, every block failed, and writes nothing into them."""
+    for b in range(4, 8):
+        clear(mm, b)
+    check(w.lookup(404, tokens).matched_blocks == 4, "lookup before the cancel")
+    _, pid = actor_state(kv, f"loader.{w.slot}")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            check(time.monotonic() < deadline, f"loader {pid} did not stop")
+            time.sleep(0.005)
+        w.load(404, [4, 5, 6, 7])
+        check(w.cancel(404) == 1, "cancel of a load in flight")
+        check(w.cancel(405) == 0, "cancel of nothing in flight")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    c = wait_one(w, kvring.OP_LOAD)
+    check(c.status == -errno.ECANCELED and sorted(c.failed) == [4, 5, 6, 7], f"cancelled load: {c}")
+    for b in range(4, 8):
+        check(block_bytes(mm, b) == bytes(LAYERS * PAGE), f"block {b} written by a cancelled load")
+    kt.log("a cancelled load completed -ECANCELED and wrote nothing")
+
+
 def lease_cost(kv: kt.Kvringd) -> None:
     """What get_num_new_matched_tokens costs the scheduler: Scheduler.lease of a stored
     10,000-token prompt from Python (the token array kept, as the connector keeps it).
@@ -221,7 +246,9 @@ def main(d: Path) -> None:
             check(c.ok, f"load after lookup: {c}")
             for b in range(4):
                 check(block_bytes(mm, 7 - b) == block_bytes(mm, b), f"looked-up block {b} loaded wrong bytes")
+            cancel_is_the_fence(kv, w, mm, tokens)
             actor_restart_is_not_gone(kv, w, tokens)
+        check(w.detach_error == "", f"the fenced detach failed: {w.detach_error}")
         expect_error(lambda: w.poll(), errno.EBADF, "detached")
         lease_cost(kv)
     finally:

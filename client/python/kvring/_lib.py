@@ -230,7 +230,8 @@ _u32_p = _P(_u32)
 # library; calling one then raises ENOSYS naming it (kvring.client does that).
 _PROTOS: dict[str, tuple[object, list[object]]] = {
     "kvr_attach": (ctypes.c_int, [_P(AttachOpts), _P(_client_p)]),
-    "kvr_detach": (None, [_client_p]),
+    "kvr_detach": (ctypes.c_int, [_client_p]),
+    "kvr_cancel": (ctypes.c_int, [_client_p, _u64]),
     "kvr_last_error": (ctypes.c_char_p, [_client_p]),
     "kvr_worker_slot": (ctypes.c_uint, [_client_p]),
     "kvr_inflight": (ctypes.c_uint, [_client_p]),
@@ -292,6 +293,7 @@ _PROTOS: dict[str, tuple[object, list[object]]] = {
 _REQUIRED = (
     "kvr_attach",
     "kvr_detach",
+    "kvr_cancel",
     "kvr_last_error",
     "kvr_lookup",
     "kvr_load",

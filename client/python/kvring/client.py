@@ -206,6 +206,7 @@ class _Client:
     def __init__(self) -> None:
         self._lib = _lib.library()
         self._c: ctypes.c_void_p | None = None
+        self.detach_error = ""
 
     def _handle(self) -> ctypes.c_void_p:
         if self._c is None:
@@ -247,14 +248,22 @@ class _Client:
         """Tokens per block of the instance."""
         return int(self._fn("kvr_block_tokens")(self._handle()))
 
-    def detach(self) -> None:
-        """Detach (idempotent). In-flight requests are abandoned by kvringd."""
-        if self._c is not None:
-            c, self._c = self._c, None
-            self._lib.kvr_detach(c)
+    def detach(self) -> int:
+        """Detach (idempotent). A worker's detach is fenced: it returns once nothing of its
+        loads and stores can still read or write its KV memory (kvr_detach). Returns 0, or
+        -errno when kvringd did not confirm that in time (`detach_error` says why); the
+        client is detached either way."""
+        self.detach_error = ""
+        if self._c is None:
+            return 0
+        c, self._c = self._c, None
+        rc = int(self._lib.kvr_detach(c))
+        if rc < 0:
+            self.detach_error = self._lib.kvr_last_error(None).decode(errors="replace") or os.strerror(-rc)
+        return rc
 
-    def close(self) -> None:
-        self.detach()
+    def close(self) -> int:
+        return self.detach()
 
     def __enter__(self) -> _Client:
         return self
@@ -345,6 +354,13 @@ class Worker(_Client):
         r = _lib.LookupResult()
         self._check(self._fn("kvr_lease_take")(self._handle(), lease_id, ctypes.byref(r)), f"lease_take {lease_id:#x}")
         return LookupResult._from(r)
+
+    def cancel(self, req_id: int) -> int:
+        """Cancel req_id's loads and stores in flight (kvr_cancel). Each still completes
+        through `poll`/`wait` (-ECANCELED, or its own result if it finished first), and that
+        completion is the moment its blocks are the engine's again. Returns how many were
+        in flight (0: nothing to wait for)."""
+        return self._check(self._fn("kvr_cancel")(self._handle(), req_id), f"cancel {req_id:#x}")
 
     def load(self, req_id: int, block_ids: Sequence[int] | Any) -> None:
         """Load the first len(block_ids) matched blocks of req_id into those engine blocks

@@ -22,8 +22,16 @@ Life of a worker:
 kvringd going away (or restarting) fails the calls with EPIPE: the worker detaches, every
 store in flight is reported finished (nothing is stored), loads fail (recomputed), and
 it attaches again with the same KV memory and geometry — at once when the next call
-needs it, then at most every reattach_interval_ms. A load a live loader has not finished
-within timeout_ms is recomputed and its completion dropped when it comes.
+needs it, then at most every reattach_interval_ms.
+
+Fences (docs/api.md): a request's blocks are handed back to vLLM only once kvring said
+nothing of its load or store can touch them any more — its completion came (success,
+failure, -ECANCELED, or the -EPIPE libkvring reports once a dead actor or kvringd's actors
+have exited), or a fenced detach returned. A load a live loader has not finished within
+timeout_ms is cancelled (kvr_cancel: it stops before its next copy chunk) and its blocks
+recomputed once the cancel completed, before the forward pass reads them; a store not
+finished within timeout_ms is cancelled and its blocks freed when the cancel completed
+(nothing of it is committed). Shutdown cancels what is left and detaches, fenced.
 """
 
 from __future__ import annotations
@@ -82,13 +90,14 @@ class WorkerSide:
         self._next_attach = 0.0
         self._load_errors: set[int] = set()
         self._stores: dict[int, str] = {}  # kvring store id -> vLLM request id, in flight
+        self._store_t: dict[int, float] = {}  # store id -> when it was submitted (monotonic)
+        self._cancelled: set[int] = set()  # store ids cancelled, completion not yet in
         self._events: dict[int, Any] = {}  # store id -> its CUDA IPC event (kept until completion)
         self._done: set[str] = set()  # stores completed (or given up), not yet reported
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()  # finished, seen
         self._load_ns: list[int] = []  # per step with loads: start_load_kv's load time (submit to all done)
         self._waiting: dict[int, LoadSpec] = {}  # this step's loads in flight, by lease id
         self._null = 0  # this step's null block
-        self._late: set[int] = set()  # leases whose load outlived its step (until its completion comes)
         self.stats: collections.Counter[str] = collections.Counter()
 
     # ---- KV memory and attach ----
@@ -198,11 +207,24 @@ class WorkerSide:
         self.stats["lost"] += 1
         self._done.update(self._stores.values())
         self._stores.clear()
+        self._store_t.clear()
+        self._cancelled.clear()
         self._events.clear()
-        self._late.clear()
-        self._client.detach()
-        self._client = None
+        self._detach("kvringd went away")
         self._next_attach = 0.0
+
+    def _detach(self, why: str) -> None:
+        """Detach, fenced: when it returns 0 nothing of ours can touch the KV memory."""
+        c, self._client = self._client, None
+        self._next_attach = 0.0
+        if c is not None and c.detach() < 0:
+            log.error(
+                "kvring: TP rank %d detached (%s) but kvringd did not confirm its loader and storer stopped: %s",
+                self.tp_rank,
+                why,
+                c.detach_error,
+            )
+            self.stats["unfenced_detach"] += 1
 
     def _get_client(self, now: bool = False) -> Worker | None:
         if self._client is None and self.derived is not None and (now or time.monotonic() >= self._next_attach):
@@ -241,11 +263,6 @@ class WorkerSide:
 
     def _take_and_load(self, spec: LoadSpec, targets: list[int]) -> int:
         """Submit one lease's load; returns the blocks submitted (the rest failed)."""
-        if spec.lease_id in self._late:
-            # the same request's earlier load is still out: its completion would be taken
-            # for this one's (completions are matched by id), so this load is recomputed
-            log.warning("kvring: request %s: an earlier load is still in flight; recomputing", spec.req_id)
-            return 0
         for attempt in (0, 1):
             c = self._get_client(now=attempt == 1)
             if c is None:
@@ -315,30 +332,50 @@ class WorkerSide:
             for comp in done:
                 self._handle(comp)
         if waiting and self._client is None:
-            # kvringd went away meanwhile: nothing of these loads can still land
+            # kvringd went away meanwhile: libkvring failed these once its actors had exited
+            # (a fenced detach otherwise): nothing of them can still land
             for spec in waiting.values():
                 self._fail_blocks(self._targets(spec, meta.null_block), meta.null_block)
         elif waiting:
-            # Not answered in time, from a loader that is alive (a dead one fails its
-            # requests with EPIPE at once): vLLM recomputes those blocks, and the late
-            # completion is dropped when it comes. The late copy writes the leased KV of
-            # the same tokens into the request's own blocks, which the recompute writes
-            # too. (Detaching would not fence it: kvr_detach does not wait for the
-            # loader to exit, and it would give up the stores in flight.)
-            for lid, spec in waiting.items():
-                log.warning(
-                    "kvring: load of request %s not done within %d ms: recomputing", spec.req_id, self.cfg.timeout_ms
-                )
-                self._fail_blocks(self._targets(spec, meta.null_block), meta.null_block)
-                self._late.add(lid)
-            self.stats["late_loads"] += len(waiting)
+            self._cancel_loads(waiting, meta.null_block)
+
+    def _cancel_loads(self, waiting: dict[int, LoadSpec], null_block: int) -> None:
+        """Loads a live loader did not finish within timeout_ms: cancel them and wait for the
+        cancels' completions (a load stops before its next copy chunk) — vLLM recomputes
+        these blocks right after, and no late copy may land on them. A loader that answers
+        nothing is killed by kvringd's health check, which fails its loads once it exited;
+        should even that not come, a fenced detach ends it."""
+        c = self._client
+        assert c is not None
+        for lid, spec in waiting.items():
+            log.warning(
+                "kvring: load of request %s not done within %d ms: cancelled, recomputing",
+                spec.req_id,
+                self.cfg.timeout_ms,
+            )
+            self._fail_blocks(self._targets(spec, null_block), null_block)
+            try:
+                c.cancel(lid)
+            except KvringError as e:
+                log.warning("kvring: cancel of the load of request %s: %s", spec.req_id, e)
+        self.stats["late_loads"] += len(waiting)
+        t0 = time.monotonic()
+        deadline = t0 + max(self.cfg.timeout_ms / 1000, 30.0)
+        while waiting and (c := self._client) is not None and time.monotonic() < deadline:
+            try:
+                for comp in c.wait(100):
+                    self._handle(comp)
+            except KvringError as e:
+                self._lost(e)
+        if waiting and self._client is not None:
+            self._detach(f"{len(waiting)} cancelled loads not answered")
+        self.stats["cancel_wait_ms"] += int((time.monotonic() - t0) * 1000)
 
     def _handle(self, comp: Completion) -> None:
         """Route one completion: a load of this step, a late load, or a store."""
         if not comp.is_load:
             self._store_done(comp)
             return
-        self._late.discard(comp.req_id)
         spec = self._waiting.pop(comp.req_id, None)
         if spec is None:
             return  # a load whose step gave up on it
@@ -396,6 +433,7 @@ class WorkerSide:
                 else:
                     c.store(spec.store_id, spec.token_ids, spec.block_ids, spec.extra)
                 self._stores[spec.store_id] = spec.req_id
+                self._store_t[spec.store_id] = time.monotonic()
                 self.stats["stores"] += 1
             except KvringError as e:
                 log.warning("kvring: store of request %s not submitted (%s)", spec.req_id, e)
@@ -406,9 +444,13 @@ class WorkerSide:
     def _store_done(self, comp: Completion) -> None:
         rid = self._stores.pop(comp.req_id, None)
         self._events.pop(comp.req_id, None)
+        self._store_t.pop(comp.req_id, None)
+        self._cancelled.discard(comp.req_id)
         if rid is None:
             return
-        if comp.status != 0 and comp.status != -errno.EIO:
+        if comp.status == -errno.ECANCELED:
+            self.stats["cancelled_stores"] += 1
+        elif comp.status != 0 and comp.status != -errno.EIO:
             log.warning("kvring: store of request %s failed (status %d)", rid, comp.status)
         self.stats["stored_blocks"] += comp.n_stored
         self._done.add(rid)
@@ -426,12 +468,35 @@ class WorkerSide:
             for comp in done:
                 self._handle(comp)
 
+    def _cancel_stores(self, older_than_s: float) -> None:
+        """Cancel the stores in flight longer than older_than_s: their blocks go back to vLLM
+        when the cancel's completion comes (nothing of them committed), never before."""
+        c = self._client
+        if c is None:
+            return
+        now = time.monotonic()
+        for sid, t in list(self._store_t.items()):
+            if sid in self._cancelled or now - t < older_than_s:
+                continue
+            self._cancelled.add(sid)
+            log.warning(
+                "kvring: store of request %s not done within %.0f ms: cancelled",
+                self._stores.get(sid),
+                older_than_s * 1000,
+            )
+            try:
+                c.cancel(sid)
+            except KvringError as e:
+                log.warning("kvring: cancel of store %#x: %s", sid, e)
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         for rid in finished_req_ids:
             self._finished[rid] = None
         while len(self._finished) > 65536:  # ids of requests that stored nothing
             self._finished.popitem(last=False)
         self._poll()
+        if self._store_t:
+            self._cancel_stores(self.cfg.timeout_ms / 1000)
         ready = {rid for rid in self._done if rid in self._finished}
         for rid in ready:
             self._done.discard(rid)
@@ -463,16 +528,19 @@ class WorkerSide:
             self.stats["stored_blocks"],
             f"; load time per step p50 {st['p50_ms']:.2f} ms, p99 {st['p99_ms']:.2f} ms" if st else "",
         )
-        c = self._client
+        # stores in flight get a moment to finish, then are cancelled; the detach is fenced
+        # (it returns once nothing of ours can touch the KV memory vLLM is about to free)
         deadline = time.monotonic() + min(self.cfg.timeout_ms, 5000) / 1000
-        while c is not None and self._stores and time.monotonic() < deadline:
+        cancelled = False
+        while (c := self._client) is not None and self._stores and time.monotonic() < deadline + 5:
+            if not cancelled and time.monotonic() >= deadline:
+                self._cancel_stores(0.0)
+                cancelled = True
             try:
                 for comp in c.wait(100):
                     self._handle(comp)
             except KvringError:
                 break
-        if c is not None:
-            c.detach()
-            self._client = None
+        self._detach("engine shutdown")
         if self._pool is not None:
             self._pool.close()
