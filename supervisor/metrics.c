@@ -268,6 +268,13 @@ static void render_transfer(FILE *f, const struct kvr_ctl *c)
 		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_BLOCKS));
 	fprintf(f, "kvring_load_blocks_total{result=\"failed\"} %llu\n",
 		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_FAILED_BLOCKS));
+	family(f, "kvring_fenced_requests_total", "counter",
+	       "Loads and stores a fence stopped: cancelled by their client, or their worker detached or died "
+	       "before the copy was whole (a store so stopped is never committed).");
+	fprintf(f, "kvring_fenced_requests_total{direction=\"store\"} %llu\n",
+		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_FENCED));
+	fprintf(f, "kvring_fenced_requests_total{direction=\"load\"} %llu\n",
+		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_FENCED));
 	family(f, "kvring_bytes_total", "counter", "Bytes copied between workers' KV memory and a tier.");
 	fprintf(f, "kvring_bytes_total{direction=\"store\",tier=\"l1\"} %llu\n",
 		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_BYTES));

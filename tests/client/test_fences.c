@@ -219,6 +219,8 @@ Test(fences, a_cancelled_store_commits_nothing)
 	cr_assert_eq(d.c.n_stored, 0);
 	cr_assert_eq(ct_stat(&env, "storer.0", KVR_STAT_XF_FENCED), 1);
 	cr_assert_eq(kvr_inflight(w->c), 0);
+	/* no leftover job (what kvring-inspect shows as the storer's stores in flight) */
+	cr_assert_eq(ct_stat(&env, "storer.0", KVR_STAT_XF_STORES_INFLIGHT), 0);
 	/* its memory is the engine's again */
 	fill_all(w, OTHER);
 	cr_assert_eq(ct_lookup(w, 9, tokens, NT), 0, "nothing of the cancelled store is visible");

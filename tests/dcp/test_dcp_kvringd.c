@@ -260,6 +260,15 @@ static void grank_close(struct grank *r)
 	r->fd = -1;
 }
 
+/* grank_close on a thread of its own: the detach is fenced (it returns once the rank's
+ * loader and its group's gather actor exited), and these tests hold one of them stopped
+ * while the rank leaves. Join with pthread_join. */
+static void *close_thread(void *arg)
+{
+	grank_close(arg);
+	return NULL;
+}
+
 static void granks_close(void)
 {
 	for (unsigned i = 0; i < G_TP; i++)
@@ -1012,7 +1021,13 @@ Test(dcp_kvringd, quick_rejoin_frees_the_old_slot, .fini = granks_close)
 	pid_t lpid = atomic_load(&le->pid);
 	cr_assert_gt(lpid, 0);
 	cr_assert_eq(kill(lpid, SIGSTOP), 0); /* a loader slow to stop */
-	grank_close(&granks[1]);
+	static struct grank departed; /* closed on its own thread while granks[1] attaches anew */
+	departed = granks[1];
+	granks[1].c = NULL;
+	granks[1].kv = NULL;
+	granks[1].fd = -1;
+	pthread_t leaving;
+	cr_assert_eq(pthread_create(&leaving, NULL, close_thread, &departed), 0);
 	cr_assert(H_WAIT(atomic_load(&ge->state) == KVR_ACTOR_IDLE && atomic_load(&ge->pid) == 0, 5000));
 
 	struct grank *r = &granks[1];
@@ -1022,6 +1037,7 @@ Test(dcp_kvringd, quick_rejoin_frees_the_old_slot, .fini = granks_close)
 	usleep(300 * 1000);
 	cr_assert_eq(atomic_load(&ge->state), KVR_ACTOR_IDLE, "gather actor started while the old slot is held");
 	cr_assert_eq(kill(lpid, SIGCONT), 0);
+	pthread_join(leaving, NULL); /* the departed rank's detach returns once its loader exited */
 	pthread_join(t, NULL);
 	cr_assert_eq(r->rc, 0, "%s", r->err);
 	cr_assert_neq(kvr_worker_slot(r->c), w1);
@@ -1162,12 +1178,14 @@ Test(dcp_kvringd, gather_killed_while_its_owner_leaves_leaks_no_slot, .fini = gr
 	cr_assert(H_WAIT(atomic_load(allocated) == a0 + 3, 3000));
 	cr_assert_eq(count_state(st, KVR_SLOT_WRITING), 3);
 
-	grank_close(&granks[0]); /* the owner leaves; its group's gather actor is told to stop */
+	pthread_t leaving; /* the owner leaves; its group's gather actor is told to stop */
+	cr_assert_eq(pthread_create(&leaving, NULL, close_thread, &granks[0]), 0);
 	struct kvr_worker_ent *we = kvr_ctl_worker(ctl, owner);
 	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_DETACHING, 3000));
 	cr_assert_eq(kvr_list_send(creq, KVR_MSG_ALLOC, 0x72, 0, keys + 3, 3, kvr_now_ns() + 2000000000ull), 0);
 	cr_assert(H_WAIT(atomic_load(allocated) == a0 + 6, 3000), "the second ALLOC was not served");
 	cr_assert_eq(kill(gpid, SIGKILL), 0);
+	pthread_join(leaving, NULL); /* its detach returned once the gather actor was gone */
 	cr_assert(H_WAIT(atomic_load(&we->state) == KVR_WORKER_FREE, 5000), "the owner's worker slot is not freed");
 	cr_assert(H_WAIT(slots_quiet(st), 3000), "%u slots left WRITING (or other than FREE/COMMITTED, or pinned)",
 		  count_state(st, KVR_SLOT_WRITING));

@@ -208,6 +208,7 @@ struct bench_rank_result {
 	uint64_t ld_group_ns;       /* group's rank 0: sum of its group's load windows (earliest submit, latest completion) */
 	uint64_t ld_group_memcpy_ns; /* group's rank 0: its group's loaded bytes, every rank's runs, one memcpy thread */
 	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts;
+	uint64_t ld_failed_written_blocks; /* failed blocks found written (undefined: not an error) */
 	uint64_t ld_memcpy_ns;      /* the rank's loaded bytes, its pieces (copy runs), memcpy */
 	uint64_t ld_verify_ns;
 	uint64_t ld_samples;        /* lookups with samples: entries used in struct bench_samples */
@@ -265,6 +266,7 @@ struct bench_summary {
 	/* warm */
 	uint64_t ld_requests, ld_tokens, ld_matched_tokens, ld_matched_blocks, ld_bytes, ld_ns, ld_memcpy_ns;
 	uint64_t ld_errors, ld_failed_blocks, ld_mismatch_blocks, ld_stray_blocks, ld_exact_prompts, ld_misses;
+	uint64_t ld_failed_written_blocks; /* failed blocks found written: undefined, the engine recomputes them */
 	uint64_t ld_l2_blocks, ld_l1_hits, ld_l1_misses; /* tiers: L1 hits + L2 reads = matched blocks */
 	double hit_rate, ld_gbps, ld_memcpy_gbps, ld_time_ratio; /* ratio: kvring time / memcpy time */
 	uint64_t ld_load_ns;         /* the slowest rank's load windows (lookups not included) */

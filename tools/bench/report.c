@@ -99,6 +99,7 @@ void bench_summarise(const struct bench_opts *o, const struct bench_plan *pl, co
 		s.ld_failed_blocks += x->ld_failed_blocks;
 		s.ld_mismatch_blocks += x->ld_mismatch_blocks;
 		s.ld_stray_blocks += x->ld_stray_blocks;
+		s.ld_failed_written_blocks += x->ld_failed_written_blocks;
 		s.ld_exact_prompts += x->ld_exact_prompts;
 	}
 	s.st_gbps = bench_gbps(s.st_bytes, s.st_ns);
@@ -298,9 +299,12 @@ void bench_print_phases(FILE *f, const struct bench_opts *o, const struct bench_
 		fprintf(f, "  hash + index p50       %s for %u tokens (goal <= %s at 10,000 tokens)\n",
 			kvr_fmt_ns((double)s->hash_index_p50_ns, a, sizeof(a)), o->input_len,
 			kvr_fmt_ns((double)LOOKUP_GOAL_NS, b, sizeof(b)));
+		char fw[48] = "";
+		if (s->ld_failed_written_blocks) /* undefined, not an error: docs/api.md "Fences" */
+			snprintf(fw, sizeof(fw), " (%" PRIu64 " written)", s->ld_failed_written_blocks);
 		fprintf(f, "  verify                 exact %" PRIu64 "/%" PRIu64 " prompts, mismatched blocks %" PRIu64
-			", failed %" PRIu64 ", stray writes %" PRIu64 ", errors %" PRIu64 "\n",
-			s->ld_exact_prompts, s->ld_requests, s->ld_mismatch_blocks, s->ld_failed_blocks,
+			", failed %" PRIu64 "%s, stray writes %" PRIu64 ", errors %" PRIu64 "\n",
+			s->ld_exact_prompts, s->ld_requests, s->ld_mismatch_blocks, s->ld_failed_blocks, fw,
 			s->ld_stray_blocks, s->ld_errors);
 	}
 }
@@ -542,6 +546,7 @@ static void warm_json(struct kvr_jw *w, const struct bench_opts *o, const struct
 	kvr_jw_u64(w, "mismatch_blocks", s->ld_mismatch_blocks);
 	kvr_jw_u64(w, "failed_blocks", s->ld_failed_blocks);
 	kvr_jw_u64(w, "stray_blocks", s->ld_stray_blocks);
+	kvr_jw_u64(w, "failed_written_blocks", s->ld_failed_written_blocks);
 	kvr_jw_u64(w, "errors", s->ld_errors);
 	kvr_jw_end(w);
 	kvr_jw_end(w);
