@@ -280,6 +280,11 @@ static int attach_all(struct wctx *w)
 			     ? fh_rank_prepare(&w->r[i], FH_TP, ro->tp_rank, 1, 1, w->cfg->num_blocks)
 			     : fh_rank_prepare(&w->r[i], FH_TP * w->cfg->dcp_size, ro->tp_rank + i, w->cfg->dcp_size,
 					       w->cfg->dcp_interleave, w->cfg->num_blocks);
+	for (unsigned i = 0; i < w->n_ranks && !rc; i++) {
+		atomic_store(&w->sh->kv_fd[i], w->r[i].fd);
+		atomic_store(&w->sh->kv_bytes[i], w->r[i].bytes);
+	}
+	atomic_store(&w->sh->n_kv, rc ? 0 : w->n_ranks);
 	struct attach_arg a[2] = {0};
 	pthread_t t[2];
 	bool started[2] = {false, false};

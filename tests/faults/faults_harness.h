@@ -135,6 +135,11 @@ struct fh_wshared {           /* one per worker role, MAP_SHARED: the parent com
 	_Atomic uint32_t state, ack_seq;
 	_Atomic int32_t pid;
 	_Atomic uint32_t have_bad;
+	/* the worker's KV memfds, published so the parent can keep the memory after a kill -9
+	 * and write over it at once (the fence: no store of the dead worker commits it) */
+	_Atomic uint32_t n_kv;
+	_Atomic int32_t kv_fd[2];
+	_Atomic uint64_t kv_bytes[2];
 	_Atomic uint64_t c[FH_C_MAX];
 	struct fh_bad bad;        /* the first wrong block any incarnation found (have_bad) */
 	uint32_t bad_prompt, bad_rank;
