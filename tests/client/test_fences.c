@@ -267,8 +267,14 @@ Test(fences, a_cancelled_load_writes_nothing_after_its_completion)
 	for (int round = 0; round < 3; round++) {
 		cr_assert_eq(ct_lookup(w, 3, tokens, NT), NB);
 		cr_assert_eq(kvr_load(w->c, 3, blocks, NB - 1), 0, "load: %s", kvr_last_error(w->c));
+		/* let the copy get going (its first chunks land), then cancel it */
+		uint64_t until = kvr_now_ns() + 1000000000ull;
+		while (kvr_now_ns() < until && !ct_holds(w, 0, ORIG, NULL, 0))
+			;
+		uint64_t t0 = kvr_now_ns();
 		cr_assert_eq(kvr_cancel(w->c, 3), 1);
 		ct_wait_done(w, &d, 5000);
+		uint64_t ack_us = (kvr_now_ns() - t0) / 1000;
 		cr_assert(d.c.status == -ECANCELED || d.c.status == 0, "status %d", d.c.status);
 		for (uint32_t b = 0; b < NB - 1; b++)
 			ct_fill(w, b, OTHER + b);
@@ -284,9 +290,10 @@ Test(fences, a_cancelled_load_writes_nothing_after_its_completion)
 			cr_assert(ct_holds(w, b, OTHER + b, why, sizeof(why)), "round %d: block %u overwritten after the "
 				  "cancelled load completed (%d): %s", round, b, d.c.status, why);
 		}
-		cr_log_info("round %d: the cancelled load completed %s after %llu of %llu bytes", round,
-			    d.c.status ? "cancelled" : "whole", (unsigned long long)d.c.diag.bytes,
-			    (unsigned long long)((NB - 1) * ct_lane_bytes(&big)));
+		cr_log_info("round %d: the cancelled load completed %s %llu us after kvr_cancel, %llu of %llu bytes "
+			    "copied (a chunk: %llu)", round, d.c.status ? "cancelled" : "whole", (unsigned long long)ack_us,
+			    (unsigned long long)d.c.diag.bytes, (unsigned long long)((NB - 1) * ct_lane_bytes(&big)),
+			    (unsigned long long)ct_lane_bytes(&big));
 	}
 	ct_rank_close(w);
 	ct_assert_table_clean(&env);
