@@ -529,6 +529,9 @@ KVR_EXPORT int kvr_attach(const struct kvr_attach_opts *opts, struct kvr_client 
 					  "it starts once all %u ranks of the group attached", kvr_actor_state_name(ls),
 					  kvr_actor_state_name(ss), (long long)(c->timeout_ns / 1000000),
 					  c->info.group_ranks);
+			else if (ls == KVR_ACTOR_FAILED || ss == KVR_ACTOR_FAILED)
+				rc = fail(c, -EPIPE, "attach: our %s FAILED (it kept crashing; kvringd's log says why)",
+					  ls == KVR_ACTOR_FAILED ? "loader" : "storer");
 			else
 				rc = fail(c, -ETIMEDOUT, "attach: loader %s, storer %s after %lld ms",
 					  kvr_actor_state_name(ls), kvr_actor_state_name(ss),

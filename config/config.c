@@ -1199,6 +1199,8 @@ static int check_nul_escape(const char *text, char *err, size_t errlen)
 	return 0;
 }
 
+#define UTF8_BOM "\xef\xbb\xbf"
+
 int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t errlen)
 {
 	bool set[ARRAY_SIZE(keys)] = { false };
@@ -1213,6 +1215,15 @@ int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t
 		err[0] = '\0';
 	if (!json)
 		return FAIL("config: no JSON text");
+	/* A UTF-8 byte-order mark before the text (editors on Windows write one) is skipped on
+	 * purpose, and every position counts from after it, as an editor shows them. cJSON would
+	 * skip one too, and a second one after it: a second one is refused here, as a mark
+	 * anywhere else is (it is not JSON whitespace). */
+	if (!strncmp(json, UTF8_BOM, 3)) {
+		json += 3;
+		if (!strncmp(json, UTF8_BOM, 3))
+			return FAIL("config: not valid JSON near line 1 column 1 (a second UTF-8 byte-order mark)");
+	}
 	root = cJSON_ParseWithOpts(json, &end, true);
 	if (!root) {
 		if (!end)
@@ -1600,6 +1611,10 @@ char *kvr_config_doc_markdown(void)
 		  "unit (`\"512MiB\"`, `\"64GiB\"`; units B, KiB, MiB, GiB, TiB, PiB), at most 1 PiB; `mode` is a\n"
 		  "string of 3 or 4 octal digits (`\"0600\"`); `enum` is one of the listed strings; `string`\n"
 		  "is UTF-8 (a byte that is not is refused with its offset, `\\u0000` is refused).\n"
+		  "\n"
+		  "The file may start with a UTF-8 byte-order mark (bytes EF BB BF, which some editors write):\n"
+		  "it is skipped, and line and column numbers in a reason count from after it. Anywhere else\n"
+		  "(a second one, one inside the object) it is refused as not valid JSON, with its position.\n"
 		  "\n"
 		  "An integer key takes a number whose text is an integer: `2048`, `2048.0` and `1e3` are;\n"
 		  "`0.5`, `1e-400` (which a double reads as 0) and `1024.0000000000001` (which a double reads as\n"

@@ -136,6 +136,8 @@ void kvr_config_defaults(struct kvr_config *cfg);
 
 /* Parse JSON text over the defaults. Returns 0, or -EINVAL with a one-line reason
  * ("$.path: why") in err (always NUL-terminated), -ENOMEM. *cfg is untouched on failure.
+ * One UTF-8 byte-order mark at the very start is accepted on purpose (editors write it);
+ * anywhere else, or twice, it is refused with its position.
  * Pure: it never looks at the filesystem (the actors re-parse the copy kvringd embeds in the
  * control segment, and must not fail over a disk that changed under a running instance). */
 int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t errlen);

@@ -130,6 +130,11 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 		return kvr_errf(err, errlen, -EINVAL, "dcp_rank: %u >= dcp_size %u", g->dcp_rank, g->dcp_size);
 	if (!g->dcp_interleave)
 		return kvr_errf(err, errlen, -EINVAL, "dcp_interleave: must be > 0");
+	/* Without DCP the interleave means nothing: anything but 1 is a caller that mixed up its
+	 * layout (or meant a dcp_size it did not set), refused here rather than ignored. */
+	if (g->dcp_size == 1 && g->dcp_interleave != 1)
+		return kvr_errf(err, errlen, -EINVAL, "dcp_interleave: %u with dcp_size 1 (without DCP it must be 1)",
+			    g->dcp_interleave);
 	/* every rank must hold the same tokens of every block (kvr_dcp.h proves the rule) */
 	if (kvr_dcp_check(g->block_tokens, g->dcp_size, g->dcp_interleave, err, errlen))
 		return -EINVAL;

@@ -107,10 +107,11 @@ int kvr_geometry_set_region(struct kvr_geometry *g, unsigned i, const struct kvr
 /* Check every field. kv_bytes is the size of the worker's KV memory: every region's last
  * block must end inside it. Checks: version, layers/kv_heads/head_dim/block_tokens/
  * num_blocks > 0, dtype_bytes in {1,2,4}, tp_rank < tp_size <= KVR_MAX_TP, dcp_rank <
- * dcp_size <= KVR_DCP_MAX, dcp_interleave >= 1, attention and layout known, n_regions matches
- * the layout, reserved and unused region entries zero, and per region: 0 < sem_bytes <=
- * page_bytes, page_bytes <= stride (when num_blocks > 1), last block inside kv_bytes, no two
- * regions of the same block overlap (for any block). Under DCP (dcp_size > 1; block_tokens
+ * dcp_size <= KVR_DCP_MAX, dcp_interleave >= 1 (exactly 1 when dcp_size is 1: without DCP it
+ * means nothing), attention and layout known, n_regions matches the layout, reserved and
+ * unused region entries zero, and per region: 0 < sem_bytes <= page_bytes, page_bytes <=
+ * stride (when num_blocks > 1), last block inside kv_bytes, no two regions of the same block
+ * overlap (for any block). Under DCP (dcp_size > 1; block_tokens
  * is the canonical block, a rank's pages hold block_tokens / dcp_size tokens, kvr_dcp.h):
  * block_tokens % (dcp_size * dcp_interleave) == 0, layer-major layout, and every region's
  * sem_bytes whole rows of the rank's tokens.

@@ -256,6 +256,12 @@ static int serve(struct sup *s)
 	int code = 1, rc;
 
 	kvr_log_setup("kvringd", (enum kvr_log_level)s->cfg.instance.log_level_id);
+	/* before anything is opened or spawned: too few descriptors would start an instance
+	 * whose actors fail later (a disk actor whose io_uring cannot be set up: L2 given up) */
+	if (sup_nofile_check(&s->cfg, err, sizeof(err))) {
+		fprintf(stderr, "kvringd: %s\n", err);
+		return 1;
+	}
 
 	s->cfg_json = kvr_config_to_json(&s->cfg);
 	if (!s->cfg_json) {

@@ -533,6 +533,26 @@ static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req
 	return 0;
 }
 
+/* The lookup actor was given up (FAILED: its crash-loop tally, actors.c) and nothing restarts
+ * it short of restarting kvringd: every lookup, lease and store of a client would fail, so an
+ * attach is refused at once (rep filled, -EPIPE as for any dead actor) rather than served or
+ * left to wait out the client's attach timeout. A worker's own loader and storer start fresh
+ * at its attach; one that fails then is seen by the client as FAILED at once (client.c). */
+static bool lookup_given_up(struct sup *s, struct kvr_proto_rep *rep)
+{
+	const struct kvr_actor_ent *e = s->actors[SUP_ACTOR_LOOKUP].ent;
+	if (atomic_load(&e->state) != KVR_ACTOR_FAILED)
+		return false;
+	char how[48];
+	if (e->last_exit_signal)
+		snprintf(how, sizeof(how), "last killed by signal %d", e->last_exit_signal);
+	else
+		snprintf(how, sizeof(how), "last exit code %d", e->last_exit_code);
+	rep_init(s, rep, -EPIPE, "the lookup actor was given up after %u deaths within %u s (%s): restart kvringd",
+		 s->cfg.supervisor.crash_loop_max_deaths, s->cfg.supervisor.crash_loop_window_s, how);
+	return true;
+}
+
 static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_proto_req *req, int *fds,
 			  unsigned n_fds)
 {
@@ -549,6 +569,8 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 			 c->worker >= 0 ? c->worker : c->sched);
 		goto reply;
 	}
+	if (lookup_given_up(s, &rep))
+		goto reply;
 	for (unsigned i = 0; i < max && w < 0; i++)
 		if (atomic_load(&kvr_ctl_worker(s->ctl, i)->state) == KVR_WORKER_FREE)
 			w = (int)i;
@@ -674,6 +696,8 @@ static void handle_attach_sched(struct sup *s, struct sup_conn *c, const struct 
 		rep_init(s, &rep, -EALREADY, "already attached");
 		goto reply;
 	}
+	if (lookup_given_up(s, &rep))
+		goto reply;
 	if (n_fds) {
 		rep_init(s, &rep, -EBADF, "a scheduler attaches without descriptors, got %u", n_fds);
 		goto reply;

@@ -274,6 +274,13 @@ void sup_conns_reap(struct sup *s);
 /* Free DETACHING worker slots whose loader and storer have exited. */
 void sup_workers_update(struct sup *s);
 
+/* ---- limits.c ---- */
+/* RLIMIT_NOFILE against what cfg's processes hold open (the count is in limits.c; the actors
+ * inherit kvringd's limit): a soft limit below it is raised to the hard limit (logged). 0, or
+ * -EMFILE when the hard limit is below it, with "RLIMIT_NOFILE soft S hard H, this config
+ * needs at least N (which process): raise it (ulimit -n N) or ..." in err. */
+int sup_nofile_check(const struct kvr_config *cfg, char *err, size_t errlen);
+
 /* ---- prefault.c ---- */
 /* Fault the arena in from a background thread (l1.prefault "background"), or say why not
  * (ctl->prefault_state). Never fails kvringd. */

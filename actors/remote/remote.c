@@ -177,8 +177,9 @@ struct remote {
 	unsigned seed_rr;
 	struct kvr_backlog wait;  /* requests that found every request slot in use */
 	struct kvr_outbox out_q;  /* answers that found remote.rep full: no handler waits for room */
-	uint64_t set_refusals;    /* SETs the cluster refused (logged: the first, then short ones) */
-	uint64_t bad_logged_ns;
+	uint64_t set_refusals;    /* SETs the cluster refused since the last "SET refused" line */
+	uint64_t set_logged_ns;   /* that line (log_due: at most one a second) ... */
+	uint64_t bad_logged_ns;   /* ... and the last "value refused" line */
 	bool closing;             /* fini: nothing is parked any more */
 	bool map_dirty;           /* publish(): recount masters and covered slots */
 	redisReader *reader;      /* parses the replies that are not streamed */
@@ -191,6 +192,17 @@ struct remote {
 static struct remote *R; /* the resp callbacks get only the node */
 
 /* ---- stats -------------------------------------------------------------------------------- */
+
+/* A failure that can repeat for every request (a value refused, a SET refused) is logged
+ * at most once a second: true when its line is due now (and *last_ns set), else it is only
+ * counted. A master stopped for a second must not write a line per block. */
+static bool log_due(uint64_t *last_ns, uint64_t now)
+{
+	if (*last_ns && now - *last_ns < 1000000000ull)
+		return false;
+	*last_ns = now;
+	return true;
+}
 
 static void count(struct remote *r, unsigned s, uint64_t by)
 {
@@ -1063,14 +1075,12 @@ static void on_get(struct remote *r, uint32_t i, const redisReply *rp)
 	}
 	if (rp->type != REDIS_REPLY_STRING || q->landed == LAND_BAD || q->landed == LAND_NONE) {
 		count(r, KVR_STAT_RM_BAD_VALUES, 1);
-		uint64_t now = kvr_now_ns();
-		if (now - r->bad_logged_ns > 1000000000ull || !r->bad_logged_ns) {
+		if (log_due(&r->bad_logged_ns, kvr_now_ns())) {
 			char name[KVR_RV_KEY_MAX];
 			(void)kvr_rv_key_fmt(name, sizeof(name), r->id.ns, q->key, q->lane);
 			kvr_warn("remote %s: value refused (%s, %zu bytes): a miss", name,
 				 rp->type != REDIS_REPLY_STRING ? "not a string" : kvr_rv_reason_name(q->reason),
 				 (size_t)rp->len);
-			r->bad_logged_ns = now;
 		}
 		read_done(r, i, -EBADMSG);
 		return;
@@ -1094,8 +1104,17 @@ static void on_set(struct remote *r, uint32_t i, const redisReply *rp)
 	if (rp && rp->type == REDIS_REPLY_ERROR) {
 		if (redirect(r, i, rp))
 			return;
-		if (!r->set_refusals++ || rp->len < 200)
-			kvr_warn("remote: SET refused: %s", rp->str);
+		/* each is counted (write_errors); the line says how many went unlogged before it */
+		if (log_due(&r->set_logged_ns, kvr_now_ns())) {
+			if (r->set_refusals)
+				kvr_warn("remote: SET refused: %.200s (and %llu more since the last such line)", rp->str,
+					 (unsigned long long)r->set_refusals);
+			else
+				kvr_warn("remote: SET refused: %.200s", rp->str);
+			r->set_refusals = 0;
+		} else {
+			r->set_refusals++;
+		}
 	}
 	write_done(r, i, rp && rp->type != REDIS_REPLY_ERROR);
 }

@@ -869,6 +869,57 @@ Test(config, load_file, .init = tmpdir_setup, .fini = tmpdir_teardown)
 	}
 }
 
+/* A UTF-8 byte-order mark before the text is skipped on purpose (docs/config.md): the same
+ * values as without it, positions counted from after it; anywhere else it is refused with
+ * its position. */
+#define BOM "\xef\xbb\xbf"
+Test(config, utf8_bom, .init = tmpdir_setup, .fini = tmpdir_teardown)
+{
+	struct kvr_config c, want;
+	char path[256], err[512];
+	char text[sizeof(full_json) + 3];
+
+	/* a file with one: every value as in the same file without */
+	snprintf(path, sizeof(path), "%s/bom.json", tmpdir);
+	snprintf(text, sizeof(text), BOM "%s", full_json);
+	write_file(path, text, strlen(text));
+	fill_pattern(&c);
+	cr_assert_eq(kvr_config_load_file(path, &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(kvr_config_parse(full_json, &want, err, sizeof(err)), 0);
+	cr_assert_eq(memcmp(&c, &want, sizeof(c)), 0, "a BOM changed the parsed values");
+	char *json = kvr_config_to_json(&c);
+	cr_assert_not_null(json);
+	cr_assert_neq(strncmp(json, BOM, 3), 0, "the effective JSON carries no BOM");
+	free(json);
+
+	/* a reason's position is where an editor shows it: the mark takes no column */
+	static const struct {
+		const char *text, *err;
+	} pos[] = {
+		{ BOM "{\"x\" 1}", "config: not valid JSON near line 1 column 6" },
+		{ BOM "{\n  \"l1\": {\n    \"eviction\": lru\n  }\n}\n", "config: not valid JSON near line 3 column 17" },
+		{ BOM "{\"rings\": {\"capacity\": 1024,}}", "config: not valid JSON near line 1 column 30" },
+		{ BOM, "config: not valid JSON near line 1 column 1" },
+		{ BOM "{\"x\": \"\\u0000\"}", "config: \\u0000 in a string near line 1 column 8" },
+		/* anywhere but first it is refused, with its position */
+		{ BOM BOM "{}", "config: not valid JSON near line 1 column 1 (a second UTF-8 byte-order mark)" },
+		{ "{\"instance\": " BOM "{\"max_workers\": 4}}", "config: not valid JSON near line 1 column 14" },
+		{ "{\n  \"instance\": {}\n}\n" BOM, "config: not valid JSON near line 4 column 1" },
+		{ " " BOM "{}", "config: not valid JSON near line 1 column 2" },
+	};
+	for (size_t i = 0; i < sizeof(pos) / sizeof(pos[0]); i++) {
+		fill_pattern(&c);
+		cr_expect_eq(kvr_config_parse(pos[i].text, &c, err, sizeof(err)), -EINVAL, "case %zu", i);
+		cr_expect_str_eq(err, pos[i].err, "case %zu", i);
+		cr_expect(is_pattern(&c), "case %zu", i);
+	}
+	/* and the same through a file */
+	snprintf(path, sizeof(path), "%s/mid.json", tmpdir);
+	write_file(path, pos[6].text, strlen(pos[6].text));
+	cr_assert_eq(kvr_config_load_file(path, &c, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, pos[6].err);
+}
+
 /* Whether s is well-formed UTF-8 (RFC 3629), written apart from the parser's own check. */
 static bool is_utf8(const char *s)
 {

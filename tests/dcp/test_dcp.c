@@ -648,13 +648,17 @@ Test(dcp, geometry_validate_dcp)
 	b.sem_bytes[1] = 1001;
 	cr_assert_eq(kvr_geometry_validate(&b, kv, err, sizeof(err)), -EINVAL);
 	cr_assert_str_eq(err, "region 1 (layer 1): sem_bytes 1001 is not whole rows of the 8 tokens DCP rank 1 holds");
-	/* without DCP neither rule applies */
+	/* without DCP the rows rule does not apply ... */
 	b = g;
 	b.dcp_size = 1;
 	b.dcp_rank = 0;
-	b.dcp_interleave = 16;
 	b.sem_bytes[1] = 1001;
 	cr_assert_eq(kvr_geometry_validate(&b, kv, err, sizeof(err)), 0, "%s", err);
+	/* ... and an interleave means nothing: anything but 1 is refused (issue 22), even one
+	 * that would split the block */
+	b.dcp_interleave = 16;
+	cr_assert_eq(kvr_geometry_validate(&b, kv, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, "dcp_interleave: 16 with dcp_size 1 (without DCP it must be 1)");
 }
 
 /* ---- presets -------------------------------------------------------------------------- */

@@ -42,6 +42,9 @@ static void m_tp_rank(struct kvr_geometry *g) { g->tp_size = 2; g->tp_rank = 2; 
 static void m_dcp_size(struct kvr_geometry *g) { g->dcp_size = 0; }
 static void m_dcp_rank(struct kvr_geometry *g) { g->dcp_size = 2; g->dcp_rank = 2; }
 static void m_dcp_il(struct kvr_geometry *g) { g->dcp_interleave = 0; }
+static void m_dcp_il_7(struct kvr_geometry *g) { g->dcp_interleave = 7; }
+static void m_dcp_il_big(struct kvr_geometry *g) { g->dcp_interleave = 64; } /* > block_tokens 16 */
+static void m_dcp_il_dcp(struct kvr_geometry *g) { g->dcp_size = 2; g->dcp_interleave = 8; } /* 16 = 2 x 8 */
 static void m_attn(struct kvr_geometry *g) { g->attention = 7; }
 static void m_layout(struct kvr_geometry *g) { g->layout = 0; }
 static void m_nblocks(struct kvr_geometry *g) { g->num_blocks = 0; }
@@ -113,6 +116,10 @@ static const struct vcase {
 	{"dcp_size", m_dcp_size, 4096, "dcp_size: must be > 0"},
 	{"dcp_rank", m_dcp_rank, 4096, "dcp_rank: 2 >= dcp_size 2"},
 	{"dcp_interleave", m_dcp_il, 4096, "dcp_interleave: must be > 0"},
+	{"dcp_interleave 7 without DCP", m_dcp_il_7, 4096, "dcp_interleave: 7 with dcp_size 1 (without DCP it must be 1)"},
+	{"dcp_interleave > block_tokens without DCP", m_dcp_il_big, 4096,
+	 "dcp_interleave: 64 with dcp_size 1 (without DCP it must be 1)"},
+	{"good dcp_interleave 8 under DCP 2", m_dcp_il_dcp, 4096, NULL},
 	{"attention", m_attn, 4096, "attention: 7 (must be 1 (mha) or 2 (mla))"},
 	{"layout", m_layout, 4096, "layout: 0 (must be 1 (layer-major) or 2 (cross-layer))"},
 	{"num_blocks", m_nblocks, 4096, "num_blocks: must be > 0"},

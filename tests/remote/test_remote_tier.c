@@ -184,6 +184,9 @@ static void setup(void)
 	snprintf(remote_section, sizeof(remote_section),
 		 ",\n  \"remote\": {\"cluster\": [%s], \"timeout_ms\": 1000, \"max_inflight\": 32}", seeds);
 	map_refresh();
+	unsigned n;
+	/* a test that failed midway may have left the masters refusing writes */
+	(void)on_masters("CONFIG SET maxmemory 0", REDIS_REPLY_STATUS, &n);
 	cl_flush();
 }
 
@@ -553,4 +556,67 @@ Test(remote, a_killed_remote_actor_leaves_a_quiet_table)
 	cr_assert_eq(ct_lookup_load_exact(rb, 600, tokens[0], BLOCKS * BT, 0, TAG(0, 0)), BLOCKS);
 	ct_assert_table_clean(&B);
 	ct_assert_table_clean(&A);
+}
+
+/* "SET refused" lines in e's log; *ret_counted: what they count in all (a line is one refusal,
+ * "(and N more since the last such line)" N more). */
+static unsigned set_refused_lines(const struct ct_env *e, unsigned long long *ret_counted)
+{
+	char *log = h_read_file(e->h.log);
+	unsigned lines = 0;
+	unsigned long long counted = 0;
+	for (const char *p = log; (p = strstr(p, "remote: SET refused: ")); p++) {
+		const char *eol = strchrnul(p, '\n'), *more = strstr(p, "(and ");
+		unsigned long long k = 0;
+		if (more && more < eol)
+			cr_assert_eq(sscanf(more, "(and %llu more since the last such line)", &k), 1, "%.*s",
+				     (int)(eol - p), p);
+		lines++;
+		counted += 1 + k;
+	}
+	free(log);
+	*ret_counted = counted;
+	return lines;
+}
+
+/*
+ * Every master refuses writes (maxmemory 1 byte: "-OOM command not allowed ..."): each SET
+ * is counted as a write error, and the remote actor logs at most one "SET refused" line a
+ * second, the next one saying how many it did not log (issue 22: 52 lines in a second while
+ * a master was stopped).
+ */
+Test(remote, set_refusals_are_rate_limited)
+{
+	struct ct_rank *ra = start(&A, 64);
+	unsigned n;
+	(void)on_masters("CONFIG SET maxmemory 1", REDIS_REPLY_STATUS, &n);
+	cr_assert_eq(n, 3);
+	enum { BURST = PROMPTS - 1 }; /* prompts 0..6 now, prompt 7 after a second */
+	uint64_t t0 = kvr_now_ns();
+	for (unsigned p = 0; p < BURST; p++)
+		store_prompt(ra, p);
+	cr_assert(H_WAIT(ct_stat(&A, "remote", KVR_STAT_RM_WRITE_ERRORS) == BURST * BLOCKS, 10000),
+		  "%llu of %u SETs refused (writes %llu, skipped %llu)",
+		  (unsigned long long)ct_stat(&A, "remote", KVR_STAT_RM_WRITE_ERRORS), BURST * BLOCKS,
+		  (unsigned long long)ct_stat(&A, "remote", KVR_STAT_RM_WRITES),
+		  (unsigned long long)ct_stat(&A, "lookup", KVR_STAT_LK_RM_WRITES_SKIPPED));
+	uint64_t burst_ms = (kvr_now_ns() - t0) / 1000000u;
+	unsigned long long counted;
+	unsigned lines = set_refused_lines(&A, &counted);
+	cr_assert_geq(lines, 1, "the first refusal is logged");
+	cr_assert(h_log_contains(&A.h, "remote: SET refused: OOM command not allowed"), "the reason is named");
+	cr_assert_leq(lines, 1 + burst_ms / 1000, "%u SET refused lines for %u refusals in %llu ms", lines,
+		      BURST * BLOCKS, (unsigned long long)burst_ms);
+
+	/* a second later: one line, which counts what the burst did not log */
+	usleep(1100 * 1000);
+	store_prompt(ra, BURST);
+	cr_assert(H_WAIT(ct_stat(&A, "remote", KVR_STAT_RM_WRITE_ERRORS) == PROMPTS * BLOCKS, 10000));
+	unsigned lines2 = set_refused_lines(&A, &counted);
+	cr_assert_eq(lines2, lines + 1, "%u lines after the burst's %u", lines2, lines);
+	/* every refusal up to this line is accounted for: the burst's and this one (its 3 others
+	 * wait for the next line) */
+	cr_assert_eq(counted, BURST * BLOCKS + 1, "the lines count %llu refusals", counted);
+	cr_assert_eq(ct_stat(&A, "remote", KVR_STAT_RM_WRITES), 0);
+	(void)on_masters("CONFIG SET maxmemory 0", REDIS_REPLY_STATUS, &n);
 }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "sup_harness.h"
+#include "kvr_geometry.h"
 #include "kvr_slots.h"
 
 static struct h_inst inst;
@@ -388,11 +389,109 @@ Test(supervisor, crash_loop_gives_up)
 	cr_assert_eq(atomic_load(&e->generation), 3);
 	cr_assert_eq(atomic_load(&e->state), KVR_ACTOR_FAILED);
 	cr_assert(h_log_contains(&inst, "crash loop (3 deaths within 10 s): giving up"));
-	/* the supervisor keeps serving */
+	/* the supervisor keeps serving: it answers, and refuses an attach it could not serve */
 	struct h_worker w;
 	cr_assert_eq(h_attach(inst.sock, &w), 0);
-	cr_assert_eq(w.status, 0);
-	wait_ready("loader.0", 3000);
+	cr_assert_eq(w.status, -EPIPE, "%s", w.reason);
+	cr_assert(strstr(w.reason, "the lookup actor was given up after 3 deaths within 10 s (last exit code 3)"), "%s",
+		  w.reason);
+	h_worker_close(&w);
+}
+
+/* Raw ATTACH (op KVR_OP_ATTACH with geometry g and a KV memfd of its extent, or
+ * KVR_OP_ATTACH_SCHED with the default engine when g is NULL) over a new connection, kept
+ * open in w->sock: the reply's status and reason. 0 when a reply arrived. */
+static int raw_attach(const char *sock, const struct kvr_geometry *g, struct h_worker *w)
+{
+	memset(w, 0, sizeof(*w));
+	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION};
+	int kv = -1;
+	if (g) {
+		kv = memfd_create("h-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		cr_assert(kv >= 0 && ftruncate(kv, (off_t)kvr_geometry_kv_extent(g)) == 0);
+		req.op = KVR_OP_ATTACH;
+		req.payload_len = sizeof(*g);
+		memcpy(req.payload, g, sizeof(*g));
+	} else {
+		req.op = KVR_OP_ATTACH_SCHED;
+		req.payload_len = sizeof(struct kvr_attach_engine); /* zeros: engine "default" */
+	}
+	w->sock = kvr_proto_connect(sock);
+	cr_assert_geq(w->sock, 0, "connect %s: %s", sock, strerror(-w->sock));
+	/* a reply that never comes fails the test here, not at Criterion's timeout */
+	struct timeval tv = {.tv_sec = 5};
+	cr_assert_eq(setsockopt(w->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+	(void)kvr_proto_send(w->sock, &req, offsetof(struct kvr_proto_req, payload) + req.payload_len, &kv, g ? 1 : 0);
+	if (kv >= 0)
+		close(kv);
+	static struct kvr_proto_rep rep;
+	memset(&rep, 0, sizeof(rep));
+	ssize_t n = kvr_proto_recv(w->sock, &rep, sizeof(rep), w->fds, KVR_PROTO_MAX_FDS, &w->n_fds);
+	if (n <= 0)
+		return n < 0 ? (int)n : -ECONNRESET;
+	w->status = rep.status;
+	w->worker = rep.worker;
+	snprintf(w->reason, sizeof(w->reason), "%s", rep.reason);
+	return 0;
+}
+
+/* Issue 22: the real lookup actor killed until its crash-loop tally gives it up (FAILED).
+ * A worker's and a scheduler's attach are refused at once, naming it — not served (every
+ * lookup would fail) and not left to wait out the client's attach timeout — and no actor
+ * of the worker is started. */
+Test(supervisor, attach_refused_once_lookup_given_up)
+{
+	h_write_config_with(&inst, NULL, 1,
+			    "\"ready_timeout_ms\": 2000, \"stable_after_ms\": 1000, \"restart_backoff_initial_ms\": 50, "
+			    "\"restart_backoff_max_ms\": 400, \"crash_loop_window_s\": 10, \"crash_loop_max_deaths\": 2, "
+			    "\"health_interval_ms\": 200, \"attach_timeout_ms\": 5000",
+			    ",\n  \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}");
+	h_start(&inst);
+	struct kvr_actor_ent *e = wait_ready("lookup", 3000);
+	pid_t pid0 = atomic_load(&e->pid);
+	cr_assert_eq(kill(pid0, SIGKILL), 0);
+	cr_assert(H_WAIT(atomic_load(&e->pid) > 0 && atomic_load(&e->pid) != pid0, 3000), "lookup not restarted");
+	cr_assert_eq(kill(atomic_load(&e->pid), SIGKILL), 0);
+	cr_assert(H_WAIT(atomic_load(&e->state) == KVR_ACTOR_FAILED, 3000), "lookup %s after 2 deaths",
+		  kvr_actor_state_name(atomic_load(&e->state)));
+
+	struct h_worker w;
+	cr_assert_eq(raw_attach(inst.sock, NULL, &w), 0, "no reply to the scheduler's attach");
+	cr_assert_eq(w.status, -EPIPE, "scheduler attach: status %d (%s)", w.status, w.reason);
+	cr_assert_eq(w.n_fds, 0);
+	cr_assert_str_eq(w.reason, "the lookup actor was given up after 2 deaths within 10 s (last killed by signal 9): "
+				   "restart kvringd");
+	h_worker_close(&w);
+
+	cr_assert_eq(h_attach(inst.sock, &w), 0, "no reply to the worker's attach");
+	cr_assert_eq(w.status, -EPIPE, "worker attach: status %d (%s)", w.status, w.reason);
+	cr_assert_eq(w.n_fds, 0);
+	cr_assert_str_eq(w.reason, "the lookup actor was given up after 2 deaths within 10 s (last killed by signal 9): "
+				   "restart kvringd");
+	h_worker_close(&w);
+	cr_assert(h_log_contains(&inst, "attach from pid"), "the refusal is logged");
+	cr_assert_eq(atomic_load(&h_actor(&inst, "loader.0")->state), KVR_ACTOR_IDLE, "a refused worker's loader started");
+	cr_assert_eq(atomic_load(&h_actor(&inst, "storer.0")->state), KVR_ACTOR_IDLE);
+	cr_assert_eq(atomic_load(&kvr_ctl_worker(inst.ctl, 0)->state), KVR_WORKER_FREE);
+}
+
+/* Issue 22: dcp_interleave means nothing without DCP; anything but 1 is refused at attach by
+ * the one geometry check (kvr_geometry_validate) that the client library makes too. */
+Test(supervisor, attach_refuses_interleave_without_dcp)
+{
+	h_write_config(&inst, 1, NULL, NULL);
+	h_start(&inst);
+	struct kvr_geometry g;
+	cr_assert_eq(kvr_preset_geometry(kvr_preset_find("qwen3-8b"), 1, 0, 128, 2, &g), 0);
+	g.dcp_interleave = 7;
+	struct h_worker w;
+	cr_assert_eq(raw_attach(inst.sock, &g, &w), 0);
+	cr_assert_eq(w.status, -EINVAL, "status %d (%s)", w.status, w.reason);
+	cr_assert_str_eq(w.reason, "geometry: dcp_interleave: 7 with dcp_size 1 (without DCP it must be 1)");
+	h_worker_close(&w);
+	g.dcp_interleave = 1; /* the same attach, right: served */
+	cr_assert_eq(raw_attach(inst.sock, &g, &w), 0);
+	cr_assert_eq(w.status, 0, "%s", w.reason);
 	h_worker_close(&w);
 }
 
@@ -614,6 +713,77 @@ Test(supervisor, accept_without_fds_does_not_spin)
 		close(fds[i]);
 	close(sock);
 	cr_assert(h_log_contains(&inst, "accepting connections again"));
+}
+
+/* ---- RLIMIT_NOFILE ------------------------------------------------------------------ */
+
+/* A config with one L2 directory: its disk actor registers an io_uring file table of
+ * max(l2.queue_depth, 256) entries, which the kernel refuses above the soft RLIMIT_NOFILE. */
+static void write_l2_config(void)
+{
+	char l2[640], sections[1024];
+	snprintf(l2, sizeof(l2), "%s/l2", inst.dir);
+	cr_assert_eq(mkdir(l2, 0700), 0);
+	snprintf(sections, sizeof(sections),
+		 ",\n  \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false},\n"
+		 "  \"l2\": {\"dirs\": [\"%s\"], \"capacity_bytes\": \"256MiB\"}", l2);
+	h_write_config_with(&inst, NULL, 1, H_SUP_WATCH, sections);
+}
+
+/* Each Criterion test is a process of its own: the limits set here end with it. */
+static void set_nofile(rlim_t soft, rlim_t hard)
+{
+	struct rlimit old, rl = {.rlim_cur = soft, .rlim_max = hard};
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+	if (old.rlim_max != RLIM_INFINITY && old.rlim_max < hard)
+		cr_skip_test("the hard RLIMIT_NOFILE is %llu here, the test needs %llu", (unsigned long long)old.rlim_max,
+			     (unsigned long long)hard);
+	cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0, "setrlimit(%llu, %llu): %s", (unsigned long long)soft,
+		     (unsigned long long)hard, strerror(errno));
+}
+
+/* Issue 22: below what the config needs, with no room to raise it, kvringd refuses to start
+ * and says by how much (it used to start "degraded": its disk actor crash-looped on EMFILE,
+ * L2 given up). */
+Test(supervisor, nofile_too_low_refused)
+{
+	write_l2_config();
+	set_nofile(64, 64);
+	const char *args[] = {"--config", inst.cfg, NULL};
+	pid_t p = h_spawn_kvringd(&inst, args);
+	int st = h_wait_exit(p, 5000);
+	char *log = h_read_file(inst.log);
+	cr_assert(st != -1, "kvringd still runs under RLIMIT_NOFILE 64; log:\n%s", log);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x; log:\n%s", st, log);
+	/* 16 + 8 + 256: the disk actor's own descriptors and its file table (limits.c) */
+	static const char want[] = "kvringd: RLIMIT_NOFILE soft 64 hard 64, this config needs at least 280 (a disk actor: "
+				   "its io_uring file table is max(l2.queue_depth, 256)): raise it (ulimit -n 280)\n";
+	cr_assert_str_eq(log, want);
+	free(log);
+	struct stat sb;
+	cr_assert_eq(stat(inst.sock, &sb), -1, "a refused start created its socket");
+}
+
+/* Room under the hard limit: the soft limit is raised (every actor inherits it) and the
+ * disk actor starts. */
+Test(supervisor, nofile_soft_raised_to_hard)
+{
+	write_l2_config();
+	set_nofile(64, 4096);
+	h_start(&inst);
+	struct kvr_actor_ent *d = wait_ready("disk.0", 5000);
+	char path[64], *limits;
+	snprintf(path, sizeof(path), "/proc/%d/limits", (int)inst.pid);
+	limits = h_read_file(path);
+	cr_assert(strstr(limits, "Max open files            4096                 4096"), "%s", limits);
+	free(limits);
+	snprintf(path, sizeof(path), "/proc/%d/limits", (int)atomic_load(&d->pid));
+	limits = h_read_file(path);
+	cr_assert(strstr(limits, "Max open files            4096                 4096"), "disk.0: %s", limits);
+	free(limits);
+	cr_assert(h_log_contains(&inst, "RLIMIT_NOFILE soft limit raised from 64 to 4096: this config needs at least 280"));
+	cr_assert_eq(d->restarts, 0, "the disk actor had to restart");
+	cr_assert_eq(atomic_load(&((struct kvr_ctl *)inst.ctl)->state), KVR_INST_RUNNING);
 }
 
 /* ---- configuration ----------------------------------------------------------------- */

@@ -52,7 +52,7 @@ void bench_usage(FILE *f)
 		"  --interleave N       DCP interleave: a rank holds runs of N consecutive tokens (default 1;\n"
 		"                       --block-tokens must be a multiple of --dcp x --interleave)\n"
 		"  --load-dcp N         the warm phase's DCP size (default --dcp): load under another layout\n"
-		"  --load-interleave N  the warm phase's interleave (default --interleave)\n"
+		"  --load-interleave N  the warm phase's interleave (default --interleave; 1 without DCP)\n"
 		"  --remote SEEDS       with --spawn: the shared tier on the Redis Cluster of these nodes\n"
 		"                       (host:port,...): two instances A and B; the cold phase on A, wait\n"
 		"                       until the cluster acknowledged every lane (remote write GB/s),\n"
@@ -184,7 +184,9 @@ uint32_t bench_load_dcp(const struct bench_opts *o)
 
 uint32_t bench_load_interleave(const struct bench_opts *o)
 {
-	return o->load_interleave ? o->load_interleave : o->interleave;
+	if (o->load_interleave)
+		return o->load_interleave;
+	return bench_load_dcp(o) > 1 ? o->interleave : 1; /* without DCP the interleave is 1 (kvr_geometry.h) */
 }
 
 /* A DCP group is D consecutive TP ranks, and every rank must hold block_tokens / D tokens of
