@@ -63,15 +63,19 @@ static void fence_open(struct stage_worker *sw)
 			 sw->worker, (int)pid, strerror(errno));
 }
 
-int stage_fence(struct stage_worker *sw, uint64_t wire)
+int stage_fence(struct stage_worker *sw, uint64_t wire, bool exact)
 {
 	const struct kvr_worker_ent *we = kvr_ctl_worker(sw->a->ctl, sw->worker);
 	if (we->generation != sw->fence_gen ||
 	    (sw->fence_attached && atomic_load_explicit(&we->state, memory_order_acquire) != KVR_WORKER_ATTACHED))
 		return -ESHUTDOWN;
 	if (!sw->worker_dead && sw->pidfd >= 0) {
-		struct pollfd p = {.fd = sw->pidfd, .events = POLLIN};
-		sw->worker_dead = poll(&p, 1, 0) == 1;
+		uint64_t now = exact ? 0 : kvr_now_ns();
+		if (exact || now - sw->fence_polled_ns >= STAGE_FENCE_POLL_NS) {
+			struct pollfd p = {.fd = sw->pidfd, .events = POLLIN};
+			sw->worker_dead = poll(&p, 1, 0) == 1;
+			sw->fence_polled_ns = now;
+		}
 	}
 	if (sw->worker_dead)
 		return -EOWNERDEAD;
@@ -298,7 +302,7 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 		/* after an error nothing more is issued; what is in flight is still reaped */
 		/* the fence, before every chunk: a cancel, detach or death stops the copy here */
 		for (unsigned r = 0; wire && !rc && done < n && inflight < depth && r < n_ranks; r++)
-			rc = stage_fence(sw[r], wire[r]);
+			rc = stage_fence(sw[r], wire[r], false);
 		if (!rc && done < n && inflight < depth) {
 			uint32_t k = n - done < chunk ? n - done : chunk, at = (head + inflight) % depth;
 			unsigned submitted = 0;

@@ -44,6 +44,7 @@ struct stage_worker {
 	bool fence_attached;          /* its slot was ATTACHED (a stepped test's may be FREE) */
 	int pidfd;                    /* the worker process (pidfd_open), -1: not watched */
 	bool worker_dead;             /* its pidfd said it exited (sticky) */
+	uint64_t fence_polled_ns;     /* when the pidfd was last polled */
 };
 
 /* Set up for worker slot `worker` whose KV memory is kv_fd (kv_bytes): read its geometry
@@ -65,10 +66,13 @@ void stage_worker_close(struct stage_worker *sw);
  *   -EOWNERDEAD  the worker process exited (its pidfd is readable): memory it shared with
  *                another process may already hold other data.
  *
- * 0: go on. One poll() of the pidfd and a scan of the cancel table: about a microsecond,
- * against a chunk's copy of megabytes.
+ * 0: go on. The cancel table and the slot are read every call (a few dozen loads); the
+ * pidfd is polled (a syscall) when `exact`, else at most every STAGE_FENCE_POLL_NS — so a
+ * copy of many small chunks does not pay a syscall per chunk. A store's commit check is
+ * exact: a store is never committed once its worker's exit can be seen.
  */
-int stage_fence(struct stage_worker *sw, uint64_t wire);
+#define STAGE_FENCE_POLL_NS 1000000ull
+int stage_fence(struct stage_worker *sw, uint64_t wire, bool exact);
 
 /* Copy n blocks between the workers' blocks and the slots at slot_offs for n_ranks ranks
  * at once (a storer or loader: 1; a DCP group's store: every rank, blocks[r] being rank
@@ -77,7 +81,8 @@ int stage_fence(struct stage_worker *sw, uint64_t wire);
  * waited for before it is reused. Rank r's copies wait for ready[r] first (ready NULL or
  * ready[r] NULL: nothing to wait for; CUDA stores: the producer's event, of which each
  * submission takes its own reference). Adds rank r's stats into st[r]. Before each chunk
- * every rank's fence is checked for request wire[r] (stage_fence; wire NULL: not checked):
+ * every rank's fence is checked for request wire[r] (stage_fence, not exact; wire NULL: not
+ * checked):
  * a fenced copy issues nothing more, waits for what it issued and returns the fence's
  * error — when it returns, nothing of the request can still touch the worker's memory
  * (on CUDA its copies' events completed). 0 or -errno (nothing more is copied after one). */

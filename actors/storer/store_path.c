@@ -352,7 +352,7 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 	/* the fence again, after the copy: a rank that detached, died or cancelled before its
 	 * copy was whole may have had other bytes in its blocks by then — never committed */
 	for (unsigned r = 0; !rc && n_copy && r < n_ranks; r++)
-		rc = stage_fence(sw[r], wires[r]);
+		rc = stage_fence(sw[r], wires[r], true);
 	if (rc) {
 		if (store_fenced(rc))
 			kvr_actor_count(ss->a, KVR_STAT_XF_FENCED, 1);
@@ -778,7 +778,7 @@ static bool start_alloc(struct stage_store_pipe *p, uint64_t now)
 		if (j->state != JOB_QUEUED)
 			continue;
 		const struct kvr_xfer_dep *readyp = NULL;
-		int rc = stage_fence(sw, j->rq.wire);
+		int rc = stage_fence(sw, j->rq.wire, false);
 		if (!rc)
 			rc = j->items ? store_check(ss, &sw, &j->rq, 1, &j->ready, &readyp) : -ENOMEM;
 		if (rc) {
@@ -827,7 +827,7 @@ static bool send_commits(struct stage_store_pipe *p, uint64_t now)
 			continue;
 		/* the fence after the copy: the worker detached, died or cancelled the store before
 		 * this point — its blocks may have held other bytes by the end of the copy */
-		int frc = stage_fence(p->sw, j->rq.wire);
+		int frc = stage_fence(p->sw, j->rq.wire, true);
 		if (frc) {
 			kvr_info("store %llx: not committed: %s", (unsigned long long)j->rq.wire, fence_why(frc));
 			kvr_actor_count(p->ss->a, KVR_STAT_XF_FENCED, 1);
