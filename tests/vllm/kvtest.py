@@ -513,3 +513,40 @@ def run(main: Any, needs_vllm: bool = True) -> None:
         log(f"(logs kept in {d})")
     else:
         shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- model namespaces (issue 22) ------------------------------------------------------------
+
+
+def tiny_model_seeded(seed: int) -> Path:
+    """The tiny model's config with the random weights of another seed (same geometry, same
+    safetensors header and size, other values), made once per seed like tiny_model()."""
+    if seed == MODEL_SEED:
+        return tiny_model()
+    key = hashlib.sha256(json.dumps([MODEL_CONFIG, seed], sort_keys=True).encode()).hexdigest()[:16]
+    d = BUILD / "vllm-test-models" / f"tiny-llama-{key}"
+    if (d / "model.safetensors").exists() and (d / "config.json").exists():
+        return d
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="tiny-llama-", dir=d.parent))
+    cfg = LlamaConfig(**{k: v for k, v in MODEL_CONFIG.items() if k != "architectures"})
+    cfg.architectures = MODEL_CONFIG["architectures"]
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(tmp, safe_serialization=True)
+    try:
+        tmp.rename(d)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"made the test model (seed {seed}) in {d}")
+    return d
+
+
+def engine_namespace(engine: Engine) -> str:
+    """The model namespace an engine's connector attached with (its start-up INFO line)."""
+    m = re.search(r"kvring: engine \S+: model namespace '([^']+)'", engine.log_text())
+    if not m:
+        raise TestFailure(f"engine {engine.name} logged no model namespace:\n{engine.log_tail()}")
+    return m.group(1)

@@ -1,12 +1,14 @@
 """Two vLLM engines of the same model on one kvringd: the second hits the first's prefix.
 
 Engine A and engine B run at the same time (one CPU core each), each attached with its
-own engine id (vLLM's) and the instance's model namespace, so kvringd has two rank-0
-workers attached at once. A's cold run stores a prompt; B's run of the same prompt hits
-every full block A stored and gives A's tokens and logprobs; B's prompt
-that extends A's prefix hits the prefix. Finally scheduler clients of this test (the
-Python binding, no vLLM) show the namespace rule: under the model's namespace the
-prefix is there, under another namespace it is not.
+own engine id (vLLM's) and the model namespace the connector derives from the model (the
+same files: the same namespace), so kvringd has two rank-0 workers attached at once.
+A's cold run stores a prompt; B's run of the same prompt hits every full block A stored
+and gives A's tokens and logprobs; B's prompt that extends A's prefix hits the prefix.
+Finally scheduler clients of this test (the Python binding, no vLLM) show the namespace
+rule: under the engines' namespace the prefix is there, under another namespace it is
+not — kvringd's model.model_id (the binding's default) included: it is not the
+connector's namespace.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ def main(d: Path) -> None:
     try:
         a.wait_started()
         b.wait_started()
+        ns = kt.engine_namespace(a)
+        ns_b = kt.engine_namespace(b)
+        check(ns_b == ns, f"two engines of the same files: namespaces {ns!r} and {ns_b!r}")
         workers = kv.worker_slots()
         check(
             len(workers) == 2 and all(w["tp_rank"] == 0 for w in workers),
@@ -57,13 +62,16 @@ def main(d: Path) -> None:
             f"(delta {delta:.2g}); an extension of it hit {ext['num_cached_tokens']}"
         )
 
-        with kvring.Scheduler(socket=kv.socket, engine_id="probe-same") as s:
+        with kvring.Scheduler(socket=kv.socket, engine_id="probe-same", model_ns=ns) as s:
             same = s.lease(7, p, loaders=1, ttl_ms=1000)
             s.lease_release(7)
         with kvring.Scheduler(socket=kv.socket, engine_id="probe-other", model_ns="another-model") as s:
             other = s.lease(7, p, loaders=1, ttl_ms=1000)
-        check(same.matched_blocks == 8, f"the model's namespace holds {same.matched_blocks} blocks of A's prompt")
+        with kvring.Scheduler(socket=kv.socket, engine_id="probe-model-id") as s:  # kvringd's model_id
+            model_id = s.lease(7, p, loaders=1, ttl_ms=1000)
+        check(same.matched_blocks == 8, f"the engines' namespace holds {same.matched_blocks} blocks of A's prompt")
         check(other.matched_blocks == 0, f"another namespace sees {other.matched_blocks} blocks of A's prompt")
+        check(model_id.matched_blocks == 0, f"kvringd's model_id sees {model_id.matched_blocks} blocks of A's prompt")
     finally:
         a.close()
         b.close()

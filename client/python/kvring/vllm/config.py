@@ -30,7 +30,8 @@ class ConfigError(ValueError):
 class ConnectorConfig:
     socket: str = DEFAULT_SOCKET
     engine_id: str | None = None  # None: vLLM's kv_transfer_config.engine_id
-    model_ns: str | None = None  # None: the kvringd instance's model.model_id
+    model_ns: str | None = None  # None: derived from the model, its weights and the KV format (namespace.py)
+    weights_fingerprint: str = "sampled"  # how the default model_ns fingerprints the weights: sampled | full
     timeout_ms: int = 10000
     lease_ttl_ms: int = 30000
     reattach_interval_ms: int = 1000
@@ -41,7 +42,16 @@ class ConnectorConfig:
 KEYS: dict[str, tuple[type, str]] = {
     "socket": (str, "kvringd's socket path (instance.socket); it must exist when vLLM starts"),
     "engine_id": (str, "this engine's id at kvringd, 1..47 of [A-Za-z0-9._:-]; default: vLLM's engine id"),
-    "model_ns": (str, "model namespace: engines with equal namespaces share blocks; default: kvringd's model_id"),
+    "model_ns": (
+        str,
+        "model namespace: engines with equal namespaces share blocks; default: derived from the model's name, "
+        "a fingerprint of its weights, dtype, quantization, KV cache dtype, block size and layout",
+    ),
+    "weights_fingerprint": (
+        str,
+        "how the default model_ns fingerprints the weights: 'sampled' (headers, sizes and a few MB of content) "
+        "or 'full' (every byte); unused when model_ns is given",
+    ),
     "timeout_ms": (int, "ceiling of one kvring call and of the wait for a step's loads (1..600000)"),
     "lease_ttl_ms": (int, "a lookup lease not loaded or released within this ends by itself (1..3600000)"),
     "reattach_interval_ms": (int, "after kvringd went away, try to attach again at most this often (1..3600000)"),
@@ -88,6 +98,12 @@ def parse(extra: dict[str, Any] | None) -> ConnectorConfig:
         raise _fail("engine_id", f"{out['engine_id']!r} is not 1..47 characters of [A-Za-z0-9._:-]")
     if "model_ns" in out and not (1 <= len(out["model_ns"].encode()) <= 63 and out["model_ns"].isprintable()):
         raise _fail("model_ns", f"{out['model_ns']!r} is not 1..63 printable bytes")
+    if "weights_fingerprint" in out and out["weights_fingerprint"] not in ("sampled", "full"):
+        raise _fail(
+            "weights_fingerprint",
+            f"{out['weights_fingerprint']!r} is not 'sampled' or 'full' (to share blocks across models on purpose, "
+            "set model_ns)",
+        )
     for k, hi in (("timeout_ms", 600000), ("lease_ttl_ms", 3600000), ("reattach_interval_ms", 3600000)):
         if k in out and not 1 <= out[k] <= hi:
             raise _fail(k, f"out of range: {out[k]} (must be 1..{hi})")

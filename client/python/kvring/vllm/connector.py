@@ -20,6 +20,7 @@ failures.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from contextlib import AbstractContextManager
@@ -34,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import config as _config
+from . import namespace as _namespace
 from .metadata import KvringConnectorMetadata
 from .scheduler import SchedulerSide
 from .worker import WorkerSide
@@ -75,6 +77,26 @@ class KvringConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self.cfg = _config.parse(vllm_config.kv_transfer_config.kv_connector_extra_config)
         self.engine_id = _engine_id(vllm_config, self.cfg)
+        # The model namespace both halves attach with: model_ns when given, else derived
+        # from the model, its weights and the KV format (namespace.py), the same string in
+        # the scheduler and every worker (kvringd refuses an engine whose clients differ).
+        self.namespace = _namespace.derive(vllm_config, self.cfg, kv_cache_config)
+        self.cfg = dataclasses.replace(self.cfg, model_ns=self.namespace.ns)
+        ns = self.namespace
+        if role == KVConnectorRole.SCHEDULER:
+            log.info("kvring: engine %s: %s", self.engine_id, ns.describe())
+        else:
+            log.debug("kvring: engine %s: %s", self.engine_id, ns.describe())
+        if not ns.explicit and ns.fingerprint is None and role == KVConnectorRole.SCHEDULER:
+            log.warning(
+                "kvring: the weights of %r were not fingerprinted (%s): the model namespace %r is made of the "
+                "model's name and revision only, so engines of that name share kvring blocks whatever weights "
+                "they run. Point vLLM at the model's local directory, or set model_ns in "
+                "kv_connector_extra_config",
+                vllm_config.model_config.model,
+                ns.why_no_fingerprint,
+                ns.ns,
+            )
         if not os.path.exists(self.cfg.socket):
             raise RuntimeError(
                 f"kvring: kvringd socket {self.cfg.socket} does not exist (kv_connector_extra_config.socket): "
