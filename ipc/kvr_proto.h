@@ -13,6 +13,7 @@
  * (and, for an attach, with the request: the worker's KV memory) as SCM_RIGHTS.
  *
  *   INSPECT  -> reply status 0 + fds [ctl, slot table, every client area] (all read-only)
+ *               + payload: the engines attached now (struct kvr_inspect_engine, below)
  *   ATTACH   -> reply status 0 + worker slot + fds [ctl (read-only), the worker's own
  *               client area (read-write): kvr_ctl.h]; the connection then
  *               stays open for the worker's lifetime: when it closes (the worker died or
@@ -101,6 +102,33 @@ struct kvr_attach_engine {
 	uint32_t reserved[4];
 };
 _Static_assert(sizeof(struct kvr_attach_engine) == 128, "engine identity");
+
+/* INSPECT reply payload: the engines attached when kvringd answered (they live only in
+ * kvringd's memory, not in the control segment), in engine index order. An array of
+ * payload_len / sizeof(struct kvr_inspect_engine) entries, at most KVR_CTL_MAX_ENGINES;
+ * payload_len 0 = none attached. A payload_len that is not a multiple of the entry size
+ * is malformed (take no entry from it). Readers that do not know the table (it came
+ * within protocol version 3) ignore it: the descriptors are the whole of what they use.
+ * An engine is listed while any worker or scheduler of it is attached: index is what
+ * kvr_worker_ent.engine of its clients names; workers / schedulers count its worker and
+ * scheduler slots attached (a detaching worker no longer counts). id is the engine_id
+ * ("default" when it attached with ""), model_ns the namespace its keys use, resolved:
+ * the attach's model_ns or, when that was "", the instance's model.model_id (flag
+ * KVR_INSPECT_ENGINE_NS_MODEL_ID; a model_id longer than 63 bytes is cut here, the
+ * effective config in the control segment holds it whole). Both strings NUL-terminated
+ * and NUL-padded; other flag bits 0. */
+#define KVR_INSPECT_ENGINE_NS_MODEL_ID 0x1u
+struct kvr_inspect_engine {
+	uint32_t index;       /* engine index (0..KVR_CTL_MAX_ENGINES-1) */
+	uint32_t workers;     /* worker slots of it attached */
+	uint32_t schedulers;  /* scheduler slots of it attached */
+	uint32_t flags;       /* KVR_INSPECT_ENGINE_* */
+	char id[48];          /* engine_id */
+	char model_ns[64];    /* its key namespace's model part, resolved */
+};
+_Static_assert(sizeof(struct kvr_inspect_engine) == 128, "INSPECT engine entry");
+_Static_assert(offsetof(struct kvr_inspect_engine, id) == 16 && offsetof(struct kvr_inspect_engine, model_ns) == 64,
+	       "INSPECT engine entry layout");
 
 /* ATTACH_SCHED: payload struct kvr_attach_engine, no fds. Reply: status 0, worker = the
  * scheduler slot, fds [ctl (read-only), its client area], payload struct kvr_attach_info (ns, lanes, n_slots, block_tokens,

@@ -341,8 +341,32 @@ static void handle_inspect(struct sup *s, struct sup_conn *c)
 	}
 	rep_init(s, &rep, 0, NULL);
 	rep.n_fds = n;
+	/* the payload: every attached engine and its clients (kvr_proto.h), which the control
+	 * segment does not hold */
+	_Static_assert(KVR_CTL_MAX_ENGINES * sizeof(struct kvr_inspect_engine) <= KVR_PROTO_PAYLOAD_MAX,
+		       "the engine table fits an INSPECT reply");
+	uint32_t workers[KVR_CTL_MAX_ENGINES] = {0}, scheds[KVR_CTL_MAX_ENGINES] = {0};
+	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
+		if (s->worker_engine[w] >= 0 && s->worker_engine[w] < KVR_CTL_MAX_ENGINES)
+			workers[s->worker_engine[w]]++;
+	for (unsigned i = 0; i < KVR_CTL_MAX_SCHEDULERS; i++)
+		if (s->sched_engine[i] >= 0 && s->sched_engine[i] < KVR_CTL_MAX_ENGINES)
+			scheds[s->sched_engine[i]]++;
+	unsigned n_eng = 0;
+	for (unsigned e = 0; e < KVR_CTL_MAX_ENGINES; e++) {
+		const struct sup_engine *en = &s->engines[e];
+		if (!en->refs)
+			continue;
+		struct kvr_inspect_engine ent = {.index = e, .workers = workers[e], .schedulers = scheds[e]};
+		snprintf(ent.id, sizeof(ent.id), "%s", en->id.id);
+		snprintf(ent.model_ns, sizeof(ent.model_ns), "%s", sup_engine_model(s, &en->id));
+		if (!en->id.model_ns[0])
+			ent.flags |= KVR_INSPECT_ENGINE_NS_MODEL_ID;
+		memcpy(rep.payload + (size_t)n_eng++ * sizeof(ent), &ent, sizeof(ent));
+	}
+	rep.payload_len = n_eng * (uint32_t)sizeof(struct kvr_inspect_engine);
 	int rc = send_rep(c->fd, &rep, fds, n);
-	kvr_debug("inspect from pid %d%s", (int)c->pid, rc ? ": reply not sent" : "");
+	kvr_debug("inspect from pid %d (%u engines)%s", (int)c->pid, n_eng, rc ? ": reply not sent" : "");
 out:
 	for (unsigned i = 0; i < n; i++)
 		(void)close(fds[i]);

@@ -589,3 +589,199 @@ Test(inspect, hide_idle_slots)
 	free(t);
 	kvr_insp_snap_free(s);
 }
+
+/* ---- the engine table kvringd sends with its INSPECT reply ------------------------------ */
+
+static struct kvr_inspect_engine engine_ent(uint32_t index, const char *id, const char *ns, uint32_t workers,
+					    uint32_t scheds, uint32_t flags)
+{
+	struct kvr_inspect_engine e = {.index = index, .workers = workers, .schedulers = scheds, .flags = flags};
+	/* as kvringd writes them: cut to fit, NUL-terminated and NUL-padded */
+	memcpy(e.id, id, strnlen(id, sizeof(e.id) - 1));
+	memcpy(e.model_ns, ns, strnlen(ns, sizeof(e.model_ns) - 1));
+	return e;
+}
+
+static void assert_80_printable(const char *txt)
+{
+	unsigned lines = 0;
+	for (const char *line = txt; *line; lines++) {
+		const char *nl = strchr(line, '\n');
+		cr_assert_not_null(nl);
+		cr_assert_leq(nl - line, 80, "line %u is %d columns: %.*s", lines, (int)(nl - line), (int)(nl - line), line);
+		for (const char *ch = line; ch < nl; ch++)
+			cr_assert((unsigned char)*ch >= 0x20 && (unsigned char)*ch < 0x7f, "line %u holds 0x%02x", lines,
+				  (unsigned char)*ch);
+		line = nl + 1;
+	}
+}
+
+/* The section between "engines" and the next blank line of txt (caller frees). */
+static char *engines_section(const char *txt)
+{
+	const char *b = strstr(txt, "\nengines");
+	cr_assert_not_null(b, "no engines section:\n%s", txt);
+	b++;
+	const char *e = strstr(b, "\n\n");
+	cr_assert_not_null(e);
+	return strndup(b, (size_t)(e - b) + 1);
+}
+
+/* One line per engine when it fits; a namespace that does not fit beside the rest gets a
+ * line of its own, whole; the JSON has every engine, its id and namespace whole. */
+Test(inspect, engines_text_and_json_exact)
+{
+	struct kvr_inspect_engine tab[2] = {
+		engine_ent(0, "vllm-a", "Qwen/Qwen3-8B", 2, 1, KVR_INSPECT_ENGINE_NS_MODEL_ID),
+		engine_ent(3, "tiny", "tiny-llama-bb89e7b1cad4526e@54d0f074fc7c3d500fc7", 1, 0, 0),
+	};
+	struct kvr_insp_snap *s;
+	cr_assert_eq(kvr_insp_snapshot(rctl, &now, 8, &s), 0);
+	cr_assert_eq(kvr_insp_snapshot_engines(s, rctl, tab, sizeof(tab)), 0);
+	char *txt = render_snaps(s, NULL, 0);
+	char *sec = engines_section(txt);
+	cr_assert_str_eq(sec, "engines\n"
+			      "  engine 0  \"vllm-a\"  namespace \"Qwen/Qwen3-8B\"  workers 2  schedulers 1\n"
+			      "  engine 3  \"tiny\"  workers 1  schedulers 0\n"
+			      "    namespace \"tiny-llama-bb89e7b1cad4526e@54d0f074fc7c3d500fc7\"\n");
+	/* between the actors and the clients that name them */
+	cr_assert_not_null(strstr(txt, "schedulers 0\n    namespace \"tiny-llama-bb89e7b1cad4526e@54d0f074fc7c3d500fc7\"\n"
+				       "\nworkers\n  client.0   pid 6001     attached   tp 0/2  dcp 0/1  engine 0\n"),
+			   "%s", txt);
+	assert_80_printable(txt);
+	free(sec);
+	free(txt);
+
+	char *js = render_snaps(s, NULL, 1);
+	cJSON *root = cJSON_Parse(js);
+	cr_assert_not_null(root, "%s", js);
+	const cJSON *en = obj(root, "engines");
+	cr_assert(cJSON_IsArray(en));
+	cr_assert_eq(cJSON_GetArraySize(en), 2);
+	const cJSON *e0 = cJSON_GetArrayItem(en, 0), *e1 = cJSON_GetArrayItem(en, 1);
+	cr_assert_eq(num(e0, "index"), 0);
+	cr_assert_str_eq(str(e0, "id"), "vllm-a");
+	cr_assert_str_eq(str(e0, "model_ns"), "Qwen/Qwen3-8B");
+	cr_assert_eq(num(e0, "workers"), 2);
+	cr_assert_eq(num(e0, "schedulers"), 1);
+	cr_assert_eq(num(e1, "index"), 3);
+	cr_assert_str_eq(str(e1, "id"), "tiny");
+	cr_assert_str_eq(str(e1, "model_ns"), "tiny-llama-bb89e7b1cad4526e@54d0f074fc7c3d500fc7");
+	cr_assert_eq(num(e1, "workers"), 1);
+	cr_assert_eq(num(e1, "schedulers"), 0);
+	cr_assert_eq(cJSON_GetArraySize(e0), 5, "index, id, model_ns, workers, schedulers");
+	cJSON_Delete(root);
+	free(js);
+	kvr_insp_snap_free(s);
+}
+
+/* No table: no section, JSON null; an empty one: "none attached", []; a table that is not
+ * a whole number of entries: "unknown", null. */
+Test(inspect, engines_absent_empty_malformed)
+{
+	struct kvr_insp_snap *s;
+	cr_assert_eq(kvr_insp_snapshot(rctl, &now, 8, &s), 0);
+	char *txt = render_snaps(s, NULL, 0), *js = render_snaps(s, NULL, 1);
+	cr_assert_null(strstr(txt, "engines"), "%s", txt);
+	cr_assert_not_null(strstr(js, "\"engines\":null"), "%s", js);
+	free(txt);
+	free(js);
+
+	cr_assert_eq(kvr_insp_snapshot_engines(s, rctl, NULL, 0), 0);
+	txt = render_snaps(s, NULL, 0);
+	js = render_snaps(s, NULL, 1);
+	cr_assert_not_null(strstr(txt, "\n\nengines: none attached\n\nworkers\n"), "%s", txt);
+	cr_assert_not_null(strstr(js, "\"engines\":[]"), "%s", js);
+	free(txt);
+	free(js);
+
+	struct kvr_inspect_engine tab[2] = {engine_ent(0, "a", "b", 1, 0, 0), engine_ent(1, "c", "d", 1, 0, 0)};
+	cr_assert_eq(kvr_insp_snapshot_engines(s, rctl, tab, sizeof(tab) - 1), -EBADMSG);
+	txt = render_snaps(s, NULL, 0);
+	js = render_snaps(s, NULL, 1);
+	cr_assert_not_null(strstr(txt, "\nengines: unknown (kvringd's table: Bad message)\n"), "%s", txt);
+	cr_assert_null(strstr(txt, "engine 0  "), "%s", txt);
+	cr_assert_not_null(strstr(js, "\"engines\":null"), "%s", js);
+	free(txt);
+	free(js);
+	cr_assert_eq(kvr_insp_snapshot_engines(s, rctl, tab, (KVR_CTL_MAX_ENGINES + 1) * sizeof(tab[0])), -EBADMSG);
+	cr_assert_eq(kvr_insp_snapshot_engines(s, rctl, NULL, sizeof(tab[0])), -EINVAL);
+	kvr_insp_snap_free(s);
+}
+
+/* Whatever kvringd's table holds: lines fit 80 columns and are printable (an id too long
+ * for its line loses its middle, a namespace longer than its own line too), the JSON keeps
+ * both whole (non-printable bytes as '?'); a model.model_id too long for the entry is
+ * taken whole from the segment's config. */
+Test(inspect, engines_fit_80_columns_whatever_the_table_holds)
+{
+	char long_id[48], long_ns[64], model_id[121];
+	memset(long_id, 'i', sizeof(long_id)); /* no NUL */
+	long_id[0] = 'A';
+	long_id[sizeof(long_id) - 1] = 'Z';
+	memset(long_ns, 'n', sizeof(long_ns));
+	long_ns[1] = '\033';
+	long_ns[sizeof(long_ns) - 1] = 'E';
+	for (unsigned i = 0; i < sizeof(model_id) - 1; i++)
+		model_id[i] = (char)('a' + i % 26);
+	model_id[sizeof(model_id) - 1] = '\0';
+
+	/* a segment whose effective config names that model_id */
+	char cfg[256], name[64];
+	snprintf(cfg, sizeof(cfg), "{\"model\": {\"model_id\": \"%s\"}}", model_id);
+	snprintf(name, sizeof(name), "kvr-test-inspect-eng-%d", getpid());
+	size_t sz = kvr_ctl_memsize(4, 2, specs, N_RINGS, 512);
+	struct kvr_segment s2;
+	cr_assert_eq(kvr_segment_create(name, KVR_SEG_CTL, sz, 3, 0, &s2), 0);
+	cr_assert_eq(kvr_ctl_init(&s2, 4, 2, specs, N_RINGS, cfg), 0);
+	struct kvr_ctl *c2;
+	cr_assert_eq(kvr_ctl_attach(&s2, &c2, NULL), 0);
+
+	struct kvr_inspect_engine tab[3];
+	memset(tab, 0, sizeof(tab));
+	tab[0] = (struct kvr_inspect_engine){.index = UINT32_MAX, .workers = UINT32_MAX, .schedulers = UINT32_MAX};
+	memcpy(tab[0].id, long_id, sizeof(long_id));
+	memcpy(tab[0].model_ns, long_ns, sizeof(long_ns));
+	tab[1] = engine_ent(1, "default", model_id, 1, 0, KVR_INSPECT_ENGINE_NS_MODEL_ID); /* cut at 63 */
+	tab[2] = engine_ent(2, "other", model_id, 1, 0, 0); /* same bytes, not the model_id: stays cut */
+
+	struct kvr_insp_snap *s;
+	cr_assert_eq(kvr_insp_snapshot(c2, &now, 8, &s), 0);
+	cr_assert_eq(kvr_insp_snapshot_engines(s, c2, tab, sizeof(tab)), 0);
+	char *txt = render_snaps(s, NULL, 0);
+	if (getenv("KVR_TEST_PRINT"))
+		fputs(txt, stderr);
+	assert_80_printable(txt);
+	char *sec = engines_section(txt);
+	cr_assert_str_eq(sec, "engines\n"
+			      "  engine 4294967295  \"Aiiiii...iiiiZ\"  workers 4294967295  schedulers 4294967295\n"
+			      "    namespace \"n?nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnE\"\n"
+			      "  engine 1  \"default\"  workers 1  schedulers 0\n"
+			      "    namespace \"abcdefghijklmnopqrstuvwxyzabcde...mnopqrstuvwxyzabcdefghijklmnop\"\n"
+			      "  engine 2  \"other\"  workers 1  schedulers 0\n"
+			      "    namespace \"abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk\"\n",
+			   "%s", sec);
+	free(sec);
+	free(txt);
+
+	char *js = render_snaps(s, NULL, 1);
+	cJSON *root = cJSON_Parse(js);
+	cr_assert_not_null(root, "%s", js);
+	const cJSON *en = obj(root, "engines");
+	cr_assert_eq(cJSON_GetArraySize(en), 3);
+	char want_id[49], want_ns[65];
+	memcpy(want_id, long_id, 48);
+	want_id[48] = '\0';
+	memcpy(want_ns, long_ns, 64);
+	want_ns[1] = '?';
+	want_ns[64] = '\0';
+	cr_assert_str_eq(str(cJSON_GetArrayItem(en, 0), "id"), want_id);
+	cr_assert_str_eq(str(cJSON_GetArrayItem(en, 0), "model_ns"), want_ns);
+	cr_assert_eq(num(cJSON_GetArrayItem(en, 0), "index"), (double)UINT32_MAX);
+	cr_assert_str_eq(str(cJSON_GetArrayItem(en, 1), "model_ns"), model_id);
+	cr_assert_eq(strlen(str(cJSON_GetArrayItem(en, 2), "model_ns")), 63);
+	cJSON_Delete(root);
+	free(js);
+	kvr_insp_snap_free(s);
+	kvr_segment_close(&s2);
+}

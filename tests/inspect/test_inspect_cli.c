@@ -31,6 +31,9 @@ struct fake {
 	char path[108];
 	int lsock;
 	int status;        /* reply status: 0 sends the ctl fd, < 0 refuses */
+	unsigned serve_n;  /* connections answered before the thread ends (0 = 1; teardown's
+			    * shutdown of lsock ends it early) */
+	unsigned served;
 	struct kvr_segment seg;
 	pthread_t thr;
 	int got_op;        /* what the client asked for */
@@ -40,12 +43,24 @@ struct fake {
 static struct fake fk;
 static char out_path[128], err_path[128];
 
+static void serve_one(struct fake *f, int c);
+
 static void *serve(void *arg)
 {
 	struct fake *f = arg;
-	int c = accept4(f->lsock, NULL, NULL, SOCK_CLOEXEC);
-	if (c < 0)
-		return NULL;
+	do {
+		int c = accept4(f->lsock, NULL, NULL, SOCK_CLOEXEC);
+		if (c < 0)
+			return NULL;
+		serve_one(f, c);
+		f->served++;
+	} while (f->served < f->serve_n);
+	return NULL;
+}
+
+/* Answer one INSPECT (kvring-inspect sends one per connection; --watch one per frame). */
+static void serve_one(struct fake *f, int c)
+{
 	struct kvr_proto_req req;
 	unsigned n_fds = 0;
 	int fds[KVR_PROTO_MAX_FDS];
@@ -63,7 +78,6 @@ static void *serve(void *arg)
 		kvr_proto_send(c, &rep, sizeof(rep), &f->seg.fd, 1);
 	}
 	close(c);
-	return NULL;
 }
 
 static void setup(void)
@@ -99,6 +113,7 @@ static void setup(void)
 
 static void teardown(void)
 {
+	(void)shutdown(fk.lsock, SHUT_RDWR); /* ends a serve() still waiting in accept */
 	if (fk.thr)
 		pthread_join(fk.thr, NULL);
 	close(fk.lsock);
@@ -236,6 +251,7 @@ static unsigned count(const char *hay, const char *needle)
 
 Test(inspect_cli, watch_refreshes_and_exits_0_on_sigint)
 {
+	fk.serve_n = 1000; /* every frame after the first asks again for the engine table */
 	start_server(0);
 	const char *args[] = {"--socket", fk.path, "--watch", "0.1", NULL};
 	pid_t pid = spawn_inspect(args);
@@ -256,5 +272,37 @@ Test(inspect_cli, watch_refreshes_and_exits_0_on_sigint)
 	txt = slurp(out_path);
 	cr_assert_geq(count(txt, "\033[H\033[2J"), 3);
 	cr_assert_not_null(strstr(txt, "  ctl.lookup.in  capacity 8  0 msg/s\n"), "%s", txt);
+	cr_assert_null(strstr(txt, "engines: unknown"), "a frame without kvringd's engine table:\n%s", txt);
+	cr_assert_geq(count(txt, "engines: none attached\n"), 3, "%s", txt);
+	free(txt);
+	(void)shutdown(fk.lsock, SHUT_RDWR);
+	pthread_join(fk.thr, NULL);
+	fk.thr = 0;
+	cr_assert_geq(fk.served, 3, "INSPECT once per frame");
+}
+
+/* --watch when kvringd stops answering: the frame still comes (the segment is mapped), its
+ * engines section says why there is none after at most a second. */
+Test(inspect_cli, watch_frame_without_engine_table)
+{
+	start_server(0); /* answers the first INSPECT only */
+	const char *args[] = {"--socket", fk.path, "--watch", "0.1", NULL};
+	pid_t pid = spawn_inspect(args);
+	char *txt = NULL;
+	for (int i = 0; i < 200; i++) {
+		struct timespec ts = {.tv_nsec = 50000000};
+		nanosleep(&ts, NULL);
+		free(txt);
+		txt = slurp(out_path);
+		if (count(txt, "kvring-inspect --watch") >= 2)
+			break;
+	}
+	cr_assert_eq(kill(pid, SIGINT), 0);
+	cr_assert_eq(wait_exit(pid), 0);
+	free(txt);
+	txt = slurp(out_path);
+	cr_assert_geq(count(txt, "kvring-inspect --watch"), 2, "%s", txt);
+	cr_assert_not_null(strstr(txt, "\nengines: none attached\n"), "%s", txt);
+	cr_assert_not_null(strstr(txt, "\nengines: unknown (kvringd's table: Connection timed out)\n"), "%s", txt);
 	free(txt);
 }

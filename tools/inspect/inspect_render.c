@@ -10,6 +10,7 @@
 
 #include "fmt.h"
 #include "json_writer.h"
+#include "kvr_proto.h"
 
 /* Loads from a segment we may only read. The fields are _Atomic because their writers use
  * atomics; a relaxed load is enough for a snapshot that is stale by the time it prints. */
@@ -273,6 +274,49 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 	}
 
 	*ret_snap = s;
+	return 0;
+}
+
+int kvr_insp_snapshot_engines(struct kvr_insp_snap *s, const struct kvr_ctl *c, const void *table, size_t len)
+{
+	if (!s || (!table && len))
+		return -EINVAL;
+	s->has_engines = false;
+	s->n_engines = 0;
+	const size_t esz = sizeof(struct kvr_inspect_engine);
+	if (len % esz || len / esz > KVR_CTL_MAX_ENGINES) {
+		s->engines_error = -EBADMSG;
+		return -EBADMSG;
+	}
+	struct kvr_config *cfg = NULL; /* parsed for the first model_ns cut short */
+	bool parsed = false;
+	for (size_t k = 0; k < len / esz; k++) {
+		struct kvr_inspect_engine in; /* the payload is bytes: copy, then read */
+		memcpy(&in, (const uint8_t *)table + k * esz, esz);
+		struct kvr_insp_engine *o = &s->engines[s->n_engines++];
+		o->index = in.index;
+		o->workers = in.workers;
+		o->schedulers = in.schedulers;
+		copy_name(o->id, sizeof(o->id), in.id, sizeof(in.id));
+		copy_name(o->model_ns, sizeof(o->model_ns), in.model_ns, sizeof(in.model_ns));
+		/* the instance's model_id, cut to fit the entry: take it whole from the config */
+		size_t n = strlen(o->model_ns);
+		if (!(in.flags & KVR_INSPECT_ENGINE_NS_MODEL_ID) || n + 1 < sizeof(in.model_ns) || !c)
+			continue;
+		if (!parsed) {
+			parsed = true;
+			cfg = malloc(sizeof(*cfg));
+			if (cfg && !segment_config(c, cfg)) {
+				free(cfg);
+				cfg = NULL;
+			}
+		}
+		if (cfg && strlen(cfg->model.model_id) > n && !strncmp(cfg->model.model_id, in.model_ns, n))
+			copy_name(o->model_ns, sizeof(o->model_ns), cfg->model.model_id, sizeof(cfg->model.model_id));
+	}
+	free(cfg);
+	s->has_engines = true;
+	s->engines_error = 0;
 	return 0;
 }
 
@@ -541,6 +585,56 @@ static void text_workers(FILE *out, const struct kvr_insp_snap *s)
 		      fmt_pair(w->tp_rank, w->tp_size, tp, sizeof(tp)), fmt_pair(w->dcp_rank, w->dcp_size, dcp, sizeof(dcp)),
 		      w->engine);
 	}
+}
+
+/* src cut to at most room bytes by taking out its middle ("..."): both ends of an id or a
+ * namespace tell it apart (the model's name, its fingerprint). */
+static char *cut_middle(const char *src, size_t room, char *buf, size_t len)
+{
+	size_t n = strlen(src);
+	if (n <= room)
+		snprintf(buf, len, "%s", src);
+	else if (room < 5)
+		snprintf(buf, len, "%.*s", (int)room, src);
+	else
+		snprintf(buf, len, "%.*s...%s", (int)(room - 3 + 1) / 2, src, src + n - (room - 3) / 2);
+	return buf;
+}
+
+/* Engines attached to kvringd: one line each, or, when the line would pass 80 columns,
+ * the namespace on a line of its own (a namespace of up to 63 bytes always fits there
+ * whole); an id still too long loses its middle. */
+static void text_engines(FILE *out, const struct kvr_insp_snap *s)
+{
+	if (s->engines_error) {
+		pline(out, "engines: unknown (kvringd's table: %s)", strerror(-s->engines_error));
+		pline(out, "%s", "");
+		return;
+	}
+	if (!s->has_engines)
+		return;
+	if (!s->n_engines) {
+		pline(out, "engines: none attached");
+		pline(out, "%s", "");
+		return;
+	}
+	pline(out, "engines");
+	for (unsigned i = 0; i < s->n_engines; i++) {
+		const struct kvr_insp_engine *e = &s->engines[i];
+		char head[32], tail[64], id[sizeof(e->id)], ns[sizeof(e->model_ns)];
+		snprintf(head, sizeof(head), "  engine %u  \"", e->index);
+		snprintf(tail, sizeof(tail), "\"  workers %u  schedulers %u", e->workers, e->schedulers);
+		static const char mid[] = "\"  namespace \"";
+		size_t fixed = strlen(head) + strlen(tail), lid = strlen(e->id), lns = strlen(e->model_ns);
+		if (fixed + sizeof(mid) - 1 + lid + lns <= KVR_INSP_COLUMNS) {
+			pline(out, "%s%s%s%s%s", head, e->id, mid, e->model_ns, tail);
+			continue;
+		}
+		size_t room = fixed < KVR_INSP_COLUMNS ? KVR_INSP_COLUMNS - fixed : 0;
+		pline(out, "%s%s%s", head, cut_middle(e->id, room, id, sizeof(id)), tail);
+		pline(out, "    namespace \"%s\"", cut_middle(e->model_ns, KVR_INSP_COLUMNS - 16, ns, sizeof(ns)));
+	}
+	pline(out, "%s", "");
 }
 
 /* Scheduler clients and the leases they hold for their engines' workers. */
@@ -819,6 +913,7 @@ int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struc
 	text_slots(out, cur);
 	text_actors(out, cur);
 	pline(out, "%s", "");
+	text_engines(out, cur);
 	text_workers(out, cur);
 	text_leases(out, cur);
 	pline(out, "%s", "");
@@ -1085,6 +1180,22 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 		kvr_jw_end(&w);
 	}
 	kvr_jw_end(&w);
+	if (s->has_engines) {
+		kvr_jw_array(&w, "engines");
+		for (unsigned i = 0; i < s->n_engines; i++) {
+			const struct kvr_insp_engine *e = &s->engines[i];
+			kvr_jw_object(&w, NULL);
+			kvr_jw_u64(&w, "index", e->index);
+			kvr_jw_str(&w, "id", e->id);
+			kvr_jw_str(&w, "model_ns", e->model_ns);
+			kvr_jw_u64(&w, "workers", e->workers);
+			kvr_jw_u64(&w, "schedulers", e->schedulers);
+			kvr_jw_end(&w);
+		}
+		kvr_jw_end(&w);
+	} else {
+		kvr_jw_null(&w, "engines");
+	}
 	kvr_jw_object(&w, "arena");
 	kvr_jw_u64(&w, "bytes", s->arena_bytes);
 	kvr_jw_u64(&w, "huge_pages", s->arena_huge);

@@ -39,6 +39,11 @@
  * stats copied too (struct kvr_insp_remote): the gauges and counters of enum kvr_stat_remote,
  * and the lookup actor's counts of the traffic it sent there (KVR_STAT_LK_RM_*).
  *
+ * The engines attached to kvringd are not in the segment: kvringd sends them with its
+ * INSPECT reply (struct kvr_inspect_engine, kvr_proto.h), and kvr_insp_snapshot_engines()
+ * adds that table to a snapshot, validated and sanitised like the segment's names. A
+ * snapshot without it shows no engines section (JSON "engines": null).
+ *
  * Renderers write to a FILE*. The text form fits 80 columns whatever the segment holds;
  * the JSON form is documented field by field in docs/inspect.md (schema version
  * KVR_INSP_JSON_SCHEMA). Given the previous snapshot (prev, may be NULL) both add per-ring
@@ -73,6 +78,14 @@ struct kvr_insp_worker {
 	uint32_t engine;    /* engine index (kvringd's log names it) */
 	int32_t pid;
 	uint64_t attached_ns;
+};
+
+/* An engine attached to kvringd (from the INSPECT reply, not the segment). */
+struct kvr_insp_engine {
+	uint32_t index;                     /* what its clients' engine field names */
+	uint32_t workers, schedulers;       /* its worker and scheduler slots attached */
+	char id[48 + 1];
+	char model_ns[KVR_STR_MAX + 1];     /* whole, also a long model.model_id */
 };
 
 struct kvr_insp_ring {
@@ -138,6 +151,11 @@ struct kvr_insp_snap {
 	uint32_t arena_huge, prefault_state;  /* enum kvr_prefault_state */
 	unsigned n_scheds;   /* scheduler slots attached */
 	struct kvr_insp_worker scheds[KVR_CTL_MAX_SCHEDULERS];
+	/* engines attached to kvringd (kvr_insp_snapshot_engines), by engine index */
+	bool has_engines;    /* false: no table (nothing shown; JSON null) */
+	int engines_error;   /* < 0: kvringd's table could not be had (text says why; JSON null) */
+	unsigned n_engines;
+	struct kvr_insp_engine engines[KVR_CTL_MAX_ENGINES];
 	/* lookup leases (the lookup actor's counters): held now, granted, taken, and ended by
 	 * reason: loaded, released, expired, refused, missing */
 	uint64_t leases, leases_granted, leases_taken, lease_ends[5];
@@ -164,6 +182,13 @@ void kvr_insp_snap_free(struct kvr_insp_snap *s);
 /* Add the slot table's state and pin counts to s (a snapshot, safe on a read-only mapping;
  * t may be NULL: nothing added). */
 void kvr_insp_snapshot_slots(struct kvr_insp_snap *s, const struct kvr_slot_table *t);
+
+/* Add kvringd's engine table (the INSPECT reply's payload, len bytes; kvr_proto.h) to s.
+ * c (may be NULL): the segment s was taken from, whose effective config names a
+ * model.model_id too long for the table's entry. 0; -EBADMSG when len is not a whole
+ * number of entries (at most KVR_CTL_MAX_ENGINES): then s has no table and
+ * engines_error says so; -EINVAL (s NULL, or table NULL with len > 0). */
+int kvr_insp_snapshot_engines(struct kvr_insp_snap *s, const struct kvr_ctl *c, const void *table, size_t len);
 
 /* Human-readable text (<= 80 columns per line). */
 int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struct kvr_insp_snap *prev);

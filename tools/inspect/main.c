@@ -22,6 +22,7 @@
 #define DEFAULT_SOCKET "/tmp/kvring.sock"
 #define DEFAULT_MESSAGES 8u
 #define REPLY_TIMEOUT_S 5
+#define REFRESH_TIMEOUT_S 1 /* --watch: a frame waits at most this for kvringd's engine table */
 
 static volatile sig_atomic_t stop_flag;
 
@@ -65,38 +66,72 @@ static int parse_count(const char *s, unsigned *ret)
 	return 0;
 }
 
-/* Ask kvringd for the control segment. Returns a read-only mapping in *ret_seg, or exits
- * the way the contract says (message on stderr, status 1). */
-static int fetch_ctl(const char *path, struct kvr_segment *ret_seg, struct kvr_segment *ret_slots)
+/* kvringd's engine table from the last INSPECT reply (kvr_proto.h): its payload. */
+static uint8_t engine_table[KVR_PROTO_PAYLOAD_MAX];
+static size_t engine_table_len;
+
+/* One INSPECT round trip: the reply's descriptors into fds (*ret_n_fds, the caller closes
+ * them) and its payload into engine_table. 0, or -errno with the reason on stderr unless
+ * quiet. */
+static int inspect_request(const char *path, bool quiet, int timeout_s, int *fds, unsigned *ret_n_fds)
 {
+	*ret_n_fds = 0;
 	int sock = kvr_proto_connect(path);
 	if (sock < 0) {
-		fprintf(stderr, "kvring-inspect: cannot connect to %s: %s\n", path, strerror(-sock));
-		return -1;
+		if (!quiet)
+			fprintf(stderr, "kvring-inspect: cannot connect to %s: %s\n", path, strerror(-sock));
+		return sock;
 	}
-	struct timeval tv = {.tv_sec = REPLY_TIMEOUT_S};
+	struct timeval tv = {.tv_sec = timeout_s};
 	(void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 
 	struct kvr_proto_req req = {.magic = KVR_PROTO_MAGIC, .version = KVR_PROTO_VERSION, .op = KVR_OP_INSPECT};
-	struct kvr_proto_rep rep;
-	int fds[KVR_PROTO_MAX_FDS];
+	static struct kvr_proto_rep rep; /* 20 KiB: not on the stack */
 	unsigned n_fds = 0;
 	int rc = kvr_proto_send(sock, &req, sizeof(req), NULL, 0);
 	ssize_t n = rc ? rc : kvr_proto_recv(sock, &rep, sizeof(rep), fds, KVR_PROTO_MAX_FDS, &n_fds);
 	close(sock);
+	if (n == -EAGAIN || n == -EWOULDBLOCK) /* SO_RCVTIMEO ran out */
+		n = -ETIMEDOUT;
 	if (n <= 0) {
-		fprintf(stderr, "kvring-inspect: cannot connect to %s: %s\n", path,
-			n == 0 ? "connection closed without a reply" : strerror((int)-n));
-		return -1;
+		if (!quiet)
+			fprintf(stderr, "kvring-inspect: cannot connect to %s: %s\n", path,
+				n == 0 ? "connection closed without a reply" : strerror((int)-n));
+		return n == 0 ? -ECONNRESET : (int)n;
 	}
-	int ret = -1;
-	if ((size_t)n < offsetof(struct kvr_proto_rep, payload) || rep.magic != KVR_PROTO_MAGIC ||
-	    rep.version != KVR_PROTO_VERSION) {
-		fprintf(stderr, "kvring-inspect: %s: reply is not a kvring protocol record\n", path);
-	} else if (rep.status < 0) {
+	*ret_n_fds = n_fds;
+	size_t hdr = offsetof(struct kvr_proto_rep, payload);
+	if ((size_t)n < hdr || rep.magic != KVR_PROTO_MAGIC || rep.version != KVR_PROTO_VERSION) {
+		if (!quiet)
+			fprintf(stderr, "kvring-inspect: %s: reply is not a kvring protocol record\n", path);
+		return -EPROTO;
+	}
+	if (rep.status < 0) {
 		rep.reason[KVR_PROTO_REASON_MAX - 1] = '\0';
-		fprintf(stderr, "kvring-inspect: %s: inspect refused: %s (%s)\n", path, strerror(-rep.status),
-			rep.reason);
+		if (!quiet)
+			fprintf(stderr, "kvring-inspect: %s: inspect refused: %s (%s)\n", path, strerror(-rep.status),
+				rep.reason);
+		return rep.status;
+	}
+	/* the engine table: what the record holds of payload_len (validated when rendered) */
+	size_t got = (size_t)n - hdr;
+	engine_table_len = rep.payload_len < got ? rep.payload_len : got;
+	if (engine_table_len > sizeof(engine_table))
+		engine_table_len = sizeof(engine_table);
+	memcpy(engine_table, rep.payload, engine_table_len);
+	return 0;
+}
+
+/* Ask kvringd for the control segment. Returns a read-only mapping in *ret_seg, or exits
+ * the way the contract says (message on stderr, status 1). */
+static int fetch_ctl(const char *path, struct kvr_segment *ret_seg, struct kvr_segment *ret_slots)
+{
+	int fds[KVR_PROTO_MAX_FDS];
+	unsigned n_fds = 0;
+	int ret = -1;
+	int rc = inspect_request(path, false, REPLY_TIMEOUT_S, fds, &n_fds);
+	if (rc) {
+		/* said on stderr */
 	} else if (n_fds < 1) {
 		fprintf(stderr, "kvring-inspect: %s: reply carries no control segment\n", path);
 	} else {
@@ -117,8 +152,20 @@ static int fetch_ctl(const char *path, struct kvr_segment *ret_seg, struct kvr_s
 	return ret;
 }
 
+/* --watch: kvringd's engine table again for the next frame (the segment stays mapped);
+ * 0 or -errno. */
+static int refresh_engines(const char *path)
+{
+	int fds[KVR_PROTO_MAX_FDS];
+	unsigned n_fds = 0;
+	int rc = inspect_request(path, true, REFRESH_TIMEOUT_S, fds, &n_fds);
+	for (unsigned i = 0; i < n_fds; i++)
+		close(fds[i]);
+	return rc;
+}
+
 static int show(const struct kvr_segment *seg, const struct kvr_segment *slots_seg, unsigned max_msgs, bool json, bool watch, bool pretty, bool all,
-		struct kvr_insp_snap *prev, struct kvr_insp_snap **ret_snap)
+		int engines_rc, struct kvr_insp_snap *prev, struct kvr_insp_snap **ret_snap)
 {
 	struct kvr_ctl *c;
 	int rc = kvr_ctl_attach(seg, &c, NULL); /* re-validated every time: the segment is not ours */
@@ -137,6 +184,10 @@ static int show(const struct kvr_segment *seg, const struct kvr_segment *slots_s
 	struct kvr_slot_table *t;
 	if (slots_seg->base && kvr_slots_attach(slots_seg, &t) == 0)
 		kvr_insp_snapshot_slots(s, t);
+	if (engines_rc)
+		s->engines_error = engines_rc; /* kvringd did not answer this frame's INSPECT */
+	else
+		(void)kvr_insp_snapshot_engines(s, c, engine_table, engine_table_len); /* a bad one: shown as such */
 	if (json) {
 		rc = kvr_insp_render_json(stdout, s, prev, pretty);
 	} else {
@@ -229,10 +280,10 @@ int main(int argc, char **argv)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 
-	int status = 0;
+	int status = 0, engines_rc = 0;
 	struct kvr_insp_snap *prev = NULL, *cur = NULL;
 	do {
-		int rc = show(&seg, &slots, max_msgs, json, watch, !watch, all, prev, &cur);
+		int rc = show(&seg, &slots, max_msgs, json, watch, !watch, all, engines_rc, prev, &cur);
 		kvr_insp_snap_free(prev);
 		prev = cur;
 		cur = NULL;
@@ -246,6 +297,8 @@ int main(int argc, char **argv)
 				      .tv_nsec = (long)((interval - floor(interval)) * 1e9)};
 		while (!stop_flag && nanosleep(&ts, &ts) < 0 && errno == EINTR)
 			;
+		if (!stop_flag) /* engines attach and leave: the next frame asks kvringd again */
+			engines_rc = refresh_engines(path);
 	} while (!stop_flag);
 
 	kvr_insp_snap_free(prev);
