@@ -123,9 +123,15 @@ struct kvr_actor_ent {
 	/* every ring this actor consumes points its consumer waiter here */
 	_Alignas(8) struct kvr_waiter waiter;
 	_Atomic uint32_t held;         /* requests accepted, not yet answered (drain waits for them) */
-	uint8_t reserved[28];
+	uint32_t reserved0;
+	/* background populate (actors/runtime/populate.c): bytes of its mappings the actor has
+	 * faulted in since its start, of populate_total it registered */
+	_Atomic uint64_t populated;
+	_Atomic uint64_t populate_total;
+	uint8_t reserved[8];
 };
 _Static_assert(sizeof(struct kvr_actor_ent) == 128, "actor entry");
+_Static_assert(offsetof(struct kvr_actor_ent, populated) == 104, "actor entry: populate words");
 
 /* kvringd faults the L1 arena in off the ready path (supervisor/prefault.c). */
 enum kvr_prefault_state {

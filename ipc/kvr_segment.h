@@ -46,13 +46,24 @@ struct kvr_segment {
 	void *base;
 	size_t size;
 	int writable;
-	int huge; /* 1 when backed by huge pages */
+	int huge; /* 1 when backed by huge pages (hugetlb, MFD_HUGETLB) */
+	int thp;  /* create: 1 when transparent huge pages were asked for the mapping and the
+		   * system allows them for shared memory (shmem_enabled not never/deny) */
 };
+
+/* The system's setting for transparent huge pages of shared memory (memfd, tmpfs):
+ * /sys/kernel/mm/transparent_hugepage/shmem_enabled's selected word ("never" when it
+ * cannot be read), into buf. */
+const char *kvr_shmem_thp_mode(char *buf, size_t len);
 
 /* Create a segment of size bytes (rounded up to the page size) and map it read-write.
  * flags: KVR_SEG_TRY_HUGE to try huge pages first. Writes the header.
  * Returns 0 or -errno; *ret untouched on failure. */
 #define KVR_SEG_TRY_HUGE 0x1u
+/* An arena (kind KVR_SEG_ARENA) without hugetlb pages is mapped at a 2 MiB boundary and
+ * advised MADV_HUGEPAGE, by kvr_segment_create and kvr_segment_map alike: where
+ * shmem_enabled allows it (advise, always, within_size, force) its pages are transparent
+ * huge pages, mapped by one page-table entry per 2 MiB in every process. */
 int kvr_segment_create(const char *name, enum kvr_seg_kind kind, size_t size, uint32_t generation,
 		       unsigned flags, struct kvr_segment *ret);
 
@@ -72,6 +83,11 @@ int kvr_segment_map_over(int fd, int writable, void *addr, size_t size);
  * path never takes a page fault on L1. Returns 0 or -errno (-EINVAL on kernels before
  * 5.14: callers treat a failure as "not populated", never as fatal). */
 int kvr_populate(void *base, size_t len);
+
+/* The bytes of page tables process pid holds (VmPTE of /proc/<pid>/status): what mapping a
+ * large arena costs it (8 bytes per 4 KiB page it touched, per 2 MiB with huge pages).
+ * 0 and *ret, or -errno (-ENOENT: no such process, -EACCES). */
+int kvr_proc_page_tables(int pid, uint64_t *ret);
 
 /* Unmap and close; accepts a zeroed or already-closed segment. */
 void kvr_segment_close(struct kvr_segment *seg);

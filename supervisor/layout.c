@@ -300,6 +300,33 @@ static int l1_slots(const struct kvr_config *cfg, uint64_t lane_bytes, uint32_t 
 }
 
 /* L1: the slot table and the arena, sized from the model geometry and l1.* */
+/*
+ * One line on the arena's pages and what they cost. Every process that maps the arena and
+ * touches all of it (each loader, storer, disk and remote actor, once populated: a worker's
+ * actors populate in the background) holds one page-table entry per page: 8 bytes per
+ * 4 KiB, 2 GiB per TiB — 512 times less with 2 MiB pages.
+ */
+static void log_arena_pages(const struct sup *s)
+{
+	uint64_t size = s->arena_seg.size, pte_4k = size / 4096 * 8, pte_2m = size / (2u << 20) * 8;
+	char mode[24];
+	if (s->arena_seg.huge) {
+		kvr_info("arena: hugetlb pages of 2 MiB; a process that maps all of it needs %llu KiB of page tables",
+			 (unsigned long long)(pte_2m >> 10));
+	} else if (s->arena_seg.thp) {
+		kvr_info("arena: transparent huge pages asked (shmem_enabled \"%s\"): %llu KiB of page tables per "
+			 "process where the kernel gives them, %llu MiB where it falls back to 4 KiB pages",
+			 kvr_shmem_thp_mode(mode, sizeof(mode)), (unsigned long long)(pte_2m >> 10),
+			 (unsigned long long)(pte_4k >> 20));
+	} else {
+		kvr_info("arena: 4 KiB pages (%s, shmem_enabled \"%s\"): a process that maps all of it needs "
+			 "%llu MiB of page tables; reserve huge pages (vm.nr_hugepages, docs/operations.md) for %llu KiB",
+			 s->cfg.l1.huge_pages ? "no hugetlb pages free" : "l1.huge_pages false",
+			 kvr_shmem_thp_mode(mode, sizeof(mode)), (unsigned long long)(pte_4k >> 20),
+			 (unsigned long long)(pte_2m >> 10));
+	}
+}
+
 static int create_l1(struct sup *s)
 {
 	char err[KVR_GEOM_ERR_MAX + 64];
@@ -348,9 +375,7 @@ static int create_l1(struct sup *s)
 	}
 	/* Nothing touches the arena here: kvringd is ready in the same time for 1 GiB or 1 TiB.
 	 * sup_prefault_start() faults it in afterwards, in the background. */
-	if (s->cfg.l1.huge_pages && !s->arena_seg.huge)
-		kvr_info("arena: no huge pages available (an MFD_HUGETLB mapping of %llu bytes failed: see "
-			 "/proc/sys/vm/nr_hugepages), using 4 KiB pages", (unsigned long long)s->arena_seg.size);
+	log_arena_pages(s);
 	char nsbuf[KVR_KEY_FMT_LEN];
 	kvr_info("L1: %llu slots of %llu bytes (%llu blocks x %u lanes), arena %llu bytes%s, namespace %s",
 		 (unsigned long long)n_slots, (unsigned long long)slot_bytes, (unsigned long long)(n_slots / s->lanes),

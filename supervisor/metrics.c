@@ -160,6 +160,36 @@ static void render_actors(FILE *f, const struct kvr_ctl *c)
 			actor_label(f, "kvring_actor_last_exit_signal", e);
 			fprintf(f, "%d\n", __atomic_load_n(&e->last_exit_signal, __ATOMIC_RELAXED));
 		}
+	family(f, "kvring_actor_page_table_bytes", "gauge",
+	       "Page tables the actor's process holds (VmPTE): 8 bytes per 4 KiB of the arena and KV memory it "
+	       "mapped and touched, per 2 MiB with huge pages. Running actors only.");
+	for (unsigned i = 0; i < n; i++) {
+		struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
+		int32_t pid = atomic_load(&e->pid);
+		uint64_t pte;
+		if (actor_used(c, i) && pid > 0 && kvr_proc_page_tables(pid, &pte) == 0) {
+			actor_label(f, "kvring_actor_page_table_bytes", e);
+			fprintf(f, "%llu\n", (unsigned long long)pte);
+		}
+	}
+	family(f, "kvring_actor_populated_bytes", "gauge",
+	       "Bytes of its mappings (arena, KV memory) the actor has faulted in since it started: it populates "
+	       "them in the background after it is ready, up to kvring_actor_populate_target_bytes. Running actors.");
+	for (unsigned i = 0; i < n; i++)
+		if (actor_used(c, i) && atomic_load(&kvr_ctl_actor(c, i)->pid) > 0) {
+			struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
+			actor_label(f, "kvring_actor_populated_bytes", e);
+			fprintf(f, "%llu\n", (unsigned long long)atomic_load(&e->populated));
+		}
+	family(f, "kvring_actor_populate_target_bytes", "gauge",
+	       "Bytes of its mappings the actor means to populate (0: none; the arena counts only where kvringd "
+	       "faulted it in).");
+	for (unsigned i = 0; i < n; i++)
+		if (actor_used(c, i) && atomic_load(&kvr_ctl_actor(c, i)->pid) > 0) {
+			struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
+			actor_label(f, "kvring_actor_populate_target_bytes", e);
+			fprintf(f, "%llu\n", (unsigned long long)atomic_load(&e->populate_total));
+		}
 	family(f, "kvring_malformed_messages_total", "counter", "Messages the actor rejected as malformed.");
 	for (unsigned i = 0; i < n; i++)
 		if (actor_used(c, i)) {

@@ -63,14 +63,22 @@ static int host_open(const struct kvr_xfer_kvmem *kv, const struct kvr_xfer_aren
 		free(h);
 		return rc;
 	}
-	/* Not faulted in at open: the KV memory can be many GiB, and populating it here would
-	 * also allocate every page the engine has not touched. Our page table fills on the
-	 * first copy of each page. */
+	/* Not faulted in at open: the KV memory can be many GiB. The actor populates its page
+	 * table from its loop once ready (kvr_xfer_mapping, actors/runtime/populate.c). */
 	h->map = map;
 	h->map_len = (size_t)st.st_size;
 	h->kv = (unsigned char *)map + kv->u.host.offset;
 	h->arena = arena->base;
 	*ret_priv = h;
+	return 0;
+}
+
+static int host_mapping(void *priv, void **ret_base, size_t *ret_len)
+{
+	struct host_xfer *h = priv;
+
+	*ret_base = h->map;
+	*ret_len = h->map_len;
 	return 0;
 }
 
@@ -140,4 +148,5 @@ const struct kvr_xfer_backend kvr_xfer_host_backend = {
 	.submit = host_submit,
 	.poll = host_poll,
 	.wait = host_wait,
+	.mapping = host_mapping,
 };

@@ -253,6 +253,8 @@ struct kvr_xfer_backend {
 		      const struct kvr_xfer_dep *ready, struct kvr_xfer_stats *ret_stats);
 	int (*poll)(void *priv, uint32_t slot, struct kvr_xfer_stats *ret_stats);
 	int (*wait)(void *priv, uint32_t slot, int64_t timeout_ns, struct kvr_xfer_stats *ret_stats);
+	/* optional: where the KV memory is mapped in this process (host backend) */
+	int (*mapping)(void *priv, void **ret_base, size_t *ret_len);
 };
 
 /* The host backend: submit copies synchronously (1 = done inside submit); that is the
@@ -267,6 +269,11 @@ const struct kvr_xfer_backend *kvr_xfer_backend_for(uint32_t kind);
 
 /* One open transfer context: one worker's KV memory <-> one arena. Used by one thread. */
 struct kvr_xfer;
+
+/* Where this context maps the KV memory in this process: 0 and the whole mapping (host
+ * backend: the memfd, mapped read-write), -EOPNOTSUPP when it is not mapped here (CUDA).
+ * For the actor's background populate. */
+int kvr_xfer_mapping(const struct kvr_xfer *x, void **ret_base, size_t *ret_len);
 
 /* Open the backend for kv->kind. -EINVAL bad arguments, -EOPNOTSUPP kind not built,
  * else the backend's error. *ret untouched on failure. */

@@ -78,6 +78,13 @@ int kvr_xfer_open(const struct kvr_xfer_kvmem *kv, const struct kvr_xfer_arena *
 	return 0;
 }
 
+int kvr_xfer_mapping(const struct kvr_xfer *x, void **ret_base, size_t *ret_len)
+{
+	if (!x || !x->be->mapping)
+		return -EOPNOTSUPP;
+	return x->be->mapping(x->priv, ret_base, ret_len);
+}
+
 void kvr_xfer_close(struct kvr_xfer *x)
 {
 	if (!x)

@@ -189,10 +189,28 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned wor
 	return 0;
 }
 
+void stage_populate(struct stage_worker *sw, bool arena, bool arena_write, bool kv_write)
+{
+	struct kvr_actor *a = sw->a;
+	void *base;
+	size_t len;
+	int rc = 0;
+	if (arena)
+		rc = kvr_actor_populate_add(a, a->arena_seg.base, a->arena_seg.size, arena_write, "arena");
+	if (!rc && kvr_xfer_mapping(sw->xfer, &base, &len) == 0)
+		rc = kvr_actor_populate_add(a, base, len, kv_write, "worker's KV memory");
+	if (rc)
+		kvr_warn("worker %u: no background populate: %s", sw->worker, strerror(-rc));
+}
+
 void stage_worker_close(struct stage_worker *sw)
 {
 	if (!sw)
 		return;
+	void *base;
+	size_t len;
+	if (sw->xfer && kvr_xfer_mapping(sw->xfer, &base, &len) == 0)
+		kvr_actor_populate_forget(sw->a, base);
 	kvr_xfer_close(sw->xfer);
 	kvr_cuda_events_unmap(&sw->events);
 	if (sw->pidfd >= 0)

@@ -53,6 +53,12 @@ struct stage_worker {
  * request/reply rings (printf patterns taking the worker slot). */
 int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned worker, int kv_fd, uint64_t kv_bytes,
 		      const char *req_fmt, const char *rep_fmt, unsigned pool_percent);
+
+/* Have the loop populate what sw copies between (kvr_actor_populate_add): its worker's KV
+ * memory where it is mapped here (host backend; kv_write: the stage writes it, a loader)
+ * and, with `arena`, the arena (arena_write: a storer), as far as kvringd faulted it in
+ * (kvr_actor_populate_waiting). Best effort: logged, never fatal. */
+void stage_populate(struct stage_worker *sw, bool arena, bool arena_write, bool kv_write);
 void stage_worker_close(struct stage_worker *sw);
 
 /*

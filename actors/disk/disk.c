@@ -597,6 +597,8 @@ static int disk_init(struct kvr_actor *a)
 		kvr_err("no slot table or arena");
 		return -EINVAL;
 	}
+	/* its I/O reads and writes slots (O_DIRECT pins their pages): populated in the loop */
+	(void)kvr_actor_populate_add(a, a->arena_seg.base, a->arena_seg.size, true, "arena");
 	if (idx >= cfg->l2.n_dirs || idx >= KVR_L2_MAX_DIRS) {
 		kvr_err("disk actor %u but l2.dirs has %u entries", idx, cfg->l2.n_dirs);
 		return -EINVAL;

@@ -232,6 +232,7 @@ static int gather_init(struct kvr_actor *a)
 					   "store.rep.%u", 100 - a->cfg.staging.load_percent);
 		if (rc)
 			return rc;
+		stage_populate(&rk->st, r == 0, true, false); /* the arena once; each rank's KV memory */
 		const struct kvr_geometry *gr = &rk->st.geom, *g0 = &g->r[0].st.geom;
 		if (gr->dcp_size != g->d || gr->dcp_rank != r || gr->dcp_interleave != g0->dcp_interleave ||
 		    gr->tp_size != g0->tp_size || rk->st.lane != g->r[0].st.lane) {

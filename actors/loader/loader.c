@@ -193,6 +193,7 @@ static int loader_init(struct kvr_actor *a)
 				   a->cfg.staging.load_percent);
 	if (rc)
 		return rc;
+	stage_populate(&l->sw, true, false, true); /* reads the arena, writes the KV memory */
 	unsigned dropped = drop_pins(&l->sw);
 	if (dropped)
 		kvr_warn("dropped %u pins left by a previous loader of worker %u", dropped, l->sw.worker);

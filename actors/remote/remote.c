@@ -1307,6 +1307,8 @@ static int remote_init(struct kvr_actor *a)
 		kvr_err("no slot table or arena");
 		return -EINVAL;
 	}
+	/* it reads and writes slots: populated in the loop */
+	(void)kvr_actor_populate_add(a, a->arena_seg.base, a->arena_seg.size, true, "arena");
 	if (!cfg->remote.n_cluster) {
 		kvr_err("remote.cluster is empty");
 		return -EINVAL;

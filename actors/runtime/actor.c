@@ -17,6 +17,7 @@
 
 #define BURST 32                       /* messages taken from one ring before the next one */
 #define MAX_SLEEP_NS 1000000000ll      /* wake at least once a second to refresh the heartbeat */
+#define POPULATE_POLL_NS 20000000ll    /* populate waiting for kvringd's prefault: look this often */
 
 /* The signal handler's view: a flag, and the waiter it bumps so a wait that is about to
  * start returns at once instead of sleeping through the signal. */
@@ -294,9 +295,9 @@ static int setup(struct kvr_actor *a, const struct actor_args *args)
 		kvr_err("cannot map the arena (fd %d): %s", args->arena_fd, strerror(-rc));
 		return rc;
 	}
-	/* Not faulted in here: an actor is ready in the same time for any arena size; its page
-	 * table fills on first touch of a slot (once per 4 KiB page, or per 2 MiB with huge
-	 * pages). kvringd faults the pages themselves in (supervisor/prefault.c). */
+	/* Not faulted in here: an actor is ready in the same time for any arena size. The
+	 * stages that copy slots have the loop populate its page table once ready
+	 * (populate.c); kvringd faults the pages themselves in (supervisor/prefault.c). */
 	if (args->slots_fd >= 0) {
 		rc = kvr_segment_map(args->slots_fd, KVR_SEG_SLOTS, 1, &a->slots_seg);
 		if (!rc)
@@ -528,6 +529,9 @@ static void run_loop(struct kvr_actor *a)
 		if (had_work && spin_for_work(a, now + a->cfg.rings.spin_ns))
 			continue;
 		had_work = false;
+		/* nothing to do: one chunk of the background populate, then the rings again */
+		if (kvr_actor_populate_step(a))
+			continue;
 
 		bool capped;
 		unsigned nw = sleep_set(a, ws, &capped);
@@ -549,6 +553,8 @@ static void run_loop(struct kvr_actor *a)
 			timeout = MAX_SLEEP_NS;
 		if (output_waits && timeout > KVR_ACTOR_OUTPUT_POLL_NS)
 			timeout = KVR_ACTOR_OUTPUT_POLL_NS; /* a reader's ring may have room again */
+		if (kvr_actor_populate_waiting(a) && timeout > POPULATE_POLL_NS)
+			timeout = POPULATE_POLL_NS; /* kvringd's prefault gets further meanwhile */
 		/* woken, timed out or interrupted: all re-check */
 		sleep_on(a, ws, seen, nw, capped, timeout);
 		for (unsigned i = 0; i < nw; i++)
@@ -620,6 +626,8 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 	if (rc)
 		goto out;
 	term_waiter = &a->ent->waiter;
+	atomic_store(&a->ent->populated, 0); /* this incarnation's populate, registered by init */
+	atomic_store(&a->ent->populate_total, 0);
 
 	a->now_ns = kvr_now_ns(); /* init runs before the first pass */
 	if (stage->init) {
@@ -652,6 +660,7 @@ int kvr_actor_main(int argc, char **argv, const struct kvr_stage *stage)
 out:
 	term_waiter = NULL;
 	kvr_watch_close(a);
+	kvr_actor_populate_free(a);
 	if (args.ready_fd >= 0)
 		(void)close(args.ready_fd);
 	for (unsigned i = 0; i < a->n_kv; i++)

@@ -126,6 +126,7 @@ struct kvr_actor {
 	uint64_t now_ns;               /* CLOCK_MONOTONIC at the start of this loop pass: the
 					* "now" of every handler the pass runs */
 	struct kvr_actor_watch *watch; /* fd and timer watches (NULL until the first one) */
+	struct kvr_populate *populate; /* background populate (NULL until the first region) */
 	void *data;                    /* the stage's own state */
 };
 
@@ -153,6 +154,30 @@ typedef void (*kvr_actor_fd_fn)(struct kvr_actor *a, int fd, uint32_t revents, v
 int kvr_actor_watch_fd(struct kvr_actor *a, int fd, uint32_t events, kvr_actor_fd_fn fn, void *arg);
 void kvr_actor_watch_events(struct kvr_actor *a, int id, uint32_t events);
 void kvr_actor_unwatch_fd(struct kvr_actor *a, int id);
+
+/*
+ * Background populate (populate.c): fault one of this actor's mappings in from the loop
+ * after it is ready — KVR_POPULATE_CHUNK bytes per pass that has nothing else to do, so a
+ * message waits at most one chunk — instead of on the data path, one fault per 4 KiB page.
+ * `write` populates writable (MADV_POPULATE_WRITE: the mapping must be writable), else
+ * readable. `what` names it in the log. Progress: the actor entry's populated /
+ * populate_total (kvring-inspect, /metrics); one log line when all is in, with the
+ * process's page-table bytes. kvr_actor_populate_forget() before unmapping a region.
+ * add: 0, -EINVAL, -ENOSPC (KVR_POPULATE_MAX regions), -ENOMEM.
+ */
+#define KVR_POPULATE_MAX 16
+#define KVR_POPULATE_CHUNK (2u << 20)
+int kvr_actor_populate_add(struct kvr_actor *a, void *base, size_t len, bool write, const char *what);
+void kvr_actor_populate_forget(struct kvr_actor *a, const void *base);
+uint64_t kvr_actor_populate_left(const struct kvr_actor *a);
+/* One chunk, if any is left: true when it did one (the loop looks at its rings next). */
+bool kvr_actor_populate_step(struct kvr_actor *a);
+/* Work is left that waits for kvringd's prefault of the arena (the loop sleeps shorter).
+ * The arena (a region equal to a->arena_seg) is populated only as far as kvringd faulted
+ * it in, and not at all where kvringd declined (l1.prefault "off", an arena larger than
+ * the memory available). */
+bool kvr_actor_populate_waiting(const struct kvr_actor *a);
+void kvr_actor_populate_free(struct kvr_actor *a);
 
 /*
  * One-shot timers: fn runs in the loop once CLOCK_MONOTONIC reaches deadline_ns (the loop

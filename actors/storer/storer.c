@@ -42,6 +42,7 @@ static int storer_init(struct kvr_actor *a)
 				   100 - a->cfg.staging.load_percent);
 	if (rc)
 		return rc;
+	stage_populate(&s->sw, true, true, false); /* reads the KV memory, writes the arena */
 	rc = stage_store_open(&s->ss, a, s->sw.worker, s->sw.lane);
 	if (rc)
 		return rc;

@@ -41,6 +41,7 @@ struct bench_opts {
 	bool quiet;
 	bool dry_run;            /* print the plan, connect to nothing */
 	bool allow_misses;       /* warm misses after a cold phase are not errors */
+	bool cold_actors;        /* --cold-actors: time from attach, not after the actors populated */
 	uint64_t l1_bytes;       /* --l1-bytes (spawn): 0 = workload + 25% */
 	int64_t timeout_ms;      /* per-call ceiling and per-batch completion wait */
 	bool evict;              /* --evict: small L1 + an L2 directory (with --spawn): both tiers serve */
@@ -188,6 +189,7 @@ double bench_gbps(uint64_t bytes, uint64_t ns);
  * group's, kept by its DCP rank 0 (D = 1: every storing rank); errors and failed blocks are
  * every rank's own. */
 struct bench_rank_result {
+	uint64_t populate_wait_ns;  /* attach -> its loader and storer populated their mappings */
 	/* cold */
 	uint64_t st_requests, st_tokens, st_blocks, st_stored, st_present;
 	uint64_t st_bytes;          /* newly stored bytes (n_stored x lane_bytes: canonical lanes) */
@@ -258,6 +260,7 @@ struct bench_remote {
 /* The whole run, summarised (report.c). */
 struct bench_summary {
 	bool ran_cold, ran_warm;
+	uint64_t populate_wait_ns;   /* the slowest rank's wait for its actors to populate (0: not waited) */
 	/* cold */
 	uint64_t st_requests, st_tokens, st_blocks, st_stored, st_present, st_bytes, st_ns, st_fill_ns;
 	uint64_t st_errors, st_failed_blocks, st_memcpy_ns;

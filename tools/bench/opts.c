@@ -39,6 +39,9 @@ void bench_usage(FILE *f)
 		"  --phases LIST        cold,warm (default), cold or warm\n"
 		"  --allow-misses       warm misses after a cold phase are not errors (L1 smaller than\n"
 		"                       the workload), nor blocks evicted between lookup and load\n"
+		"  --cold-actors        start timing right after attach: the worker's loader and storer\n"
+		"                       fault their mappings in on first use (default: wait until they\n"
+		"                       populated them, as before an engine's first request)\n"
 		"  --timeout-ms MS      per-call ceiling and completion wait (default 30000)\n"
 		"  --json FILE          write the results as JSON (\"-\": stdout)\n"
 		"  --plot FILE.png      draw latency CDFs and throughput against memcpy with gnuplot\n"
@@ -207,7 +210,7 @@ static int check_layout(const struct bench_opts *o, const char *dname, uint32_t 
 enum {
 	OPT_SOCKET = 256, OPT_SPAWN, OPT_KVRINGD, OPT_L1_BYTES, OPT_MODEL, OPT_TP, OPT_BLOCK_TOKENS, OPT_PROMPTS,
 	OPT_INPUT_LEN, OPT_PREFIX_LEN, OPT_CONCURRENCY, OPT_SEED, OPT_PHASES, OPT_JSON, OPT_QUIET, OPT_DRY_RUN,
-	OPT_ALLOW_MISSES, OPT_TIMEOUT, OPT_EVICT, OPT_DCP, OPT_INTERLEAVE, OPT_LOAD_DCP, OPT_LOAD_INTERLEAVE, OPT_PLOT,
+	OPT_ALLOW_MISSES, OPT_COLD_ACTORS, OPT_TIMEOUT, OPT_EVICT, OPT_DCP, OPT_INTERLEAVE, OPT_LOAD_DCP, OPT_LOAD_INTERLEAVE, OPT_PLOT,
 	OPT_NO_PLOT, OPT_REMOTE, OPT_REMOTE_INFLIGHT, OPT_WARM_CONCURRENCY, OPT_HELP,
 };
 
@@ -231,6 +234,7 @@ static const struct option long_opts[] = {
 	{"quiet", no_argument, NULL, OPT_QUIET},
 	{"dry-run", no_argument, NULL, OPT_DRY_RUN},
 	{"allow-misses", no_argument, NULL, OPT_ALLOW_MISSES},
+	{"cold-actors", no_argument, NULL, OPT_COLD_ACTORS},
 	{"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
 	{"evict", no_argument, NULL, OPT_EVICT},
 	{"dcp", required_argument, NULL, OPT_DCP},
@@ -312,6 +316,7 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		case OPT_QUIET: o.quiet = true; break;
 		case OPT_DRY_RUN: o.dry_run = true; break;
 		case OPT_ALLOW_MISSES: o.allow_misses = true; break;
+		case OPT_COLD_ACTORS: o.cold_actors = true; break;
 		case OPT_TIMEOUT:
 			rc = parse_u64(optarg, &v64);
 			if (!rc && (v64 < 1 || v64 > 3600000))

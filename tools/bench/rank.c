@@ -15,6 +15,7 @@
 #include <kvring/kvring.h>
 
 #include "bench.h"
+#include "kvr_config.h"
 #include "kvr_dcp.h"
 #include "kvr_time.h"
 
@@ -625,6 +626,52 @@ static int setup(struct rank *r)
 	return 0;
 }
 
+/*
+ * Wait until this rank's loader and storer (a DCP rank: its loader) have populated their
+ * mappings (actors/runtime/populate.c: the arena as far as kvringd faulted it in, and our KV
+ * memory), as they have long before an engine's first request — an engine attaches at
+ * start. The actors populate in the background after they are ready; a request that comes
+ * first faults pages in on the data path, which --cold-actors measures. Read from the
+ * actor table of kvringd's control segment (INSPECT, read-only). Bounded by 120 s.
+ */
+static void wait_populated(struct rank *r)
+{
+	struct bench_server sv = {.name = "kvringd"};
+	snprintf(sv.socket, sizeof(sv.socket), "%s", r->x->socket ? r->x->socket : KVR_CONFIG_DEFAULT_SOCKET);
+	char err[256];
+	uint64_t t0 = kvr_now_ns();
+	if (bench_server_ctl(&sv, err, sizeof(err))) {
+		note(r, "cannot read the actor table (%s): timing starts cold", err);
+		return;
+	}
+	char names[2][KVR_ACTOR_NAME_MAX + 1];
+	unsigned w = kvr_worker_slot(r->c), n_names = r->g.dcp_size > 1 ? 1 : 2;
+	snprintf(names[0], sizeof(names[0]), "loader.%u", w);
+	snprintf(names[1], sizeof(names[1]), "storer.%u", w);
+	for (;;) {
+		unsigned done = 0, n = atomic_load(&sv.ctl->n_actors);
+		for (unsigned i = 0; i < n && i < sv.ctl->max_actors; i++) {
+			const struct kvr_actor_ent *e = kvr_ctl_actor(sv.ctl, i);
+			for (unsigned k = 0; k < n_names; k++) {
+				uint64_t total = atomic_load(&e->populate_total);
+				if (!strncmp(e->name, names[k], KVR_ACTOR_NAME_MAX) && total &&
+				    atomic_load(&e->populated) >= total)
+					done++;
+			}
+		}
+		if (done == n_names)
+			break;
+		if (kvr_now_ns() - t0 > 120000000000ull) {
+			note(r, "the actors did not populate their mappings within 120 s: timing starts now");
+			break;
+		}
+		struct timespec ts = {.tv_nsec = 5 * 1000000};
+		nanosleep(&ts, NULL);
+	}
+	r->res->populate_wait_ns = kvr_now_ns() - t0;
+	kvr_segment_close(&sv.ctl_seg);
+}
+
 /* The KV memory and the attachment under layout lay: geometry, memfd, attach. A DCP rank's
  * kvr_attach returns once its whole group attached (the ranks attach concurrently). */
 static int kv_open(struct rank *r, const struct bench_layout *lay)
@@ -669,6 +716,8 @@ static int kv_open(struct rank *r, const struct bench_layout *lay)
 		     lay->dcp, lay->interleave, strerror(-rc), kvr_last_error(NULL));
 		return rc;
 	}
+	if (!o->cold_actors)
+		wait_populated(r);
 	return 0;
 }
 

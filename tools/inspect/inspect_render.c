@@ -197,6 +197,8 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 		o->ready_ns = a->ready_ns;
 		o->heartbeat_ns = LD(&a->heartbeat_ns);
 		o->held = LD(&a->held);
+		o->populated = LD(&a->populated);
+		o->populate_total = LD(&a->populate_total);
 	}
 	for (unsigned i = 0; i < s->max_workers; i++) {
 		const struct kvr_worker_ent *w = kvr_ctl_worker(c, i);
@@ -478,6 +480,37 @@ static void text_instance(FILE *out, const struct kvr_insp_snap *s)
 		pline(out, "  arena %.1f GiB%s  prefault %s  %.1f GiB in", kvr_fmt_gib(s->arena_bytes),
 		      s->arena_huge ? " (huge pages)" : "", s->prefault_state < 5 ? pf[s->prefault_state] : "?",
 		      kvr_fmt_gib(s->prefault_bytes));
+	}
+	/* what mapping it costs the actors: their page tables, and how far they populated */
+	uint64_t pt = 0, pt_max = 0, pop = 0, pop_total = 0;
+	unsigned n_pt = 0;
+	const char *biggest = "";
+	for (unsigned i = 0; i < s->n_actors; i++) {
+		const struct kvr_insp_actor *a = &s->actors[i];
+		if (a->pid > 0) { /* an exited actor's counters are its last run's */
+			pop += a->populated;
+			pop_total += a->populate_total;
+		}
+		if (!a->page_tables_known)
+			continue;
+		n_pt++;
+		pt += a->page_table_bytes;
+		if (a->page_table_bytes >= pt_max) {
+			pt_max = a->page_table_bytes;
+			biggest = a->name;
+		}
+	}
+	if (n_pt || pop_total)
+		pline(out, "  populated %.1f/%.1f GiB  page tables %.1f MiB in %u actors (most %.1f, %.12s)",
+		      kvr_fmt_gib(pop), kvr_fmt_gib(pop_total), kvr_fmt_mib(pt), n_pt, kvr_fmt_mib(pt_max),
+		      n_pt ? biggest : "-");
+}
+
+void kvr_insp_read_page_tables(struct kvr_insp_snap *s)
+{
+	for (unsigned i = 0; i < s->n_actors; i++) {
+		struct kvr_insp_actor *a = &s->actors[i];
+		a->page_tables_known = a->pid > 0 && kvr_proc_page_tables(a->pid, &a->page_table_bytes) == 0;
 	}
 }
 
@@ -1123,6 +1156,12 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 		else
 			kvr_jw_null(&w, "heartbeat_age_s");
 		kvr_jw_u64(&w, "held", a->held);
+		kvr_jw_u64(&w, "populated_bytes", a->populated);
+		kvr_jw_u64(&w, "populate_target_bytes", a->populate_total);
+		if (a->page_tables_known)
+			kvr_jw_u64(&w, "page_table_bytes", a->page_table_bytes);
+		else
+			kvr_jw_null(&w, "page_table_bytes");
 		kvr_jw_end(&w);
 	}
 	kvr_jw_end(&w);

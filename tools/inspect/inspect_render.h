@@ -70,6 +70,9 @@ struct kvr_insp_actor {
 	int32_t pid, last_exit_code, last_exit_signal;
 	uint64_t started_ns, ready_ns, heartbeat_ns; /* CLOCK_MONOTONIC, 0 = never */
 	uint32_t held;                               /* requests accepted, not answered (gather: waiting stores) */
+	uint64_t populated, populate_total;          /* its background populate (actors/runtime/populate.c) */
+	uint64_t page_table_bytes;                   /* VmPTE (kvr_insp_read_page_tables) */
+	bool page_tables_known;                      /* ... read from /proc: a running actor on this host */
 };
 
 struct kvr_insp_worker {
@@ -175,6 +178,11 @@ struct kvr_insp_snap {
 
 /* Copy the observable state of c (a validated kvr_ctl_attach() result) at time now.
  * max_msgs in [0, KVR_INSP_MAX_MSGS] (larger is clamped). *ret_snap untouched on failure. */
+/* Each running actor's page-table bytes, from /proc/<pid>/status (VmPTE): what mapping the
+ * arena and the KV memory costs it. Not in the snapshot itself (it reads no /proc), so a
+ * rendering stays a function of the control segment; kvring-inspect calls it. */
+void kvr_insp_read_page_tables(struct kvr_insp_snap *s);
+
 int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now, unsigned max_msgs,
 		      struct kvr_insp_snap **ret_snap);
 void kvr_insp_snap_free(struct kvr_insp_snap *s);

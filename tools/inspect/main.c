@@ -181,6 +181,7 @@ static int show(const struct kvr_segment *seg, const struct kvr_segment *slots_s
 		return rc;
 	}
 	s->hide_idle = !all;
+	kvr_insp_read_page_tables(s);
 	struct kvr_slot_table *t;
 	if (slots_seg->base && kvr_slots_attach(slots_seg, &t) == 0)
 		kvr_insp_snapshot_slots(s, t);
