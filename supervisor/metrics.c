@@ -127,6 +127,20 @@ static void render_instance(FILE *f, const struct kvr_ctl *c)
 	fprintf(f, "kvring_workers_attached %u\n", attached);
 }
 
+/* A gauge family of one 64-bit word of the actor entry (at `off`), for the running actors
+ * (an exited actor's words are its last run's). */
+static void running_gauge(FILE *f, const struct kvr_ctl *c, const char *name, const char *help, size_t off)
+{
+	family(f, name, "gauge", help);
+	for (unsigned i = 0; i < n_actors(c); i++) {
+		struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
+		if (!actor_used(c, i) || atomic_load(&e->pid) <= 0)
+			continue;
+		actor_label(f, name, e);
+		fprintf(f, "%llu\n", (unsigned long long)atomic_load((_Atomic uint64_t *)((uint8_t *)e + off)));
+	}
+}
+
 static void render_actors(FILE *f, const struct kvr_ctl *c)
 {
 	unsigned n = n_actors(c);
@@ -172,24 +186,14 @@ static void render_actors(FILE *f, const struct kvr_ctl *c)
 			fprintf(f, "%llu\n", (unsigned long long)pte);
 		}
 	}
-	family(f, "kvring_actor_populated_bytes", "gauge",
-	       "Bytes of its mappings (arena, KV memory) the actor has faulted in since it started: it populates "
-	       "them in the background after it is ready, up to kvring_actor_populate_target_bytes. Running actors.");
-	for (unsigned i = 0; i < n; i++)
-		if (actor_used(c, i) && atomic_load(&kvr_ctl_actor(c, i)->pid) > 0) {
-			struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
-			actor_label(f, "kvring_actor_populated_bytes", e);
-			fprintf(f, "%llu\n", (unsigned long long)atomic_load(&e->populated));
-		}
-	family(f, "kvring_actor_populate_target_bytes", "gauge",
-	       "Bytes of its mappings the actor means to populate (0: none; the arena counts only where kvringd "
-	       "faulted it in).");
-	for (unsigned i = 0; i < n; i++)
-		if (actor_used(c, i) && atomic_load(&kvr_ctl_actor(c, i)->pid) > 0) {
-			struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
-			actor_label(f, "kvring_actor_populate_target_bytes", e);
-			fprintf(f, "%llu\n", (unsigned long long)atomic_load(&e->populate_total));
-		}
+	running_gauge(f, c, "kvring_actor_populated_bytes",
+		      "Bytes of its mappings (arena, KV memory) the actor has faulted in since it started: it populates "
+		      "them in the background after it is ready, up to kvring_actor_populate_target_bytes. Running actors.",
+		      offsetof(struct kvr_actor_ent, populated));
+	running_gauge(f, c, "kvring_actor_populate_target_bytes",
+		      "Bytes of its mappings the actor means to populate (0: none; the arena counts only where kvringd "
+		      "faulted it in).",
+		      offsetof(struct kvr_actor_ent, populate_total));
 	family(f, "kvring_malformed_messages_total", "counter", "Messages the actor rejected as malformed.");
 	for (unsigned i = 0; i < n; i++)
 		if (actor_used(c, i)) {

@@ -234,15 +234,23 @@ Test(fences, a_cancelled_store_commits_nothing)
 	ct_assert_table_clean(&env);
 }
 
-Test(fences, a_cancelled_load_writes_nothing_after_its_completion)
+/* A worker that stored the whole prompt (ORIG + b in block b), to load it back. */
+static struct ct_rank *stored_worker(void)
 {
-	start();
 	struct ct_rank *w;
 	cr_assert_eq(ct_rank_open(&env, 0, NB, 0, &w), 0, "attach: %s", kvr_last_error(NULL));
 	fill_all(w, ORIG);
 	struct ct_done d;
 	ct_store(w, 1, tokens, NT, blocks, NB, &d);
 	cr_assert_eq(d.c.n_stored, NB);
+	return w;
+}
+
+Test(fences, a_cancelled_load_writes_nothing_after_its_completion)
+{
+	start();
+	struct ct_rank *w = stored_worker();
+	struct ct_done d;
 	for (uint32_t b = 0; b < NB; b++)
 		ct_fill(w, b, CT_CANARY);
 
@@ -302,12 +310,7 @@ Test(fences, a_cancelled_load_writes_nothing_after_its_completion)
 Test(fences, a_load_whose_worker_detached_writes_nothing_after_the_detach)
 {
 	start();
-	struct ct_rank *w;
-	cr_assert_eq(ct_rank_open(&env, 0, NB, 0, &w), 0, "attach: %s", kvr_last_error(NULL));
-	fill_all(w, ORIG);
-	struct ct_done d;
-	ct_store(w, 1, tokens, NT, blocks, NB, &d);
-	cr_assert_eq(d.c.n_stored, NB);
+	struct ct_rank *w = stored_worker();
 	for (int round = 0; round < 3; round++) {
 		if (!w)
 			cr_assert_eq(ct_rank_open(&env, 0, NB, 0, &w), 0, "attach: %s", kvr_last_error(NULL));
