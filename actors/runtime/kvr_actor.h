@@ -159,6 +159,7 @@ void kvr_actor_unwatch_fd(struct kvr_actor *a, int id);
  * Background populate (populate.c): fault one of this actor's mappings in from the loop
  * after it is ready — KVR_POPULATE_CHUNK bytes per pass that has nothing else to do, so a
  * message waits at most one chunk — instead of on the data path, one fault per 4 KiB page.
+ * Only pages that already exist are mapped: populate never allocates memory.
  * `write` populates writable (MADV_POPULATE_WRITE: the mapping must be writable), else
  * readable. `what` names it in the log. Progress: the actor entry's populated /
  * populate_total (kvring-inspect, /metrics); one log line when all is in, with the

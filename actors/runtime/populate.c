@@ -26,7 +26,8 @@
  * fresh mapping copies at a third of the speed of a warm one (docs/benchmarks.md). So
  * once ready the loop fills the page table itself, KVR_POPULATE_CHUNK bytes at a time,
  * only when it has nothing else to do: after every chunk it looks at its rings again, so a
- * message waits at most one chunk (about a quarter of a millisecond here). MADV_POPULATE_*
+ * message waits at most one chunk (about half a millisecond here). Only pages that exist
+ * are populated (populate_resident): this never allocates memory. MADV_POPULATE_*
  * (Linux 5.14) fails with EFAULT instead of raising SIGBUS where the file is shorter than
  * the mapping; a region that fails is given up (logged once), never retried.
  */
@@ -114,6 +115,35 @@ static size_t limit_of(struct kvr_actor *a, struct kvr_populate *p, unsigned i)
 	}
 }
 
+/*
+ * Populate the pages of [base, base+len) that exist (mincore: in the memfd's page cache),
+ * never allocating one: a worker's KV memory the engine has not touched yet stays
+ * unallocated (on some VMs a fresh page costs milliseconds per MiB, and a 1 GiB populate
+ * that allocates stalls the whole machine), and so does a sparse arena. One madvise per run
+ * of resident pages. 0 or -1 with errno.
+ */
+static int populate_resident(uint8_t *base, size_t len, bool write)
+{
+	static unsigned char vec[KVR_POPULATE_CHUNK / 4096];
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = (len + pg - 1) / pg;
+	if (n > sizeof(vec) || mincore(base, len, vec))
+		return madvise(base, len, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+	for (size_t i = 0; i < n;) {
+		if (!(vec[i] & 1)) {
+			i++;
+			continue;
+		}
+		size_t j = i;
+		while (j < n && (vec[j] & 1))
+			j++;
+		size_t end = j * pg < len ? j * pg : len;
+		if (madvise(base + i * pg, end - i * pg, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ))
+			return -1;
+		i = j;
+	}
+	return 0;
+}
+
 bool kvr_actor_populate_waiting(const struct kvr_actor *a)
 {
 	const struct kvr_populate *p = a->populate;
@@ -139,7 +169,7 @@ bool kvr_actor_populate_step(struct kvr_actor *a)
 		size_t k = limit - p->r[i].done;
 		if (k > KVR_POPULATE_CHUNK)
 			k = KVR_POPULATE_CHUNK;
-		if (madvise(p->r[i].base + p->r[i].done, k, p->r[i].write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ)) {
+		if (populate_resident(p->r[i].base + p->r[i].done, k, p->r[i].write)) {
 			kvr_warn("populate of the %s (%zu of %zu bytes done): %s; the rest faults in on first use",
 				 p->r[i].what, p->r[i].done, p->r[i].len, strerror(errno));
 			p->r[i].done = p->r[i].len;

@@ -85,8 +85,8 @@ Test(populate, a_request_during_populate_is_served_first_and_a_detach_stops_it)
 {
 	ct_start(&env, &big, &(struct ct_opts){.l1_slots = 64});
 	cr_assert(H_WAIT(atomic_load(&env.ctl->prefault_state) == KVR_PREFAULT_DONE, 20000), "kvringd's prefault");
-	/* 2 GiB of KV memory, never touched by the worker: populating it takes the actors far
-	 * longer than one store and one load */
+	/* 2 GiB of KV memory (written by the harness: its pages exist, so the actors populate
+	 * them): that takes the actors far longer than one store and one load */
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 4096, 0, &r), 0, "%s", kvr_last_error(NULL));
 	const struct kvr_actor_ent *ld = actor("loader.0"), *st = actor("storer.0");
