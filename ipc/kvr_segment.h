@@ -83,6 +83,8 @@ int kvr_segment_map_over(int fd, int writable, void *addr, size_t size);
  * path never takes a page fault on L1. Returns 0 or -errno (-EINVAL on kernels before
  * 5.14: callers treat a failure as "not populated", never as fatal). */
 int kvr_populate(void *base, size_t len);
+/* The same, readable (MADV_POPULATE_READ) unless `write`: for a mapping the caller only reads. */
+int kvr_populate_rw(void *base, size_t len, int write);
 
 /* The bytes of page tables process pid holds (VmPTE of /proc/<pid>/status): what mapping a
  * large arena costs it (8 bytes per 4 KiB page it touched, per 2 MiB with huge pages).

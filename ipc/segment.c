@@ -197,9 +197,18 @@ int kvr_segment_map_over(int fd, int writable, void *addr, size_t size)
 #define MADV_POPULATE_WRITE 23
 #endif
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+int kvr_populate_rw(void *base, size_t len, int write)
+{
+	return madvise(base, len, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) ? -errno : 0;
+}
+
 int kvr_populate(void *base, size_t len)
 {
-	return madvise(base, len, MADV_POPULATE_WRITE) ? -errno : 0;
+	return kvr_populate_rw(base, len, 1);
 }
 
 void kvr_segment_close(struct kvr_segment *seg)

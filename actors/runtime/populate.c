@@ -11,12 +11,6 @@
 #include "kvr_segment.h"
 #include "kvr_time.h"
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
 
 /*
  * Why: an actor maps the arena and a worker's KV memory without touching them, so it is
@@ -120,14 +114,14 @@ static size_t limit_of(struct kvr_actor *a, struct kvr_populate *p, unsigned i)
  * never allocating one: a worker's KV memory the engine has not touched yet stays
  * unallocated (on some VMs a fresh page costs milliseconds per MiB, and a 1 GiB populate
  * that allocates stalls the whole machine), and so does a sparse arena. One madvise per run
- * of resident pages. 0 or -1 with errno.
+ * of resident pages. 0 or -errno.
  */
 static int populate_resident(uint8_t *base, size_t len, bool write)
 {
 	static unsigned char vec[KVR_POPULATE_CHUNK / 4096];
 	size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = (len + pg - 1) / pg;
 	if (n > sizeof(vec) || mincore(base, len, vec))
-		return madvise(base, len, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+		return kvr_populate_rw(base, len, write);
 	for (size_t i = 0; i < n;) {
 		if (!(vec[i] & 1)) {
 			i++;
@@ -137,8 +131,9 @@ static int populate_resident(uint8_t *base, size_t len, bool write)
 		while (j < n && (vec[j] & 1))
 			j++;
 		size_t end = j * pg < len ? j * pg : len;
-		if (madvise(base + i * pg, end - i * pg, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ))
-			return -1;
+		int rc = kvr_populate_rw(base + i * pg, end - i * pg, write);
+		if (rc)
+			return rc;
 		i = j;
 	}
 	return 0;
@@ -169,9 +164,10 @@ bool kvr_actor_populate_step(struct kvr_actor *a)
 		size_t k = limit - p->r[i].done;
 		if (k > KVR_POPULATE_CHUNK)
 			k = KVR_POPULATE_CHUNK;
-		if (populate_resident(p->r[i].base + p->r[i].done, k, p->r[i].write)) {
+		int rc = populate_resident(p->r[i].base + p->r[i].done, k, p->r[i].write);
+		if (rc) {
 			kvr_warn("populate of the %s (%zu of %zu bytes done): %s; the rest faults in on first use",
-				 p->r[i].what, p->r[i].done, p->r[i].len, strerror(errno));
+				 p->r[i].what, p->r[i].done, p->r[i].len, strerror(-rc));
 			p->r[i].done = p->r[i].len;
 		} else {
 			p->r[i].done += k;

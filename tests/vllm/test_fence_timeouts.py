@@ -65,8 +65,10 @@ def main(d: Path) -> None:
             check(time.monotonic() < deadline, f"the warm load never reached {ring}")
             time.sleep(0.02)
         wait_log(eng, "cancelled, recomputing")
-        time.sleep(0.5)  # the engine is held by the fence: nothing may come back now
+        # the engine is held by the fence: the loader is stopped, so the cancel cannot have
+        # completed, and without its completion the step may not go on to the forward pass
         check(not answered(eng), "vLLM answered while the cancelled load could still land")
+        check(kv.metric("kvring_fenced_requests_total", direction="load") == 0, "the loader moved while stopped")
         os.kill(loader, signal.SIGCONT)
         stopped = 0
         warm = eng.result(timeout=120)[0]
