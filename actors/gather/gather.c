@@ -190,6 +190,14 @@ static void gather_tick(struct kvr_actor *a, uint64_t now)
 			char missing[KVR_DCP_MAX * 4] = "";
 			size_t off = 0;
 			bool arriving = false;
+			/* the fence: a store waiting for its group that its rank cancelled (or whose
+			 * worker left) is answered now, not when the group's wait times out */
+			int frc = stage_fence(&rk->st, p->rq.wire, false);
+			if (frc) {
+				kvr_actor_count(a, KVR_STAT_XF_FENCED, 1);
+				pend_fail(a, g, r, i, frc);
+				continue;
+			}
 			if (now < p->rq.first_ns || now - p->rq.first_ns < g->timeout_ns) { /* arrived after the tick read its clock, or not overdue */
 				i++;
 				continue;
