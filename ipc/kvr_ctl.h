@@ -277,7 +277,13 @@ enum kvr_stat_lookup {
 	KVR_STAT_LK_RM_WRITES_SKIPPED,/* ... not handed over: its ring was full (a cache: counted, not retried) */
 	KVR_STAT_LK_L2_RING_STALLS,   /* promotion reads that found disk.req / remote.req full: the
 				       * promotion waited for room instead of the lookup actor */
+	KVR_STAT_LK_MISS_FIRST,       /* blocks leases asked for and did not match, by the reason of
+				       * the first of them: KVR_STAT_LK_MISS_FIRST + reason - 1 for
+				       * enum kvr_miss_reason 1..6 (never stored, evicted, in flight,
+				       * quorum, L2 failed, no room) */
+	KVR_STAT_LK_END = KVR_STAT_LK_MISS_FIRST + 6,
 };
+_Static_assert((int)KVR_STAT_LK_END <= (int)KVR_STAT_MAX, "lookup counters fit the stats");
 
 enum kvr_stat_xfer { /* loader and storer */
 	KVR_STAT_XF_BLOCKS = KVR_STAT_FIRST_STAGE, /* blocks copied */

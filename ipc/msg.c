@@ -1,5 +1,6 @@
 /* Message construction, validation and description. */
 #include <kvring/msg.h>
+#include <kvring/kvring.h>
 
 #include <errno.h>
 #include <stdbool.h>
@@ -241,7 +242,8 @@ int kvr_msg_decode_lookup_rep(const struct kvr_msg *m, struct kvr_msg_lookup_rep
 		return -EBADMSG;
 	memcpy(&r, m->body, sizeof(r));
 	if (check_result(m, KVR_MSG_LOOKUP_REP, sizeof(r), r.matched > 0) || !status_ok(r.status) ||
-	    r.promoted > r.matched || r.matched > KVR_MSG_MAX_LIST || (r.status < 0 && r.matched))
+	    r.promoted > r.matched || r.matched > KVR_MSG_MAX_LIST || (r.status < 0 && r.matched) || r.pending ||
+	    r.miss)
 		return -EBADMSG;
 	*ret = r;
 	return 0;
@@ -331,7 +333,8 @@ int kvr_msg_decode_lease_rep(const struct kvr_msg *m, struct kvr_msg_lookup_rep 
 		return -EBADMSG;
 	memcpy(&r, m->body, sizeof(r));
 	if (check_result(m, KVR_MSG_LEASE_REP, sizeof(r), false) || !status_ok(r.status) || r.promoted > r.matched ||
-	    r.matched > KVR_MSG_MAX_LIST || (r.status < 0 && r.matched))
+	    r.matched > KVR_MSG_MAX_LIST || (r.status < 0 && (r.matched || r.pending)) ||
+	    r.pending > KVR_MSG_MAX_LIST - r.matched || r.miss >= KVR_MISS_REASONS)
 		return -EBADMSG;
 	*ret = r;
 	return 0;

@@ -17,6 +17,7 @@
 #include "kvr_log.h"
 #include "kvr_ring.h"
 #include "kvr_time.h"
+#include "notify.h"
 #include "sup.h"
 
 #define MS 1000000ull
@@ -62,9 +63,14 @@ int sup_find_executables(struct sup *s, char *err, size_t errlen)
 				 s->cfg.instance.actor_dir);
 			return -ENOENT;
 		}
-		/* the build tree: <build>/supervisor/kvringd next to <build>/actors/<k>/kvring-<k> */
 		if (self_dir) {
+			/* the build tree: <build>/supervisor/kvringd next to <build>/actors/<k>/kvring-<k> */
 			len = snprintf(dst, PATH_MAX, "%s/../actors/%s/kvring-%s", self_dir, k, k);
+			if (len < PATH_MAX && executable(dst))
+				continue;
+			/* a relocated install (the wheel: <venv>/bin/kvringd next to
+			 * <venv>/libexec/kvring/kvring-<k>; docs/packaging.md), wherever its prefix is */
+			len = snprintf(dst, PATH_MAX, "%s/../libexec/kvring/kvring-%s", self_dir, k);
 			if (len < PATH_MAX && executable(dst))
 				continue;
 		}
@@ -72,12 +78,16 @@ int sup_find_executables(struct sup *s, char *err, size_t errlen)
 		if (len < PATH_MAX && executable(dst))
 			continue;
 		if (optional) {
-			kvr_warn("cannot find kvring-%s: DCP ranks will be refused", k);
+			kvr_warn("cannot find kvring-%s in %s/../actors/%s, %s/../libexec/kvring or %s: DCP ranks will "
+				 "be refused",
+				 k, self_dir ? self_dir : "?", k, self_dir ? self_dir : "?", KVR_LIBEXECDIR);
 			dst[0] = '\0';
 			continue;
 		}
-		snprintf(err, errlen, "cannot find the actor executable kvring-%s (looked in %s/../actors/%s and %s)",
-			 k, 			 self_dir ? self_dir : "?", k, KVR_LIBEXECDIR);
+		snprintf(err, errlen,
+			 "cannot find the actor executable kvring-%s (looked in %s/../actors/%s, %s/../libexec/kvring "
+			 "and %s)",
+			 k, self_dir ? self_dir : "?", k, self_dir ? self_dir : "?", KVR_LIBEXECDIR);
 		return -ENOENT;
 	}
 	return 0;
@@ -439,8 +449,10 @@ void sup_actor_event(struct sup *s, struct sup_actor *a, enum sup_event ev, int 
 		set_state(a, KVR_ACTOR_READY);
 		kvr_info("%s ready (pid %d) after %llu ms", name_of(a), (int)a->pid,
 			 (unsigned long long)((now - a->ent->started_ns) / MS));
-		if (a->index == SUP_ACTOR_LOOKUP && atomic_load(&s->ctl->state) == KVR_INST_STARTING)
+		if (a->index == SUP_ACTOR_LOOKUP && atomic_load(&s->ctl->state) == KVR_INST_STARTING) {
 			atomic_store(&s->ctl->state, KVR_INST_RUNNING);
+			(void)sup_notify("READY=1"); /* a Type=notify unit is started now */
+		}
 		break;
 	case A_DIED:
 		on_died(s, a, status, now);

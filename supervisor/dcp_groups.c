@@ -24,8 +24,10 @@
  * scatters its tokens out of the canonical lane (the same kvr_dcp runs), so the ranks'
  * loads run in parallel, and keep working while the group is incomplete.
  *
- * Group slot g uses actor SUP_ACTOR_GATHER(cfg, g). Groups are keyed by tp_rank / D; every
- * rank of one group must declare the same tp_size, dcp_size and dcp_interleave.
+ * Group slot g uses actor SUP_ACTOR_GATHER(cfg, g). Groups are keyed by (engine, tp_rank /
+ * D): two engines using DCP on one instance get groups of their own, each with its gather
+ * actor; every rank of one group must declare the same tp_size, dcp_size and
+ * dcp_interleave.
  */
 
 /* Worker w still references group slot g (detaching, or a member). */
@@ -75,7 +77,7 @@ static struct sup_actor *gather_of(struct sup *s, unsigned g)
 	return &s->actors[SUP_ACTOR_GATHER(&s->cfg, g)];
 }
 
-int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char *err, size_t errlen)
+int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, int engine, char *err, size_t errlen)
 {
 	unsigned n = SUP_N_GATHER(&s->cfg), idx = kvr_dcp_group_index(g), first = g->tp_rank - g->dcp_rank;
 	int slot = -1;
@@ -87,7 +89,7 @@ int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char
 				s->cfg.instance.max_workers);
 	for (unsigned i = 0; i < n && slot < 0; i++) {
 		struct sup_dcp_group *gr = &s->groups[i];
-		if (!sup_group_members(gr) || gr->index != idx)
+		if (!sup_group_members(gr) || gr->index != idx || gr->engine != engine)
 			continue;
 		if (gr->tp_size != g->tp_size || gr->dcp_size != g->dcp_size || gr->interleave != g->dcp_interleave)
 			return kvr_errf(err, errlen, -EINVAL,
@@ -112,7 +114,8 @@ int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char
 			continue;
 		struct sup_dcp_group *gr = &s->groups[i];
 		*gr = (struct sup_dcp_group){.tp_size = g->tp_size, .dcp_size = g->dcp_size,
-					     .interleave = g->dcp_interleave, .index = idx, .owner = -1};
+					     .interleave = g->dcp_interleave, .index = idx, .engine = engine,
+					     .owner = -1};
 		for (unsigned r = 0; r < KVR_DCP_MAX; r++)
 			gr->members[r] = -1;
 		slot = (int)i;
@@ -124,8 +127,8 @@ int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char
 	gr->members[g->dcp_rank] = (int)w;
 	s->worker_group[w] = slot;
 	sup_storer_rings_bind(s, w, (int)SUP_ACTOR_GATHER(&s->cfg, (unsigned)slot));
-	kvr_info("worker %u joins DCP group %u as rank %u of %u (%u attached)", w, idx, g->dcp_rank, g->dcp_size,
-		 sup_group_members(gr));
+	kvr_info("worker %u joins DCP group %u of engine %d as rank %u of %u (%u attached)", w, idx, engine, g->dcp_rank,
+		 g->dcp_size, sup_group_members(gr));
 	return (int)SUP_ACTOR_GATHER(&s->cfg, (unsigned)slot);
 }
 

@@ -119,3 +119,34 @@ int sup_engine_namespace(const struct sup *s, int ix, const struct kvr_geometry 
 	const struct sup_engine_id *e = &s->engines[ix].id;
 	return kvr_geometry_namespace(g, sup_engine_model(s, e), s->cfg.model.cache_salt, ret);
 }
+
+unsigned sup_engine_table(const struct sup *s, struct kvr_inspect_engine ret[KVR_CTL_MAX_ENGINES])
+{
+	uint32_t workers[KVR_CTL_MAX_ENGINES] = {0}, scheds[KVR_CTL_MAX_ENGINES] = {0};
+	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
+		if (s->worker_engine[w] >= 0 && s->worker_engine[w] < KVR_CTL_MAX_ENGINES)
+			workers[s->worker_engine[w]]++;
+	for (unsigned i = 0; i < KVR_CTL_MAX_SCHEDULERS; i++)
+		if (s->sched_engine[i] >= 0 && s->sched_engine[i] < KVR_CTL_MAX_ENGINES)
+			scheds[s->sched_engine[i]]++;
+	unsigned n = 0;
+	for (unsigned e = 0; e < KVR_CTL_MAX_ENGINES; e++) {
+		const struct sup_engine *en = &s->engines[e];
+		if (!en->refs)
+			continue;
+		struct kvr_inspect_engine ent = {.index = e, .workers = workers[e], .schedulers = scheds[e]};
+		snprintf(ent.id, sizeof(ent.id), "%s", en->id.id);
+		const char *model = sup_engine_model(s, &en->id); /* a model_id over 63 bytes is cut */
+		memcpy(ent.model_ns, model, strnlen(model, sizeof(ent.model_ns) - 1));
+		if (!en->id.model_ns[0])
+			ent.flags |= KVR_INSPECT_ENGINE_NS_MODEL_ID;
+		ret[n++] = ent;
+	}
+	return n;
+}
+
+void sup_engine_publish(struct sup *s)
+{
+	struct kvr_inspect_engine t[KVR_CTL_MAX_ENGINES];
+	sup_metrics_engines(s, t, sup_engine_table(s, t));
+}

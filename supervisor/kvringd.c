@@ -13,6 +13,7 @@
 #include "kvr_build_config.h"
 #include "kvr_log.h"
 #include "kvr_time.h"
+#include "notify.h"
 #include "sup.h"
 
 #define MS 1000000ull
@@ -33,19 +34,6 @@ static void usage(FILE *f)
 		"\n"
 		"Signals: SIGTERM/SIGINT drain and exit 0 (a second one skips the drain wait);\n"
 		"SIGHUP is ignored.\n");
-}
-
-/* ---- epoll ------------------------------------------------------------------------- */
-
-int sup_epoll_add(struct sup *s, int fd, struct sup_watch *w, uint32_t events)
-{
-	struct epoll_event ev = {.events = events, .data.ptr = w};
-	return epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
-}
-
-void sup_epoll_del(struct sup *s, int fd)
-{
-	(void)epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
 }
 
 /* ---- config ------------------------------------------------------------------------ */
@@ -123,6 +111,7 @@ static void begin_drain(struct sup *s, int sig)
 	kvr_info("%s: draining (up to %u ms), no new connections", strsignal(sig), s->cfg.supervisor.drain_timeout_ms);
 	s->phase = PH_DRAIN;
 	atomic_store(&s->ctl->state, KVR_INST_DRAINING);
+	(void)sup_notify("STOPPING=1");
 	sup_socket_close(s);
 	s->next_health = 0;
 	s->drain_deadline = kvr_now_ns() + (uint64_t)s->cfg.supervisor.drain_timeout_ms * MS;
@@ -249,6 +238,29 @@ static void close_fd(int *fd)
 	*fd = -1;
 }
 
+/* Close what serve() opened, after a run or a failed start; an abnormal exit (code not 0)
+ * kills every actor first. */
+static void shut_down(struct sup *s, int code)
+{
+	if (s->ctl)
+		atomic_store(&s->ctl->state, KVR_INST_STOPPED);
+	sup_conns_close_all(s);
+	sup_socket_close(s);
+	sup_metrics_close(s);
+	if (code) {
+		/* an abnormal exit still leaves no actor behind */
+		for (unsigned i = 0; i < s->n_actors; i++)
+			if (s->actors[i].pid > 0)
+				(void)kill(s->actors[i].pid, SIGKILL);
+	}
+	sup_actors_free(s);
+	sup_prefault_stop(s);
+	sup_segments_close(s);
+	close_fd(&s->tfd);
+	close_fd(&s->sigfd);
+	close_fd(&s->epfd);
+}
+
 /* Start, serve until drained, shut down. Returns the exit code. */
 static int serve(struct sup *s)
 {
@@ -312,23 +324,7 @@ static int serve(struct sup *s)
 		kvr_info("stopped");
 	}
 out:
-	if (s->ctl)
-		atomic_store(&s->ctl->state, KVR_INST_STOPPED);
-	sup_conns_close_all(s);
-	sup_socket_close(s);
-	sup_metrics_close(s);
-	if (code) {
-		/* an abnormal exit still leaves no actor behind */
-		for (unsigned i = 0; i < s->n_actors; i++)
-			if (s->actors[i].pid > 0)
-				(void)kill(s->actors[i].pid, SIGKILL);
-	}
-	sup_actors_free(s);
-	sup_prefault_stop(s);
-	sup_segments_close(s);
-	close_fd(&s->tfd);
-	close_fd(&s->sigfd);
-	close_fd(&s->epfd);
+	shut_down(s, code);
 	return code;
 }
 
@@ -402,6 +398,7 @@ int main(int argc, char **argv)
 	}
 	if (load_config(config, &s->cfg))
 		return 2;
+	sup_notify_init();
 	int code = serve(s);
 	free(s->cfg_json);
 	return code;

@@ -1,4 +1,4 @@
-/* kvringd's Prometheus endpoint: GET /metrics (text format 0.0.4) rendered from the shared segments. */
+/* kvringd's HTTP listener: GET /metrics (Prometheus text format 0.0.4) from the shared segments; /status and /. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -9,11 +9,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <microhttpd.h>
 
+#include <kvring/kvring.h>
+
+
 #include "kvr_log.h"
+#include "metrics_read.h"
+#include "status.h"
 #include "sup.h"
 
 /*
@@ -26,16 +32,27 @@
  *
  * The socket is bound by sup_metrics_open() before anything else starts, so a port in use
  * refuses the start; serving begins with sup_metrics_start() once the segments exist.
+ *
+ * Every page is read under one lock, m->lock: the main thread takes it (sup_metrics_pause)
+ * while it maps a client area over the place a render reads ring counters from, and while
+ * it copies its engine table into m->engines (sup_metrics_engines): engines live only in
+ * kvringd's memory, and the main loop changes them. /status and / (status.c,
+ * status_html.c) collect their document under the lock and print it after releasing it.
  */
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+#define CONTENT_JSON "application/json; charset=utf-8"
+#define CONTENT_HTML "text/html; charset=utf-8"
+#define CONTENT_TEXT "text/plain; charset=utf-8"
 #define NS_PER_S 1000000000ull
 
 struct sup_metrics {
 	int fd;                      /* the bound, listening socket (ours; MHD gets a dup) */
 	struct MHD_Daemon *d;
-	pthread_mutex_t lock;        /* over view: renders are serialised */
+	pthread_mutex_t lock;        /* over view and engines: renders are serialised */
 	struct sup_metrics_view view;
+	struct kvr_inspect_engine engines[KVR_CTL_MAX_ENGINES]; /* the main thread's table, copied */
+	unsigned n_engines;
 	char listen[64];
 };
 
@@ -73,39 +90,6 @@ static void seconds(FILE *f, uint64_t ns)
 	fprintf(f, ".%s", frac);
 }
 
-static uint64_t stat_of(const struct kvr_ctl *c, unsigned actor, unsigned s)
-{
-	return atomic_load_explicit(&kvr_ctl_stats(c, actor)->c[s], memory_order_relaxed);
-}
-
-static unsigned n_actors(const struct kvr_ctl *c)
-{
-	unsigned n = atomic_load(&((struct kvr_ctl *)c)->n_actors);
-	return n < c->max_actors ? n : c->max_actors;
-}
-
-static bool actor_used(const struct kvr_ctl *c, unsigned i)
-{
-	return atomic_load(&kvr_ctl_actor(c, i)->state) != KVR_ACTOR_UNUSED;
-}
-
-/* Sum of counter s over every actor of that kind. */
-static uint64_t kind_sum(const struct kvr_ctl *c, unsigned kind, unsigned s)
-{
-	uint64_t sum = 0;
-	for (unsigned i = 0; i < n_actors(c); i++)
-		if (actor_used(c, i) && kvr_ctl_actor(c, i)->kind == kind)
-			sum += stat_of(c, i, s);
-	return sum;
-}
-
-/* A transfer counter of one direction over every actor that moves it: the loaders, or the
- * storers and the gather actors (a DCP group's stores). */
-static uint64_t xf_sum(const struct kvr_ctl *c, bool store, unsigned s)
-{
-	return store ? kind_sum(c, KVR_ACTOR_STORER, s) + kind_sum(c, KVR_ACTOR_GATHER, s) : kind_sum(c, KVR_ACTOR_LOADER, s);
-}
-
 static void actor_label(FILE *f, const char *metric, const struct kvr_actor_ent *e)
 {
 	fprintf(f, "%s{actor=\"", metric);
@@ -132,9 +116,9 @@ static void render_instance(FILE *f, const struct kvr_ctl *c)
 static void running_gauge(FILE *f, const struct kvr_ctl *c, const char *name, const char *help, size_t off)
 {
 	family(f, name, "gauge", help);
-	for (unsigned i = 0; i < n_actors(c); i++) {
+	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++) {
 		struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
-		if (!actor_used(c, i) || atomic_load(&e->pid) <= 0)
+		if (!kvr_mr_actor_used(c, i) || atomic_load(&e->pid) <= 0)
 			continue;
 		actor_label(f, name, e);
 		fprintf(f, "%llu\n", (unsigned long long)atomic_load((_Atomic uint64_t *)((uint8_t *)e + off)));
@@ -143,17 +127,17 @@ static void running_gauge(FILE *f, const struct kvr_ctl *c, const char *name, co
 
 static void render_actors(FILE *f, const struct kvr_ctl *c)
 {
-	unsigned n = n_actors(c);
+	unsigned n = kvr_mr_n_actors(c);
 	family(f, "kvring_actor_up", "gauge",
 	       "1 while the actor is ready and serving (loader.N/storer.N are 0 while worker slot N is free).");
 	for (unsigned i = 0; i < n; i++)
-		if (actor_used(c, i)) {
+		if (kvr_mr_actor_used(c, i)) {
 			actor_label(f, "kvring_actor_up", kvr_ctl_actor(c, i));
 			fprintf(f, "%d\n", atomic_load(&kvr_ctl_actor(c, i)->state) == KVR_ACTOR_READY);
 		}
 	family(f, "kvring_actor_restarts_total", "counter", "Times kvringd restarted the actor after it died.");
 	for (unsigned i = 0; i < n; i++)
-		if (actor_used(c, i)) {
+		if (kvr_mr_actor_used(c, i)) {
 			struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
 			actor_label(f, "kvring_actor_restarts_total", e);
 			fprintf(f, "%u\n", __atomic_load_n(&e->restarts, __ATOMIC_RELAXED));
@@ -161,7 +145,7 @@ static void render_actors(FILE *f, const struct kvr_ctl *c)
 	family(f, "kvring_actor_last_exit_code", "gauge",
 	       "Exit code of the actor's last exit, -1 when it has not exited or was killed by a signal.");
 	for (unsigned i = 0; i < n; i++)
-		if (actor_used(c, i)) {
+		if (kvr_mr_actor_used(c, i)) {
 			struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
 			actor_label(f, "kvring_actor_last_exit_code", e);
 			fprintf(f, "%d\n", __atomic_load_n(&e->last_exit_code, __ATOMIC_RELAXED));
@@ -169,7 +153,7 @@ static void render_actors(FILE *f, const struct kvr_ctl *c)
 	family(f, "kvring_actor_last_exit_signal", "gauge",
 	       "Signal that ended the actor's last run, 0 when none did.");
 	for (unsigned i = 0; i < n; i++)
-		if (actor_used(c, i)) {
+		if (kvr_mr_actor_used(c, i)) {
 			struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
 			actor_label(f, "kvring_actor_last_exit_signal", e);
 			fprintf(f, "%d\n", __atomic_load_n(&e->last_exit_signal, __ATOMIC_RELAXED));
@@ -181,7 +165,7 @@ static void render_actors(FILE *f, const struct kvr_ctl *c)
 		struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
 		int32_t pid = atomic_load(&e->pid);
 		uint64_t pte;
-		if (actor_used(c, i) && pid > 0 && kvr_proc_page_tables(pid, &pte) == 0) {
+		if (kvr_mr_actor_used(c, i) && pid > 0 && kvr_proc_page_tables(pid, &pte) == 0) {
 			actor_label(f, "kvring_actor_page_table_bytes", e);
 			fprintf(f, "%llu\n", (unsigned long long)pte);
 		}
@@ -196,9 +180,9 @@ static void render_actors(FILE *f, const struct kvr_ctl *c)
 		      offsetof(struct kvr_actor_ent, populate_total));
 	family(f, "kvring_malformed_messages_total", "counter", "Messages the actor rejected as malformed.");
 	for (unsigned i = 0; i < n; i++)
-		if (actor_used(c, i)) {
+		if (kvr_mr_actor_used(c, i)) {
 			actor_label(f, "kvring_malformed_messages_total", kvr_ctl_actor(c, i));
-			fprintf(f, "%llu\n", (unsigned long long)stat_of(c, i, KVR_STAT_MALFORMED));
+			fprintf(f, "%llu\n", (unsigned long long)kvr_mr_stat(c, i, KVR_STAT_MALFORMED));
 		}
 }
 
@@ -212,12 +196,12 @@ static void render_lookup(FILE *f, struct sup_metrics_view *v)
 {
 	const struct kvr_ctl *c = v->ctl;
 	/* keys first: the lookup actor adds keys before matched, so keys >= matched read later */
-	uint64_t keys = kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_KEYS);
-	uint64_t matched = kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MATCHED);
-	v->l1_misses = kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MISSED); /* counted by the lookup actor */
+	uint64_t keys = kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_KEYS);
+	uint64_t matched = kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MATCHED);
+	v->l1_misses = kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MISSED); /* counted by the lookup actor */
 
 	counter(f, "kvring_lookup_requests_total", "Lookup requests answered.",
-		kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LOOKUPS));
+		kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LOOKUPS));
 	counter(f, "kvring_lookup_requested_blocks_total", "Blocks asked for by lookups (whole blocks, every rank).",
 		keys);
 	counter(f, "kvring_lookup_matched_blocks_total", "Blocks of the longest stored prefix returned by lookups.",
@@ -230,13 +214,13 @@ static void render_lookup(FILE *f, struct sup_metrics_view *v)
 	counter(f, "kvring_l1_misses_total", "Blocks lookups asked for and did not find in L1.", v->l1_misses);
 	family(f, "kvring_evictions_total", "counter", "Blocks evicted from L1.");
 	fprintf(f, "kvring_evictions_total{reason=\"capacity\"} %llu\n",
-		(unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_EVICTED));
+		(unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_EVICTED));
 	family(f, "kvring_leases", "gauge", "Lookup leases held now (their blocks pinned for the engine's workers).");
-	fprintf(f, "kvring_leases %llu\n", (unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LEASES));
+	fprintf(f, "kvring_leases %llu\n", (unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LEASES));
 	counter(f, "kvring_leases_granted_total", "Leases granted to schedulers (at least one block).",
-		kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LEASES_GRANTED));
+		kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LEASES_GRANTED));
 	counter(f, "kvring_lease_takes_total", "Lease takes answered with the lease's slots (one per loading worker).",
-		kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LEASES_TAKEN));
+		kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LEASES_TAKEN));
 	family(f, "kvring_leases_ended_total", "counter",
 	       "Leases ended, by reason: loaded (every loader done), released (by the scheduler, or replaced), "
 	       "expired (ttl), refused (table full), missing (a take found no lease).");
@@ -250,7 +234,14 @@ static void render_lookup(FILE *f, struct sup_metrics_view *v)
 	};
 	for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++)
 		fprintf(f, "kvring_leases_ended_total{reason=\"%s\"} %llu\n", ends[i].reason,
-			(unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, ends[i].stat));
+			(unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, ends[i].stat));
+	family(f, "kvring_miss_tokens_total", "counter",
+	       "Tokens leases asked for and did not match, by the reason of the first block that did not "
+	       "(enum kvr_miss_reason: never_stored, evicted, in_flight, quorum, l2_failed, no_room).");
+	for (unsigned r = KVR_MISS_NEVER_STORED; r < KVR_MISS_REASONS; r++)
+		fprintf(f, "kvring_miss_tokens_total{reason=\"%s\"} %llu\n", kvr_miss_reason_name(r),
+			(unsigned long long)(kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MISS_FIRST + r - 1) *
+					     v->block_tokens));
 }
 
 #define KIND(k) (1u << (k)) /* a kind in histogram()'s mask */
@@ -261,9 +252,9 @@ static void histogram(FILE *f, const struct kvr_ctl *c, unsigned kinds, unsigned
 		      const char *help)
 {
 	uint64_t b[KVR_HIST_BUCKETS] = {0}, sum_ns = 0;
-	for (unsigned i = 0; i < n_actors(c); i++) {
+	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++) {
 		unsigned k_i = kvr_ctl_actor(c, i)->kind;
-		if (!actor_used(c, i) || k_i >= 32 || !(kinds & (1u << k_i)))
+		if (!kvr_mr_actor_used(c, i) || k_i >= 32 || !(kinds & (1u << k_i)))
 			continue;
 		const struct kvr_hist *h = kvr_stats_hist(kvr_ctl_stats(c, i), first);
 		sum_ns += atomic_load_explicit(&((struct kvr_hist *)h)->sum_ns, memory_order_relaxed);
@@ -291,29 +282,29 @@ static void render_transfer(FILE *f, const struct kvr_ctl *c)
 	       "Blocks of completed store requests: stored (copied to L1 and committed), present (already stored), "
 	       "failed.");
 	fprintf(f, "kvring_store_blocks_total{result=\"stored\"} %llu\n",
-		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_BLOCKS));
+		(unsigned long long)kvr_mr_xf_sum(c, true, KVR_STAT_XF_BLOCKS));
 	fprintf(f, "kvring_store_blocks_total{result=\"present\"} %llu\n",
-		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_PRESENT_BLOCKS));
+		(unsigned long long)kvr_mr_xf_sum(c, true, KVR_STAT_XF_PRESENT_BLOCKS));
 	fprintf(f, "kvring_store_blocks_total{result=\"failed\"} %llu\n",
-		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_FAILED_BLOCKS));
+		(unsigned long long)kvr_mr_xf_sum(c, true, KVR_STAT_XF_FAILED_BLOCKS));
 	family(f, "kvring_load_blocks_total", "counter",
 	       "Blocks of completed load requests: loaded into the worker's KV memory, or failed.");
 	fprintf(f, "kvring_load_blocks_total{result=\"loaded\"} %llu\n",
-		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_BLOCKS));
+		(unsigned long long)kvr_mr_xf_sum(c, false, KVR_STAT_XF_BLOCKS));
 	fprintf(f, "kvring_load_blocks_total{result=\"failed\"} %llu\n",
-		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_FAILED_BLOCKS));
+		(unsigned long long)kvr_mr_xf_sum(c, false, KVR_STAT_XF_FAILED_BLOCKS));
 	family(f, "kvring_fenced_requests_total", "counter",
 	       "Loads and stores a fence stopped: cancelled by their client, or their worker detached or died "
 	       "before the copy was whole (a store so stopped is never committed).");
 	fprintf(f, "kvring_fenced_requests_total{direction=\"store\"} %llu\n",
-		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_FENCED));
+		(unsigned long long)kvr_mr_xf_sum(c, true, KVR_STAT_XF_FENCED));
 	fprintf(f, "kvring_fenced_requests_total{direction=\"load\"} %llu\n",
-		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_FENCED));
+		(unsigned long long)kvr_mr_xf_sum(c, false, KVR_STAT_XF_FENCED));
 	family(f, "kvring_bytes_total", "counter", "Bytes copied between workers' KV memory and a tier.");
 	fprintf(f, "kvring_bytes_total{direction=\"store\",tier=\"l1\"} %llu\n",
-		(unsigned long long)xf_sum(c, true, KVR_STAT_XF_BYTES));
+		(unsigned long long)kvr_mr_xf_sum(c, true, KVR_STAT_XF_BYTES));
 	fprintf(f, "kvring_bytes_total{direction=\"load\",tier=\"l1\"} %llu\n",
-		(unsigned long long)xf_sum(c, false, KVR_STAT_XF_BYTES));
+		(unsigned long long)kvr_mr_xf_sum(c, false, KVR_STAT_XF_BYTES));
 	histogram(f, c, KIND(KVR_ACTOR_LOADER), KVR_STAT_XF_HIST_FIRST, "kvring_load_duration_seconds",
 		  "Load request latency in the loader: first request message received to reply sent.");
 	histogram(f, c, KIND(KVR_ACTOR_STORER) | KIND(KVR_ACTOR_GATHER), KVR_STAT_XF_HIST_FIRST,
@@ -335,7 +326,7 @@ static void render_transfer(FILE *f, const struct kvr_ctl *c)
 	};
 	for (size_t i = 0; i < sizeof(l2) / sizeof(l2[0]); i++)
 		fprintf(f, "kvring_l2_blocks_total{%s} %llu\n", l2[i].labels,
-			(unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, l2[i].stat));
+			(unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, l2[i].stat));
 }
 
 static void render_l1(FILE *f, const struct kvr_slot_table *t)
@@ -367,13 +358,9 @@ static void render_rings(FILE *f, const struct kvr_ctl *c)
 		n = c->max_rings;
 	family(f, "kvring_ring_fill_ratio", "gauge", "Messages in the ring divided by its capacity.");
 	for (unsigned i = 0; i < n; i++) {
-		/* the header kvringd laid out: only the counters change */
 		struct kvr_ring_shm *r = kvr_ctl_ring_shm(c, i);
-		/* head before tail: tail then never reads older than head */
-		uint32_t h = atomic_load_explicit(&r->head, memory_order_acquire);
-		uint32_t t = atomic_load_explicit(&r->tail, memory_order_acquire);
 		uint32_t cap = r->capacity ? r->capacity : 1;
-		uint32_t fill = t - h > cap ? cap : t - h;
+		uint32_t fill = kvr_mr_ring_fill(r);
 		ring_label(f, "kvring_ring_fill_ratio", kvr_ctl_ring_ent(c, i));
 		fprintf(f, "%.9g\n", (double)fill / (double)cap);
 	}
@@ -419,7 +406,7 @@ static void dir_label(FILE *f, const char *metric, const struct kvr_actor_ent *e
 
 static bool is_disk(const struct kvr_ctl *c, unsigned i)
 {
-	return actor_used(c, i) && kvr_ctl_actor(c, i)->kind == KVR_ACTOR_DISK;
+	return kvr_mr_actor_used(c, i) && kvr_ctl_actor(c, i)->kind == KVR_ACTOR_DISK;
 }
 
 /* One family of one stats counter per disk actor. */
@@ -427,17 +414,17 @@ static void per_dir(FILE *f, const struct kvr_ctl *c, const char *const *dirs, c
 		    const char *help, unsigned stat)
 {
 	family(f, name, type, help);
-	for (unsigned i = 0; i < n_actors(c); i++)
+	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++)
 		if (is_disk(c, i)) {
 			dir_label(f, name, kvr_ctl_actor(c, i), dirs);
-			fprintf(f, "} %llu\n", (unsigned long long)stat_of(c, i, stat));
+			fprintf(f, "} %llu\n", (unsigned long long)kvr_mr_stat(c, i, stat));
 		}
 }
 
 static void render_l2(FILE *f, const struct kvr_ctl *c)
 {
 	bool any = false;
-	for (unsigned i = 0; i < n_actors(c) && !any; i++)
+	for (unsigned i = 0; i < kvr_mr_n_actors(c) && !any; i++)
 		any = is_disk(c, i);
 	if (!any)
 		return; /* no l2.dirs: no per-dir series */
@@ -457,18 +444,18 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 	static const char adopt[] = "kvring_l2_adoption_files_total";
 	family(f, adopt, "counter",
 	       "Directory entries the disk actor found at start, by result: adopted, or the reason it was not.");
-	for (unsigned i = 0; i < n_actors(c); i++) {
+	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++) {
 		if (!is_disk(c, i))
 			continue;
 		const struct kvr_actor_ent *e = kvr_ctl_actor(c, i);
 		dir_label(f, adopt, e, dirs);
-		fprintf(f, ",result=\"adopted\"} %llu\n", (unsigned long long)stat_of(c, i, KVR_STAT_DK_ADOPTED));
+		fprintf(f, ",result=\"adopted\"} %llu\n", (unsigned long long)kvr_mr_stat(c, i, KVR_STAT_DK_ADOPTED));
 		for (unsigned r = 1; r < KVR_STAT_DK_REASON_MAX; r++) {
 			if (!strcmp(kvr_stat_dk_reason_name(r), "payload_checksum"))
 				continue; /* adoption reads headers only: a read finds these */
 			dir_label(f, adopt, e, dirs);
 			fprintf(f, ",result=\"%s\"} %llu\n", kvr_stat_dk_reason_name(r),
-				(unsigned long long)stat_of(c, i, kvr_stat_dk_rejected(r)));
+				(unsigned long long)kvr_mr_stat(c, i, kvr_stat_dk_rejected(r)));
 		}
 	}
 	per_dir(f, c, dirs, "kvring_l2_evicted_files_total", "counter",
@@ -485,11 +472,11 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 	};
 	family(f, fails, "counter",
 	       "Reads of indexed files that failed (a miss; the file is no longer served), by reason.");
-	for (unsigned i = 0; i < n_actors(c); i++)
+	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++)
 		for (size_t k = 0; is_disk(c, i) && k < sizeof(rf) / sizeof(rf[0]); k++) {
 			dir_label(f, fails, kvr_ctl_actor(c, i), dirs);
 			fprintf(f, ",reason=\"%s\"} %llu\n", rf[k].reason,
-				(unsigned long long)stat_of(c, i, rf[k].stat));
+				(unsigned long long)kvr_mr_stat(c, i, rf[k].stat));
 		}
 	per_dir(f, c, dirs, "kvring_l2_read_only_refused_writes_total", "counter",
 		"l2.read_only: L2 writes the disk actor refused (-EROFS, nothing written).",
@@ -498,13 +485,13 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 	family(f, kept, "counter",
 	       "l2.read_only: files not served but left on disk, by when they were found: at adoption (tmp, bad, "
 	       "other lanes, over the cap) or by a read (bad or unreadable).");
-	for (unsigned i = 0; i < n_actors(c); i++)
+	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++)
 		if (is_disk(c, i)) {
 			dir_label(f, kept, kvr_ctl_actor(c, i), dirs);
 			fprintf(f, ",found=\"adoption\"} %llu\n",
-				(unsigned long long)stat_of(c, i, KVR_STAT_DK_LEFT_IN_PLACE));
+				(unsigned long long)kvr_mr_stat(c, i, KVR_STAT_DK_LEFT_IN_PLACE));
 			dir_label(f, kept, kvr_ctl_actor(c, i), dirs);
-			fprintf(f, ",found=\"read\"} %llu\n", (unsigned long long)stat_of(c, i, KVR_STAT_DK_BAD_KEPT));
+			fprintf(f, ",found=\"read\"} %llu\n", (unsigned long long)kvr_mr_stat(c, i, KVR_STAT_DK_BAD_KEPT));
 		}
 }
 
@@ -519,8 +506,8 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 static void render_remote(FILE *f, const struct kvr_ctl *c)
 {
 	bool any = false;
-	for (unsigned i = 0; i < n_actors(c) && !any; i++)
-		any = actor_used(c, i) && kvr_ctl_actor(c, i)->kind == KVR_ACTOR_REMOTE;
+	for (unsigned i = 0; i < kvr_mr_n_actors(c) && !any; i++)
+		any = kvr_mr_actor_used(c, i) && kvr_ctl_actor(c, i)->kind == KVR_ACTOR_REMOTE;
 	if (!any)
 		return;
 
@@ -540,7 +527,7 @@ static void render_remote(FILE *f, const struct kvr_ctl *c)
 	};
 	for (size_t i = 0; i < sizeof(lk) / sizeof(lk[0]); i++)
 		fprintf(f, "kvring_remote_blocks_total{%s} %llu\n", lk[i].labels,
-			(unsigned long long)kind_sum(c, KVR_ACTOR_LOOKUP, lk[i].stat));
+			(unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, lk[i].stat));
 
 	/* the remote actor's own */
 	static const struct {
@@ -584,15 +571,15 @@ static void render_remote(FILE *f, const struct kvr_ctl *c)
 	};
 	for (size_t i = 0; i < sizeof(rm) / sizeof(rm[0]); i++) {
 		family(f, rm[i].name, rm[i].type, rm[i].help);
-		fprintf(f, "%s %llu\n", rm[i].name, (unsigned long long)kind_sum(c, KVR_ACTOR_REMOTE, rm[i].stat));
+		fprintf(f, "%s %llu\n", rm[i].name, (unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_REMOTE, rm[i].stat));
 	}
 	family(f, "kvring_remote_bytes_total", "counter",
 	       "Value payload bytes moved by the remote actor: in = copied from the cluster into L1 slots, out = sent in "
 	       "acknowledged SETs.");
 	fprintf(f, "kvring_remote_bytes_total{direction=\"in\"} %llu\n",
-		(unsigned long long)kind_sum(c, KVR_ACTOR_REMOTE, KVR_STAT_RM_BYTES_IN));
+		(unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_REMOTE, KVR_STAT_RM_BYTES_IN));
 	fprintf(f, "kvring_remote_bytes_total{direction=\"out\"} %llu\n",
-		(unsigned long long)kind_sum(c, KVR_ACTOR_REMOTE, KVR_STAT_RM_BYTES_OUT));
+		(unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_REMOTE, KVR_STAT_RM_BYTES_OUT));
 	histogram(f, c, KIND(KVR_ACTOR_REMOTE), KVR_STAT_RM_HIST_GET, "kvring_remote_get_seconds",
 		  "Latency of remote promotion reads that hit: request taken by the remote actor to value verified and "
 		  "copied into L1.");
@@ -632,7 +619,7 @@ char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len)
 
 /* ---- HTTP ---------------------------------------------------------------------------- */
 
-static enum MHD_Result respond(struct MHD_Connection *conn, unsigned code, char *body, size_t len,
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned code, const char *type, char *body, size_t len,
 			       enum MHD_ResponseMemoryMode mode, const char *allow)
 {
 	struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
@@ -641,10 +628,12 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned code, char 
 			free(body);
 		return MHD_NO;
 	}
-	enum MHD_Result ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
-						     code == MHD_HTTP_OK ? CONTENT_TYPE : "text/plain; charset=utf-8");
+	enum MHD_Result ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
 	if (ok == MHD_YES && allow)
 		ok = MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+	/* a snapshot: never served from a cache */
+	if (ok == MHD_YES && code == MHD_HTTP_OK)
+		ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
 	if (ok == MHD_YES)
 		ok = MHD_queue_response(conn, code, r);
 	MHD_destroy_response(r);
@@ -653,28 +642,72 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned code, char 
 
 static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned code, const char *text, const char *allow)
 {
-	return respond(conn, code, (char *)text, strlen(text), MHD_RESPMEM_PERSISTENT, allow);
+	return respond(conn, code, CONTENT_TEXT, (char *)text, strlen(text), MHD_RESPMEM_PERSISTENT, allow);
+}
+
+enum page { PAGE_METRICS, PAGE_STATUS, PAGE_HTML };
+
+/* The body of a page, or NULL (out of memory). /status and /: the document is collected
+ * under the lock and printed after it. */
+static char *render_page(struct sup_metrics *m, enum page p, size_t *ret_len)
+{
+	char *body = NULL;
+	pthread_mutex_lock(&m->lock);
+	if (p == PAGE_METRICS) {
+		body = sup_metrics_render(&m->view, ret_len);
+		pthread_mutex_unlock(&m->lock);
+		return body;
+	}
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	cJSON *doc = sup_status_collect(&m->view, (uint64_t)now.tv_sec * NS_PER_S + (uint64_t)now.tv_nsec);
+	pthread_mutex_unlock(&m->lock);
+	if (!doc)
+		return NULL;
+	if (p == PAGE_HTML) {
+		body = sup_status_html(doc, ret_len);
+	} else if ((body = cJSON_Print(doc))) {
+		size_t n = strlen(body);
+		char *nl = realloc(body, n + 2); /* a trailing newline, as curl users expect */
+		if (nl) {
+			body = nl;
+			memcpy(body + n, "\n", 2);
+			n++;
+		}
+		*ret_len = n;
+	}
+	cJSON_Delete(doc);
+	return body;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
 				  const char *version, const char *upload_data, size_t *upload_data_size, void **req_cls)
 {
+	static const struct {
+		const char *path, *type;
+		enum page page;
+	} pages[] = {
+		{"/metrics", CONTENT_TYPE, PAGE_METRICS},
+		{"/status", CONTENT_JSON, PAGE_STATUS},
+		{"/", CONTENT_HTML, PAGE_HTML},
+	};
 	struct sup_metrics *m = cls;
 	(void)version;
 	(void)upload_data;
 	(void)upload_data_size;
 	(void)req_cls;
-	if (strcmp(url, "/metrics") != 0)
-		return respond_text(conn, MHD_HTTP_NOT_FOUND, "not found: kvringd serves /metrics only\n", NULL);
+	size_t i = 0;
+	while (i < sizeof(pages) / sizeof(pages[0]) && strcmp(url, pages[i].path) != 0)
+		i++;
+	if (i == sizeof(pages) / sizeof(pages[0]))
+		return respond_text(conn, MHD_HTTP_NOT_FOUND, "not found: kvringd serves /, /status and /metrics\n", NULL);
 	if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
 		return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed: use GET\n", "GET, HEAD");
 	size_t len = 0;
-	pthread_mutex_lock(&m->lock);
-	char *body = sup_metrics_render(&m->view, &len);
-	pthread_mutex_unlock(&m->lock);
+	char *body = render_page(m, pages[i].page, &len);
 	if (!body)
 		return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n", NULL);
-	return respond(conn, MHD_HTTP_OK, body, len, MHD_RESPMEM_MUST_FREE, NULL);
+	return respond(conn, MHD_HTTP_OK, pages[i].type, body, len, MHD_RESPMEM_MUST_FREE, NULL);
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
@@ -762,7 +795,10 @@ int sup_metrics_start(struct sup *s)
 	struct sup_metrics *m = s->metrics;
 	if (!m || m->d)
 		return 0;
-	m->view = (struct sup_metrics_view){.ctl = s->ctl, .slots = s->slots, .block_tokens = s->cfg.model.block_tokens};
+	pthread_mutex_lock(&m->lock);
+	m->view = (struct sup_metrics_view){.ctl = s->ctl, .slots = s->slots, .block_tokens = s->cfg.model.block_tokens,
+					    .engines = m->engines, .n_engines = m->n_engines};
+	pthread_mutex_unlock(&m->lock);
 	int fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 3); /* MHD closes its copy when it stops */
 	if (fd < 0) {
 		kvr_err("metrics: dup of the listening socket: %s", strerror(errno));
@@ -782,7 +818,7 @@ int sup_metrics_start(struct sup *s)
 		kvr_err("metrics: cannot start the HTTP server on %s", m->listen);
 		return -EIO;
 	}
-	kvr_info("metrics on http://%s/metrics", m->listen);
+	kvr_info("metrics on http://%s/metrics (status page: http://%s/)", m->listen, m->listen);
 	return 0;
 }
 
@@ -810,4 +846,18 @@ void sup_metrics_resume(struct sup *s)
 {
 	if (s->metrics)
 		pthread_mutex_unlock(&s->metrics->lock);
+}
+
+void sup_metrics_engines(struct sup *s, const struct kvr_inspect_engine *t, unsigned n)
+{
+	struct sup_metrics *m = s->metrics;
+	if (!m)
+		return;
+	if (n > KVR_CTL_MAX_ENGINES)
+		n = KVR_CTL_MAX_ENGINES;
+	pthread_mutex_lock(&m->lock);
+	memcpy(m->engines, t, n * sizeof(t[0]));
+	m->n_engines = n;
+	m->view.n_engines = n;
+	pthread_mutex_unlock(&m->lock);
 }

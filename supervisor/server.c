@@ -345,25 +345,9 @@ static void handle_inspect(struct sup *s, struct sup_conn *c)
 	 * segment does not hold */
 	_Static_assert(KVR_CTL_MAX_ENGINES * sizeof(struct kvr_inspect_engine) <= KVR_PROTO_PAYLOAD_MAX,
 		       "the engine table fits an INSPECT reply");
-	uint32_t workers[KVR_CTL_MAX_ENGINES] = {0}, scheds[KVR_CTL_MAX_ENGINES] = {0};
-	for (unsigned w = 0; w < KVR_CTL_MAX_WORKERS; w++)
-		if (s->worker_engine[w] >= 0 && s->worker_engine[w] < KVR_CTL_MAX_ENGINES)
-			workers[s->worker_engine[w]]++;
-	for (unsigned i = 0; i < KVR_CTL_MAX_SCHEDULERS; i++)
-		if (s->sched_engine[i] >= 0 && s->sched_engine[i] < KVR_CTL_MAX_ENGINES)
-			scheds[s->sched_engine[i]]++;
-	unsigned n_eng = 0;
-	for (unsigned e = 0; e < KVR_CTL_MAX_ENGINES; e++) {
-		const struct sup_engine *en = &s->engines[e];
-		if (!en->refs)
-			continue;
-		struct kvr_inspect_engine ent = {.index = e, .workers = workers[e], .schedulers = scheds[e]};
-		snprintf(ent.id, sizeof(ent.id), "%s", en->id.id);
-		snprintf(ent.model_ns, sizeof(ent.model_ns), "%s", sup_engine_model(s, &en->id));
-		if (!en->id.model_ns[0])
-			ent.flags |= KVR_INSPECT_ENGINE_NS_MODEL_ID;
-		memcpy(rep.payload + (size_t)n_eng++ * sizeof(ent), &ent, sizeof(ent));
-	}
+	struct kvr_inspect_engine table[KVR_CTL_MAX_ENGINES];
+	unsigned n_eng = sup_engine_table(s, table);
+	memcpy(rep.payload, table, n_eng * sizeof(table[0]));
 	rep.payload_len = n_eng * (uint32_t)sizeof(struct kvr_inspect_engine);
 	int rc = send_rep(c->fd, &rep, fds, n);
 	kvr_debug("inspect from pid %d (%u engines)%s", (int)c->pid, n_eng, rc ? ": reply not sent" : "");
@@ -637,7 +621,7 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	 * loader); every other worker has its own loader and storer */
 	int gather = -1;
 	if (g->dcp_size > 1) {
-		gather = sup_group_join(s, (unsigned)w, g, why, sizeof(why));
+		gather = sup_group_join(s, (unsigned)w, g, engine, why, sizeof(why));
 		if (gather < 0) {
 			rep_init(s, &rep, gather, "%s", why);
 			sup_engine_leave(s, engine);
@@ -664,6 +648,7 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	s->worker_conn[w] = c;
 	kvr_info("worker %d attached (pid %d, generation %u, engine %d \"%s\", TP rank %u)", w, (int)c->pid,
 		 we->generation, engine, eng.id, g->tp_rank);
+	sup_engine_publish(s);
 
 	sup_actor_start(s, &s->actors[SUP_ACTOR_LOADER((unsigned)w)]);
 	if (gather < 0)
@@ -769,6 +754,7 @@ static void handle_attach_sched(struct sup *s, struct sup_conn *c, const struct 
 	c->sched = slot;
 	s->sched_engine[slot] = engine;
 	kvr_info("scheduler %d attached (pid %d, engine %d \"%s\")", slot, (int)c->pid, engine, eng.id);
+	sup_engine_publish(s);
 
 	rep_init(s, &rep, 0, NULL);
 	rep.worker = (uint32_t)slot;
@@ -804,6 +790,7 @@ static void sched_detach(struct sup *s, struct sup_conn *c)
 	c->sched = -1;
 	sup_engine_leave(s, s->sched_engine[i]);
 	s->sched_engine[i] = -1;
+	sup_engine_publish(s);
 	atomic_store(&se->pid, 0);
 	atomic_store(&se->state, KVR_WORKER_FREE);
 	kvr_info("scheduler %u detached (pid %d)", i, (int)c->pid);
@@ -820,6 +807,7 @@ static void worker_detach(struct sup *s, struct sup_conn *c)
 	s->worker_gone_sent[w] = false;
 	sup_engine_leave(s, s->worker_engine[w]);
 	s->worker_engine[w] = -1;
+	sup_engine_publish(s);
 	atomic_store(&we->state, KVR_WORKER_DETACHING);
 	kvr_info("worker %u detached (pid %d)", w, (int)c->pid);
 	sup_actor_event(s, &s->actors[SUP_ACTOR_LOADER(w)], EV_STOP, 0);

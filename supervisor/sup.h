@@ -26,10 +26,13 @@
  *   actors.c   spawning, the restart state machine, health pings, reaping
  *   server.c   the socket: take-over, accept, INSPECT, ATTACH, detach
  *   kvringd.c  command line, startup, the loop, drain and shutdown
- *   metrics.c  Prometheus /metrics (metrics.enabled): libmicrohttpd on its own thread
+ *   epoll.c    the loop's epoll set (sup_epoll_add/del), which the others register with
+ *   metrics.c  the HTTP listener (metrics.enabled): /metrics, and /status and / (status.c,
+ *              status_html.c); libmicrohttpd on its own thread
  * Functions return 0 or -errno unless they say otherwise; they log what they do (this is
  * a program, not a library). The one other thread is the metrics server's: it only reads
- * the shared segments (atomic loads) and fields of struct sup set before it starts.
+ * the shared segments (atomic loads), fields of struct sup set before it starts, and the
+ * copy of the engine table the loop hands it under its lock (sup_engine_publish).
  */
 
 #define SUP_STOP_TERM_NS (2ull * 1000000000ull) /* STOP, then SIGTERM after 2 s ... */
@@ -105,6 +108,8 @@ struct sup_conn {
 struct sup_dcp_group {
 	uint32_t tp_size, dcp_size, interleave;
 	uint32_t index;                 /* tp_rank / dcp_size */
+	int engine;                     /* the engine (kvringd's index) whose ranks form it: two
+					 * engines' DCP ranks never share a group */
 	int members[KVR_DCP_MAX];       /* worker slot of each DCP rank, -1 while missing; a
 					 * group with no member is free */
 	int owner;                      /* the worker whose commit rings its gather actor uses */
@@ -301,6 +306,13 @@ void sup_engine_leave(struct sup *s, int ix);
 const char *sup_engine_model(const struct sup *s, const struct sup_engine_id *e);
 /* Key namespace of geometry g for engine ix (kvr_geometry_namespace with its model). */
 int sup_engine_namespace(const struct sup *s, int ix, const struct kvr_geometry *g, kvr_key *ret);
+/* The engines attached now, in index order, with their worker and scheduler slots attached
+ * (a detaching worker no longer counts): what INSPECT sends and /status shows. Returns the
+ * number of entries written to ret. */
+unsigned sup_engine_table(const struct sup *s, struct kvr_inspect_engine ret[KVR_CTL_MAX_ENGINES]);
+/* After an attach or a detach changed the engines or their clients: hand the table to the
+ * HTTP listener's pages (sup_metrics_engines), which must not read kvringd's memory. */
+void sup_engine_publish(struct sup *s);
 
 /* ---- dcp_groups.c: DCP groups and their gather actors --------------------------------- */
 
@@ -309,7 +321,7 @@ void sup_groups_init(struct sup *s);
  * store rings are handed to the group's gather actor, which starts once every rank is there.
  * The gather actor's index, or -errno with one line in err (another layout in the same
  * group, no free group slot). */
-int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, char *err, size_t errlen);
+int sup_group_join(struct sup *s, unsigned w, const struct kvr_geometry *g, int engine, char *err, size_t errlen);
 /* Worker w left: its group's gather actor stops (the group is incomplete). */
 void sup_group_leave(struct sup *s, unsigned w);
 /* Whether detached worker w's slot can be freed (its gather actor exited); when it can,
@@ -326,7 +338,7 @@ const struct sup_dcp_group *sup_gather_group(const struct sup *s, unsigned actor
  * begins with sup_metrics_start()). 0 (also when disabled), or -errno with
  * "cannot listen on HOST:PORT: reason" in err. */
 int sup_metrics_open(struct sup *s, char *err, size_t errlen);
-/* Serve GET /metrics on the bound socket from libmicrohttpd's own thread; reads s->ctl,
+/* Serve GET /metrics, /status and / on the bound socket from libmicrohttpd's own thread; reads s->ctl,
  * s->slots and s->cfg, which must stay valid until sup_metrics_close(). 0 or -errno (logged). */
 int sup_metrics_start(struct sup *s);
 /* Stop serving and close the socket (before the segments are unmapped). Idempotent. */
@@ -335,6 +347,9 @@ void sup_metrics_close(struct sup *s);
  * its place: kvr_ctl_map_area). No-ops when /metrics is disabled. */
 void sup_metrics_pause(struct sup *s);
 void sup_metrics_resume(struct sup *s);
+/* The main thread (sup_engine_publish): copy the engine table t[n] that /status and / show,
+ * under the lock. No-op when /metrics is disabled. */
+void sup_metrics_engines(struct sup *s, const struct kvr_inspect_engine *t, unsigned n);
 
 /* What one scrape reads. The renderer keeps derived counters monotonic in it. */
 struct sup_metrics_view {
@@ -342,15 +357,21 @@ struct sup_metrics_view {
 	const struct kvr_slot_table *slots; /* NULL: no kvring_l1_slots series */
 	uint32_t block_tokens;              /* tokens per block, for the token counters */
 	uint64_t l1_misses;                 /* last kvring_l1_misses_total rendered */
+	/* /status: the engines attached (kvringd's own table, copied by sup_metrics_engines()
+	 * under the lock); NULL: unknown ("engines": null) */
+	const struct kvr_inspect_engine *engines;
+	unsigned n_engines;
 };
 
 /* The exposition (Prometheus text format 0.0.4) of everything v points at, NUL-terminated,
  * with its length in *ret_len. Returns a buffer the caller frees, or NULL (out of memory). */
 char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len);
 
-/* ---- kvringd.c -------------------------------------------------------------------- */
+/* ---- epoll.c ---------------------------------------------------------------------- */
 
+/* Watch fd in the loop's epoll set; its events come back as w. 0 or -errno. */
 int sup_epoll_add(struct sup *s, int fd, struct sup_watch *w, uint32_t events);
+/* Stop watching fd (errors ignored: a closed fd has left the set already). */
 void sup_epoll_del(struct sup *s, int fd);
 
 #endif

@@ -107,6 +107,22 @@ else
 	bench_ok=0
 fi
 
+# ---- arena registration at scale (issue 26: chunked cudaHostRegister) ---------------------------
+# the largest arena this host can pin beside everything else: half its memory, at most 256 GiB
+mem_gib=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
+reg_gib=$((mem_gib / 2 > 256 ? 256 : mem_gib / 2))
+t=$(date +%s)
+reg_out=$(KVR_CUDA_REG_CHUNK_GIB=16 timeout 240 "$BUILD/tests/gpu/gpu_bench" --reps 1 --tokens 1024 \
+	--preset glm-4-9b-chat-1m --tp 1 --block 128 --reg-gib "$reg_gib" 2>&1)
+rrc=$?
+printf '%s\n' "$reg_out" | grep -E 'arena registration|FAIL|gpu_bench:' | tee -a "$LOG"
+if [ "$rrc" -eq 0 ]; then
+	row "arena registration ${reg_gib} GiB" ok "$(($(date +%s) - t))" "$(printf '%s\n' "$reg_out" | grep -o '[0-9.]* ms (.*' | head -1)"
+else
+	row "arena registration ${reg_gib} GiB" FAIL "$(($(date +%s) - t))" "exit $rrc (log: $LOG)"
+	bench_ok=0
+fi
+
 table
 if [ "$suite_ok" -ne 1 ] || [ "$bench_ok" -ne 1 ]; then
 	die "see the table above"

@@ -7,6 +7,7 @@ pkgs=(
   liburing-dev libcjson-dev libcriterion-dev libxxhash-dev libmicrohttpd-dev
   python3 curl procps util-linux
   fio gnuplot-nox prometheus
+  chromium  # tests/metrics status_page: headless screenshot and DOM of kvringd's status page
   iceoryx libiceoryx-binding-c-dev
   redis-server redis-tools libhiredis-dev
 )

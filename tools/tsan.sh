@@ -3,7 +3,8 @@
 #
 # Builds a separate tree (build-tsan: -Db_sanitize=thread -Db_lundef=false) and runs a
 # process-level workload directly — Criterion's runner does not start under TSan:
-#   kvringd with metrics, an L2 directory and 2 worker slots, scraped all along by curl;
+#   kvringd with metrics, an L2 directory and 2 worker slots, /metrics, /status and / scraped
+#   all along by curl;
 #   kvring-bench --tp 2 (two libkvring rank processes: store, lookup, load, verify), with
 #   --allow-misses: L1 holds under half of the workload, so a block can be evicted between
 #   its lookup and its load (reported failed; what was loaded is still checked byte for byte);
@@ -16,7 +17,7 @@
 # Usage: tools/tsan.sh [--build-dir DIR] [--keep]
 #   exit 0: clean; 1: a race or a failure (the logs are kept); 77: no TSan toolchain here.
 # GCC does not model atomic_thread_fence under TSan (-Wtsan); the two fences are on the CUDA
-# store-event path (client.c submit, xfer/cuda_desc.c), which this host workload never runs.
+# store-event path (client/requests.c submit, xfer/cuda_desc.c), which this host workload never runs.
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -115,7 +116,12 @@ wait_metric '^kvring_actor_up\{actor="lookup"\} 1' 60 || report "kvringd did not
 wait_metric '^kvring_actor_up\{actor="disk.0"\} 1' 60 || report "the disk actor did not come up"
 
 # the scraper: the metrics thread reads the actor table while the main loop writes it
-( while [ ! -e "$tmp/stop" ]; do curl -sf -o /dev/null "$metrics" || true; sleep 0.01; done ) &
+# /metrics, /status and the status page: the three readers of the listener's snapshot (the
+# engine table kvringd's main loop copies to it under the /metrics lock)
+( while [ ! -e "$tmp/stop" ]; do
+    for page in metrics status ""; do curl -sf -o /dev/null "http://127.0.0.1:$port/$page" || true; done
+    sleep 0.01
+  done ) &
 spid=$!
 
 bench() { # bench NAME: one kvring-bench run against the instance

@@ -1,5 +1,6 @@
 /* CUDA transfer backend: worker KV memory by CUDA IPC handles <-> the registered arena, on the actor's own streams. */
 #include "kvr_cuda.h"
+#include "kvr_hostreg.h"
 #include "kvr_xfer.h"
 
 #include <errno.h>
@@ -16,8 +17,8 @@
 /*
  * One context = one worker's KV memory (every range of its descriptor opened with
  * cudaIpcOpenMemHandle; the driver reference-counts a handle opened twice) + the arena
- * (registered once per process with cudaHostRegister, portable and mapped, so a slot is
- * the DMA source/target) + two streams of our own (stores: device to host; loads: host to
+ * (registered once per process with cudaHostRegister, portable and mapped, in chunks of
+ * at most 64 GiB — kvr_hostreg.h — so a slot is the DMA source/target) + two streams of our own (stores: device to host; loads: host to
  * device) + per ticket slot a completion event (blocking sync: waiting sleeps, it never
  * spins), a start event for timing, and the imported producer event we hold until the
  * copy has completed.
@@ -83,9 +84,51 @@ static struct {
 	void *base;
 	uint64_t size;
 	unsigned refs;
-	int ours; /* we registered it (else it was registered by someone else: never unregister) */
+	struct kvr_hostreg reg; /* its chunks, and which of them we registered (the rest were
+				 * registered by someone else: never unregistered by us) */
+	uint64_t reg_ns;        /* how long registering took */
 } regs[MAX_REG];
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The registrar of kvr_hostreg: one chunk, portable (every context) and mapped. */
+static int reg_chunk(void *ctx, void *p, uint64_t n)
+{
+	(void)ctx;
+	cudaError_t e = cudaHostRegister(p, (size_t)n, cudaHostRegisterPortable | cudaHostRegisterMapped);
+	if (e == cudaErrorHostMemoryAlreadyRegistered) {
+		(void) cudaGetLastError(); /* not sticky, but clear it */
+		return 1;
+	}
+	if (e != cudaSuccess) {
+		int rc = cu_err(e, "cudaHostRegister(arena chunk)");
+		char what[96];
+		snprintf(what, sizeof(what), "cudaHostRegister of an arena chunk of %llu MiB at %p",
+			 (unsigned long long)(n >> 20), p);
+		snprintf(last_err, sizeof(last_err), "%s: %s", what, cudaGetErrorString(e));
+		return rc;
+	}
+	return 0;
+}
+
+static void unreg_chunk(void *ctx, void *p, uint64_t n)
+{
+	(void)ctx;
+	(void)n;
+	(void) cudaHostUnregister(p);
+}
+
+static const struct kvr_hostreg_ops reg_ops = {.reg = reg_chunk, .unreg = unreg_chunk};
+
+uint64_t kvr_xfer_cuda_arena_reg_ns(const void *base)
+{
+	uint64_t ns = 0;
+	pthread_mutex_lock(&reg_lock);
+	for (int i = 0; i < MAX_REG; i++)
+		if (regs[i].refs && regs[i].base == base)
+			ns = regs[i].reg_ns;
+	pthread_mutex_unlock(&reg_lock);
+	return ns;
+}
 
 static int arena_register(void *base, uint64_t size)
 {
@@ -111,19 +154,43 @@ static int arena_register(void *base, uint64_t size)
 		rc = -ENOSPC;
 		goto out;
 	}
-	cudaError_t e = cudaHostRegister(base, (size_t)size, cudaHostRegisterPortable | cudaHostRegisterMapped);
-	int ours = 1;
-	if (e == cudaErrorHostMemoryAlreadyRegistered) {
-		(void) cudaGetLastError(); /* not sticky, but clear it */
-		ours = 0;
-	} else if (e != cudaSuccess) {
-		rc = cu_err(e, "cudaHostRegister(arena)");
+	/* once per process, in chunks (one registration of a very large arena fails);
+	 * KVR_CUDA_REG_CHUNK_GIB sets the chunk (tools/gpu-check.sh measures several) */
+	uint64_t chunk = KVR_HOSTREG_CHUNK;
+	const char *env = getenv("KVR_CUDA_REG_CHUNK_GIB");
+	if (env && *env && strtoull(env, NULL, 10) > 0)
+		chunk = strtoull(env, NULL, 10) << 30;
+	uint64_t t0 = kvr_now_ns();
+	struct kvr_hostreg reg;
+	if ((rc = kvr_hostreg_register(base, size, chunk, &reg_ops, &reg)))
+		goto out;
+	/* a slot's device address is base's plus its offset only if every chunk maps where UVA
+	 * puts it: check each chunk (the kernel copies address the arena as one range) */
+	void *dev0 = NULL;
+	for (uint32_t i = 0; i < reg.n && !rc; i++) {
+		void *dev = NULL;
+		uint8_t *p = (uint8_t *)base + (uint64_t)i * reg.chunk;
+		cudaError_t e = cudaHostGetDevicePointer(&dev, p, 0);
+		if (e != cudaSuccess) {
+			rc = cu_err(e, "cudaHostGetDevicePointer(arena chunk)");
+		} else if (i == 0) {
+			dev0 = dev;
+		} else if ((uint8_t *)dev != (uint8_t *)dev0 + (uint64_t)i * reg.chunk) {
+			snprintf(last_err, sizeof(last_err),
+				 "arena chunk %u maps at device address %p, not %p: the arena is not one device range",
+				 i, dev, (void *)((uint8_t *)dev0 + (uint64_t)i * reg.chunk));
+			rc = -EOPNOTSUPP;
+		}
+	}
+	if (rc) {
+		kvr_hostreg_unregister(&reg, &reg_ops);
 		goto out;
 	}
 	regs[freei].base = base;
 	regs[freei].size = size;
 	regs[freei].refs = 1;
-	regs[freei].ours = ours;
+	regs[freei].reg = reg;
+	regs[freei].reg_ns = kvr_now_ns() - t0;
 out:
 	pthread_mutex_unlock(&reg_lock);
 	return rc;
@@ -134,8 +201,8 @@ static void arena_unregister(void *base)
 	pthread_mutex_lock(&reg_lock);
 	for (int i = 0; i < MAX_REG; i++) {
 		if (regs[i].refs && regs[i].base == base) {
-			if (--regs[i].refs == 0 && regs[i].ours)
-				(void) cudaHostUnregister(base);
+			if (--regs[i].refs == 0)
+				kvr_hostreg_unregister(&regs[i].reg, &reg_ops);
 			if (regs[i].refs == 0)
 				regs[i] = (typeof(regs[i])){0};
 			break;

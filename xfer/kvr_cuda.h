@@ -93,6 +93,10 @@ int kvr_cuda_events_dep(const struct kvr_cuda_events *e, uint64_t wire, struct k
  * resource handle"). */
 const char *kvr_xfer_cuda_last_error(void);
 
+/* How long this process's registration of the arena at base took (its chunks, the device
+ * address check), ns; 0 when it is not registered here. The cost tools/gpu-check.sh shows. */
+uint64_t kvr_xfer_cuda_arena_reg_ns(const void *base);
+
 /* Copy method, per context, chosen at open from env KVR_CUDA_COPY (docs/cuda.md):
  *   auto (default)  few or large runs: one cudaMemcpyAsync per run; many small runs:
  *                   one cudaMemcpyBatchAsync (CUDA >= 12.8), else per run

@@ -131,6 +131,15 @@ struct kvr_index_block {
 /* The entry of key: 0 and *ret, or -ENOENT. */
 int kvr_index_get(const struct kvr_index *idx, kvr_key key, struct kvr_index_block *ret);
 
+/* The memory of what left (for a miss's reason, never for a decision): blocks evicted from
+ * L1 are remembered by the index itself, callers add what left another tier (an L2 file
+ * deleted) and forget what came back. Direct-mapped over KVR_INDEX_GONE_SLOTS cells: a
+ * departure long ago is forgotten. */
+#define KVR_INDEX_GONE_SLOTS 65536u
+void kvr_index_remember_gone(struct kvr_index *idx, kvr_key key);
+void kvr_index_forget_gone(struct kvr_index *idx, kvr_key key);
+bool kvr_index_gone_recently(const struct kvr_index *idx, kvr_key key);
+
 struct kvr_index_stats {
 	uint32_t blocks;        /* entries */
 	uint32_t visible;       /* entries with every lane committed */

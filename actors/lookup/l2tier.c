@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <kvring/kvring.h>
+
 #include "kvr_grow.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
@@ -46,6 +48,8 @@ struct pend {                 /* one promotion per worker (its client's lookup i
 				   * allocations of the same promotion must not evict it */
 	uint32_t cap;
 	uint64_t index_ns;
+	uint8_t why;              /* enum kvr_miss_reason: why the extension stopped short (0: not
+				   * for a reason of the tier: the next block is not on disk) */
 };
 
 struct read {                 /* an L2_READ in flight */
@@ -327,9 +331,9 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->read_only = a->cfg.l2.read_only;
 	/* read-only: no demotion and no eviction veto; an evicted block is on disk or gone */
 	t->write_back = n && !t->read_only && a->cfg.l2.write_back;
-	/* requesters: worker slots, then scheduler slots (a lease promotes through its
-	 * scheduler's entry, one lane after the other) */
-	t->n_workers = a->ctl->max_workers + a->ctl->max_schedulers;
+	/* requesters: worker slots, then one per (scheduler slot, lane): a lease promotes
+	 * every lane at once, each through its own entry (L2T_LEASE_REQUESTER) */
+	t->n_workers = a->ctl->max_workers + a->ctl->max_schedulers * a->slots->quorum;
 	t->n_slots = a->slots->n_slots;
 	t->pend = calloc(t->n_workers, sizeof(*t->pend));
 	t->wq = calloc(t->n_slots, sizeof(*t->wq));
@@ -601,8 +605,10 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		struct kvr_index_alloc_stats st = {0};
 		/* the promotion slot is the lookup actor's, not the worker's: a worker that dies or
 		 * resets its storer cannot free a slot an L2 read is filling */
-		if (kvr_index_alloc(t->idx, &key, 1, lane, KVR_SLOT_OWNER_LOOKUP, &r, &st) || r.slot == KVR_INDEX_PRESENT)
+		if (kvr_index_alloc(t->idx, &key, 1, lane, KVR_SLOT_OWNER_LOOKUP, &r, &st) || r.slot == KVR_INDEX_PRESENT) {
+			p->why = KVR_MISS_IN_FLIGHT; /* PRESENT: a store or promotion holds this lane */
 			break;
+		}
 		kvr_actor_count(t->a, KVR_STAT_LK_EVICTED, st.evicted);
 		if (r.slot == KVR_INDEX_NOROOM) {
 			if (t->write_back && now_of(t) < p->deadline &&
@@ -610,11 +616,13 @@ static void extend_more(struct l2tier *t, unsigned worker)
 				p->stalled = true;
 				return;
 			}
+			p->why = KVR_MISS_NO_ROOM;
 			break;
 		}
 		uint32_t ri;
 		if (read_new(t, &ri)) {
 			(void)kvr_index_abort(t->idx, r.slot, r.epoch);
+			p->why = KVR_MISS_NO_ROOM; /* every read entry in use */
 			break;
 		}
 		unsigned d = from_rm ? RM_DISK : route(t, key);
@@ -633,6 +641,7 @@ static void extend_more(struct l2tier *t, unsigned worker)
 				p->stalled = true; /* the ring is full: go on when there is room */
 				return;
 			}
+			p->why = KVR_MISS_L2_FAILED; /* the tier's ring stayed full */
 			break;
 		}
 		p->refs[i] = r;
@@ -665,6 +674,7 @@ int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, 
 	p->rm_waiting = 0;
 	p->rm_window = 1;
 	p->index_ns = index_ns;
+	p->why = KVR_MISS_NONE;
 	p->deadline = now_of(t) + kvr_ms_to_ns(t->a->cfg.timeouts.alloc_wait_ms);
 	memcpy(p->refs, refs, (size_t)matched * sizeof(*refs));
 	memset(p->state, B_OK, matched);
@@ -690,11 +700,29 @@ static void finish(struct l2tier *t, unsigned w, struct l2t_done *done)
 	while (m < p->n && (p->state[m] == B_OK || p->state[m] == B_PROMOTED))
 		promoted += p->state[m++] == B_PROMOTED;
 	p->active = false;
+	uint8_t why = m < p->n && p->state[m] == B_FAIL ? KVR_MISS_L2_FAILED : p->why;
 	*done = (struct l2t_done){.worker = w, .wire = p->wire, .lane = p->lane, .matched = m, .promoted = promoted,
-				  .refs = p->refs, .index_ns = p->index_ns};
+				  .refs = p->refs, .index_ns = p->index_ns, .why = why};
 }
 
 /* A read ended (status 0: verified bytes in the slot). Returns 1 when its promotion finished. */
+/*
+ * A read was answered, so its request ring has room: every other promotion that stalled on
+ * a full ring goes on now, not from the next tick (100 ms later). The lanes of a lease
+ * promote at once, each through its own requester: without this, the lane that found the
+ * ring filled by its sibling's reads waited for the tick, and a lease from L2 took 2-3x
+ * longer than lane after lane. A promotion that so ends with nothing in flight is finished
+ * by the tick (it answers one requester per call).
+ */
+static void resume_stalled(struct l2tier *t, unsigned except)
+{
+	for (unsigned w = 0; w < t->n_workers; w++) {
+		struct pend *q = &t->pend[w];
+		if (w != except && q->active && q->stalled && q->n < q->total)
+			extend_more(t, w);
+	}
+}
+
 static int read_ended(struct l2tier *t, uint32_t ri, int status, struct l2t_done *done)
 {
 	const struct read rd = t->reads[ri]; /* a copy: extend_more below may reuse the entry */
@@ -731,6 +759,7 @@ static int read_ended(struct l2tier *t, uint32_t ri, int status, struct l2t_done
 	}
 	if (p->stalled && p->n < p->total)
 		extend_more(t, rd.worker); /* an answer taken off a ring: room for the next read */
+	resume_stalled(t, rd.worker);
 	if (p->waiting || p->stalled)
 		return 0;
 	finish(t, rd.worker, done);
@@ -781,6 +810,7 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 		return 0;
 	case KVR_MSG_L2_GONE:
 		set_del(t, k, b.lane);
+		kvr_index_remember_gone(t->idx, k); /* a later miss says "evicted", not "never stored" */
 		return 0;
 	case KVR_MSG_L2_WRITE_DONE: {
 		bool ours = b.slot < t->n_slots && t->wq[b.slot].state == WQ_SENT && t->wq[b.slot].epoch == b.epoch;
@@ -816,6 +846,25 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 	}
 }
 
+unsigned l2t_last_why(const struct l2tier *t, unsigned worker)
+{
+	return t && worker < t->n_workers ? t->pend[worker].why : KVR_MISS_NONE;
+}
+
+/*
+ * Whether the actor whose generation we last saw as `seen` and now see as `now` may have
+ * taken messages off its ring that no incarnation will answer. kvringd bumps a generation
+ * when it spawns the actor, and it spawns the lookup actor before the tiers: a lookup actor
+ * that read 0 then sees the first incarnation (1) start — that one reads everything we sent
+ * from the beginning of its ring, nothing is lost. Taken for a restart, the first start
+ * re-synced the whole directory (every L2_HAVE twice: a test counted 194 answers for 97)
+ * and failed promotions in flight with -EPIPE.
+ */
+static bool gen_lost_messages(uint32_t seen, uint32_t now)
+{
+	return now != seen && !(seen == 0 && now == 1);
+}
+
 int l2t_tick(struct l2tier *t, struct l2t_done *done)
 {
 	if (!t)
@@ -839,7 +888,9 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 	for (unsigned d = 0; d < t->n_disks; d++) {
 		struct kvr_actor_ent *e = kvr_ctl_actor(t->a->ctl, t->disk_actor[d]);
 		uint32_t gen = atomic_load(&e->generation);
-		if (gen != t->disk_gen[d]) {
+		if (gen != t->disk_gen[d] && !gen_lost_messages(t->disk_gen[d], gen)) {
+			t->disk_gen[d] = gen; /* its first start */
+		} else if (gen != t->disk_gen[d]) {
 			/* It died: what it had taken off its ring will never be answered. Its reads
 			 * are aborted now: a slot it may still be reading into keeps its I/O pin and
 			 * waits in DRAINING until the successor released its predecessor's pins, so
@@ -850,7 +901,8 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 			sync_disk(t, d);
 			for (uint32_t i = 0; i < t->n_reads; i++) {
 				struct read *rd = &t->reads[i];
-				if (rd->used && rd->disk == d && rd->disk_gen != gen && read_ended(t, i, -EPIPE, done))
+				if (rd->used && rd->disk == d && gen_lost_messages(rd->disk_gen, gen) &&
+				    read_ended(t, i, -EPIPE, done))
 					return 1;
 			}
 		}
@@ -860,13 +912,16 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 	}
 	if (t->has_rm) {
 		uint32_t gen = atomic_load(&kvr_ctl_actor(t->a->ctl, t->rm_actor)->generation);
-		if (gen != t->rm_gen) {
+		if (gen != t->rm_gen && !gen_lost_messages(t->rm_gen, gen)) {
+			t->rm_gen = gen; /* its first start */
+		} else if (gen != t->rm_gen) {
 			/* the remote actor died: its reads are aborted (a slot it may still have been
 			 * copying into keeps its remote pin, DRAINING, until the successor drops it) */
 			t->rm_gen = gen;
 			for (uint32_t i = 0; i < t->n_reads; i++) {
 				struct read *rd = &t->reads[i];
-				if (rd->used && rd->disk == RM_DISK && rd->disk_gen != gen && read_ended(t, i, -EPIPE, done))
+				if (rd->used && rd->disk == RM_DISK && gen_lost_messages(rd->disk_gen, gen) &&
+				    read_ended(t, i, -EPIPE, done))
 					return 1;
 			}
 		}

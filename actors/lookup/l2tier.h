@@ -47,15 +47,22 @@
 #define L2T_MAX_DISKS KVR_L2_MAX_DIRS
 #define L2T_RM_WINDOW 16 /* remote promotion reads of one lookup in flight at once */
 
+/* The l2tier requester of a lease's lane: after the worker slots, one entry per
+ * (scheduler slot, lane), so every lane of a lease promotes at once. */
+#define L2T_LEASE_REQUESTER(max_workers, lanes, sched, lane) ((max_workers) + (sched) * (lanes) + (lane))
+
 struct l2t_done {             /* a promotion that finished: reply to this requester */
-	unsigned worker;          /* requester: a worker slot (< max_workers), else max_workers +
-				   * the scheduler slot whose lease it extends */
+	unsigned worker;          /* requester: a worker slot (< max_workers), else
+				   * L2T_LEASE_REQUESTER(max_workers, lanes, scheduler slot, lane): one
+				   * lane of the lease that scheduler slot extends */
 	uint64_t wire;
 	unsigned lane;
 	uint32_t matched;         /* blocks to report */
 	uint32_t promoted;        /* of those, read from L2 */
 	const struct kvr_index_ref *refs;
 	uint64_t index_ns;
+	unsigned why;             /* enum kvr_miss_reason: why it stopped before the key list's end
+				   * for a reason of the tier (a read failed, no room); 0 otherwise */
 };
 
 struct l2tier;
@@ -77,6 +84,10 @@ void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, 
  * through l2t_on_msg / l2t_tick). */
 int l2t_extend(struct l2tier *t, unsigned worker, uint64_t wire, unsigned lane, const kvr_key *keys, uint32_t total,
 	       uint32_t matched, struct kvr_index_ref *refs, uint64_t index_ns);
+
+/* Why requester worker's last extension stopped short for a reason of the tier (enum
+ * kvr_miss_reason; 0 none) — also when l2t_extend answered at once, without a done. */
+unsigned l2t_last_why(const struct l2tier *t, unsigned worker);
 
 /* The worker starts a new lookup: forget the one still waiting (its client gave up; the
  * keys it points at are about to be overwritten). Its reads finish on their own. */

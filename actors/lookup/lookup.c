@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <kvring/kvring.h>
+
 #include "kvr_actor.h"
 #include "kvr_index.h"
 #include "kvr_list.h"
@@ -50,16 +52,17 @@ struct lk_worker {
 };
 
 /* A scheduler slot: its lease request in assembly, then in progress while L2 promotes it
- * (lane after lane, through l2tier requester max_workers + slot). */
+ * (every lane at once, each through its l2tier requester L2T_LEASE_REQUESTER). */
 struct lk_sched {
 	struct kvr_ring *req, *rep;
 	struct kvr_outbox out;        /* replies waiting for room in rep */
 	struct kvr_list_asm keys;
 	struct kvr_msg_lease hdr;     /* the LEASE that announced the key list */
 	uint64_t hdr_wire;            /* its wire id; 0 = none */
-	bool promoting;               /* waiting for l2tier (lane `lane`) */
-	unsigned lane;
+	bool promoting;               /* waiting for l2tier: `lanes_busy` lanes still promote */
+	unsigned lanes_busy;
 	uint32_t promoted;            /* lane 0's blocks read from L2 for this lease */
+	unsigned why;                 /* enum kvr_miss_reason a lane's promotion stopped for (0: none) */
 };
 
 struct lookup {
@@ -236,7 +239,7 @@ static void lease_l2_done(struct kvr_actor *a, struct lookup *l, unsigned si, co
 static void l2_done_reply(struct kvr_actor *a, struct lookup *l, const struct l2t_done *d)
 {
 	if (d->worker >= l->n_workers) {
-		lease_l2_done(a, l, d->worker - l->n_workers, d);
+		lease_l2_done(a, l, (d->worker - l->n_workers) / l->lanes, d);
 		return;
 	}
 	kvr_actor_count(a, KVR_STAT_LK_MATCHED, d->matched);
@@ -400,10 +403,10 @@ static bool wire_current(struct kvr_actor *a, uint64_t wire)
 }
 
 static void send_lease_rep(struct kvr_actor *a, struct lookup *l, unsigned si, uint64_t wire, int status,
-			   uint32_t matched, uint32_t promoted, uint64_t index_ns)
+			   uint32_t matched, uint32_t promoted, uint32_t pending, unsigned miss, uint64_t index_ns)
 {
 	struct kvr_msg_lookup_rep r = {.status = status, .matched = matched, .promoted = promoted,
-				       .index_ns = index_ns};
+				       .pending = pending, .miss = miss, .index_ns = index_ns};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LEASE_REP, status ? KVR_MSGF_ERROR : 0, wire, 0, &r, sizeof(r));
 	if (kvr_outbox_send(&l->sched[si].out, &m, kvr_now_ns()))
@@ -413,6 +416,54 @@ static void send_lease_rep(struct kvr_actor *a, struct lookup *l, unsigned si, u
 static void lease_gauge(struct kvr_actor *a, struct lookup *l)
 {
 	atomic_store_explicit(&a->stats->c[KVR_STAT_LK_LEASES], leases_count(l->leases), memory_order_relaxed);
+}
+
+/*
+ * Of keys[0..n) (the blocks right after a lease's match), how many lead in a row with a
+ * lane being written now (WRITING under a store of any engine of this namespace, or a
+ * promotion) — blocks that become visible within a store's time unless it fails. The
+ * connector asks again later instead of recomputing them (prefill/decode on one node:
+ * the decode engine's lease arrives while the prefill engine's store is still copying).
+ * A block with committed lanes and none in flight (a rank that never stored) is not
+ * pending: nothing will complete it.
+ */
+static uint32_t blocks_in_flight(const struct lookup *l, const kvr_key *keys, uint32_t n)
+{
+	uint32_t i = 0;
+	struct kvr_index_block b;
+	while (i < n && kvr_index_get(l->idx, keys[i], &b) == 0 && !b.visible && (b.alloc_mask & ~b.commit_mask))
+		i++;
+	return i;
+}
+
+/*
+ * Why the block after a lease's match did not match (enum kvr_miss_reason), from what the
+ * lookup actor sees of it now: a lane being written (a store in flight), lanes committed
+ * but not every one (quorum), the reason this lease's promotion stopped (a failed read, no
+ * room), on disk on some lanes only (quorum), remembered as evicted, or nothing at all.
+ */
+static unsigned miss_reason(const struct lookup *l, const struct lk_sched *sc, kvr_key key)
+{
+	struct kvr_index_block b;
+	if (kvr_index_get(l->idx, key, &b) == 0) {
+		if (b.alloc_mask & ~b.commit_mask)
+			return KVR_MISS_IN_FLIGHT;
+		if (b.commit_mask)
+			return KVR_MISS_QUORUM;
+	}
+	if (sc->why) /* this lease's promotion stopped here: a failed read (the file may be
+		      * gone by now: a damaged one is deleted), no room */
+		return sc->why;
+	unsigned on_disk = 0;
+	for (unsigned lane = 0; l->l2 && lane < l->lanes; lane++)
+		on_disk += l2t_has(l->l2, key, lane);
+	if (on_disk == l->lanes)
+		return KVR_MISS_L2_FAILED;
+	if (on_disk)
+		return KVR_MISS_QUORUM;
+	if (kvr_index_gone_recently(l->idx, key))
+		return KVR_MISS_EVICTED;
+	return KVR_MISS_NEVER_STORED;
 }
 
 /* Every lane's slots of the visible prefix now: pin them under the lease and answer. */
@@ -427,7 +478,7 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 	if (need > l->cap_lease_refs) {
 		struct kvr_index_ref *r = realloc(l->lease_refs, need * sizeof(*r));
 		if (!r) {
-			send_lease_rep(a, l, si, sc->hdr_wire, -ENOMEM, 0, 0, 0);
+			send_lease_rep(a, l, si, sc->hdr_wire, -ENOMEM, 0, 0, 0, 0, 0);
 			return;
 		}
 		l->lease_refs = r;
@@ -454,39 +505,70 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 	lease_gauge(a, l);
 	if (got < 0) {
 		kvr_actor_count(a, KVR_STAT_LK_LEASES_REFUSED, 1);
-		send_lease_rep(a, l, si, sc->hdr_wire, got, 0, 0, dt);
+		send_lease_rep(a, l, si, sc->hdr_wire, got, 0, 0, 0, 0, dt);
 	} else {
 		if (got)
 			kvr_actor_count(a, KVR_STAT_LK_LEASES_GRANTED, 1);
 		kvr_actor_count(a, KVR_STAT_LK_MATCHED, (uint64_t)got);
 		kvr_actor_count(a, KVR_STAT_LK_MISSED, total - (uint64_t)got);
 		uint32_t promoted = sc->promoted < (uint32_t)got ? sc->promoted : (uint32_t)got;
-		send_lease_rep(a, l, si, sc->hdr_wire, 0, (uint32_t)got, promoted, dt);
+		uint32_t pending = blocks_in_flight(l, keys + got, total - (uint32_t)got);
+		unsigned why = (uint32_t)got < total ? miss_reason(l, sc, keys[got]) : KVR_MISS_NONE;
+		if (why)
+			kvr_actor_count(a, KVR_STAT_LK_MISS_FIRST + why - 1, total - (uint64_t)got);
+		send_lease_rep(a, l, si, sc->hdr_wire, 0, (uint32_t)got, promoted, pending, why, dt);
 	}
 }
 
-/* Extend the lease over L2, lane `lane` (l2tier promotes one requester lane at a time).
- * Returns whether it waits for promotions. */
+static unsigned lease_requester(const struct lookup *l, unsigned si, unsigned lane)
+{
+	return L2T_LEASE_REQUESTER(l->n_workers, l->lanes, si, lane);
+}
+
+/* A new LEASE of this scheduler slot: the promotions of its previous one are its client's
+ * no longer (it gave up on that answer); their reads finish on their own. */
+static void lease_cancel(struct lookup *l, unsigned si)
+{
+	struct lk_sched *sc = &l->sched[si];
+	if (sc->promoting)
+		for (unsigned lane = 0; lane < l->lanes; lane++)
+			l2t_cancel(l->l2, lease_requester(l, si, lane));
+	sc->promoting = false;
+	sc->lanes_busy = 0;
+}
+
+/*
+ * Extend the lease over L2 on every lane at once: each lane whose L1 prefix is shorter
+ * than the key list promotes through its own l2tier requester, so the reads of all lanes
+ * and blocks are in flight together (a lease over TP ranks promoted lane after lane, its
+ * time growing with the lanes). Returns whether it waits for promotions; lease_l2_done
+ * finishes the lease when the last lane is done.
+ */
 static bool lease_extend(struct lookup *l, unsigned si)
 {
 	struct lk_sched *sc = &l->sched[si];
 	const kvr_key *keys = sc->keys.items;
 	uint32_t total = sc->keys.total;
-	for (; sc->lane < l->lanes; sc->lane++) {
+	sc->lanes_busy = 0;
+	for (unsigned lane = 0; lane < l->lanes; lane++) {
 		if (!refs(l, total))
-			return false;
-		int n = kvr_index_match(l->idx, keys, total, sc->lane, l->refs);
+			break;
+		int n = kvr_index_match(l->idx, keys, total, lane, l->refs);
 		if (n < 0 || (uint32_t)n >= total)
-			return false;
-		int ext = l2t_extend(l->l2, l->n_workers + si, sc->hdr_wire, sc->lane, keys, total, (uint32_t)n, l->refs, 0);
+			continue;
+		int ext = l2t_extend(l->l2, lease_requester(l, si, lane), sc->hdr_wire, lane, keys, total, (uint32_t)n,
+				     l->refs, 0);
 		if (ext == -EINPROGRESS) {
-			sc->promoting = true;
-			return true;
+			sc->lanes_busy++;
+			continue;
 		}
-		if (ext <= n)
-			return false; /* nothing on disk beyond the L1 prefix on this lane */
+		if (lane == 0 && ext > n)
+			sc->promoted = (uint32_t)(ext - n);
+		if (!sc->why) /* decided at once: no room, the tier's ring full, ... */
+			sc->why = l2t_last_why(l->l2, lease_requester(l, si, lane));
 	}
-	return false;
+	sc->promoting = sc->lanes_busy > 0;
+	return sc->promoting;
 }
 
 static void lease_l2_done(struct kvr_actor *a, struct lookup *l, unsigned si, const struct l2t_done *d)
@@ -494,13 +576,13 @@ static void lease_l2_done(struct kvr_actor *a, struct lookup *l, unsigned si, co
 	if (si >= l->n_sched || !l->sched[si].promoting)
 		return;
 	struct lk_sched *sc = &l->sched[si];
-	sc->promoting = false;
-	if (sc->lane == 0)
+	if (d->lane == 0)
 		sc->promoted = d->promoted;
-	bool more = d->promoted > 0;
-	sc->lane++;
-	if (more && lease_extend(l, si))
-		return;
+	if (!sc->why)
+		sc->why = d->why;
+	if (sc->lanes_busy && --sc->lanes_busy)
+		return; /* other lanes still promote */
+	sc->promoting = false;
 	lease_finish(a, l, si);
 }
 
@@ -510,17 +592,17 @@ static void do_lease(struct kvr_actor *a, struct lookup *l, unsigned si)
 	uint64_t wire = sc->keys.req_id;
 	if (!sc->hdr_wire || sc->hdr_wire != wire || sc->hdr.n_keys != sc->keys.total) {
 		kvr_actor_count(a, KVR_STAT_MALFORMED, 1);
-		send_lease_rep(a, l, si, wire, -EPROTO, 0, 0, 0);
+		send_lease_rep(a, l, si, wire, -EPROTO, 0, 0, 0, 0, 0);
 		sc->hdr_wire = 0;
 		return;
 	}
 	if (!wire_current(a, wire)) {
 		kvr_actor_count(a, KVR_STAT_LK_STALE, 1);
-		send_lease_rep(a, l, si, wire, -ESTALE, 0, 0, 0);
+		send_lease_rep(a, l, si, wire, -ESTALE, 0, 0, 0, 0, 0);
 		return;
 	}
-	sc->lane = 0;
 	sc->promoted = 0;
+	sc->why = KVR_MISS_NONE;
 	if (l->l2 && lease_extend(l, si))
 		return; /* lease_l2_done goes on */
 	lease_finish(a, l, si);
@@ -535,17 +617,13 @@ static int on_sched_msg(struct kvr_actor *a, struct lookup *l, unsigned si, cons
 	case KVR_MSG_LEASE:
 		if (kvr_msg_decode_lease(m, KVR_MSG_LEASE, &b))
 			return -EBADMSG;
-		if (sc->promoting) /* its client gave up on the previous one */
-			l2t_cancel(l->l2, l->n_workers + si);
-		sc->promoting = false;
+		lease_cancel(l, si); /* its client gave up on the previous one */
 		sc->hdr = b;
 		sc->hdr_wire = m->hdr.req_id;
 		return 0;
 	case KVR_MSG_LOOKUP: {
-		if (m->hdr.seq == 0 && sc->promoting) {
-			l2t_cancel(l->l2, l->n_workers + si);
-			sc->promoting = false;
-		}
+		if (m->hdr.seq == 0)
+			lease_cancel(l, si);
 		int rc = kvr_list_feed(&sc->keys, m);
 		if (rc < 0)
 			return -EBADMSG;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvr_grow.h"
 #include "kvr_log.h"
@@ -849,6 +850,27 @@ static bool send_commits(struct stage_store_pipe *p, uint64_t now)
 }
 
 /* Copy the oldest job whose slots are known into them. */
+/*
+ * KVRING_TEST_STORE_HOLD=<file> (inherited from kvringd's environment): while <file>
+ * exists, no store starts its copy — its slots stay allocated and WRITING, the actor's loop
+ * goes on (pings, other messages, ALLOCs of the jobs behind it). A test so holds a store
+ * between its allocation and its commit for as long as it likes (prefill/decode: a decode
+ * engine's lease arrives while the prefill engine's store is in flight), then removes the
+ * file. Unset: nothing of this runs.
+ */
+static bool store_held(void)
+{
+	static const char *path;
+	static bool looked;
+	if (!looked) {
+		path = getenv("KVRING_TEST_STORE_HOLD");
+		looked = true;
+		if (path && *path)
+			kvr_warn("KVRING_TEST_STORE_HOLD=%s: stores copy only while that file does not exist", path);
+	}
+	return path && *path && access(path, F_OK) == 0;
+}
+
 static bool copy_one(struct stage_store_pipe *p, uint64_t now)
 {
 	struct stage_store_job *j = NULL;
@@ -856,6 +878,9 @@ static bool copy_one(struct stage_store_pipe *p, uint64_t now)
 		if (job_at(p, i)->state == JOB_SLOTS)
 			j = job_at(p, i);
 	if (!j)
+		return false;
+	p->held = store_held();
+	if (p->held)
 		return false;
 	struct stage_worker *sw = p->sw;
 	for (uint32_t k = 0; k < j->n_copy; k++)
@@ -1140,7 +1165,7 @@ int stage_store_pipe_pass(struct stage_store_pipe *p, uint64_t now, bool *ret_ro
 	*ret_room = p->n < p->depth;
 	if (moved)
 		return KVR_PASS_MOVED;
-	return kvr_outbox_pending(&p->out) ? KVR_PASS_WAITING : KVR_PASS_IDLE;
+	return kvr_outbox_pending(&p->out) || p->held ? KVR_PASS_WAITING : KVR_PASS_IDLE;
 }
 
 void stage_store_pipe_tick(struct stage_store_pipe *p, uint64_t now)

@@ -124,6 +124,7 @@ struct stage_store_pipe {
 	uint32_t lookup_gen;           /* generation of the lookup actor the jobs talk to */
 	uint64_t reset_id;             /* last RESET sent (its answer is only logged) */
 	bool reset_wanted;             /* a late ALLOC_REP: RESET once no job holds slots */
+	bool held;                     /* a copy waits for the test hold (KVRING_TEST_STORE_HOLD) */
 	bool can_hold;                 /* the lookup actor may hold an ALLOC (an L2 or remote tier) */
 	uint64_t stale_id;             /* an abandoned ALLOC it may still hold (0: none) ... */
 	uint64_t stale_reset_id;       /* ... the RESET sent behind it ... */

@@ -164,7 +164,9 @@ struct kvr_lease_opts {
  * Look tokens up and lease the longest visible prefix (blocks on L2 are promoted to L1
  * first, as for kvr_lookup) under lease_id, replacing an earlier lease of that id. ret:
  * matched_tokens/_blocks/l2_blocks and timings as for kvr_lookup (index_ns is the lookup
- * actor's work). A lease of 0 blocks is not kept. -EINVAL bad arguments or a worker client,
+ * actor's work); pending_blocks: how many blocks right after the match a store (of any
+ * engine of this namespace) is writing now — ask again shortly instead of recomputing them
+ * (prefill/decode on one node, docs/engines.md). A lease of 0 blocks is not kept. -EINVAL bad arguments or a worker client,
  * -ENOSPC the lease table is full (lookup.max_leases; the prefix is not leased and
  * matched is 0), -ETIMEDOUT, -EPIPE.
  */
@@ -194,6 +196,42 @@ int kvr_lease_take(struct kvr_client *c, uint64_t lease_id, struct kvr_lookup_re
  */
 size_t kvr_rank_tokens(const struct kvr_client *c, size_t n_tokens);
 
+/*
+ * Why a lease matched no further (struct kvr_lookup_result.miss_reason): the diagnosis of
+ * the first block after the match. Stable numbers (they are in /metrics as names and in
+ * the Python binding). A reason is what the lookup actor saw, never a promise:
+ *   NONE          every block asked for matched;
+ *   NEVER_STORED  no trace of the block: never stored under this namespace (or under
+ *                 another model/weights/geometry, whose keys differ), or it left so long
+ *                 ago that kvring forgot;
+ *   EVICTED       it was in L1 and was evicted, and is not on L2 (or its L2 file was
+ *                 evicted/deleted too);
+ *   IN_FLIGHT     a store is writing it right now (ask again shortly: pending_blocks);
+ *   QUORUM        some TP ranks stored their lane, not every rank (the commit quorum is
+ *                 incomplete: a rank failed or has not stored yet);
+ *   L2_FAILED     it is on L2, but reading it back failed (a damaged or vanished file, an
+ *                 I/O error, no answer in time, the disk actor's ring full too long);
+ *   NO_ROOM       it is on L2, but no L1 slot could be freed for its promotion (every
+ *                 block pinned or written back not yet).
+ */
+enum kvr_miss_reason {
+	KVR_MISS_NONE = 0,
+	KVR_MISS_NEVER_STORED = 1,
+	KVR_MISS_EVICTED = 2,
+	KVR_MISS_IN_FLIGHT = 3,
+	KVR_MISS_QUORUM = 4,
+	KVR_MISS_L2_FAILED = 5,
+	KVR_MISS_NO_ROOM = 6,
+	KVR_MISS_REASONS = 7,
+};
+
+static inline const char *kvr_miss_reason_name(unsigned r)
+{
+	static const char *const names[KVR_MISS_REASONS] = {"none",   "never_stored", "evicted",  "in_flight",
+							     "quorum", "l2_failed",    "no_room"};
+	return r < KVR_MISS_REASONS ? names[r] : "unknown";
+}
+
 struct kvr_lookup_result {
 	uint32_t matched_tokens;  /* leading tokens whose blocks are stored on every rank */
 	uint32_t matched_blocks;
@@ -201,6 +239,10 @@ struct kvr_lookup_result {
 	uint64_t hash_ns;         /* client-side key hashing */
 	uint64_t index_ns;        /* lookup actor's index work */
 	uint64_t roundtrip_ns;    /* request + reply through the rings */
+	uint32_t pending_blocks;  /* kvr_lease only: blocks right after the match that a store is
+				   * writing now (they become visible when it commits); 0 otherwise */
+	uint32_t miss_reason;     /* kvr_lease only: enum kvr_miss_reason of the first block not
+				   * matched (KVR_MISS_NONE when all were) */
 };
 
 /*

@@ -82,11 +82,22 @@ struct kvr_msg {
 };
 
 /*
- * A client's request id (the "wire id"): the low 16 bits of the generation of the actor it
- * addressed in bits 48..63, a per-client sequence below. An actor answers only requests
- * addressed to its own incarnation (a request meant for its dead predecessor is stale).
- * The one home of that layout: the client builds ids with kvr_wire_make, actors read them
- * with kvr_wire_gen.
+ * A client's request id (the "wire id"), 64 bits:
+ *   bits 48..63  the low 16 bits of the generation of the actor it addressed. An actor
+ *                answers only requests addressed to its own incarnation (kvr_wire_for): a
+ *                request meant for its dead predecessor is answered -ESTALE and not done,
+ *                so a successor never runs what the client has already failed.
+ *   bits 32..47  the low 16 bits of the attach generation of the client's worker (or
+ *                scheduler) slot (ipc/kvr_ctl.h: kvr_worker_ent.generation, +1 per attach).
+ *                A reply the slot's previous owner never read (it died with a request in
+ *                flight) can still sit in the reply ring; with another attach generation it
+ *                can never be taken for the answer to one of ours (its slots hold another
+ *                prompt's KV). libkvring seeds its sequence with it at attach
+ *                (client/client.c: next_wire = attach generation << 32).
+ *   bits 0..31   a per-client sequence, incremented for each request.
+ * The one home of that layout: the client builds ids with kvr_wire_make (its sequence
+ * argument carries bits 0..47: the attach generation and the sequence), actors read the
+ * actor generation with kvr_wire_gen.
  */
 #define KVR_WIRE_GEN_SHIFT 48
 #define KVR_WIRE_SEQ_MASK ((UINT64_C(1) << KVR_WIRE_GEN_SHIFT) - 1)
@@ -168,7 +179,12 @@ struct kvr_msg_lookup_rep {
 	uint32_t lane;          /* lane the slots below belong to */
 	uint32_t promoted;      /* of the matched blocks, how many were read from L2 for this lookup */
 	uint64_t index_ns;      /* time spent in the index */
+	uint32_t pending;       /* LEASE_REP: blocks right after the match that a store is writing now
+				 * (a lane WRITING, not every lane committed); else 0 */
+	uint32_t miss;          /* LEASE_REP: enum kvr_miss_reason (kvring.h) of the first block not
+				 * matched, 0 when every block matched; else 0 */
 };
+_Static_assert(sizeof(struct kvr_msg_lookup_rep) == 32, "lookup reply body");
 
 struct kvr_msg_load_done {
 	int32_t status;         /* 0 all restored, -EIO some failed (list follows), other -errno */

@@ -1,6 +1,8 @@
 /* Engines and lookup leases (issue 12): several engines on one instance, a scheduler that leases, workers that load exactly the lease. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -260,6 +262,218 @@ Test(leases, lease_promotes_from_l2_after_restart)
 	take_load_exact(r0, 9, 3, 10, 21);
 	take_load_exact(r1, 9, 3, 10, 21);
 	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES_LOADED) == 1, 5000));
+	ct_assert_table_clean(&env);
+	kvr_detach(s);
+}
+
+static uint32_t slots_writing(void)
+{
+	struct kvr_slot_counts n;
+	kvr_slots_counts(env.slots, &n);
+	return n.by_state[KVR_SLOT_WRITING];
+}
+
+/*
+ * Prefill/decode on one node (issue 25): a store in flight — its slots allocated and
+ * WRITING, its copy held by the storer's test hold (KVRING_TEST_STORE_HOLD) — is reported
+ * to a lease as pending blocks, never matched: nothing uncommitted is leased. Once the
+ * copy runs and commits, the same lease matches every block and loads them byte-exact. A
+ * store whose worker detaches while it is held is never committed: pending drops to 0 and
+ * the table ends quiet.
+ */
+Test(leases, a_store_in_flight_is_pending_never_matched)
+{
+	char hold[300];
+	snprintf(hold, sizeof(hold), "%s/store-hold", env.h.dir);
+	FILE *f = fopen(hold, "w");
+	cr_assert_not_null(f);
+	fclose(f);
+	cr_assert_eq(setenv("KVRING_TEST_STORE_HOLD", hold, 1), 0); /* kvringd and its storers inherit it */
+	ct_start(&env, &ct_tiny, &(struct ct_opts){.l1_slots = 32});
+	(void)unsetenv("KVRING_TEST_STORE_HOLD");
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r), 0);
+	struct kvr_client *s = sched_open(NULL, NULL);
+
+	uint32_t a[4 * BT], blocks[4] = {0, 1, 2, 3};
+	ct_prompt(a, 4 * BT, 61);
+	for (uint32_t i = 0; i < 4; i++)
+		ct_fill(r, i, TAG(61, i));
+	cr_assert_eq(kvr_store(r->c, 161, a, 4 * BT, NULL, 0, blocks, 4), 0, "%s", kvr_last_error(r->c));
+	cr_assert(H_WAIT(slots_writing() == 4, 5000), "the store's 4 slots allocated: %u WRITING", slots_writing());
+
+	struct kvr_lookup_result res;
+	cr_assert_eq(kvr_lease(s, 1, a, 4 * BT, NULL, 0, NULL, &res), 0, "%s", kvr_last_error(s));
+	cr_assert_eq(res.matched_blocks, 0, "nothing uncommitted is leased");
+	cr_assert_eq(res.pending_blocks, 4, "the store's blocks are pending");
+	cr_assert_eq(res.miss_reason, KVR_MISS_IN_FLIGHT, "miss: %s", kvr_miss_reason_name(res.miss_reason));
+	/* a prompt sharing A's first 2 blocks: only those 2 are pending, the rest unknown */
+	uint32_t b[4 * BT];
+	memcpy(b, a, sizeof(uint32_t) * 2 * BT);
+	ct_prompt(b + 2 * BT, 2 * BT, 62);
+	cr_assert_eq(kvr_lease(s, 2, b, 4 * BT, NULL, 0, NULL, &res), 0);
+	cr_assert_eq(res.matched_blocks, 0);
+	cr_assert_eq(res.pending_blocks, 2);
+
+	cr_assert_eq(unlink(hold), 0); /* the copy runs */
+	struct ct_done d;
+	ct_wait_done(r, &d, 5000);
+	cr_assert_eq(d.c.req_id, 161);
+	cr_assert_eq(d.c.status, 0, "store: %d", d.c.status);
+	cr_assert_eq(d.c.n_stored, 4);
+	cr_assert_eq(kvr_lease(s, 1, a, 4 * BT, NULL, 0, &(struct kvr_lease_opts){.loaders = 1}, &res), 0);
+	cr_assert_eq(res.matched_blocks, 4, "committed: every block leased");
+	cr_assert_eq(res.pending_blocks, 0);
+	cr_assert_eq(res.miss_reason, KVR_MISS_NONE);
+	take_load_exact(r, 1, 4, 20, 61);
+	cr_assert_eq(kvr_lease_release(s, 2), 0);
+
+	/* held again; the worker detaches with its store in flight */
+	f = fopen(hold, "w");
+	cr_assert_not_null(f);
+	fclose(f);
+	uint32_t c[4 * BT];
+	ct_prompt(c, 4 * BT, 63);
+	cr_assert_eq(kvr_store(r->c, 163, c, 4 * BT, NULL, 0, blocks, 4), 0);
+	cr_assert(H_WAIT(slots_writing() == 4, 5000));
+	cr_assert_eq(kvr_lease(s, 3, c, 4 * BT, NULL, 0, NULL, &res), 0);
+	cr_assert_eq(res.pending_blocks, 4);
+	ct_rank_close(r);
+	cr_assert(H_WAIT(slots_writing() == 0, 5000), "the detached worker's store left %u WRITING", slots_writing());
+	cr_assert_eq(kvr_lease(s, 3, c, 4 * BT, NULL, 0, NULL, &res), 0);
+	cr_assert_eq(res.matched_blocks, 0, "never committed");
+	cr_assert_eq(res.pending_blocks, 0, "nothing in flight any more: the decode recomputes");
+	cr_assert_eq(res.miss_reason, KVR_MISS_NEVER_STORED, "an aborted store left no trace: %s",
+		     kvr_miss_reason_name(res.miss_reason));
+	/* every block a lease did not match is counted under the first one's reason: 4 + 4 (the
+	 * shared-prefix prompt's first block was in flight) + 4 */
+	cr_assert_eq(lk(KVR_STAT_LK_MISS_FIRST + KVR_MISS_IN_FLIGHT - 1), 12, "blocks missed in flight");
+	(void)unlink(hold);
+	ct_assert_table_clean(&env);
+	kvr_detach(s);
+}
+
+/* ---- a reason for every miss (issue 25): each caused for real ------------------------------ */
+
+static unsigned lease_miss(struct kvr_client *s, uint64_t id, const uint32_t *t, uint32_t n, uint32_t *matched)
+{
+	struct kvr_lookup_result res;
+	cr_assert_eq(kvr_lease(s, id, t, (size_t)n * BT, NULL, 0, &(struct kvr_lease_opts){.loaders = 1}, &res), 0,
+		     "%s", kvr_last_error(s));
+	if (matched)
+		*matched = res.matched_blocks;
+	return res.miss_reason;
+}
+
+#define MISSED(r) lk(KVR_STAT_LK_MISS_FIRST + (r) - 1)
+
+/* No L2: a prompt never stored; a prompt evicted from L1 by two others. */
+Test(leases, miss_reasons_never_stored_and_evicted)
+{
+	ct_start(&env, &ct_tiny, &(struct ct_opts){.l1_slots = 8});
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r), 0);
+	struct kvr_client *s = sched_open(NULL, NULL);
+	uint32_t t[3][4 * BT], m;
+	for (unsigned p = 0; p < 3; p++)
+		ct_prompt(t[p], 4 * BT, 80 + p);
+	cr_assert_eq(lease_miss(s, 1, t[0], 4, &m), KVR_MISS_NEVER_STORED);
+	cr_assert_eq(MISSED(KVR_MISS_NEVER_STORED), 4);
+	store_prompt(r, 80, t[0], 4, 0);
+	cr_assert_eq(lease_miss(s, 1, t[0], 4, &m), KVR_MISS_NONE);
+	cr_assert_eq(m, 4);
+	cr_assert_eq(kvr_lease_release(s, 1), 0);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES) == 0, 5000));
+	store_prompt(r, 81, t[1], 4, 4);
+	store_prompt(r, 82, t[2], 4, 8); /* 8 slots: prompt 0 is evicted (LRU) */
+	cr_assert_gt(lk(KVR_STAT_LK_EVICTED), 0);
+	unsigned why = lease_miss(s, 2, t[0], 4, &m);
+	cr_assert_eq(why, KVR_MISS_EVICTED, "miss: %s", kvr_miss_reason_name(why));
+	cr_assert_eq(m, 0);
+	cr_assert_eq(MISSED(KVR_MISS_EVICTED), 4);
+	kvr_detach(s);
+}
+
+/* TP 2: only rank 0 stored the prompt — the quorum is incomplete. */
+Test(leases, miss_reason_quorum)
+{
+	ct_start(&env, &ct_tiny_tp2, &(struct ct_opts){.l1_slots = 16});
+	struct ct_rank *r0, *r1;
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
+	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
+	struct kvr_client *s = sched_open(NULL, NULL);
+	uint32_t t[3 * BT], m;
+	ct_prompt(t, 3 * BT, 90);
+	store_prompt(r0, 90, t, 3, 0);
+	unsigned why = lease_miss(s, 1, t, 3, &m);
+	cr_assert_eq(why, KVR_MISS_QUORUM, "miss: %s", kvr_miss_reason_name(why));
+	cr_assert_eq(m, 0);
+	store_prompt(r1, 90, t, 3, 0);
+	cr_assert_eq(lease_miss(s, 1, t, 3, &m), KVR_MISS_NONE);
+	cr_assert_eq(m, 3);
+	kvr_detach(s);
+}
+
+/* Damage the L2 file of lane 0 of key k: its payload's first bytes flipped. */
+static void damage_file(kvr_key k)
+{
+	char hex[KVR_KEY_FMT_LEN], name[64], path[1024];
+	snprintf(name, sizeof(name), "%s.0.kvb", kvr_key_fmt(k, hex));
+	DIR *d = opendir(l2dir);
+	cr_assert_not_null(d);
+	struct dirent *de;
+	int fd = -1;
+	while (fd < 0 && (de = readdir(d)) != NULL) {
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s/%s", l2dir, de->d_name, name);
+		fd = open(path, O_RDWR);
+	}
+	closedir(d);
+	cr_assert_geq(fd, 0, "no L2 file %s", name);
+	uint8_t junk[64];
+	memset(junk, 0x5a, sizeof(junk));
+	cr_assert_eq(pwrite(fd, junk, sizeof(junk), 4096), (ssize_t)sizeof(junk));
+	close(fd);
+}
+
+/*
+ * L2 on, L1 of 4 slots. A (4 blocks) is written through, then B evicts it from L1. With B
+ * leased (every slot pinned) a lease of A cannot promote: no room. B released, A's first
+ * file damaged: its promotion read fails verification — a miss, never served.
+ */
+Test(leases, miss_reasons_no_room_and_l2_failed)
+{
+	ct_start(&env, &ct_tiny, &(struct ct_opts){.l1_slots = 4, .l2_dir = l2dir});
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r), 0);
+	struct kvr_client *s = sched_open(NULL, NULL);
+	uint32_t a[4 * BT], b[4 * BT], m;
+	ct_prompt(a, 4 * BT, 95);
+	ct_prompt(b, 4 * BT, 96);
+	store_prompt(r, 95, a, 4, 0);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 4, 10000));
+	store_prompt(r, 96, b, 4, 4);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 8, 10000));
+	cr_assert_eq(lease_miss(s, 1, b, 4, &m), KVR_MISS_NONE);
+	cr_assert_eq(m, 4, "B is in L1, now pinned by its lease");
+	unsigned why = lease_miss(s, 2, a, 4, &m);
+	cr_assert_eq(why, KVR_MISS_NO_ROOM, "miss: %s", kvr_miss_reason_name(why));
+	cr_assert_eq(m, 0);
+	cr_assert_eq(MISSED(KVR_MISS_NO_ROOM), 4);
+	cr_assert_eq(kvr_lease_release(s, 1), 0);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES) == 0, 5000));
+
+	kvr_key keys[4];
+	ct_keys(&env, a, 4 * BT, keys);
+	damage_file(keys[0]);
+	uint64_t fails = lk(KVR_STAT_LK_L2_READ_FAILS);
+	why = lease_miss(s, 3, a, 4, &m);
+	cr_assert_eq(why, KVR_MISS_L2_FAILED, "miss: %s", kvr_miss_reason_name(why));
+	cr_assert_eq(m, 0, "a damaged file is a miss, never served");
+	cr_assert_gt(lk(KVR_STAT_LK_L2_READ_FAILS), fails);
+	cr_assert_eq(MISSED(KVR_MISS_L2_FAILED), 4);
+	cr_assert_eq(kvr_lease_release(s, 3), 0);
 	ct_assert_table_clean(&env);
 	kvr_detach(s);
 }

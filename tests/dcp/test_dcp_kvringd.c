@@ -231,6 +231,7 @@ struct grank {
 	uint64_t bytes;
 	int rc;
 	char err[256];
+	const char *engine_id; /* NULL: the default engine */
 };
 
 static struct grank granks[G_TP];
@@ -332,8 +333,8 @@ static void grank_prepare(struct grank *r, const struct glayout *lay, unsigned t
 static void *attach_thread(void *arg)
 {
 	struct grank *r = arg;
-	struct kvr_attach_opts o = {
-		.socket = inst.sock, .geometry = &r->g, .kv_fd = r->fd, .kv_bytes = r->bytes, .timeout_ms = 8000};
+	struct kvr_attach_opts o = {.socket = inst.sock, .geometry = &r->g, .kv_fd = r->fd, .kv_bytes = r->bytes,
+				    .timeout_ms = 8000, .engine_id = r->engine_id};
 	r->rc = kvr_attach(&o, &r->c);
 	if (r->rc)
 		snprintf(r->err, sizeof(r->err), "%s", kvr_last_error(NULL));
@@ -342,11 +343,12 @@ static void *attach_thread(void *arg)
 
 /* Attach all four ranks of TP 4 under (D, I) at once: a DCP rank's attach returns when
  * its whole group is there (the gather actor then serves it). */
-static void granks_open(const struct glayout *lay, unsigned d, unsigned il)
+static void granks_open_engine(const struct glayout *lay, unsigned d, unsigned il, const char *engine_id)
 {
 	pthread_t t[G_TP];
 	for (unsigned i = 0; i < G_TP; i++) {
 		grank_prepare(&granks[i], lay, i, d, il);
+		granks[i].engine_id = engine_id;
 		cr_assert_eq(pthread_create(&t[i], NULL, attach_thread, &granks[i]), 0);
 	}
 	for (unsigned i = 0; i < G_TP; i++)
@@ -354,6 +356,11 @@ static void granks_open(const struct glayout *lay, unsigned d, unsigned il)
 	for (unsigned i = 0; i < G_TP; i++)
 		cr_assert_eq(granks[i].rc, 0, "rank %u (dcp %u/%u) attach: %d %s; log:\n%s", i, i % d, d, granks[i].rc,
 			     granks[i].err, h_read_file(inst.log));
+}
+
+static void granks_open(const struct glayout *lay, unsigned d, unsigned il)
+{
+	granks_open_engine(lay, d, il, NULL);
 }
 
 static uint8_t row_byte(uint64_t seed, unsigned b, unsigned l, uint64_t t, uint32_t k)
@@ -1206,4 +1213,51 @@ Test(dcp_kvringd, gather_killed_while_its_owner_leaves_leaks_no_slot, .fini = gr
 	cr_assert(H_WAIT(slots_quiet(st), 3000), "the slot table is not quiet after the group's store and load");
 	kvr_segment_close(&slots_seg);
 	kvr_segment_close(&ctl_seg);
+}
+
+/*
+ * Two engines using DCP on one instance (issue 24): each engine's ranks form groups of
+ * their own, with a gather actor each. Groups were keyed by TP rank alone, so engine B's
+ * DCP rank 0 found engine A's group and was refused ("DCP rank 0 of group 0 is already
+ * attached"). Engine A stores a prompt through its group; engine B's ranks (same model
+ * namespace) load it byte-exact, and B's own store of it finds every block present.
+ */
+static struct grank granks_b[G_TP];
+
+static void granks_b_close(void)
+{
+	granks_close();
+	for (unsigned i = 0; i < G_TP; i++)
+		grank_close(&granks_b[i]);
+}
+
+Test(dcp_kvringd, two_engines_each_with_their_own_dcp_groups, .fini = granks_b_close)
+{
+	gconfig(&odd_rows, 10000);
+	h_start(&inst);
+	uint32_t tokens[G_PROMPT * G_BLOCK];
+	uint64_t seed = gprompt("dcp_kvringd::two_engines_each_with_their_own_dcp_groups", tokens, G_PROMPT * G_BLOCK);
+	granks_open_engine(&odd_rows, 4, 1, "engine-b");
+	memcpy(granks_b, granks, sizeof(granks));
+	granks_open_engine(&odd_rows, 4, 1, "engine-a");
+	unsigned ga = gather_of_rank(&granks[0]), gb = gather_of_rank(&granks_b[0]);
+	cr_assert_neq(ga, gb, "both engines' ranks were put in one group (gather actor %u)", ga);
+	const struct kvr_actor_ent *ea = kvr_ctl_actor(inst.ctl, ga), *eb = kvr_ctl_actor(inst.ctl, gb);
+	cr_assert(H_WAIT(atomic_load(&ea->state) == KVR_ACTOR_READY && atomic_load(&eb->state) == KVR_ACTOR_READY, 10000),
+		  "a gather actor per engine's group; log:\n%s", h_read_file(inst.log));
+
+	const uint32_t src[G_TP][G_PROMPT] = {{1, 2, 3}, {1, 2, 3}, {1, 2, 3}, {1, 2, 3}};
+	const uint32_t dst[G_TP][G_PROMPT] = {{7, 5, 9}, {7, 5, 9}, {7, 5, 9}, {7, 5, 9}};
+	cr_assert_eq(gstore_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, src, 1), G_PROMPT, "engine A stored");
+	struct grank a_ranks[G_TP];
+	memcpy(a_ranks, granks, sizeof(granks));
+	memcpy(granks, granks_b, sizeof(granks)); /* the helpers act on granks: engine B's ranks */
+	gload_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, dst, 2);
+	cr_assert_eq(gstore_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, src, 3), 0,
+		     "engine B's store of the same prompt finds every block present");
+	memcpy(granks_b, granks, sizeof(granks));
+	memcpy(granks, a_ranks, sizeof(granks));
+	char *log = h_read_file(inst.log);
+	cr_assert(strstr(log, "DCP group 0 of engine 0") && strstr(log, "DCP group 0 of engine 1"), "log:\n%s", log);
+	free(log);
 }

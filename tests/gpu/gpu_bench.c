@@ -104,14 +104,47 @@ static int one(struct kvr_xfer *x, uint32_t dir, const struct kvr_xfer_run *runs
 	return 0;
 }
 
+/*
+ * What attaching to a large arena costs (issue 26: one cudaHostRegister of 512 GiB fails;
+ * about 0.1 s per GB): an arena of gib GiB, opened (IPC handles + the arena registered in
+ * chunks, KVR_CUDA_REG_CHUNK_GIB or 64 GiB), its registration time as the backend measured
+ * it, and the whole open's.
+ */
+static int reg_bench(const struct gw *w, unsigned gib)
+{
+	struct gpu_arena big = {.fd = -1};
+	uint64_t bytes = (uint64_t)gib << 30;
+	if (gpu_arena_create(&big, bytes)) {
+		fprintf(stderr, "gpu_bench: arena of %u GiB: %s\n", gib, strerror(errno));
+		return 1;
+	}
+	struct kvr_xfer *x = NULL;
+	char why[256] = "";
+	uint64_t t0 = kvr_now_ns();
+	int rc = gpu_open(w, &big, &x, why, sizeof(why));
+	uint64_t open_ns = kvr_now_ns() - t0;
+	if (rc) {
+		fprintf(stderr, "gpu_bench: open with a %u GiB arena: %s\n", gib, why);
+	} else {
+		uint64_t reg = kvr_xfer_cuda_arena_reg_ns(big.base);
+		const char *c = getenv("KVR_CUDA_REG_CHUNK_GIB");
+		printf("\narena registration: %u GiB in chunks of %s GiB: %.1f ms (%.2f s/TB); open in all %.1f ms\n", gib,
+		       c && *c ? c : "64", reg / 1e6, reg / 1e9 / ((double)bytes / 1e12), open_ns / 1e6);
+		kvr_xfer_close(x);
+	}
+	gpu_arena_destroy(&big);
+	return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"reps", required_argument, NULL, 'r'},   {"tokens", required_argument, NULL, 't'},
 		{"preset", required_argument, NULL, 'p'}, {"tp", required_argument, NULL, 'T'},
-		{"block", required_argument, NULL, 'b'},  {NULL, 0, NULL, 0},
+		{"block", required_argument, NULL, 'b'},  {"reg-gib", required_argument, NULL, 'g'},
+		{NULL, 0, NULL, 0},
 	};
-	unsigned reps = 10, tokens = 10000, tp = 1, block = 128;
+	unsigned reps = 10, tokens = 10000, tp = 1, block = 128, reg_gib = 0;
 	const char *preset = "glm-4-9b-chat-1m";
 	int c;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -121,9 +154,10 @@ int main(int argc, char **argv)
 		case 'p': preset = optarg; break;
 		case 'T': tp = (unsigned)strtoul(optarg, NULL, 0); break;
 		case 'b': block = (unsigned)strtoul(optarg, NULL, 0); break;
+		case 'g': reg_gib = (unsigned)strtoul(optarg, NULL, 0); break;
 		default:
 			fprintf(stderr,
-				"usage: gpu_bench [--reps N] [--tokens N] [--preset NAME] [--tp N] [--block N]\n");
+				"usage: gpu_bench [--reps N] [--tokens N] [--preset NAME] [--tp N] [--block N] [--reg-gib N]\n");
 			return 2;
 		}
 	}
@@ -298,6 +332,8 @@ int main(int argc, char **argv)
 	free(slots);
 	free(times);
 	free(runs);
+	if (reg_gib)
+		rc = reg_bench(&w, reg_gib);
 out:
 	gpu_arena_destroy(&a);
 	gw_stop(&w);

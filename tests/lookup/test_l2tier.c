@@ -567,6 +567,39 @@ Test(l2tier, a_read_sent_before_the_first_tick_saw_the_disk_actor_is_not_aborted
 	cr_assert_eq(done.promoted, 1);
 }
 
+/*
+ * The first start of the disk actor (generation 0 when l2t_open looked, 1 at the next tick)
+ * is not a restart: that incarnation reads the L2_SYNC and the writes from the start of its
+ * ring. Taken for one, the tick asked for the whole list again and sent every write in
+ * flight a second time (disk_actor::a_full_reply_ring_never_stops_its_loop saw 194 sync
+ * answers for 97 when the lookup actor's first tick came late).
+ */
+Test(l2tier, the_first_start_of_the_disk_actor_is_not_a_restart)
+{
+	start_gen = 0;
+	build(true, false, 1);
+	struct kvr_index_ref r[2];
+	l1_holds(1, 2, r);
+	for (unsigned i = 0; i < 2; i++)
+		l2t_committed(t, key_of(1, i), 0, r[i].slot, r[i].epoch);
+	struct kvr_msg_l2 w;
+	(void)take(dreq, KVR_MSG_L2_WRITE, &w);
+	(void)take(dreq, KVR_MSG_L2_WRITE, &w);
+	atomic_store(&kvr_ctl_actor(act.ctl, DISK_ACTOR)->generation, 1); /* spawned after l2t_open */
+	struct l2t_done done;
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	struct kvr_msg m;
+	cr_assert_neq(kvr_ring_try_dequeue(dreq, &m), 0, "no second L2_SYNC, no write sent again (a %s went out)",
+		      kvr_msg_type_name(m.hdr.type));
+	cr_assert_eq(l2t_writes_inflight(t), 2);
+	cr_assert(l2t_has(t, key_of(0, 0), 0), "the list taken at open still holds");
+	/* a real restart after that still is one */
+	atomic_store(&kvr_ctl_actor(act.ctl, DISK_ACTOR)->generation, 2);
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	cr_assert_eq(kvr_ring_try_dequeue(dreq, &m), 0);
+	cr_assert_eq(m.hdr.type, KVR_MSG_L2_SYNC, "the successor is asked for its list");
+}
+
 /* Write-through to the shared tier: every committed lane is handed over once; a full ring
  * skips (and counts) instead of waiting. */
 Test(l2tier, remote_write_through_never_waits)

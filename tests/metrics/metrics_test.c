@@ -371,6 +371,11 @@ static void check_block(struct m_worker *w, uint32_t b, uint32_t as_block)
 
 void m_worker_attach(struct m_worker *w, const char *sock)
 {
+	m_worker_attach_engine(w, sock, NULL, NULL);
+}
+
+void m_worker_attach_engine(struct m_worker *w, const char *sock, const char *engine_id, const char *model_ns)
+{
 	memset(w, 0, sizeof(*w));
 	w->kv_fd = -1;
 	cr_assert_eq(kvr_geometry_fill_vllm_layer_major(&w->g, M_LAYERS, M_HEADS, M_HEAD_DIM, 2, M_BLOCK_TOKENS,
@@ -385,7 +390,7 @@ void m_worker_attach(struct m_worker *w, const char *sock)
 	cr_assert(kv != MAP_FAILED);
 	w->kv = kv;
 	struct kvr_attach_opts o = {.socket = sock, .geometry = &w->g, .kv_fd = w->kv_fd, .kv_bytes = w->kv_bytes,
-				    .timeout_ms = 5000};
+				    .timeout_ms = 5000, .engine_id = engine_id, .model_ns = model_ns};
 	int rc = kvr_attach(&o, &w->c);
 	cr_assert_eq(rc, 0, "kvr_attach: %s (%s)", strerror(-rc), kvr_last_error(NULL));
 }
@@ -478,4 +483,17 @@ void m_workload(struct m_worker *w)
 	cr_assert_eq(kvr_lookup(w->c, 12, t, PROMPT_TOKENS, NULL, 0, &lr), 0);
 	cr_assert_eq(lr.matched_blocks, 0);
 	cr_assert_eq(lr.matched_tokens, 0);
+}
+
+void m_fixture_init(struct h_inst *inst, struct m_worker *w)
+{
+	h_init(inst, 0700);
+	memset(w, 0, sizeof(*w));
+	w->kv_fd = -1;
+}
+
+void m_fixture_fini(struct h_inst *inst, struct m_worker *w)
+{
+	m_worker_close(w);
+	h_fini(inst);
 }

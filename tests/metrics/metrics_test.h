@@ -125,7 +125,21 @@ struct m_worker {
 };
 
 void m_worker_attach(struct m_worker *w, const char *sock);
+/* The same as a worker of engine engine_id with key namespace model_ns (NULL: the defaults). */
+void m_worker_attach_engine(struct m_worker *w, const char *sock, const char *engine_id, const char *model_ns);
 void m_worker_close(struct m_worker *w);
+
+/* The fixture every live-kvringd test of /metrics and its pages uses: `inst` (h_init with a
+ * fresh directory) and `worker` (none attached; closed after the test), a Criterion suite
+ * with them. In a test file that includes criterion.h. */
+void m_fixture_init(struct h_inst *inst, struct m_worker *w);
+void m_fixture_fini(struct h_inst *inst, struct m_worker *w);
+#define M_FIXTURE(suite_name, timeout_s)                                        \
+	static struct h_inst inst;                                              \
+	static struct m_worker worker = {.kv_fd = -1};                          \
+	static void m_setup(void) { m_fixture_init(&inst, &worker); }           \
+	static void m_teardown(void) { m_fixture_fini(&inst, &worker); }        \
+	TestSuite(suite_name, .init = m_setup, .fini = m_teardown, .timeout = timeout_s)
 
 /*
  * The workload whose counters the tests assert:

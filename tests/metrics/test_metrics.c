@@ -14,23 +14,7 @@
 
 #include "metrics_test.h"
 
-static struct h_inst inst;
-static struct m_worker worker = {.kv_fd = -1};
-
-static void setup(void)
-{
-	h_init(&inst, 0700);
-	memset(&worker, 0, sizeof(worker));
-	worker.kv_fd = -1;
-}
-
-static void teardown(void)
-{
-	m_worker_close(&worker);
-	h_fini(&inst);
-}
-
-TestSuite(metrics, .init = setup, .fini = teardown, .timeout = 30);
+M_FIXTURE(metrics, 30); /* inst and worker: a fresh instance directory, no worker yet */
 
 static unsigned threads_of(pid_t pid)
 {
@@ -136,10 +120,12 @@ Test(metrics, http_paths_and_methods)
 	cr_assert_eq(r.body_len, 0);
 	m_http_free(&r);
 
-	const char *not_found[] = {"/", "/metrics/", "/metricsx", "/favicon.ico"};
+	/* "/" and "/status" are served too (tests/metrics/test_status.c) */
+	const char *not_found[] = {"/metrics/", "/metricsx", "/favicon.ico", "/index.html"};
 	for (unsigned i = 0; i < 4; i++) {
 		cr_assert_eq(m_http(port, "GET", not_found[i], &r), 0);
 		cr_assert_eq(r.status, 404, "GET %s: %d", not_found[i], r.status);
+		cr_assert_str_eq(r.body, "not found: kvringd serves /, /status and /metrics\n");
 		m_http_free(&r);
 	}
 	const char *methods[] = {"POST", "PUT", "DELETE", "OPTIONS"};

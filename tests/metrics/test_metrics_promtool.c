@@ -10,23 +10,7 @@
 #include "metrics_test.h"
 #include "sup.h"
 
-static struct h_inst inst;
-static struct m_worker worker;
-
-static void setup(void)
-{
-	h_init(&inst, 0700);
-	memset(&worker, 0, sizeof(worker));
-	worker.kv_fd = -1;
-}
-
-static void teardown(void)
-{
-	m_worker_close(&worker);
-	h_fini(&inst);
-}
-
-TestSuite(metrics_promtool, .init = setup, .fini = teardown, .timeout = 30);
+M_FIXTURE(metrics_promtool, 30); /* inst and worker: a fresh instance directory, no worker yet */
 
 static void check(const char *text, const char *what)
 {

@@ -4,8 +4,10 @@
 
 Builds ``vllm.LLM(**kwargs)``, writes {"ready": true} to the reply fd, then answers each
 request line on stdin ({"prompts": [[token ids]...], "max_tokens": N}) with one reply
-line: per prompt the greedy output tokens, their logprobs, vLLM's num_cached_tokens and
-the time to first token (from vLLM's request metrics when it has them). EOF on stdin
+line: per prompt the greedy output tokens, their logprobs, vLLM's num_cached_tokens, the
+time to first token (from vLLM's request metrics when it has them) and the connector's
+kv_transfer_params. A request line may also carry, per prompt, "kv_transfer_params" (as a
+P/D proxy passes them on) and "cache_salt". EOF on stdin
 shuts the engine down. vLLM's own logs go to stdout/stderr (the test's log file), so the
 reply channel is a separate fd.
 """
@@ -36,10 +38,27 @@ def main() -> None:
     reply.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         req = json.loads(line)
-        sp = SamplingParams(temperature=0, max_tokens=int(req.get("max_tokens", 8)), logprobs=1)
+        max_tokens = int(req.get("max_tokens", 8))
+        # optional per prompt: kv_transfer_params (what a P/D proxy passes from a prefill's
+        # output to the decode request) and a cache salt (a prompt no cache shares)
+        kvp = req.get("kv_transfer_params") or [None] * len(req["prompts"])
+        salts = req.get("cache_salt") or [None] * len(req["prompts"])
+        sps = [
+            SamplingParams(
+                temperature=0,
+                max_tokens=max_tokens,
+                logprobs=1,
+                extra_args={"kv_transfer_params": k} if k is not None else None,
+            )
+            for k in kvp
+        ]
+        prompts = [
+            TokensPrompt(prompt_token_ids=p, cache_salt=salt) if salt else TokensPrompt(prompt_token_ids=p)
+            for p, salt in zip(req["prompts"], salts)
+        ]
         try:
             t0 = time.monotonic()
-            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in req["prompts"]], sp, use_tqdm=False)
+            outs = llm.generate(prompts, sps, use_tqdm=False)
             wall = time.monotonic() - t0
         except Exception as e:  # noqa: BLE001 - reported to the test, which fails with it
             reply.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
@@ -54,6 +73,7 @@ def main() -> None:
                     "logprobs": lps,
                     "num_cached_tokens": int(o.num_cached_tokens or 0),
                     "ttft_s": _ttft(o),
+                    "kv_transfer_params": getattr(o, "kv_transfer_params", None),
                 }
             )
         reply.write(json.dumps({"outputs": res, "wall_s": wall}) + "\n")

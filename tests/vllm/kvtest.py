@@ -154,6 +154,7 @@ class Kvringd:
         max_workers: int = 8,
         name: str = "kvringd",
         supervisor: dict[str, Any] | None = None,
+        l1_bytes: str = "256MiB",
     ) -> None:
         self.workdir = workdir
         self.socket = str(workdir / f"{name}.sock")
@@ -179,7 +180,7 @@ class Kvringd:
                 "tp_size": tp_size,
                 "kv_layout": "kv-fused",
             },
-            "l1": {"capacity_bytes": "256MiB", "huge_pages": False, "eviction": "lru"},
+            "l1": {"capacity_bytes": l1_bytes, "huge_pages": False, "eviction": "lru"},
             "metrics": {"enabled": True, "listen": f"127.0.0.1:{self.port}"},
         }
         cfg["supervisor"].update(supervisor or {})
@@ -428,15 +429,19 @@ class Engine:
         line, _, self._buf = self._buf.partition(b"\n")
         return json.loads(line)
 
-    def generate(self, prompts: list[list[int]], max_tokens: int = 8, timeout: float = 180) -> list[dict[str, Any]]:
-        """Greedy outputs: per prompt {'tokens', 'logprobs', 'num_cached_tokens', 'ttft_s'}."""
-        self.submit(prompts, max_tokens)
+    def generate(
+        self, prompts: list[list[int]], max_tokens: int = 8, timeout: float = 180, **per_prompt: Any
+    ) -> list[dict[str, Any]]:
+        """Greedy outputs: per prompt {'tokens', 'logprobs', 'num_cached_tokens', 'ttft_s',
+        'kv_transfer_params'}. per_prompt: kv_transfer_params=[...], cache_salt=[...]."""
+        self.submit(prompts, max_tokens, **per_prompt)
         return self.result(timeout)
 
-    def submit(self, prompts: list[list[int]], max_tokens: int = 8) -> None:
+    def submit(self, prompts: list[list[int]], max_tokens: int = 8, **per_prompt: Any) -> None:
         """Send a generate request without waiting for it (`result` collects it)."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps({"prompts": prompts, "max_tokens": max_tokens}) + "\n").encode())
+        req = {"prompts": prompts, "max_tokens": max_tokens, **per_prompt}
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
         self.proc.stdin.flush()
 
     def result(self, timeout: float = 180) -> list[dict[str, Any]]:

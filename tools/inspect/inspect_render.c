@@ -1,6 +1,8 @@
 /* inspect_render: copy a control segment's observable state (read-only) and print it as text or JSON. */
 #include "inspect_render.h"
 
+#include <kvring/kvring.h>
+
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -238,6 +240,8 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 		s->leases_taken = LD(&st->c[KVR_STAT_LK_LEASES_TAKEN]);
 		for (unsigned k = 0; k < 5; k++)
 			s->lease_ends[k] = LD(&st->c[ends[k]]);
+		for (unsigned k = 0; k < 6; k++)
+			s->miss_blocks[k] = LD(&st->c[KVR_STAT_LK_MISS_FIRST + k]);
 		s->remote.lk_reads = LD(&st->c[KVR_STAT_LK_RM_READS]);
 		s->remote.lk_read_fails = LD(&st->c[KVR_STAT_LK_RM_READ_FAILS]);
 		s->remote.lk_writes = LD(&st->c[KVR_STAT_LK_RM_WRITES]);
@@ -689,6 +693,11 @@ static void text_leases(FILE *out, const struct kvr_insp_snap *s)
 	pline(out, "  ended: loaded %" PRIu64 "  released %" PRIu64 "  expired %" PRIu64 "  refused %" PRIu64
 	      "  missing %" PRIu64, s->lease_ends[0], s->lease_ends[1], s->lease_ends[2], s->lease_ends[3],
 	      s->lease_ends[4]);
+	/* why the blocks leases asked for were not there (the first missing block's reason) */
+	pline(out, "  missed blocks: never_stored %" PRIu64 "  evicted %" PRIu64 "  in_flight %" PRIu64
+	      "  quorum %" PRIu64 "  l2_failed %" PRIu64 "  no_room %" PRIu64,
+	      s->miss_blocks[0], s->miss_blocks[1], s->miss_blocks[2], s->miss_blocks[3], s->miss_blocks[4],
+	      s->miss_blocks[5]);
 }
 
 /* The name of adoption reason r, NULL for payload_checksum (adoption reads headers only). */
@@ -1251,6 +1260,10 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 	kvr_jw_u64(&w, "expired", s->lease_ends[2]);
 	kvr_jw_u64(&w, "refused", s->lease_ends[3]);
 	kvr_jw_u64(&w, "missing", s->lease_ends[4]);
+	kvr_jw_object(&w, "missed_blocks");
+	for (unsigned k = 0; k < 6; k++)
+		kvr_jw_u64(&w, kvr_miss_reason_name(k + 1), s->miss_blocks[k]);
+	kvr_jw_end(&w);
 	kvr_jw_end(&w);
 
 	kvr_jw_array(&w, "rings");

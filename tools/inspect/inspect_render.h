@@ -162,6 +162,7 @@ struct kvr_insp_snap {
 	/* lookup leases (the lookup actor's counters): held now, granted, taken, and ended by
 	 * reason: loaded, released, expired, refused, missing */
 	uint64_t leases, leases_granted, leases_taken, lease_ends[5];
+	uint64_t miss_blocks[6]; /* blocks leases did not match, by reason (enum kvr_miss_reason 1..6) */
 	unsigned n_rings;
 	struct kvr_insp_ring rings[KVR_CTL_MAX_RINGS];
 	struct kvr_msg *msg_store; /* n_rings * max_msgs messages */

@@ -229,7 +229,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def ms(x: float | None) -> str:
-    if x is None or math.isnan(x):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return f"{x * 1e3:,.0f}" if x >= 0.1 else f"{x * 1e3:.1f}"
 

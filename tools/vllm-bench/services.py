@@ -2,7 +2,8 @@
 that no other vLLM is running while it measures.
 
 - `Kvringd`: kvringd on a private socket, configured for the bench model (block size =
-  vLLM's), /metrics on a free local port; `metrics()` scrapes it, `stop()` is SIGTERM.
+  vLLM's), /metrics on a free local port, optionally an L2 directory under its L1;
+  `metrics()` scrapes it, `stop()` is SIGTERM.
 - `LmcacheServer`: `lmcache server` (LMCache 0.5.6 MP mode, ZMQ) on free local ports.
 - `foreign_vllm()`: pids of vLLM processes that are not this bench's (neither its ancestors
   nor its descendants), e.g. another session's tests; `wait_for_quiet()` polls until there
@@ -268,7 +269,17 @@ def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
 class Kvringd:
     """kvringd with the bench model's geometry on a private socket, /metrics on."""
 
-    def __init__(self, build: Path, workdir: Path, *, block_tokens: int, l1_bytes: str, model: dict[str, int]):
+    def __init__(
+        self,
+        build: Path,
+        workdir: Path,
+        *,
+        block_tokens: int,
+        l1_bytes: str,
+        model: dict[str, int],
+        l2_dir: Path | None = None,
+        l2_bytes: str = "4GiB",
+    ):
         self.bin = build / "supervisor" / "kvringd"
         self.inspect_bin = build / "tools" / "inspect" / "kvring-inspect"
         self.dir = workdir
@@ -291,6 +302,16 @@ class Kvringd:
             "l1": {"capacity_bytes": l1_bytes},
             "metrics": {"enabled": True, "listen": f"127.0.0.1:{self.port}"},
         }
+        if l2_dir is not None:
+            # the disk tier under L1: every committed block written through, so a block
+            # evicted from L1 is promoted back from here (docs/l2.md)
+            self.config["l1"]["eviction"] = "lru"
+            self.config["l2"] = {
+                "dirs": [str(l2_dir)],
+                "capacity_bytes": l2_bytes,
+                "mode": "write-through",
+                "durability": "batch",
+            }
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

@@ -36,6 +36,17 @@ the exit status is 0 when every row ran and every output matched, 1 otherwise.
 Writes OUT/vllm-bench.json (everything, per request) and OUT/vllm-bench.png (gnuplot, or
 matplotlib when the venv has it), and prints the table. Each row's engine log is in
 OUT/logs/. Before each row it waits until no other vLLM process is running on the machine.
+
+`--serve` measures the way users do instead: per row a real `vllm serve` and `vllm bench
+serve` (random dataset, --num-prompts x --input-len, --concurrency requests in flight), a
+cold pass then a warm pass; `--evict` adds a row whose kvringd holds a third of the
+working set in L1 over an L2 directory, `--pd` a prefill/decode row (two servers and a
+proxy). serve.py says what and how; it writes OUT/vllm-bench-serve.json and .png
+(OUT defaults to build/vllm-bench-serve).
+
+    build/vllm-venv/bin/python tools/vllm-bench/vllm_bench.py --serve [--evict] [--pd]
+        [--rows baseline,kvring,lmcache,prefix] [--num-prompts 24] [--input-len 4096]
+        [--output-len 4] [--concurrency 4] [--store-wait-ms 1000] [--pd-bind 0,1]
 """
 
 from __future__ import annotations
@@ -357,7 +368,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="vllm-bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--rows", default=",".join(ROWS), help="which rows, comma-separated (default: all)")
+    ap.add_argument(
+        "--rows",
+        default=None,
+        help="which rows, comma-separated (default: baseline,kvring,lmcache,prefix; with --serve also evict, pd)",
+    )
     ap.add_argument("--sizes", default="1024,4096,8192", help="prompt sizes in tokens")
     ap.add_argument("--fresh", type=int, default=2, help="prompts of random tokens per size")
     ap.add_argument("--shared", type=int, default=1, help="prompts per size sharing half of the first fresh one")
@@ -386,10 +401,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--retries", type=int, default=2, help="times a disturbed row is measured again")
     ap.add_argument("--row-timeout", type=float, default=900, help="seconds one row may take")
     ap.add_argument("--build", type=Path, default=REPO / "build", help="kvring's build directory")
-    ap.add_argument("--out", type=Path, default=REPO / "build" / "vllm-bench", help="output directory")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="output directory (default: build/vllm-bench, --serve: build/vllm-bench-serve)"
+    )
     ap.add_argument("--model", type=Path, default=None, help="model directory (default: OUT/model, made once)")
     ap.add_argument("--plot", type=Path, default=None, help="PNG to write (default: OUT/vllm-bench.png)")
     ap.add_argument("--no-plot", action="store_true")
+    sv = ap.add_argument_group("serving mode (--serve: vllm serve + vllm bench serve, serve.py)")
+    sv.add_argument("--serve", action="store_true", help="measure real `vllm serve` with `vllm bench serve`")
+    sv.add_argument("--evict", action="store_true", help="add the evict row (L1 a third of the working set, L2 on)")
+    sv.add_argument("--pd", action="store_true", help="add the prefill/decode row (two servers, one kvringd, a proxy)")
+    sv.add_argument("--num-prompts", type=int, default=24, help="vllm bench serve --num-prompts")
+    sv.add_argument("--input-len", type=int, default=4096, help="--random-input-len (tokens per prompt)")
+    sv.add_argument("--concurrency", type=int, default=4, help="--max-concurrency")
+    sv.add_argument("--warmup", type=int, default=2, help="unrelated warm-up prompts per server, sent twice")
+    sv.add_argument("--store-wait-ms", type=int, default=1000, help="pd row: the connector's store_wait_ms")
+    sv.add_argument("--pd-bind", default="0,1", help="pd row: VLLM_CPU_OMP_THREADS_BIND of P and of D")
+    sv.add_argument("--start-timeout", type=float, default=600, help="seconds a server may take to answer /health")
+    sv.add_argument("--pass-timeout", type=float, default=1200, help="seconds one vllm bench serve pass may take")
     ap.add_argument(
         "--report",
         type=Path,
@@ -398,23 +427,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="measure nothing: summarize, print and plot an earlier run's JSON again",
     )
     args = ap.parse_args(argv)
+    args.serve = args.serve or args.evict or args.pd
+    if args.serve:
+        import serve
+
+        allowed = serve.SERVE_ROWS
+        args.rows = args.rows or ",".join(ROWS) + (",evict" if args.evict else "") + (",pd" if args.pd else "")
+        if args.input_len < 2 * args.block_size:
+            ap.error("--input-len must be at least two blocks")
+        try:
+            bind = [b.strip() for b in args.pd_bind.split(",")]
+            assert len(bind) == 2 and all(bind)
+        except AssertionError:
+            ap.error("--pd-bind wants two bindings, P's and D's: e.g. 0,1")
+        args.pd_bind = bind
+        default_out = REPO / "build" / "vllm-bench-serve"
+        png = "vllm-bench-serve.png"
+    else:
+        allowed = ROWS
+        args.rows = args.rows or ",".join(ROWS)
+        default_out = REPO / "build" / "vllm-bench"
+        png = "vllm-bench.png"
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     for r in args.rows:
-        if r not in ROWS:
-            ap.error(f"unknown row {r!r} (rows: {', '.join(ROWS)})")
+        if r not in allowed:
+            ap.error(f"unknown row {r!r} (rows: {', '.join(allowed)})")
     args.sizes = [int(s) for s in args.sizes.split(",")]
     if any(s < 2 * args.block_size or s % 2 for s in args.sizes):
         ap.error("every size must be even and at least two blocks")
-    args.out = args.out.resolve()
+    args.out = (args.out or default_out).resolve()
     args.build = args.build.resolve()
     args.model = (args.model or args.out / "model").resolve()
-    args.plot = (args.plot or args.out / "vllm-bench.png").resolve()
+    args.plot = (args.plot or args.out / png).resolve()
     return args
 
 
 def report_only(args: argparse.Namespace) -> int:
     """Summary, table and plot again from a JSON an earlier run wrote (its raw records)."""
     doc = json.loads(Path(args.report).read_text())
+    if doc.get("schema") == "serve-1":
+        import serve
+
+        return serve.report_only(Path(args.report), args)
     doc["summary"] = report.summarize(doc)
     Path(args.report).write_text(json.dumps(doc, indent=1))
     say(report.table(doc))
@@ -427,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report:
         return report_only(args)
+    if args.serve:
+        import serve
+
+        machine = {"cpu": cpu_model(), "cpus": os.cpu_count(), "kernel": platform.release()}
+        command = " ".join(["tools/vllm-bench/vllm-bench"] + (sys.argv[1:] if argv is None else argv))
+        return serve.main(args, versions(), machine, command)
     os.environ["KVR_BENCH_ROOT_PID"] = str(os.getpid())
     args.out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()

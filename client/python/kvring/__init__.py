@@ -3,10 +3,14 @@
 - `kvring.Worker`, `kvring.Scheduler`: the two kinds of kvringd clients (client.py);
 - `kvring.build_geometry`, `kvring.validate_geometry`: describe a worker's KV memory;
 - `kvring.vllm.KvringConnector`: vLLM's KVConnectorBase_V1 over them (imports vLLM only
-  when that subpackage is imported).
+  when that subpackage is imported);
+- `kvring.vllm_plugin`: vLLM's ``vllm.general_plugins`` entry point of an installed kvring,
+  registering the connector under the name ``KvringConnector`` (imported by vLLM, not here);
+- `kvring.ProtocolMismatch`: the attach error when kvringd speaks another protocol version.
 
-The binding is ctypes over ``libkvring.so`` (found as `kvring._lib.library_path` says),
-so nothing is compiled when the package is installed or imported.
+The binding is ctypes over ``libkvring.so`` (found as `kvring._lib.library_path` says: the
+wheel's own copy when installed from it, docs/packaging.md), so nothing is compiled when
+the package is installed or imported.
 """
 
 from ._lib import (
@@ -26,6 +30,7 @@ from .client import (
     KvringError,
     LoadDiag,
     LookupResult,
+    ProtocolMismatch,
     Scheduler,
     Worker,
 )
@@ -45,6 +50,7 @@ __all__ = [
     "KvringError",
     "LoadDiag",
     "LookupResult",
+    "ProtocolMismatch",
     "RegionSpec",
     "Scheduler",
     "Worker",

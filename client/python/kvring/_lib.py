@@ -7,10 +7,13 @@ types each exported function takes. No compiler is needed at run time.
 Where the library is found, first match wins:
 
 1. ``$KVRING_LIB``: the path of ``libkvring.so`` itself;
-2. ``$KVR_BUILD_ROOT/client/libkvring.so`` (what meson sets for the test suites);
-3. ``build/client/libkvring.so`` under the repository this package sits in
+2. ``lib/libkvring.so.0`` inside this package: the copy an installed wheel brings
+   (``tools/build-wheel.sh``, docs/packaging.md), built from the same tree as this Python
+   code. A source checkout has none, so there the order below is unchanged;
+3. ``$KVR_BUILD_ROOT/client/libkvring.so`` (what meson sets for the test suites);
+4. ``build/client/libkvring.so`` under the repository this package sits in
    (``client/python/kvring`` -> repository root three levels up);
-4. ``libkvring.so.0`` through the dynamic linker (an installed kvring).
+5. ``libkvring.so.0`` through the dynamic linker (an installed kvring).
 
 The struct mirrors follow ``include/kvring/kvring.h`` and ``kv/kvr_geometry.h``
 field for field. ``struct kvr_geometry`` is the attach payload, byte for byte, so its
@@ -186,6 +189,8 @@ class LookupResult(ctypes.Structure):
         ("hash_ns", _u64),
         ("index_ns", _u64),
         ("roundtrip_ns", _u64),
+        ("pending_blocks", _u32),
+        ("miss_reason", _u32),
     ]
 
 
@@ -306,6 +311,9 @@ _REQUIRED = (
     "kvr_geometry_fill_vllm_layer_major",
 )
 
+# where a wheel puts its libkvring (tools/mkwheel.py writes it there)
+BUNDLED = Path(__file__).resolve().parent / "lib" / "libkvring.so.0"
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _lib_path: str | None = None
@@ -316,6 +324,7 @@ def _candidates() -> list[str]:
     env = os.environ.get("KVRING_LIB")
     if env:
         return [env]  # an explicit choice is not second-guessed
+    out.append(str(BUNDLED))
     root = os.environ.get("KVR_BUILD_ROOT")
     if root:
         out.append(str(Path(root) / "client" / "libkvring.so"))
@@ -335,8 +344,8 @@ def library_path() -> str:
     if found:
         return found
     raise OSError(
-        "libkvring.so not found: set KVRING_LIB to its path, or KVR_BUILD_ROOT to the meson "
-        "build directory (tried " + ", ".join(_candidates()) + " and the dynamic linker)"
+        "libkvring.so not found: install the kvring wheel, set KVRING_LIB to its path, or "
+        "KVR_BUILD_ROOT to the meson build directory (tried " + ", ".join(_candidates()) + " and the dynamic linker)"
     )
 
 

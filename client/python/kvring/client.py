@@ -23,6 +23,7 @@ import array
 import ctypes
 import errno as _errno
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,9 @@ from . import _lib
 from ._lib import Geometry
 
 __all__ = [
+    "MISS_REASONS",
     "KvringError",
+    "ProtocolMismatch",
     "LookupResult",
     "LoadDiag",
     "Completion",
@@ -57,6 +60,46 @@ class KvringError(OSError):
         return f"[{name}] {self.strerror}"
 
 
+class ProtocolMismatch(KvringError):
+    """Attach refused because kvringd speaks another protocol version (errno EPROTO).
+
+    ``kvringd_protocol`` and ``protocol`` are the two versions (kvr_proto.h's
+    KVR_PROTO_VERSION of each side); the message says which to upgrade.
+    """
+
+    def __init__(self, socket: str, kvringd_protocol: int, protocol: int, library_version: str):
+        from . import __version__  # the package is fully imported by the time anyone attaches
+
+        self.socket = socket
+        self.kvringd_protocol = kvringd_protocol
+        self.protocol = protocol
+        msg = (
+            f"kvringd at {socket} speaks protocol {kvringd_protocol}, this kvring {__version__} speaks "
+            f"{protocol}: upgrade kvringd (or the kvring package) so both match"
+        )
+        if library_version != __version__:  # KVRING_LIB or KVR_BUILD_ROOT chose another build
+            msg += f" (its libkvring {library_version} is {_lib.library_path()})"
+        super().__init__(_errno.EPROTO, msg)
+
+
+# libkvring's reason for a version mismatch at attach (client/client.c, recv_attach_reply)
+_MISMATCH = re.compile(r"kvringd at (.+) speaks protocol (\d+), this libkvring (\S+) speaks (\d+)")
+
+
+def _attach_error(rc: int, what: str, socket: str | None) -> KvringError:
+    """The exception of a failed kvr_attach / kvr_attach_scheduler (its reason is
+    kvr_last_error(NULL): the client is gone)."""
+    reason = _lib.library().kvr_last_error(None).decode(errors="replace")
+    m = _MISMATCH.search(reason) if rc == -_errno.EPROTO else None
+    if m:
+        return ProtocolMismatch(m.group(1), int(m.group(2)), int(m.group(4)), m.group(3))
+    return KvringError(-rc, f"{what} to {socket or 'the default socket'}: {reason or os.strerror(-rc)}")
+
+
+# enum kvr_miss_reason (include/kvring/kvring.h), by number
+MISS_REASONS = ("none", "never_stored", "evicted", "in_flight", "quorum", "l2_failed", "no_room")
+
+
 @dataclass(frozen=True)
 class LookupResult:
     """What a lookup or lease found (struct kvr_lookup_result)."""
@@ -67,10 +110,26 @@ class LookupResult:
     hash_ns: int
     index_ns: int
     roundtrip_ns: int
+    pending_blocks: int = 0  # lease only: blocks after the match a store is writing now
+    miss_reason: int = 0  # lease only: enum kvr_miss_reason of the first block not matched (MISS_REASONS)
+
+    @property
+    def miss(self) -> str:
+        """The miss reason's name: 'none' when every block matched (kvring.h, enum kvr_miss_reason)."""
+        return MISS_REASONS[self.miss_reason] if self.miss_reason < len(MISS_REASONS) else "unknown"
 
     @classmethod
     def _from(cls, r: _lib.LookupResult) -> LookupResult:
-        return cls(r.matched_tokens, r.matched_blocks, r.l2_blocks, r.hash_ns, r.index_ns, r.roundtrip_ns)
+        return cls(
+            r.matched_tokens,
+            r.matched_blocks,
+            r.l2_blocks,
+            r.hash_ns,
+            r.index_ns,
+            r.roundtrip_ns,
+            r.pending_blocks,
+            r.miss_reason,
+        )
 
 
 @dataclass(frozen=True)
@@ -319,8 +378,7 @@ class Worker(_Client):
         c = ctypes.c_void_p()
         rc = self._lib.kvr_attach(ctypes.byref(opts), ctypes.byref(c))
         if rc < 0:
-            reason = self._lib.kvr_last_error(None).decode(errors="replace")
-            raise KvringError(-rc, f"attach to {socket or 'the default socket'}: {reason or os.strerror(-rc)}")
+            raise _attach_error(rc, "attach", socket)
         self._c = c
         self._cbuf = (_lib.Completion * 64)()
 
@@ -459,10 +517,7 @@ class Scheduler(_Client):
         c = ctypes.c_void_p()
         rc = fn(ctypes.byref(opts), ctypes.byref(c))
         if rc < 0:
-            reason = self._lib.kvr_last_error(None).decode(errors="replace")
-            raise KvringError(
-                -rc, f"scheduler attach to {socket or 'the default socket'}: {reason or os.strerror(-rc)}"
-            )
+            raise _attach_error(rc, "scheduler attach", socket)
         self._c = c
 
     def lease(

@@ -99,8 +99,9 @@ class KvringConnector(KVConnectorBase_V1):
             )
         if not os.path.exists(self.cfg.socket):
             raise RuntimeError(
-                f"kvring: kvringd socket {self.cfg.socket} does not exist (kv_connector_extra_config.socket): "
-                "start kvringd with that instance.socket, or point the connector at its socket"
+                f"kvring: kvringd socket {self.cfg.socket} does not exist ({self.cfg.socket_from}): start kvringd "
+                "with that instance.socket (or the kvring service), or point the connector at its socket "
+                "(kv_connector_extra_config.socket or $KVRING_SOCKET)"
             )
         pc = vllm_config.parallel_config
         if getattr(pc, "pipeline_parallel_size", 1) > 1:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ..client import KvringError, Scheduler
 from .config import ConnectorConfig
 from .metadata import KvringConnectorMetadata, LoadSpec, StoreSpec, lease_id, store_id
+from .reattach import ReattachLog
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -65,6 +66,10 @@ def request_extra(request: Request) -> bytes | None:
     return b"\0".join(parts) if parts else None
 
 
+STATS_EVERY_S = 60  # lease statistics at most this often (INFO)
+WAIT_POLL_S = 0.002  # a request waiting for a store leases again at most this often (vLLM asks every step)
+
+
 @dataclass
 class _Lease:
     lease_id: int
@@ -90,7 +95,13 @@ class SchedulerSide:
         self._storing: set[str] = set()  # requests whose blocks vLLM holds for our store
         self._null_block = 0
         self._lease_ns: list[int] = []  # recent kvr_lease call times, for the shutdown line
+        self._waiting: dict[str, float] = {}  # requests waiting for a store in flight: since (monotonic)
+        self._wait_poll: dict[str, float] = {}  # when a waiting request may lease again
+        self.wait_stats = {"waited": 0, "served": 0, "timed_out": 0}
+        self._stats_next = time.monotonic() + STATS_EVERY_S
+        self._stats_mark = 0
         self._missed_logged = False
+        self._reattach = ReattachLog(log, "scheduler", cfg.socket, cfg.reattach_interval_ms)
         self._attach(first=True)
 
     # ---- the kvringd connection ----
@@ -107,12 +118,7 @@ class SchedulerSide:
             if first:
                 raise RuntimeError(f"kvring: scheduler cannot attach to kvringd at {self.cfg.socket}: {e}") from e
             self._next_attach = time.monotonic() + self.cfg.reattach_interval_ms / 1000
-            log.warning(
-                "kvring: scheduler attach to %s failed (%s); next try in %d ms",
-                self.cfg.socket,
-                e,
-                self.cfg.reattach_interval_ms,
-            )
+            self._reattach.failed(e)
             return None
         bt = c.block_tokens
         if bt != self.block_size:
@@ -128,7 +134,7 @@ class SchedulerSide:
             self._next_attach = time.monotonic() + self.cfg.reattach_interval_ms / 1000
             return None
         if not first:
-            log.warning("kvring: scheduler attached to kvringd at %s again", self.cfg.socket)
+            self._reattach.attached()
         self._client = c
         self._leased.clear()  # a new instance holds none of our old leases
         return c
@@ -166,13 +172,15 @@ class SchedulerSide:
             self._tokens[request.request_id] = a
         return a
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         rid = request.request_id
         bs = self.block_size
         cap = (request.num_prompt_tokens // bs) * bs  # lease every full block of the prompt
         if request.prompt_token_ids is None or min(cap, request.num_tokens - 1) <= num_computed_tokens:
             self._drop_lease(rid)
             return 0, False
+        if rid in self._waiting and time.monotonic() < self._wait_poll.get(rid, 0.0):
+            return None, False  # waiting for a store: look again at most every WAIT_POLL_S
         tokens = memoryview(self._prompt(request))[:cap]
         lid = lease_id(rid)
         extra = request_extra(request)
@@ -196,6 +204,17 @@ class SchedulerSide:
                 self._note_lease_time(time.perf_counter_ns() - t0)
         assert r is not None
         self._leased.add(rid)
+        if self._wait_for_store(request, r, cap):
+            self._drop_lease(rid)
+            return None, False  # vLLM asks again on a later step; nothing is computed meanwhile
+        if r.miss_reason and log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "kvring: request %s: %d of %d tokens matched; the next block: %s",
+                rid,
+                r.matched_tokens,
+                cap,
+                r.miss,
+            )
         # at least the last token is vLLM's to compute; the block holding it is loaded whole
         matched = min(r.matched_tokens, cap, request.num_tokens - 1)
         if matched <= num_computed_tokens:
@@ -203,6 +222,64 @@ class SchedulerSide:
             return 0, False
         self._leases[rid] = _Lease(lid, matched, num_computed_tokens)
         return matched - num_computed_tokens, False
+
+    def _wait_for_store(self, request: Request, r: Any, cap: int) -> bool:
+        """Whether to answer "ask again later" instead of recomputing what a store in flight
+        is about to make visible (prefill/decode on one node, docs/vllm.md): the lease found
+        blocks right after its match that a store is writing now (r.pending_blocks), or the
+        request names, in its kv_transfer_params, a prefill engine's store that covers more
+        than the lease matched. Bounded by store_wait_ms from the first time it waited; a
+        producer that died leaves the blocks uncommitted, and the request then recomputes."""
+        rid = request.request_id
+        bs = self.block_size
+        want = 0
+        params = getattr(request, "kv_transfer_params", None)
+        if isinstance(params, dict) and isinstance(params.get("kvring"), dict):
+            try:
+                want = min(int(params["kvring"].get("stored_tokens", 0)) // bs * bs, cap)
+            except (TypeError, ValueError):
+                want = 0
+        behind = r.pending_blocks > 0 or r.matched_tokens < want
+        since = self._waiting.get(rid)
+        if not behind or self.cfg.store_wait_ms <= 0:
+            if since is not None:
+                del self._waiting[rid]
+                self._wait_poll.pop(rid, None)
+                self.wait_stats["served"] += 1
+                log.debug(
+                    "kvring: request %s waited %.1f ms for a store in flight: %d tokens matched",
+                    rid,
+                    (time.monotonic() - since) * 1e3,
+                    r.matched_tokens,
+                )
+            return False
+        now = time.monotonic()
+        self._wait_poll[rid] = now + WAIT_POLL_S  # only a waiting request has a poll time
+        if since is None:
+            self._waiting[rid] = now
+            self.wait_stats["waited"] += 1
+            log.debug(
+                "kvring: request %s: %d tokens matched, %d blocks being stored, %d tokens announced: waiting",
+                rid,
+                r.matched_tokens,
+                r.pending_blocks,
+                want,
+            )
+            return True
+        if (now - since) * 1e3 < self.cfg.store_wait_ms:
+            return True
+        del self._waiting[rid]
+        self._wait_poll.pop(rid, None)
+        self.wait_stats["timed_out"] += 1
+        log.info(
+            "kvring: request %s waited %d ms (store_wait_ms) for a store that did not commit: %d of %d tokens "
+            "matched, the rest is recomputed",
+            rid,
+            self.cfg.store_wait_ms,
+            r.matched_tokens,
+            max(want, r.matched_tokens + r.pending_blocks * bs),
+        )
+        return False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         rid = request.request_id
@@ -232,6 +309,8 @@ class SchedulerSide:
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
+        self._waiting.pop(rid, None)
+        self._wait_poll.pop(rid, None)
         self._leases.pop(rid, None)
         self._drop_lease(rid)
         tokens = self._tokens.pop(rid, None)
@@ -248,7 +327,9 @@ class SchedulerSide:
             StoreSpec(rid, store_id(rid), tokens[:n].tolist(), list(block_ids[: n // bs]), request_extra(request))
         )
         self._storing.add(rid)
-        return True, None
+        # what a decode engine given these params (vLLM's P/D proxies pass a prefill's
+        # kv_transfer_params on) waits for instead of recomputing: docs/vllm.md
+        return True, {"kvring": {"stored_tokens": n}}
 
     def update_connector_output(self, connector_output: Any) -> None:
         for rid in connector_output.finished_sending or ():
@@ -281,10 +362,30 @@ class SchedulerSide:
         self._lease_ns.append(ns)
         if len(self._lease_ns) > 20000:
             del self._lease_ns[:10000]
+            self._stats_mark = max(0, self._stats_mark - 10000)
+        now = time.monotonic()
+        if now >= self._stats_next:
+            # vLLM kills EngineCore at exit: the shutdown line alone is never seen under `vllm serve`
+            self._stats_next = now + STATS_EVERY_S
+            st = self.lease_stats(self._lease_ns[self._stats_mark :])
+            self._stats_mark = len(self._lease_ns)
+            w = self.wait_stats
+            log.info(
+                "kvring: scheduler: %d leases in the last %d s: p50 %.1f us, p99 %.1f us, max %.1f us; "
+                "%d requests waited for a store in flight (%d served from it, %d gave up)",
+                st["n"],
+                STATS_EVERY_S,
+                st["p50_us"],
+                st["p99_us"],
+                st["max_us"],
+                w["waited"],
+                w["served"],
+                w["timed_out"],
+            )
 
-    def lease_stats(self) -> dict[str, float]:
+    def lease_stats(self, sample: list[int] | None = None) -> dict[str, float]:
         """p50/p99/max of recent lease calls in microseconds (what get_num_new_matched_tokens costs)."""
-        s = sorted(self._lease_ns)
+        s = sorted(self._lease_ns if sample is None else sample)
         if not s:
             return {}
         return {
@@ -303,6 +404,14 @@ class SchedulerSide:
                 st["p50_us"],
                 st["p99_us"],
                 st["max_us"],
+            )
+        w = self.wait_stats
+        if w["waited"]:
+            log.info(
+                "kvring: %d requests waited for a store in flight: %d served from it, %d gave up after store_wait_ms",
+                w["waited"],
+                w["served"],
+                w["timed_out"],
             )
         if self._client is not None:
             self._client.detach()

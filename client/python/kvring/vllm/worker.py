@@ -57,6 +57,9 @@ from .kvmem import (
     device_uuid,
 )
 from .metadata import KvringConnectorMetadata, LoadSpec
+from .reattach import ReattachLog
+
+STATS_EVERY_S = 60  # a summary of the load steps at most this often (INFO)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -88,6 +91,7 @@ class WorkerSide:
         self._attach_kw: dict[str, Any] | None = None
         self.derived: DerivedGeometry | None = None
         self._next_attach = 0.0
+        self._reattach = ReattachLog(log, f"TP rank {self.tp_rank}", self.cfg.socket, self.cfg.reattach_interval_ms)
         self._load_errors: set[int] = set()
         self._stores: dict[int, str] = {}  # kvring store id -> vLLM request id, in flight
         self._store_t: dict[int, float] = {}  # store id -> when it was submitted (monotonic)
@@ -96,6 +100,10 @@ class WorkerSide:
         self._done: set[str] = set()  # stores completed (or given up), not yet reported
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()  # finished, seen
         self._load_ns: list[int] = []  # per step with loads: start_load_kv's load time (submit to all done)
+        self._step_bytes = 0  # the current load step's bytes and copy time (completions' diagnostics)
+        self._step_copy_ns = 0
+        self._stats_next = time.monotonic() + STATS_EVERY_S
+        self._stats_mark = 0
         self._waiting: dict[int, LoadSpec] = {}  # this step's loads in flight, by lease id
         self._null = 0  # this step's null block
         self.stats: collections.Counter[str] = collections.Counter()
@@ -230,22 +238,11 @@ class WorkerSide:
         if self._client is None and self.derived is not None and (now or time.monotonic() >= self._next_attach):
             try:
                 self._client = self._new_client()
-                log.warning(
-                    "kvring: TP rank %d attached to kvringd at %s again (worker slot %d)",
-                    self.tp_rank,
-                    self.cfg.socket,
-                    self._client.slot,
-                )
+                self._reattach.attached(f" (worker slot {self._client.slot})")
                 self.stats["reattached"] += 1
             except KvringError as e:
                 self._next_attach = time.monotonic() + self.cfg.reattach_interval_ms / 1000
-                log.warning(
-                    "kvring: TP rank %d attach to %s failed (%s); next try in %d ms",
-                    self.tp_rank,
-                    self.cfg.socket,
-                    e,
-                    self.cfg.reattach_interval_ms,
-                )
+                self._reattach.failed(e)
         return self._client
 
     # ---- loads ----
@@ -299,13 +296,53 @@ class WorkerSide:
 
     def _load(self, meta: KvringConnectorMetadata) -> None:
         t0 = time.perf_counter_ns()
+        self._step_bytes = self._step_copy_ns = 0
         try:
             self._load_step(meta)
         finally:
             self._waiting.clear()
-            self._load_ns.append(time.perf_counter_ns() - t0)
+            dt = time.perf_counter_ns() - t0
+            self._load_ns.append(dt)
             if len(self._load_ns) > 20000:
                 del self._load_ns[:10000]
+                self._stats_mark = max(0, self._stats_mark - 10000)
+            self.stats["load_bytes"] += self._step_bytes
+            # what a slow step was made of: under concurrency several prompts load in one step
+            log.debug(
+                "kvring: TP rank %d step: %d loads, %d blocks, %.1f MiB in %.2f ms (copy %.2f ms)",
+                self.tp_rank,
+                len(meta.loads),
+                sum(len(sp.block_ids) - sp.skip for sp in meta.loads),
+                self._step_bytes / (1 << 20),
+                dt / 1e6,
+                self._step_copy_ns / 1e6,
+            )
+            self._periodic()
+
+    def _periodic(self) -> None:
+        """Every STATS_EVERY_S, what the last period's load steps took (vLLM kills its engine
+        processes at exit, so a summary at shutdown alone is never seen under `vllm serve`)."""
+        now = time.monotonic()
+        if now < self._stats_next:
+            return
+        self._stats_next = now + STATS_EVERY_S
+        recent = self._load_ns[self._stats_mark :]
+        self._stats_mark = len(self._load_ns)
+        if not recent:
+            return
+        s = sorted(recent)
+        log.info(
+            "kvring: TP rank %d: %d load steps in the last %d s: p50 %.2f ms, p99 %.2f ms, max %.2f ms; "
+            "%d loads, %.1f MiB loaded in all",
+            self.tp_rank,
+            len(s),
+            STATS_EVERY_S,
+            s[len(s) // 2] / 1e6,
+            s[min(len(s) - 1, (len(s) * 99) // 100)] / 1e6,
+            s[-1] / 1e6,
+            self.stats["loads"],
+            self.stats["load_bytes"] / (1 << 20),
+        )
 
     def _load_step(self, meta: KvringConnectorMetadata) -> None:
         self._null = meta.null_block
@@ -379,6 +416,8 @@ class WorkerSide:
         spec = self._waiting.pop(comp.req_id, None)
         if spec is None:
             return  # a load whose step gave up on it
+        self._step_bytes += comp.diag.bytes
+        self._step_copy_ns += comp.diag.copy_ns
         if comp.failed:
             log.warning(
                 "kvring: %d of %d blocks of request %s did not load (status %d): recomputing",
