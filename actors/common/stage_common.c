@@ -114,6 +114,8 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned wor
 		kvr_err("worker %u: rings %s / %s not found", sw->worker, req_fmt, rep_fmt);
 		return -ENOENT;
 	}
+	kvr_outbox_init(&sw->out, sw->rep);
+	sw->out_open = true;
 
 	sw->regions = calloc(sw->geom.n_regions, sizeof(*sw->regions));
 	if (!sw->regions)
@@ -213,6 +215,15 @@ void stage_worker_close(struct stage_worker *sw)
 		kvr_actor_populate_forget(sw->a, base);
 	kvr_xfer_close(sw->xfer);
 	kvr_cuda_events_unmap(&sw->events);
+	if (sw->out_open) {
+		/* answers queued behind a client that stopped reading: a last chance, then dropped */
+		uint32_t dropped = kvr_outbox_drain(&sw->out, kvr_ms_to_ns(sw->a->cfg.timeouts.reply_ms));
+		if (dropped)
+			kvr_warn("worker %u: %u replies dropped at exit (its client does not read %s)", sw->worker,
+				 dropped, sw->rep->shm->name);
+		kvr_outbox_free(&sw->out);
+		sw->out_open = false;
+	}
 	if (sw->pidfd >= 0)
 		(void)close(sw->pidfd);
 	sw->pidfd = -1;
@@ -296,72 +307,100 @@ static void add_stats(struct kvr_xfer_stats *st, const struct kvr_xfer_stats *s)
 	st->queue_ns += s->queue_ns;
 }
 
+int stage_copy_start(struct stage_copy *c, struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir,
+		     const uint32_t *const *blocks, const uint64_t *slot_offs, uint32_t n,
+		     const struct kvr_xfer_dep *const *ready, const uint64_t *wire, struct kvr_xfer_stats *st)
+{
+	memset(c, 0, sizeof(*c));
+	if (!n_ranks || n_ranks > KVR_ACTOR_MAX_KV)
+		return -EINVAL;
+	*c = (struct stage_copy){.sw = sw, .n_ranks = n_ranks, .dir = dir, .blocks = blocks, .slot_offs = slot_offs,
+				 .n = n, .ready = ready, .wire = wire, .st = st, .depth = KVR_XFER_MAX_INFLIGHT,
+				 .chunk = UINT32_MAX};
+	for (unsigned r = 0; r < n_ranks; r++) {
+		if (sw[r]->pool_leases < c->depth)
+			c->depth = sw[r]->pool_leases;
+		if (sw[r]->chunk_blocks < c->chunk)
+			c->chunk = sw[r]->chunk_blocks;
+	}
+	return 0;
+}
+
+bool stage_copy_can_submit(const struct stage_copy *c)
+{
+	return !c->rc && c->done < c->n && c->inflight < c->depth;
+}
+
+bool stage_copy_submit(struct stage_copy *c)
+{
+	/* the fence, before every chunk: a cancel, detach or death stops the copy here */
+	for (unsigned r = 0; c->wire && stage_copy_can_submit(c) && r < c->n_ranks; r++)
+		c->rc = stage_fence(c->sw[r], c->wire[r], false);
+	if (!stage_copy_can_submit(c))
+		return false;
+	uint32_t k = c->n - c->done < c->chunk ? c->n - c->done : c->chunk;
+	uint64_t *t = c->tickets[(c->head + c->inflight) % c->depth];
+	for (unsigned r = 0; r < c->n_ranks; r++) {
+		t[r] = 0; /* 0: nothing of this rank in flight (not submitted, or already reaped) */
+		if (c->rc)
+			continue;
+		int nr = plan_chunk(c->sw[r], c->dir, c->blocks[r] + c->done, c->slot_offs + c->done, k);
+		c->rc = nr < 0 ? nr
+			       : kvr_xfer_submit(c->sw[r]->xfer, c->dir, c->sw[r]->runs, (size_t)nr,
+						 c->ready ? c->ready[r] : NULL, &t[r]);
+	}
+	/* a chunk that failed half-way is still reaped: what it submitted finishes before its
+	 * lease or its slots are reused */
+	c->inflight++;
+	if (c->rc)
+		return true;
+	c->done += k;
+	for (unsigned r = 0; r < c->n_ranks; r++)
+		kvr_actor_count(c->sw[r]->a, KVR_STAT_XF_CHUNKS, 1);
+	return true;
+}
+
+int stage_copy_reap(struct stage_copy *c, bool wait)
+{
+	if (!c->inflight)
+		return 0;
+	uint64_t *t = c->tickets[c->head];
+	for (unsigned r = 0; r < c->n_ranks; r++) {
+		if (!t[r])
+			continue;
+		struct kvr_xfer_stats s = {0};
+		int rc = wait ? kvr_xfer_wait(c->sw[r]->xfer, t[r], -1, &s) : kvr_xfer_poll(c->sw[r]->xfer, t[r], &s);
+		if (rc == -EAGAIN)
+			return -EAGAIN; /* chunks complete in order: nothing later is looked at */
+		t[r] = 0;
+		if (rc && !c->rc)
+			c->rc = rc;
+		add_stats(&c->st[r], &s);
+	}
+	c->head = (c->head + 1) % c->depth;
+	c->inflight--;
+	return 1;
+}
+
 int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir, const uint32_t *const *blocks,
 		      const uint64_t *slot_offs, uint32_t n, const struct kvr_xfer_dep *const *ready,
 		      const uint64_t *wire, struct kvr_xfer_stats *st)
 {
-	/* Up to pool_leases chunks in flight; each waits for its copies before the lease is
-	 * reused. A chunk is submitted for every rank before any of it is waited for, so the
-	 * ranks' copies overlap (on CUDA: each rank's GPU over its own link). The host backend
-	 * completes inside submit, the CUDA one asynchronously. */
-	uint64_t tickets[KVR_XFER_MAX_INFLIGHT][KVR_ACTOR_MAX_KV];
-	uint32_t depth = KVR_XFER_MAX_INFLIGHT, chunk = UINT32_MAX;
-	if (!n_ranks || n_ranks > KVR_ACTOR_MAX_KV)
-		return -EINVAL;
-	for (unsigned r = 0; r < n_ranks; r++) {
-		if (sw[r]->pool_leases < depth)
-			depth = sw[r]->pool_leases;
-		if (sw[r]->chunk_blocks < chunk)
-			chunk = sw[r]->chunk_blocks;
-	}
-	uint32_t head = 0, inflight = 0, done = 0;
-	int rc = 0;
-	for (;;) {
-		/* after an error nothing more is issued; what is in flight is still reaped */
-		/* the fence, before every chunk: a cancel, detach or death stops the copy here */
-		for (unsigned r = 0; wire && !rc && done < n && inflight < depth && r < n_ranks; r++)
-			rc = stage_fence(sw[r], wire[r], false);
-		if (!rc && done < n && inflight < depth) {
-			uint32_t k = n - done < chunk ? n - done : chunk, at = (head + inflight) % depth;
-			unsigned submitted = 0;
-			for (unsigned r = 0; r < n_ranks && !rc; r++) {
-				int nr = plan_chunk(sw[r], dir, blocks[r] + done, slot_offs + done, k);
-				if (nr < 0)
-					rc = nr;
-				else
-					rc = kvr_xfer_submit(sw[r]->xfer, dir, sw[r]->runs, (size_t)nr, ready ? ready[r] : NULL,
-							     &tickets[at][r]);
-				if (!rc)
-					submitted++;
-			}
-			if (rc) {
-				/* this chunk's copies already submitted finish before anything is reused */
-				for (unsigned r = 0; r < submitted; r++) {
-					struct kvr_xfer_stats s = {0};
-					(void)kvr_xfer_wait(sw[r]->xfer, tickets[at][r], -1, &s);
-					add_stats(&st[r], &s);
-				}
-				continue;
-			}
-			inflight++;
-			done += k;
-			for (unsigned r = 0; r < n_ranks; r++)
-				kvr_actor_count(sw[r]->a, KVR_STAT_XF_CHUNKS, 1);
-			continue;
-		}
-		if (!inflight)
+	struct stage_copy *c = malloc(sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	int rc = stage_copy_start(c, sw, n_ranks, dir, blocks, slot_offs, n, ready, wire, st);
+	while (!rc) {
+		while (stage_copy_submit(c))
+			;
+		if (!c->inflight)
 			break;
 		kvr_actor_beat(sw[0]->a); /* one chunk at a time: busy, not stuck */
-		for (unsigned r = 0; r < n_ranks; r++) {
-			struct kvr_xfer_stats s = {0};
-			int wrc = kvr_xfer_wait(sw[r]->xfer, tickets[head][r], -1, &s);
-			if (wrc && !rc)
-				rc = wrc;
-			add_stats(&st[r], &s);
-		}
-		head = (head + 1) % depth;
-		inflight--;
+		(void)stage_copy_reap(c, true);
 	}
+	if (!rc)
+		rc = c->rc;
+	free(c);
 	return rc;
 }
 
@@ -372,14 +411,26 @@ void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int stat
 	kvr_actor_count(sw->a, KVR_STAT_XF_FAILED_BLOCKS, n_failed);
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0, body, body_len);
-	uint64_t now = kvr_now_ns(), deadline = now + kvr_ms_to_ns(sw->a->cfg.timeouts.reply_ms);
+	uint64_t now = kvr_now_ns();
 	kvr_hist_observe(kvr_stats_hist(sw->a->stats, KVR_STAT_XF_HIST_FIRST), now - first_ns);
-	int rc = kvr_msg_send(sw->rep, &m, deadline);
+	uint64_t pass_now = sw->a->now_ns ? sw->a->now_ns : now; /* the outbox runs on the loop's clock */
+	int rc = kvr_outbox_send(&sw->out, &m, pass_now);
 	if (!rc && n_failed)
-		rc = kvr_list_send(sw->rep, KVR_MSG_BLOCKS, wire, 0, failed, n_failed, deadline);
+		rc = kvr_outbox_send_list(&sw->out, KVR_MSG_BLOCKS, wire, 0, 0, failed, n_failed, pass_now);
 	if (rc)
-		kvr_err("worker %u does not read its %s replies (%s): reply to request %llx dropped", sw->worker,
-			kvr_msg_type_name(type), strerror(-rc), (unsigned long long)wire);
+		kvr_err("worker %u: reply %s to request %llx dropped (%u replies queued for its client)", sw->worker,
+			kvr_msg_type_name(type), (unsigned long long)wire, sw->out.n);
+}
+
+int stage_worker_pass(struct stage_worker *sw, uint64_t now)
+{
+	if (!sw->out_open || !kvr_outbox_pending(&sw->out))
+		return KVR_PASS_IDLE;
+	uint32_t before = sw->out.n;
+	bool waits = kvr_outbox_pass(&sw->out, now, kvr_ms_to_ns(sw->a->cfg.timeouts.reply_ms));
+	if (sw->out.n < before && !waits)
+		return KVR_PASS_MOVED;
+	return waits ? KVR_PASS_WAITING : KVR_PASS_IDLE;
 }
 
 bool stage_wire_current(const struct kvr_actor *a, uint64_t wire)

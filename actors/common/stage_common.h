@@ -14,10 +14,6 @@
 #include "kvr_outbox.h"
 #include "kvr_xfer.h"
 
-/* A reply ring that stays full this long means the client stopped reading: the reply is
- * dropped and logged (the client's own timeout has long fired by then). */
-
-
 struct stage_worker {
 	struct kvr_actor *a;
 	unsigned worker;              /* worker slot served */
@@ -37,6 +33,8 @@ struct stage_worker {
 	uint32_t chunk_blocks;        /* blocks per staging lease */
 	uint32_t pool_leases;         /* leases in this direction's pool */
 	struct kvr_ring *req, *rep;
+	struct kvr_outbox out;        /* replies on rep: queued while the client's ring is full */
+	bool out_open;
 	bool cuda;                    /* the worker's KV memory is GPU memory (CUDA IPC) */
 	struct kvr_cuda_events events;/* CUDA: the producer events of its stores */
 	/* the fence (stage_fence): the worker as it was when this stage opened */
@@ -80,18 +78,63 @@ void stage_worker_close(struct stage_worker *sw);
 #define STAGE_FENCE_POLL_NS 1000000ull
 int stage_fence(struct stage_worker *sw, uint64_t wire, bool exact);
 
-/* Copy n blocks between the workers' blocks and the slots at slot_offs for n_ranks ranks
- * at once (a storer or loader: 1; a DCP group's store: every rank, blocks[r] being rank
- * r's engine block ids of the same slots), one staging lease (chunk_blocks blocks) at a
- * time, every rank's copies of a chunk submitted before any is waited for, each lease
- * waited for before it is reused. Rank r's copies wait for ready[r] first (ready NULL or
- * ready[r] NULL: nothing to wait for; CUDA stores: the producer's event, of which each
- * submission takes its own reference). Adds rank r's stats into st[r]. Before each chunk
- * every rank's fence is checked for request wire[r] (stage_fence, not exact; wire NULL: not
- * checked):
- * a fenced copy issues nothing more, waits for what it issued and returns the fence's
- * error — when it returns, nothing of the request can still touch the worker's memory
- * (on CUDA its copies' events completed). 0 or -errno (nothing more is copied after one). */
+/*
+ * A chunked copy in flight: n blocks between the workers' blocks and the slots at
+ * slot_offs for n_ranks ranks at once (a loader or storer: 1; a DCP group's store: every
+ * rank, blocks[r] being rank r's engine block ids of the same slots), one staging lease
+ * (chunk_blocks blocks) per chunk, up to the pool's leases (depth) of chunks in flight.
+ * Every rank's copies of a chunk are submitted before any is reaped, so the ranks' copies
+ * overlap (on CUDA: each rank's GPU over its own link). Rank r's copies wait for ready[r]
+ * first (ready NULL or ready[r] NULL: nothing to wait for; CUDA stores: the producer's
+ * event, of which each submission takes its own reference). Rank r's stats are added into
+ * st[r]. Before each chunk every rank's fence is checked for request wire[r] (stage_fence,
+ * not exact; wire NULL: not checked): a fenced copy issues nothing more and, once what it
+ * issued is reaped, ends with the fence's error.
+ *
+ * It never blocks unless asked: a stage submits chunks with stage_copy_submit as its pass
+ * allows and reaps them with stage_copy_reap(c, false) (kvr_xfer_poll; on CUDA the copies'
+ * events are queried, never synchronized) — the loader runs several loads per worker so.
+ * The host backend completes a chunk inside its submit. The copy is over when
+ * stage_copy_over(): then nothing of it can still touch the worker's memory, and c->rc is
+ * 0 or the first -errno (nothing more was copied after it). Everything the copy points at
+ * must stay put until then.
+ */
+struct stage_copy {
+	struct stage_worker *const *sw;
+	unsigned n_ranks;
+	uint32_t dir;
+	const uint32_t *const *blocks;
+	const uint64_t *slot_offs;
+	uint32_t n;
+	const struct kvr_xfer_dep *const *ready;
+	const uint64_t *wire;
+	struct kvr_xfer_stats *st;
+	uint32_t chunk, depth;   /* blocks per chunk; chunks in flight at most */
+	uint32_t done;           /* blocks submitted */
+	uint32_t head, inflight; /* the chunks in flight: tickets[head..head+inflight) mod depth */
+	int rc;
+	uint64_t tickets[KVR_XFER_MAX_INFLIGHT][KVR_ACTOR_MAX_KV];
+};
+
+/* Set c up (nothing is submitted yet). 0 or -EINVAL (n_ranks out of range). */
+int stage_copy_start(struct stage_copy *c, struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir,
+		     const uint32_t *const *blocks, const uint64_t *slot_offs, uint32_t n,
+		     const struct kvr_xfer_dep *const *ready, const uint64_t *wire, struct kvr_xfer_stats *st);
+/* Whether another chunk may be submitted now (no error, blocks left, a lease free). */
+bool stage_copy_can_submit(const struct stage_copy *c);
+/* Check the fence and submit the next chunk for every rank. true when a chunk went in
+ * flight (a failed one too: it is reaped like the others), false when none could. */
+bool stage_copy_submit(struct stage_copy *c);
+/* Reap the oldest chunk in flight: 1 reaped, 0 none in flight, -EAGAIN still copying
+ * (wait: block until it is done instead). A failed copy sets c->rc. */
+int stage_copy_reap(struct stage_copy *c, bool wait);
+static inline bool stage_copy_over(const struct stage_copy *c)
+{
+	return !c->inflight && (c->rc || c->done == c->n);
+}
+
+/* The same copy run to its end in one call (the storer's and the gather actor's path):
+ * blocks for each chunk's completion. 0 or -errno. */
 int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir, const uint32_t *const *blocks,
 		      const uint64_t *slot_offs, uint32_t n, const struct kvr_xfer_dep *const *ready,
 		      const uint64_t *wire, struct kvr_xfer_stats *st);
@@ -99,10 +142,16 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 /* Answer a request: the result message `type` (body of body_len bytes) followed, when
  * n_failed > 0, by the failed engine block ids as KVR_MSG_BLOCKS. Counts the request and its
  * failed blocks, records its latency (first_ns = arrival of its first message) in the
- * stage's histogram (exported as kvring_load/store_duration_seconds), and drops the reply
- * with one log line when the client has not read its ring for timeouts.reply_ms. */
+ * stage's histogram (exported as kvring_load/store_duration_seconds). Never waits: a reply
+ * that finds the client's ring full is queued in sw->out (kvr_outbox.h), in order, and sent
+ * by stage_worker_pass as room appears. */
 void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int status, const void *body,
 		 size_t body_len, const uint32_t *failed, uint32_t n_failed, uint64_t first_ns);
+
+/* Flush sw's queued replies (call it from the stage's on_pass). Replies the client has not
+ * taken for timeouts.reply_ms are dropped and logged once (its own timeout fired long
+ * before). Returns enum kvr_pass: WAITING while replies wait for room. */
+int stage_worker_pass(struct stage_worker *sw, uint64_t now);
 
 /* Whether a wire request id was addressed to this incarnation of the actor. */
 bool stage_wire_current(const struct kvr_actor *a, uint64_t wire);

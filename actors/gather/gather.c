@@ -294,6 +294,19 @@ static int gather_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 	return -EBADMSG;
 }
 
+/* Replies that found a rank's ring full go out as it makes room (stage_worker_pass). */
+static int gather_on_pass(struct kvr_actor *a, uint64_t now)
+{
+	struct gather *g = a->data;
+	int pass = KVR_PASS_IDLE;
+	for (unsigned r = 0; r < g->d; r++) {
+		int p = stage_worker_pass(&g->r[r].st, now);
+		if (p > pass)
+			pass = p;
+	}
+	return pass;
+}
+
 static const struct kvr_stage gather_stage = {
 	.name = "gather",
 	.kind = KVR_ACTOR_GATHER,
@@ -301,6 +314,7 @@ static const struct kvr_stage gather_stage = {
 	.init = gather_init,
 	.on_msg = gather_on_msg,
 	.on_tick = gather_tick,
+	.on_pass = gather_on_pass,
 	.fini = gather_fini,
 };
 

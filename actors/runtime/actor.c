@@ -517,9 +517,11 @@ static void run_loop(struct kvr_actor *a)
 			if (next_tick <= now) /* we fell behind: do not fire a burst of late ticks */
 				next_tick = now + st->tick_ns;
 		}
-		bool output_waits = st->on_pass && st->on_pass(a, now) != KVR_PASS_IDLE;
+		a->poll_ns = 0;
+		int pass = st->on_pass ? st->on_pass(a, now) : KVR_PASS_IDLE;
+		bool output_waits = pass != KVR_PASS_IDLE;
 		atomic_store_explicit(&a->ent->heartbeat_ns, now, memory_order_relaxed);
-		if (n || a->stopping) {
+		if (n || pass == KVR_PASS_MOVED || a->stopping) {
 			had_work = true;
 			continue;
 		}
@@ -553,6 +555,8 @@ static void run_loop(struct kvr_actor *a)
 			timeout = MAX_SLEEP_NS;
 		if (output_waits && timeout > KVR_ACTOR_OUTPUT_POLL_NS)
 			timeout = KVR_ACTOR_OUTPUT_POLL_NS; /* a reader's ring may have room again */
+		if (output_waits && a->poll_ns && timeout > (int64_t)a->poll_ns)
+			timeout = (int64_t)a->poll_ns; /* work in flight completes without waking us */
 		if (kvr_actor_populate_waiting(a) && timeout > POPULATE_POLL_NS)
 			timeout = POPULATE_POLL_NS; /* kvringd's prefault gets further meanwhile */
 		/* woken, timed out or interrupted: all re-check */

@@ -85,7 +85,8 @@ struct kvr_stage {
 	 * that freed room just before the announcement woke nobody). Returns KVR_PASS_MOVED
 	 * when it sent something, KVR_PASS_WAITING while output waits for room in a reader's
 	 * ring (the loop then sleeps at most KVR_ACTOR_OUTPUT_POLL_NS; a reader freeing room
-	 * wakes it), KVR_PASS_IDLE when nothing waits. */
+	 * wakes it), KVR_PASS_IDLE when nothing waits. A pass that returns KVR_PASS_MOVED is
+	 * followed by another pass at once (its stage may have more to move). */
 	int (*on_pass)(struct kvr_actor *a, uint64_t now_ns);
 	/* Called once before a clean exit (STOP or SIGTERM); not after a failed init. */
 	void (*fini)(struct kvr_actor *a);
@@ -127,6 +128,7 @@ struct kvr_actor {
 					* "now" of every handler the pass runs */
 	struct kvr_actor_watch *watch; /* fd and timer watches (NULL until the first one) */
 	struct kvr_populate *populate; /* background populate (NULL until the first region) */
+	uint64_t poll_ns;              /* set by on_pass (kvr_actor_poll_within); 0: none */
 	void *data;                    /* the stage's own state */
 };
 
@@ -198,6 +200,15 @@ void kvr_actor_timer_stop(struct kvr_actor *a, int id);
  * completion that made room. -ENOENT when r is not one of our inputs.
  */
 int kvr_actor_hold_input(struct kvr_actor *a, struct kvr_ring *r, bool hold);
+
+/* From on_pass, with KVR_PASS_WAITING: what waits is not a reader's ring but work in
+ * flight that completes without waking us (a CUDA copy: its event is queried) — sleep at
+ * most ns before the next pass. Good for that pass only. */
+static inline void kvr_actor_poll_within(struct kvr_actor *a, uint64_t ns)
+{
+	if (!a->poll_ns || ns < a->poll_ns)
+		a->poll_ns = ns;
+}
 
 static inline void kvr_actor_set_data(struct kvr_actor *a, void *data)
 {

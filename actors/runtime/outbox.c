@@ -105,7 +105,7 @@ uint32_t kvr_outbox_flush(struct kvr_outbox *ob, uint64_t now_ns, uint64_t timeo
 		ob->n -= sent;
 		ob->since_ns = now_ns; /* the reader took some: measure its next stall from here */
 	}
-	if (ob->n && now_ns - ob->since_ns > timeout_ns)
+	if (ob->n && now_ns > ob->since_ns && now_ns - ob->since_ns > timeout_ns) /* a now older than the queueing: not overdue */
 		return kvr_outbox_clear(ob);
 	return 0;
 }

@@ -95,7 +95,8 @@ static int storer_on_pass(struct kvr_actor *a, uint64_t now)
 	int rc = stage_store_pipe_pass(&s->pipe, now, &room);
 	if (room)
 		hold(a, s, false);
-	return rc;
+	int out = stage_worker_pass(&s->sw, now); /* STORE_DONEs that found store.rep full */
+	return out > rc ? out : rc;
 }
 
 static void storer_on_tick(struct kvr_actor *a, uint64_t now)

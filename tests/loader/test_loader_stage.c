@@ -109,6 +109,16 @@ static void assert_block_holds(uint32_t block, uint32_t s)
 	cr_assert_eq(at, lane_bytes);
 }
 
+/* LOAD_DONEs waiting on load.rep (BLOCKS lists not counted). */
+static unsigned done_count(void)
+{
+	unsigned n = 0;
+	struct kvr_msg m;
+	for (uint32_t i = 0; kvr_ring_peek(rep, i, &m) == 0; i++)
+		n += m.hdr.type == KVR_MSG_LOAD_DONE;
+	return n;
+}
+
 static void assert_block_zero(uint32_t block)
 {
 	for (unsigned r = 0; r < geom.n_regions; r++) {
@@ -120,14 +130,43 @@ static void assert_block_zero(uint32_t block)
 	}
 }
 
-/* The client sends LOAD items[0..n) under generation gen; the loader is stepped; the
- * LOAD_DONE is decoded and the failed block ids (BLOCKS) taken into failed. */
-static struct kvr_msg_load_done load(uint32_t gen, const struct kvr_msg_load_item *items, uint32_t n,
-				     uint32_t *failed)
+static struct kvr_msg_load_done take_done(uint64_t wire, uint32_t *failed);
+
+/* The client sends LOAD items[0..n) under generation gen: its wire id. */
+static uint64_t send_load(uint32_t gen, const struct kvr_msg_load_item *items, uint32_t n)
 {
 	uint64_t wire = kvr_wire_make(gen, seq++);
 	cr_assert_eq(kvr_list_send(req, KVR_MSG_LOAD, wire, 0, items, n, 0), 0);
+	return wire;
+}
+
+/* Step passes until `answers` LOAD_DONEs wait on load.rep (a load's copy goes one pass of
+ * chunks at a time); returns the passes it took. */
+static unsigned passes_until_answered(unsigned answers)
+{
+	unsigned passes = 0;
+	for (; done_count() < answers; passes++) {
+		cr_assert_lt(passes, 1000, "%u of %u loads answered after 1000 passes", done_count(), answers);
+		(void)step_pass(&e, kvr_now_ns());
+	}
+	return passes;
+}
+
+/* The client sends LOAD items[0..n) under generation gen; the loader is stepped until it
+ * answers; the LOAD_DONE is decoded and the failed block ids (BLOCKS) taken into failed. */
+static struct kvr_msg_load_done load(uint32_t gen, const struct kvr_msg_load_item *items, uint32_t n,
+				     uint32_t *failed)
+{
+	uint64_t wire = send_load(gen, items, n);
 	cr_assert_geq(step_msgs(&e, req), 1);
+	passes_until_answered(1);
+	return take_done(wire, failed);
+}
+
+/* The LOAD_DONE of request wire, next on load.rep, decoded; its failed block ids (BLOCKS)
+ * taken into failed. */
+static struct kvr_msg_load_done take_done(uint64_t wire, uint32_t *failed)
+{
 	struct kvr_msg m = step_take(rep, KVR_MSG_LOAD_DONE);
 	cr_assert_eq(m.hdr.req_id, wire);
 	struct kvr_msg_load_done d;
@@ -142,7 +181,6 @@ static struct kvr_msg_load_done load(uint32_t gen, const struct kvr_msg_load_ite
 		kvr_msg_list_items(&b, failed + got);
 		got += h.count;
 	}
-	cr_assert_eq(kvr_ring_count(rep), 0, "nothing more");
 	return d;
 }
 
@@ -156,6 +194,7 @@ Test(loader_stage, load_copies_bytes)
 		items[i] = (struct kvr_msg_load_item){.slot = slots[i], .epoch = commit_slot(slots[i]), .block = blocks[i]};
 	uint32_t failed[4];
 	struct kvr_msg_load_done d = load(GEN, items, 4, failed);
+	cr_assert_eq(kvr_ring_count(rep), 0, "nothing more");
 	cr_assert_eq(d.status, 0);
 	cr_assert_eq(d.n_blocks, 4);
 	cr_assert_eq(d.n_failed, 0);
@@ -215,4 +254,135 @@ Test(loader_stage, load_stale_generation)
 	cr_assert_eq(d.bytes, 0);
 	assert_block_zero(7);
 	cr_assert_eq(kvr_slot_pins(st, 2), 0);
+}
+
+/* Eight loads in flight at once (the window): a 12-block load sent first and seven 1-block
+ * loads behind it. The pool has 4 leases of one block, so the big load takes several passes
+ * and the small ones, copied round robin beside it, are answered before it — each answer
+ * byte-exact, every pin dropped; while the window is full the request ring is held. */
+Test(loader_stage, eight_loads_in_flight_complete_independently_out_of_order)
+{
+	cr_assert_eq(e.act.cfg.staging.ceiling_bytes * e.act.cfg.staging.load_percent / 100 / lane_bytes, 4);
+	uint32_t epoch[N_SLOTS];
+	for (uint32_t s = 0; s < N_SLOTS; s++)
+		epoch[s] = commit_slot(s);
+	struct kvr_msg_load_item big[12];
+	for (uint32_t i = 0; i < 12; i++)
+		big[i] = (struct kvr_msg_load_item){.slot = i, .epoch = epoch[i], .block = 20 + i};
+	uint64_t wires[8];
+	wires[0] = send_load(GEN, big, 12);
+	for (uint32_t k = 1; k < 8; k++) {
+		uint32_t s = 11 + k % 5; /* slots 12..15 and 11: some shared (a pin is a count) */
+		struct kvr_msg_load_item one = {.slot = s, .epoch = epoch[s], .block = 40 + k};
+		wires[k] = send_load(GEN, &one, 1);
+	}
+	cr_assert_geq(step_msgs(&e, req), 8);
+	cr_assert(e.act.inputs[0].held, "load.req is held while 8 loads are in the window");
+	cr_assert_eq(atomic_load(&e.act.ent->held), 8, "the jobs are reported held (a drain waits for them)");
+	unsigned passes = passes_until_answered(8);
+	cr_assert_gt(passes, 3, "the big load takes more than one pass of 4 chunks");
+	cr_assert_eq(step_stat(&e, KVR_STAT_XF_CHUNKS), 12 + 7);
+
+	uint32_t failed[1];
+	bool big_seen = false;
+	for (unsigned i = 0; i < 8; i++) {
+		struct kvr_msg m;
+		cr_assert_eq(kvr_ring_peek(rep, 0, &m), 0);
+		unsigned k = 0;
+		while (k < 8 && wires[k] != m.hdr.req_id)
+			k++;
+		cr_assert_lt(k, 8, "an answer to a request that was not sent");
+		if (i < 7)
+			cr_assert_neq(k, 0, "answer %u is the 12-block load's: the small ones waited behind it", i);
+		struct kvr_msg_load_done d = take_done(wires[k], failed);
+		cr_assert_eq(d.status, 0);
+		cr_assert_eq(d.n_failed, 0);
+		cr_assert_eq(d.n_blocks, k ? 1 : 12);
+		cr_assert_eq(d.bytes, (k ? 1 : 12) * lane_bytes);
+		big_seen |= k == 0;
+	}
+	cr_assert(big_seen);
+	cr_assert_eq(kvr_ring_count(rep), 0, "nothing more");
+	for (uint32_t i = 0; i < 12; i++)
+		assert_block_holds(20 + i, i);
+	for (uint32_t k = 1; k < 8; k++)
+		assert_block_holds(40 + k, 11 + k % 5);
+	for (uint32_t s = 0; s < N_SLOTS; s++) {
+		cr_assert_eq(kvr_slot_state(st, s), KVR_SLOT_COMMITTED);
+		cr_assert_eq(kvr_slot_pins(st, s), 0, "slot %u unpinned", s);
+	}
+	cr_assert(!e.act.inputs[0].held, "released once the window emptied");
+	cr_assert_eq(atomic_load(&e.act.ent->held), 0);
+	cr_assert_eq(step_stat(&e, KVR_STAT_XF_REQUESTS), 8);
+	cr_assert_eq(step_stat(&e, KVR_STAT_XF_BLOCKS), 12 + 7);
+}
+
+/* Three loads in flight, the middle one naming a slot reused since its lookup: it alone
+ * fails, by block id; the two beside it are copied byte-exact. */
+Test(loader_stage, a_failed_load_fails_only_its_blocks)
+{
+	uint32_t e1 = commit_slot(1), e2 = commit_slot(2), e3 = commit_slot(3);
+	struct kvr_msg_load_item x[2] = {{.slot = 1, .epoch = e1, .block = 10}, {.slot = 2, .epoch = e2, .block = 11}};
+	struct kvr_msg_load_item y[2] = {{.slot = 3, .epoch = e3 + 1, .block = 12}, {.slot = 3, .epoch = e3 + 2, .block = 13}};
+	struct kvr_msg_load_item z[1] = {{.slot = 3, .epoch = e3, .block = 14}};
+	uint64_t wx = send_load(GEN, x, 2), wy = send_load(GEN, y, 2), wz = send_load(GEN, z, 1);
+	cr_assert_eq(step_msgs(&e, req), 3);
+	(void)passes_until_answered(3);
+	uint32_t failed[2];
+	/* y copies nothing: its answer comes on the first pass, before x's and z's */
+	struct kvr_msg_load_done d = take_done(wy, failed);
+	cr_assert_eq(d.status, -EIO);
+	cr_assert_eq(d.n_failed, 2);
+	cr_assert_eq(failed[0], 12);
+	cr_assert_eq(failed[1], 13);
+	cr_assert_eq(d.bytes, 0);
+	d = take_done(wx, failed);
+	cr_assert_eq(d.status, 0);
+	cr_assert_eq(d.bytes, 2 * lane_bytes);
+	d = take_done(wz, failed);
+	cr_assert_eq(d.status, 0);
+	cr_assert_eq(d.n_failed, 0);
+	assert_block_holds(10, 1);
+	assert_block_holds(11, 2);
+	assert_block_holds(14, 3);
+	assert_block_zero(12);
+	assert_block_zero(13);
+	for (uint32_t s = 1; s <= 3; s++)
+		cr_assert_eq(kvr_slot_pins(st, s), 0);
+	cr_assert_eq(step_stat(&e, KVR_STAT_XF_FAILED_BLOCKS), 2);
+}
+
+/* The client stops reading load.rep and it fills: the loader still takes loads and copies
+ * them (no handler waits for room), its answers wait in the outbox in order, and reach the
+ * client once it reads again. */
+Test(loader_stage, a_full_reply_ring_holds_up_only_the_answers)
+{
+	struct kvr_msg filler;
+	kvr_msg_build(&filler, KVR_MSG_PING, 0, 0, 0, NULL, 0);
+	uint32_t filled = 0;
+	while (kvr_ring_try_enqueue(rep, &filler) == 0)
+		filled++;
+	cr_assert_eq(filled, 64);
+	uint32_t e5 = commit_slot(5), e6 = commit_slot(6);
+	struct kvr_msg_load_item a[1] = {{.slot = 5, .epoch = e5, .block = 30}};
+	struct kvr_msg_load_item b[1] = {{.slot = 6, .epoch = e6, .block = 31}};
+	uint64_t wa = send_load(GEN, a, 1), wb = send_load(GEN, b, 1);
+	cr_assert_eq(step_msgs(&e, req), 2);
+	int pass = KVR_PASS_MOVED;
+	for (unsigned i = 0; i < 10 && pass == KVR_PASS_MOVED; i++)
+		pass = step_pass(&e, kvr_now_ns());
+	cr_assert_eq(pass, KVR_PASS_WAITING, "answers wait for room (pass %d)", pass);
+	assert_block_holds(30, 5);
+	assert_block_holds(31, 6);
+	cr_assert_eq(kvr_slot_pins(st, 5), 0, "unpinned though not yet answered");
+	cr_assert_eq(atomic_load(&e.act.ent->held), 0, "nothing of the worker's is held but its answers");
+	cr_assert_eq(kvr_ring_count(rep), 64);
+	for (uint32_t i = 0; i < filled; i++)
+		(void)step_take(rep, KVR_MSG_PING);
+	cr_assert_eq(step_pass(&e, kvr_now_ns()), KVR_PASS_MOVED);
+	uint32_t failed[1];
+	cr_assert_eq(take_done(wa, failed).status, 0);
+	cr_assert_eq(take_done(wb, failed).status, 0);
+	cr_assert_eq(kvr_ring_count(rep), 0);
+	cr_assert_eq(step_pass(&e, kvr_now_ns()), KVR_PASS_IDLE);
 }
