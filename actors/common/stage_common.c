@@ -2,6 +2,7 @@
 #include "stage_common.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -309,15 +310,23 @@ static void add_stats(struct kvr_xfer_stats *st, const struct kvr_xfer_stats *s)
 
 int stage_copy_start(struct stage_copy *c, struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir,
 		     const uint32_t *const *blocks, const uint64_t *slot_offs, uint32_t n,
-		     const struct kvr_xfer_dep *const *ready, const uint64_t *wire, struct kvr_xfer_stats *st)
+		     const struct kvr_xfer_dep *const *ready, const uint64_t *wire)
 {
-	memset(c, 0, sizeof(*c));
+	memset(c, 0, offsetof(struct stage_copy, tickets));
 	if (!n_ranks || n_ranks > KVR_ACTOR_MAX_KV)
 		return -EINVAL;
-	*c = (struct stage_copy){.sw = sw, .n_ranks = n_ranks, .dir = dir, .blocks = blocks, .slot_offs = slot_offs,
-				 .n = n, .ready = ready, .wire = wire, .st = st, .depth = KVR_XFER_MAX_INFLIGHT,
-				 .chunk = UINT32_MAX};
+	c->n_ranks = n_ranks;
+	c->dir = dir;
+	c->n = n;
+	c->slot_offs = slot_offs;
+	c->fence = wire != NULL;
+	c->depth = KVR_XFER_MAX_INFLIGHT;
+	c->chunk = UINT32_MAX;
 	for (unsigned r = 0; r < n_ranks; r++) {
+		c->sw[r] = sw[r];
+		c->blocks[r] = blocks[r];
+		c->ready[r] = ready ? ready[r] : NULL;
+		c->wire[r] = wire ? wire[r] : 0;
 		if (sw[r]->pool_leases < c->depth)
 			c->depth = sw[r]->pool_leases;
 		if (sw[r]->chunk_blocks < c->chunk)
@@ -334,7 +343,7 @@ bool stage_copy_can_submit(const struct stage_copy *c)
 bool stage_copy_submit(struct stage_copy *c)
 {
 	/* the fence, before every chunk: a cancel, detach or death stops the copy here */
-	for (unsigned r = 0; c->wire && stage_copy_can_submit(c) && r < c->n_ranks; r++)
+	for (unsigned r = 0; c->fence && stage_copy_can_submit(c) && r < c->n_ranks; r++)
 		c->rc = stage_fence(c->sw[r], c->wire[r], false);
 	if (!stage_copy_can_submit(c))
 		return false;
@@ -345,9 +354,7 @@ bool stage_copy_submit(struct stage_copy *c)
 		if (c->rc)
 			continue;
 		int nr = plan_chunk(c->sw[r], c->dir, c->blocks[r] + c->done, c->slot_offs + c->done, k);
-		c->rc = nr < 0 ? nr
-			       : kvr_xfer_submit(c->sw[r]->xfer, c->dir, c->sw[r]->runs, (size_t)nr,
-						 c->ready ? c->ready[r] : NULL, &t[r]);
+		c->rc = nr < 0 ? nr : kvr_xfer_submit(c->sw[r]->xfer, c->dir, c->sw[r]->runs, (size_t)nr, c->ready[r], &t[r]);
 	}
 	/* a chunk that failed half-way is still reaped: what it submitted finishes before its
 	 * lease or its slots are reused */
@@ -389,7 +396,7 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 	struct stage_copy *c = malloc(sizeof(*c));
 	if (!c)
 		return -ENOMEM;
-	int rc = stage_copy_start(c, sw, n_ranks, dir, blocks, slot_offs, n, ready, wire, st);
+	int rc = stage_copy_start(c, sw, n_ranks, dir, blocks, slot_offs, n, ready, wire);
 	while (!rc) {
 		while (stage_copy_submit(c))
 			;
@@ -398,8 +405,11 @@ int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t
 		kvr_actor_beat(sw[0]->a); /* one chunk at a time: busy, not stuck */
 		(void)stage_copy_reap(c, true);
 	}
-	if (!rc)
+	if (!rc) {
 		rc = c->rc;
+		for (unsigned r = 0; r < n_ranks; r++)
+			add_stats(&st[r], &c->st[r]);
+	}
 	free(c);
 	return rc;
 }

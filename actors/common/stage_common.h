@@ -87,7 +87,7 @@ int stage_fence(struct stage_worker *sw, uint64_t wire, bool exact);
  * overlap (on CUDA: each rank's GPU over its own link). Rank r's copies wait for ready[r]
  * first (ready NULL or ready[r] NULL: nothing to wait for; CUDA stores: the producer's
  * event, of which each submission takes its own reference). Rank r's stats are added into
- * st[r]. Before each chunk every rank's fence is checked for request wire[r] (stage_fence,
+ * c->st[r]. Before each chunk every rank's fence is checked for request wire[r] (stage_fence,
  * not exact; wire NULL: not checked): a fenced copy issues nothing more and, once what it
  * issued is reaped, ends with the fence's error.
  *
@@ -100,15 +100,16 @@ int stage_fence(struct stage_worker *sw, uint64_t wire, bool exact);
  * must stay put until then.
  */
 struct stage_copy {
-	struct stage_worker *const *sw;
 	unsigned n_ranks;
 	uint32_t dir;
-	const uint32_t *const *blocks;
-	const uint64_t *slot_offs;
 	uint32_t n;
-	const struct kvr_xfer_dep *const *ready;
-	const uint64_t *wire;
-	struct kvr_xfer_stats *st;
+	const uint64_t *slot_offs;
+	struct stage_worker *sw[KVR_ACTOR_MAX_KV];
+	const uint32_t *blocks[KVR_ACTOR_MAX_KV];
+	const struct kvr_xfer_dep *ready[KVR_ACTOR_MAX_KV];
+	uint64_t wire[KVR_ACTOR_MAX_KV];
+	bool fence;              /* wire given: the fence is checked */
+	struct kvr_xfer_stats st[KVR_ACTOR_MAX_KV]; /* rank r's, summed over its chunks */
 	uint32_t chunk, depth;   /* blocks per chunk; chunks in flight at most */
 	uint32_t done;           /* blocks submitted */
 	uint32_t head, inflight; /* the chunks in flight: tickets[head..head+inflight) mod depth */
@@ -116,10 +117,12 @@ struct stage_copy {
 	uint64_t tickets[KVR_XFER_MAX_INFLIGHT][KVR_ACTOR_MAX_KV];
 };
 
-/* Set c up (nothing is submitted yet). 0 or -EINVAL (n_ranks out of range). */
+/* Set c up (nothing is submitted yet): the arrays of pointers are copied into c (c may
+ * move; what they point at may not), the stats start at zero (c->st). 0 or -EINVAL
+ * (n_ranks out of range). */
 int stage_copy_start(struct stage_copy *c, struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir,
 		     const uint32_t *const *blocks, const uint64_t *slot_offs, uint32_t n,
-		     const struct kvr_xfer_dep *const *ready, const uint64_t *wire, struct kvr_xfer_stats *st);
+		     const struct kvr_xfer_dep *const *ready, const uint64_t *wire);
 /* Whether another chunk may be submitted now (no error, blocks left, a lease free). */
 bool stage_copy_can_submit(const struct stage_copy *c);
 /* Check the fence and submit the next chunk for every rank. true when a chunk went in
@@ -133,8 +136,8 @@ static inline bool stage_copy_over(const struct stage_copy *c)
 	return !c->inflight && (c->rc || c->done == c->n);
 }
 
-/* The same copy run to its end in one call (the storer's and the gather actor's path):
- * blocks for each chunk's completion. 0 or -errno. */
+/* The same copy run to its end in one call, rank r's stats added into st[r] (the gather
+ * actor's path): blocks for each chunk's completion. 0 or -errno. */
 int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir, const uint32_t *const *blocks,
 		      const uint64_t *slot_offs, uint32_t n, const struct kvr_xfer_dep *const *ready,
 		      const uint64_t *wire, struct kvr_xfer_stats *st);

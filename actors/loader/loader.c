@@ -52,10 +52,7 @@ struct load {
 	uint32_t n_ok, n_failed;
 	bool started;              /* pinned, its copy set up */
 	uint64_t queue_ns;         /* arrival -> start */
-	struct kvr_xfer_stats st;
-	struct stage_worker *swp;  /* &loader.sw, for stage_copy's rank table */
-	const uint32_t *blocks_p;  /* blocks, for stage_copy's rank table */
-	struct stage_copy copy;
+	struct stage_copy copy;    /* its stats: copy.st[0] */
 };
 
 struct loader {
@@ -127,7 +124,7 @@ static void load_fail_all(struct stage_worker *sw, struct load *ld, int status)
 		for (uint32_t i = 0; i < n; i++)
 			ld->failed[n_failed++] = items[i].block;
 	}
-	load_reply(sw, ld, status, n_failed, &ld->st);
+	load_reply(sw, ld, status, n_failed, &ld->copy.st[0]);
 }
 
 /* Start a job: pin its slots (from here until load_finish they cannot be evicted or
@@ -161,10 +158,9 @@ static bool load_start(struct stage_worker *sw, struct load *ld, uint64_t now)
 		ld->slot_offs[ld->n_ok] = sw->slots->arena_data_off + (uint64_t)s * sw->slots->slot_bytes;
 		ld->n_ok++;
 	}
-	ld->swp = sw;
-	ld->blocks_p = ld->blocks;
-	(void)stage_copy_start(&ld->copy, &ld->swp, 1, KVR_XFER_SLOT_TO_KV, &ld->blocks_p, ld->slot_offs, ld->n_ok,
-			       NULL, &ld->req.req_id, &ld->st);
+	const uint32_t *blocks = ld->blocks;
+	(void)stage_copy_start(&ld->copy, &sw, 1, KVR_XFER_SLOT_TO_KV, &blocks, ld->slot_offs, ld->n_ok, NULL,
+			       &ld->req.req_id);
 	return true;
 }
 
@@ -183,7 +179,7 @@ static void load_finish(struct stage_worker *sw, struct load *ld)
 		if (rc == -ECANCELED || rc == -ESHUTDOWN || rc == -EOWNERDEAD) {
 			kvr_actor_count(sw->a, KVR_STAT_XF_FENCED, 1);
 			kvr_info("load %llx: stopped after %llu bytes: %s", (unsigned long long)wire,
-				 (unsigned long long)ld->st.bytes,
+				 (unsigned long long)ld->copy.st[0].bytes,
 				 rc == -ECANCELED ? "cancelled" : rc == -ESHUTDOWN ? "its worker detached" : "its worker died");
 		} else {
 			kvr_warn("load %llx: copy failed: %s", (unsigned long long)wire, strerror(-rc));
@@ -192,11 +188,11 @@ static void load_finish(struct stage_worker *sw, struct load *ld)
 		return;
 	}
 	kvr_actor_count(sw->a, KVR_STAT_XF_BLOCKS, ld->n_ok);
-	kvr_actor_count(sw->a, KVR_STAT_XF_BYTES, ld->st.bytes);
+	kvr_actor_count(sw->a, KVR_STAT_XF_BYTES, ld->copy.st[0].bytes);
 	kvr_debug("load %llx: %u blocks, %u failed, %llu bytes, %llu runs, copy %llu us", (unsigned long long)wire,
-		  ld->req.total, ld->n_failed, (unsigned long long)ld->st.bytes, (unsigned long long)ld->st.runs,
-		  (unsigned long long)(ld->st.copy_ns / 1000));
-	load_reply(sw, ld, ld->n_failed ? -EIO : 0, ld->n_failed, &ld->st);
+		  ld->req.total, ld->n_failed, (unsigned long long)ld->copy.st[0].bytes, (unsigned long long)ld->copy.st[0].runs,
+		  (unsigned long long)(ld->copy.st[0].copy_ns / 1000));
+	load_reply(sw, ld, ld->n_failed ? -EIO : 0, ld->n_failed, &ld->copy.st[0]);
 }
 
 /* ---- the window ------------------------------------------------------------------------ */

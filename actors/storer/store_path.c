@@ -425,6 +425,7 @@ enum job_state {
 	JOB_QUEUED, /* accepted: waits for its turn to ALLOC (and, beyond the window, for room) */
 	JOB_ALLOC,  /* ALLOC sent: at most one job of a pipe */
 	JOB_SLOTS,  /* ALLOC_REP in: WRITING slots to copy into */
+	JOB_COPYING,/* its copy in flight: chunks submitted and reaped pass by pass */
 	JOB_COPIED, /* every block in its slot: COMMIT once every earlier job committed */
 	JOB_COMMIT, /* COMMIT sent */
 	JOB_DONE,   /* result known: answered once every earlier job was */
@@ -453,9 +454,11 @@ struct stage_store_job {
 	struct kvr_xfer_dep ready;        /* CUDA: the producer's event (has_ready) */
 	bool has_ready;
 	struct kvr_xfer_stats st;
+	struct stage_copy copy;           /* COPYING: its chunks (copy.ready[0] = &ready) */
 };
 
-#define JOB_KEEP_ITEMS 4096 /* a FIFO entry keeps buffers for this many blocks between stores */
+#define JOB_KEEP_ITEMS 4096
+#define STORE_POLL_NS 20000ull /* copies in flight (CUDA): look at their events this often */ /* a FIFO entry keeps buffers for this many blocks between stores */
 
 static struct stage_store_job *job_at(const struct stage_store_pipe *p, unsigned i)
 {
@@ -470,7 +473,23 @@ static unsigned window(const struct stage_store_pipe *p)
 /* Holds slots it has not yet sent a COMMIT for: a RESET would abort them under it. */
 static bool holds_slots(const struct stage_store_job *j)
 {
-	return j->state == JOB_ALLOC || j->state == JOB_SLOTS || j->state == JOB_COPIED;
+	return j->state == JOB_ALLOC || j->state == JOB_SLOTS || j->state == JOB_COPYING || j->state == JOB_COPIED;
+}
+
+/* A COPYING job leaves that state (its slots are about to be RESET, or it stops): what it
+ * submitted completes first — a RESET slot may be handed to anyone, and a copy still in
+ * flight must not write into it then. Waits only for copies in flight (CUDA; the host
+ * backend completes inside submit), on this fault path alone. */
+static void job_stop_copy(struct stage_store_job *j)
+{
+	if (j->state != JOB_COPYING)
+		return;
+	if (!j->copy.rc)
+		j->copy.rc = -ECANCELED;
+	while (stage_copy_reap(&j->copy, true) == 1)
+		;
+	j->st = j->copy.st[0];
+	j->state = JOB_SLOTS;
 }
 
 static int job_grow(struct stage_store_job *j, uint32_t n)
@@ -508,8 +527,11 @@ static int pipe_grow(struct stage_store_pipe *p)
 	struct stage_store_job *q = calloc(cap, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
-	for (unsigned i = 0; i < p->cap_jobs; i++)
+	for (unsigned i = 0; i < p->cap_jobs; i++) {
 		q[i] = *job_at(p, i);
+		if (q[i].state == JOB_COPYING && q[i].has_ready)
+			q[i].copy.ready[0] = &q[i].ready; /* it moved */
+	}
 	free(p->jobs);
 	p->jobs = q;
 	p->cap_jobs = cap;
@@ -545,6 +567,7 @@ static void job_finish(struct stage_store_job *j, int status)
  * actor: present_suspects() looks at the jobs behind it. */
 static void job_fault(struct stage_store_job *j, int status)
 {
+	job_stop_copy(j);
 	job_finish(j, status);
 	j->just_failed = j->start_ns != 0; /* it had asked for slots */
 }
@@ -822,7 +845,7 @@ static bool send_commits(struct stage_store_pipe *p, uint64_t now)
 	bool moved = false;
 	for (unsigned i = 0; i < window(p); i++) {
 		struct stage_store_job *j = job_at(p, i);
-		if (j->state == JOB_QUEUED || j->state == JOB_ALLOC || j->state == JOB_SLOTS)
+		if (j->state == JOB_QUEUED || j->state == JOB_ALLOC || j->state == JOB_SLOTS || j->state == JOB_COPYING)
 			break;
 		if (j->state != JOB_COPIED)
 			continue;
@@ -871,38 +894,73 @@ static bool store_held(void)
 	return path && *path && access(path, F_OK) == 0;
 }
 
-static bool copy_one(struct stage_store_pipe *p, uint64_t now)
+/* The copy's end: COPIED, or the job failed with the copy's error and the lane reset. */
+static void copy_over(struct stage_store_pipe *p, struct stage_store_job *j, uint64_t now)
+{
+	int rc = j->copy.rc;
+	j->st = j->copy.st[0];
+	j->state = JOB_SLOTS;
+	if (!rc) {
+		j->state = JOB_COPIED;
+		return;
+	}
+	if (store_fenced(rc)) {
+		kvr_info("store %llx: copy stopped after %llu bytes: %s", (unsigned long long)j->rq.wire,
+			 (unsigned long long)j->st.bytes, fence_why(rc));
+		kvr_actor_count(p->ss->a, KVR_STAT_XF_FENCED, 1);
+	} else {
+		kvr_warn("store %llx: copy failed: %s", (unsigned long long)j->rq.wire, strerror(-rc));
+	}
+	lane_reset(p, j, rc, now); /* aborts the WRITING slots: nothing partial becomes visible */
+}
+
+/*
+ * Copies, one job at a time in job order (commits go in that order anyway): the oldest job
+ * whose slots are known starts its copy (stage_copy); each pass reaps its finished chunks
+ * and submits the next, at most the store pool's leases in flight — no handler waits for a
+ * copy (one that completes inside submit, the host backend's, is done in the pass that
+ * starts it). Returns whether anything moved; *copying: chunks are in flight.
+ */
+static bool copy_step(struct stage_store_pipe *p, uint64_t now, bool *copying)
 {
 	struct stage_store_job *j = NULL;
 	for (unsigned i = 0; i < window(p) && !j; i++)
-		if (job_at(p, i)->state == JOB_SLOTS)
+		if (job_at(p, i)->state == JOB_COPYING || job_at(p, i)->state == JOB_SLOTS)
 			j = job_at(p, i);
+	*copying = false;
 	if (!j)
 		return false;
-	p->held = store_held();
-	if (p->held)
-		return false;
-	struct stage_worker *sw = p->sw;
-	for (uint32_t k = 0; k < j->n_copy; k++)
-		j->blocks[k] = j->items[j->pos[k]].block;
-	const uint32_t *blocks = j->blocks;
-	const struct kvr_xfer_dep *readyp = j->has_ready ? &j->ready : NULL;
-	memset(&j->st, 0, sizeof(j->st));
-	int rc = stage_copy_chunks(&sw, 1, KVR_XFER_KV_TO_SLOT, &blocks, j->slot_offs, j->n_copy, &readyp, &j->rq.wire,
-				   &j->st);
-	if (rc) {
-		if (store_fenced(rc)) {
-			kvr_info("store %llx: copy stopped after %llu bytes: %s", (unsigned long long)j->rq.wire,
-				 (unsigned long long)j->st.bytes, fence_why(rc));
-			kvr_actor_count(p->ss->a, KVR_STAT_XF_FENCED, 1);
-		} else {
-			kvr_warn("store %llx: copy failed: %s", (unsigned long long)j->rq.wire, strerror(-rc));
-		}
-		lane_reset(p, j, rc, now); /* aborts the WRITING slots: nothing partial becomes visible */
-	} else {
-		j->state = JOB_COPIED;
+	bool moved = false;
+	if (j->state == JOB_SLOTS) {
+		p->held = store_held();
+		if (p->held)
+			return false;
+		struct stage_worker *sw = p->sw;
+		for (uint32_t k = 0; k < j->n_copy; k++)
+			j->blocks[k] = j->items[j->pos[k]].block;
+		const uint32_t *blocks = j->blocks;
+		const struct kvr_xfer_dep *readyp = j->has_ready ? &j->ready : NULL;
+		(void)stage_copy_start(&j->copy, &sw, 1, KVR_XFER_KV_TO_SLOT, &blocks, j->slot_offs, j->n_copy, &readyp,
+				       &j->rq.wire);
+		j->state = JOB_COPYING;
+		moved = true;
 	}
-	return true;
+	/* as far as it goes without waiting: the host backend copies inside submit, so its
+	 * whole copy is one pass; CUDA chunks are left in flight for a later pass to reap */
+	for (bool step = true; step;) {
+		step = false;
+		while (stage_copy_reap(&j->copy, false) == 1)
+			step = true;
+		while (stage_copy_submit(&j->copy))
+			step = true;
+		moved |= step;
+	}
+	if (stage_copy_over(&j->copy)) {
+		copy_over(p, j, now);
+		return true;
+	}
+	*copying = j->copy.inflight > 0;
+	return moved;
 }
 
 /* A late ALLOC_REP (its job gave up), or a COMMIT or RESET the outbox dropped, may leave
@@ -1026,6 +1084,8 @@ void stage_store_pipe_close(struct stage_store_pipe *p)
 		return;
 	if (p->timer >= 0)
 		kvr_actor_timer_stop(p->ss->a, p->timer);
+	for (unsigned i = 0; i < p->n; i++)
+		job_stop_copy(job_at(p, i)); /* nothing of ours copies into a slot the RESET below frees */
 	settle_lookup(p);
 	for (unsigned i = 0; i < p->n; i++) {
 		struct stage_store_job *j = job_at(p, i);
@@ -1146,6 +1206,7 @@ int stage_store_pipe_pass(struct stage_store_pipe *p, uint64_t now, bool *ret_ro
 		p->reset_wanted = true;
 	}
 	moved |= p->out.n != before;
+	bool copying = false;
 	for (int copies = 0;; copies++) {
 		bool step;
 		do {
@@ -1155,7 +1216,7 @@ int stage_store_pipe_pass(struct stage_store_pipe *p, uint64_t now, bool *ret_ro
 			step |= reset_when_quiet(p, now);
 			moved |= step;
 		} while (step);
-		if (copies == 1 || !copy_one(p, now))
+		if (copies == 1 || !copy_step(p, now, &copying))
 			break;
 		moved = true; /* `now` stays the pass's clock: a deadline set after the copy is
 			       * early by the copy's length, never late */
@@ -1165,7 +1226,9 @@ int stage_store_pipe_pass(struct stage_store_pipe *p, uint64_t now, bool *ret_ro
 	*ret_room = p->n < p->depth;
 	if (moved)
 		return KVR_PASS_MOVED;
-	return kvr_outbox_pending(&p->out) || p->held ? KVR_PASS_WAITING : KVR_PASS_IDLE;
+	if (copying)
+		kvr_actor_poll_within(p->ss->a, STORE_POLL_NS); /* a copy's completion is polled */
+	return kvr_outbox_pending(&p->out) || p->held || copying ? KVR_PASS_WAITING : KVR_PASS_IDLE;
 }
 
 void stage_store_pipe_tick(struct stage_store_pipe *p, uint64_t now)
