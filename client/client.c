@@ -20,6 +20,7 @@
 #include "kvr_geometry.h"
 #include "kvr_proto.h"
 #include "kvr_ring.h"
+#include "kvr_ring_names.h"
 #include "kvr_segment.h"
 #include "kvr_time.h"
 
@@ -346,12 +347,12 @@ static int client_connect(struct kvr_client *c, const char *socket)
 /* Find our six rings in the control segment and claim our ends of them. 0 or -EPROTO, reason set. */
 static int attach_rings(struct kvr_client *c)
 {
-	c->lk_req = ring_named(c, "lookup.req.%u");
-	c->lk_rep = ring_named(c, "lookup.rep.%u");
-	c->ld_req = ring_named(c, "load.req.%u");
-	c->ld_rep = ring_named(c, "load.rep.%u");
-	c->st_req = ring_named(c, "store.req.%u");
-	c->st_rep = ring_named(c, "store.rep.%u");
+	c->lk_req = ring_named(c, KVR_RING_LOOKUP_REQ);
+	c->lk_rep = ring_named(c, KVR_RING_LOOKUP_REP);
+	c->ld_req = ring_named(c, KVR_RING_LOAD_REQ);
+	c->ld_rep = ring_named(c, KVR_RING_LOAD_REP);
+	c->st_req = ring_named(c, KVR_RING_STORE_REQ);
+	c->st_rep = ring_named(c, KVR_RING_STORE_REP);
 	if (!c->lk_req || !c->lk_rep || !c->ld_req || !c->ld_rep || !c->st_req || !c->st_rep)
 		return client_fail(c, -EPROTO, "attach: the instance has no rings for worker slot %u", c->worker);
 	pid_t me = getpid();
@@ -522,10 +523,10 @@ KVR_EXPORT int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kv
 		goto err;
 	}
 	char name[KVR_RING_NAME_MAX];
-	snprintf(name, sizeof(name), "sched.req.%u", c->worker);
+	snprintf(name, sizeof(name), KVR_RING_SCHED_REQ, c->worker);
 	int i = kvr_ctl_find_ring(c->ctl, name);
 	c->lk_req = i < 0 ? NULL : kvr_ctl_ring(&c->rings, (unsigned)i);
-	snprintf(name, sizeof(name), "sched.rep.%u", c->worker);
+	snprintf(name, sizeof(name), KVR_RING_SCHED_REP, c->worker);
 	i = kvr_ctl_find_ring(c->ctl, name);
 	c->lk_rep = i < 0 ? NULL : kvr_ctl_ring(&c->rings, (unsigned)i);
 	if (!c->lk_req || !c->lk_rep) {

@@ -6,6 +6,7 @@
 #include <kvring/msg.h>
 
 #include "kvr_log.h"
+#include "kvr_ring_names.h"
 #include "kvr_time.h"
 #include "sup.h"
 
@@ -169,7 +170,7 @@ static void reset_owner(struct sup *s, struct sup_dcp_group *gr)
 	if (gr->owner < 0 || !still_member)
 		return; /* the owner left: WORKER_GONE reclaimed its slots */
 	char name[KVR_RING_NAME_MAX];
-	snprintf(name, sizeof(name), "commit.req.%d", gr->owner);
+	snprintf(name, sizeof(name), KVR_RING_COMMIT_REQ, (unsigned)gr->owner);
 	int i = kvr_ctl_find_ring(s->ctl, name);
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_RESET, 0, (uint64_t)kvr_now_ns() << 8 | 0xff, 0, NULL, 0);

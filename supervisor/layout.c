@@ -10,6 +10,7 @@
 #include <kvring/msg.h>
 
 #include "kvr_log.h"
+#include "kvr_ring_names.h"
 #include "kvr_time.h"
 #include "sup.h"
 
@@ -38,14 +39,14 @@ static const struct {
 	const char *fmt; /* printf format taking the worker slot */
 	enum ep producer, consumer;
 } worker_rings[] = {
-	{"lookup.req.%u", EP_CLIENT, EP_LOOKUP},
-	{"lookup.rep.%u", EP_LOOKUP, EP_CLIENT},
-	{"load.req.%u", EP_CLIENT, EP_LOADER},
-	{"load.rep.%u", EP_LOADER, EP_CLIENT},
-	{"store.req.%u", EP_CLIENT, EP_STORER},
-	{"store.rep.%u", EP_STORER, EP_CLIENT},
-	{"commit.req.%u", EP_STORER, EP_LOOKUP},
-	{"commit.rep.%u", EP_LOOKUP, EP_STORER},
+	{KVR_RING_LOOKUP_REQ, EP_CLIENT, EP_LOOKUP},
+	{KVR_RING_LOOKUP_REP, EP_LOOKUP, EP_CLIENT},
+	{KVR_RING_LOAD_REQ, EP_CLIENT, EP_LOADER},
+	{KVR_RING_LOAD_REP, EP_LOADER, EP_CLIENT},
+	{KVR_RING_STORE_REQ, EP_CLIENT, EP_STORER},
+	{KVR_RING_STORE_REP, EP_STORER, EP_CLIENT},
+	{KVR_RING_COMMIT_REQ, EP_STORER, EP_LOOKUP},
+	{KVR_RING_COMMIT_REP, EP_LOOKUP, EP_STORER},
 };
 
 static void actor_name(const struct kvr_config *cfg, unsigned i, char *buf, size_t len)
@@ -95,10 +96,10 @@ int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs
 
 	for (unsigned i = 0; i < n_actors; i++) {
 		actor_name(cfg, i, name, sizeof(name));
-		rc = add_spec(specs, cap, &n, capacity, KVR_EP_SUPERVISOR, (int)i, "ctl.%s.in", name);
+		rc = add_spec(specs, cap, &n, capacity, KVR_EP_SUPERVISOR, (int)i, KVR_RING_CTL_IN, name);
 		if (rc)
 			return rc;
-		rc = add_spec(specs, cap, &n, capacity, (int)i, KVR_EP_SUPERVISOR, "ctl.%s.out", name);
+		rc = add_spec(specs, cap, &n, capacity, (int)i, KVR_EP_SUPERVISOR, KVR_RING_CTL_OUT, name);
 		if (rc)
 			return rc;
 	}
@@ -112,27 +113,27 @@ int sup_ring_specs(const struct kvr_config *cfg, struct kvr_ctl_ring_spec *specs
 	/* scheduler slots: lookups and leases only, with the lookup actor */
 	for (unsigned i = 0; i < cfg->instance.max_schedulers; i++) {
 		int client = KVR_EP_CLIENT(cfg->instance.max_workers + i);
-		rc = add_spec(specs, cap, &n, capacity, client, (int)SUP_ACTOR_LOOKUP, "sched.req.%u", i);
+		rc = add_spec(specs, cap, &n, capacity, client, (int)SUP_ACTOR_LOOKUP, KVR_RING_SCHED_REQ, i);
 		if (!rc)
-			rc = add_spec(specs, cap, &n, capacity, (int)SUP_ACTOR_LOOKUP, client, "sched.rep.%u", i);
+			rc = add_spec(specs, cap, &n, capacity, (int)SUP_ACTOR_LOOKUP, client, KVR_RING_SCHED_REP, i);
 		if (rc)
 			return rc;
 	}
 	/* L2: the lookup actor talks to each disk actor */
 	for (unsigned d = 0; d < cfg->l2.n_dirs; d++) {
 		int disk = (int)SUP_ACTOR_DISK(cfg->instance.max_workers, d);
-		rc = add_spec(specs, cap, &n, capacity, (int)SUP_ACTOR_LOOKUP, disk, "disk.req.%u", d);
+		rc = add_spec(specs, cap, &n, capacity, (int)SUP_ACTOR_LOOKUP, disk, KVR_RING_DISK_REQ, d);
 		if (!rc)
-			rc = add_spec(specs, cap, &n, capacity, disk, (int)SUP_ACTOR_LOOKUP, "disk.rep.%u", d);
+			rc = add_spec(specs, cap, &n, capacity, disk, (int)SUP_ACTOR_LOOKUP, KVR_RING_DISK_REP, d);
 		if (rc)
 			return rc;
 	}
 	/* the shared tier: the lookup actor talks to the remote actor */
 	if (SUP_N_REMOTE(cfg)) {
 		int rm = (int)SUP_ACTOR_REMOTE(cfg);
-		rc = add_spec(specs, cap, &n, capacity, (int)SUP_ACTOR_LOOKUP, rm, "remote.req");
+		rc = add_spec(specs, cap, &n, capacity, (int)SUP_ACTOR_LOOKUP, rm, KVR_RING_REMOTE_REQ);
 		if (!rc)
-			rc = add_spec(specs, cap, &n, capacity, rm, (int)SUP_ACTOR_LOOKUP, "remote.rep");
+			rc = add_spec(specs, cap, &n, capacity, rm, (int)SUP_ACTOR_LOOKUP, KVR_RING_REMOTE_REP);
 		if (rc)
 			return rc;
 	}
@@ -218,9 +219,9 @@ static void fill_actor_table(struct sup *s)
 		}
 		atomic_store(&e->state, KVR_ACTOR_IDLE);
 		e->last_exit_code = -1;
-		snprintf(ring, sizeof(ring), "ctl.%s.in", name);
+		snprintf(ring, sizeof(ring), KVR_RING_CTL_IN, name);
 		e->ctl_in = (uint16_t)kvr_ctl_find_ring(c, ring);
-		snprintf(ring, sizeof(ring), "ctl.%s.out", name);
+		snprintf(ring, sizeof(ring), KVR_RING_CTL_OUT, name);
 		e->ctl_out = (uint16_t)kvr_ctl_find_ring(c, ring);
 	}
 	atomic_store(&c->n_actors, n_actors);

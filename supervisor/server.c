@@ -18,6 +18,7 @@
 
 #include "kvr_log.h"
 #include "kvr_proto.h"
+#include "kvr_ring_names.h"
 #include "kvr_time.h"
 #include "sup.h"
 
@@ -438,41 +439,12 @@ static int kv_memory_check(struct sup *s, int fd, struct kvr_proto_rep *rep, uin
 	return 0;
 }
 
-/* Validate what an attaching worker sends — its geometry (payload) and its KV memory
- * (one memfd) — against the instance's model, and adopt the memfd (fds[0] = -1). *ret_ns:
- * the key namespace this worker uses (the instance's; a DCP rank with page tails: its
- * layout's). On failure rep says what was wrong, naming the field and the numbers. */
-_Static_assert(sizeof(struct kvr_geometry) + sizeof(struct kvr_attach_engine) <= KVR_PROTO_PAYLOAD_MAX,
-	       "geometry and engine identity fit the attach payload");
-
-static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req *req, int *fds, unsigned n_fds,
-			   const struct sup_engine_id *eng, struct kvr_proto_rep *rep, kvr_key *ret_ns)
+/* The canonical block g of an attaching rank (rank_g) against the instance's model: the
+ * fields, a DCP rank's rows per page, the bytes per lane and the page layout. 0, or
+ * -EINVAL with rep naming the field and the numbers. */
+static int geometry_matches(struct sup *s, const struct kvr_geometry *rank_g, const struct kvr_geometry *g,
+			    struct kvr_proto_rep *rep)
 {
-	if (n_fds != 1) {
-		rep_init(s, rep, -EBADF, "attach needs exactly one descriptor (the KV memory), got %u", n_fds);
-		return -EBADF;
-	}
-	uint64_t kv_bytes;
-	int rc = kv_memory_check(s, fds[0], rep, &kv_bytes);
-	if (rc)
-		return rc;
-	struct kvr_geometry gbuf, canon;
-	memcpy(&gbuf, req->payload, sizeof(gbuf));
-	const struct kvr_geometry *rank_g = &gbuf;
-	char err[KVR_GEOM_ERR_MAX];
-	/* also: every page lies inside the (sealed, so never smaller) KV memory, else
-	 * "region R (...): block B ends at E > kv_bytes N" */
-	if (kvr_geometry_validate(rank_g, kv_bytes, err, sizeof(err))) {
-		rep_init(s, rep, -EINVAL, "geometry: %s", err);
-		return -EINVAL;
-	}
-	/* A DCP rank is checked as the canonical block its group stores (kvr_dcp.h): the
-	 * instance's model describes that block, whatever (D, I) produce it. */
-	if (kvr_dcp_canonical_geometry(rank_g, &canon, err, sizeof(err))) {
-		rep_init(s, rep, -EINVAL, "geometry: %s", err);
-		return -EINVAL;
-	}
-	const struct kvr_geometry *g = &canon;
 	struct kvr_geometry want;
 	char why[KVR_GEOM_ERR_MAX + 64];
 	if (sup_model_geometry(&s->cfg, g->tp_rank < g->tp_size ? g->tp_rank : 0, g->num_blocks, &want, why,
@@ -516,6 +488,46 @@ static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req
 			 s->cfg.model.kv_layout, s->geom.n_regions, s->geom.page_bytes[0], g->n_regions, g->page_bytes[0]);
 		return -EINVAL;
 	}
+	return 0;
+}
+
+/* Validate what an attaching worker sends — its geometry (payload) and its KV memory
+ * (one memfd) — against the instance's model, and adopt the memfd (fds[0] = -1). *ret_ns:
+ * the key namespace this worker uses (the instance's; a DCP rank with page tails: its
+ * layout's). On failure rep says what was wrong, naming the field and the numbers. */
+_Static_assert(sizeof(struct kvr_geometry) + sizeof(struct kvr_attach_engine) <= KVR_PROTO_PAYLOAD_MAX,
+	       "geometry and engine identity fit the attach payload");
+
+static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req *req, int *fds, unsigned n_fds,
+			   const struct sup_engine_id *eng, struct kvr_proto_rep *rep, kvr_key *ret_ns)
+{
+	if (n_fds != 1) {
+		rep_init(s, rep, -EBADF, "attach needs exactly one descriptor (the KV memory), got %u", n_fds);
+		return -EBADF;
+	}
+	uint64_t kv_bytes;
+	int rc = kv_memory_check(s, fds[0], rep, &kv_bytes);
+	if (rc)
+		return rc;
+	struct kvr_geometry gbuf, canon;
+	memcpy(&gbuf, req->payload, sizeof(gbuf));
+	const struct kvr_geometry *rank_g = &gbuf;
+	char err[KVR_GEOM_ERR_MAX];
+	/* also: every page lies inside the (sealed, so never smaller) KV memory, else
+	 * "region R (...): block B ends at E > kv_bytes N" */
+	if (kvr_geometry_validate(rank_g, kv_bytes, err, sizeof(err))) {
+		rep_init(s, rep, -EINVAL, "geometry: %s", err);
+		return -EINVAL;
+	}
+	/* A DCP rank is checked as the canonical block its group stores (kvr_dcp.h): the
+	 * instance's model describes that block, whatever (D, I) produce it. */
+	if (kvr_dcp_canonical_geometry(rank_g, &canon, err, sizeof(err))) {
+		rep_init(s, rep, -EINVAL, "geometry: %s", err);
+		return -EINVAL;
+	}
+	rc = geometry_matches(s, rank_g, &canon, rep);
+	if (rc)
+		return rc;
 	/* one worker per (engine, TP rank, DCP rank) (MLA: every rank loads the same lane, still
 	 * one worker each) */
 	for (unsigned i = 0; i < s->cfg.instance.max_workers; i++) {
@@ -561,48 +573,124 @@ static bool lookup_given_up(struct sup *s, struct kvr_proto_rep *rep)
 	return true;
 }
 
+/* The first free worker slot for an attach from c, or -1 with rep saying why there is none
+ * (or why c may not attach now). */
+static int attach_slot(struct sup *s, struct sup_conn *c, struct kvr_proto_rep *rep)
+{
+	unsigned max = s->cfg.instance.max_workers;
+	if (s->phase != PH_RUN) {
+		rep_init(s, rep, -ESHUTDOWN, "instance is shutting down");
+		return -1;
+	}
+	if (conn_attached(c)) {
+		rep_init(s, rep, -EALREADY, "already attached as %s %d", c->worker >= 0 ? "worker" : "scheduler",
+			 c->worker >= 0 ? c->worker : c->sched);
+		return -1;
+	}
+	if (lookup_given_up(s, rep))
+		return -1;
+	for (unsigned i = 0; i < max; i++)
+		if (atomic_load(&kvr_ctl_worker(s->ctl, i)->state) == KVR_WORKER_FREE)
+			return (int)i;
+	rep_init(s, rep, -EBUSY, "no free worker slot (max_workers=%u)", max);
+	return -1;
+}
+
+/* The engine identity an attach payload carries after the geometry (all zeros when the
+ * client sent none), parsed into eng: 0, or -1 with rep saying why not. */
+static int attach_engine(struct sup *s, const struct kvr_proto_req *req, struct sup_engine_id *eng,
+			 struct kvr_proto_rep *rep)
+{
+	struct kvr_attach_engine ein = {0};
+	char why[KVR_PROTO_REASON_MAX];
+	if (req->payload_len != sizeof(struct kvr_geometry) &&
+	    req->payload_len != sizeof(struct kvr_geometry) + sizeof(ein)) {
+		rep_init(s, rep, -EPROTO, "attach payload is %u bytes: a geometry is %zu (+ %zu of engine identity)",
+			 req->payload_len, sizeof(struct kvr_geometry), sizeof(ein));
+		return -1;
+	}
+	if (req->payload_len > sizeof(struct kvr_geometry))
+		memcpy(&ein, req->payload + sizeof(struct kvr_geometry), sizeof(ein));
+	if (sup_engine_parse(&ein, eng, why, sizeof(why))) {
+		rep_init(s, rep, -EINVAL, "%s", why);
+		return -1;
+	}
+	return 0;
+}
+
+/* Worker slot w's entry filled for c's process, the rank g describes and its engine, then
+ * published: ATTACHED is stored last. */
+static void worker_attached(struct sup *s, struct sup_conn *c, unsigned w, const struct kvr_geometry *g, int engine,
+			    const struct sup_engine_id *eng)
+{
+	struct kvr_worker_ent *we = kvr_ctl_worker(s->ctl, w);
+	atomic_store(&we->pid, c->pid);
+	we->uid = c->uid;
+	we->generation++;
+	we->tp_rank = g->tp_rank;
+	we->tp_size = g->tp_size;
+	we->dcp_rank = g->dcp_rank;
+	we->dcp_size = g->dcp_size;
+	we->attached_ns = kvr_now_ns();
+	we->engine = (uint16_t)engine;
+	we->kind = KVR_CLIENT_WORKER;
+	s->worker_engine[w] = engine;
+	atomic_store(&kvr_ctl_area(s->ctl, w)->waiter.sleepers, 0);
+	atomic_store(&we->state, KVR_WORKER_ATTACHED);
+	c->worker = (int)w;
+	s->worker_conn[w] = c;
+	kvr_info("worker %d attached (pid %d, generation %u, engine %d \"%s\", TP rank %u)", (int)w, (int)c->pid,
+		 we->generation, engine, eng->id, g->tp_rank);
+	sup_engine_publish(s);
+}
+
+/* The attach reply of worker slot w (its store path: gather actor `gather`, or -1 for its
+ * own storer): what the client needs of the instance, and two descriptors to come. */
+static void attach_info(struct sup *s, unsigned w, const struct kvr_geometry *g, int gather, kvr_key ns,
+			struct kvr_proto_rep *rep)
+{
+	rep->worker = (uint32_t)w;
+	rep->n_fds = 2;
+	struct kvr_attach_info info = {
+		.ns_lo = ns.lo,
+		.ns_hi = ns.hi,
+		.lane = kvr_dcp_lane(g),
+		.lanes = s->lanes,
+		.n_slots = s->slots->n_slots,
+		.block_tokens = s->geom.block_tokens,
+		.slot_bytes = s->slots->slot_bytes,
+		.lane_bytes = s->lane_bytes,
+		.kv_bytes = s->kv_bytes[w],
+		.loader_actor = SUP_ACTOR_LOADER(w),
+		.storer_actor = gather >= 0 ? (uint32_t)gather : SUP_ACTOR_STORER(w),
+		.lookup_actor = SUP_ACTOR_LOOKUP,
+		.group_ranks = g->dcp_size,
+	};
+	memcpy(rep->payload, &info, sizeof(info));
+	rep->payload_len = sizeof(info);
+}
+
+/* Worker slot w's KV memory, adopted by attach_validate, closed again: the attach failed after. */
+static void attach_drop_kv(struct sup *s, int w)
+{
+	(void)close(s->kv_fd[w]);
+	s->kv_fd[w] = -1;
+}
+
 static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_proto_req *req, int *fds,
 			  unsigned n_fds)
 {
 	struct kvr_proto_rep rep;
-	unsigned max = s->cfg.instance.max_workers;
-	int w = -1;
-
-	if (s->phase != PH_RUN) {
-		rep_init(s, &rep, -ESHUTDOWN, "instance is shutting down");
-		goto reply;
-	}
-	if (conn_attached(c)) {
-		rep_init(s, &rep, -EALREADY, "already attached as %s %d", c->worker >= 0 ? "worker" : "scheduler",
-			 c->worker >= 0 ? c->worker : c->sched);
-		goto reply;
-	}
-	if (lookup_given_up(s, &rep))
-		goto reply;
-	for (unsigned i = 0; i < max && w < 0; i++)
-		if (atomic_load(&kvr_ctl_worker(s->ctl, i)->state) == KVR_WORKER_FREE)
-			w = (int)i;
-	if (w < 0) {
-		rep_init(s, &rep, -EBUSY, "no free worker slot (max_workers=%u)", max);
-		goto reply;
-	}
-	rep_init(s, &rep, 0, NULL);
-	struct kvr_attach_engine ein = {0};
 	struct sup_engine_id eng;
 	char why[KVR_PROTO_REASON_MAX];
-	if (req->payload_len != sizeof(struct kvr_geometry) &&
-	    req->payload_len != sizeof(struct kvr_geometry) + sizeof(ein)) {
-		rep_init(s, &rep, -EPROTO, "attach payload is %u bytes: a geometry is %zu (+ %zu of engine identity)",
-			 req->payload_len, sizeof(struct kvr_geometry), sizeof(ein));
-		goto reply;
-	}
-	if (req->payload_len > sizeof(struct kvr_geometry))
-		memcpy(&ein, req->payload + sizeof(struct kvr_geometry), sizeof(ein));
-	if (sup_engine_parse(&ein, &eng, why, sizeof(why))) {
-		rep_init(s, &rep, -EINVAL, "%s", why);
-		goto reply;
-	}
 	kvr_key ns;
+
+	int w = attach_slot(s, c, &rep);
+	if (w < 0)
+		goto reply;
+	rep_init(s, &rep, 0, NULL);
+	if (attach_engine(s, req, &eng, &rep))
+		goto reply;
 	if (attach_validate(s, (unsigned)w, req, fds, n_fds, &eng, &rep, &ns) || rep.status) {
 		if (!rep.status)
 			rep.status = -EINVAL;
@@ -611,8 +699,7 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 	int engine = sup_engine_join(s, &eng, why, sizeof(why));
 	if (engine < 0) {
 		rep_init(s, &rep, engine, "%s", why);
-		(void)close(s->kv_fd[w]);
-		s->kv_fd[w] = -1;
+		attach_drop_kv(s, w);
 		goto reply;
 	}
 
@@ -625,56 +712,18 @@ static void handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_pr
 		if (gather < 0) {
 			rep_init(s, &rep, gather, "%s", why);
 			sup_engine_leave(s, engine);
-			(void)close(s->kv_fd[w]);
-			s->kv_fd[w] = -1;
+			attach_drop_kv(s, w);
 			goto reply;
 		}
 	}
-	struct kvr_worker_ent *we = kvr_ctl_worker(s->ctl, (unsigned)w);
-	atomic_store(&we->pid, c->pid);
-	we->uid = c->uid;
-	we->generation++;
-	we->tp_rank = g->tp_rank;
-	we->tp_size = g->tp_size;
-	we->dcp_rank = g->dcp_rank;
-	we->dcp_size = g->dcp_size;
-	we->attached_ns = kvr_now_ns();
-	we->engine = (uint16_t)engine;
-	we->kind = KVR_CLIENT_WORKER;
-	s->worker_engine[w] = engine;
-	atomic_store(&kvr_ctl_area(s->ctl, (unsigned)w)->waiter.sleepers, 0);
-	atomic_store(&we->state, KVR_WORKER_ATTACHED);
-	c->worker = w;
-	s->worker_conn[w] = c;
-	kvr_info("worker %d attached (pid %d, generation %u, engine %d \"%s\", TP rank %u)", w, (int)c->pid,
-		 we->generation, engine, eng.id, g->tp_rank);
-	sup_engine_publish(s);
-
+	worker_attached(s, c, (unsigned)w, g, engine, &eng);
 	sup_actor_start(s, &s->actors[SUP_ACTOR_LOADER((unsigned)w)]);
 	if (gather < 0)
 		sup_actor_start(s, &s->actors[SUP_ACTOR_STORER((unsigned)w)]);
 	else
 		sup_groups_update(s);
 
-	rep.worker = (uint32_t)w;
-	rep.n_fds = 2;
-	struct kvr_attach_info info = {
-		.ns_lo = ns.lo,
-		.ns_hi = ns.hi,
-		.lane = kvr_dcp_lane(g),
-		.lanes = s->lanes,
-		.n_slots = s->slots->n_slots,
-		.block_tokens = s->geom.block_tokens,
-		.slot_bytes = s->slots->slot_bytes,
-		.lane_bytes = s->lane_bytes,
-		.kv_bytes = s->kv_bytes[w],
-		.loader_actor = SUP_ACTOR_LOADER((unsigned)w),
-		.storer_actor = gather >= 0 ? (uint32_t)gather : SUP_ACTOR_STORER((unsigned)w),
-		.lookup_actor = SUP_ACTOR_LOOKUP,
-		.group_ranks = g->dcp_size,
-	};
-	memcpy(rep.payload, &info, sizeof(info));
-	rep.payload_len = sizeof(info);
+	attach_info(s, (unsigned)w, g, gather, ns, &rep);
 	/* the control segment, read-only, and the worker's own area (kvr_proto.h): no worker
 	 * gets the arena, the slot table or another client's rings */
 	if (send_client_fds(s, c->fd, &rep, (unsigned)w))
@@ -686,49 +735,80 @@ reply:
 	(void)send_rep(c->fd, &rep, NULL, 0);
 }
 
+/* A scheduler's attach checked (phase, connection, no descriptors, its engine identity
+ * parsed into eng) and a free scheduler slot for it: the slot, or -1 with rep saying why not. */
+static int sched_slot(struct sup *s, struct sup_conn *c, const struct kvr_proto_req *req, unsigned n_fds,
+		      struct sup_engine_id *eng, struct kvr_proto_rep *rep)
+{
+	struct kvr_attach_engine ein;
+	char why[KVR_PROTO_REASON_MAX];
+	unsigned max = s->cfg.instance.max_schedulers;
+	if (s->phase != PH_RUN) {
+		rep_init(s, rep, -ESHUTDOWN, "instance is shutting down");
+		return -1;
+	}
+	if (conn_attached(c)) {
+		rep_init(s, rep, -EALREADY, "already attached");
+		return -1;
+	}
+	if (lookup_given_up(s, rep))
+		return -1;
+	if (n_fds) {
+		rep_init(s, rep, -EBADF, "a scheduler attaches without descriptors, got %u", n_fds);
+		return -1;
+	}
+	if (req->payload_len != sizeof(ein)) {
+		rep_init(s, rep, -EPROTO, "scheduler attach payload is %u bytes, an engine identity is %zu",
+			 req->payload_len, sizeof(ein));
+		return -1;
+	}
+	memcpy(&ein, req->payload, sizeof(ein));
+	if (sup_engine_parse(&ein, eng, why, sizeof(why))) {
+		rep_init(s, rep, -EINVAL, "%s", why);
+		return -1;
+	}
+	for (unsigned i = 0; i < max; i++)
+		if (atomic_load(&kvr_ctl_sched(s->ctl, i)->state) == KVR_WORKER_FREE)
+			return (int)i;
+	rep_init(s, rep, -EBUSY, "no free scheduler slot (instance.max_schedulers=%u)", max);
+	return -1;
+}
+
+/* Scheduler slot `slot`'s entry filled for c's process and its engine, then published:
+ * ATTACHED is stored last. */
+static void sched_attached(struct sup *s, struct sup_conn *c, unsigned slot, int engine,
+			   const struct sup_engine_id *eng)
+{
+	struct kvr_worker_ent *se = kvr_ctl_sched(s->ctl, slot);
+	atomic_store(&se->pid, c->pid);
+	se->uid = c->uid;
+	se->generation++;
+	se->tp_rank = se->dcp_rank = 0;
+	se->tp_size = s->geom.tp_size;
+	se->dcp_size = 1;
+	se->attached_ns = kvr_now_ns();
+	se->engine = (uint16_t)engine;
+	se->kind = KVR_CLIENT_SCHEDULER;
+	atomic_store(&kvr_ctl_area(s->ctl, s->ctl->max_workers + slot)->waiter.sleepers, 0);
+	atomic_store(&se->state, KVR_WORKER_ATTACHED);
+	c->sched = (int)slot;
+	s->sched_engine[slot] = engine;
+	kvr_info("scheduler %d attached (pid %d, engine %d \"%s\")", (int)slot, (int)c->pid, engine, eng->id);
+	sup_engine_publish(s);
+}
+
 /* ATTACH_SCHED: an engine's scheduler takes a scheduler slot (no KV memory, no actors of
  * its own): it gets the control segment and talks to the lookup actor on sched.req/rep.N. */
 static void handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr_proto_req *req, unsigned n_fds)
 {
 	struct kvr_proto_rep rep;
-	struct kvr_attach_engine ein;
 	struct sup_engine_id eng;
 	char why[KVR_PROTO_REASON_MAX];
-	unsigned max = s->cfg.instance.max_schedulers;
-	int slot = -1;
-
-	if (s->phase != PH_RUN) {
-		rep_init(s, &rep, -ESHUTDOWN, "instance is shutting down");
-		goto reply;
-	}
-	if (conn_attached(c)) {
-		rep_init(s, &rep, -EALREADY, "already attached");
-		goto reply;
-	}
-	if (lookup_given_up(s, &rep))
-		goto reply;
-	if (n_fds) {
-		rep_init(s, &rep, -EBADF, "a scheduler attaches without descriptors, got %u", n_fds);
-		goto reply;
-	}
-	if (req->payload_len != sizeof(ein)) {
-		rep_init(s, &rep, -EPROTO, "scheduler attach payload is %u bytes, an engine identity is %zu",
-			 req->payload_len, sizeof(ein));
-		goto reply;
-	}
-	memcpy(&ein, req->payload, sizeof(ein));
-	if (sup_engine_parse(&ein, &eng, why, sizeof(why))) {
-		rep_init(s, &rep, -EINVAL, "%s", why);
-		goto reply;
-	}
-	for (unsigned i = 0; i < max && slot < 0; i++)
-		if (atomic_load(&kvr_ctl_sched(s->ctl, i)->state) == KVR_WORKER_FREE)
-			slot = (int)i;
-	if (slot < 0) {
-		rep_init(s, &rep, -EBUSY, "no free scheduler slot (instance.max_schedulers=%u)", max);
-		goto reply;
-	}
 	kvr_key ns;
+
+	int slot = sched_slot(s, c, req, n_fds, &eng, &rep);
+	if (slot < 0)
+		goto reply;
 	int engine = sup_engine_join(s, &eng, why, sizeof(why));
 	if (engine < 0) {
 		rep_init(s, &rep, engine, "%s", why);
@@ -739,22 +819,7 @@ static void handle_attach_sched(struct sup *s, struct sup_conn *c, const struct 
 		rep_init(s, &rep, -EINVAL, "no key namespace for engine \"%s\"", eng.id);
 		goto reply;
 	}
-	struct kvr_worker_ent *se = kvr_ctl_sched(s->ctl, (unsigned)slot);
-	atomic_store(&se->pid, c->pid);
-	se->uid = c->uid;
-	se->generation++;
-	se->tp_rank = se->dcp_rank = 0;
-	se->tp_size = s->geom.tp_size;
-	se->dcp_size = 1;
-	se->attached_ns = kvr_now_ns();
-	se->engine = (uint16_t)engine;
-	se->kind = KVR_CLIENT_SCHEDULER;
-	atomic_store(&kvr_ctl_area(s->ctl, s->ctl->max_workers + (unsigned)slot)->waiter.sleepers, 0);
-	atomic_store(&se->state, KVR_WORKER_ATTACHED);
-	c->sched = slot;
-	s->sched_engine[slot] = engine;
-	kvr_info("scheduler %d attached (pid %d, engine %d \"%s\")", slot, (int)c->pid, engine, eng.id);
-	sup_engine_publish(s);
+	sched_attached(s, c, (unsigned)slot, engine, &eng);
 
 	rep_init(s, &rep, 0, NULL);
 	rep.worker = (uint32_t)slot;
@@ -821,7 +886,7 @@ static void worker_detach(struct sup *s, struct sup_conn *c)
  * WORKER_GONE. */
 static void reset_worker_rings(struct sup *s, unsigned w)
 {
-	static const char *const fmts[] = {"load.req.%u", "load.rep.%u", "store.req.%u", "store.rep.%u"};
+	static const char *const fmts[] = {KVR_RING_LOAD_REQ, KVR_RING_LOAD_REP, KVR_RING_STORE_REQ, KVR_RING_STORE_REP};
 	for (unsigned k = 0; k < sizeof(fmts) / sizeof(fmts[0]); k++) {
 		char name[KVR_RING_NAME_MAX];
 		snprintf(name, sizeof(name), fmts[k], w);

@@ -15,6 +15,7 @@
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_outbox.h"
+#include "kvr_ring_names.h"
 #include "kvr_time.h"
 #include "l2store.h"
 
@@ -631,8 +632,8 @@ static int disk_init(struct kvr_actor *a)
 	d->read_only = cfg->l2.read_only;
 	d->root = dir;
 	d->send_timeout_ns = kvr_ms_to_ns(cfg->timeouts.reply_ms);
-	d->in = kvr_actor_ring_w(a, "disk.req.%u", idx);
-	d->out = kvr_actor_ring_w(a, "disk.rep.%u", idx);
+	d->in = kvr_actor_ring_w(a, KVR_RING_DISK_REQ, idx);
+	d->out = kvr_actor_ring_w(a, KVR_RING_DISK_REP, idx);
 	if (!d->in || !d->out) {
 		kvr_err("rings disk.req.%u / disk.rep.%u missing from the ring directory", idx, idx);
 		rc = -ENOENT;

@@ -7,6 +7,7 @@
 #include "kvr_actor.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
+#include "kvr_ring_names.h"
 #include "kvr_time.h"
 #include "store_path.h"
 
@@ -236,8 +237,8 @@ static int gather_init(struct kvr_actor *a)
 		kvr_list_asm_init(&g->r[r].store_asm, KVR_MSG_STORE);
 	for (unsigned r = 0; r < g->d; r++) {
 		struct rank *rk = &g->r[r];
-		int rc = stage_worker_open(a, &rk->st, a->group[r], a->kv_fds[r], a->kv_sizes[r], "store.req.%u",
-					   "store.rep.%u", 100 - a->cfg.staging.load_percent);
+		int rc = stage_worker_open(a, &rk->st, a->group[r], a->kv_fds[r], a->kv_sizes[r], KVR_RING_STORE_REQ,
+					   KVR_RING_STORE_REP, 100 - a->cfg.staging.load_percent);
 		if (rc)
 			return rc;
 		stage_populate(&rk->st, r == 0, true, false); /* the arena once; each rank's KV memory */

@@ -10,6 +10,7 @@
 #include "kvr_grow.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
+#include "kvr_ring_names.h"
 #include "kvr_slots.h"
 #include "kvr_time.h"
 
@@ -345,8 +346,8 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	if (!t->read_only)
 		kvr_index_set_evict_hook(idx, evict_veto_hook, t);
 	for (unsigned d = 0; d < n; d++) {
-		t->req[d] = kvr_actor_ring_w(a, "disk.req.%u", d);
-		t->rep[d] = kvr_actor_ring_w(a, "disk.rep.%u", d);
+		t->req[d] = kvr_actor_ring_w(a, KVR_RING_DISK_REQ, d);
+		t->rep[d] = kvr_actor_ring_w(a, KVR_RING_DISK_REP, d);
 		t->disk_actor[d] = KVR_ACTOR_IX_DISK(a->ctl->max_workers, d);
 		if (!t->req[d] || !t->rep[d] || t->disk_actor[d] >= a->ctl->max_actors) {
 			l2t_close(t);
@@ -357,8 +358,8 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	}
 	if (a->cfg.remote.n_cluster) {
 		t->has_rm = true;
-		t->rm_req = kvr_actor_ring(a, "remote.req");
-		t->rm_rep = kvr_actor_ring(a, "remote.rep");
+		t->rm_req = kvr_actor_ring(a, KVR_RING_REMOTE_REQ);
+		t->rm_rep = kvr_actor_ring(a, KVR_RING_REMOTE_REP);
 		t->rm_actor = KVR_ACTOR_IX_REMOTE(a->ctl->max_workers, n);
 		if (!t->rm_req || !t->rm_rep || t->rm_actor >= a->ctl->max_actors ||
 		    kvr_ctl_actor(a->ctl, t->rm_actor)->kind != KVR_ACTOR_REMOTE) {

@@ -12,6 +12,7 @@
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_outbox.h"
+#include "kvr_ring_names.h"
 #include "kvr_time.h"
 #include "l2tier.h"
 #include "leases.h"
@@ -121,10 +122,10 @@ static int lookup_init(struct kvr_actor *a)
 		return -ENOMEM;
 	for (unsigned i = 0; i < l->n_workers; i++) {
 		struct lk_worker *w = &l->w[i];
-		w->lk_req = kvr_actor_ring_w(a, "lookup.req.%u", i);
-		w->lk_rep = kvr_actor_ring_w(a, "lookup.rep.%u", i);
-		w->cm_req = kvr_actor_ring_w(a, "commit.req.%u", i);
-		w->cm_rep = kvr_actor_ring_w(a, "commit.rep.%u", i);
+		w->lk_req = kvr_actor_ring_w(a, KVR_RING_LOOKUP_REQ, i);
+		w->lk_rep = kvr_actor_ring_w(a, KVR_RING_LOOKUP_REP, i);
+		w->cm_req = kvr_actor_ring_w(a, KVR_RING_COMMIT_REQ, i);
+		w->cm_rep = kvr_actor_ring_w(a, KVR_RING_COMMIT_REP, i);
 		if (!w->lk_req || !w->lk_rep || !w->cm_req || !w->cm_rep) {
 			kvr_err("rings of worker slot %u missing", i);
 			return -ENOENT;
@@ -142,8 +143,8 @@ static int lookup_init(struct kvr_actor *a)
 		return -ENOMEM;
 	for (unsigned i = 0; i < l->n_sched; i++) {
 		struct lk_sched *sc = &l->sched[i];
-		sc->req = kvr_actor_ring_w(a, "sched.req.%u", i);
-		sc->rep = kvr_actor_ring_w(a, "sched.rep.%u", i);
+		sc->req = kvr_actor_ring_w(a, KVR_RING_SCHED_REQ, i);
+		sc->rep = kvr_actor_ring_w(a, KVR_RING_SCHED_REP, i);
 		if (!sc->req || !sc->rep) {
 			kvr_err("rings of scheduler slot %u missing", i);
 			return -ENOENT;
@@ -685,7 +686,7 @@ static int on_worker_lease(struct kvr_actor *a, struct lookup *l, unsigned wi, c
  * (kvr_ctl_ring_reset). kvringd resets its other rings, once its loader and storer exited. */
 static void reset_client_rings(struct kvr_actor *a, unsigned w)
 {
-	static const char *const fmts[] = {"lookup.req.%u", "lookup.rep.%u"};
+	static const char *const fmts[] = {KVR_RING_LOOKUP_REQ, KVR_RING_LOOKUP_REP};
 	for (unsigned k = 0; k < 2; k++) {
 		char name[KVR_RING_NAME_MAX];
 		snprintf(name, sizeof(name), fmts[k], w);

@@ -9,6 +9,7 @@
 
 #include "kvr_grow.h"
 #include "kvr_log.h"
+#include "kvr_ring_names.h"
 #include "kvr_time.h"
 
 /*
@@ -115,8 +116,8 @@ int stage_store_open(struct stage_store *ss, struct kvr_actor *a, unsigned owner
 	ss->a = a;
 	ss->owner = owner;
 	ss->lane = lane;
-	ss->commit_req = kvr_actor_ring_w(a, "commit.req.%u", owner);
-	ss->commit_rep = kvr_actor_ring_w(a, "commit.rep.%u", owner);
+	ss->commit_req = kvr_actor_ring_w(a, KVR_RING_COMMIT_REQ, owner);
+	ss->commit_rep = kvr_actor_ring_w(a, KVR_RING_COMMIT_REP, owner);
 	if (!ss->commit_req || !ss->commit_rep) {
 		kvr_err("worker %u: commit rings not found", owner);
 		return -ENOENT;
@@ -294,6 +295,65 @@ static uint32_t commit_outcome(const struct kvr_slot_table *t, const struct kvr_
 	return committed;
 }
 
+/* Step 1 of a store: ALLOC of ss->keys[0..n) on our lane, its ALLOC_REP list assembled in
+ * ss->alloc_rep. lgen: the lookup actor's generation when the store began. 0 or -errno. */
+static int store_alloc(struct stage_store *ss, uint32_t n, uint32_t lgen)
+{
+	uint64_t id = ++ss->next_id;
+	int rc = kvr_list_send_ex(ss->commit_req, KVR_MSG_ALLOC, id, (uint8_t)ss->lane, 0, ss->keys, n,
+				  kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a), send_beating, ss->a);
+	int fed = 0;
+	while (!rc && fed != 1) {
+		struct kvr_msg m;
+		rc = await_lookup(ss, id, lgen, &m);
+		if (rc)
+			break;
+		fed = kvr_list_feed(&ss->alloc_rep, &m);
+		if (fed < 0 || (fed == 1 && ss->alloc_rep.total != n))
+			rc = -EPROTO;
+	}
+	return rc;
+}
+
+/* Step 2: every rank's n_copy blocks (ss->pos into its request) copied into the WRITING
+ * slots at ss->slot_offs, each rank's transfer stats added to st[r], then every rank's
+ * fence checked again. 0 or -errno. */
+static int store_copy(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
+		      unsigned n_ranks, uint32_t n_copy, const struct kvr_xfer_dep *const *readyp,
+		      struct kvr_xfer_stats *st)
+{
+	const uint32_t *blocks[KVR_ACTOR_MAX_KV];
+	for (unsigned r = 0; r < n_ranks; r++) {
+		uint32_t *b = ss->blocks + (size_t)r * ss->cap;
+		for (uint32_t k = 0; k < n_copy; k++)
+			b[k] = rq[r].items[ss->pos[k]].block;
+		blocks[r] = b;
+	}
+	uint64_t wires[KVR_ACTOR_MAX_KV];
+	for (unsigned r = 0; r < n_ranks; r++)
+		wires[r] = rq[r].wire;
+	int rc = stage_copy_chunks(sw, n_ranks, KVR_XFER_KV_TO_SLOT, blocks, ss->slot_offs, n_copy, readyp, wires, st);
+	/* the fence again, after the copy: a rank that detached, died or cancelled before its
+	 * copy was whole may have had other bytes in its blocks by then — never committed */
+	for (unsigned r = 0; !rc && n_copy && r < n_ranks; r++)
+		rc = stage_fence(sw[r], wires[r], true);
+	return rc;
+}
+
+/* Step 3: COMMIT of the n_copy slots in ss->written, its answer decoded into cr. 0 or -errno. */
+static int store_commit(struct stage_store *ss, uint32_t n_copy, uint32_t lgen, struct kvr_msg_commit_rep *cr)
+{
+	uint64_t id = ++ss->next_id;
+	int rc = kvr_list_send_ex(ss->commit_req, KVR_MSG_COMMIT, id, (uint8_t)ss->lane, 0, ss->written, n_copy,
+				  kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a), send_beating, ss->a);
+	struct kvr_msg m;
+	if (!rc)
+		rc = await_lookup(ss, id, lgen, &m);
+	if (!rc && kvr_msg_decode_commit_rep(&m, cr))
+		rc = -EPROTO;
+	return rc;
+}
+
 void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
 		     unsigned n_ranks)
 {
@@ -314,19 +374,7 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 
 	/* 1. allocate */
 	uint32_t lgen = atomic_load(&kvr_ctl_actor(ss->a->ctl, KVR_ACTOR_IX_LOOKUP)->generation);
-	uint64_t id = ++ss->next_id;
-	rc = kvr_list_send_ex(ss->commit_req, KVR_MSG_ALLOC, id, (uint8_t)ss->lane, 0, ss->keys, n,
-			      kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a), send_beating, ss->a);
-	int fed = 0;
-	while (!rc && fed != 1) {
-		struct kvr_msg m;
-		rc = await_lookup(ss, id, lgen, &m);
-		if (rc)
-			break;
-		fed = kvr_list_feed(&ss->alloc_rep, &m);
-		if (fed < 0 || (fed == 1 && ss->alloc_rep.total != n))
-			rc = -EPROTO;
-	}
+	rc = store_alloc(ss, n, lgen);
 	if (rc) {
 		kvr_warn("store %llx: allocation failed: %s", (unsigned long long)rq[0].wire, strerror(-rc));
 		fail_ranks(ss, sw, rq, n_ranks, rc == -ECANCELED ? -EPIPE : rc);
@@ -339,21 +387,7 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 	sort_alloc(sw[0]->slots, ss->alloc_rep.items, n, ss->written, ss->pos, ss->slot_offs, ss->fail_pos, NULL,
 		   &n_copy, &present, &n_fail);
 	memset(st, 0, sizeof(st));
-	const uint32_t *blocks[KVR_ACTOR_MAX_KV];
-	for (unsigned r = 0; r < n_ranks; r++) {
-		uint32_t *b = ss->blocks + (size_t)r * ss->cap;
-		for (uint32_t k = 0; k < n_copy; k++)
-			b[k] = rq[r].items[ss->pos[k]].block;
-		blocks[r] = b;
-	}
-	uint64_t wires[KVR_ACTOR_MAX_KV];
-	for (unsigned r = 0; r < n_ranks; r++)
-		wires[r] = rq[r].wire;
-	rc = stage_copy_chunks(sw, n_ranks, KVR_XFER_KV_TO_SLOT, blocks, ss->slot_offs, n_copy, readyp, wires, st);
-	/* the fence again, after the copy: a rank that detached, died or cancelled before its
-	 * copy was whole may have had other bytes in its blocks by then — never committed */
-	for (unsigned r = 0; !rc && n_copy && r < n_ranks; r++)
-		rc = stage_fence(sw[r], wires[r], true);
+	rc = store_copy(ss, sw, rq, n_ranks, n_copy, readyp, st);
 	if (rc) {
 		if (store_fenced(rc))
 			kvr_actor_count(ss->a, KVR_STAT_XF_FENCED, 1);
@@ -366,15 +400,8 @@ void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, con
 	/* 3. commit */
 	uint32_t committed = 0;
 	if (n_copy) {
-		id = ++ss->next_id;
-		rc = kvr_list_send_ex(ss->commit_req, KVR_MSG_COMMIT, id, (uint8_t)ss->lane, 0, ss->written, n_copy,
-				      kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a), send_beating, ss->a);
-		struct kvr_msg m;
-		if (!rc)
-			rc = await_lookup(ss, id, lgen, &m);
 		struct kvr_msg_commit_rep cr;
-		if (!rc && kvr_msg_decode_commit_rep(&m, &cr))
-			rc = -EPROTO;
+		rc = store_commit(ss, n_copy, lgen, &cr);
 		if (rc) {
 			kvr_warn("store %llx: commit failed: %s", (unsigned long long)rq[0].wire, strerror(-rc));
 			fail_ranks(ss, sw, rq, n_ranks, rc == -ECANCELED ? -EPIPE : rc);

@@ -5,6 +5,7 @@
 #include "kvr_actor.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
+#include "kvr_ring_names.h"
 #include "store_path.h"
 
 /*
@@ -38,7 +39,7 @@ static int storer_init(struct kvr_actor *a)
 		return -ENOMEM;
 	kvr_actor_set_data(a, s);
 	kvr_list_asm_init(&s->req, KVR_MSG_STORE);
-	int rc = stage_worker_open(a, &s->sw, a->ent->index, a->n_kv ? a->kv_fds[0] : -1, a->kv_sizes[0], "store.req.%u", "store.rep.%u",
+	int rc = stage_worker_open(a, &s->sw, a->ent->index, a->n_kv ? a->kv_fds[0] : -1, a->kv_sizes[0], KVR_RING_STORE_REQ, KVR_RING_STORE_REP,
 				   100 - a->cfg.staging.load_percent);
 	if (rc)
 		return rc;

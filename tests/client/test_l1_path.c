@@ -14,6 +14,7 @@
 
 #include "client_harness.h"
 #include "kvr_list.h"
+#include "kvr_ring_names.h"
 #include "kvr_time.h"
 
 static struct ct_env env;
@@ -228,9 +229,9 @@ Test(client, quorum_rank_dies_before_commit)
 	uint64_t aborted0 = ct_stat(&env, "lookup", KVR_STAT_LK_ABORTED);
 	uint64_t gone0 = ct_stat(&env, "lookup", KVR_STAT_LK_WORKERS_GONE);
 
-	snprintf(name, sizeof(name), "commit.req.%d", w1);
+	snprintf(name, sizeof(name), KVR_RING_COMMIT_REQ, (unsigned)w1);
 	struct kvr_ring *creq = ct_ring(&env, name);
-	snprintf(name, sizeof(name), "commit.rep.%d", w1);
+	snprintf(name, sizeof(name), KVR_RING_COMMIT_REP, (unsigned)w1);
 	struct kvr_ring *crep = ct_ring(&env, name);
 	_Static_assert(sizeof(kvr_key) == sizeof(struct kvr_msg_key), "key wire format");
 	cr_assert_eq(kvr_list_send(creq, KVR_MSG_ALLOC, 0x51, 1, keys, n, kvr_now_ns() + 2000000000ull), 0);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "client_harness.h"
+#include "kvr_ring_names.h"
 #include "kvr_time.h"
 
 /*
@@ -204,9 +205,9 @@ Test(scale, a_worker_that_never_reads_delays_no_other)
 
 	/* b floods the lookup actor with lookups and reads no answer: more than its ring holds */
 	char name[32];
-	snprintf(name, sizeof(name), "lookup.req.%u", b->worker);
+	snprintf(name, sizeof(name), KVR_RING_LOOKUP_REQ, b->worker);
 	struct kvr_ring *req = ct_ring(&env, name);
-	snprintf(name, sizeof(name), "lookup.rep.%u", b->worker);
+	snprintf(name, sizeof(name), KVR_RING_LOOKUP_REP, b->worker);
 	struct kvr_ring *rep = ct_ring(&env, name);
 	const unsigned flood = rep->shm->capacity + 500;
 	kvr_key k;
@@ -282,8 +283,8 @@ Test(scale, the_largest_geometry_attaches_and_one_more_region_is_refused)
 
 /* The rings a worker's client reads and writes (all of them in its area, the only memory
  * it can write: kvr_ctl.h). */
-static const char *const worker_ring_fmts[] = {"lookup.req.%u", "lookup.rep.%u", "load.req.%u",
-					       "load.rep.%u",   "store.req.%u",  "store.rep.%u"};
+static const char *const worker_ring_fmts[] = {KVR_RING_LOOKUP_REQ, KVR_RING_LOOKUP_REP, KVR_RING_LOAD_REQ,
+					       KVR_RING_LOAD_REP, KVR_RING_STORE_REQ, KVR_RING_STORE_REP};
 #define N_WORKER_RINGS (sizeof(worker_ring_fmts) / sizeof(worker_ring_fmts[0]))
 
 struct scribble_target {

@@ -23,6 +23,7 @@
 #include "kvr_list.h"
 #include "kvr_keys.h"
 #include "kvr_proto.h"
+#include "kvr_ring_names.h"
 #include "kvr_slots.h"
 
 static struct h_inst inst;
@@ -721,7 +722,7 @@ Test(dcp_kvringd, tails_round_trip_under_their_layout_only, .fini = granks_close
 static unsigned gather_of_rank(const struct grank *r)
 {
 	char name[KVR_RING_NAME_MAX];
-	snprintf(name, sizeof(name), "store.req.%u", kvr_worker_slot(r->c));
+	snprintf(name, sizeof(name), KVR_RING_STORE_REQ, kvr_worker_slot(r->c));
 	int i = kvr_ctl_find_ring(inst.ctl, name);
 	cr_assert_geq(i, 0);
 	int cons = kvr_ctl_ring_ent(inst.ctl, (unsigned)i)->consumer;
@@ -1090,7 +1091,7 @@ Test(dcp_kvringd, stale_store_does_not_cross_actors, .fini = granks_close)
 	static struct kvr_ctl_rings wrings;
 	cr_assert_eq(kvr_ctl_attach(&wseg, &wctl, &wrings), 0);
 	char name[KVR_RING_NAME_MAX];
-	snprintf(name, sizeof(name), "store.req.%u", w1);
+	snprintf(name, sizeof(name), KVR_RING_STORE_REQ, w1);
 	struct kvr_ring *ring = kvr_ctl_ring(&wrings, (unsigned)kvr_ctl_find_ring(wctl, name));
 	uint64_t wire = ((uint64_t)(ggen & 0xffff) << 48) | 77;
 	cr_assert_eq(kvr_list_send(ring, KVR_MSG_STORE, wire, 0, items, G_PROMPT, 0), 0);
@@ -1171,7 +1172,7 @@ Test(dcp_kvringd, gather_killed_while_its_owner_leaves_leaks_no_slot, .fini = gr
 	cr_assert_gt(gpid, 0);
 	cr_assert_eq(kill(gpid, SIGSTOP), 0);
 	char name[KVR_RING_NAME_MAX];
-	snprintf(name, sizeof(name), "commit.req.%u", owner);
+	snprintf(name, sizeof(name), KVR_RING_COMMIT_REQ, owner);
 	struct kvr_ring *creq = h_ring(ctl, name);
 	cr_assert(creq);
 	int lki = h_actor_index(ctl, "lookup");

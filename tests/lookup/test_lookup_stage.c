@@ -42,10 +42,10 @@ static void setup(void)
 	step_spec_ctl(&e, 0, "lookup");
 	for (unsigned w = 0; w < MW; w++) {
 		int storer = 1 + 2 * (int)w + 1;
-		step_spec(&e, 256, KVR_EP_CLIENT(w), 0, "lookup.req.%u", w);
-		step_spec(&e, 256, 0, KVR_EP_CLIENT(w), "lookup.rep.%u", w);
-		step_spec(&e, 256, storer, 0, "commit.req.%u", w);
-		step_spec(&e, 256, 0, storer, "commit.rep.%u", w);
+		step_spec(&e, 256, KVR_EP_CLIENT(w), 0, KVR_RING_LOOKUP_REQ, w);
+		step_spec(&e, 256, 0, KVR_EP_CLIENT(w), KVR_RING_LOOKUP_REP, w);
+		step_spec(&e, 256, storer, 0, KVR_RING_COMMIT_REQ, w);
+		step_spec(&e, 256, 0, storer, KVR_RING_COMMIT_REP, w);
 	}
 	step_spec(&e, 64, KVR_EP_CLIENT(MW), 0, "sched.req.0");
 	step_spec(&e, 64, 0, KVR_EP_CLIENT(MW), "sched.rep.0");
@@ -106,10 +106,10 @@ static void take_list(struct kvr_ring *r, unsigned type, uint64_t wire, void *it
  * ALLOC_REP taken off commit.rep.w into ret; every key must get a slot. */
 static void alloc(unsigned w, const kvr_key *keys, uint32_t n, struct kvr_msg_slot *ret)
 {
-	struct kvr_ring *req = ring_w("commit.req.%u", w);
+	struct kvr_ring *req = ring_w(KVR_RING_COMMIT_REQ, w);
 	uint64_t wire = send_list(req, KVR_MSG_ALLOC, 0, keys, n);
 	cr_assert_geq(step_msgs(&e, req), 1);
-	take_list(ring_w("commit.rep.%u", w), KVR_MSG_ALLOC_REP, wire, ret, sizeof(*ret), n);
+	take_list(ring_w(KVR_RING_COMMIT_REP, w), KVR_MSG_ALLOC_REP, wire, ret, sizeof(*ret), n);
 	for (uint32_t i = 0; i < n; i++) {
 		cr_assert_lt(ret[i].slot, N_SLOTS, "key %u: slot %x", i, ret[i].slot);
 		const struct kvr_slot *s = kvr_slot_at(st, ret[i].slot);
@@ -123,10 +123,10 @@ static void alloc(unsigned w, const kvr_key *keys, uint32_t n, struct kvr_msg_sl
 /* The storer of worker w commits slots[0..n): COMMIT stepped, its COMMIT_REP decoded. */
 static struct kvr_msg_commit_rep commit(unsigned w, const struct kvr_msg_slot *slots, uint32_t n)
 {
-	struct kvr_ring *req = ring_w("commit.req.%u", w);
+	struct kvr_ring *req = ring_w(KVR_RING_COMMIT_REQ, w);
 	uint64_t wire = send_list(req, KVR_MSG_COMMIT, 0, slots, n);
 	cr_assert_geq(step_msgs(&e, req), 1);
-	struct kvr_msg m = step_take(ring_w("commit.rep.%u", w), KVR_MSG_COMMIT_REP);
+	struct kvr_msg m = step_take(ring_w(KVR_RING_COMMIT_REP, w), KVR_MSG_COMMIT_REP);
 	cr_assert_eq(m.hdr.req_id, wire);
 	struct kvr_msg_commit_rep r;
 	cr_assert_eq(kvr_msg_decode_commit_rep(&m, &r), 0);
@@ -136,7 +136,7 @@ static struct kvr_msg_commit_rep commit(unsigned w, const struct kvr_msg_slot *s
 /* Worker w's client looks keys[0..n) up: LOOKUP stepped, LOOKUP_REP (+ SLOTS) taken. */
 static struct kvr_msg_lookup_rep lookup(unsigned w, const kvr_key *keys, uint32_t n, struct kvr_msg_slot *ret)
 {
-	struct kvr_ring *req = ring_w("lookup.req.%u", w), *rep = ring_w("lookup.rep.%u", w);
+	struct kvr_ring *req = ring_w(KVR_RING_LOOKUP_REQ, w), *rep = ring_w(KVR_RING_LOOKUP_REP, w);
 	uint64_t wire = send_list(req, KVR_MSG_LOOKUP, 0, keys, n);
 	cr_assert_geq(step_msgs(&e, req), 1);
 	struct kvr_msg m = step_take(rep, KVR_MSG_LOOKUP_REP);
@@ -214,11 +214,11 @@ Test(lookup_stage, alloc_commit_lookup)
 	cr_assert_eq(step_stat(&e, KVR_STAT_LK_VISIBLE), 4);
 
 	/* the same keys again: PRESENT, nothing new allocated */
-	struct kvr_ring *req = ring_w("commit.req.%u", 1);
+	struct kvr_ring *req = ring_w(KVR_RING_COMMIT_REQ, 1);
 	uint64_t wire = send_list(req, KVR_MSG_ALLOC, 0, keys, 2);
 	cr_assert_eq(step_msgs(&e, req), 1);
 	struct kvr_msg_slot again[2];
-	take_list(ring_w("commit.rep.%u", 1), KVR_MSG_ALLOC_REP, wire, again, sizeof(again[0]), 2);
+	take_list(ring_w(KVR_RING_COMMIT_REP, 1), KVR_MSG_ALLOC_REP, wire, again, sizeof(again[0]), 2);
 	cr_assert_eq(again[0].slot, KVR_INDEX_PRESENT);
 	cr_assert_eq(again[1].slot, KVR_INDEX_PRESENT);
 	cr_assert_eq(step_stat(&e, KVR_STAT_LK_ALLOCATED), 4);
@@ -236,7 +236,7 @@ Test(lookup_stage, commit_owner_and_stale)
 	cr_assert_eq(c.n_committed, 0, "not worker 1's slots");
 	cr_assert_eq(atomic_load(&kvr_slot_at(st, got[0].slot)->state), KVR_SLOT_WRITING);
 
-	struct kvr_ring *req = ring_w("lookup.req.%u", 0), *rep = ring_w("lookup.rep.%u", 0);
+	struct kvr_ring *req = ring_w(KVR_RING_LOOKUP_REQ, 0), *rep = ring_w(KVR_RING_LOOKUP_REP, 0);
 	uint64_t wire = kvr_wire_make(GEN + 1, seq++); /* meant for another incarnation */
 	cr_assert_eq(kvr_list_send(req, KVR_MSG_LOOKUP, wire, 0, keys, 2, 0), 0);
 	cr_assert_eq(step_msgs(&e, req), 1);
@@ -274,7 +274,7 @@ Test(lookup_stage, lease_pending_and_miss_reason)
 	cr_assert_eq(step_stat(&e, KVR_STAT_LK_LEASES), 2);
 
 	/* worker 1 takes lease 7's lane-0 slots: exactly the committed ones */
-	struct kvr_ring *req = ring_w("lookup.req.%u", 1), *rep = ring_w("lookup.rep.%u", 1);
+	struct kvr_ring *req = ring_w(KVR_RING_LOOKUP_REQ, 1), *rep = ring_w(KVR_RING_LOOKUP_REP, 1);
 	uint64_t wire = kvr_wire_make(GEN, seq++);
 	struct kvr_msg_lease b = {.lease_id = 7};
 	struct kvr_msg m;
@@ -354,12 +354,12 @@ Test(lookup_stage, reset_aborts_own)
 	keys_of(6, 2, k);
 	struct kvr_msg_slot s[2];
 	alloc(0, k, 2, s);
-	struct kvr_ring *req = ring_w("commit.req.%u", 0);
+	struct kvr_ring *req = ring_w(KVR_RING_COMMIT_REQ, 0);
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_RESET, 0, 77, 0, NULL, 0);
 	cr_assert_eq(kvr_ring_try_enqueue(req, &m), 0);
 	cr_assert_eq(step_msg(&e, req), 0);
-	m = step_take(ring_w("commit.rep.%u", 0), KVR_MSG_COMMIT_REP);
+	m = step_take(ring_w(KVR_RING_COMMIT_REP, 0), KVR_MSG_COMMIT_REP);
 	cr_assert_eq(m.hdr.req_id, 77);
 	struct kvr_msg_commit_rep c;
 	cr_assert_eq(kvr_msg_decode_commit_rep(&m, &c), 0);
@@ -375,7 +375,7 @@ Test(lookup_stage, reply_backpressure)
 {
 	kvr_key k[1];
 	keys_of(7, 1, k);
-	struct kvr_ring *req = ring_w("lookup.req.%u", 0), *rep = ring_w("lookup.rep.%u", 0);
+	struct kvr_ring *req = ring_w(KVR_RING_LOOKUP_REQ, 0), *rep = ring_w(KVR_RING_LOOKUP_REP, 0);
 	unsigned n = step_fill_ring(rep, 0, KVR_MSG_PONG);
 	uint64_t wire = send_list(req, KVR_MSG_LOOKUP, 0, k, 1);
 	cr_assert_eq(step_msgs(&e, req), 1);

@@ -15,6 +15,7 @@
 
 #include "kvr_actor.h"
 #include "kvr_ctl.h"
+#include "kvr_ring_names.h"
 #include "kvr_slots.h"
 #include "watch.h"
 
@@ -73,8 +74,8 @@ static inline void step_spec(struct step_env *e, uint32_t capacity, int producer
 /* The control rings of actor `me` named `name` (ctl.<name>.in, ctl.<name>.out). */
 static inline void step_spec_ctl(struct step_env *e, unsigned me, const char *name)
 {
-	step_spec(e, 64, KVR_EP_SUPERVISOR, (int)me, "ctl.%s.in", name);
-	step_spec(e, 64, (int)me, KVR_EP_SUPERVISOR, "ctl.%s.out", name);
+	step_spec(e, 64, KVR_EP_SUPERVISOR, (int)me, KVR_RING_CTL_IN, name);
+	step_spec(e, 64, (int)me, KVR_EP_SUPERVISOR, KVR_RING_CTL_OUT, name);
 }
 
 /* The ring named `name`; asserts it exists. */
@@ -111,9 +112,9 @@ static inline void step_build(struct step_env *e, const char *name, unsigned n_a
 	a->ent->kind = kind;
 	atomic_store(&a->ctl->n_actors, n_actors);
 	char ring[KVR_RING_NAME_MAX];
-	snprintf(ring, sizeof(ring), "ctl.%s.in", name);
+	snprintf(ring, sizeof(ring), KVR_RING_CTL_IN, name);
 	int ci = kvr_ctl_find_ring(a->ctl, ring);
-	snprintf(ring, sizeof(ring), "ctl.%s.out", name);
+	snprintf(ring, sizeof(ring), KVR_RING_CTL_OUT, name);
 	int co = kvr_ctl_find_ring(a->ctl, ring);
 	/* as kvr_actor_main's attach_rings: ours by the directory's endpoints */
 	unsigned n = atomic_load(&a->ctl->n_rings);

@@ -18,6 +18,7 @@
 #include "kvr_geometry.h"
 #include "kvr_keys.h"
 #include "kvr_list.h"
+#include "kvr_ring_names.h"
 #include "kvr_slots.h"
 #include "kvr_time.h"
 #include "store_path.h"
@@ -183,7 +184,7 @@ static void build(bool l2)
 	(void)unsetenv("KVRING_STORE_DEPTH");
 	now = kvr_now_ns(); /* from the real clock: see the end of this file */
 	act.now_ns = now;
-	cr_assert_eq(stage_worker_open(&act, &sw, 0, kv_fd, kv_bytes, "store.req.%u", "store.rep.%u",
+	cr_assert_eq(stage_worker_open(&act, &sw, 0, kv_fd, kv_bytes, KVR_RING_STORE_REQ, KVR_RING_STORE_REP,
 				       100 - act.cfg.staging.load_percent), 0);
 	worker_open = true;
 	cr_assert_eq(sw.pool_leases, 4, "a store pool of 4 leases");

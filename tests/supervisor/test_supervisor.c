@@ -16,6 +16,7 @@
 
 #include "sup_harness.h"
 #include "kvr_geometry.h"
+#include "kvr_ring_names.h"
 #include "kvr_slots.h"
 
 static struct h_inst inst;
@@ -63,12 +64,12 @@ Test(supervisor, inspect_layout)
 		cr_assert_str_eq(e->name, names[i]);
 		cr_assert_eq(e->kind, kinds[i]);
 		char rn[KVR_RING_NAME_MAX];
-		snprintf(rn, sizeof(rn), "ctl.%s.in", names[i]);
+		snprintf(rn, sizeof(rn), KVR_RING_CTL_IN, names[i]);
 		cr_assert_eq(e->ctl_in, kvr_ctl_find_ring(c, rn));
 		const struct kvr_ring_ent *re = kvr_ctl_ring_ent(c, e->ctl_in);
 		cr_assert_eq(re->producer, KVR_EP_SUPERVISOR);
 		cr_assert_eq(re->consumer, (int)i);
-		snprintf(rn, sizeof(rn), "ctl.%s.out", names[i]);
+		snprintf(rn, sizeof(rn), KVR_RING_CTL_OUT, names[i]);
 		cr_assert_eq(e->ctl_out, kvr_ctl_find_ring(c, rn));
 		re = kvr_ctl_ring_ent(c, e->ctl_out);
 		cr_assert_eq(re->producer, (int)i);
@@ -272,8 +273,8 @@ static void kill_and_check(const char *name)
 {
 	struct kvr_actor_ent *e = wait_ready(name, 3000);
 	char rin[KVR_RING_NAME_MAX], rout[KVR_RING_NAME_MAX];
-	snprintf(rin, sizeof(rin), "ctl.%s.in", name);
-	snprintf(rout, sizeof(rout), "ctl.%s.out", name);
+	snprintf(rin, sizeof(rin), KVR_RING_CTL_IN, name);
+	snprintf(rout, sizeof(rout), KVR_RING_CTL_OUT, name);
 	/* a pong has been answered before the kill */
 	cr_assert(H_WAIT(h_stat(&inst, name, KVR_STAT_PINGS) > 0, 2000), "%s never answered a ping", name);
 
