@@ -7,6 +7,7 @@
 #include "kvr_actor.h"
 #include "kvr_grow.h"
 #include "kvr_log.h"
+#include "kvr_ring_names.h"
 #include "kvr_time.h"
 #include "stage_common.h"
 
@@ -306,7 +307,7 @@ static int loader_init(struct kvr_actor *a)
 		return -ENOMEM;
 	kvr_actor_set_data(a, l);
 	kvr_list_asm_init(&l->in, KVR_MSG_LOAD);
-	int rc = stage_worker_open(a, &l->sw, a->ent->index, a->n_kv ? a->kv_fds[0] : -1, a->kv_sizes[0], "load.req.%u", "load.rep.%u",
+	int rc = stage_worker_open(a, &l->sw, a->ent->index, a->n_kv ? a->kv_fds[0] : -1, a->kv_sizes[0], KVR_RING_LOAD_REQ, KVR_RING_LOAD_REP,
 				   a->cfg.staging.load_percent);
 	if (rc)
 		return rc;
