@@ -20,10 +20,13 @@
  *
  * Each rank sends its own STORE for the blocks the engine finished; the ranks run the
  * same schedule, so their requests list the same keys. The gather actor queues each
- * rank's request until every rank sent one with the same keys, then runs the store path
- * once for the group (stage_store_run with D ranks): one slot per block, every rank's rows
- * (and its page tail) copied into their places in the canonical lane — every rank's
- * copies of a chunk submitted before any is waited for — and one commit. A block is never
+ * rank's request until every rank sent one with the same keys, then hands the group's
+ * requests to its store pipe as one job (stage_store_pipe_*, store_path.c, D ranks): one
+ * slot per block, every rank's rows (and its page tail) copied into their places in the
+ * canonical lane — every rank's copies of a chunk submitted before any is reaped — and
+ * one commit. No handler waits for the lookup actor or a copy: the pipe moves on in
+ * on_pass, its replies arrive on commit.rep as messages, and while the pipe's window is
+ * full every rank's store.req is held. A block is never
  * committed with a shard missing (seed 003: a connector that stored rank 0's shard alone
  * served a block with 1/D of its tokens). A request whose partners do not arrive within
  * dcp.store_timeout_ms fails with -ETIMEDOUT, nothing of it stored, and the log names the
@@ -60,15 +63,31 @@ struct gather {
 	unsigned d;
 	struct rank r[KVR_DCP_MAX];
 	struct stage_store ss;
+	struct stage_store_pipe pipe;
+	bool pipe_open;
+	bool held;         /* every rank's store.req held: the pipe's window is full */
 	uint64_t timeout_ns;
 };
 
+/* Requests waiting for their group count as held with the pipe's jobs (a drain waits). */
 static void update_held(struct kvr_actor *a, struct gather *g)
 {
 	unsigned held = 0;
 	for (unsigned r = 0; r < g->d; r++)
 		held += g->r[r].n;
-	kvr_actor_set_held(a, held);
+	if (g->pipe_open)
+		stage_store_pipe_set_waiting(&g->pipe, held);
+	else
+		kvr_actor_set_held(a, held);
+}
+
+static void hold(struct kvr_actor *a, struct gather *g, bool on)
+{
+	if (g->held == on)
+		return;
+	g->held = on;
+	for (unsigned r = 0; r < g->d; r++)
+		(void)kvr_actor_hold_input(a, g->r[r].st.req, on);
 }
 
 /* Take request i out of rank rk's queue; the caller owns (and frees) its items. */
@@ -111,10 +130,9 @@ static int find_same(const struct rank *rk, const struct pend *p)
 	return -1;
 }
 
-/* Run every store that all ranks sent, in rank 0's arrival order. */
+/* Hand every store that all ranks sent to the pipe, in rank 0's arrival order. */
 static void match(struct kvr_actor *a, struct gather *g)
 {
-	struct stage_worker *sw[KVR_DCP_MAX];
 	struct stage_store_req rq[KVR_DCP_MAX];
 	unsigned at[KVR_DCP_MAX];
 	for (unsigned i = 0; i < g->r[0].n;) {
@@ -134,12 +152,12 @@ static void match(struct kvr_actor *a, struct gather *g)
 		 * a rank that has its answer never sees its store still held */
 		struct kvr_msg_store_item *owned[KVR_DCP_MAX];
 		for (unsigned r = 0; r < g->d; r++) {
-			sw[r] = &g->r[r].st;
 			rq[r] = g->r[r].q[at[r]].rq;
 			owned[r] = pend_take(&g->r[r], at[r]);
 		}
 		update_held(a, g);
-		stage_store_run(&g->ss, sw, rq, g->d);
+		if (stage_store_pipe_submit(&g->pipe, rq)) /* copies the items */
+			hold(a, g, true); /* the rest waits in the rings behind the window */
 		for (unsigned r = 0; r < g->d; r++)
 			free(owned[r]);
 		/* i now names the next request of rank 0 */
@@ -184,6 +202,7 @@ static bool store_arriving(const struct rank *rk)
 static void gather_tick(struct kvr_actor *a, uint64_t now)
 {
 	struct gather *g = a->data;
+	stage_store_pipe_tick(&g->pipe, now); /* the lookup actor's restarts, overdue answers */
 	for (unsigned r = 0; r < g->d; r++) {
 		struct rank *rk = &g->r[r];
 		for (unsigned i = 0; i < rk->n;) {
@@ -254,7 +273,15 @@ static int gather_init(struct kvr_actor *a)
 		 g->r[0].st.lane, a->group[0], a->group[g->d - 1]);
 	/* the group's allocations go over its rank-0 worker's commit rings (and are its slots
 	 * for RESET and WORKER_GONE) */
-	return stage_store_open(&g->ss, a, a->group[0], g->r[0].st.lane);
+	int rc = stage_store_open(&g->ss, a, a->group[0], g->r[0].st.lane);
+	if (rc)
+		return rc;
+	struct stage_worker *sw[KVR_DCP_MAX];
+	for (unsigned r = 0; r < g->d; r++)
+		sw[r] = &g->r[r].st;
+	rc = stage_store_pipe_open(&g->pipe, &g->ss, sw, g->d);
+	g->pipe_open = rc == 0;
+	return rc;
 }
 
 static void gather_fini(struct kvr_actor *a)
@@ -268,8 +295,13 @@ static void gather_fini(struct kvr_actor *a)
 			/* stopping (drain timed out, or a rank left): answered, not dropped */
 			pend_fail(a, g, r, 0, -ESHUTDOWN);
 		}
-		stage_worker_close(&rk->st);
-		kvr_list_asm_free(&rk->store_asm);
+	}
+	if (g->pipe_open)
+		stage_store_pipe_close(&g->pipe); /* answers what is left: before the rings go */
+	g->pipe_open = false;
+	for (unsigned r = 0; r < g->d; r++) {
+		stage_worker_close(&g->r[r].st);
+		kvr_list_asm_free(&g->r[r].store_asm);
 	}
 	stage_store_close(&g->ss);
 	kvr_actor_set_held(a, 0);
@@ -280,7 +312,7 @@ static int gather_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 {
 	struct gather *g = a->data;
 	if (ring == g->ss.commit_rep)
-		return 0; /* a late reply of a request we gave up on */
+		return stage_store_pipe_reply(&g->pipe, m, a->now_ns);
 	for (unsigned r = 0; r < g->d; r++) {
 		struct rank *rk = &g->r[r];
 		if (ring == rk->st.req) {
@@ -295,11 +327,15 @@ static int gather_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 	return -EBADMSG;
 }
 
-/* Replies that found a rank's ring full go out as it makes room (stage_worker_pass). */
+/* The pipe moves on; replies that found a rank's ring full go out as it makes room
+ * (stage_worker_pass). */
 static int gather_on_pass(struct kvr_actor *a, uint64_t now)
 {
 	struct gather *g = a->data;
-	int pass = KVR_PASS_IDLE;
+	bool room;
+	int pass = stage_store_pipe_pass(&g->pipe, now, &room);
+	if (room)
+		hold(a, g, false);
 	for (unsigned r = 0; r < g->d; r++) {
 		int p = stage_worker_pass(&g->r[r].st, now);
 		if (p > pass)

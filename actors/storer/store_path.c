@@ -1,4 +1,4 @@
-/* The store path the storer and the DCP gather actor share: ALLOC, copy, COMMIT -> STORE_DONE, one store at a time or pipelined. */
+/* The store path the storer and the DCP gather actor share: ALLOC, copy, COMMIT -> STORE_DONE, pipelined and never waiting in a handler. */
 #include "store_path.h"
 
 #include <errno.h>
@@ -29,11 +29,11 @@
  * RESET aborts every WRITING slot of the owner worker: nothing half written can become
  * visible. stage_store_open() sends RESET too, for slots a previous incarnation left.
  *
- * stage_store_run() takes these steps for one store at a time, waiting for each answer (the
- * gather actor's DCP stores). The storer runs the same steps as a pipeline of several
- * stores driven by its loop (stage_store_pipe_*, at the end of this file), with the same
- * guarantees: a slot is committed only after its whole copy, the slot table decides what
- * was committed, and any failure aborts the worker's WRITING slots with RESET.
+ * The storer and the gather actor run these steps as a pipeline of several stores driven by
+ * their loops (stage_store_pipe_*, below), no handler waiting: a slot is committed only
+ * after its whole copy, the slot table decides what was committed, and any failure aborts
+ * the worker's WRITING slots with RESET. Only stage_store_open waits for the lookup actor
+ * (its RESET, before the actor is ready).
  */
 
 #define LOOKUP_TIMEOUT_NS(a) kvr_ms_to_ns((a)->cfg.timeouts.lookup_call_ms)
@@ -43,29 +43,10 @@ static int store_grow(struct stage_store *ss, uint32_t n)
 {
 	if (n <= ss->cap)
 		return 0;
-	if (kvr_realloc_n(&ss->keys, n, sizeof(*ss->keys)) || kvr_realloc_n(&ss->written, n, sizeof(*ss->written)) ||
-	    kvr_realloc_n(&ss->pos, n, sizeof(*ss->pos)) || kvr_realloc_n(&ss->slot_offs, n, sizeof(*ss->slot_offs)) ||
-	    kvr_realloc_n(&ss->blocks, (size_t)n * KVR_ACTOR_MAX_KV, sizeof(*ss->blocks)) ||
-	    kvr_realloc_n(&ss->fail_pos, n, sizeof(*ss->fail_pos)) || kvr_realloc_n(&ss->failed, n, sizeof(*ss->failed)))
+	if (kvr_realloc_n(&ss->failed, n, sizeof(*ss->failed)))
 		return -ENOMEM;
 	ss->cap = n;
 	return 0;
-}
-
-/* One message of a list to the lookup actor, waiting for room in AWAIT_SLICE_NS slices and
- * beating between them: a storer streaming a 60,000-key list is busy, not stuck. */
-static int send_beating(void *ctx, struct kvr_ring *r, const struct kvr_msg *m, uint64_t deadline)
-{
-	struct kvr_actor *a = ctx;
-	for (;;) {
-		uint64_t now = kvr_now_ns(), until = now + AWAIT_SLICE_NS < deadline ? now + AWAIT_SLICE_NS : deadline;
-		int rc = kvr_msg_send(r, m, until);
-		kvr_actor_beat(a);
-		if (rc != -ETIMEDOUT || until >= deadline)
-			return rc;
-		if (a->stopping)
-			return -ECANCELED;
-	}
 }
 
 /* Wait for the lookup actor's reply to request id `id` on commit.rep. Messages of earlier
@@ -135,12 +116,6 @@ void stage_store_close(struct stage_store *ss)
 	if (!ss)
 		return;
 	kvr_list_asm_free(&ss->alloc_rep);
-	free(ss->keys);
-	free(ss->written);
-	free(ss->pos);
-	free(ss->slot_offs);
-	free(ss->blocks);
-	free(ss->fail_pos);
 	free(ss->failed);
 	memset(ss, 0, sizeof(*ss));
 }
@@ -169,7 +144,7 @@ static void send_store_done(struct stage_worker *sw, const struct stage_store_re
 static void store_reply(struct stage_store *ss, struct stage_worker *sw, const struct stage_store_req *rq, int status,
 			uint32_t stored, uint32_t present, uint32_t n_failed, const struct kvr_xfer_stats *st)
 {
-	send_store_done(sw, rq, status, stored, present, ss->failed, n_failed, st, ss->run_ns);
+	send_store_done(sw, rq, status, stored, present, ss->failed, n_failed, st, 0);
 }
 
 void stage_store_fail(struct stage_store *ss, struct stage_worker *sw, const struct stage_store_req *rq, int status)
@@ -181,14 +156,6 @@ void stage_store_fail(struct stage_store *ss, struct stage_worker *sw, const str
 	for (uint32_t i = 0; i < rq->n; i++)
 		ss->failed[i] = rq->items[i].block;
 	store_reply(ss, sw, rq, status, 0, 0, rq->n, NULL);
-}
-
-static void fail_ranks(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
-		       unsigned n_ranks, int status)
-{
-	for (unsigned r = 0; r < n_ranks; r++)
-		stage_store_fail(ss, sw[r], &rq[r], status);
-	ss->run_ns = 0;
 }
 
 /* A fence's error (stage_fence): the store was cancelled, or its worker detached or died. */
@@ -231,14 +198,6 @@ static int store_check(struct stage_store *ss, struct stage_worker *const *sw, c
 		}
 	}
 	return 0;
-}
-
-static int store_precheck(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
-			  unsigned n_ranks, struct kvr_xfer_dep *ready, const struct kvr_xfer_dep **readyp)
-{
-	if (store_grow(ss, rq[0].n))
-		return -ENOMEM;
-	return store_check(ss, sw, rq, n_ranks, ready, readyp);
 }
 
 /* Sort an ALLOC_REP of n keys: the slots to copy (written[], their positions pos[], arena
@@ -295,142 +254,8 @@ static uint32_t commit_outcome(const struct kvr_slot_table *t, const struct kvr_
 	return committed;
 }
 
-/* Step 1 of a store: ALLOC of ss->keys[0..n) on our lane, its ALLOC_REP list assembled in
- * ss->alloc_rep. lgen: the lookup actor's generation when the store began. 0 or -errno. */
-static int store_alloc(struct stage_store *ss, uint32_t n, uint32_t lgen)
-{
-	uint64_t id = ++ss->next_id;
-	int rc = kvr_list_send_ex(ss->commit_req, KVR_MSG_ALLOC, id, (uint8_t)ss->lane, 0, ss->keys, n,
-				  kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a), send_beating, ss->a);
-	int fed = 0;
-	while (!rc && fed != 1) {
-		struct kvr_msg m;
-		rc = await_lookup(ss, id, lgen, &m);
-		if (rc)
-			break;
-		fed = kvr_list_feed(&ss->alloc_rep, &m);
-		if (fed < 0 || (fed == 1 && ss->alloc_rep.total != n))
-			rc = -EPROTO;
-	}
-	return rc;
-}
-
-/* Step 2: every rank's n_copy blocks (ss->pos into its request) copied into the WRITING
- * slots at ss->slot_offs, each rank's transfer stats added to st[r], then every rank's
- * fence checked again. 0 or -errno. */
-static int store_copy(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
-		      unsigned n_ranks, uint32_t n_copy, const struct kvr_xfer_dep *const *readyp,
-		      struct kvr_xfer_stats *st)
-{
-	const uint32_t *blocks[KVR_ACTOR_MAX_KV];
-	for (unsigned r = 0; r < n_ranks; r++) {
-		uint32_t *b = ss->blocks + (size_t)r * ss->cap;
-		for (uint32_t k = 0; k < n_copy; k++)
-			b[k] = rq[r].items[ss->pos[k]].block;
-		blocks[r] = b;
-	}
-	uint64_t wires[KVR_ACTOR_MAX_KV];
-	for (unsigned r = 0; r < n_ranks; r++)
-		wires[r] = rq[r].wire;
-	int rc = stage_copy_chunks(sw, n_ranks, KVR_XFER_KV_TO_SLOT, blocks, ss->slot_offs, n_copy, readyp, wires, st);
-	/* the fence again, after the copy: a rank that detached, died or cancelled before its
-	 * copy was whole may have had other bytes in its blocks by then — never committed */
-	for (unsigned r = 0; !rc && n_copy && r < n_ranks; r++)
-		rc = stage_fence(sw[r], wires[r], true);
-	return rc;
-}
-
-/* Step 3: COMMIT of the n_copy slots in ss->written, its answer decoded into cr. 0 or -errno. */
-static int store_commit(struct stage_store *ss, uint32_t n_copy, uint32_t lgen, struct kvr_msg_commit_rep *cr)
-{
-	uint64_t id = ++ss->next_id;
-	int rc = kvr_list_send_ex(ss->commit_req, KVR_MSG_COMMIT, id, (uint8_t)ss->lane, 0, ss->written, n_copy,
-				  kvr_now_ns() + LOOKUP_TIMEOUT_NS(ss->a), send_beating, ss->a);
-	struct kvr_msg m;
-	if (!rc)
-		rc = await_lookup(ss, id, lgen, &m);
-	if (!rc && kvr_msg_decode_commit_rep(&m, cr))
-		rc = -EPROTO;
-	return rc;
-}
-
-void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
-		     unsigned n_ranks)
-{
-	struct kvr_xfer_dep ready[KVR_ACTOR_MAX_KV];
-	const struct kvr_xfer_dep *readyp[KVR_ACTOR_MAX_KV];
-	struct kvr_xfer_stats st[KVR_ACTOR_MAX_KV];
-	if (!n_ranks || n_ranks > KVR_ACTOR_MAX_KV)
-		return;
-	ss->run_ns = kvr_now_ns();
-	int rc = store_precheck(ss, sw, rq, n_ranks, ready, readyp);
-	if (rc) {
-		fail_ranks(ss, sw, rq, n_ranks, rc);
-		return;
-	}
-	uint32_t n = rq[0].n;
-	for (uint32_t i = 0; i < n; i++)
-		ss->keys[i] = rq[0].items[i].key;
-
-	/* 1. allocate */
-	uint32_t lgen = atomic_load(&kvr_ctl_actor(ss->a->ctl, KVR_ACTOR_IX_LOOKUP)->generation);
-	rc = store_alloc(ss, n, lgen);
-	if (rc) {
-		kvr_warn("store %llx: allocation failed: %s", (unsigned long long)rq[0].wire, strerror(-rc));
-		fail_ranks(ss, sw, rq, n_ranks, rc == -ECANCELED ? -EPIPE : rc);
-		(void)reset_lane(ss);
-		return;
-	}
-
-	/* 2. copy every rank's shard into the WRITING slots */
-	uint32_t n_copy, present, n_fail;
-	sort_alloc(sw[0]->slots, ss->alloc_rep.items, n, ss->written, ss->pos, ss->slot_offs, ss->fail_pos, NULL,
-		   &n_copy, &present, &n_fail);
-	memset(st, 0, sizeof(st));
-	rc = store_copy(ss, sw, rq, n_ranks, n_copy, readyp, st);
-	if (rc) {
-		if (store_fenced(rc))
-			kvr_actor_count(ss->a, KVR_STAT_XF_FENCED, 1);
-		kvr_warn("store %llx: copy failed: %s", (unsigned long long)rq[0].wire, strerror(-rc));
-		fail_ranks(ss, sw, rq, n_ranks, rc);
-		(void)reset_lane(ss); /* aborts the WRITING slots: nothing partial becomes visible */
-		return;
-	}
-
-	/* 3. commit */
-	uint32_t committed = 0;
-	if (n_copy) {
-		struct kvr_msg_commit_rep cr;
-		rc = store_commit(ss, n_copy, lgen, &cr);
-		if (rc) {
-			kvr_warn("store %llx: commit failed: %s", (unsigned long long)rq[0].wire, strerror(-rc));
-			fail_ranks(ss, sw, rq, n_ranks, rc == -ECANCELED ? -EPIPE : rc);
-			(void)reset_lane(ss);
-			return;
-		}
-		committed = commit_outcome(sw[0]->slots, ss->written, ss->pos, n_copy, cr.n_committed, ss->fail_pos,
-					   &n_fail);
-		if (committed != n_copy)
-			kvr_warn("store %llx: %u of %u slots committed (lookup reported %u)",
-				 (unsigned long long)rq[0].wire, committed, n_copy, cr.n_committed);
-	}
-
-	/* 4. answer every rank (blocks count once: a DCP group stores one canonical block) */
-	kvr_actor_count(ss->a, KVR_STAT_XF_BLOCKS, committed);
-	kvr_actor_count(ss->a, KVR_STAT_XF_PRESENT_BLOCKS, present);
-	for (unsigned r = 0; r < n_ranks; r++) {
-		for (uint32_t k = 0; k < n_fail; k++)
-			ss->failed[k] = rq[r].items[ss->fail_pos[k]].block;
-		kvr_actor_count(ss->a, KVR_STAT_XF_BYTES, st[r].bytes);
-		store_reply(ss, sw[r], &rq[r], n_fail ? -EIO : 0, committed, present, n_fail, &st[r]);
-	}
-	ss->run_ns = 0;
-	kvr_debug("store %llx: %u blocks x %u ranks, %u stored, %u present, %u failed", (unsigned long long)rq[0].wire, n,
-		  n_ranks, committed, present, n_fail);
-}
-
 /*
- * The pipelined store path (the storer; the contract is in stage_common.h). One pass of the
+ * The pipelined store path (the storer's and the gather actor's; the contract is in store_path.h). One pass of the
  * actor loop (stage_store_pipe_pass) moves every job as far as it can without waiting:
  *
  *   answer   finished jobs at the head of the FIFO, in order;
@@ -460,12 +285,12 @@ enum job_state {
 
 struct stage_store_job {
 	enum job_state state;
-	struct stage_store_req rq;        /* rq.items = items */
-	struct kvr_msg_store_item *items; /* a copy of the STORE's items */
+	struct stage_store_req rq[KVR_ACTOR_MAX_KV];         /* rank r's STORE; rq[r].items = items[r] */
+	struct kvr_msg_store_item *items[KVR_ACTOR_MAX_KV]; /* copies of the STOREs' items */
 	struct kvr_msg_slot *written;     /* the slots to copy and commit (n_copy) */
 	uint32_t *pos;                    /* their positions in the request */
 	uint64_t *slot_offs;
-	uint32_t *blocks;                 /* engine block ids of the copied positions */
+	uint32_t *blocks[KVR_ACTOR_MAX_KV]; /* rank r's engine block ids of the copied positions */
 	uint32_t *fail_pos;               /* positions not stored (n_fail) */
 	uint32_t *pres_pos;               /* positions answered PRESENT (present) */
 	uint32_t *failed;                 /* block ids not stored, for the reply */
@@ -478,10 +303,10 @@ struct stage_store_job {
 	uint64_t id;                      /* its outstanding ALLOC or COMMIT */
 	uint64_t deadline;                /* ... is overdue then */
 	uint64_t start_ns;                /* its ALLOC went out: the end of its queue time */
-	struct kvr_xfer_dep ready;        /* CUDA: the producer's event (has_ready) */
-	bool has_ready;
-	struct kvr_xfer_stats st;
-	struct stage_copy copy;           /* COPYING: its chunks (copy.ready[0] = &ready) */
+	struct kvr_xfer_dep ready[KVR_ACTOR_MAX_KV];         /* CUDA: rank r's producer event ... */
+	const struct kvr_xfer_dep *readyp[KVR_ACTOR_MAX_KV]; /* ... &ready[r], or NULL: none */
+	struct kvr_xfer_stats st[KVR_ACTOR_MAX_KV];
+	struct stage_copy copy;           /* COPYING: its chunks */
 };
 
 #define JOB_KEEP_ITEMS 4096
@@ -489,7 +314,7 @@ struct stage_store_job {
 
 static struct stage_store_job *job_at(const struct stage_store_pipe *p, unsigned i)
 {
-	return &p->jobs[(p->head + i) % p->cap_jobs];
+	return p->jobs[(p->head + i) % p->cap_jobs];
 }
 
 static unsigned window(const struct stage_store_pipe *p)
@@ -515,17 +340,20 @@ static void job_stop_copy(struct stage_store_job *j)
 		j->copy.rc = -ECANCELED;
 	while (stage_copy_reap(&j->copy, true) == 1)
 		;
-	j->st = j->copy.st[0];
+	memcpy(j->st, j->copy.st, sizeof(j->st));
 	j->state = JOB_SLOTS;
 }
 
-static int job_grow(struct stage_store_job *j, uint32_t n)
+static int job_grow(struct stage_store_job *j, uint32_t n, unsigned n_ranks)
 {
 	if (n <= j->cap)
 		return 0;
-	if (kvr_realloc_n(&j->items, n, sizeof(*j->items)) || kvr_realloc_n(&j->written, n, sizeof(*j->written)) ||
-	    kvr_realloc_n(&j->pos, n, sizeof(*j->pos)) || kvr_realloc_n(&j->slot_offs, n, sizeof(*j->slot_offs)) ||
-	    kvr_realloc_n(&j->blocks, n, sizeof(*j->blocks)) || kvr_realloc_n(&j->fail_pos, n, sizeof(*j->fail_pos)) ||
+	for (unsigned r = 0; r < n_ranks; r++)
+		if (kvr_realloc_n(&j->items[r], n, sizeof(*j->items[r])) ||
+		    kvr_realloc_n(&j->blocks[r], n, sizeof(*j->blocks[r])))
+			return -ENOMEM;
+	if (kvr_realloc_n(&j->written, n, sizeof(*j->written)) || kvr_realloc_n(&j->pos, n, sizeof(*j->pos)) ||
+	    kvr_realloc_n(&j->slot_offs, n, sizeof(*j->slot_offs)) || kvr_realloc_n(&j->fail_pos, n, sizeof(*j->fail_pos)) ||
 	    kvr_realloc_n(&j->pres_pos, n, sizeof(*j->pres_pos)) || kvr_realloc_n(&j->failed, n, sizeof(*j->failed)))
 		return -ENOMEM;
 	j->cap = n;
@@ -534,30 +362,37 @@ static int job_grow(struct stage_store_job *j, uint32_t n)
 
 static void job_free(struct stage_store_job *j)
 {
-	free(j->items);
+	for (unsigned r = 0; r < KVR_ACTOR_MAX_KV; r++) {
+		free(j->items[r]);
+		free(j->blocks[r]);
+	}
 	free(j->written);
 	free(j->pos);
 	free(j->slot_offs);
-	free(j->blocks);
 	free(j->fail_pos);
 	free(j->pres_pos);
 	free(j->failed);
 	memset(j, 0, sizeof(*j));
 }
 
-/* Room for one more job: the FIFO doubles, unwrapped (its entries keep their buffers). */
+/* Room for one more job: the FIFO of pointers doubles, unwrapped; a job never moves (its
+ * copy points into it), and its entry keeps its buffers between stores. */
 static int pipe_grow(struct stage_store_pipe *p)
 {
 	if (p->n < p->cap_jobs)
 		return 0;
 	unsigned cap = p->cap_jobs * 2;
-	struct stage_store_job *q = calloc(cap, sizeof(*q));
+	struct stage_store_job **q = calloc(cap, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
-	for (unsigned i = 0; i < p->cap_jobs; i++) {
-		q[i] = *job_at(p, i);
-		if (q[i].state == JOB_COPYING && q[i].has_ready)
-			q[i].copy.ready[0] = &q[i].ready; /* it moved */
+	for (unsigned i = 0; i < cap; i++) {
+		q[i] = i < p->cap_jobs ? job_at(p, i) : calloc(1, sizeof(**q));
+		if (!q[i]) {
+			while (i-- > p->cap_jobs)
+				free(q[i]);
+			free(q);
+			return -ENOMEM;
+		}
 	}
 	free(p->jobs);
 	p->jobs = q;
@@ -580,7 +415,7 @@ static void pipe_gauges(struct stage_store_pipe *p)
 		p->inflight_max = w;
 	atomic_store_explicit(&a->stats->c[KVR_STAT_XF_STORES_INFLIGHT], w, memory_order_relaxed);
 	atomic_store_explicit(&a->stats->c[KVR_STAT_XF_STORES_INFLIGHT_MAX], p->inflight_max, memory_order_relaxed);
-	kvr_actor_set_held(a, p->n);
+	kvr_actor_set_held(a, p->n + p->waiting);
 }
 
 static void job_finish(struct stage_store_job *j, int status)
@@ -599,35 +434,41 @@ static void job_fault(struct stage_store_job *j, int status)
 	j->just_failed = j->start_ns != 0; /* it had asked for slots */
 }
 
-/* STORE_DONE for a finished job: the counts, or (status) every block failed. */
+/* STORE_DONE for a finished job to every rank: the counts, or (status) every block failed;
+ * rank r's own block ids. A DCP group stores one canonical block per key: blocks count once. */
 static void job_reply(struct stage_store_pipe *p, struct stage_store_job *j)
 {
-	const struct stage_store_req *rq = &j->rq;
-	uint32_t n_failed = 0, stored = 0, present = 0;
+	uint32_t stored = 0, present = 0, n_failed = 0;
 	int status = j->status;
-	if (status) {
-		if (j->items) /* else no room to list them: the status fails all */
-			for (uint32_t i = 0; i < rq->n; i++)
-				j->failed[n_failed++] = j->items[i].block;
-	} else {
-		for (uint32_t k = 0; k < j->n_fail; k++)
-			j->failed[n_failed++] = j->items[j->fail_pos[k]].block;
-		present = j->present;
-		if (j->present_lost) {
-			for (uint32_t k = 0; k < j->present; k++)
-				j->failed[n_failed++] = j->items[j->pres_pos[k]].block;
-			present = 0;
-		}
+	if (!status) {
+		present = j->present_lost ? 0 : j->present;
 		stored = j->committed;
-		status = n_failed ? -EIO : 0;
 		kvr_actor_count(p->ss->a, KVR_STAT_XF_BLOCKS, stored);
 		kvr_actor_count(p->ss->a, KVR_STAT_XF_PRESENT_BLOCKS, present);
 	}
-	kvr_actor_count(p->ss->a, KVR_STAT_XF_BYTES, j->st.bytes);
-	kvr_debug("store %llx: %u blocks, %u stored, %u present, %u failed (%d)", (unsigned long long)rq->wire, rq->n,
-		  stored, present, n_failed, status);
-	/* queued until its ALLOC went out */
-	send_store_done(p->sw, rq, status, stored, present, j->failed, n_failed, &j->st, j->start_ns);
+	for (unsigned r = 0; r < p->n_ranks; r++) {
+		const struct stage_store_req *rq = &j->rq[r];
+		const struct kvr_msg_store_item *items = j->items[r];
+		int st = status;
+		n_failed = 0;
+		if (status) {
+			if (items) /* else no room to list them: the status fails all */
+				for (uint32_t i = 0; i < rq->n; i++)
+					j->failed[n_failed++] = items[i].block;
+		} else {
+			for (uint32_t k = 0; k < j->n_fail; k++)
+				j->failed[n_failed++] = items[j->fail_pos[k]].block;
+			if (j->present_lost)
+				for (uint32_t k = 0; k < j->present; k++)
+					j->failed[n_failed++] = items[j->pres_pos[k]].block;
+			st = n_failed ? -EIO : 0;
+		}
+		kvr_actor_count(p->ss->a, KVR_STAT_XF_BYTES, j->st[r].bytes);
+		/* queued until its ALLOC went out */
+		send_store_done(p->sw[r], rq, st, stored, present, j->failed, n_failed, &j->st[r], j->start_ns);
+	}
+	kvr_debug("store %llx: %u blocks x %u ranks, %u stored, %u present, %u failed (%d)",
+		  (unsigned long long)j->rq[0].wire, j->rq[0].n, p->n_ranks, stored, present, n_failed, status);
 }
 
 static void send_reset(struct stage_store_pipe *p, uint64_t now)
@@ -741,7 +582,7 @@ static void expire(struct stage_store_pipe *p, uint64_t now)
 	for (unsigned i = 0; i < p->n; i++) {
 		struct stage_store_job *j = job_at(p, i);
 		if ((j->state == JOB_ALLOC || j->state == JOB_COMMIT) && j->deadline <= now) {
-			kvr_warn("store %llx: %s not answered within %u ms", (unsigned long long)j->rq.wire,
+			kvr_warn("store %llx: %s not answered within %u ms", (unsigned long long)j->rq[0].wire,
 				 j->state == JOB_ALLOC ? "allocation" : "commit", p->ss->a->cfg.timeouts.lookup_call_ms);
 			abandon_alloc(p, j, now);
 			job_fault(j, -ETIMEDOUT);
@@ -816,7 +657,6 @@ static bool answer(struct stage_store_pipe *p)
 static bool start_alloc(struct stage_store_pipe *p, uint64_t now)
 {
 	struct stage_store *ss = p->ss;
-	struct stage_worker *sw = p->sw;
 	bool moved = false;
 	if (p->reset_wanted)
 		return false; /* no new slots until the RESET went out */
@@ -828,10 +668,11 @@ static bool start_alloc(struct stage_store_pipe *p, uint64_t now)
 			return moved;
 		if (j->state != JOB_QUEUED)
 			continue;
-		const struct kvr_xfer_dep *readyp = NULL;
-		int rc = stage_fence(sw, j->rq.wire, false);
+		int rc = 0;
+		for (unsigned r = 0; r < p->n_ranks && !rc; r++)
+			rc = stage_fence(p->sw[r], j->rq[r].wire, false);
 		if (!rc)
-			rc = j->items ? store_check(ss, &sw, &j->rq, 1, &j->ready, &readyp) : -ENOMEM;
+			rc = j->items[0] ? store_check(ss, p->sw, j->rq, p->n_ranks, j->ready, j->readyp) : -ENOMEM;
 		if (rc) {
 			if (store_fenced(rc))
 				kvr_actor_count(ss->a, KVR_STAT_XF_FENCED, 1);
@@ -839,8 +680,7 @@ static bool start_alloc(struct stage_store_pipe *p, uint64_t now)
 			moved = true;
 			continue;
 		}
-		j->has_ready = readyp != NULL;
-		uint32_t n = j->rq.n;
+		uint32_t n = j->rq[0].n;
 		if (n > p->cap_keys) {
 			if (kvr_realloc_n(&p->keys, n, sizeof(*p->keys))) {
 				job_finish(j, -ENOMEM);
@@ -850,14 +690,14 @@ static bool start_alloc(struct stage_store_pipe *p, uint64_t now)
 			p->cap_keys = n;
 		}
 		for (uint32_t k = 0; k < n; k++)
-			p->keys[k] = j->items[k].key;
+			p->keys[k] = j->items[0][k].key;
 		j->id = ++ss->next_id;
 		j->start_ns = now;
 		j->deadline = now + lookup_call_ns(p);
 		j->state = JOB_ALLOC;
 		if (kvr_outbox_send_list(&p->out, KVR_MSG_ALLOC, j->id, (uint8_t)ss->lane, 0, p->keys, n, now)) {
 			/* part of it may be in the ring: the lookup actor sees an incomplete list */
-			kvr_err("store %llx: ALLOC dropped (outbox full)", (unsigned long long)j->rq.wire);
+			kvr_err("store %llx: ALLOC dropped (outbox full)", (unsigned long long)j->rq[0].wire);
 			job_finish(j, -ENOBUFS);
 			p->reset_wanted = true;
 		}
@@ -878,9 +718,11 @@ static bool send_commits(struct stage_store_pipe *p, uint64_t now)
 			continue;
 		/* the fence after the copy: the worker detached, died or cancelled the store before
 		 * this point — its blocks may have held other bytes by the end of the copy */
-		int frc = stage_fence(p->sw, j->rq.wire, true);
+		int frc = 0;
+		for (unsigned r = 0; r < p->n_ranks && !frc; r++)
+			frc = stage_fence(p->sw[r], j->rq[r].wire, true);
 		if (frc) {
-			kvr_info("store %llx: not committed: %s", (unsigned long long)j->rq.wire, fence_why(frc));
+			kvr_info("store %llx: not committed: %s", (unsigned long long)j->rq[0].wire, fence_why(frc));
 			kvr_actor_count(p->ss->a, KVR_STAT_XF_FENCED, 1);
 			lane_reset(p, j, frc, now);
 			moved = true;
@@ -892,7 +734,7 @@ static bool send_commits(struct stage_store_pipe *p, uint64_t now)
 		moved = true;
 		if (kvr_outbox_send_list(&p->out, KVR_MSG_COMMIT, j->id, (uint8_t)p->ss->lane, 0, j->written, j->n_copy,
 					 now)) {
-			kvr_err("store %llx: COMMIT dropped (outbox full)", (unsigned long long)j->rq.wire);
+			kvr_err("store %llx: COMMIT dropped (outbox full)", (unsigned long long)j->rq[0].wire);
 			lane_reset(p, j, -ENOBUFS, now);
 		}
 	}
@@ -925,18 +767,18 @@ static bool store_held(void)
 static void copy_over(struct stage_store_pipe *p, struct stage_store_job *j, uint64_t now)
 {
 	int rc = j->copy.rc;
-	j->st = j->copy.st[0];
+	memcpy(j->st, j->copy.st, sizeof(j->st));
 	j->state = JOB_SLOTS;
 	if (!rc) {
 		j->state = JOB_COPIED;
 		return;
 	}
 	if (store_fenced(rc)) {
-		kvr_info("store %llx: copy stopped after %llu bytes: %s", (unsigned long long)j->rq.wire,
-			 (unsigned long long)j->st.bytes, fence_why(rc));
+		kvr_info("store %llx: copy stopped after %llu bytes: %s", (unsigned long long)j->rq[0].wire,
+			 (unsigned long long)j->st[0].bytes, fence_why(rc));
 		kvr_actor_count(p->ss->a, KVR_STAT_XF_FENCED, 1);
 	} else {
-		kvr_warn("store %llx: copy failed: %s", (unsigned long long)j->rq.wire, strerror(-rc));
+		kvr_warn("store %llx: copy failed: %s", (unsigned long long)j->rq[0].wire, strerror(-rc));
 	}
 	lane_reset(p, j, rc, now); /* aborts the WRITING slots: nothing partial becomes visible */
 }
@@ -962,13 +804,16 @@ static bool copy_step(struct stage_store_pipe *p, uint64_t now, bool *copying)
 		p->held = store_held();
 		if (p->held)
 			return false;
-		struct stage_worker *sw = p->sw;
-		for (uint32_t k = 0; k < j->n_copy; k++)
-			j->blocks[k] = j->items[j->pos[k]].block;
-		const uint32_t *blocks = j->blocks;
-		const struct kvr_xfer_dep *readyp = j->has_ready ? &j->ready : NULL;
-		(void)stage_copy_start(&j->copy, &sw, 1, KVR_XFER_KV_TO_SLOT, &blocks, j->slot_offs, j->n_copy, &readyp,
-				       &j->rq.wire);
+		const uint32_t *blocks[KVR_ACTOR_MAX_KV];
+		uint64_t wires[KVR_ACTOR_MAX_KV];
+		for (unsigned r = 0; r < p->n_ranks; r++) {
+			for (uint32_t k = 0; k < j->n_copy; k++)
+				j->blocks[r][k] = j->items[r][j->pos[k]].block;
+			blocks[r] = j->blocks[r];
+			wires[r] = j->rq[r].wire;
+		}
+		(void)stage_copy_start(&j->copy, p->sw, p->n_ranks, KVR_XFER_KV_TO_SLOT, blocks, j->slot_offs, j->n_copy,
+				       j->readyp, wires);
 		j->state = JOB_COPYING;
 		moved = true;
 	}
@@ -1006,14 +851,23 @@ static bool reset_when_quiet(struct stage_store_pipe *p, uint64_t now)
 	return true;
 }
 
-int stage_store_pipe_open(struct stage_store_pipe *p, struct stage_store *ss, struct stage_worker *sw)
+int stage_store_pipe_open(struct stage_store_pipe *p, struct stage_store *ss, struct stage_worker *const *sw,
+			  unsigned n_ranks)
 {
 	memset(p, 0, sizeof(*p));
 	p->ss = ss;
-	p->sw = sw;
 	p->timer = -1;
+	if (!n_ranks || n_ranks > KVR_ACTOR_MAX_KV)
+		return -EINVAL;
+	p->n_ranks = n_ranks;
+	unsigned leases = UINT32_MAX;
+	for (unsigned r = 0; r < n_ranks; r++) {
+		p->sw[r] = sw[r];
+		if (sw[r]->pool_leases < leases)
+			leases = sw[r]->pool_leases;
+	}
 	kvr_outbox_init(&p->out, ss->commit_req);
-	unsigned depth = sw->pool_leases < STAGE_STORE_DEPTH_MAX ? sw->pool_leases : STAGE_STORE_DEPTH_MAX;
+	unsigned depth = leases < STAGE_STORE_DEPTH_MAX ? leases : STAGE_STORE_DEPTH_MAX;
 	if (!depth)
 		depth = 1;
 	const char *env = getenv("KVRING_STORE_DEPTH");
@@ -1030,11 +884,14 @@ int stage_store_pipe_open(struct stage_store_pipe *p, struct stage_store *ss, st
 	p->jobs = calloc(p->cap_jobs, sizeof(*p->jobs));
 	if (!p->jobs)
 		return -ENOMEM;
+	for (unsigned i = 0; i < p->cap_jobs; i++)
+		if (!(p->jobs[i] = calloc(1, sizeof(*p->jobs[i]))))
+			return -ENOMEM; /* stage_store_pipe_close frees what there is */
 	p->lookup_gen = atomic_load(&kvr_ctl_actor(ss->a->ctl, KVR_ACTOR_IX_LOOKUP)->generation);
 	p->can_hold = ss->a->cfg.l2.n_dirs || ss->a->cfg.remote.n_cluster; /* lookup.c: alloc_try */
 	/* a high-water mark over the actor's starts, as its counters are sums over them */
 	p->inflight_max = (uint32_t)atomic_load(&ss->a->stats->c[KVR_STAT_XF_STORES_INFLIGHT_MAX]);
-	kvr_info("worker %u: up to %u stores in flight (store pool of %u leases%s)", sw->worker, depth, sw->pool_leases,
+	kvr_info("worker %u: up to %u stores in flight (store pool of %u leases%s)", sw[0]->worker, depth, leases,
 		 env && *env ? ", KVRING_STORE_DEPTH" : "");
 	pipe_gauges(p);
 	return 0;
@@ -1121,8 +978,11 @@ void stage_store_pipe_close(struct stage_store_pipe *p)
 			job_finish(j, -ESHUTDOWN); /* stopping (drain timed out, or the worker left): answered */
 	}
 	(void)answer(p);
-	for (unsigned i = 0; i < p->cap_jobs; i++)
-		job_free(&p->jobs[i]);
+	for (unsigned i = 0; i < p->cap_jobs; i++) {
+		if (p->jobs[i])
+			job_free(p->jobs[i]);
+		free(p->jobs[i]);
+	}
 	free(p->jobs);
 	free(p->keys);
 	kvr_outbox_free(&p->out);
@@ -1135,29 +995,36 @@ bool stage_store_pipe_submit(struct stage_store_pipe *p, const struct stage_stor
 {
 	if (pipe_grow(p)) {
 		/* out of memory: answered at once (the only answer out of producer order) */
-		stage_store_fail(p->ss, p->sw, rq, -ENOMEM);
+		for (unsigned r = 0; r < p->n_ranks; r++)
+			stage_store_fail(p->ss, p->sw[r], &rq[r], -ENOMEM);
 		return p->n >= p->depth;
 	}
 	struct stage_store_job *j = job_at(p, p->n);
 	j->state = JOB_QUEUED;
-	j->rq = *rq;
 	j->status = 0;
 	j->n_copy = j->present = j->n_fail = j->committed = 0;
 	j->present_lost = j->just_failed = false;
 	j->id = j->deadline = j->start_ns = 0;
-	j->has_ready = false;
-	memset(&j->st, 0, sizeof(j->st));
-	if (job_grow(j, rq->n ? rq->n : 1)) {
+	memset(j->readyp, 0, sizeof(j->readyp));
+	memset(j->st, 0, sizeof(j->st));
+	bool room = !job_grow(j, rq[0].n ? rq[0].n : 1, p->n_ranks);
+	if (!room)
 		job_free(j); /* start_alloc fails it -ENOMEM (items NULL), in its turn */
-		j->state = JOB_QUEUED;
-		j->rq = *rq;
-	} else {
-		memcpy(j->items, rq->items, (size_t)rq->n * sizeof(*j->items));
+	for (unsigned r = 0; r < p->n_ranks; r++) {
+		j->rq[r] = rq[r];
+		if (room && rq[r].n <= j->cap)
+			memcpy(j->items[r], rq[r].items, (size_t)rq[r].n * sizeof(*j->items[r]));
+		j->rq[r].items = j->items[r];
 	}
-	j->rq.items = j->items;
 	p->n++;
 	pipe_gauges(p);
 	return p->n >= p->depth;
+}
+
+void stage_store_pipe_set_waiting(struct stage_store_pipe *p, unsigned n)
+{
+	p->waiting = n;
+	pipe_gauges(p);
 }
 
 int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m, uint64_t now)
@@ -1176,15 +1043,15 @@ int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m, 
 		}
 		struct kvr_list_asm *l = &p->ss->alloc_rep;
 		int fed = kvr_list_feed(l, m);
-		if (fed < 0 || (fed == 1 && l->total != j->rq.n)) {
-			kvr_warn("store %llx: bad allocation answer", (unsigned long long)j->rq.wire);
+		if (fed < 0 || (fed == 1 && l->total != j->rq[0].n)) {
+			kvr_warn("store %llx: bad allocation answer", (unsigned long long)j->rq[0].wire);
 			j->state = JOB_SLOTS; /* answered: the lookup actor no longer holds it */
 			lane_reset(p, j, -EPROTO, now);
 			return fed < 0 ? -EBADMSG : 0;
 		}
 		if (fed == 0)
 			return 0;
-		sort_alloc(p->sw->slots, l->items, j->rq.n, j->written, j->pos, j->slot_offs, j->fail_pos, j->pres_pos,
+		sort_alloc(p->sw[0]->slots, l->items, j->rq[0].n, j->written, j->pos, j->slot_offs, j->fail_pos, j->pres_pos,
 			   &j->n_copy, &j->present, &j->n_fail);
 		j->deadline = 0;
 		j->state = JOB_SLOTS;
@@ -1200,7 +1067,7 @@ int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m, 
 	struct kvr_msg_commit_rep cr;
 	if (kvr_msg_decode_commit_rep(m, &cr)) {
 		if (j) {
-			kvr_warn("store %llx: bad commit answer", (unsigned long long)j->rq.wire);
+			kvr_warn("store %llx: bad commit answer", (unsigned long long)j->rq[0].wire);
 			lane_reset(p, j, -EPROTO, now);
 		}
 		return -EBADMSG;
@@ -1212,10 +1079,10 @@ int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m, 
 			p->stale_until = now + kvr_ms_to_ns(p->ss->a->cfg.timeouts.alloc_wait_ms);
 		return 0; /* a RESET's answer, or a late one */
 	}
-	j->committed = commit_outcome(p->sw->slots, j->written, j->pos, j->n_copy, cr.n_committed, j->fail_pos,
+	j->committed = commit_outcome(p->sw[0]->slots, j->written, j->pos, j->n_copy, cr.n_committed, j->fail_pos,
 				      &j->n_fail);
 	if (j->committed != j->n_copy)
-		kvr_warn("store %llx: %u of %u slots committed (lookup reported %u)", (unsigned long long)j->rq.wire,
+		kvr_warn("store %llx: %u of %u slots committed (lookup reported %u)", (unsigned long long)j->rq[0].wire,
 			 j->committed, j->n_copy, cr.n_committed);
 	job_finish(j, 0);
 	return 0;

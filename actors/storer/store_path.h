@@ -25,15 +25,8 @@ struct stage_store {
 	unsigned lane;
 	uint64_t next_id;
 	struct kvr_list_asm alloc_rep;
-	struct kvr_msg_key *keys;
-	struct kvr_msg_slot *written;             /* slots copied, to commit */
-	uint32_t *pos;                            /* their positions in the request */
-	uint64_t *slot_offs;
-	uint32_t *blocks;                         /* per rank (cap apart): block ids of the copied positions */
-	uint32_t *fail_pos;                       /* positions not stored */
-	uint32_t *failed;                         /* one rank's block ids of those */
+	uint32_t *failed;                         /* stage_store_fail: one rank's block ids */
 	uint32_t cap;
-	uint64_t run_ns;                          /* when the store being run began (0: none) */
 	uint64_t refused_ro;                      /* stores refused under l2.read_only (logged once) */
 };
 
@@ -42,30 +35,22 @@ struct stage_store {
 int stage_store_open(struct stage_store *ss, struct kvr_actor *a, unsigned owner, unsigned lane);
 void stage_store_close(struct stage_store *ss);
 
-/*
- * Store one block list from n_ranks ranks: rank r's request rq[r] is served by sw[r]. The
- * requests list the same keys in the same order (a storer: n_ranks 1; a DCP group: every
- * rank's shard of each block). Allocates one slot per key on ss->lane (suffix-only:
- * PRESENT keys are not copied), copies every rank's shard of each allocated block into
- * it, commits, and answers each rank on its own ring with the same counts and its own
- * failed block ids. Any rank's copy failing fails the whole request for every rank and
- * aborts the slots: a block is never committed with a missing shard. An instance with
- * l2.read_only answers every store -EROFS, every block failed.
- */
-void stage_store_run(struct stage_store *ss, struct stage_worker *const *sw, const struct stage_store_req *rq,
-		     unsigned n_ranks);
-
 /* Answer one rank's request with `status`, every block failed, nothing stored. */
 void stage_store_fail(struct stage_store *ss, struct stage_worker *sw, const struct stage_store_req *rq, int status);
 
-/* ---- the pipelined store path (the storer): several stores of one worker in flight ------ */
+/* ---- the store pipe: several stores of one worker (or one DCP group) in flight ---------- */
 
 /*
- * stage_store_run() above serves one store at a time and waits for the lookup actor; the
- * gather actor keeps it (a DCP group's store needs every rank's request first). The storer
- * runs its stores through a pipe instead: each STORE is a job,
+ * The storer and the gather actor run their stores through a pipe. A job is one block
+ * list from n_ranks ranks (a storer: one; a DCP group: every rank's STORE of the same keys,
+ * rank r's served by sw[r]): one slot per key on ss->lane (suffix-only: PRESENT keys are
+ * not copied), every rank's shard of each allocated block copied into it (a block is never
+ * committed with a shard missing: any rank's copy failing fails the job for every rank),
+ * one commit, and each rank answered on its own ring with the same counts and its own
+ * failed block ids. An instance with l2.read_only answers every store -EROFS. Each job
+ * goes
  *
- *   QUEUED -> ALLOC sent -> slots known -> copied -> COMMIT sent -> done -> answered
+ *   QUEUED -> ALLOC sent -> slots known -> copying -> copied -> COMMIT sent -> done -> answered
  *
  * driven by the actor loop, no handler waiting for the lookup actor. At most `depth` jobs
  * are in the pipe's window (the store pool's leases, at most STAGE_STORE_DEPTH_MAX); at
@@ -114,9 +99,10 @@ struct stage_store_job; /* store_path.c */
 
 struct stage_store_pipe {
 	struct stage_store *ss;
-	struct stage_worker *sw;
+	struct stage_worker *sw[KVR_ACTOR_MAX_KV]; /* rank r's worker (a storer: one) */
+	unsigned n_ranks;
 	struct kvr_outbox out;         /* requests waiting for room in ss->commit_req */
-	struct stage_store_job *jobs;  /* FIFO: n jobs from head, in arrival order */
+	struct stage_store_job **jobs; /* FIFO: n jobs from head, in arrival order (never moved) */
 	unsigned head, n, cap_jobs;
 	unsigned depth;                /* jobs in the window; later ones wait (a burst overshot) */
 	struct kvr_msg_key *keys;      /* scratch: an ALLOC's key list */
@@ -132,18 +118,22 @@ struct stage_store_pipe {
 	int timer;                     /* the earliest deadline's timer, -1 none */
 	uint64_t timer_at;
 	uint32_t inflight_max;         /* high-water mark of the window */
+	unsigned waiting;              /* requests its owner holds outside the pipe (held count) */
 };
 
-/* Open the pipe for sw's stores over ss (stage_store_open done). The depth is sw's store
- * pool (pool_leases) capped at STAGE_STORE_DEPTH_MAX and by KVRING_STORE_DEPTH. 0 or -ENOMEM. */
-int stage_store_pipe_open(struct stage_store_pipe *p, struct stage_store *ss, struct stage_worker *sw);
+/* Open the pipe for the stores of n_ranks ranks (sw[r]: rank r's worker; a storer: 1) over
+ * ss (stage_store_open done). The depth is the ranks' store pool (pool_leases) capped at
+ * STAGE_STORE_DEPTH_MAX and by KVRING_STORE_DEPTH. 0, -EINVAL or -ENOMEM. */
+int stage_store_pipe_open(struct stage_store_pipe *p, struct stage_store *ss, struct stage_worker *const *sw,
+			  unsigned n_ranks);
 /* Stopping (fini): answer every job still in the pipe -ESHUTDOWN (every block failed) and
  * free it. With stores in flight it first leaves nothing in commit.req that could allocate
  * after kvringd's WORKER_GONE: it waits (at most 4 s, below kvringd's SIGKILL) for an ALLOC
  * the lookup actor has, and sends a RESET behind everything. */
 void stage_store_pipe_close(struct stage_store_pipe *p);
-/* A complete STORE (rq's items are copied). Returns true when the window is full: the
- * caller holds its input until stage_store_pipe_pass() says there is room. */
+/* A complete store: rq[r] is rank r's STORE (the same keys in every rank's; their items
+ * are copied). Returns true when the window is full: the caller holds its input until
+ * stage_store_pipe_pass() says there is room. */
 bool stage_store_pipe_submit(struct stage_store_pipe *p, const struct stage_store_req *rq);
 /* One message of ss->commit_rep, at now_ns (the actor's clock: a->now_ns). 0, or -EBADMSG
  * (not a reply type of this ring). */
@@ -153,6 +143,9 @@ int stage_store_pipe_reply(struct stage_store_pipe *p, const struct kvr_msg *m, 
 int stage_store_pipe_pass(struct stage_store_pipe *p, uint64_t now_ns, bool *ret_room);
 /* Periodic: the lookup actor's generation, overdue answers. */
 void stage_store_pipe_tick(struct stage_store_pipe *p, uint64_t now_ns);
+/* n requests its owner holds outside the pipe (a DCP store waiting for its group's other
+ * ranks): kvringd's drain waits for them with the pipe's jobs (kvr_actor_set_held). */
+void stage_store_pipe_set_waiting(struct stage_store_pipe *p, unsigned n);
 /* Jobs accepted and not answered (the window and what waits behind it). */
 static inline unsigned stage_store_pipe_pending(const struct stage_store_pipe *p)
 {

@@ -47,7 +47,8 @@ static int storer_init(struct kvr_actor *a)
 	rc = stage_store_open(&s->ss, a, s->sw.worker, s->sw.lane);
 	if (rc)
 		return rc;
-	return stage_store_pipe_open(&s->pipe, &s->ss, &s->sw);
+	struct stage_worker *sw = &s->sw;
+	return stage_store_pipe_open(&s->pipe, &s->ss, &sw, 1);
 }
 
 static void storer_fini(struct kvr_actor *a)

@@ -1262,3 +1262,94 @@ Test(dcp_kvringd, two_engines_each_with_their_own_dcp_groups, .fini = granks_b_c
 	cr_assert(strstr(log, "DCP group 0 of engine 0") && strstr(log, "DCP group 0 of engine 1"), "log:\n%s", log);
 	free(log);
 }
+
+/* Whether process pid is stopped (state T in /proc/pid/stat). */
+static bool proc_stopped(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return false;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	const char *p = strrchr(buf, ')');
+	return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
+/*
+ * Issue 26: no handler of the gather actor waits for the lookup actor. The lookup actor is
+ * stopped (SIGSTOP) while group A's store waits for its allocation; meanwhile group A's
+ * gather actor goes on: its loop runs (heartbeat, pings), and a store that rank 0 sends
+ * alone is answered -ETIMEDOUT after dcp.store_timeout_ms (300 ms) — the blocking store
+ * path answered nothing before its ALLOC gave up after timeouts.lookup_call_ms (10 s). When
+ * the lookup actor goes on, the waiting store completes; every rank then loads the prompt
+ * byte-exact and the slot table is quiet.
+ */
+Test(dcp_kvringd, gather_goes_on_while_the_lookup_actor_is_stopped, .fini = granks_close)
+{
+	uint32_t tokens[G_PROMPT * G_BLOCK], tokens2[G_PROMPT * G_BLOCK];
+	const uint32_t src[G_PROMPT] = {2, 7, 5};
+	uint64_t seed = gsetup("dcp_kvringd::gather_goes_on_while_the_lookup_actor_is_stopped", 300, 2, 1, tokens, src);
+	for (unsigned i = 0; i < G_PROMPT * G_BLOCK; i++)
+		tokens2[i] = tokens[i] + 7;
+	struct kvr_segment ctl_seg = {.fd = -1}, slots_seg = {.fd = -1};
+	struct kvr_ctl *ctl;
+	struct kvr_slot_table *st;
+	h_daemon_ctl(&inst, 1, &ctl_seg);
+	cr_assert_eq(kvr_ctl_attach(&ctl_seg, &ctl, NULL), 0);
+	int fd = h_daemon_memfd(inst.pid, "kvring-slots", O_RDONLY);
+	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_SLOTS, 0, &slots_seg), 0);
+	close(fd);
+	cr_assert_eq(kvr_slots_attach(&slots_seg, &st), 0);
+
+	int lki = h_actor_index(ctl, "lookup");
+	cr_assert_geq(lki, 0);
+	pid_t lpid = atomic_load(&kvr_ctl_actor(ctl, (unsigned)lki)->pid);
+	cr_assert_gt(lpid, 0);
+	const struct kvr_actor_ent *ge = kvr_ctl_actor(ctl, gather_of_rank(&granks[0]));
+	cr_assert_eq(kill(lpid, SIGSTOP), 0);
+	cr_assert(H_WAIT(proc_stopped(lpid), 2000));
+
+	/* group A (TP ranks 0, 1): its store waits for an allocation nobody answers */
+	for (unsigned i = 0; i < 2; i++)
+		cr_assert_eq(kvr_store(granks[i].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	cr_assert(H_WAIT(atomic_load(&ge->held) == 1, 2000), "held %u", atomic_load(&ge->held));
+	uint64_t beat = atomic_load(&ge->heartbeat_ns);
+	/* rank 0 alone stores another prompt: answered by the group's timeout meanwhile */
+	cr_assert_eq(kvr_store(granks[0].c, 2, tokens2, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	struct kvr_completion c = gwait(&granks[0], 2, KVR_OP_STORE_DONE);
+	cr_assert_eq(c.status, -ETIMEDOUT, "the lone store: %d", c.status);
+	cr_assert_eq(c.n_failed, G_PROMPT);
+	cr_assert(proc_stopped(lpid), "answered while the lookup actor is still stopped");
+	cr_assert(H_WAIT(atomic_load(&ge->heartbeat_ns) > beat, 3000), "the gather actor's loop stands still");
+	cr_assert_eq(atomic_load(&ge->held), 1, "store 1 still waits for its allocation");
+	struct kvr_completion none;
+	cr_assert_eq(kvr_poll(granks[1].c, &none, 1), 0, "rank 1's store is not answered before its allocation");
+
+	cr_assert_eq(kill(lpid, SIGCONT), 0);
+	for (unsigned i = 0; i < 2; i++) {
+		c = gwait(&granks[i], 1, KVR_OP_STORE_DONE);
+		cr_assert_eq(c.status, 0, "rank %u: %d", i, c.status);
+		cr_assert_eq(c.n_stored, G_PROMPT, "rank %u: %u stored", i, c.n_stored);
+	}
+	/* group B (TP ranks 2, 3) finds the blocks present (MLA: one lane for every group) */
+	for (unsigned i = 2; i < G_TP; i++)
+		cr_assert_eq(kvr_store(granks[i].c, 1, tokens, G_PROMPT * G_BLOCK, NULL, 0, src, G_PROMPT), 0);
+	for (unsigned i = 2; i < G_TP; i++) {
+		c = gwait(&granks[i], 1, KVR_OP_STORE_DONE);
+		cr_assert_eq(c.status, 0);
+		cr_assert_eq(c.n_present, G_PROMPT);
+	}
+	const uint32_t dst[G_TP][G_PROMPT] = {{11, 10, 9}, {8, 7, 6}, {5, 4, 3}, {2, 1, 0}};
+	for (unsigned i = 0; i < G_TP; i++)
+		memset(granks[i].kv, 0xa5, granks[i].bytes);
+	gload_all(&odd_rows, seed, tokens, G_PROMPT * G_BLOCK, dst, 3);
+	for (unsigned i = 0; i < G_TP; i++)
+		cr_assert_eq(glookup_blocks(&granks[i], tokens2, G_PROMPT * G_BLOCK, 10 + i), 0,
+			     "rank %u found the lone store", i);
+	cr_assert(H_WAIT(slots_quiet(st), 3000), "the slot table is not quiet");
+	kvr_segment_close(&slots_seg);
+	kvr_segment_close(&ctl_seg);
+}

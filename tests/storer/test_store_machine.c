@@ -202,7 +202,8 @@ static void build(bool l2)
 	cr_assert_eq(kvr_ring_count(creq), 0);
 	cr_assert_eq(kvr_ring_count(crep), 0, "its answer was taken");
 
-	cr_assert_eq(stage_store_pipe_open(&pipe_, &ss, &sw), 0);
+	struct stage_worker *swp = &sw;
+	cr_assert_eq(stage_store_pipe_open(&pipe_, &ss, &swp, 1), 0);
 	pipe_open = true;
 	cr_assert_eq(pipe_.depth, 4);
 	cr_assert_eq(pipe_.can_hold, l2);
