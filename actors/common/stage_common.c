@@ -423,7 +423,7 @@ void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int stat
 	kvr_msg_build(&m, type, (n_failed ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0, body, body_len);
 	uint64_t now = kvr_now_ns();
 	kvr_hist_observe(kvr_stats_hist(sw->a->stats, KVR_STAT_XF_HIST_FIRST), now - first_ns);
-	uint64_t pass_now = sw->a->now_ns ? sw->a->now_ns : now; /* the outbox runs on the loop's clock */
+	uint64_t pass_now = kvr_actor_now(sw->a); /* the outbox runs on the loop's clock */
 	int rc = kvr_outbox_send(&sw->out, &m, pass_now);
 	if (!rc && n_failed)
 		rc = kvr_outbox_send_list(&sw->out, KVR_MSG_BLOCKS, wire, 0, 0, failed, n_failed, pass_now);

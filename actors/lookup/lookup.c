@@ -219,7 +219,7 @@ static void send_lookup_rep_refs(struct kvr_actor *a, struct lookup *l, unsigned
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LOOKUP_REP, (matched ? KVR_MSGF_MORE : 0) | (status ? KVR_MSGF_ERROR : 0), wire, 0,
 		      &r, sizeof(r));
-	uint64_t now = kvr_now_ns();
+	uint64_t now = kvr_actor_now(a);
 	_Static_assert(sizeof(struct kvr_index_ref) == sizeof(struct kvr_msg_slot), "slot wire format");
 	int rc = kvr_outbox_send(&w->lk_out, &m, now);
 	if (matched && kvr_outbox_send_list(&w->lk_out, KVR_MSG_SLOTS, wire, 0, 0, slot_refs, matched, now))
@@ -290,7 +290,7 @@ static void send_commit_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, 
 	struct kvr_msg_commit_rep r = {.status = status, .n_committed = committed, .n_visible = visible};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_COMMIT_REP, status ? KVR_MSGF_ERROR : 0, id, 0, &r, sizeof(r));
-	if (kvr_outbox_send(&l->w[wi].cm_out, &m, kvr_now_ns()))
+	if (kvr_outbox_send(&l->w[wi].cm_out, &m, kvr_actor_now(a)))
 		dropped(a, "worker", wi, 1);
 }
 
@@ -304,7 +304,7 @@ static void alloc_reply(struct kvr_actor *a, struct lookup *l, unsigned wi)
 			kvr_actor_count(a, KVR_STAT_LK_NOROOM, 1);
 	w->alloc_waiting = false;
 	if (kvr_outbox_send_list(&w->cm_out, KVR_MSG_ALLOC_REP, q->req_id, q->lane, 0, w->alloc_refs, q->total,
-				 kvr_now_ns()))
+				 kvr_actor_now(a)))
 		dropped(a, "worker", wi, 1);
 }
 
@@ -334,7 +334,7 @@ static void alloc_try(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		 * evictable when on disk), then wait like for any write */
 		if (noroom && !l2t_writes_inflight(l->l2))
 			(void)l2t_demote(l->l2, noroom);
-		if (noroom && l2t_writes_inflight(l->l2) && kvr_now_ns() < w->alloc_deadline) {
+		if (noroom && l2t_writes_inflight(l->l2) && kvr_actor_now(a) < w->alloc_deadline) {
 			w->alloc_waiting = true;
 			return;
 		}
@@ -359,7 +359,7 @@ static void do_alloc(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		alloc_reply(a, l, wi);
 		return;
 	}
-	w->alloc_deadline = kvr_now_ns() + kvr_ms_to_ns(a->cfg.timeouts.alloc_wait_ms);
+	w->alloc_deadline = kvr_actor_now(a) + kvr_ms_to_ns(a->cfg.timeouts.alloc_wait_ms);
 	alloc_try(a, l, wi);
 }
 
@@ -410,7 +410,7 @@ static void send_lease_rep(struct kvr_actor *a, struct lookup *l, unsigned si, u
 				       .pending = pending, .miss = miss, .index_ns = index_ns};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LEASE_REP, status ? KVR_MSGF_ERROR : 0, wire, 0, &r, sizeof(r));
-	if (kvr_outbox_send(&l->sched[si].out, &m, kvr_now_ns()))
+	if (kvr_outbox_send(&l->sched[si].out, &m, kvr_actor_now(a)))
 		dropped(a, "scheduler", si, 1);
 }
 
@@ -496,7 +496,7 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 	for (unsigned lane = 1; lane < l->lanes && n > 0 && (uint32_t)n < total; lane++)
 		memmove(l->lease_refs + (size_t)lane * (uint32_t)n, l->lease_refs + (size_t)lane * total,
 			(size_t)n * sizeof(*l->lease_refs));
-	uint64_t deadline = kvr_now_ns() + (uint64_t)sc->hdr.ttl_ms * 1000000ull;
+	uint64_t deadline = kvr_actor_now(a) + (uint64_t)sc->hdr.ttl_ms * 1000000ull;
 	int got = leases_grant(l->leases, engine, sc->hdr.lease_id, (uint32_t)n, l->lanes, l->lease_refs,
 			       sc->hdr.loaders, deadline);
 	uint64_t dt = kvr_now_ns() - t0; /* matching every lane and pinning */

@@ -201,6 +201,14 @@ void kvr_actor_timer_stop(struct kvr_actor *a, int id);
  */
 int kvr_actor_hold_input(struct kvr_actor *a, struct kvr_ring *r, bool hold);
 
+/* The stage's clock: the loop's `now` of this pass (a stepped test's injected clock), the
+ * real one before the loop ran (init). Deadlines and queue times use it; durations of
+ * work (how long a match took) read the real clock. */
+static inline uint64_t kvr_actor_now(const struct kvr_actor *a)
+{
+	return a->now_ns ? a->now_ns : kvr_now_ns();
+}
+
 /* From on_pass, with KVR_PASS_WAITING: what waits is not a reader's ring but work in
  * flight that completes without waking us (a CUDA copy: its event is queried) — sleep at
  * most ns before the next pass. Good for that pass only. */
