@@ -1119,3 +1119,51 @@ Test(store_machine, a_reset_dropped_with_the_outbox_is_sent_again)
  * (step(): the runtime's order), so a COMMIT deadline taken from the real clock is never
  * what a test depends on.
  */
+
+/* ---- 5. a full store.rep ------------------------------------------------------------------- */
+
+/*
+ * The worker stops reading store.rep and it fills. The pipe goes on: store 0 is allocated,
+ * copied and committed, its STORE_DONE waits in the worker's outbox (stage_reply never waits
+ * for room), and store 1 behind it is allocated, copied and committed too. Once the worker
+ * reads again, stage_worker_pass (the storer's on_pass) delivers both answers, in order.
+ */
+Test(store_machine, a_full_reply_ring_holds_up_only_the_answers)
+{
+	build(false);
+	static const uint32_t slot_for[2][2] = {{12, 13}, {14, 15}};
+	unsigned fill = fill_ring(srep, 0);
+	cr_assert(!submit(0, 2, 30));
+	cr_assert(!submit(1, 2, 40));
+	bool room;
+	cr_assert_eq(step(&room), KVR_PASS_MOVED);
+	struct lk_req a = expect_alloc(0);
+	answer_alloc(&a, slot_for[0], NULL);
+	cr_assert_eq(step(&room), KVR_PASS_MOVED);
+	a = expect_alloc(1); /* store 1's ALLOC went out before store 0's copy and COMMIT */
+	struct lk_req c0 = expect_req(KVR_MSG_COMMIT);
+	answer_alloc(&a, slot_for[1], NULL);
+	answer_commit(&c0);
+	cr_assert_eq(step(&room), KVR_PASS_MOVED);
+	cr_assert_eq(sw.out.n, 1, "store 0's STORE_DONE waits in the outbox");
+	struct lk_req c1 = expect_req(KVR_MSG_COMMIT);
+	cr_assert_eq(c1.n, 2);
+	answer_commit(&c1);
+	cr_assert_eq(step(&room), KVR_PASS_MOVED);
+	for (unsigned p = 0; p < 2; p++)
+		for (unsigned k = 0; k < 2; k++) {
+			assert_slot_holds(slot_for[p][k], S[p].items[k].block);
+			cr_assert_eq(kvr_slot_state(st, slot_for[p][k]), KVR_SLOT_COMMITTED);
+		}
+	cr_assert_eq(sw.out.n, 2, "both STORE_DONEs wait in the outbox");
+	cr_assert_eq(kvr_ring_count(srep), fill, "none of them in the full ring");
+	cr_assert_eq(held(), 0, "nothing of the worker's is held but its answers");
+	catch_up();
+	cr_assert_eq(stage_worker_pass(&sw, now), KVR_PASS_WAITING, "answers wait for room");
+	drain_fillers(srep, fill);
+	cr_assert_eq(stage_worker_pass(&sw, now), KVR_PASS_MOVED);
+	cr_assert_eq(sw.out.n, 0);
+	expect_done(0, 0, 2, 0, NULL, 0);
+	expect_done(1, 0, 2, 0, NULL, 0);
+	assert_quiet();
+}
