@@ -25,6 +25,7 @@ static int resolve_model(struct kvr_config *c, bool attention_set, char *err, si
 	};
 	const struct kvr_preset *p;
 	const char *attention;
+	int attention_id;
 
 	if (c->model.preset[0] == '\0') {
 		for (size_t i = 0; i < ARRAY_SIZE(g); i++)
@@ -49,8 +50,9 @@ static int resolve_model(struct kvr_config *c, bool attention_set, char *err, si
 			return FAIL("$.model.%s: %" PRIu32 " conflicts with model.preset \"%s\" (%" PRIu32 ")",
 				    g[i].name, *g[i].v, p->name, g[i].preset);
 	}
-	attention = p->attention == KVR_ATTN_MLA ? "mla" : "mha";
-	if (attention_set && strcmp(c->model.attention, attention))
+	attention_id = p->attention == KVR_ATTN_MLA ? CFG_ATTN_MLA : CFG_ATTN_MHA;
+	attention = cfg_enum_value(cfg_key_find("model", "attention"), (unsigned)attention_id);
+	if (attention_set && cfg_enum_index("model", "attention", c->model.attention) != attention_id)
 		return FAIL("$.model.attention: \"%s\" conflicts with model.preset \"%s\" (%s)", c->model.attention,
 			    p->name, attention);
 	for (size_t i = 0; i < ARRAY_SIZE(g); i++)
@@ -61,18 +63,13 @@ static int resolve_model(struct kvr_config *c, bool attention_set, char *err, si
 	return 0;
 }
 
-static bool is_mla(const struct kvr_config *c)
-{
-	return !strcmp(c->model.attention, "mla");
-}
-
 /* Bytes of one block of one TP rank (MLA: every rank holds the whole latent; TP over the KV heads: one
  * replicated head a rank). Fits in 64 bits: each factor is bounded by the key table. */
 static uint64_t block_bytes_per_rank(const struct kvr_config *c)
 {
 	uint64_t heads;
 
-	if (is_mla(c))
+	if (c->model.mla)
 		heads = c->model.kv_heads;
 	else if (c->model.tp_size > c->model.kv_heads)
 		heads = 1;
@@ -80,7 +77,7 @@ static uint64_t block_bytes_per_rank(const struct kvr_config *c)
 		heads = c->model.kv_heads / c->model.tp_size;
 
 	return (uint64_t)c->model.layers * heads * c->model.head_dim * c->model.dtype_bytes * c->model.block_tokens *
-	       (is_mla(c) ? 1 : 2);
+	       (c->model.mla ? 1 : 2);
 }
 
 /* "host:port", port 1..65535; an IPv6 host in brackets. */
@@ -162,10 +159,11 @@ int cfg_check_config(struct kvr_config *c, const bool *set, char *err, size_t er
 	r = resolve_model(c, set[cfg_key_find("model", "attention") - cfg_keys], err, errlen);
 	if (r < 0)
 		return r;
-	if (!is_mla(c) && c->model.kv_heads % c->model.tp_size && c->model.tp_size % c->model.kv_heads)
+	cfg_derive(c); /* the model's attention is final: every check below reads the derived fields */
+	if (!c->model.mla && c->model.kv_heads % c->model.tp_size && c->model.tp_size % c->model.kv_heads)
 		return FAIL("$.model.tp_size: %" PRIu32 " neither divides model.kv_heads (%" PRIu32
 			    ") nor is a multiple of it", c->model.tp_size, c->model.kv_heads);
-	if (is_mla(c) && !strcmp(c->model.kv_layout, "kv-fused"))
+	if (c->model.mla && c->model.kv_fused)
 		return FAIL("$.model.kv_layout: \"kv-fused\" is for K and V pages (mha); an mla layer has one latent "
 			    "page already");
 	if (c->model.tp_size > c->instance.max_workers)
@@ -201,19 +199,17 @@ int cfg_check_config(struct kvr_config *c, const bool *set, char *err, size_t er
 
 /* --- public -------------------------------------------------------------------------------------------------- */
 
-/* The derived fields of the enum keys (kvr_config.h): the strings were checked against their values[]. */
+/* The derived fields of the enum keys (kvr_config.h): the strings were checked against their values[], each
+ * of which sits at the index of its enum (config.c). */
 void cfg_derive(struct kvr_config *c)
 {
-	enum kvr_log_level lvl = KVR_LOG_INFO;
-	(void) kvr_log_level_parse(c->instance.log_level, &lvl);
-	c->instance.log_level_id = (int)lvl;
-	c->model.mla = !strcmp(c->model.attention, "mla");
-	c->model.kv_fused = !strcmp(c->model.kv_layout, "kv-fused");
-	c->l1.prefault_background = !strcmp(c->l1.prefault, "background");
-	c->l2.write_back = !strcmp(c->l2.mode, "write-back");
-	c->l2.durability_id = !strcmp(c->l2.durability, "none")    ? KVR_CFG_DUR_NONE
-			      : !strcmp(c->l2.durability, "block") ? KVR_CFG_DUR_BLOCK
-								    : KVR_CFG_DUR_BATCH;
+	c->instance.log_level_id = cfg_enum_index("instance", "log_level", c->instance.log_level);
+	c->model.mla = cfg_enum_index("model", "attention", c->model.attention) == CFG_ATTN_MLA;
+	c->model.kv_fused = cfg_enum_index("model", "kv_layout", c->model.kv_layout) == CFG_KV_FUSED;
+	c->l1.prefault_background = cfg_enum_index("l1", "prefault", c->l1.prefault) == CFG_PREFAULT_BACKGROUND;
+	c->l1.eviction_id = (enum kvr_cfg_eviction)cfg_enum_index("l1", "eviction", c->l1.eviction);
+	c->l2.write_back = cfg_enum_index("l2", "mode", c->l2.mode) == CFG_L2_WRITE_BACK;
+	c->l2.durability_id = (enum kvr_cfg_durability)cfg_enum_index("l2", "durability", c->l2.durability);
 }
 
 void kvr_config_defaults(struct kvr_config *cfg)

@@ -39,13 +39,19 @@
 #define PATHS(p, f, n, dc) STRINGS(p, f, n, F_ABS, dc)   /* absolute paths */
 #define ADDRS(p, f, n, dc) STRINGS(p, f, n, F_ADDR, dc)  /* host:port addresses */
 
-static const char *const log_level_values[] = { "error", "warn", "info", "debug", NULL };
-static const char *const attention_values[] = { "mha", "mla", NULL };
-static const char *const eviction_values[] = { "lru", "s3fifo", NULL };
-static const char *const kv_layout_values[] = { "kv-split", "kv-fused", NULL };
-static const char *const prefault_values[] = { "background", "off", NULL };
-static const char *const l2_mode_values[] = { "write-through", "write-back", NULL };
-static const char *const durability_values[] = { "none", "block", "batch", NULL };
+/* Each value at the index of its enum (config_table.h, kvr_config.h, kvr_log.h): cfg_derive() turns a string
+ * into it. */
+static const char *const log_level_values[] = { [KVR_LOG_ERROR] = "error", [KVR_LOG_WARN] = "warn",
+						[KVR_LOG_INFO] = "info", [KVR_LOG_DEBUG] = "debug", NULL };
+static const char *const attention_values[] = { [CFG_ATTN_MHA] = "mha", [CFG_ATTN_MLA] = "mla", NULL };
+static const char *const eviction_values[] = { [KVR_CFG_EVICT_LRU] = "lru", [KVR_CFG_EVICT_S3FIFO] = "s3fifo", NULL };
+static const char *const kv_layout_values[] = { [CFG_KV_SPLIT] = "kv-split", [CFG_KV_FUSED] = "kv-fused", NULL };
+static const char *const prefault_values[] = { [CFG_PREFAULT_BACKGROUND] = "background", [CFG_PREFAULT_OFF] = "off",
+						NULL };
+static const char *const l2_mode_values[] = { [CFG_L2_WRITE_THROUGH] = "write-through",
+					      [CFG_L2_WRITE_BACK] = "write-back", NULL };
+static const char *const durability_values[] = { [KVR_CFG_DUR_NONE] = "none", [KVR_CFG_DUR_BLOCK] = "block",
+						 [KVR_CFG_DUR_BATCH] = "batch", NULL };
 static const char *const remote_mode_values[] = { "write-through", NULL }; /* write-back: not yet */
 
 const struct kvr_section cfg_sections[] = {
@@ -249,6 +255,17 @@ const char *cfg_enum_value(const struct kvr_key *k, unsigned i)
 		return "";
 	p = kvr_preset_at(i - 1);
 	return p ? p->name : NULL;
+}
+
+int cfg_enum_index(const char *section, const char *name, const char *s)
+{
+	const struct kvr_key *k = cfg_key_find(section, name);
+	const char *e;
+
+	for (unsigned i = 0; k && (e = cfg_enum_value(k, i)); i++)
+		if (!strcmp(e, s))
+			return (int)i;
+	return -1;
 }
 
 /* Bytes in the largest binary unit that divides them exactly: "256MiB", "4KiB", "1000" (no unit). */

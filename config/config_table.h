@@ -62,6 +62,13 @@ extern const size_t cfg_n_checks_doc;
 /* The error of a parse or check: err, errlen are the caller's; returns -EINVAL. */
 #define FAIL(...) kvr_errf(err, errlen, -EINVAL, __VA_ARGS__)
 
+/* The values of the two-valued enum keys whose derived field is a bool, as indexes into their values[]
+ * (config.c spells each value once, at its index). */
+enum { CFG_ATTN_MHA, CFG_ATTN_MLA };
+enum { CFG_KV_SPLIT, CFG_KV_FUSED };
+enum { CFG_PREFAULT_BACKGROUND, CFG_PREFAULT_OFF };
+enum { CFG_L2_WRITE_THROUGH, CFG_L2_WRITE_BACK };
+
 /* --- table access -------------------------------------------------------------------------------------------- */
 
 static inline void *field(struct kvr_config *c, size_t off)
@@ -124,6 +131,8 @@ const struct kvr_section *cfg_section_find(const char *name);
 void cfg_table_defaults(struct kvr_config *c);
 /* Value i of an enum key, NULL past the last. */
 const char *cfg_enum_value(const struct kvr_key *k, unsigned i);
+/* The index of s among the values of enum key section.name (its enum), -1 when s is none of them. */
+int cfg_enum_index(const char *section, const char *name, const char *s);
 /* Bytes in the largest binary unit that divides them exactly, into buf[n]; returns buf. */
 const char *cfg_fmt_size(uint64_t v, char *buf, size_t n);
 /* The range [min, max] of a K_U32, K_SIZE or K_MODE key as the docs and errors show it, into buf[n]. */
@@ -140,7 +149,8 @@ const char *cfg_path_lexical(const char *p, char *buf);
 
 /* "host:port", port 1..65535; an IPv6 host in brackets. */
 bool cfg_listen_valid(const char *s);
-/* The cross-key checks of a parsed c (resolving the model preset); set[i]: whether cfg_keys[i] was given. */
+/* The cross-key checks of a parsed c (resolving the model preset, then deriving the enum fields: cfg_derive);
+ * set[i]: whether cfg_keys[i] was given. */
 int cfg_check_config(struct kvr_config *c, const bool *set, char *err, size_t errlen);
 /* The derived fields of the enum keys (kvr_config.h). */
 void cfg_derive(struct kvr_config *c);

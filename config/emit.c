@@ -286,7 +286,8 @@ char *kvr_config_doc_markdown(void)
 	for (unsigned i = 0; (p = kvr_preset_at(i)); i++)
 		sb_printf(&b, "| `%s` | %s | %" PRIu32 " | %" PRIu32 " | %" PRIu32 " | %" PRIu32 " | %s |\n", p->name,
 			  p->hf_id, p->layers, p->kv_heads_total, p->head_dim, p->dtype_bytes,
-			  p->attention == KVR_ATTN_MLA ? "mla" : "mha");
+			  cfg_enum_value(cfg_key_find("model", "attention"),
+					 p->attention == KVR_ATTN_MLA ? CFG_ATTN_MLA : CFG_ATTN_MHA));
 	sb_printf(&b, "\n## Checks across keys\n\nMade after every key has parsed, in this order:\n\n");
 	for (size_t i = 0; i < cfg_n_checks_doc; i++)
 		sb_printf(&b, "%zu. %s\n", i + 1, cfg_checks_doc[i]);

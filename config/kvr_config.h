@@ -33,6 +33,12 @@ enum kvr_cfg_durability {
 	KVR_CFG_DUR_BATCH = 2,
 };
 
+/* l1.eviction as a number: the lookup actor's eviction policy. */
+enum kvr_cfg_eviction {
+	KVR_CFG_EVICT_LRU = 0,
+	KVR_CFG_EVICT_S3FIFO = 1,
+};
+
 /*
  * Enum-valued keys stay strings in the struct (the effective JSON and the logs show them
  * as written) and are also parsed once, by kvr_config_parse() and kvr_config_defaults(),
@@ -87,6 +93,7 @@ struct kvr_config {
 		char prefault[16];           /* "background" or "off" */
 		bool prefault_background;    /* derived: prefault is "background" */
 		char eviction[16];           /* "lru" or "s3fifo" */
+		enum kvr_cfg_eviction eviction_id; /* derived: eviction */
 		uint32_t max_leases;         /* lookup leases held at once (the lookup actor's table) */
 	} l1;
 	struct {

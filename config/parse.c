@@ -629,9 +629,7 @@ int kvr_config_parse(const char *json, struct kvr_config *cfg, char *err, size_t
 	if (r == 0)
 		r = walk(root, &nums, &tmp, set, err, errlen);
 	if (r == 0)
-		r = cfg_check_config(&tmp, set, err, errlen); /* resolves the model preset too */
-	if (r == 0)
-		cfg_derive(&tmp);
+		r = cfg_check_config(&tmp, set, err, errlen); /* resolves the model preset and derives */
 	free(nums.v);
 	cJSON_Delete(root);
 	if (r == 0 && cfg)

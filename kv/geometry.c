@@ -100,12 +100,9 @@ static int64_t first_overlap(const struct kvr_region *ri, const struct kvr_regio
 	return lo <= hi ? (int64_t)lo : -1;
 }
 
-int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char *err, size_t errlen)
+/* The model and parallelism fields: layers, heads, dtype, block, TP. */
+static int validate_shape(const struct kvr_geometry *g, char *err, size_t errlen)
 {
-	if (err && errlen)
-		err[0] = '\0';
-	if (!g)
-		return kvr_errf(err, errlen, -EINVAL, "geometry: missing");
 	if (g->version != KVR_GEOMETRY_VERSION)
 		return kvr_errf(err, errlen, -EINVAL, "version: %u (expected %u)", g->version, KVR_GEOMETRY_VERSION);
 	if (!g->layers)
@@ -122,6 +119,12 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 		return kvr_errf(err, errlen, -EINVAL, "tp_size: %u (must be 1..%u)", g->tp_size, KVR_MAX_TP);
 	if (g->tp_rank >= g->tp_size)
 		return kvr_errf(err, errlen, -EINVAL, "tp_rank: %u >= tp_size %u", g->tp_rank, g->tp_size);
+	return 0;
+}
+
+/* The decode-context-parallel fields: size, rank, interleave and the token split they make. */
+static int validate_dcp(const struct kvr_geometry *g, char *err, size_t errlen)
+{
 	if (!g->dcp_size)
 		return kvr_errf(err, errlen, -EINVAL, "dcp_size: must be > 0");
 	if (g->dcp_size > KVR_DCP_MAX)
@@ -138,6 +141,12 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 	/* every rank must hold the same tokens of every block (kvr_dcp.h proves the rule) */
 	if (kvr_dcp_check(g->block_tokens, g->dcp_size, g->dcp_interleave, err, errlen))
 		return -EINVAL;
+	return 0;
+}
+
+/* Attention kind, page layout, block count and the shape of the region table. */
+static int validate_layout(const struct kvr_geometry *g, char *err, size_t errlen)
+{
 	if (g->attention != KVR_ATTN_MHA && g->attention != KVR_ATTN_MLA)
 		return kvr_errf(err, errlen, -EINVAL, "attention: %u (must be %u (mha) or %u (mla))", g->attention, KVR_ATTN_MHA,
 			    KVR_ATTN_MLA);
@@ -159,37 +168,45 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 	for (unsigned i = g->n_regions; i < KVR_GEOM_MAX_REGIONS; i++)
 		if (g->page_bytes[i] || g->sem_bytes[i] || g->stride[i] || g->offset_lo[i] || g->offset_hi[i])
 			return kvr_errf(err, errlen, -EINVAL, "region %u: beyond n_regions %u but not zero", i, g->n_regions);
+	return 0;
+}
 
+/* One region on its own: sizes, DCP rows, stride, and its last block inside kv_bytes. */
+static int validate_region(const struct kvr_geometry *g, unsigned i, uint64_t kv_bytes, char *err, size_t errlen)
+{
 	char name[32];
-	for (unsigned i = 0; i < g->n_regions; i++) {
-		struct kvr_region r = kvr_geometry_region(g, i);
-		kvr_geometry_region_name(g, i, name, sizeof(name));
-		if (!r.page_bytes)
-			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): page_bytes must be > 0", i, name);
-		if (!r.sem_bytes)
-			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): sem_bytes must be > 0", i, name);
-		if (r.sem_bytes > r.page_bytes)
-			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): sem_bytes %u > page_bytes %u", i, name, r.sem_bytes,
-				    r.page_bytes);
-		uint64_t dcp_tokens = kvr_dcp_rank_tokens(g->block_tokens, g->dcp_size, g->dcp_interleave, g->dcp_rank);
-		if (g->dcp_size > 1 && r.sem_bytes % dcp_tokens)
-			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): sem_bytes %u is not whole rows of the %" PRIu64
-				    " tokens DCP rank %u holds", i, name, r.sem_bytes, dcp_tokens, g->dcp_rank);
-		if (g->num_blocks > 1 && r.page_bytes > r.stride)
-			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): page_bytes %u > stride %" PRIu64, i, name,
-				    r.page_bytes, r.stride);
-		unsigned __int128 end = (unsigned __int128)r.offset +
-					(unsigned __int128)(g->num_blocks - 1) * r.stride + r.page_bytes;
-		if (end > kv_bytes) {
-			if (end > UINT64_MAX)
-				return kvr_errf(err, errlen, -EINVAL, "region %u (%s): block %u ends past 2^64 > kv_bytes %" PRIu64,
-					    i, name, g->num_blocks - 1, kv_bytes);
-			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): block %u ends at %" PRIu64 " > kv_bytes %" PRIu64,
-				    i, name, g->num_blocks - 1, (uint64_t)end, kv_bytes);
-		}
+	struct kvr_region r = kvr_geometry_region(g, i);
+	kvr_geometry_region_name(g, i, name, sizeof(name));
+	if (!r.page_bytes)
+		return kvr_errf(err, errlen, -EINVAL, "region %u (%s): page_bytes must be > 0", i, name);
+	if (!r.sem_bytes)
+		return kvr_errf(err, errlen, -EINVAL, "region %u (%s): sem_bytes must be > 0", i, name);
+	if (r.sem_bytes > r.page_bytes)
+		return kvr_errf(err, errlen, -EINVAL, "region %u (%s): sem_bytes %u > page_bytes %u", i, name, r.sem_bytes,
+			    r.page_bytes);
+	uint64_t dcp_tokens = kvr_dcp_rank_tokens(g->block_tokens, g->dcp_size, g->dcp_interleave, g->dcp_rank);
+	if (g->dcp_size > 1 && r.sem_bytes % dcp_tokens)
+		return kvr_errf(err, errlen, -EINVAL, "region %u (%s): sem_bytes %u is not whole rows of the %" PRIu64
+			    " tokens DCP rank %u holds", i, name, r.sem_bytes, dcp_tokens, g->dcp_rank);
+	if (g->num_blocks > 1 && r.page_bytes > r.stride)
+		return kvr_errf(err, errlen, -EINVAL, "region %u (%s): page_bytes %u > stride %" PRIu64, i, name,
+			    r.page_bytes, r.stride);
+	unsigned __int128 end = (unsigned __int128)r.offset +
+				(unsigned __int128)(g->num_blocks - 1) * r.stride + r.page_bytes;
+	if (end > kv_bytes) {
+		if (end > UINT64_MAX)
+			return kvr_errf(err, errlen, -EINVAL, "region %u (%s): block %u ends past 2^64 > kv_bytes %" PRIu64,
+				    i, name, g->num_blocks - 1, kv_bytes);
+		return kvr_errf(err, errlen, -EINVAL, "region %u (%s): block %u ends at %" PRIu64 " > kv_bytes %" PRIu64,
+			    i, name, g->num_blocks - 1, (uint64_t)end, kv_bytes);
 	}
+	return 0;
+}
 
-	char name2[32];
+/* No two regions share a byte in any block; the first pair that does is named. */
+static int validate_overlaps(const struct kvr_geometry *g, char *err, size_t errlen)
+{
+	char name[32], name2[32];
 	for (unsigned i = 0; i < g->n_regions; i++) {
 		struct kvr_region ri = kvr_geometry_region(g, i);
 		for (unsigned j = i + 1; j < g->n_regions; j++) {
@@ -207,6 +224,22 @@ int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char 
 		}
 	}
 	return 0;
+}
+
+int kvr_geometry_validate(const struct kvr_geometry *g, uint64_t kv_bytes, char *err, size_t errlen)
+{
+	int rc;
+	if (err && errlen)
+		err[0] = '\0';
+	if (!g)
+		return kvr_errf(err, errlen, -EINVAL, "geometry: missing");
+	if ((rc = validate_shape(g, err, errlen)) || (rc = validate_dcp(g, err, errlen)) ||
+	    (rc = validate_layout(g, err, errlen)))
+		return rc;
+	for (unsigned i = 0; i < g->n_regions; i++)
+		if ((rc = validate_region(g, i, kv_bytes, err, errlen)))
+			return rc;
+	return validate_overlaps(g, err, errlen);
 }
 
 uint64_t kvr_geometry_lane_bytes(const struct kvr_geometry *g)

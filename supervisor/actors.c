@@ -210,41 +210,60 @@ static void areas_served(struct sup *s, const struct sup_actor *a, bool *serves)
 	}
 }
 
-static int spawn(struct sup *s, struct sup_actor *a)
-{
-	int p[2];
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return -errno;
+/* An actor's command line and the fds it keeps across exec; argv points into the buffers. */
+struct spawn_args {
+	char *argv[18 + 4 * KVR_DCP_MAX];
+	int keep[4 + KVR_CTL_MAX_CLIENTS + KVR_DCP_MAX];
+	int n_keep, n_arg;
 	char a_ctl[16], a_arena[16], a_idx[16], a_ready[16], a_slots[16];
-	snprintf(a_ctl, sizeof(a_ctl), "%d", s->ctl_seg.fd);
-	snprintf(a_arena, sizeof(a_arena), "%d", s->arena_seg.fd);
-	snprintf(a_idx, sizeof(a_idx), "%u", a->index);
-	snprintf(a_ready, sizeof(a_ready), "%d", p[1]);
-	snprintf(a_slots, sizeof(a_slots), "%d", s->slots_seg.fd);
-	char *argv[18 + 4 * KVR_DCP_MAX] = {(char *)a->exe, "--ctl-fd", a_ctl, "--arena-fd", a_arena, "--actor", a_idx,
-					    "--ready-fd", a_ready, "--slots-fd", a_slots, NULL};
-	int keep[4 + KVR_CTL_MAX_CLIENTS + KVR_DCP_MAX] = {s->ctl_seg.fd, s->arena_seg.fd, p[1], s->slots_seg.fd};
-	int n_keep = 4, n_arg = 11;
-	/* the client areas whose rings it serves, mapped over the control segment ("slot:fd") */
-	char a_areas[KVR_CTL_MAX_CLIENTS * 16] = "";
+	char a_areas[KVR_CTL_MAX_CLIENTS * 16];
+	char a_group[KVR_DCP_MAX * 4], kv_str[KVR_DCP_MAX][2][24];
+};
+
+/* The arguments every actor gets: its segments, its index and its readiness pipe. */
+static void args_base(struct sup *s, struct sup_actor *a, int ready_fd, struct spawn_args *sa)
+{
+	snprintf(sa->a_ctl, sizeof(sa->a_ctl), "%d", s->ctl_seg.fd);
+	snprintf(sa->a_arena, sizeof(sa->a_arena), "%d", s->arena_seg.fd);
+	snprintf(sa->a_idx, sizeof(sa->a_idx), "%u", a->index);
+	snprintf(sa->a_ready, sizeof(sa->a_ready), "%d", ready_fd);
+	snprintf(sa->a_slots, sizeof(sa->a_slots), "%d", s->slots_seg.fd);
+	char *base[] = {(char *)a->exe, "--ctl-fd", sa->a_ctl, "--arena-fd", sa->a_arena, "--actor", sa->a_idx,
+			"--ready-fd", sa->a_ready, "--slots-fd", sa->a_slots};
+	memcpy(sa->argv, base, sizeof(base));
+	sa->n_arg = 11;
+	sa->keep[0] = s->ctl_seg.fd;
+	sa->keep[1] = s->arena_seg.fd;
+	sa->keep[2] = ready_fd;
+	sa->keep[3] = s->slots_seg.fd;
+	sa->n_keep = 4;
+}
+
+/* The client areas whose rings it serves, mapped over the control segment ("slot:fd"). */
+static void args_areas(struct sup *s, struct sup_actor *a, struct spawn_args *sa)
+{
 	bool serves[KVR_CTL_MAX_CLIENTS] = {0};
 	areas_served(s, a, serves);
 	size_t a_len = 0;
+	sa->a_areas[0] = '\0';
 	for (unsigned ar = 0; ar < s->ctl->n_areas && ar < KVR_CTL_MAX_CLIENTS; ar++) {
 		if (!serves[ar])
 			continue;
-		a_len += (size_t)snprintf(a_areas + a_len, sizeof(a_areas) - a_len, "%s%u:%d", a_len ? "," : "", ar,
-					  s->area_fd[ar]);
-		keep[n_keep++] = s->area_fd[ar];
+		a_len += (size_t)snprintf(sa->a_areas + a_len, sizeof(sa->a_areas) - a_len, "%s%u:%d", a_len ? "," : "",
+					  ar, s->area_fd[ar]);
+		sa->keep[sa->n_keep++] = s->area_fd[ar];
 	}
 	if (a_len) {
-		argv[n_arg++] = "--areas";
-		argv[n_arg++] = a_areas;
+		sa->argv[sa->n_arg++] = "--areas";
+		sa->argv[sa->n_arg++] = sa->a_areas;
 	}
-	char a_group[KVR_DCP_MAX * 4], kv_str[KVR_DCP_MAX][2][24];
+}
+
+/* The KV memory it works on: a loader's or storer's worker's, a gather actor's group's. */
+static void args_kv(struct sup *s, struct sup_actor *a, struct spawn_args *sa)
+{
 	unsigned kind = a->ent->kind, w = a->ent->index;
 	const struct sup_dcp_group *gr = sup_gather_group(s, a->index);
-	/* loader and storer work on their worker's KV memory, a gather actor on its group's */
 	unsigned n_kv = 0, kv_w[KVR_DCP_MAX];
 	if ((kind == KVR_ACTOR_LOADER || kind == KVR_ACTOR_STORER) && w < KVR_CTL_MAX_WORKERS && s->kv_fd[w] >= 0)
 		kv_w[n_kv++] = w;
@@ -252,21 +271,50 @@ static int spawn(struct sup *s, struct sup_actor *a)
 		size_t off = 0;
 		for (unsigned r = 0; r < gr->dcp_size; r++) {
 			kv_w[n_kv++] = (unsigned)gr->members[r];
-			off += (size_t)snprintf(a_group + off, sizeof(a_group) - off, "%s%d", r ? "," : "", gr->members[r]);
+			off += (size_t)snprintf(sa->a_group + off, sizeof(sa->a_group) - off, "%s%d", r ? "," : "",
+						gr->members[r]);
 		}
-		argv[n_arg++] = "--group";
-		argv[n_arg++] = a_group;
+		sa->argv[sa->n_arg++] = "--group";
+		sa->argv[sa->n_arg++] = sa->a_group;
 	}
 	for (unsigned i = 0; i < n_kv; i++) {
-		snprintf(kv_str[i][0], sizeof(kv_str[i][0]), "%d", s->kv_fd[kv_w[i]]);
-		snprintf(kv_str[i][1], sizeof(kv_str[i][1]), "%llu", (unsigned long long)s->kv_bytes[kv_w[i]]);
-		argv[n_arg++] = "--kv-fd";
-		argv[n_arg++] = kv_str[i][0];
-		argv[n_arg++] = "--kv-bytes";
-		argv[n_arg++] = kv_str[i][1];
-		keep[n_keep++] = s->kv_fd[kv_w[i]];
+		snprintf(sa->kv_str[i][0], sizeof(sa->kv_str[i][0]), "%d", s->kv_fd[kv_w[i]]);
+		snprintf(sa->kv_str[i][1], sizeof(sa->kv_str[i][1]), "%llu", (unsigned long long)s->kv_bytes[kv_w[i]]);
+		sa->argv[sa->n_arg++] = "--kv-fd";
+		sa->argv[sa->n_arg++] = sa->kv_str[i][0];
+		sa->argv[sa->n_arg++] = "--kv-bytes";
+		sa->argv[sa->n_arg++] = sa->kv_str[i][1];
+		sa->keep[sa->n_keep++] = s->kv_fd[kv_w[i]];
 	}
-	argv[n_arg] = NULL;
+}
+
+/* The parent's side of a fork that worked: watch the readiness pipe (read end ready_fd) and
+ * record the new process in the control segment. */
+static void spawned(struct sup *s, struct sup_actor *a, pid_t pid, int ready_fd)
+{
+	(void)fcntl(ready_fd, F_SETFL, O_NONBLOCK);
+	a->ready_fd = ready_fd;
+	if (sup_epoll_add(s, a->ready_fd, &a->ready_watch, EPOLLIN) < 0)
+		kvr_warn("%s: cannot watch the readiness pipe: the ready timeout will decide", name_of(a));
+	a->pid = pid;
+	atomic_store(&a->ent->pid, pid);
+	atomic_fetch_add(&a->ent->generation, 1);
+	a->ent->started_ns = kvr_now_ns();
+	a->ping_outstanding = false;
+	a->missed = 0;
+	a->term_sent = false;
+}
+
+static int spawn(struct sup *s, struct sup_actor *a)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -errno;
+	struct spawn_args sa;
+	args_base(s, a, p[1], &sa);
+	args_areas(s, a, &sa);
+	args_kv(s, a, &sa);
+	sa.argv[sa.n_arg] = NULL;
 	pid_t parent = getpid();
 
 	purge_stale_ctl(a);
@@ -283,20 +331,10 @@ static int spawn(struct sup *s, struct sup_actor *a)
 		return rc;
 	}
 	if (pid == 0)
-		child_exec(a->exe, argv, keep, n_keep, parent);
+		child_exec(a->exe, sa.argv, sa.keep, sa.n_keep, parent);
 
 	(void)close(p[1]);
-	(void)fcntl(p[0], F_SETFL, O_NONBLOCK);
-	a->ready_fd = p[0];
-	if (sup_epoll_add(s, a->ready_fd, &a->ready_watch, EPOLLIN) < 0)
-		kvr_warn("%s: cannot watch the readiness pipe: the ready timeout will decide", name_of(a));
-	a->pid = pid;
-	atomic_store(&a->ent->pid, pid);
-	atomic_fetch_add(&a->ent->generation, 1);
-	a->ent->started_ns = kvr_now_ns();
-	a->ping_outstanding = false;
-	a->missed = 0;
-	a->term_sent = false;
+	spawned(s, a, pid, p[0]);
 	return 0;
 }
 
@@ -427,6 +465,104 @@ static void do_spawn(struct sup *s, struct sup_actor *a)
 	sup_actor_event(s, a, EV_DIED, W_EXITCODE(127, 0));
 }
 
+/* A_STARTING: spawned, the ready timeout armed. */
+static void act_starting(struct sup *s, struct sup_actor *a, uint64_t now)
+{
+	set_state(a, KVR_ACTOR_STARTING);
+	a->deadline = now + (uint64_t)s->cfg.supervisor.ready_timeout_ms * MS;
+	kvr_info("%s started (pid %d, generation %u)", name_of(a), (int)a->pid, atomic_load(&a->ent->generation));
+}
+
+/* A_READY: the readiness byte came; the lookup actor's makes a starting instance run. */
+static void act_ready(struct sup *s, struct sup_actor *a, uint64_t now)
+{
+	close_ready_pipe(s, a);
+	a->deadline = 0;
+	a->ent->ready_ns = now;
+	set_state(a, KVR_ACTOR_READY);
+	kvr_info("%s ready (pid %d) after %llu ms", name_of(a), (int)a->pid,
+		 (unsigned long long)((now - a->ent->started_ns) / MS));
+	if (a->index == SUP_ACTOR_LOOKUP && atomic_load(&s->ctl->state) == KVR_INST_STARTING) {
+		atomic_store(&s->ctl->state, KVR_INST_RUNNING);
+		(void)sup_notify("READY=1"); /* a Type=notify unit is started now */
+	}
+}
+
+/* A_KILL: not ready in time (st STARTING) or missed pings: SIGKILL, the death follows. */
+static void act_kill(struct sup *s, struct sup_actor *a, unsigned st)
+{
+	a->deadline = 0;
+	a->ping_outstanding = false;
+	a->missed = 0;
+	if (st == KVR_ACTOR_STARTING)
+		kvr_err("%s (pid %d) not ready within %u ms: killing it", name_of(a), (int)a->pid,
+			s->cfg.supervisor.ready_timeout_ms);
+	else
+		kvr_err("%s (pid %d) missed %d pings: killing it", name_of(a), (int)a->pid, SUP_HEALTH_MAX_MISSED);
+	if (a->pid > 0)
+		(void)kill(a->pid, SIGKILL);
+}
+
+/* A_STOP: a STOP on its control ring, the escalation timer armed. */
+static void act_stop(struct sup_actor *a, uint64_t now)
+{
+	struct kvr_msg m;
+	kvr_msg_build(&m, KVR_MSG_STOP, 0, 0, 0, NULL, 0);
+	if (sup_actor_send(a, &m))
+		kvr_warn("%s: ctl ring full, STOP not queued: SIGTERM follows", name_of(a));
+	set_state(a, KVR_ACTOR_STOPPING);
+	a->stop_ns = now;
+	a->term_sent = false;
+	a->deadline = now + SUP_STOP_TERM_NS;
+	kvr_info("%s (pid %d): stopping", name_of(a), (int)a->pid);
+}
+
+/* A_RESTART: the backoff is over; counted and spawned again. */
+static void act_restart(struct sup *s, struct sup_actor *a)
+{
+	a->deadline = 0;
+	/* one writer (this loop); the metrics thread loads it atomically */
+	__atomic_store_n(&a->ent->restarts, a->ent->restarts + 1, __ATOMIC_RELAXED);
+	do_spawn(s, a);
+}
+
+/* A_ESCALATE: still running after STOP: SIGTERM first, SIGKILL the next time. */
+static void act_escalate(struct sup_actor *a)
+{
+	if (!a->term_sent) {
+		kvr_warn("%s (pid %d) still running 2 s after STOP: SIGTERM", name_of(a), (int)a->pid);
+		(void)kill(a->pid, SIGTERM);
+		a->term_sent = true;
+		a->deadline = a->stop_ns + SUP_STOP_KILL_NS;
+	} else {
+		kvr_err("%s (pid %d) still running 5 s after STOP: SIGKILL", name_of(a), (int)a->pid);
+		(void)kill(a->pid, SIGKILL);
+		a->deadline = 0;
+	}
+}
+
+/* A_STOPPED: it exited after a stop; idle. */
+static void act_stopped(struct sup *s, struct sup_actor *a, int status)
+{
+	char how[96];
+	describe_exit(status, how, sizeof(how));
+	record_exit(a, status);
+	close_ready_pipe(s, a);
+	a->deadline = 0;
+	set_state(a, KVR_ACTOR_IDLE);
+	kvr_info("%s stopped (%s)", name_of(a), how);
+}
+
+/* A_CANCEL: stopped while not running; idle, its death tally and backoff reset. */
+static void act_cancel(struct sup *s, struct sup_actor *a)
+{
+	a->deadline = 0;
+	a->n_deaths = 0;
+	a->death_pos = 0;
+	a->backoff_ms = s->cfg.supervisor.restart_backoff_initial_ms;
+	set_state(a, KVR_ACTOR_IDLE);
+}
+
 void sup_actor_event(struct sup *s, struct sup_actor *a, enum sup_event ev, int status)
 {
 	unsigned st = state_of(a);
@@ -437,85 +573,31 @@ void sup_actor_event(struct sup *s, struct sup_actor *a, enum sup_event ev, int 
 	case A_NONE:
 		break;
 	case A_STARTING:
-		set_state(a, KVR_ACTOR_STARTING);
-		a->deadline = now + (uint64_t)s->cfg.supervisor.ready_timeout_ms * MS;
-		kvr_info("%s started (pid %d, generation %u)", name_of(a), (int)a->pid,
-			 atomic_load(&a->ent->generation));
+		act_starting(s, a, now);
 		break;
 	case A_READY:
-		close_ready_pipe(s, a);
-		a->deadline = 0;
-		a->ent->ready_ns = now;
-		set_state(a, KVR_ACTOR_READY);
-		kvr_info("%s ready (pid %d) after %llu ms", name_of(a), (int)a->pid,
-			 (unsigned long long)((now - a->ent->started_ns) / MS));
-		if (a->index == SUP_ACTOR_LOOKUP && atomic_load(&s->ctl->state) == KVR_INST_STARTING) {
-			atomic_store(&s->ctl->state, KVR_INST_RUNNING);
-			(void)sup_notify("READY=1"); /* a Type=notify unit is started now */
-		}
+		act_ready(s, a, now);
 		break;
 	case A_DIED:
 		on_died(s, a, status, now);
 		break;
 	case A_KILL:
-		a->deadline = 0;
-		a->ping_outstanding = false;
-		a->missed = 0;
-		if (st == KVR_ACTOR_STARTING)
-			kvr_err("%s (pid %d) not ready within %u ms: killing it", name_of(a), (int)a->pid,
-				s->cfg.supervisor.ready_timeout_ms);
-		else
-			kvr_err("%s (pid %d) missed %d pings: killing it", name_of(a), (int)a->pid,
-				SUP_HEALTH_MAX_MISSED);
-		if (a->pid > 0)
-			(void)kill(a->pid, SIGKILL);
+		act_kill(s, a, st);
 		break;
-	case A_STOP: {
-		struct kvr_msg m;
-		kvr_msg_build(&m, KVR_MSG_STOP, 0, 0, 0, NULL, 0);
-		if (sup_actor_send(a, &m))
-			kvr_warn("%s: ctl ring full, STOP not queued: SIGTERM follows", name_of(a));
-		set_state(a, KVR_ACTOR_STOPPING);
-		a->stop_ns = now;
-		a->term_sent = false;
-		a->deadline = now + SUP_STOP_TERM_NS;
-		kvr_info("%s (pid %d): stopping", name_of(a), (int)a->pid);
+	case A_STOP:
+		act_stop(a, now);
 		break;
-	}
 	case A_RESTART:
-		a->deadline = 0;
-		/* one writer (this loop); the metrics thread loads it atomically */
-		__atomic_store_n(&a->ent->restarts, a->ent->restarts + 1, __ATOMIC_RELAXED);
-		do_spawn(s, a);
+		act_restart(s, a);
 		break;
 	case A_ESCALATE:
-		if (!a->term_sent) {
-			kvr_warn("%s (pid %d) still running 2 s after STOP: SIGTERM", name_of(a), (int)a->pid);
-			(void)kill(a->pid, SIGTERM);
-			a->term_sent = true;
-			a->deadline = a->stop_ns + SUP_STOP_KILL_NS;
-		} else {
-			kvr_err("%s (pid %d) still running 5 s after STOP: SIGKILL", name_of(a), (int)a->pid);
-			(void)kill(a->pid, SIGKILL);
-			a->deadline = 0;
-		}
+		act_escalate(a);
 		break;
-	case A_STOPPED: {
-		char how[96];
-		describe_exit(status, how, sizeof(how));
-		record_exit(a, status);
-		close_ready_pipe(s, a);
-		a->deadline = 0;
-		set_state(a, KVR_ACTOR_IDLE);
-		kvr_info("%s stopped (%s)", name_of(a), how);
+	case A_STOPPED:
+		act_stopped(s, a, status);
 		break;
-	}
 	case A_CANCEL:
-		a->deadline = 0;
-		a->n_deaths = 0;
-		a->death_pos = 0;
-		a->backoff_ms = s->cfg.supervisor.restart_backoff_initial_ms;
-		set_state(a, KVR_ACTOR_IDLE);
+		act_cancel(s, a);
 		break;
 	}
 	refresh_instance_state(s);

@@ -497,21 +497,9 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 
 /* ---- the remote tier: the remote actor's stats page, and the lookup's view of it ------- */
 
-/*
- * One remote actor at most ("remote", when the config has remote.cluster); the series are
- * sums over actors of the kind all the same, unlabelled, like the instance-wide ones. Its
- * gauges are the running actor's last word (kept while it is down). Nothing of this section
- * is written without a remote actor.
- */
-static void render_remote(FILE *f, const struct kvr_ctl *c)
+/* The lookup actor's side, named as kvring_l2_blocks_total is: block lanes. */
+static void remote_lookup_side(FILE *f, const struct kvr_ctl *c)
 {
-	bool any = false;
-	for (unsigned i = 0; i < kvr_mr_n_actors(c) && !any; i++)
-		any = kvr_mr_actor_used(c, i) && kvr_ctl_actor(c, i)->kind == KVR_ACTOR_REMOTE;
-	if (!any)
-		return;
-
-	/* the lookup actor's side, named as kvring_l2_blocks_total is: block lanes */
 	family(f, "kvring_remote_blocks_total", "counter",
 	       "Block lanes moved to and from the remote tier by result, as the lookup actor counted them: read = "
 	       "promoted into L1 for a lookup (failed: a miss, a bad value, no node, a timeout), write = handed to the "
@@ -528,8 +516,11 @@ static void render_remote(FILE *f, const struct kvr_ctl *c)
 	for (size_t i = 0; i < sizeof(lk) / sizeof(lk[0]); i++)
 		fprintf(f, "kvring_remote_blocks_total{%s} %llu\n", lk[i].labels,
 			(unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, lk[i].stat));
+}
 
-	/* the remote actor's own */
+/* The remote actor's own counters and gauges, one family each. */
+static void remote_actor_stats(FILE *f, const struct kvr_ctl *c)
+{
 	static const struct {
 		const char *name, *type, *help;
 		unsigned stat;
@@ -573,6 +564,11 @@ static void render_remote(FILE *f, const struct kvr_ctl *c)
 		family(f, rm[i].name, rm[i].type, rm[i].help);
 		fprintf(f, "%s %llu\n", rm[i].name, (unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_REMOTE, rm[i].stat));
 	}
+}
+
+/* The remote actor's payload bytes by direction and its GET and SET latencies. */
+static void remote_actor_traffic(FILE *f, const struct kvr_ctl *c)
+{
 	family(f, "kvring_remote_bytes_total", "counter",
 	       "Value payload bytes moved by the remote actor: in = copied from the cluster into L1 slots, out = sent in "
 	       "acknowledged SETs.");
@@ -586,6 +582,24 @@ static void render_remote(FILE *f, const struct kvr_ctl *c)
 	histogram(f, c, KIND(KVR_ACTOR_REMOTE), KVR_STAT_RM_HIST_SET, "kvring_remote_set_seconds",
 		  "Latency of remote write-throughs the cluster acknowledged: request taken by the remote actor to the "
 		  "SET's acknowledgement.");
+}
+
+/*
+ * One remote actor at most ("remote", when the config has remote.cluster); the series are
+ * sums over actors of the kind all the same, unlabelled, like the instance-wide ones. Its
+ * gauges are the running actor's last word (kept while it is down). Nothing of this section
+ * is written without a remote actor.
+ */
+static void render_remote(FILE *f, const struct kvr_ctl *c)
+{
+	bool any = false;
+	for (unsigned i = 0; i < kvr_mr_n_actors(c) && !any; i++)
+		any = kvr_mr_actor_used(c, i) && kvr_ctl_actor(c, i)->kind == KVR_ACTOR_REMOTE;
+	if (!any)
+		return;
+	remote_lookup_side(f, c);
+	remote_actor_stats(f, c);
+	remote_actor_traffic(f, c);
 }
 
 char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len)

@@ -343,11 +343,93 @@ static void cuda_close(void *priv)
 	(void) cudaGetLastError();
 }
 
+/* The copy mode from KVR_CUDA_COPY, refused when unknown or when this build or runtime
+ * cannot do it (last_err says why). */
+static int pick_copy_mode(struct cuda_xfer *x)
+{
+	x->mode = read_mode();
+	if (x->mode < 0) {
+		snprintf(last_err, sizeof(last_err), "KVR_CUDA_COPY=%s: want auto, memcpy, batch or kernel",
+			 getenv("KVR_CUDA_COPY"));
+		return -EINVAL;
+	}
+#ifndef KVR_XFER_HAVE_CUDA_KERNEL
+	if (x->mode == KVR_CUDA_COPY_KERNEL) {
+		snprintf(last_err, sizeof(last_err), "KVR_CUDA_COPY=kernel: this build has no kernel (nvcc not found)");
+		return -EOPNOTSUPP;
+	}
+#endif
+#if CUDART_VERSION >= 12080
+	x->batch_ok = 1;
+#endif
+	if (x->mode == KVR_CUDA_COPY_BATCH && !x->batch_ok) {
+		snprintf(last_err, sizeof(last_err), "KVR_CUDA_COPY=batch needs CUDA >= 12.8");
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+/* The device that holds the KV memory made current, and the arena registered with it and
+ * mapped into its address space. */
+static int attach_device(struct cuda_xfer *x, const struct kvr_xfer_arena *arena, int want,
+			 const uint8_t uuid[16])
+{
+	cudaError_t e;
+	int rc;
+
+	if ((rc = pick_device(want, uuid, &x->device)))
+		return rc;
+	if ((e = cudaSetDevice(x->device)) != cudaSuccess)
+		return cu_err(e, "cudaSetDevice");
+	if ((rc = arena_register(arena->base, arena->size)))
+		return rc;
+	x->arena_registered = 1;
+	void *adev = NULL;
+	if ((e = cudaHostGetDevicePointer(&adev, arena->base, 0)) != cudaSuccess)
+		return cu_err(e, "cudaHostGetDevicePointer(arena)");
+	x->arena_dev = adev;
+	return 0;
+}
+
+/* Each of the worker's KV ranges imported from its IPC handle (x->n_ranges counts those
+ * open, so the close path closes exactly them). */
+static int import_ranges(struct cuda_xfer *x, const struct kvr_cuda_range *r, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		cudaIpcMemHandle_t h;
+		void *base = NULL;
+		_Static_assert(sizeof(h) == KVR_CUDA_IPC_BYTES, "IPC memory handle size");
+		memcpy(&h, r[i].handle, sizeof(h));
+		cudaError_t e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+		if (e != cudaSuccess)
+			return cu_err(e, "cudaIpcOpenMemHandle");
+		x->ranges[i] = (struct range){.kv_off = r[i].kv_offset, .bytes = r[i].bytes, .base = base,
+					      .dev = (uint8_t *)base + r[i].alloc_offset};
+		x->n_ranges = i + 1;
+	}
+	return 0;
+}
+
+/* The two copy streams and each in-flight slot's start and done events. */
+static int create_streams(struct cuda_xfer *x)
+{
+	cudaError_t e;
+
+	for (int i = 0; i < 2; i++)
+		if ((e = cudaStreamCreateWithFlags(&x->stream[i], cudaStreamNonBlocking)) != cudaSuccess)
+			return cu_err(e, "cudaStreamCreateWithFlags");
+	for (uint32_t i = 0; i < KVR_XFER_MAX_INFLIGHT; i++) {
+		if ((e = cudaEventCreateWithFlags(&x->slots[i].start, cudaEventDefault)) != cudaSuccess ||
+		    (e = cudaEventCreateWithFlags(&x->slots[i].done, cudaEventBlockingSync)) != cudaSuccess)
+			return cu_err(e, "cudaEventCreateWithFlags");
+	}
+	return 0;
+}
+
 static int cuda_open(const struct kvr_xfer_kvmem *kv, const struct kvr_xfer_arena *arena, void **ret_priv)
 {
 	struct kvr_cuda_desc d;
 	struct cuda_xfer *x;
-	cudaError_t e;
 	int rc;
 
 	if (kv->kind != KVR_XFER_MEM_CUDA || !kv->u.cuda.blob || !arena->base)
@@ -361,27 +443,9 @@ static int cuda_open(const struct kvr_xfer_kvmem *kv, const struct kvr_xfer_aren
 	x = calloc(1, sizeof(*x));
 	if (!x)
 		return -ENOMEM;
-	x->mode = read_mode();
-	if (x->mode < 0) {
-		snprintf(last_err, sizeof(last_err), "KVR_CUDA_COPY=%s: want auto, memcpy, batch or kernel",
-			 getenv("KVR_CUDA_COPY"));
+	if ((rc = pick_copy_mode(x))) {
 		free(x);
-		return -EINVAL;
-	}
-#ifndef KVR_XFER_HAVE_CUDA_KERNEL
-	if (x->mode == KVR_CUDA_COPY_KERNEL) {
-		snprintf(last_err, sizeof(last_err), "KVR_CUDA_COPY=kernel: this build has no kernel (nvcc not found)");
-		free(x);
-		return -EOPNOTSUPP;
-	}
-#endif
-#if CUDART_VERSION >= 12080
-	x->batch_ok = 1;
-#endif
-	if (x->mode == KVR_CUDA_COPY_BATCH && !x->batch_ok) {
-		snprintf(last_err, sizeof(last_err), "KVR_CUDA_COPY=batch needs CUDA >= 12.8");
-		free(x);
-		return -EOPNOTSUPP;
+		return rc;
 	}
 	x->arena = arena->base;
 	x->arena_size = arena->size;
@@ -390,56 +454,14 @@ static int cuda_open(const struct kvr_xfer_kvmem *kv, const struct kvr_xfer_aren
 		free(x);
 		return -ENOMEM;
 	}
-
-	if ((rc = pick_device(kv->u.cuda.device, d.device_uuid, &x->device)))
-		goto fail;
-	if ((e = cudaSetDevice(x->device)) != cudaSuccess) {
-		rc = cu_err(e, "cudaSetDevice");
-		goto fail;
-	}
-	if ((rc = arena_register(arena->base, arena->size)))
-		goto fail;
-	x->arena_registered = 1;
-	void *adev = NULL;
-	if ((e = cudaHostGetDevicePointer(&adev, arena->base, 0)) != cudaSuccess) {
-		rc = cu_err(e, "cudaHostGetDevicePointer(arena)");
-		goto fail;
-	}
-	x->arena_dev = adev;
-
-	for (uint32_t i = 0; i < d.n_ranges; i++) {
-		cudaIpcMemHandle_t h;
-		void *base = NULL;
-		_Static_assert(sizeof(h) == KVR_CUDA_IPC_BYTES, "IPC memory handle size");
-		memcpy(&h, r[i].handle, sizeof(h));
-		e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
-		if (e != cudaSuccess) {
-			rc = cu_err(e, "cudaIpcOpenMemHandle");
-			goto fail;
-		}
-		x->ranges[i] = (struct range){.kv_off = r[i].kv_offset, .bytes = r[i].bytes, .base = base,
-					      .dev = (uint8_t *)base + r[i].alloc_offset};
-		x->n_ranges = i + 1;
-	}
-
-	for (int i = 0; i < 2; i++)
-		if ((e = cudaStreamCreateWithFlags(&x->stream[i], cudaStreamNonBlocking)) != cudaSuccess) {
-			rc = cu_err(e, "cudaStreamCreateWithFlags");
-			goto fail;
-		}
-	for (uint32_t i = 0; i < KVR_XFER_MAX_INFLIGHT; i++) {
-		if ((e = cudaEventCreateWithFlags(&x->slots[i].start, cudaEventDefault)) != cudaSuccess ||
-		    (e = cudaEventCreateWithFlags(&x->slots[i].done, cudaEventBlockingSync)) != cudaSuccess) {
-			rc = cu_err(e, "cudaEventCreateWithFlags");
-			goto fail;
-		}
+	if ((rc = attach_device(x, arena, kv->u.cuda.device, d.device_uuid)) ||
+	    (rc = import_ranges(x, r, d.n_ranges)) || (rc = create_streams(x))) {
+		cuda_close(x);
+		return rc;
 	}
 	last_err[0] = 0;
 	*ret_priv = x;
 	return 0;
-fail:
-	cuda_close(x);
-	return rc;
 }
 
 /* The range holding KV byte off, by binary search; NULL when off is in no range. */
@@ -546,6 +568,81 @@ static int grow_pieces(struct cslot *s, size_t n)
 }
 #endif
 
+#ifdef KVR_XFER_HAVE_CUDA_KERNEL
+/* The copies as one gather/scatter kernel launch on stream st, its argument table in the
+ * slot's pinned pieces. Returns 1 or -errno. */
+static int enqueue_kernel(struct cuda_xfer *x, struct cslot *s, uint32_t dir, const struct kvr_xfer_run *runs,
+			  size_t n, cudaStream_t st, int *ret_started)
+{
+	size_t nk;
+	int rc;
+	if ((rc = pieces(x, dir, runs, n, KERNEL_CHUNK, NULL, 1, &nk)) || (rc = grow_pieces(s, nk)))
+		return rc;
+	(void) pieces(x, dir, runs, n, KERNEL_CHUNK, s->pieces, 1, &nk);
+	void *pdev = NULL;
+	cudaError_t e = cudaHostGetDevicePointer(&pdev, s->pieces, 0);
+	if (e != cudaSuccess)
+		return cu_err(e, "cudaHostGetDevicePointer(kernel arguments)");
+	unsigned grid = nk < 65535 ? (unsigned)nk : 65535;
+	e = (cudaError_t)kvr_cuda_launch_copy(pdev, (unsigned)nk, grid, KERNEL_THREADS, st);
+	if (e != cudaSuccess)
+		return cu_err(e, "copy kernel launch");
+	*ret_started = 1;
+	return 1;
+}
+#endif
+
+#if CUDART_VERSION >= 12080
+/* The np pieces in x's scratch arrays as one cudaMemcpyBatchAsync on stream st. Returns 1,
+ * 0 when the driver cannot batch in auto mode (batching is off from then on: the caller
+ * copies piece by piece), or -errno. */
+static int enqueue_batch(struct cuda_xfer *x, uint32_t dir, size_t np, cudaStream_t st, int *ret_started)
+{
+	struct cudaMemcpyAttributes attr = {
+		.srcAccessOrder = cudaMemcpySrcAccessOrderStream,
+		.flags = cudaMemcpyFlagPreferOverlapWithCompute,
+	};
+	attr.srcLocHint.type = dir == KVR_XFER_KV_TO_SLOT ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost;
+	attr.srcLocHint.id = dir == KVR_XFER_KV_TO_SLOT ? x->device : 0;
+	attr.dstLocHint.type = dir == KVR_XFER_KV_TO_SLOT ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+	attr.dstLocHint.id = dir == KVR_XFER_KV_TO_SLOT ? 0 : x->device;
+	size_t attr_idx = 0;
+#if CUDART_VERSION >= 13000
+	cudaError_t e = cudaMemcpyBatchAsync((void *const *)x->dsts, (const void *const *)x->srcs, x->sizes, np,
+					     &attr, &attr_idx, 1, st);
+#else
+	size_t fail_idx = SIZE_MAX;
+	cudaError_t e = cudaMemcpyBatchAsync((void **)x->dsts, (void **)x->srcs, x->sizes, np, &attr, &attr_idx,
+					     1, &fail_idx, st);
+#endif
+	if (e == cudaSuccess) {
+		*ret_started = 1;
+		return 1;
+	}
+	if (x->mode == KVR_CUDA_COPY_BATCH ||
+	    (e != cudaErrorNotSupported && e != cudaErrorCallRequiresNewerDriver))
+		return cu_err(e, "cudaMemcpyBatchAsync");
+	/* auto: the driver cannot batch; per-run copies from now on */
+	(void) cudaGetLastError();
+	x->batch_ok = 0;
+	return 0;
+}
+#endif
+
+/* The np pieces in x's scratch arrays as one cudaMemcpyAsync each on stream st. Returns np
+ * or -errno. */
+static int enqueue_memcpy(struct cuda_xfer *x, uint32_t dir, size_t np, cudaStream_t st, int *ret_started)
+{
+	enum cudaMemcpyKind kind = dir == KVR_XFER_KV_TO_SLOT ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+	for (size_t i = 0; i < np; i++) {
+		cudaError_t e = cudaMemcpyAsync(x->dsts[i], x->srcs[i], x->sizes[i], kind, st);
+		if (e != cudaSuccess)
+			return cu_err(e, "cudaMemcpyAsync");
+		*ret_started = 1;
+	}
+	return (int)np;
+}
+
 /* Enqueue the copies on stream st. Returns the copy calls/launches issued (>= 1) or -errno;
  * *ret_started says whether anything was enqueued before a failure. */
 static int enqueue(struct cuda_xfer *x, struct cslot *s, uint32_t dir, const struct kvr_xfer_run *runs, size_t n,
@@ -562,22 +659,8 @@ static int enqueue(struct cuda_xfer *x, struct cslot *s, uint32_t dir, const str
 		mode = np >= BATCH_MIN_PIECES && bytes / np < BATCH_MAX_AVG && x->batch_ok ? KVR_CUDA_COPY_BATCH
 											  : KVR_CUDA_COPY_MEMCPY;
 #ifdef KVR_XFER_HAVE_CUDA_KERNEL
-	if (mode == KVR_CUDA_COPY_KERNEL) {
-		size_t nk;
-		if ((rc = pieces(x, dir, runs, n, KERNEL_CHUNK, NULL, 1, &nk)) || (rc = grow_pieces(s, nk)))
-			return rc;
-		(void) pieces(x, dir, runs, n, KERNEL_CHUNK, s->pieces, 1, &nk);
-		void *pdev = NULL;
-		cudaError_t e = cudaHostGetDevicePointer(&pdev, s->pieces, 0);
-		if (e != cudaSuccess)
-			return cu_err(e, "cudaHostGetDevicePointer(kernel arguments)");
-		unsigned grid = nk < 65535 ? (unsigned)nk : 65535;
-		e = (cudaError_t)kvr_cuda_launch_copy(pdev, (unsigned)nk, grid, KERNEL_THREADS, st);
-		if (e != cudaSuccess)
-			return cu_err(e, "copy kernel launch");
-		*ret_started = 1;
-		return 1;
-	}
+	if (mode == KVR_CUDA_COPY_KERNEL)
+		return enqueue_kernel(x, s, dir, runs, n, st, ret_started);
 #else
 	(void) s;
 #endif
@@ -590,45 +673,11 @@ static int enqueue(struct cuda_xfer *x, struct cslot *s, uint32_t dir, const str
 		x->srcs[i] = (const void *)(uintptr_t)x->scratch[i].src;
 		x->sizes[i] = (size_t)x->scratch[i].len;
 	}
-	enum cudaMemcpyKind kind = dir == KVR_XFER_KV_TO_SLOT ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
 #if CUDART_VERSION >= 12080
-	if (mode == KVR_CUDA_COPY_BATCH) {
-		struct cudaMemcpyAttributes attr = {
-			.srcAccessOrder = cudaMemcpySrcAccessOrderStream,
-			.flags = cudaMemcpyFlagPreferOverlapWithCompute,
-		};
-		attr.srcLocHint.type = dir == KVR_XFER_KV_TO_SLOT ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost;
-		attr.srcLocHint.id = dir == KVR_XFER_KV_TO_SLOT ? x->device : 0;
-		attr.dstLocHint.type = dir == KVR_XFER_KV_TO_SLOT ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
-		attr.dstLocHint.id = dir == KVR_XFER_KV_TO_SLOT ? 0 : x->device;
-		size_t attr_idx = 0;
-#if CUDART_VERSION >= 13000
-		cudaError_t e = cudaMemcpyBatchAsync((void *const *)x->dsts, (const void *const *)x->srcs, x->sizes, np,
-						     &attr, &attr_idx, 1, st);
-#else
-		size_t fail_idx = SIZE_MAX;
-		cudaError_t e = cudaMemcpyBatchAsync((void **)x->dsts, (void **)x->srcs, x->sizes, np, &attr, &attr_idx,
-						     1, &fail_idx, st);
+	if (mode == KVR_CUDA_COPY_BATCH && (rc = enqueue_batch(x, dir, np, st, ret_started)))
+		return rc;
 #endif
-		if (e == cudaSuccess) {
-			*ret_started = 1;
-			return 1;
-		}
-		if (x->mode == KVR_CUDA_COPY_BATCH ||
-		    (e != cudaErrorNotSupported && e != cudaErrorCallRequiresNewerDriver))
-			return cu_err(e, "cudaMemcpyBatchAsync");
-		/* auto: the driver cannot batch; per-run copies from now on */
-		(void) cudaGetLastError();
-		x->batch_ok = 0;
-	}
-#endif
-	for (size_t i = 0; i < np; i++) {
-		cudaError_t e = cudaMemcpyAsync(x->dsts[i], x->srcs[i], x->sizes[i], kind, st);
-		if (e != cudaSuccess)
-			return cu_err(e, "cudaMemcpyAsync");
-		*ret_started = 1;
-	}
-	return (int)np;
+	return enqueue_memcpy(x, dir, np, st, ret_started);
 }
 
 static int cuda_submit(void *priv, uint32_t slot, uint32_t dir, const struct kvr_xfer_run *runs, size_t n,

@@ -33,7 +33,7 @@
 
 /* One region of the worker's KV memory: block b's page lies at offset + b * stride and is
  * page_bytes long. A layer's K cache, its V cache, a cross-layer block, an opaque state
- * tensor: each is one region. Same fields, order and meaning as kv/kvr_geometry.h's
+ * tensor: each is one region. Same fields, order and meaning as include/kvring/kvr_geometry.h's
  * struct kvr_region, so the glue is a field-by-field copy. */
 struct kvr_xfer_region {
 	uint64_t offset;     /* byte offset of block 0's page in the KV memory */

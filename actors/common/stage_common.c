@@ -89,35 +89,38 @@ int stage_fence(struct stage_worker *sw, uint64_t wire, bool exact)
 	return 0;
 }
 
-int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned worker, int kv_fd, uint64_t kv_bytes,
-		      const char *req_fmt, const char *rep_fmt, unsigned pool_percent)
+/* The worker's geometry, copied from its control-segment area and checked. */
+static int worker_geometry(struct stage_worker *sw)
 {
-	memset(sw, 0, sizeof(*sw));
-	sw->a = a;
-	sw->worker = worker;
-	sw->pidfd = -1;
-	if (sw->worker >= a->ctl->max_workers || !a->slots || kv_fd < 0)
-		return -EINVAL;
-	fence_open(sw);
-	memcpy(&sw->geom, kvr_ctl_worker_geometry(a->ctl, sw->worker), sizeof(sw->geom));
 	char err[KVR_GEOM_ERR_MAX];
+	memcpy(&sw->geom, kvr_ctl_worker_geometry(sw->a->ctl, sw->worker), sizeof(sw->geom));
 	if (kvr_geometry_validate(&sw->geom, kvr_geometry_kv_extent(&sw->geom), err, sizeof(err)) ||
 	    kvr_dcp_group_check(&sw->geom, err, sizeof(err))) {
 		kvr_err("worker %u geometry: %s", sw->worker, err);
 		return -EINVAL;
 	}
-	sw->slots = a->slots;
-	sw->dcp = sw->geom.dcp_size > 1;
-	sw->lane = kvr_dcp_lane(&sw->geom);
-	sw->req = kvr_actor_ring_w(a, req_fmt, sw->worker);
-	sw->rep = kvr_actor_ring_w(a, rep_fmt, sw->worker);
+	return 0;
+}
+
+/* The worker's request and reply rings, and the outbox on its reply ring. */
+static int worker_rings(struct stage_worker *sw, const char *req_fmt, const char *rep_fmt)
+{
+	sw->req = kvr_actor_ring_w(sw->a, req_fmt, sw->worker);
+	sw->rep = kvr_actor_ring_w(sw->a, rep_fmt, sw->worker);
 	if (!sw->req || !sw->rep) {
 		kvr_err("worker %u: rings %s / %s not found", sw->worker, req_fmt, rep_fmt);
 		return -ENOENT;
 	}
 	kvr_outbox_init(&sw->out, sw->rep);
 	sw->out_open = true;
+	return 0;
+}
 
+/* The transfer layout of the worker's regions, checked, and what one block of it takes in a
+ * slot (*ret_canon_bytes: the canonical lane, which a DCP rank holds a shard of). */
+static int worker_layout(struct stage_worker *sw, uint64_t kv_bytes, uint64_t *ret_canon_bytes)
+{
+	char err[KVR_GEOM_ERR_MAX];
 	sw->regions = calloc(sw->geom.n_regions, sizeof(*sw->regions));
 	if (!sw->regions)
 		return -ENOMEM;
@@ -127,7 +130,7 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned wor
 	}
 	sw->layout = (struct kvr_xfer_layout){.regions = sw->regions, .n_regions = sw->geom.n_regions,
 					      .num_blocks = sw->geom.num_blocks, .kv_size = kv_bytes,
-					      .arena_size = a->arena_seg.size};
+					      .arena_size = sw->a->arena_seg.size};
 	struct kvr_xfer_err xe = {0};
 	int rc = kvr_xfer_layout_check(&sw->layout, &xe);
 	if (rc) {
@@ -144,16 +147,20 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned wor
 			(unsigned long long)sw->slots->slot_bytes);
 		return -EINVAL;
 	}
-	rc = size_pool(sw, pool_percent);
-	if (rc)
-		return rc;
+	*ret_canon_bytes = canon_bytes;
+	return 0;
+}
 
-	/* The worker's KV memory: a memfd with the pages (host), or a memfd holding a CUDA
-	 * descriptor (IPC handles of its GPU tensors and a table of store events). */
+/* The worker's KV memory: a memfd with the pages (host), or a memfd holding a CUDA
+ * descriptor (IPC handles of its GPU tensors and a table of store events). */
+static int worker_kvmem(struct stage_worker *sw, int kv_fd, uint64_t kv_bytes)
+{
+	char err[KVR_GEOM_ERR_MAX];
 	struct kvr_xfer_kvmem kv = {.kind = KVR_XFER_MEM_HOST, .size = kv_bytes};
-	struct kvr_xfer_arena arena = {.base = a->arena_seg.base, .size = a->arena_seg.size};
+	struct kvr_xfer_arena arena = {.base = sw->a->arena_seg.base, .size = sw->a->arena_seg.size};
 	void *blob = NULL;
 	size_t blob_len = 0;
+	int rc;
 	int d = kvr_cuda_desc_read(kv_fd, &blob, &blob_len, err, sizeof(err));
 	if (d == 0) {
 		kv.kind = KVR_XFER_MEM_CUDA;
@@ -180,6 +187,12 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned wor
 			strerror(-rc));
 		return rc;
 	}
+	return 0;
+}
+
+/* The one line that says a worker is served, with its lane, sizes and lease pool. */
+static void log_serving(const struct stage_worker *sw, uint64_t canon_bytes)
+{
 	if (sw->dcp)
 		kvr_info("serving worker %u (DCP rank %u of %u, interleave %u, lane %u, %u regions, %llu of %llu bytes per "
 			 "block, lease %u blocks x %u)", sw->worker, sw->geom.dcp_rank, sw->geom.dcp_size,
@@ -189,6 +202,38 @@ int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned wor
 		kvr_info("serving worker %u (lane %u, %u regions, %llu bytes per block, lease %u blocks x %u)", sw->worker,
 			 sw->lane, sw->geom.n_regions, (unsigned long long)sw->rank_lane_bytes, sw->chunk_blocks,
 			 sw->pool_leases);
+}
+
+int stage_worker_open(struct kvr_actor *a, struct stage_worker *sw, unsigned worker, int kv_fd, uint64_t kv_bytes,
+		      const char *req_fmt, const char *rep_fmt, unsigned pool_percent)
+{
+	memset(sw, 0, sizeof(*sw));
+	sw->a = a;
+	sw->worker = worker;
+	sw->pidfd = -1;
+	if (sw->worker >= a->ctl->max_workers || !a->slots || kv_fd < 0)
+		return -EINVAL;
+	fence_open(sw);
+	int rc = worker_geometry(sw);
+	if (rc)
+		return rc;
+	sw->slots = a->slots;
+	sw->dcp = sw->geom.dcp_size > 1;
+	sw->lane = kvr_dcp_lane(&sw->geom);
+	rc = worker_rings(sw, req_fmt, rep_fmt);
+	if (rc)
+		return rc;
+	uint64_t canon_bytes = 0;
+	rc = worker_layout(sw, kv_bytes, &canon_bytes);
+	if (rc)
+		return rc;
+	rc = size_pool(sw, pool_percent);
+	if (rc)
+		return rc;
+	rc = worker_kvmem(sw, kv_fd, kv_bytes);
+	if (rc)
+		return rc;
+	log_serving(sw, canon_bytes);
 	return 0;
 }
 

@@ -590,22 +590,12 @@ static int open_store(struct disk *d, const char *dir, struct kvr_l2_store_confi
 	return 0;
 }
 
-static int disk_init(struct kvr_actor *a)
+/* The store's configuration for directory dir: the slot table's identity, this actor's share
+ * of the byte cap, the arena it reads and writes. */
+static void store_config(const struct kvr_actor *a, const char *dir, struct kvr_l2_store_config *sc)
 {
 	const struct kvr_config *cfg = &a->cfg;
-	unsigned idx = a->ent->index;
-	if (!a->slots || !a->arena_seg.base) {
-		kvr_err("no slot table or arena");
-		return -EINVAL;
-	}
-	/* its I/O reads and writes slots (O_DIRECT pins their pages): populated in the loop */
-	(void)kvr_actor_populate_add(a, a->arena_seg.base, a->arena_seg.size, true, "arena");
-	if (idx >= cfg->l2.n_dirs || idx >= KVR_L2_MAX_DIRS) {
-		kvr_err("disk actor %u but l2.dirs has %u entries", idx, cfg->l2.n_dirs);
-		return -EINVAL;
-	}
-	const char *dir = cfg->l2.dirs[idx];
-	struct kvr_l2_store_config sc = {
+	*sc = (struct kvr_l2_store_config){
 		.root = dir,
 		.ident = {.ns = a->slots->ns, .fingerprint = a->slots->ns, .block_tokens = a->slots->block_tokens,
 			  .lane_bytes = a->slots->slot_bytes},
@@ -622,8 +612,69 @@ static int disk_init(struct kvr_actor *a)
 	};
 	_Static_assert((int)KVR_CFG_DUR_NONE == (int)KVR_L2_DUR_NONE && (int)KVR_CFG_DUR_BLOCK == (int)KVR_L2_DUR_BLOCK &&
 			       (int)KVR_CFG_DUR_BATCH == (int)KVR_L2_DUR_BATCH, "l2.durability as parsed is the engine's");
-	sc.durability = (enum kvr_l2_durability)cfg->l2.durability_id;
-	int rc;
+	sc->durability = (enum kvr_l2_durability)cfg->l2.durability_id;
+}
+
+/* The actor's rings (disk.req/rep.idx), backlog, outbox and a free list of qd requests. */
+static int disk_queues(struct disk *d, unsigned idx, uint32_t qd)
+{
+	struct kvr_actor *a = d->a;
+	d->in = kvr_actor_ring_w(a, KVR_RING_DISK_REQ, idx);
+	d->out = kvr_actor_ring_w(a, KVR_RING_DISK_REP, idx);
+	if (!d->in || !d->out) {
+		kvr_err("rings disk.req.%u / disk.rep.%u missing from the ring directory", idx, idx);
+		return -ENOENT;
+	}
+	kvr_backlog_init(&d->wait, a, d->in);
+	kvr_outbox_init(&d->out_q, d->out);
+	d->qd = qd ? qd : 1;
+	d->reqs = calloc(d->qd, sizeof(*d->reqs));
+	if (!d->reqs)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < d->qd; i++)
+		d->reqs[i].next_free = i + 1 < d->qd ? i + 1 : DISK_REQ_NONE;
+	d->free_req = 0;
+	return 0;
+}
+
+/* The store over dir opened (the directory made first unless read-only), the pins of a dead
+ * predecessor dropped, and its completions watched by the actor's loop. */
+static int disk_start_store(struct disk *d, const char *dir, struct kvr_l2_store_config *sc, unsigned idx)
+{
+	if (!d->read_only && mkdir(dir, 0700) == 0)
+		kvr_info("l2 %s: created", dir);
+	int rc = open_store(d, dir, sc);
+	if (rc)
+		return rc;
+	drop_stale_pins(d, idx, d->a->cfg.l2.n_dirs);
+	rc = kvr_l2_store_event_fd(d->store);
+	if (rc >= 0)
+		rc = d->watch = kvr_actor_watch_fd(d->a, rc, POLLIN, disk_on_event, d);
+	if (rc < 0) {
+		kvr_err("l2 %s: cannot watch the I/O completions: %s", dir, strerror(-rc));
+		kvr_l2_store_close(d->store);
+		return rc;
+	}
+	return 0;
+}
+
+static int disk_init(struct kvr_actor *a)
+{
+	const struct kvr_config *cfg = &a->cfg;
+	unsigned idx = a->ent->index;
+	if (!a->slots || !a->arena_seg.base) {
+		kvr_err("no slot table or arena");
+		return -EINVAL;
+	}
+	/* its I/O reads and writes slots (O_DIRECT pins their pages): populated in the loop */
+	(void)kvr_actor_populate_add(a, a->arena_seg.base, a->arena_seg.size, true, "arena");
+	if (idx >= cfg->l2.n_dirs || idx >= KVR_L2_MAX_DIRS) {
+		kvr_err("disk actor %u but l2.dirs has %u entries", idx, cfg->l2.n_dirs);
+		return -EINVAL;
+	}
+	const char *dir = cfg->l2.dirs[idx];
+	struct kvr_l2_store_config sc;
+	store_config(a, dir, &sc);
 	struct disk *d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;
@@ -632,45 +683,17 @@ static int disk_init(struct kvr_actor *a)
 	d->read_only = cfg->l2.read_only;
 	d->root = dir;
 	d->send_timeout_ns = kvr_ms_to_ns(cfg->timeouts.reply_ms);
-	d->in = kvr_actor_ring_w(a, KVR_RING_DISK_REQ, idx);
-	d->out = kvr_actor_ring_w(a, KVR_RING_DISK_REP, idx);
-	if (!d->in || !d->out) {
-		kvr_err("rings disk.req.%u / disk.rep.%u missing from the ring directory", idx, idx);
-		rc = -ENOENT;
-		goto fail;
-	}
-	kvr_backlog_init(&d->wait, a, d->in);
-	kvr_outbox_init(&d->out_q, d->out);
-	d->qd = sc.queue_depth ? sc.queue_depth : 1;
-	d->reqs = calloc(d->qd, sizeof(*d->reqs));
-	if (!d->reqs) {
-		rc = -ENOMEM;
-		goto fail;
-	}
-	for (uint32_t i = 0; i < d->qd; i++)
-		d->reqs[i].next_free = i + 1 < d->qd ? i + 1 : DISK_REQ_NONE;
-	d->free_req = 0;
-	if (!d->read_only && mkdir(dir, 0700) == 0)
-		kvr_info("l2 %s: created", dir);
-	rc = open_store(d, dir, &sc);
-	if (rc)
-		goto fail;
-	drop_stale_pins(d, idx, a->cfg.l2.n_dirs);
-	rc = kvr_l2_store_event_fd(d->store);
-	if (rc >= 0)
-		rc = d->watch = kvr_actor_watch_fd(a, rc, POLLIN, disk_on_event, d);
-	if (rc < 0) {
-		kvr_err("l2 %s: cannot watch the I/O completions: %s", dir, strerror(-rc));
-		kvr_l2_store_close(d->store);
-		goto fail;
+	int rc = disk_queues(d, idx, sc.queue_depth);
+	if (!rc)
+		rc = disk_start_store(d, dir, &sc, idx);
+	if (rc) {
+		kvr_outbox_free(&d->out_q);
+		free(d->reqs);
+		free(d);
+		return rc;
 	}
 	kvr_actor_set_data(a, d);
 	return 0;
-fail:
-	kvr_outbox_free(&d->out_q);
-	free(d->reqs);
-	free(d);
-	return rc;
 }
 
 static void disk_fini(struct kvr_actor *a)

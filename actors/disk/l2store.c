@@ -929,18 +929,10 @@ static int fix_dir_modes(struct kvr_l2_store *s, struct kvr_l2_adopt_stats *st)
 	return 0;
 }
 
-int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt_stats *ret_adopt,
-		      struct kvr_l2_store **ret)
+/* The store's fields from cfg, its key table, request and I/O tables, and its namespace
+ * directory's path (hex: the directory's name under the root). */
+static int store_init(struct kvr_l2_store *s, const struct kvr_l2_store_config *cfg, char *hex)
 {
-	if (!cfg || !ret || !cfg->root || !cfg->lanes || cfg->lanes > KVR_L2_MAX_LANE + 1 || !cfg->capacity_bytes ||
-	    !cfg->ident.lane_bytes || !kvr_l2_file_bytes(cfg->ident.lane_bytes) || !cfg->queue_depth ||
-	    cfg->queue_depth > KVR_L2IO_MAX_QD)
-		return -EINVAL;
-	struct kvr_l2_store *s = calloc(1, sizeof(*s));
-	if (!s)
-		return -ENOMEM;
-	struct kvr_l2_adopt_stats ast = {0};
-	int rc, root_fd = -1;
 	s->cfg = *cfg;
 	s->cfg.root = NULL;
 	s->dir_fd = s->lock_fd = -1;
@@ -954,43 +946,53 @@ int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt
 	s->io_qd = cfg->queue_depth > KVR_L2_ADOPT_DEPTH ? cfg->queue_depth : KVR_L2_ADOPT_DEPTH;
 	s->reqs = calloc(cfg->queue_depth, sizeof(*s->reqs));
 	s->iobuf = calloc(s->io_qd, sizeof(*s->iobuf));
-	char hex[KVR_KEY_FMT_LEN];
 	if (!s->tab || !s->reqs || !s->iobuf ||
 	    asprintf(&s->dir, "%s/%s", cfg->root, kvr_l2_ns_dir_fmt(cfg->ident.ns, hex)) < 0) {
 		s->dir = NULL;
-		rc = -ENOMEM;
-		goto fail;
+		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < cfg->queue_depth; i++)
 		s->reqs[i].next_free = i + 1 < cfg->queue_depth ? i + 1 : NONE;
 	s->free_req = 0;
+	return 0;
+}
 
-	root_fd = open(cfg->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (root_fd < 0) {
-		rc = -errno;
-		goto fail;
-	}
+/* The namespace directory opened (made first unless read-only), locked and its modes fixed; a
+ * read-only store whose directory does not exist holds the root instead (ast->no_dir). */
+static int open_ns_dir(struct kvr_l2_store *s, const struct kvr_l2_store_config *cfg, const char *hex,
+		       struct kvr_l2_adopt_stats *ast)
+{
+	int rc = 0;
+	int root_fd = open(cfg->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (root_fd < 0)
+		return -errno;
 	if (!cfg->read_only && mkdirat(root_fd, hex, 0700) && errno != EEXIST) {
 		rc = -errno;
-		goto fail;
+		goto out;
 	}
 	s->dir_fd = openat(root_fd, hex, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
 	if (s->dir_fd < 0 && errno == ENOENT && cfg->read_only) {
 		/* nothing stored under this namespace: serve nothing; the engine gets the root
 		 * (it never opens a file there: the index stays empty) */
-		ast.no_dir = true;
+		ast->no_dir = true;
 		s->dir_fd = root_fd;
 		root_fd = -1;
 	} else if (s->dir_fd < 0) {
 		rc = -errno;
-		goto fail;
 	} else {
 		rc = lock_dir(s);
 		if (!rc && !cfg->read_only)
-			rc = fix_dir_modes(s, &ast);
-		if (rc)
-			goto fail;
+			rc = fix_dir_modes(s, ast);
 	}
+out:
+	if (root_fd >= 0)
+		close(root_fd);
+	return rc;
+}
+
+/* The store's io_uring engine over its directory and the arena. */
+static int open_io(struct kvr_l2_store *s, const struct kvr_l2_store_config *cfg)
+{
 	struct kvr_l2io_config icfg = {
 		.dir_fd = s->dir_fd,
 		.ident = cfg->ident,
@@ -1003,31 +1005,51 @@ int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt
 		.slot_bytes = cfg->slot_bytes,
 		.read_only = cfg->read_only,
 	};
-	rc = kvr_l2io_open(&icfg, &s->io);
+	return kvr_l2io_open(&icfg, &s->io);
+}
+
+/* The block files on disk adopted, and the mode fixes adoption made logged. */
+static int adopt_logged(struct kvr_l2_store *s, struct kvr_l2_adopt_stats *ast)
+{
+	int rc = adopt(s, ast);
 	if (rc)
-		goto fail;
-	if (!ast.no_dir) {
-		rc = adopt(s, &ast);
-		if (rc)
-			goto fail;
-		if (ast.modes_fixed)
-			kvr_warn("l2 %s: %llu block files had modes other than 0600: now 0600", s->dir,
-				 (unsigned long long)ast.modes_fixed);
-		if (ast.rejected[KVR_L2_R_MODE])
-			kvr_warn("l2 %s: %llu block files could not be set to 0600: not adopted, removed", s->dir,
-				 (unsigned long long)ast.rejected[KVR_L2_R_MODE]);
+		return rc;
+	if (ast->modes_fixed)
+		kvr_warn("l2 %s: %llu block files had modes other than 0600: now 0600", s->dir,
+			 (unsigned long long)ast->modes_fixed);
+	if (ast->rejected[KVR_L2_R_MODE])
+		kvr_warn("l2 %s: %llu block files could not be set to 0600: not adopted, removed", s->dir,
+			 (unsigned long long)ast->rejected[KVR_L2_R_MODE]);
+	return 0;
+}
+
+int kvr_l2_store_open(const struct kvr_l2_store_config *cfg, struct kvr_l2_adopt_stats *ret_adopt,
+		      struct kvr_l2_store **ret)
+{
+	if (!cfg || !ret || !cfg->root || !cfg->lanes || cfg->lanes > KVR_L2_MAX_LANE + 1 || !cfg->capacity_bytes ||
+	    !cfg->ident.lane_bytes || !kvr_l2_file_bytes(cfg->ident.lane_bytes) || !cfg->queue_depth ||
+	    cfg->queue_depth > KVR_L2IO_MAX_QD)
+		return -EINVAL;
+	struct kvr_l2_store *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	struct kvr_l2_adopt_stats ast = {0};
+	char hex[KVR_KEY_FMT_LEN];
+	int rc = store_init(s, cfg, hex);
+	if (!rc)
+		rc = open_ns_dir(s, cfg, hex, &ast);
+	if (!rc)
+		rc = open_io(s, cfg);
+	if (!rc && !ast.no_dir)
+		rc = adopt_logged(s, &ast);
+	if (rc) {
+		kvr_l2_store_close(s);
+		return rc;
 	}
-	if (root_fd >= 0)
-		close(root_fd);
 	if (ret_adopt)
 		*ret_adopt = ast;
 	*ret = s;
 	return 0;
-fail:
-	if (root_fd >= 0)
-		close(root_fd);
-	kvr_l2_store_close(s);
-	return rc;
 }
 
 void kvr_l2_store_close(struct kvr_l2_store *s)

@@ -488,22 +488,38 @@ static void chain_done(struct kvr_l2io *io, struct op *op)
 		complete(io, op, rc, KVR_L2_R_IO);
 }
 
-static void handle_cqe(struct kvr_l2io *io, uint64_t ud, int res)
+/* A CQE of the batch's directory fsync or of one of its renames' shared count. */
+static void batch_cqe(struct kvr_l2io *io, int res)
 {
-	unsigned idx = ud & 0xffff;
-	enum step s = (enum step)((ud >> 16) & 0xff);
-	io->inflight--;
-	if (idx == BATCH_IDX) {
-		if (res < 0 && !io->flush_err)
-			io->flush_err = res;
-		if (--io->flush_pending == 0)
-			batch_done(io);
+	if (res < 0 && !io->flush_err)
+		io->flush_err = res;
+	if (--io->flush_pending == 0)
+		batch_done(io);
+}
+
+/* A header or payload read or write of res bytes: counted toward its whole, an error noted. */
+static void rw_result(struct kvr_l2io *io, struct op *op, enum step s, int res)
+{
+	uint64_t *done = s == S_HDR ? &op->hdr_done : &op->pay_done;
+	uint64_t want = s == S_HDR ? KVR_L2_HDR_BYTES : io->pay_bytes;
+	if (res < 0) {
+		note_err(op, s, res);
 		return;
 	}
-	struct op *op = &io->ops[idx];
-	if (op->gen != (uint32_t)(ud >> 32) || !op->pending)
-		abort(); /* a CQE for an op that is not waiting for one: engine bug */
-	op->pending--;
+	if (res == 0 && op->kind == KVR_L2IO_WRITE && !op->err)
+		note_err(op, s, -EIO); /* no progress at all */
+	*done += (unsigned)res;
+	if (*done == want)
+		op->ok |= BIT(s);
+	if (op->buf_index >= 0 && s == S_PAY)
+		io->st.fixed_ios++;
+	else if (s == S_PAY)
+		io->st.plain_ios++;
+}
+
+/* The result res of step s recorded on op: its ok bit, its error, what it opened or renamed. */
+static void step_result(struct kvr_l2io *io, struct op *op, enum step s, int res)
+{
 	switch (s) {
 	case S_OPEN:
 		if (res >= 0) {
@@ -514,24 +530,9 @@ static void handle_cqe(struct kvr_l2io *io, uint64_t ud, int res)
 		}
 		break;
 	case S_HDR:
-	case S_PAY: {
-		uint64_t *done = s == S_HDR ? &op->hdr_done : &op->pay_done;
-		uint64_t want = s == S_HDR ? KVR_L2_HDR_BYTES : io->pay_bytes;
-		if (res < 0) {
-			note_err(op, s, res);
-		} else {
-			if (res == 0 && op->kind == KVR_L2IO_WRITE && !op->err)
-				note_err(op, s, -EIO); /* no progress at all */
-			*done += (unsigned)res;
-			if (*done == want)
-				op->ok |= BIT(s);
-			if (op->buf_index >= 0 && s == S_PAY)
-				io->st.fixed_ios++;
-			else if (s == S_PAY)
-				io->st.plain_ios++;
-		}
+	case S_PAY:
+		rw_result(io, op, s, res);
 		break;
-	}
 	case S_CLOSE:
 	case S_CLEAN_CLOSE:
 		if (res != -ECANCELED) {
@@ -574,6 +575,22 @@ static void handle_cqe(struct kvr_l2io *io, uint64_t ud, int res)
 	default:
 		break;
 	}
+}
+
+static void handle_cqe(struct kvr_l2io *io, uint64_t ud, int res)
+{
+	unsigned idx = ud & 0xffff;
+	enum step s = (enum step)((ud >> 16) & 0xff);
+	io->inflight--;
+	if (idx == BATCH_IDX) {
+		batch_cqe(io, res);
+		return;
+	}
+	struct op *op = &io->ops[idx];
+	if (op->gen != (uint32_t)(ud >> 32) || !op->pending)
+		abort(); /* a CQE for an op that is not waiting for one: engine bug */
+	op->pending--;
+	step_result(io, op, s, res);
 	if (!op->pending && op->phase != P_BATCH)
 		chain_done(io, op);
 }

@@ -57,7 +57,7 @@ extern "C" {
  */
 
 struct kvr_client;
-struct kvr_geometry; /* <kvring/kvr_geometry.h>: layout, presets, validation */
+struct kvr_geometry; /* <kvring/kvr_geometry.h>: layout, validation */
 struct kvr_lookup_result; /* below */
 
 /*

@@ -1,5 +1,6 @@
 #!/bin/sh
-# An installed kvring builds a client: meson install into a temporary DESTDIR, then
+# An installed kvring builds a client: meson install into a temporary DESTDIR; the installed
+# headers are kvring.h and kvr_geometry.h and declare exactly the functions of libkvring.map; then
 # pkg-config kvring, compile and link installed_client.c against the installed headers and
 # library only, run it and check its output. Negative control: a program that calls a
 # function libkvring does not export (kvr_config_defaults) must fail to link.
@@ -21,9 +22,17 @@ DESTDIR="$tmp/root" meson install -C "$build" --no-rebuild --quiet >"$tmp/instal
 
 pc=$(find "$tmp/root" -name kvring.pc -path '*/pkgconfig/*')
 [ -n "$pc" ] || fail "no kvring.pc installed"
-for h in kvring.h kvr_geometry.h kvr_keys.h; do
-	[ -n "$(find "$tmp/root" -path "*/include/kvring/$h")" ] || fail "kvring/$h not installed"
-done
+incdir=$(dirname "$(find "$tmp/root" -path '*/include/kvring/kvring.h')")
+[ "$incdir" != . ] || fail "kvring/kvring.h not installed"
+got=$(cd "$incdir" && LC_ALL=C ls | tr '\n' ' ')
+[ "$got" = "kvr_geometry.h kvring.h " ] || fail "installed headers: $got(want kvr_geometry.h kvring.h)"
+# every function an installed header declares (a file-scope line, not static inline) is exported
+sed -n '/global:/,/local:/p' "$src/client/libkvring.map" | grep -oE '^[[:space:]]*kvr_[a-z0-9_]+;' |
+	tr -d ' \t;' | sort -u >"$tmp/map.txt"
+cat "$incdir"/*.h | grep -E '^[a-z]' | grep -v '^static' | grep -oE '\bkvr_[a-z0-9_]+\(' | tr -d '(' |
+	sort -u >"$tmp/decl.txt"
+diff "$tmp/decl.txt" "$tmp/map.txt" >"$tmp/decl.diff" ||
+	{ cat "$tmp/decl.diff" >&2; fail "installed headers and libkvring.map differ (<: declared only, >: exported only)"; }
 
 # kvring.pc names the configured prefix; the sysroot puts its paths under the DESTDIR.
 # Nothing else on the search path: kvring.pc must not require another package.

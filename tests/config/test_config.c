@@ -1200,12 +1200,15 @@ Test(config, enum_keys_are_parsed_once_into_typed_fields)
 	cr_assert(c.l1.prefault_background);
 	cr_assert(!c.l2.write_back);
 	cr_assert_eq(c.l2.durability_id, KVR_CFG_DUR_BATCH);
-	cr_assert_eq(kvr_config_parse("{\"instance\": {\"log_level\": \"debug\"}, \"l1\": {\"prefault\": \"off\"}, "
+	cr_assert_eq(c.l1.eviction_id, KVR_CFG_EVICT_S3FIFO);
+	cr_assert_eq(kvr_config_parse("{\"instance\": {\"log_level\": \"debug\"}, \"l1\": {\"prefault\": \"off\", "
+				      "\"eviction\": \"lru\"}, "
 				      "\"model\": {\"kv_layout\": \"kv-fused\"}, "
 				      "\"l2\": {\"mode\": \"write-back\", \"durability\": \"none\"}}",
 				      &c, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(c.instance.log_level_id, KVR_LOG_DEBUG);
 	cr_assert(!c.l1.prefault_background);
+	cr_assert_eq(c.l1.eviction_id, KVR_CFG_EVICT_LRU);
 	cr_assert(c.model.kv_fused);
 	cr_assert(c.l2.write_back);
 	cr_assert_eq(c.l2.durability_id, KVR_CFG_DUR_NONE);
@@ -1213,6 +1216,7 @@ Test(config, enum_keys_are_parsed_once_into_typed_fields)
 				      "\"mla\", \"layers\": 2, \"kv_heads\": 1, \"head_dim\": 64, \"dtype_bytes\": 2, "
 				      "\"model_id\": \"m\", \"block_tokens\": 16}}", &c, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(c.l2.durability_id, KVR_CFG_DUR_BLOCK);
+	cr_assert_eq(c.l1.eviction_id, KVR_CFG_EVICT_S3FIFO);
 	cr_assert(c.model.mla);
 	/* a refused document leaves every field, derived ones too, as they were */
 	cr_assert_eq(kvr_config_parse("{\"l2\": {\"durability\": \"fsync\"}}", &c, err, sizeof(err)), -EINVAL);
