@@ -349,6 +349,7 @@ class Engine:
         start_timeout: float = 240,
         expect_failure: bool = False,
         wait: bool = True,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.log_path = workdir / f"engine-{name}.log"
@@ -366,7 +367,7 @@ class Engine:
         if kv_transfer_config is not None:
             args["kv_transfer_config"] = kv_transfer_config
         args.update(llm_args or {})
-        env = dict(os.environ)
+        extra_env, env = env, dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(PYPKG)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
@@ -374,6 +375,7 @@ class Engine:
         env["VLLM_CPU_OMP_THREADS_BIND"] = threads_bind or ("0|1" if tp == 2 else "0")
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         env["KVR_BUILD_ROOT"] = str(BUILD)
+        env.update(extra_env or {})
         rfd, wfd = os.pipe()  # replies: engine -> test
         self._logf = open(self.log_path, "wb")
         self.proc = subprocess.Popen(

@@ -1,6 +1,15 @@
 """Prefill/decode on one node: the decode engine is served from the prefill engine's store.
 
-Engine P (the prefill engine) answers 16 prompts with max_tokens=1 while its storer holds
+Engine P runs its EngineCore in the test's engine process (VLLM_ENABLE_V1_MULTIPROCESSING=0):
+it steps only while LLM.generate has unfinished requests, so once a generate call returned
+it runs no step at all. First P prefills one prompt with max_tokens=1 and is left idle: the
+store of its prompt was submitted by the step whose forward pass computed it (the
+connector's wait_for_save), so it commits with P idle — kvringd's stored-block count reaches
+the prompt's full blocks — and D, given P's kv_transfer_params, leases once (no "ask again
+later"), loads every full block and decodes the tokens of a cold run. (With the store
+deferred to P's next step, it would never commit while P is idle.)
+
+Then engine P (the prefill engine) answers 16 prompts with max_tokens=1 while its storer holds
 every copy (KVRING_TEST_STORE_HOLD: a store's slots are allocated, WRITING, not committed),
 so the prefill's outputs come back with their stores still in flight — the moment a P/D
 proxy sends the request on. Engine D (the decode engine) gets the 16 prompts at once with
@@ -26,6 +35,9 @@ from pathlib import Path
 import kvtest as kt
 from kvtest import BLOCK, check
 
+# P's EngineCore inside its engine process (no EngineCore process): it steps only inside LLM.generate
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
 N = 16
 FULL = 4  # full blocks per prompt
 WAIT_MS = 3000
@@ -50,16 +62,47 @@ def main(d: Path) -> None:
     kv = kt.Kvringd(d)
     del os.environ["KVRING_TEST_STORE_HOLD"]
     cfg = kt.connector_config(kv.socket, store_wait_ms=WAIT_MS)
-    p = kt.Engine(d, "P", kv_transfer_config=cfg, threads_bind="0", wait=False)
+    p = kt.Engine(d, "P", kv_transfer_config=cfg, threads_bind="0", wait=False, env=IN_PROCESS)
     dec = kt.Engine(d, "D", kv_transfer_config=cfg, threads_bind="1", wait=False)
     try:
         p.wait_started()
         dec.wait_started()
         prompts = [kt.prompt(700 + i, FULL * BLOCK + 5 + i) for i in range(N + 4)]
+        one = kt.prompt(900, FULL * BLOCK + 7)
         # the cold reference: the same prompts under a cache salt (other keys: nothing shared)
-        refs = p.generate(prompts, max_tokens=8, cache_salt=["cold-reference"] * len(prompts))
+        refs = p.generate(prompts + [one], max_tokens=8, cache_salt=["cold-reference"] * (len(prompts) + 1))
         check(all(r["num_cached_tokens"] == 0 for r in refs), "the salted reference run hit something")
-        kv.wait_metric("kvring_store_blocks_total", len(prompts) * FULL, result="stored")
+        ref_one = refs.pop()
+        stored = (len(prompts) + 1) * FULL
+        # P is idle from here on: these stores were submitted by the steps that computed them
+        kv.wait_metric("kvring_store_blocks_total", stored, result="stored")
+
+        # ---- P prefills one prompt and stays idle: its store commits without another step ----
+        pre = p.generate([one], max_tokens=1)[0]
+        params = pre.get("kv_transfer_params") or {}
+        check(
+            params.get("kvring", {}).get("stored_tokens") == FULL * BLOCK,
+            f"prefill: kv_transfer_params {params!r}, want kvring.stored_tokens {FULL * BLOCK}",
+        )
+        check(pre["tokens"][0] == ref_one["tokens"][0], "prefill: first token differs from the cold run")
+        t0 = time.monotonic()
+        stored += FULL
+        kv.wait_metric("kvring_store_blocks_total", stored, result="stored")
+        commit_s = time.monotonic() - t0
+        asked = kv.metric("kvring_lookup_requests_total")
+        in_flight = kv.metric("kvring_miss_tokens_total", reason="in_flight")
+        out = dec.generate([one], max_tokens=8, kv_transfer_params=[pre["kv_transfer_params"]])[0]
+        compare("decode of the idle prefill's prompt", [out], [ref_one], FULL * BLOCK)
+        lookups = kv.metric("kvring_lookup_requests_total") - asked
+        check(lookups == 1, f"the decode leased {lookups} times, want once (no 'ask again later')")
+        check(
+            kv.metric("kvring_miss_tokens_total", reason="in_flight") == in_flight,
+            "the decode's lease found blocks in flight",
+        )
+        kt.log(
+            f"idle prefill: its {FULL} blocks committed {commit_s * 1e3:.0f} ms after its response with P running "
+            f"no step; the decode leased once and loaded {FULL * BLOCK} tokens, tokens equal to the cold run"
+        )
 
         # ---- P/D with the prefill's stores in flight ----
         hold.touch()
@@ -77,8 +120,7 @@ def main(d: Path) -> None:
         dec.submit(prompts[:N], max_tokens=8, kv_transfer_params=[o["kv_transfer_params"] for o in pre])
         # every decode request asked once (and was told to wait) while nothing was committed
         kv.wait_metric("kvring_lookup_requests_total", asked + N)
-        check(kv.metric("kvring_store_blocks_total", result="stored") == len(prompts) * FULL,
-              "a held store committed")
+        check(kv.metric("kvring_store_blocks_total", result="stored") == stored, "a held store committed")
         waited = kv.metric("kvring_miss_tokens_total", reason="in_flight")
         check(waited >= N * FULL * BLOCK, f"kvring_miss_tokens_total{{reason=in_flight}} = {waited}: the decode's "
               "leases did not see the stores in flight")
@@ -90,7 +132,7 @@ def main(d: Path) -> None:
             f"P/D: {N}/{N} decode requests served from the prefill's stores (held, then committed), "
             f"{FULL * BLOCK} tokens each, tokens equal to the cold run (logprob delta {delta:.2g}), {pd_s:.1f} s"
         )
-        kv.wait_metric("kvring_store_blocks_total", (len(prompts) + N) * FULL, result="stored")
+        kv.wait_metric("kvring_store_blocks_total", stored + N * FULL, result="stored")
 
         # ---- the producer dies with its stores in flight ----
         hold.touch()

@@ -2,7 +2,7 @@
 
 vLLM creates the connector twice: once in the scheduler process (role SCHEDULER) and once
 in every worker process (role WORKER). This class only routes vLLM's hooks to the half
-that owns them — `SchedulerSide` (scheduler.py: lookup leases, deferred stores) or
+that owns them — `SchedulerSide` (scheduler.py: lookup leases, which stores when) or
 `WorkerSide` (worker.py: KV memory, loads, stores) — and the two halves share nothing but
 the per-step metadata (metadata.py). Load it with
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.block_pool import BlockPool
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
@@ -69,7 +69,7 @@ def _tp() -> tuple[int, int]:
 
 
 class KvringConnector(KVConnectorBase_V1):
-    """KV offload to kvringd: prefix hits load from its L1/L2 tiers, finished requests store."""
+    """KV offload to kvringd: prefix hits load from its L1/L2 tiers, computed prompts store."""
 
     _cache_hit_source = CacheHitSource.HOST
 
@@ -151,10 +151,20 @@ class KvringConnector(KVConnectorBase_V1):
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
     ) -> None:
-        return  # stores are whole finished requests (request_finished), not layers
+        return  # stores are whole blocks of every layer, submitted once the forward pass ended (wait_for_save)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        assert isinstance(kv_connector_metadata, KvringConnectorMetadata)
+        self._w().handle_preemptions(kv_connector_metadata)
 
     def wait_for_save(self) -> None:
-        return  # stores complete in the background; get_finished reports them
+        # the prompts this step's forward pass completed are stored now, in this step; the
+        # copies complete in the background and get_finished reports them
+        if not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvringConnectorMetadata)
+        self._w().wait_for_save(meta)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._w().get_finished(finished_req_ids)
@@ -176,6 +186,10 @@ class KvringConnector(KVConnectorBase_V1):
 
     def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
         self._s().bind_null_block(int(gpu_block_pool.null_block.block_id))
+
+    def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)  # binds the block pool (bind_gpu_block_pool)
+        self._s().bind_kv_cache_manager(kv_cache_manager)
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         return self._s().get_num_new_matched_tokens(request, num_computed_tokens)

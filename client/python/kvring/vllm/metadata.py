@@ -6,8 +6,17 @@ is pickled, so it holds only plain values:
 
 - `LoadSpec`: load a request's leased prefix into these engine blocks before the forward
   (the scheduler already told vLLM those tokens are computed);
-- `StoreSpec`: a finished request's full blocks to store; vLLM keeps the blocks until
-  every worker reported the store finished (get_finished -> finished_sending).
+- `StoreSpec` in `saves`: a request's full prompt blocks that this step's forward pass
+  completes (its prefill ends in this step): the workers submit the store in
+  wait_for_save, right after that forward pass, in the same step;
+- `StoreSpec` in `stores`: a finished request's full blocks to store (deferred: requests
+  that loaded from kvring, or finished before their prefill completed); the workers
+  submit them at the start of the step, before its forward pass;
+- `fence`: requests vLLM preempted in this step whose store may still be reading their
+  blocks: the workers wait for those stores before the forward pass reuses the blocks.
+
+For every store vLLM keeps the blocks until every worker reported it finished
+(request_finished answers "free later"; get_finished -> finished_sending).
 
 Request ids map to kvring's 64-bit ids with `lease_id`/`store_id`: a stable hash both
 processes compute, so no id table has to travel between them.
@@ -61,5 +70,7 @@ class StoreSpec:
 @dataclass
 class KvringConnectorMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
-    stores: list[StoreSpec] = field(default_factory=list)
+    stores: list[StoreSpec] = field(default_factory=list)  # deferred: submitted before the forward pass
+    saves: list[StoreSpec] = field(default_factory=list)  # computed by this step: submitted after it
+    fence: list[str] = field(default_factory=list)  # preempted requests whose stores must end first
     null_block: int = 0  # vLLM's null block (never read): target of skipped loads

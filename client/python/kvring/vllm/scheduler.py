@@ -8,10 +8,20 @@ lease id) so that, when vLLM schedules the request, its workers load exactly tho
 blocks, which cannot be evicted in between. The lease ends when every worker's load
 completed, when the request finishes (request_finished releases it) or by its ttl.
 
-A request's blocks are stored once the request is final (request_finished): its full
-prompt blocks go into the next step's metadata and vLLM keeps them allocated (the
-"delay free" answer) until every worker reported the store's copy complete
-(get_finished -> finished_sending -> update_connector_output here).
+A request's full prompt blocks are stored by the step that computes them: when a step's
+forward pass completes a prompt (build_connector_meta sees its prefill end in this step),
+the store goes into that step's metadata as a *save*, and the workers submit it right
+after the forward pass (wait_for_save), not a step later. A prefill engine answering with
+max_tokens=1 thus has its prompt's store in flight before its response leaves, whatever
+its next step is (docs/vllm.md, prefill and decode). Requests that loaded from kvring
+are stored once final instead (request_finished, deferred to the next step's start), as
+are requests that finish before their prefill completes: a load that fails is reported
+only after the step's forward pass ran over it, and with tensor parallelism one rank
+cannot know another's failed. Either way vLLM keeps the blocks allocated (the "delay
+free" answer of request_finished) until every worker reported the store's copy complete
+(get_finished -> finished_sending -> update_connector_output here), and a request
+vLLM preempts while its store is in flight is fenced: the workers wait for that store
+before the step's forward pass may reuse its blocks.
 
 Rules kept here:
 - kvring holds whole blocks, and vLLM must compute at least the last prompt token to
@@ -42,7 +52,7 @@ from .reattach import ReattachLog
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.request import Request
 
 __all__ = ["SchedulerSide", "request_extra"]
@@ -91,8 +101,13 @@ class SchedulerSide:
         self._loaded: dict[str, int] = {}  # tokens a request got from kvring
         self._load_blocks: dict[str, set[int]] = {}  # its engine blocks that a load filled
         self._loads: list[LoadSpec] = []
-        self._stores: list[StoreSpec] = []
+        self._stores: list[StoreSpec] = []  # deferred (request_finished), for the next step
+        self._saves: list[StoreSpec] = []  # prompts this step completes, stored right after it
+        self._reqs: dict[str, Request] = {}  # scheduled, not finished
+        self._saved: dict[str, int] = {}  # requests whose prompt a save stored: its tokens
+        self._kv_manager: KVCacheManager | None = None
         self._storing: set[str] = set()  # requests whose blocks vLLM holds for our store
+        self.store_stats = {"same_step": 0, "deferred": 0, "fenced": 0}
         self._null_block = 0
         self._lease_ns: list[int] = []  # recent kvr_lease call times, for the shutdown line
         self._waiting: dict[str, float] = {}  # requests waiting for a store in flight: since (monotonic)
@@ -164,6 +179,9 @@ class SchedulerSide:
 
     def bind_null_block(self, block_id: int) -> None:
         self._null_block = block_id
+
+    def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
+        self._kv_manager = kv_cache_manager  # a save's engine blocks, at build_connector_meta
 
     def _prompt(self, request: Request) -> array.array:
         a = self._tokens.get(request.request_id)
@@ -283,6 +301,7 @@ class SchedulerSide:
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         rid = request.request_id
+        self._reqs[rid] = request
         lease = self._leases.pop(rid, None)
         if num_external_tokens <= 0 or lease is None:
             if lease is not None:
@@ -303,9 +322,45 @@ class SchedulerSide:
         self._load_blocks[rid] = set(block_ids[lease.local // bs :])
 
     def build_connector_meta(self, scheduler_output: Any) -> KvringConnectorMetadata:
-        meta = KvringConnectorMetadata(loads=self._loads, stores=self._stores, null_block=self._null_block)
-        self._loads, self._stores = [], []
+        self._plan_saves(scheduler_output)
+        # a preempted request's blocks go back to vLLM's pool now, and this step's forward
+        # pass may write them: a save still reading them must end before it
+        fence = [rid for rid in getattr(scheduler_output, "preempted_req_ids", None) or () if rid in self._saved]
+        self.store_stats["fenced"] += len(fence)
+        meta = KvringConnectorMetadata(
+            loads=self._loads, stores=self._stores, saves=self._saves, fence=fence, null_block=self._null_block
+        )
+        self._loads, self._stores, self._saves = [], [], []
         return meta
+
+    def _plan_saves(self, scheduler_output: Any) -> None:
+        """The prompts whose prefill this step completes: their full blocks are stored right
+        after its forward pass (wait_for_save). Not for a request that loaded from kvring
+        (its store waits for request_finished: see the module's docstring) nor one stored
+        already (a preempted request computes its prompt again)."""
+        mgr = self._kv_manager
+        if mgr is None:
+            return
+        bs = self.block_size
+        for rid, n_sched in scheduler_output.num_scheduled_tokens.items():
+            request = self._reqs.get(rid)
+            if request is None or rid in self._saved or rid in self._loaded or request.prompt_token_ids is None:
+                continue
+            # vLLM advances num_computed_tokens after build_connector_meta: here it is what
+            # the step starts from, and the step computes n_sched tokens more
+            done, prompt = request.num_computed_tokens, request.num_prompt_tokens
+            if not done < prompt <= done + n_sched:
+                continue
+            block_ids = mgr.get_block_ids(rid)[0]
+            n = min((prompt // bs) * bs, len(block_ids) * bs)
+            if n <= 0:
+                continue  # no full block: nothing to store, as at request_finished
+            tokens = self._prompt(request)
+            self._saves.append(
+                StoreSpec(rid, store_id(rid), tokens[:n].tolist(), list(block_ids[: n // bs]), request_extra(request))
+            )
+            self._saved[rid] = n
+            self.store_stats["same_step"] += 1
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
@@ -316,6 +371,14 @@ class SchedulerSide:
         tokens = self._tokens.pop(rid, None)
         loaded = self._loaded.pop(rid, 0)
         self._load_blocks.pop(rid, None)
+        self._reqs.pop(rid, None)
+        saved = self._saved.pop(rid, 0)
+        if saved:
+            # the step that computed its prompt stored it (a save): nothing to store again,
+            # but the save may still be reading the blocks, so vLLM frees them only once
+            # every worker reported it finished (which they do once it completed)
+            self._storing.add(rid)
+            return True, {"kvring": {"stored_tokens": saved}}
         bs = self.block_size
         n = (min(request.num_prompt_tokens, request.num_computed_tokens) // bs) * bs
         n = min(n, len(block_ids) * bs)
@@ -327,6 +390,7 @@ class SchedulerSide:
             StoreSpec(rid, store_id(rid), tokens[:n].tolist(), list(block_ids[: n // bs]), request_extra(request))
         )
         self._storing.add(rid)
+        self.store_stats["deferred"] += 1
         # what a decode engine given these params (vLLM's P/D proxies pass a prefill's
         # kv_transfer_params on) waits for instead of recomputing: docs/vllm.md
         return True, {"kvring": {"stored_tokens": n}}
@@ -404,6 +468,15 @@ class SchedulerSide:
                 st["p50_us"],
                 st["p99_us"],
                 st["max_us"],
+            )
+        s = self.store_stats
+        if s["same_step"] or s["deferred"]:
+            log.info(
+                "kvring: scheduler planned %d stores in the step that computed the prompt, %d at request_finished; "
+                "%d preempted requests fenced",
+                s["same_step"],
+                s["deferred"],
+                s["fenced"],
             )
         w = self.wait_stats
         if w["waited"]:

@@ -1,4 +1,4 @@
-"""The worker half of the connector: KV memory, loads before the forward, deferred stores.
+"""The worker half of the connector: KV memory, loads before the forward, stores after it.
 
 Runs in every vLLM worker process (one per TP rank), attached to kvringd as a *worker*
 of the engine: kvringd starts a loader and a storer for it that copy blocks directly
@@ -14,10 +14,18 @@ Life of a worker:
    + kvr_load into the request's blocks, then wait for those loads (vLLM runs the forward
    right after, reading them). Blocks that did not load are reported by
    ``get_block_ids_with_load_errors()`` in the same step; vLLM then recomputes from the
-   first of them. After the loads, the step's stores (requests that finished) are
-   submitted; they complete in the background.
-4. ``get_finished()``: stores whose copy completed are reported as finished_sending, and
-   vLLM frees those blocks.
+   first of them.
+4. Every step, ``wait_for_save()``, right after the forward pass: the prompts that pass
+   completed are stored (the metadata's *saves*), in the step that computed them; on CUDA
+   the store's event is recorded after the forward's kernels. Deferred stores (requests
+   that finished; the metadata's *stores*) are submitted at the step's start
+   (``handle_preemptions()``, before the forward; else at the next hook). Stores complete
+   in the background.
+5. ``get_finished()``: a finished request whose store completed is reported as
+   finished_sending, and vLLM frees its blocks. A request vLLM preempted while its store
+   is in flight is fenced in ``handle_preemptions()``: its blocks are back in vLLM's pool
+   and the step's forward may write them, so the store must end first (done, failed, or
+   cancelled after timeout_ms and its cancel answered).
 
 kvringd going away (or restarting) fails the calls with EPIPE: the worker detaches, every
 store in flight is reported finished (nothing is stored), loads fail (recomputed), and
@@ -56,7 +64,7 @@ from .kvmem import (
     derive_geometry,
     device_uuid,
 )
-from .metadata import KvringConnectorMetadata, LoadSpec
+from .metadata import KvringConnectorMetadata, LoadSpec, StoreSpec
 from .reattach import ReattachLog
 
 STATS_EVERY_S = 60  # a summary of the load steps at most this often (INFO)
@@ -106,6 +114,7 @@ class WorkerSide:
         self._stats_mark = 0
         self._waiting: dict[int, LoadSpec] = {}  # this step's loads in flight, by lease id
         self._null = 0  # this step's null block
+        self._stores_of: KvringConnectorMetadata | None = None  # the step whose deferred stores were submitted
         self.stats: collections.Counter[str] = collections.Counter()
 
     # ---- KV memory and attach ----
@@ -288,11 +297,32 @@ class WorkerSide:
                 return 0
         return 0
 
+    def handle_preemptions(self, meta: KvringConnectorMetadata) -> None:
+        """The step's first hook (before its forward pass): fence the preempted requests'
+        stores, then submit the deferred stores."""
+        if meta.fence:
+            self._fence(meta.fence)
+        self._submit_deferred(meta)
+
     def start_load_kv(self, meta: KvringConnectorMetadata) -> None:
+        self._submit_deferred(meta)
         if meta.loads:
             self._load(meta)
+
+    def wait_for_save(self, meta: KvringConnectorMetadata) -> None:
+        """After the step's forward pass: store the prompts it completed (in this step, not
+        the next: a decode engine waiting for them waits for the copy alone)."""
+        self._submit_deferred(meta)
+        if meta.saves:
+            self._store(meta.saves, same_step=True)
+
+    def _submit_deferred(self, meta: KvringConnectorMetadata) -> None:
+        """Submit the step's deferred stores once, at whichever hook of the step comes first."""
+        if meta is self._stores_of:
+            return
+        self._stores_of = meta
         if meta.stores:
-            self._store(meta)
+            self._store(meta.stores)
 
     def _load(self, meta: KvringConnectorMetadata) -> None:
         t0 = time.perf_counter_ns()
@@ -457,8 +487,8 @@ class WorkerSide:
 
     # ---- stores ----
 
-    def _store(self, meta: KvringConnectorMetadata) -> None:
-        for spec in meta.stores:
+    def _store(self, specs: list[StoreSpec], same_step: bool = False) -> None:
+        for spec in specs:
             c = self._get_client()
             if c is None:
                 self._done.add(spec.req_id)
@@ -474,11 +504,55 @@ class WorkerSide:
                 self._stores[spec.store_id] = spec.req_id
                 self._store_t[spec.store_id] = time.monotonic()
                 self.stats["stores"] += 1
+                if same_step:
+                    self.stats["same_step_stores"] += 1
             except KvringError as e:
                 log.warning("kvring: store of request %s not submitted (%s)", spec.req_id, e)
                 self._done.add(spec.req_id)
                 if e.errno == errno.EPIPE:
                     self._epipe(e)
+
+    def _fence(self, rids: list[str]) -> None:
+        """Wait until no store of these (preempted) requests is in flight: vLLM has given
+        their blocks back to its pool and this step's forward pass may write them. A store
+        not done within timeout_ms is cancelled and its cancel waited for (nothing of it
+        commits); should even that not be answered, a fenced detach ends it."""
+        want = set(rids)
+        left = [sid for sid, rid in self._stores.items() if rid in want]
+        if not left:
+            return
+        self.stats["fenced_stores"] += len(left)
+        t0 = time.monotonic()
+        deadline = t0 + self.cfg.timeout_ms / 1000
+        cancelled = False
+        while left and (c := self._client) is not None:
+            now = time.monotonic()
+            if now >= deadline:
+                if cancelled:
+                    log.error(
+                        "kvring: TP rank %d: %d stores of preempted requests not answered after their cancel",
+                        self.tp_rank,
+                        len(left),
+                    )
+                    # nothing of ours touches the KV memory once the fenced detach returned
+                    self._done.update(self._stores.values())
+                    self._stores.clear()
+                    self._store_t.clear()
+                    self._cancelled.clear()
+                    self._events.clear()
+                    self._detach("stores of preempted requests not answered")
+                    break
+                self._cancel_stores(self.cfg.timeout_ms / 1000, only=set(left))  # each waited that long
+                cancelled = True
+                deadline = now + max(self.cfg.timeout_ms / 1000, 30.0)
+            try:
+                for comp in c.wait(max(1, min(100, int((deadline - now) * 1000)))):
+                    self._handle(comp)
+            except KvringError as e:
+                self._lost(e)
+                break
+            left = [sid for sid, rid in self._stores.items() if rid in want]
+        self.stats["fence_wait_ms"] += int((time.monotonic() - t0) * 1000)
 
     def _store_done(self, comp: Completion) -> None:
         rid = self._stores.pop(comp.req_id, None)
@@ -507,15 +581,16 @@ class WorkerSide:
             for comp in done:
                 self._handle(comp)
 
-    def _cancel_stores(self, older_than_s: float) -> None:
-        """Cancel the stores in flight longer than older_than_s: their blocks go back to vLLM
-        when the cancel's completion comes (nothing of them committed), never before."""
+    def _cancel_stores(self, older_than_s: float, only: set[int] | None = None) -> None:
+        """Cancel the stores in flight longer than older_than_s (of `only`, when given):
+        their blocks go back to vLLM when the cancel's completion comes (nothing of them
+        committed), never before."""
         c = self._client
         if c is None:
             return
         now = time.monotonic()
         for sid, t in list(self._store_t.items()):
-            if sid in self._cancelled or now - t < older_than_s:
+            if sid in self._cancelled or now - t < older_than_s or (only is not None and sid not in only):
                 continue
             self._cancelled.add(sid)
             log.warning(
@@ -558,12 +633,14 @@ class WorkerSide:
     def shutdown(self) -> None:
         st = self.load_stats()
         log.info(
-            "kvring: TP rank %d: %d loads (%d blocks, %d failed), %d stores (%d blocks stored)%s",
+            "kvring: TP rank %d: %d loads (%d blocks, %d failed), %d stores (%d in the step that computed "
+            "them, %d blocks stored)%s",
             self.tp_rank,
             self.stats["loads"],
             self.stats["load_blocks"],
             self.stats["failed_blocks"],
             self.stats["stores"],
+            self.stats["same_step_stores"],
             self.stats["stored_blocks"],
             f"; load time per step p50 {st['p50_ms']:.2f} ms, p99 {st['p99_ms']:.2f} ms" if st else "",
         )
