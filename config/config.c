@@ -193,8 +193,9 @@ const struct kvr_key cfg_keys[] = {
 	    "an actor whose reply ring stays full this long drops the reply and counts it (its reader stopped "
 	    "reading): one stuck client cannot stall an actor for longer"),
 	U32("timeouts.alloc_wait_ms", timeouts.alloc_wait_ms, 5000, 10, 600000, "ms",
-	    "a store's ALLOC, or an L2 promotion, waits this long for L1 room held by writes to L2; then it is "
-	    "answered with what there is (no room)"),
+	    "a store's ALLOC, or an L2 promotion, waits this long for L1 room held by writes to L2 or by other "
+	    "stores' slots still being written (WRITING: evictable once committed); then it is answered with "
+	    "what there is (no room)"),
 	U32("timeouts.l2_answer_ms", timeouts.l2_answer_ms, 8000, 100, 600000, "ms",
 	    "an L2 read or write the disk actor has not answered this long is lost: the read is given up (a "
 	    "miss), the write sent again"),

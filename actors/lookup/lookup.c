@@ -308,9 +308,37 @@ static void alloc_reply(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		dropped(a, "worker", wi, 1);
 }
 
+/* Slots of ALLOCs being answered (wi's, and every one waiting for room): WRITING, but
+ * nobody writes them before their ALLOC_REP goes out. */
+static uint32_t alloc_held(const struct lookup *l, unsigned wi)
+{
+	uint32_t n = 0;
+	for (unsigned v = 0; v < l->n_workers; v++) {
+		const struct lk_worker *w = &l->w[v];
+		if (v != wi && !w->alloc_waiting)
+			continue;
+		for (uint32_t i = 0; i < w->alloc.total; i++)
+			n += w->alloc_refs[i].slot != KVR_INDEX_NOROOM && w->alloc_refs[i].slot != KVR_INDEX_PRESENT;
+	}
+	return n;
+}
+
+/* Whether a store (or a promotion) is writing into L1 besides the ALLOCs being answered:
+ * once committed its slots are evictable. A scan of the slot table, on the no-room path
+ * only. */
+static bool others_writing(const struct lookup *l, unsigned wi)
+{
+	uint32_t writing = 0, held = alloc_held(l, wi);
+	for (uint32_t s = 0; s < l->slots->n_slots && writing <= held; s++)
+		writing += kvr_slot_state(l->slots, s) == KVR_SLOT_WRITING;
+	return writing > held;
+}
+
 /* Allocate what is still NOROOM in the worker's ALLOC. When nothing is evictable only
- * because slots are pinned by write-throughs to L2, the reply waits for those writes (each
- * L2_WRITE_DONE retries): a full L1 is backpressure, not a failed store. */
+ * because slots are pinned by write-throughs to L2, or are WRITING for other stores (and
+ * promotions) that will commit them, the reply waits for those (each L2_WRITE_DONE,
+ * L2_READ_DONE, COMMIT and RESET retries) up to timeouts.alloc_wait_ms: a full L1 is
+ * backpressure, not a failed store. */
 static void alloc_try(struct kvr_actor *a, struct lookup *l, unsigned wi)
 {
 	struct lk_worker *w = &l->w[wi];
@@ -334,7 +362,8 @@ static void alloc_try(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		 * evictable when on disk), then wait like for any write */
 		if (noroom && !l2t_writes_inflight(l->l2))
 			(void)l2t_demote(l->l2, noroom);
-		if (noroom && l2t_writes_inflight(l->l2) && kvr_actor_now(a) < w->alloc_deadline) {
+		if (noroom && kvr_actor_now(a) < w->alloc_deadline &&
+		    (l2t_writes_inflight(l->l2) || others_writing(l, wi))) {
 			w->alloc_waiting = true;
 			return;
 		}
@@ -723,6 +752,100 @@ static void give_fresh_area(struct kvr_actor *a, const struct kvr_msg_worker_gon
 	reset_client_rings(a, g->worker);
 }
 
+/* WORKER_GONE from kvringd: release what the worker held, then acknowledge. */
+static int on_worker_gone(struct kvr_actor *a, struct lookup *l, const struct kvr_msg *m)
+{
+	struct kvr_msg_worker_gone g;
+	if (kvr_msg_decode_worker_gone(m, &g) || g.worker >= l->n_workers)
+		return -EBADMSG;
+	/* kvringd sends it again to a restarted lookup actor (the first may have died with
+	 * its predecessor). It is ours to handle only while the slot waits for it
+	 * (DETACHING, that attach's generation); a copy handled before is stale — the slot
+	 * went free on our answer and may serve a new worker now, whose rings and slots
+	 * must not be touched. */
+	const struct kvr_worker_ent *we = kvr_ctl_worker(a->ctl, g.worker);
+	if (atomic_load(&we->state) != KVR_WORKER_DETACHING || g.generation != we->generation) {
+		kvr_actor_count(a, KVR_STAT_LK_STALE, 1);
+		kvr_info("worker %u gone (generation %u): stale, the slot is %s at generation %u", g.worker,
+			 g.generation, atomic_load(&we->state) == KVR_WORKER_DETACHING ? "detaching" : "not detaching",
+			 we->generation);
+		return 0;
+	}
+	struct kvr_slots_release rel = {0};
+	l2t_cancel(l->l2, g.worker); /* no reply goes to a dead worker's ring (its reads finish) */
+	(void)kvr_outbox_clear(&l->w[g.worker].lk_out);
+	(void)kvr_outbox_clear(&l->w[g.worker].cm_out);
+	kvr_index_release_worker(l->idx, g.worker, &rel);
+	kvr_actor_count(a, KVR_STAT_LK_WORKERS_GONE, 1);
+	kvr_actor_count(a, KVR_STAT_LK_ABORTED, rel.aborted);
+	kvr_info("worker %u gone: %u pins dropped on %u slots, %u unfinished slots reclaimed (%u wait for I/O)",
+		 g.worker, rel.pins, rel.unpinned_slots, rel.aborted, rel.draining);
+	give_fresh_area(a, &g);
+	/* kvringd frees the worker slot once it sees this (kvr_worker_ent.gone_ack) */
+	atomic_store_explicit(&kvr_ctl_worker(a->ctl, g.worker)->gone_ack, g.generation, memory_order_release);
+	alloc_retry_all(a, l); /* its slots went free */
+	return 0;
+}
+
+/* A message of worker wi's lookup.req: a lookup (list) or its lease's take / done. */
+static int on_lookup_req(struct kvr_actor *a, struct lookup *l, unsigned wi, const struct kvr_msg *m)
+{
+	struct lk_worker *w = &l->w[wi];
+	if (m->hdr.type == KVR_MSG_LEASE_TAKE || m->hdr.type == KVR_MSG_LEASE_DONE)
+		return on_worker_lease(a, l, wi, m);
+	if (m->hdr.seq == 0)
+		l2t_cancel(l->l2, wi); /* its keys buffer is about to be reused */
+	int rc = kvr_list_feed(&w->lookup, m);
+	if (rc < 0)
+		return -EBADMSG;
+	if (rc == 1)
+		do_lookup(a, l, wi);
+	return 0;
+}
+
+/* A message of worker wi's commit.req (its storer or gather actor): ALLOC, COMMIT, RESET. */
+static int on_commit_req(struct kvr_actor *a, struct lookup *l, unsigned wi, const struct kvr_msg *m)
+{
+	struct lk_worker *w = &l->w[wi];
+	int rc;
+	switch (m->hdr.type) {
+	case KVR_MSG_ALLOC:
+		/* one ALLOC per worker is assembled at a time: one still waiting for room is
+		 * answered with what it has before the next reuses its assembler (its
+		 * storer moved on; feeding over it would size the refs for the wrong list) */
+		if (w->alloc_waiting && m->hdr.seq == 0)
+			alloc_reply(a, l, wi);
+		if ((rc = kvr_list_feed(&w->alloc, m)) < 0)
+			return -EBADMSG;
+		if (rc == 1)
+			do_alloc(a, l, wi);
+		return 0;
+	case KVR_MSG_COMMIT:
+		if ((rc = kvr_list_feed(&w->commit, m)) < 0)
+			return -EBADMSG;
+		if (rc == 1) {
+			do_commit(a, l, wi);
+			alloc_retry_all(a, l); /* committed slots are evictable */
+		}
+		return 0;
+	case KVR_MSG_RESET:
+		if (kvr_msg_decode_reset(m))
+			return -EBADMSG;
+		if (w->alloc_waiting) /* answered now: nothing more is allocated for it after the reset */
+			alloc_reply(a, l, wi);
+		rc = kvr_index_abort_owner(l->idx, wi);
+		kvr_actor_count(a, KVR_STAT_LK_ABORTED, rc > 0 ? (uint64_t)rc : 0);
+		if (rc > 0)
+			kvr_info("worker %u storer reset: %d unfinished slots reclaimed", wi, rc);
+		send_commit_rep(a, l, wi, m->hdr.req_id, rc < 0 ? rc : 0, 0, 0);
+		if (rc > 0)
+			alloc_retry_all(a, l); /* its slots went free */
+		return 0;
+	default:
+		return -EBADMSG;
+	}
+}
+
 static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct kvr_msg *m)
 {
 	struct lookup *l = a->data;
@@ -737,86 +860,13 @@ static int lookup_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 			alloc_retry_all(a, l); /* a slot became evictable or free */
 		return l2rc == -EBADMSG ? -EBADMSG : 0;
 	}
-	if (ring == a->ctl_in) {
-		struct kvr_msg_worker_gone g;
-		if (kvr_msg_decode_worker_gone(m, &g) || g.worker >= l->n_workers)
-			return -EBADMSG;
-		/* kvringd sends it again to a restarted lookup actor (the first may have died with
-		 * its predecessor). It is ours to handle only while the slot waits for it
-		 * (DETACHING, that attach's generation); a copy handled before is stale — the slot
-		 * went free on our answer and may serve a new worker now, whose rings and slots
-		 * must not be touched. */
-		const struct kvr_worker_ent *we = kvr_ctl_worker(a->ctl, g.worker);
-		if (atomic_load(&we->state) != KVR_WORKER_DETACHING || g.generation != we->generation) {
-			kvr_actor_count(a, KVR_STAT_LK_STALE, 1);
-			kvr_info("worker %u gone (generation %u): stale, the slot is %s at generation %u", g.worker,
-				 g.generation, atomic_load(&we->state) == KVR_WORKER_DETACHING ? "detaching" : "not detaching",
-				 we->generation);
-			return 0;
-		}
-		struct kvr_slots_release rel = {0};
-		l2t_cancel(l->l2, g.worker); /* no reply goes to a dead worker's ring (its reads finish) */
-		(void)kvr_outbox_clear(&l->w[g.worker].lk_out);
-		(void)kvr_outbox_clear(&l->w[g.worker].cm_out);
-		kvr_index_release_worker(l->idx, g.worker, &rel);
-		kvr_actor_count(a, KVR_STAT_LK_WORKERS_GONE, 1);
-		kvr_actor_count(a, KVR_STAT_LK_ABORTED, rel.aborted);
-		kvr_info("worker %u gone: %u pins dropped on %u slots, %u unfinished slots reclaimed (%u wait for I/O)",
-			 g.worker, rel.pins, rel.unpinned_slots, rel.aborted, rel.draining);
-		give_fresh_area(a, &g);
-		/* kvringd frees the worker slot once it sees this (kvr_worker_ent.gone_ack) */
-		atomic_store_explicit(&kvr_ctl_worker(a->ctl, g.worker)->gone_ack, g.generation, memory_order_release);
-		return 0;
-	}
+	if (ring == a->ctl_in)
+		return on_worker_gone(a, l, m);
 	for (unsigned wi = 0; wi < l->n_workers; wi++) {
-		struct lk_worker *w = &l->w[wi];
-		if (ring == w->lk_req) {
-			if (m->hdr.type == KVR_MSG_LEASE_TAKE || m->hdr.type == KVR_MSG_LEASE_DONE)
-				return on_worker_lease(a, l, wi, m);
-			if (m->hdr.seq == 0)
-				l2t_cancel(l->l2, wi); /* its keys buffer is about to be reused */
-			int rc = kvr_list_feed(&w->lookup, m);
-			if (rc < 0)
-				return -EBADMSG;
-			if (rc == 1)
-				do_lookup(a, l, wi);
-			return 0;
-		}
-		if (ring != w->cm_req)
-			continue;
-		int rc;
-		switch (m->hdr.type) {
-		case KVR_MSG_ALLOC:
-			/* one ALLOC per worker is assembled at a time: one still waiting for room is
-			 * answered with what it has before the next reuses its assembler (its
-			 * storer moved on; feeding over it would size the refs for the wrong list) */
-			if (w->alloc_waiting && m->hdr.seq == 0)
-				alloc_reply(a, l, wi);
-			if ((rc = kvr_list_feed(&w->alloc, m)) < 0)
-				return -EBADMSG;
-			if (rc == 1)
-				do_alloc(a, l, wi);
-			return 0;
-		case KVR_MSG_COMMIT:
-			if ((rc = kvr_list_feed(&w->commit, m)) < 0)
-				return -EBADMSG;
-			if (rc == 1)
-				do_commit(a, l, wi);
-			return 0;
-		case KVR_MSG_RESET:
-			if (kvr_msg_decode_reset(m))
-				return -EBADMSG;
-			if (w->alloc_waiting) /* answered now: nothing more is allocated for it after the reset */
-				alloc_reply(a, l, wi);
-			rc = kvr_index_abort_owner(l->idx, wi);
-			kvr_actor_count(a, KVR_STAT_LK_ABORTED, rc > 0 ? (uint64_t)rc : 0);
-			if (rc > 0)
-				kvr_info("worker %u storer reset: %d unfinished slots reclaimed", wi, rc);
-			send_commit_rep(a, l, wi, m->hdr.req_id, rc < 0 ? rc : 0, 0, 0);
-			return 0;
-		default:
-			return -EBADMSG;
-		}
+		if (ring == l->w[wi].lk_req)
+			return on_lookup_req(a, l, wi, m);
+		if (ring == l->w[wi].cm_req)
+			return on_commit_req(a, l, wi, m);
 	}
 	for (unsigned si = 0; si < l->n_sched; si++)
 		if (ring == l->sched[si].req)

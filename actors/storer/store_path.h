@@ -83,11 +83,14 @@ void stage_store_fail(struct stage_store *ss, struct stage_worker *sw, const str
  * and KVR_STAT_XF_STORES_INFLIGHT_MAX its high-water mark over the actor's starts.
  *
  * The lookup actor keeps one ALLOC per worker and may hold it up to timeouts.alloc_wait_ms
- * waiting for room (only with an L2 or remote tier). A new ALLOC must not reach it while it
- * holds an abandoned one (its assembler would be overwritten under the waiting allocation):
+ * waiting for room (L2 writes; or, with any tier, other stores' WRITING slots to commit).
+ * With an L2 or remote tier (can_hold) a new ALLOC must not reach it while it holds an
+ * abandoned one (its assembler would be overwritten under the waiting allocation):
  * after abandoning an ALLOC the pipe sends no ALLOC until that ALLOC's late answer arrived,
  * or alloc_wait_ms after the answer to the RESET sent behind it (the lookup actor had it by
- * then), or lookup_call_ms at most.
+ * then), or lookup_call_ms at most. Without one, the lookup actor holds an ALLOC only
+ * while other stores' slots are WRITING, and a new ALLOC (seq 0) makes it answer the held
+ * one first (lookup.c, on_commit_req): the late answer asks for a RESET as above.
  *
  * KVRING_STORE_DEPTH=N (environment of kvringd, inherited by its storers; 1..8) lowers the
  * depth: a benchmark and diagnostic knob (1 = one store at a time, as before the pipe).

@@ -454,12 +454,15 @@ Test(client, eviction_s3fifo_never_wrong_bytes)
 /*
  * Nothing evictable: L1 is full of committed blocks, then every slot is taken WRITING (the
  * test stands in for the stopped storer.0 and allocates 8 keys of its own, evicting all 8
- * blocks). A store now gets NOROOM for each block: it fails with exactly its block ids and
- * nothing is copied. RESET (as storer.0) reclaims the slots and stores work again.
+ * blocks). A store now waits timeouts.alloc_wait_ms (300 ms here) for room — WRITING slots
+ * are what stores in flight commit — then gets NOROOM for each block: it fails with exactly
+ * its block ids and nothing is copied. RESET (as storer.0) reclaims the slots and stores
+ * work again.
  */
 Test(client, store_with_nothing_evictable)
 {
-	struct ct_opts o = {.l1_slots = 8, .eviction = "lru"};
+	struct ct_opts o = {.l1_slots = 8, .eviction = "lru",
+			    .sections_extra = ",\n  \"timeouts\": {\"reply_ms\": 100, \"alloc_wait_ms\": 300}"};
 	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(ct_rank_open(&env, 0, 64, 0, &r), 0);

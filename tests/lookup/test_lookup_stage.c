@@ -16,9 +16,10 @@
  * kvr_stage are static; its main() is renamed so the test's Criterion main stands): the
  * test calls lookup_stage's init, on_msg, on_pass and on_tick itself, plays the workers'
  * clients, their storers and a scheduler on the rings, and reads the slot table.
- * Replies that find room go straight onto the reader's ring (kvr_outbox_send); the clock
- * starts at the real CLOCK_MONOTONIC because the stage stamps its outboxes and ALLOC and
- * lease deadlines with kvr_now_ns(), and every later `now` is that plus what the test says.
+ * Replies that find room go straight onto the reader's ring (kvr_outbox_send); the stage
+ * stamps its outboxes and ALLOC and lease deadlines with the pass's clock (act.now_ns,
+ * kvr_actor_now): it starts at the real CLOCK_MONOTONIC, and every later `now` is that plus
+ * what the test says.
  */
 int lookup_actor_main(int argc, char **argv);
 #define main lookup_actor_main
@@ -64,6 +65,11 @@ static void teardown(void)
 
 TestSuite(lookup_stage, .init = setup, .fini = teardown, .timeout = 30);
 
+static struct lookup *l_of(void)
+{
+	return e.act.data;
+}
+
 static kvr_key key_of(unsigned p, unsigned i)
 {
 	uint64_t in[2] = {p, i};
@@ -89,6 +95,7 @@ static uint64_t send_list(struct kvr_ring *r, unsigned type, uint8_t lane, const
 static void take_list(struct kvr_ring *r, unsigned type, uint64_t wire, void *items, size_t item_size,
 		      uint32_t total)
 {
+	cr_assert_eq(item_size, kvr_msg_list_item_size(type), "items of a %s", kvr_msg_type_name(type));
 	uint32_t got = 0;
 	while (got < total) {
 		struct kvr_msg m = step_take(r, type);
@@ -96,7 +103,7 @@ static void take_list(struct kvr_ring *r, unsigned type, uint64_t wire, void *it
 		cr_assert_eq(kvr_msg_decode_list(&m, type, &h), 0);
 		cr_assert_eq(m.hdr.req_id, wire);
 		cr_assert_eq(h.total, total);
-		kvr_msg_list_items(&m, (char *)items + (size_t)got * item_size);
+		kvr_msg_list_items(&m, items); /* it places message seq's items itself */
 		got += h.count;
 	}
 	cr_assert_eq(got, total);
@@ -398,4 +405,62 @@ Test(lookup_stage, reply_backpressure)
 	cr_assert_eq(step_stat(&e, KVR_STAT_LK_REPLIES_DROPPED), 1);
 	step_drain_fillers(rep, n, KVR_MSG_PONG);
 	cr_assert_eq(kvr_ring_count(rep), 0);
+}
+
+/* L1 full of worker 1's WRITING slots: worker 0's ALLOC is not answered NOROOM at once but
+ * waits, and gets its slots (evicting committed lanes) the moment worker 1 commits — a full
+ * L1 is backpressure, not a failed store. */
+Test(lookup_stage, an_alloc_waits_for_other_stores_to_commit)
+{
+	kvr_key k1[N_SLOTS], k0[4];
+	struct kvr_msg_slot s1[N_SLOTS], s0[4];
+	for (unsigned i = 0; i < N_SLOTS; i++)
+		k1[i] = key_of(1, i);
+	for (unsigned i = 0; i < 4; i++)
+		k0[i] = key_of(0, i);
+	alloc(1, k1, N_SLOTS, s1);
+	struct kvr_ring *req0 = ring_w(KVR_RING_COMMIT_REQ, 0), *rep0 = ring_w(KVR_RING_COMMIT_REP, 0);
+	uint64_t wire = send_list(req0, KVR_MSG_ALLOC, 0, k0, 4);
+	cr_assert_geq(step_msgs(&e, req0), 1);
+	cr_assert_eq(kvr_ring_count(rep0), 0, "answered although worker 1's stores will commit");
+	cr_assert(e.act.ent && l_of()->w[0].alloc_waiting);
+	cr_assert_eq(step_stat(&e, KVR_STAT_LK_NOROOM), 0);
+
+	struct kvr_msg_commit_rep r = commit(1, s1, N_SLOTS);
+	cr_assert_eq(r.n_committed, N_SLOTS);
+	take_list(rep0, KVR_MSG_ALLOC_REP, wire, s0, sizeof(*s0), 4);
+	for (unsigned i = 0; i < 4; i++) {
+		cr_assert_lt(s0[i].slot, N_SLOTS, "key %u: %x", i, s0[i].slot);
+		cr_assert_eq(kvr_slot_state(st, s0[i].slot), KVR_SLOT_WRITING);
+		cr_assert_eq(kvr_slot_at(st, s0[i].slot)->owner, 0);
+	}
+	cr_assert_eq(step_stat(&e, KVR_STAT_LK_EVICTED), 4, "four of worker 1's committed lanes made room");
+	cr_assert_eq(step_stat(&e, KVR_STAT_LK_NOROOM), 0);
+	r = commit(0, s0, 4);
+	cr_assert_eq(r.n_committed, 4);
+}
+
+/* The same wait ends at timeouts.alloc_wait_ms when nobody commits: answered NOROOM by key. */
+Test(lookup_stage, an_alloc_waiting_for_room_is_answered_noroom_at_its_deadline)
+{
+	kvr_key k1[N_SLOTS], k0[2];
+	struct kvr_msg_slot s1[N_SLOTS], s0[2];
+	for (unsigned i = 0; i < N_SLOTS; i++)
+		k1[i] = key_of(1, i);
+	for (unsigned i = 0; i < 2; i++)
+		k0[i] = key_of(0, i);
+	alloc(1, k1, N_SLOTS, s1);
+	struct kvr_ring *req0 = ring_w(KVR_RING_COMMIT_REQ, 0), *rep0 = ring_w(KVR_RING_COMMIT_REP, 0);
+	uint64_t wire = send_list(req0, KVR_MSG_ALLOC, 0, k0, 2);
+	cr_assert_geq(step_msgs(&e, req0), 1);
+	cr_assert_eq(kvr_ring_count(rep0), 0);
+	step_tick(&e, t0 + kvr_ms_to_ns(e.act.cfg.timeouts.alloc_wait_ms) / 2);
+	cr_assert_eq(kvr_ring_count(rep0), 0, "still within alloc_wait_ms");
+	step_tick(&e, t0 + kvr_ms_to_ns(e.act.cfg.timeouts.alloc_wait_ms) + 1);
+	take_list(rep0, KVR_MSG_ALLOC_REP, wire, s0, sizeof(*s0), 2);
+	cr_assert_eq(s0[0].slot, KVR_SLOT_NOROOM);
+	cr_assert_eq(s0[1].slot, KVR_SLOT_NOROOM);
+	cr_assert_eq(step_stat(&e, KVR_STAT_LK_NOROOM), 2);
+	for (unsigned i = 0; i < N_SLOTS; i++)
+		cr_assert_eq(kvr_slot_state(st, s1[i].slot), KVR_SLOT_WRITING, "worker 1's slots untouched");
 }
