@@ -281,7 +281,10 @@ enum kvr_stat_lookup {
 				       * the first of them: KVR_STAT_LK_MISS_FIRST + reason - 1 for
 				       * enum kvr_miss_reason 1..6 (never stored, evicted, in flight,
 				       * quorum, L2 failed, no room) */
-	KVR_STAT_LK_END = KVR_STAT_LK_MISS_FIRST + 6,
+	KVR_STAT_LK_L1_HITS = KVR_STAT_LK_MISS_FIRST + 6, /* matched blocks that were in L1 when
+				       * asked for (the matched ones less those promoted from L2 or
+				       * the shared tier for the request) */
+	KVR_STAT_LK_END,
 };
 _Static_assert((int)KVR_STAT_LK_END <= (int)KVR_STAT_MAX, "lookup counters fit the stats");
 

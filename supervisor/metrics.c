@@ -210,7 +210,8 @@ static void render_lookup(FILE *f, struct sup_metrics_view *v)
 		keys * v->block_tokens);
 	counter(f, "kvring_matched_tokens_total", "Tokens matched by lookups (matched blocks x block_tokens).",
 		matched * v->block_tokens);
-	counter(f, "kvring_l1_hits_total", "Blocks lookups found in L1.", matched);
+	counter(f, "kvring_l1_hits_total", "Matched blocks lookups found in L1 (not promoted from L2 or the shared tier).",
+		kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_L1_HITS));
 	counter(f, "kvring_l1_misses_total", "Blocks lookups asked for and did not find in L1.", v->l1_misses);
 	family(f, "kvring_evictions_total", "counter", "Blocks evicted from L1.");
 	fprintf(f, "kvring_evictions_total{reason=\"capacity\"} %llu\n",

@@ -277,6 +277,7 @@ static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
 	/* L1 hits and misses are counted on the L1 prefix; blocks L2 adds are counted as
 	 * matched when their promotion completes */
 	kvr_actor_count(a, KVR_STAT_LK_MISSED, q->total - (uint64_t)n);
+	kvr_actor_count(a, KVR_STAT_LK_L1_HITS, (uint64_t)n);
 	int ext = l2t_extend(l->l2, wi, wire, lane, q->items, q->total, (uint32_t)n, l->refs, dt);
 	if (ext == -EINPROGRESS)
 		return; /* answered (and its matched blocks counted) when the promotions finish */
@@ -542,6 +543,7 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 		kvr_actor_count(a, KVR_STAT_LK_MATCHED, (uint64_t)got);
 		kvr_actor_count(a, KVR_STAT_LK_MISSED, total - (uint64_t)got);
 		uint32_t promoted = sc->promoted < (uint32_t)got ? sc->promoted : (uint32_t)got;
+		kvr_actor_count(a, KVR_STAT_LK_L1_HITS, (uint64_t)got - promoted);
 		uint32_t pending = blocks_in_flight(l, keys + got, total - (uint32_t)got);
 		unsigned why = (uint32_t)got < total ? miss_reason(l, sc, keys[got]) : KVR_MISS_NONE;
 		if (why)

@@ -365,9 +365,17 @@ Test(metrics_l2, adoption_after_restart)
 	cr_assert_eq(lr.matched_blocks, 3);
 	cr_assert_eq(lr.l2_blocks, 3);
 
+	/* prompt 1 again: from L1 now */
+	m_prompt(tok, 1);
+	cr_assert_eq(kvr_lookup(worker.c, 3, tok, M_PROMPT_TOKENS, NULL, 0, &lr), 0);
+	cr_assert_eq(lr.matched_blocks, 4);
+	cr_assert_eq(lr.l2_blocks, 0);
+
 	t = m_scrape(port);
 	cr_assert_eq(m_get(t, "kvring_l2_blocks_total{op=\"read\",result=\"ok\"}"), 7);
 	cr_assert_eq(m_get(t, "kvring_l2_blocks_total{op=\"read\",result=\"failed\"}"), 1);
+	cr_assert_eq(m_get(t, "kvring_lookup_matched_blocks_total"), 4 + 3 + 4);
+	cr_assert_eq(m_get(t, "kvring_l1_hits_total"), 4, "the promoted blocks are matched, not L1 hits");
 	cr_assert_eq(l2v(t, "kvring_l2_read_failures_total", ",reason=\"damaged\""), 1);
 	cr_assert_eq(l2v(t, "kvring_l2_read_failures_total", ",reason=\"vanished\""), 0);
 	cr_assert_eq(l2v(t, "kvring_l2_read_failures_total", ",reason=\"io_error\""), 0);
