@@ -77,9 +77,10 @@ KVRING_ROWS = ("kvring", "evict", "pd")
 # kvringd counters a serving pass records: the one-request mode's and the tiers'
 SERVE_COUNTERS = dict(
     KVRING_COUNTERS,
-    # kvring_l1_hits_total is every matched block, promoted ones included (a promotion
-    # puts the block in L1 before the lookup answers): from L1 alone = l1_hits - l2_reads
+    # kvring_l1_hits_total: matched blocks that were in L1; matched_blocks also counts
+    # those promoted from L2 for the request (l2_reads)
     l1_hits=("kvring_l1_hits_total", {}),
+    matched_blocks=("kvring_lookup_matched_blocks_total", {}),
     l1_misses=("kvring_l1_misses_total", {}),
     evictions=("kvring_evictions_total", {}),
     l2_reads=("kvring_l2_blocks_total", {"op": "read", "result": "ok"}),

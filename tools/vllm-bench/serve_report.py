@@ -177,6 +177,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
             "kvring_ms": 1e3 * kw["ttft_mean_s"],
             "l2_reads": ew.get("kvring", {}).get("l2_reads"),
             "l1_hits": ew.get("kvring", {}).get("l1_hits"),
+            "matched_blocks": ew.get("kvring", {}).get("matched_blocks"),
             "loaded_blocks": ew.get("kvring", {}).get("loaded_blocks"),
         }
     for p in ("cold", "warm"):
@@ -260,15 +261,16 @@ def table(doc: dict[str, Any]) -> str:
         lines += [
             "",
             "| kvringd (its /metrics, over the pass) | pass | lookups | matched / requested tokens | loaded blocks "
-            "| L1 hits: matched blocks (of them promoted from L2) | L1 evictions | L2 writes | load ms / request |",
+            "| matched blocks: L1 hits + promoted from L2 | L1 evictions | L2 writes | load ms / request |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for n, p, k in tiers:
             lines.append(
                 f"| {LABEL.get(n, n)} | {p} | {k['lookups']:.0f} | {k['matched_tokens']:.0f} / "
-                f"{k['requested_tokens']:.0f} | {k['loaded_blocks']:.0f} | {k['l1_hits']:.0f} ({k['l2_reads']:.0f}"
-                + (f", {k['l2_read_failed']:.0f} failed" if k.get("l2_read_failed") else "")
-                + f") | {k.get('evictions', 0):.0f} | {k['l2_writes']:.0f} | "
+                f"{k['requested_tokens']:.0f} | {k['loaded_blocks']:.0f} | {k.get('matched_blocks', 0):.0f}: "
+                f"{k['l1_hits']:.0f} + {k['l2_reads']:.0f}"
+                + (f" ({k['l2_read_failed']:.0f} failed)" if k.get("l2_read_failed") else "")
+                + f" | {k.get('evictions', 0):.0f} | {k['l2_writes']:.0f} | "
                 + (f"{k['load_ms_per_request']:.2f}" if not math.isnan(k["load_ms_per_request"]) else "-")
                 + " |"
             )
@@ -324,7 +326,7 @@ def table(doc: dict[str, Any]) -> str:
     if x:
         lines.append(
             f"| warm from L2 (evict) / warm from L1 (kvring) TTFT | {x['value']:.2f}x ({x['evict_ms']:.1f} / "
-            f"{x['kvring_ms']:.1f} ms; of {x['l1_hits']:.0f} matched blocks {x['l2_reads']:.0f} promoted from L2) | - | - |"
+            f"{x['kvring_ms']:.1f} ms; of {x.get('matched_blocks') or 0:.0f} matched blocks {x['l2_reads']:.0f} promoted from L2) | - | - |"
         )
     for p in ("cold", "warm"):
         x = g.get(f"pd_{p}_decode_ttft")
