@@ -356,10 +356,9 @@ static int cmp_recency(const void *a, const void *b, void *arg)
 	return x < y ? -1 : x > y;
 }
 
-int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t)
+/* An empty index over t with a fresh policy. 0 or -errno. */
+static int rebuild_reset(struct kvr_index *idx, struct kvr_slot_table *t)
 {
-	if (!idx || !t || t->n_slots != idx->n_slots || t->quorum != idx->lanes)
-		return -EINVAL;
 	struct kvr_policy *pol;
 	uint32_t capacity = idx->n_slots / idx->lanes ? idx->n_slots / idx->lanes : 1; /* blocks */
 	int rc = kvr_policy_new(idx->policy_name, idx->n_slots, capacity, &pol);
@@ -375,60 +374,59 @@ int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t)
 		idx->free_ents[idx->n_free_ents++] = e; /* entry 0 is taken first */
 	idx->n_free_slots = 0;
 	idx->stamp = 0;
+	return 0;
+}
 
-	uint32_t blocks = 0;
-	for (uint32_t s = 0; s < idx->n_slots; s++) {
-		idx->slot_ent[s] = NONE;
-		struct kvr_slot *sl = kvr_slot_at(t, s);
-		uint32_t st = kvr_slot_state(t, s);
-		/* EVICTING only ever lasts inside one eviction by the lookup actor: one that died
-		 * mid-eviction left it. Nothing was freed yet, the bytes are the block's: it goes
-		 * back to COMMITTED (a block left without some lanes is evicted in its turn). */
-		if (st == KVR_SLOT_EVICTING && kvr_slot_evict_cancel(t, s, kvr_slot_epoch(t, s)) == 0)
-			st = KVR_SLOT_COMMITTED;
-		if (st != KVR_SLOT_WRITING && st != KVR_SLOT_COMMITTED)
-			continue;
-		/* a promotion of a lookup actor that died: nobody waits for it any more */
-		if (sl->lane >= idx->lanes || sl->block_tokens != t->block_tokens ||
-		    (st == KVR_SLOT_WRITING && sl->owner == KVR_SLOT_OWNER_LOOKUP)) {
+/* Track slot s (WRITING or COMMITTED) as a lane of its block; strays are released.
+ * Returns 1 when it made a new block. */
+static int rebuild_slot(struct kvr_index *idx, struct kvr_slot_table *t, uint32_t s)
+{
+	idx->slot_ent[s] = NONE;
+	struct kvr_slot *sl = kvr_slot_at(t, s);
+	uint32_t st = kvr_slot_state(t, s);
+	/* EVICTING only ever lasts inside one eviction by the lookup actor: one that died
+	 * mid-eviction left it. Nothing was freed yet, the bytes are the block's: it goes
+	 * back to COMMITTED (a block left without some lanes is evicted in its turn). */
+	if (st == KVR_SLOT_EVICTING && kvr_slot_evict_cancel(t, s, kvr_slot_epoch(t, s)) == 0)
+		st = KVR_SLOT_COMMITTED;
+	if (st != KVR_SLOT_WRITING && st != KVR_SLOT_COMMITTED)
+		return 0;
+	/* a promotion of a lookup actor that died: nobody waits for it any more */
+	if (sl->lane >= idx->lanes || sl->block_tokens != t->block_tokens ||
+	    (st == KVR_SLOT_WRITING && sl->owner == KVR_SLOT_OWNER_LOOKUP)) {
+		release_stray(t, s);
+		return 0;
+	}
+	int made = 0;
+	uint32_t e = h_find(idx, sl->key);
+	if (e == NONE) {
+		e = ent_new(idx, sl->key);
+		made = 1;
+	} else if (*lane_slot(idx, e, sl->lane) != NONE) {
+		/* a second slot for the same key and lane: keep a committed one */
+		uint32_t prev = *lane_slot(idx, e, sl->lane);
+		if (st != KVR_SLOT_COMMITTED || kvr_slot_state(t, prev) == KVR_SLOT_COMMITTED) {
 			release_stray(t, s);
-			continue;
+			return 0;
 		}
-		uint32_t e = h_find(idx, sl->key);
-		if (e == NONE) {
-			e = ent_new(idx, sl->key);
-			blocks++;
-		} else if (*lane_slot(idx, e, sl->lane) != NONE) {
-			/* a second slot for the same key and lane: keep a committed one */
-			uint32_t prev = *lane_slot(idx, e, sl->lane);
-			if (st != KVR_SLOT_COMMITTED || kvr_slot_state(t, prev) == KVR_SLOT_COMMITTED) {
-				release_stray(t, s);
-				continue;
-			}
-			release_stray(t, prev);
-			idx->slot_ent[prev] = NONE;
-		}
-		struct ent *en = &idx->ents[e];
-		*lane_slot(idx, e, sl->lane) = s;
-		en->alloc_mask |= (uint16_t)(1u << sl->lane);
-		if (st == KVR_SLOT_COMMITTED)
-			en->commit_mask |= (uint16_t)(1u << sl->lane);
-		if (sl->last_access > en->last_access)
-			en->last_access = sl->last_access;
-		idx->slot_ent[s] = e;
+		release_stray(t, prev);
+		idx->slot_ent[prev] = NONE;
 	}
-	/* free list after the strays were released; lowest slot on top. DRAINING slots (an
-	 * I/O of a dead actor may still be landing in them) wait for kvr_index_reap. */
-	idx->n_draining = 0;
-	for (uint32_t s = idx->n_slots; s-- > 0;) {
-		uint32_t st = kvr_slot_state(t, s);
-		if (st == KVR_SLOT_FREE)
-			idx->free_slots[idx->n_free_slots++] = s;
-		else if (st == KVR_SLOT_DRAINING)
-			idx->draining[idx->n_draining++] = s;
-	}
+	struct ent *en = &idx->ents[e];
+	*lane_slot(idx, e, sl->lane) = s;
+	en->alloc_mask |= (uint16_t)(1u << sl->lane);
+	if (st == KVR_SLOT_COMMITTED)
+		en->commit_mask |= (uint16_t)(1u << sl->lane);
+	if (sl->last_access > en->last_access)
+		en->last_access = sl->last_access;
+	idx->slot_ent[s] = e;
+	return made;
+}
 
-	/* policy order: oldest first, so the most recent ends at the head */
+/* The rebuilt blocks into the policy, oldest first, so the most recent ends at the head.
+ * 0 or -ENOMEM. */
+static int rebuild_policy(struct kvr_index *idx, uint32_t blocks)
+{
 	uint32_t *order = malloc((size_t)(blocks ? blocks : 1) * sizeof(*order));
 	if (!order)
 		return -ENOMEM;
@@ -440,7 +438,31 @@ int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t)
 	for (uint32_t i = 0; i < k; i++)
 		kvr_policy_insert(idx->pol, order[i], idx->ents[order[i]].key, true);
 	free(order);
-	return (int)blocks;
+	return 0;
+}
+
+int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t)
+{
+	if (!idx || !t || t->n_slots != idx->n_slots || t->quorum != idx->lanes)
+		return -EINVAL;
+	int rc = rebuild_reset(idx, t);
+	if (rc < 0)
+		return rc;
+	uint32_t blocks = 0;
+	for (uint32_t s = 0; s < idx->n_slots; s++)
+		blocks += (uint32_t)rebuild_slot(idx, t, s);
+	/* free list after the strays were released; lowest slot on top. DRAINING slots (an
+	 * I/O of a dead actor may still be landing in them) wait for kvr_index_reap. */
+	idx->n_draining = 0;
+	for (uint32_t s = idx->n_slots; s-- > 0;) {
+		uint32_t st = kvr_slot_state(t, s);
+		if (st == KVR_SLOT_FREE)
+			idx->free_slots[idx->n_free_slots++] = s;
+		else if (st == KVR_SLOT_DRAINING)
+			idx->draining[idx->n_draining++] = s;
+	}
+	rc = rebuild_policy(idx, blocks);
+	return rc < 0 ? rc : (int)blocks;
 }
 
 int kvr_index_match(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane,
