@@ -548,7 +548,7 @@ err:
 
 /*
  * The detach fence: ask kvringd to detach us and wait for its answer, which it gives once
- * our loader, storer and gather actor have exited (supervisor/server.c answer_fence). With
+ * our loader, storer and gather actor have exited (supervisor/attach.c answer_fence). With
  * kvringd gone, wait for those processes ourselves. 0, or -errno with c->err set.
  */
 static int detach_fenced(struct kvr_client *c)

@@ -18,7 +18,7 @@
  *   kvringd     FD_BASE                    stdio, epoll, signalfd, timerfd, the listening
  *                                          socket, the control segment, arena, slot table
  *               + W + S                    the client areas (a memfd each, layout.c)
- *               + W                        fresh areas of detaching worker slots (server.c)
+ *               + W                        fresh areas of detaching worker slots (attach.c)
  *               + W                        the attached workers' KV memfds
  *               + SUP_MAX_CONNS            connections: attached clients and peers that have
  *                                          not attached yet (accept pauses at the limit)

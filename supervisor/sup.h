@@ -24,7 +24,8 @@
  * stop escalation, drain). Modules:
  *   layout.c   the ring list and actor table of an instance, the segments
  *   actors.c   spawning, the restart state machine, health pings, reaping
- *   server.c   the socket: take-over, accept, INSPECT, ATTACH, detach
+ *   server.c   the socket: take-over, accept, peer credentials, timeouts, requests, INSPECT
+ *   attach.c   the attach protocol: ATTACH, ATTACH_SCHED, DETACH and its fence, slot freeing
  *   kvringd.c  command line, startup, the loop, drain and shutdown
  *   epoll.c    the loop's epoll set (sup_epoll_add/del), which the others register with
  *   metrics.c  the HTTP listener (metrics.enabled): /metrics, and /status and / (status.c,
@@ -276,6 +277,35 @@ uint64_t sup_conns_next_deadline(const struct sup *s);
 void sup_conns_expire(struct sup *s, uint64_t now);
 /* Free the connections sup_accept closed to make room; call after each epoll batch. */
 void sup_conns_reap(struct sup *s);
+/* What attach.c answers with. A reply record (no payload, no descriptors) with status and
+ * the reason fmt formats (NULL: none), for kvringd's generation. */
+void sup_rep_init(const struct sup *s, struct kvr_proto_rep *rep, int status, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+/* Send rep (its header and payload_len bytes of payload) with n_fds descriptors on fd. 0 or -errno. */
+int sup_send_rep(int fd, const struct kvr_proto_rep *rep, const int *fds, unsigned n_fds);
+/* An attach reply (rep, n_fds 2) with the control segment, read-only, and client slot
+ * `area`'s area, read-write: all a client may write. 0 or -errno. */
+int sup_send_client_fds(struct sup *s, int sock, const struct kvr_proto_rep *rep, unsigned area);
+/* Whether c holds a worker or a scheduler slot. */
+bool sup_conn_attached(const struct sup_conn *c);
+/* supervisor.attach_timeout_ms in ns: how long an un-attached connection is kept. */
+uint64_t sup_attach_timeout_ns(const struct sup *s);
+
+/* ---- attach.c: the attach protocol ------------------------------------------------ */
+
+/* ATTACH from c (the request, its descriptors: fds[0], the worker's KV memory, is taken
+ * (set to -1) when adopted): validated against the instance's model, a worker slot filled,
+ * its loader and storer (or its DCP group's gather actor) started, answered — or refused
+ * with the reason in the reply. */
+void sup_handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_proto_req *req, int *fds,
+		       unsigned n_fds);
+/* ATTACH_SCHED from c: a scheduler slot for an engine's scheduler, answered or refused. */
+void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr_proto_req *req, unsigned n_fds);
+/* DETACH from c: a scheduler is answered at once, a worker once nothing of it can copy (its
+ * fence, sup_workers_update); -ENOTCONN when c is not attached. */
+void sup_handle_detach(struct sup *s, struct sup_conn *c);
+/* c's connection is closing: the worker or scheduler it attached (if any) detaches. */
+void sup_conn_detach(struct sup *s, struct sup_conn *c);
 /* Free DETACHING worker slots whose loader and storer have exited. */
 void sup_workers_update(struct sup *s);
 
