@@ -298,7 +298,6 @@ static void spawned(struct sup *s, struct sup_actor *a, pid_t pid, int ready_fd)
 		kvr_warn("%s: cannot watch the readiness pipe: the ready timeout will decide", name_of(a));
 	a->pid = pid;
 	atomic_store(&a->ent->pid, pid);
-	atomic_fetch_add(&a->ent->generation, 1);
 	a->ent->started_ns = kvr_now_ns();
 	a->ping_outstanding = false;
 	a->missed = 0;
@@ -323,6 +322,13 @@ static int spawn(struct sup *s, struct sup_actor *a)
 	 * announced its sleep, and zeroing that would hide it from every waker. */
 	atomic_store(&a->ent->waiter.sleepers, 0);
 	atomic_store(&a->ent->held, 0); /* what a dead predecessor held died with it */
+	/* The new incarnation's generation, BEFORE the fork: the child may read its rings
+	 * before the parent runs again, and a request its dead predecessor left there (the
+	 * client's wire id carries the old generation) must find the generation moved on, or
+	 * the new actor would serve it as its own (found: a load addressed to a killed loader
+	 * was copied and answered 0 by its successor under load). A failed fork leaves it
+	 * moved on too: the actor is dead either way. */
+	atomic_fetch_add(&a->ent->generation, 1);
 	pid_t pid = fork();
 	if (pid < 0) {
 		int rc = -errno;

@@ -660,7 +660,10 @@ Test(client, loader_restarted_before_client_polls)
 	cr_assert(H_WAIT(kvr_ring_count(req) == 0 && kvr_ring_count(rep) > 0, 3000), "the new loader did not answer");
 	struct ct_done d;
 	ct_wait_done(r, &d, 5000);
-	cr_assert_eq(d.c.status, -EPIPE, "status %d (%s)", d.c.status, strerror(-d.c.status));
+	cr_assert_eq(d.c.op, KVR_OP_LOAD_DONE, "op %u of request %llu", d.c.op, (unsigned long long)d.c.req_id);
+	cr_assert_eq(d.c.req_id, 2);
+	cr_assert_eq(d.c.status, -EPIPE, "status %d (%s), %u failed, %llu bytes", d.c.status, strerror(-d.c.status),
+		     d.c.n_failed, (unsigned long long)d.c.diag.bytes);
 	cr_assert_eq(d.c.n_failed, 4);
 	for (uint32_t i = 0; i < 4; i++)
 		cr_assert_eq(d.failed[i], dst[i]);
