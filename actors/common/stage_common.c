@@ -434,31 +434,6 @@ int stage_copy_reap(struct stage_copy *c, bool wait)
 	return 1;
 }
 
-int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir, const uint32_t *const *blocks,
-		      const uint64_t *slot_offs, uint32_t n, const struct kvr_xfer_dep *const *ready,
-		      const uint64_t *wire, struct kvr_xfer_stats *st)
-{
-	struct stage_copy *c = malloc(sizeof(*c));
-	if (!c)
-		return -ENOMEM;
-	int rc = stage_copy_start(c, sw, n_ranks, dir, blocks, slot_offs, n, ready, wire);
-	while (!rc) {
-		while (stage_copy_submit(c))
-			;
-		if (!c->inflight)
-			break;
-		kvr_actor_beat(sw[0]->a); /* one chunk at a time: busy, not stuck */
-		(void)stage_copy_reap(c, true);
-	}
-	if (!rc) {
-		rc = c->rc;
-		for (unsigned r = 0; r < n_ranks; r++)
-			add_stats(&st[r], &c->st[r]);
-	}
-	free(c);
-	return rc;
-}
-
 void stage_reply(struct stage_worker *sw, unsigned type, uint64_t wire, int status, const void *body,
 		 size_t body_len, const uint32_t *failed, uint32_t n_failed, uint64_t first_ns)
 {

@@ -131,16 +131,14 @@ bool stage_copy_submit(struct stage_copy *c);
 /* Reap the oldest chunk in flight: 1 reaped, 0 none in flight, -EAGAIN still copying
  * (wait: block until it is done instead). A failed copy sets c->rc. */
 int stage_copy_reap(struct stage_copy *c, bool wait);
+/* A stage whose copies are in flight (CUDA) and that has nothing else to do polls them
+ * this often (kvr_actor_poll_within): their completion wakes nobody. */
+#define STAGE_COPY_POLL_NS 20000ull
+
 static inline bool stage_copy_over(const struct stage_copy *c)
 {
 	return !c->inflight && (c->rc || c->done == c->n);
 }
-
-/* The same copy run to its end in one call, rank r's stats added into st[r] (the gather
- * actor's path): blocks for each chunk's completion. 0 or -errno. */
-int stage_copy_chunks(struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir, const uint32_t *const *blocks,
-		      const uint64_t *slot_offs, uint32_t n, const struct kvr_xfer_dep *const *ready,
-		      const uint64_t *wire, struct kvr_xfer_stats *st);
 
 /* Answer a request: the result message `type` (body of body_len bytes) followed, when
  * n_failed > 0, by the failed engine block ids as KVR_MSG_BLOCKS. Counts the request and its

@@ -40,8 +40,7 @@
  * anything, because the client already failed it when that incarnation died.
  */
 
-#define LOADER_WINDOW 8             /* loads of one worker copying at once */
-#define LOADER_POLL_NS 20000ull     /* copies in flight (CUDA): look at their events this often */
+#define LOADER_WINDOW 8 /* loads of one worker copying at once */
 
 struct load {
 	struct kvr_list_asm req;   /* the LOAD as it arrived */
@@ -292,7 +291,7 @@ static int window_pass(struct loader *l, uint64_t now)
 	if (moved || submitted || out == KVR_PASS_MOVED)
 		return KVR_PASS_MOVED;
 	if (copying) {
-		kvr_actor_poll_within(sw->a, LOADER_POLL_NS); /* a copy's completion is polled, not waited for */
+		kvr_actor_poll_within(sw->a, STAGE_COPY_POLL_NS); /* a copy's completion is polled, not waited for */
 		return KVR_PASS_WAITING;
 	}
 	return out;

@@ -309,8 +309,7 @@ struct stage_store_job {
 	struct stage_copy copy;           /* COPYING: its chunks */
 };
 
-#define JOB_KEEP_ITEMS 4096
-#define STORE_POLL_NS 20000ull /* copies in flight (CUDA): look at their events this often */ /* a FIFO entry keeps buffers for this many blocks between stores */
+#define JOB_KEEP_ITEMS 4096 /* a FIFO entry keeps buffers for this many blocks between stores */
 
 static struct stage_store_job *job_at(const struct stage_store_pipe *p, unsigned i)
 {
@@ -1122,7 +1121,7 @@ int stage_store_pipe_pass(struct stage_store_pipe *p, uint64_t now, bool *ret_ro
 	if (moved)
 		return KVR_PASS_MOVED;
 	if (copying)
-		kvr_actor_poll_within(p->ss->a, STORE_POLL_NS); /* a copy's completion is polled */
+		kvr_actor_poll_within(p->ss->a, STAGE_COPY_POLL_NS); /* a copy's completion is polled */
 	return kvr_outbox_pending(&p->out) || p->held || copying ? KVR_PASS_WAITING : KVR_PASS_IDLE;
 }
 

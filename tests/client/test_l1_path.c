@@ -540,7 +540,7 @@ ParameterizedTestParameters(client, staging_streams)
 {
 	/*
 	 * staging.ceiling_bytes = 4 buffers and load_percent 50: each pool (load, store) holds
-	 * 2 leases of buffer_bytes. stage_copy_chunks copies chunk_blocks = buffer / lane
+	 * 2 leases of buffer_bytes. stage_copy copies chunk_blocks = buffer / lane
 	 * blocks per lease and counts KVR_STAT_XF_CHUNKS once per lease used, so a 50-block
 	 * request uses ceil(50 / chunk_blocks) leases: 50 of 1 block, 25 of 2, 17 of 3 (16
 	 * full, the last holding 2) — taking turns between the pool's 2 leases.

@@ -1126,6 +1126,18 @@ Test(dcp_kvringd, rank_row_split_must_be_the_models)
 		       "per block, the model 8976 (row width or page tail differ)");
 }
 
+/* kvringd's control segment and slot table, mapped read-only as an observer. */
+static void map_daemon(struct kvr_segment *ctl_seg, struct kvr_ctl **ctl, struct kvr_segment *slots_seg,
+		       struct kvr_slot_table **st)
+{
+	h_daemon_ctl(&inst, 1, ctl_seg);
+	cr_assert_eq(kvr_ctl_attach(ctl_seg, ctl, NULL), 0);
+	int fd = h_daemon_memfd(inst.pid, "kvring-slots", O_RDONLY);
+	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_SLOTS, 0, slots_seg), 0);
+	close(fd);
+	cr_assert_eq(kvr_slots_attach(slots_seg, st), 0);
+}
+
 /* Count of slots in `state` in a mapped slot table. */
 static uint32_t count_state(const struct kvr_slot_table *t, unsigned state)
 {
@@ -1159,12 +1171,7 @@ Test(dcp_kvringd, gather_killed_while_its_owner_leaves_leaks_no_slot, .fini = gr
 	struct kvr_segment ctl_seg = {.fd = -1}, slots_seg = {.fd = -1};
 	struct kvr_ctl *ctl;
 	struct kvr_slot_table *st;
-	h_daemon_ctl(&inst, 1, &ctl_seg);
-	cr_assert_eq(kvr_ctl_attach(&ctl_seg, &ctl, NULL), 0);
-	int fd = h_daemon_memfd(inst.pid, "kvring-slots", O_RDONLY);
-	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_SLOTS, 0, &slots_seg), 0);
-	close(fd);
-	cr_assert_eq(kvr_slots_attach(&slots_seg, &st), 0);
+	map_daemon(&ctl_seg, &ctl, &slots_seg, &st);
 
 	unsigned ga = gather_of_rank(&granks[0]), owner = kvr_worker_slot(granks[0].c);
 	struct kvr_actor_ent *e = kvr_ctl_actor(ctl, ga);
@@ -1297,12 +1304,7 @@ Test(dcp_kvringd, gather_goes_on_while_the_lookup_actor_is_stopped, .fini = gran
 	struct kvr_segment ctl_seg = {.fd = -1}, slots_seg = {.fd = -1};
 	struct kvr_ctl *ctl;
 	struct kvr_slot_table *st;
-	h_daemon_ctl(&inst, 1, &ctl_seg);
-	cr_assert_eq(kvr_ctl_attach(&ctl_seg, &ctl, NULL), 0);
-	int fd = h_daemon_memfd(inst.pid, "kvring-slots", O_RDONLY);
-	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_SLOTS, 0, &slots_seg), 0);
-	close(fd);
-	cr_assert_eq(kvr_slots_attach(&slots_seg, &st), 0);
+	map_daemon(&ctl_seg, &ctl, &slots_seg, &st);
 
 	int lki = h_actor_index(ctl, "lookup");
 	cr_assert_geq(lki, 0);

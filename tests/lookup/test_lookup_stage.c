@@ -407,28 +407,34 @@ Test(lookup_stage, reply_backpressure)
 	cr_assert_eq(kvr_ring_count(rep), 0);
 }
 
+/* Worker 1 takes every slot WRITING (s1), then worker 0 sends an ALLOC of n0 keys of its
+ * own: it is not answered, it waits for room. Returns its wire id. */
+static uint64_t alloc_behind_full_l1(struct kvr_msg_slot *s1, uint32_t n0)
+{
+	kvr_key k1[N_SLOTS], k0[N_SLOTS];
+	keys_of(1, N_SLOTS, k1);
+	keys_of(0, n0, k0);
+	alloc(1, k1, N_SLOTS, s1);
+	struct kvr_ring *req0 = ring_w(KVR_RING_COMMIT_REQ, 0);
+	uint64_t wire = send_list(req0, KVR_MSG_ALLOC, 0, k0, n0);
+	cr_assert_geq(step_msgs(&e, req0), 1);
+	cr_assert_eq(kvr_ring_count(ring_w(KVR_RING_COMMIT_REP, 0)), 0, "answered although worker 1's stores "
+		     "will commit");
+	cr_assert(l_of()->w[0].alloc_waiting);
+	cr_assert_eq(step_stat(&e, KVR_STAT_LK_NOROOM), 0);
+	return wire;
+}
+
 /* L1 full of worker 1's WRITING slots: worker 0's ALLOC is not answered NOROOM at once but
  * waits, and gets its slots (evicting committed lanes) the moment worker 1 commits — a full
  * L1 is backpressure, not a failed store. */
 Test(lookup_stage, an_alloc_waits_for_other_stores_to_commit)
 {
-	kvr_key k1[N_SLOTS], k0[4];
 	struct kvr_msg_slot s1[N_SLOTS], s0[4];
-	for (unsigned i = 0; i < N_SLOTS; i++)
-		k1[i] = key_of(1, i);
-	for (unsigned i = 0; i < 4; i++)
-		k0[i] = key_of(0, i);
-	alloc(1, k1, N_SLOTS, s1);
-	struct kvr_ring *req0 = ring_w(KVR_RING_COMMIT_REQ, 0), *rep0 = ring_w(KVR_RING_COMMIT_REP, 0);
-	uint64_t wire = send_list(req0, KVR_MSG_ALLOC, 0, k0, 4);
-	cr_assert_geq(step_msgs(&e, req0), 1);
-	cr_assert_eq(kvr_ring_count(rep0), 0, "answered although worker 1's stores will commit");
-	cr_assert(e.act.ent && l_of()->w[0].alloc_waiting);
-	cr_assert_eq(step_stat(&e, KVR_STAT_LK_NOROOM), 0);
-
+	uint64_t wire = alloc_behind_full_l1(s1, 4);
 	struct kvr_msg_commit_rep r = commit(1, s1, N_SLOTS);
 	cr_assert_eq(r.n_committed, N_SLOTS);
-	take_list(rep0, KVR_MSG_ALLOC_REP, wire, s0, sizeof(*s0), 4);
+	take_list(ring_w(KVR_RING_COMMIT_REP, 0), KVR_MSG_ALLOC_REP, wire, s0, sizeof(*s0), 4);
 	for (unsigned i = 0; i < 4; i++) {
 		cr_assert_lt(s0[i].slot, N_SLOTS, "key %u: %x", i, s0[i].slot);
 		cr_assert_eq(kvr_slot_state(st, s0[i].slot), KVR_SLOT_WRITING);
@@ -443,17 +449,9 @@ Test(lookup_stage, an_alloc_waits_for_other_stores_to_commit)
 /* The same wait ends at timeouts.alloc_wait_ms when nobody commits: answered NOROOM by key. */
 Test(lookup_stage, an_alloc_waiting_for_room_is_answered_noroom_at_its_deadline)
 {
-	kvr_key k1[N_SLOTS], k0[2];
 	struct kvr_msg_slot s1[N_SLOTS], s0[2];
-	for (unsigned i = 0; i < N_SLOTS; i++)
-		k1[i] = key_of(1, i);
-	for (unsigned i = 0; i < 2; i++)
-		k0[i] = key_of(0, i);
-	alloc(1, k1, N_SLOTS, s1);
-	struct kvr_ring *req0 = ring_w(KVR_RING_COMMIT_REQ, 0), *rep0 = ring_w(KVR_RING_COMMIT_REP, 0);
-	uint64_t wire = send_list(req0, KVR_MSG_ALLOC, 0, k0, 2);
-	cr_assert_geq(step_msgs(&e, req0), 1);
-	cr_assert_eq(kvr_ring_count(rep0), 0);
+	uint64_t wire = alloc_behind_full_l1(s1, 2);
+	struct kvr_ring *rep0 = ring_w(KVR_RING_COMMIT_REP, 0);
 	step_tick(&e, t0 + kvr_ms_to_ns(e.act.cfg.timeouts.alloc_wait_ms) / 2);
 	cr_assert_eq(kvr_ring_count(rep0), 0, "still within alloc_wait_ms");
 	step_tick(&e, t0 + kvr_ms_to_ns(e.act.cfg.timeouts.alloc_wait_ms) + 1);
