@@ -50,6 +50,7 @@ struct pending {
 	uint32_t failed_total, failed_got;
 	uint32_t ev_plus1; /* CUDA store: its event-table entry + 1; 0 = none */
 	uint32_t cancel_plus1; /* cancelled: its entry in our area's cancel table + 1; 0 = none */
+	uint32_t prog_plus1; /* layered load: its entry in our area's progress table + 1; 0 = none */
 	bool lease;        /* a load of a lease (req_id is the lease id): report LEASE_DONE */
 };
 
@@ -93,6 +94,7 @@ struct kvr_client {
 	uint64_t *cuda_ev_owner;
 
 	uint64_t cancel_owner[KVR_AREA_CANCEL_MAX]; /* wire id each cancel-table entry holds, 0 = free */
+	uint64_t prog_owner[KVR_AREA_LAYERED_MAX];  /* wire id each progress-table entry holds, 0 = free */
 
 	char err[256];
 	char sock_path[108]; /* the socket attached through (sun_path's size), for messages */

@@ -33,6 +33,18 @@ static void cancel_release(struct kvr_client *c, const struct pending *p)
 	}
 }
 
+/* A layered load completed or failed: its progress-table entry is free again. */
+static void progress_release(struct kvr_client *c, const struct pending *p)
+{
+	if (!p->prog_plus1)
+		return;
+	unsigned e = p->prog_plus1 - 1;
+	if (c->prog_owner[e] == p->wire_id) {
+		atomic_store_explicit(&kvr_ctl_area(c->ctl, c->worker)->progress[e].wire, 0, memory_order_release);
+		c->prog_owner[e] = 0;
+	}
+}
+
 void client_pending_free(struct pending *p)
 {
 	free(p->blocks);
@@ -79,6 +91,7 @@ static void finish_pending(struct kvr_client *c, unsigned i)
 		p->failed = NULL;
 	ev_release(c, p);
 	cancel_release(c, p);
+	progress_release(c, p);
 	free(p->blocks);
 	free(p->failed);
 	remove_pending(c, i);
@@ -670,6 +683,7 @@ static void abort_submit(struct kvr_client *c, uint64_t wire)
 	int i = find_pending(c, wire);
 	if (i >= 0) {
 		ev_release(c, &c->pend[i]);
+		progress_release(c, &c->pend[i]);
 		client_pending_free(&c->pend[i]);
 		remove_pending(c, (unsigned)i);
 	}
@@ -705,7 +719,24 @@ KVR_EXPORT int kvr_cancel(struct kvr_client *c, uint64_t req_id)
 	return n;
 }
 
-KVR_EXPORT int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks)
+/* A free entry of our area's progress table for a layered load's wire id: written layers 0,
+ * then the wire id (release), before the LOAD goes out. With every entry in use the load
+ * goes out plain (its layers are in place at its completion). */
+static void progress_take(struct kvr_client *c, struct pending *p)
+{
+	unsigned e = 0;
+	while (e < KVR_AREA_LAYERED_MAX && c->prog_owner[e])
+		e++;
+	if (e == KVR_AREA_LAYERED_MAX)
+		return;
+	struct kvr_load_progress *ent = &kvr_ctl_area(c->ctl, c->worker)->progress[e];
+	atomic_store_explicit(&ent->layers, 0, memory_order_relaxed);
+	atomic_store_explicit(&ent->wire, p->wire_id, memory_order_release);
+	c->prog_owner[e] = p->wire_id;
+	p->prog_plus1 = e + 1;
+}
+
+static int load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks, bool layered)
 {
 	if (!c || (!block_ids && n_blocks) || !n_blocks)
 		return client_fail(c, -EINVAL, "load: no blocks");
@@ -729,7 +760,10 @@ KVR_EXPORT int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *b
 	uint64_t wire;
 	rc = submit(c, KVR_OP_LOAD_DONE, c->info.loader_actor, req_id, block_ids, n_blocks, NULL, &wire);
 	if (!rc) {
-		c->pend[find_pending(c, wire)].lease = mm->lease;
+		struct pending *p = &c->pend[find_pending(c, wire)];
+		p->lease = mm->lease;
+		if (layered)
+			progress_take(c, p);
 		rc = send_list(c, c->ld_req, KVR_MSG_LOAD, wire, 0, 0, items, (uint32_t)n_blocks,
 			       kvr_now_ns() + (uint64_t)c->timeout_ns);
 		if (rc) {
@@ -743,6 +777,62 @@ KVR_EXPORT int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *b
 		mm->slots = NULL;
 	}
 	return rc;
+}
+
+KVR_EXPORT int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks)
+{
+	return load(c, req_id, block_ids, n_blocks, false);
+}
+
+KVR_EXPORT int kvr_load_layered(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks)
+{
+	return load(c, req_id, block_ids, n_blocks, true);
+}
+
+/* Whether every load in flight has at least n layers in place: a layered one by its
+ * progress entry, a plain one never before it completed (a completed load has left
+ * c->pend: its completion tells how it ended). */
+static bool layers_in_place(struct kvr_client *c, uint32_t n)
+{
+	const struct kvr_client_area *ar = kvr_ctl_area(c->ctl, c->worker);
+	for (unsigned i = 0; i < c->n_pend; i++) {
+		const struct pending *p = &c->pend[i];
+		if (p->done.op != KVR_OP_LOAD_DONE)
+			continue;
+		if (!p->prog_plus1 ||
+		    atomic_load_explicit(&ar->progress[p->prog_plus1 - 1].layers, memory_order_acquire) < n)
+			return false;
+	}
+	return true;
+}
+
+KVR_EXPORT int kvr_wait_layers(struct kvr_client *c, uint32_t n_layers, int64_t timeout_ms)
+{
+	if (!c)
+		return -EINVAL;
+	if (c->sched || !c->ctl)
+		return client_fail(c, -EINVAL, "wait_layers: a scheduler client has no loads");
+	uint64_t deadline = kvr_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
+	for (;;) {
+		drain_replies(c);
+		reap_dead(c);
+		if (layers_in_place(c, n_layers))
+			return 0;
+		uint64_t now = kvr_now_ns();
+		if (now >= deadline)
+			return client_fail(c, -ETIMEDOUT, "wait_layers: %u layers not in place within %lld ms", n_layers,
+					   (long long)timeout_ms);
+		uint32_t seen = kvr_waiter_prepare(c->waiter);
+		if (kvr_ring_count(c->ld_rep) || layers_in_place(c, n_layers)) {
+			kvr_waiter_finish(c->waiter);
+			continue;
+		}
+		uint64_t left = deadline - now;
+		int rc = kvr_waiter_wait(c->waiter, seen, (int64_t)(left < WAIT_SLICE_NS ? left : WAIT_SLICE_NS));
+		kvr_waiter_finish(c->waiter);
+		if (rc == -EINTR)
+			return -EINTR;
+	}
 }
 
 static int store(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, size_t n_tokens, const void *extra,

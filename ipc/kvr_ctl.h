@@ -25,7 +25,8 @@
  *   client areas [n_areas]               one per client slot (worker w: area w; scheduler i:
  *                                        area max_workers + i), KVR_CTL_AREA_ALIGN aligned:
  *     struct kvr_client_area             its header (a segment header of kind KVR_SEG_CLIENT),
- *                                        the waiter the client sleeps on, its cancel table
+ *                                        the waiter the client sleeps on, its cancel table,
+ *                                        its layer-ordered loads' progress
  *     rings ...                          every ring that client produces or consumes
  *
  * All references are offsets from the segment base. Writers: kvringd writes the instance
@@ -52,6 +53,7 @@
 #define KVR_CTL_MAX_CLIENTS (KVR_CTL_MAX_WORKERS + KVR_CTL_MAX_SCHEDULERS) /* client slots, one area each */
 #define KVR_CTL_AREA_ALIGN 65536u /* a client area's offset and size: a multiple of every Linux page size */
 #define KVR_AREA_CANCEL_MAX 64   /* cancels a client can have outstanding (kvr_cancel: -EBUSY beyond) */
+#define KVR_AREA_LAYERED_MAX 64  /* layer-ordered loads a client can have in flight (kvr_load_layered) */
 
 enum kvr_inst_state {
 	KVR_INST_STARTING = 1,
@@ -193,9 +195,24 @@ struct kvr_client_area {
 	 * a scribbled entry can only cancel that client's own requests.
 	 */
 	_Atomic uint64_t cancel[KVR_AREA_CANCEL_MAX];
+	/*
+	 * Layer-ordered loads in flight (kvr_load_layered): the client writes layers 0, then the
+	 * load's wire id (release), before it sends the LOAD; the loader, finding its request's
+	 * wire id here, copies the blocks layer by layer and stores how many layers are in place
+	 * (release, only ever growing, only while the entry still holds its wire id), then wakes
+	 * the area's waiter. The client clears the entry (wire 0) once the load completed.
+	 * Untrusted like the rest: a scribbled entry misleads only its own client's waits.
+	 */
+	struct kvr_load_progress {
+		_Atomic uint64_t wire;
+		_Atomic uint32_t layers;
+		uint32_t reserved;
+	} progress[KVR_AREA_LAYERED_MAX];
 };
-_Static_assert(sizeof(struct kvr_client_area) == 128 + 8 * KVR_AREA_CANCEL_MAX, "client area header");
+_Static_assert(sizeof(struct kvr_client_area) == 128 + 8 * KVR_AREA_CANCEL_MAX + 16 * KVR_AREA_LAYERED_MAX,
+	       "client area header");
 _Static_assert(offsetof(struct kvr_client_area, cancel) == 128, "cancel table after the first 128 bytes");
+_Static_assert(offsetof(struct kvr_client_area, progress) == 128 + 8 * KVR_AREA_CANCEL_MAX, "progress table after it");
 
 struct kvr_area_ent {
 	uint64_t offset; /* from the segment base; KVR_CTL_AREA_ALIGN aligned */

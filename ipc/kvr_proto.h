@@ -26,8 +26,9 @@
  */
 
 #define KVR_PROTO_MAGIC 0x4b565250u /* "KVRP" */
-#define KVR_PROTO_VERSION 3u /* 3: an attach reply carries the control segment read-only and
-			      * the client's own area; INSPECT every area too */
+#define KVR_PROTO_VERSION 4u /* 3: an attach reply carries the control segment read-only and
+			      * the client's own area; INSPECT every area too; 4: the area holds
+			      * the layer-ordered loads' progress (kvr_ctl.h) */
 #define KVR_PROTO_MAX_FDS 40 /* INSPECT: 2 + KVR_CTL_MAX_CLIENTS */
 #define KVR_PROTO_REASON_MAX 160
 #define KVR_PROTO_PAYLOAD_MAX 20480 /* a geometry of 1024 regions + the engine identity: one

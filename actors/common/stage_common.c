@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kvr_dcp.h"
+#include "kvr_grow.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
 #include "kvr_time.h"
@@ -279,6 +280,9 @@ void stage_worker_close(struct stage_worker *sw)
 	free(sw->runs);
 	free(sw->dcp_runs);
 	free(sw->sorted);
+	free(sw->group_offs);
+	sw->group_offs = NULL;
+	sw->cap_group_offs = 0;
 	sw->runs = NULL;
 	sw->dcp_runs = NULL;
 	sw->sorted = NULL;
@@ -344,6 +348,31 @@ static int plan_chunk(struct stage_worker *sw, uint32_t dir, const uint32_t *blo
 	return nr;
 }
 
+/* The copy runs of k blocks of one rank, of layer group g only (of `groups`, layer-major):
+ * the group's regions against their place in each block's lane. Count, or -errno. */
+static int plan_group(struct stage_worker *sw, const uint32_t *blocks, const uint64_t *slot_offs, uint32_t k,
+		      uint32_t g, uint32_t groups)
+{
+	uint32_t per = sw->layout.n_regions / groups;
+	if (KVR_GROW(sw->group_offs, sw->cap_group_offs, k, 64))
+		return -ENOMEM;
+	uint64_t shift = kvr_xfer_region_slot_offset(&sw->layout, g * per);
+	for (uint32_t b = 0; b < k; b++)
+		sw->group_offs[b] = slot_offs[b] + shift;
+	struct kvr_xfer_layout sub = sw->layout;
+	sub.regions += g * per;
+	sub.n_regions = per;
+	uint64_t bytes = 0;
+	struct kvr_xfer_err xe = {0};
+	int nr = kvr_xfer_plan(&sub, blocks, sw->group_offs, k, sw->runs, sw->cap_runs, &bytes, &xe);
+	if (nr < 0) {
+		char why[160];
+		kvr_xfer_err_format(&xe, why, sizeof(why));
+		kvr_warn("worker %u: copy plan of layer %u refused: %s", sw->worker, g, why);
+	}
+	return nr;
+}
+
 static void add_stats(struct kvr_xfer_stats *st, const struct kvr_xfer_stats *s)
 {
 	st->bytes += s->bytes;
@@ -367,6 +396,7 @@ int stage_copy_start(struct stage_copy *c, struct stage_worker *const *sw, unsig
 	c->fence = wire != NULL;
 	c->depth = KVR_XFER_MAX_INFLIGHT;
 	c->chunk = UINT32_MAX;
+	c->groups = 1;
 	for (unsigned r = 0; r < n_ranks; r++) {
 		c->sw[r] = sw[r];
 		c->blocks[r] = blocks[r];
@@ -378,6 +408,16 @@ int stage_copy_start(struct stage_copy *c, struct stage_worker *const *sw, unsig
 			c->chunk = sw[r]->chunk_blocks;
 	}
 	return 0;
+}
+
+uint32_t stage_copy_layered(struct stage_copy *c)
+{
+	const struct stage_worker *sw = c->sw[0];
+	const struct kvr_geometry *g = &sw->geom;
+	if (c->n_ranks == 1 && c->n && !sw->dcp && g->layout == KVR_LAYOUT_LAYER_MAJOR && g->layers > 1 &&
+	    sw->layout.n_regions % g->layers == 0 && !c->done && !c->inflight)
+		c->groups = g->layers;
+	return c->groups;
 }
 
 bool stage_copy_can_submit(const struct stage_copy *c)
@@ -392,21 +432,34 @@ bool stage_copy_submit(struct stage_copy *c)
 		c->rc = stage_fence(c->sw[r], c->wire[r], false);
 	if (!stage_copy_can_submit(c))
 		return false;
-	uint32_t k = c->n - c->done < c->chunk ? c->n - c->done : c->chunk;
-	uint64_t *t = c->tickets[(c->head + c->inflight) % c->depth];
+	/* a layer group's chunk moves the bytes of a whole-block chunk: groups times the blocks */
+	uint64_t per_chunk = (uint64_t)c->chunk * c->groups;
+	uint32_t k = c->n - c->done < per_chunk ? c->n - c->done : (uint32_t)per_chunk;
+	uint32_t slot = (c->head + c->inflight) % c->depth;
+	uint64_t *t = c->tickets[slot];
 	for (unsigned r = 0; r < c->n_ranks; r++) {
 		t[r] = 0; /* 0: nothing of this rank in flight (not submitted, or already reaped) */
 		if (c->rc)
 			continue;
-		int nr = plan_chunk(c->sw[r], c->dir, c->blocks[r] + c->done, c->slot_offs + c->done, k);
+		const uint32_t *blocks = c->blocks[r] + c->done;
+		int nr = c->groups > 1 ? plan_group(c->sw[r], blocks, c->slot_offs + c->done, k, c->group, c->groups)
+				       : plan_chunk(c->sw[r], c->dir, blocks, c->slot_offs + c->done, k);
 		c->rc = nr < 0 ? nr : kvr_xfer_submit(c->sw[r]->xfer, c->dir, c->sw[r]->runs, (size_t)nr, c->ready[r], &t[r]);
 	}
 	/* a chunk that failed half-way is still reaped: what it submitted finishes before its
 	 * lease or its slots are reused */
 	c->inflight++;
+	c->ends_group[slot] = 0;
 	if (c->rc)
 		return true;
 	c->done += k;
+	if (c->done == c->n) {
+		c->ends_group[slot] = c->group + 1;
+		if (c->group + 1 < c->groups) { /* the next layer group starts over at block 0 */
+			c->group++;
+			c->done = 0;
+		}
+	}
 	for (unsigned r = 0; r < c->n_ranks; r++)
 		kvr_actor_count(c->sw[r]->a, KVR_STAT_XF_CHUNKS, 1);
 	return true;
@@ -429,6 +482,8 @@ int stage_copy_reap(struct stage_copy *c, bool wait)
 			c->rc = rc;
 		add_stats(&c->st[r], &s);
 	}
+	if (!c->rc && c->ends_group[c->head])
+		c->groups_done = c->ends_group[c->head]; /* chunks complete in order: every earlier group too */
 	c->head = (c->head + 1) % c->depth;
 	c->inflight--;
 	return 1;

@@ -29,6 +29,8 @@ struct stage_worker {
 	struct kvr_dcp_run *dcp_runs; /* DCP: one block's runs */
 	size_t cap_dcp;
 	uint32_t *sorted;             /* DCP: a load chunk's block ids, to refuse duplicates */
+	uint64_t *group_offs;         /* layered copies: a chunk's slot offsets of its layer group */
+	size_t cap_group_offs;
 	uint64_t rank_lane_bytes;     /* what one block of this rank moves */
 	uint32_t chunk_blocks;        /* blocks per staging lease */
 	uint32_t pool_leases;         /* leases in this direction's pool */
@@ -111,9 +113,13 @@ struct stage_copy {
 	bool fence;              /* wire given: the fence is checked */
 	struct kvr_xfer_stats st[KVR_ACTOR_MAX_KV]; /* rank r's, summed over its chunks */
 	uint32_t chunk, depth;   /* blocks per chunk; chunks in flight at most */
-	uint32_t done;           /* blocks submitted */
+	uint32_t done;           /* blocks of the current layer group submitted */
+	uint32_t groups;         /* layer groups copied one after another (stage_copy_layered); 1: all at once */
+	uint32_t group;          /* the group being submitted */
+	uint32_t groups_done;    /* groups whose every chunk was reaped without an error */
 	uint32_t head, inflight; /* the chunks in flight: tickets[head..head+inflight) mod depth */
 	int rc;
+	uint32_t ends_group[KVR_XFER_MAX_INFLIGHT]; /* a chunk in flight that ends group g: g + 1, else 0 */
 	uint64_t tickets[KVR_XFER_MAX_INFLIGHT][KVR_ACTOR_MAX_KV];
 };
 
@@ -123,6 +129,16 @@ struct stage_copy {
 int stage_copy_start(struct stage_copy *c, struct stage_worker *const *sw, unsigned n_ranks, uint32_t dir,
 		     const uint32_t *const *blocks, const uint64_t *slot_offs, uint32_t n,
 		     const struct kvr_xfer_dep *const *ready, const uint64_t *wire);
+/*
+ * Layer-ordered copy (a layered load, kvr_load_layered): copy layer group 0 of every block,
+ * then group 1, ..., each chunk one group of up to chunk * groups blocks (the bytes of one
+ * lease); c->groups_done says how many groups are in place. A group is layer l of a
+ * layer-major geometry (its regions l * per_layer .. (l + 1) * per_layer - 1). Call right
+ * after stage_copy_start; returns the groups (the geometry's layers), or 1 where the copy
+ * cannot be ordered by layer (one rank of a layer-major geometry with whole pages only: not
+ * a DCP rank, not a cross-layer layout) and stays one group.
+ */
+uint32_t stage_copy_layered(struct stage_copy *c);
 /* Whether another chunk may be submitted now (no error, blocks left, a lease free). */
 bool stage_copy_can_submit(const struct stage_copy *c);
 /* Check the fence and submit the next chunk for every rank. true when a chunk went in
@@ -137,7 +153,7 @@ int stage_copy_reap(struct stage_copy *c, bool wait);
 
 static inline bool stage_copy_over(const struct stage_copy *c)
 {
-	return !c->inflight && (c->rc || c->done == c->n);
+	return !c->inflight && (c->rc || (c->done == c->n && c->group + 1 >= c->groups));
 }
 
 /* Answer a request: the result message `type` (body of body_len bytes) followed, when

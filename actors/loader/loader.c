@@ -35,6 +35,16 @@
  * jobs wait, load.req is held: a full ring is the client's backpressure. Jobs accepted and
  * not answered are reported held, so a drain waits for them.
  *
+ * Layer-ordered loads (kvr_load_layered). A load whose wire id the client put in its area's
+ * progress table is copied layer by layer — layer 0 of every block, then layer 1, ... — in
+ * chunks of one lease's bytes (stage_copy_layered), and after each layer lands the loader
+ * stores the count of layers in place into the entry and wakes the client, so a forward
+ * pass can start on the first layers while the later ones still copy (kvr_wait_layers).
+ * The count only grows and covers only bytes already copied without an error; the reply is
+ * still the load's one result (a load failing at layer 5 fails every block, as any failed
+ * load does). Where the geometry has no layers to order by (a DCP rank, a cross-layer
+ * layout) the load runs as one piece and only its reply says it landed.
+ *
  * Requests carry the generation of the actor the client addressed (kvr_wire_gen of the
  * wire id): one addressed to an earlier incarnation is answered -ESTALE without touching
  * anything, because the client already failed it when that incarnation died.
@@ -51,6 +61,8 @@ struct load {
 	uint32_t cap;
 	uint32_t n_ok, n_failed;
 	bool started;              /* pinned, its copy set up */
+	uint32_t progress_plus1;   /* layered: its entry in the client's progress table + 1; 0 = none */
+	uint32_t published;        /* layer groups stored into that entry */
 	uint64_t queue_ns;         /* arrival -> start */
 	struct stage_copy copy;    /* its stats: copy.st[0] */
 };
@@ -127,6 +139,31 @@ static void load_fail_all(struct stage_worker *sw, struct load *ld, int status)
 	load_reply(sw, ld, status, n_failed, &ld->copy.st[0]);
 }
 
+/* The client's progress-table entry holding wire + 1, 0 when it asked for no layered load. */
+static uint32_t find_progress(const struct stage_worker *sw, uint64_t wire)
+{
+	const struct kvr_client_area *ar = kvr_ctl_area(sw->a->ctl, sw->worker);
+	for (uint32_t e = 0; e < KVR_AREA_LAYERED_MAX; e++)
+		if (atomic_load_explicit(&ar->progress[e].wire, memory_order_acquire) == wire)
+			return e + 1;
+	return 0;
+}
+
+/* A layered load: tell its client how many layers are in place (the bytes are ordered
+ * before the count: the copy ends in a store fence, the store releases), and wake it. */
+static void publish_layers(struct stage_worker *sw, struct load *ld)
+{
+	if (!ld->progress_plus1 || ld->copy.groups_done <= ld->published)
+		return;
+	struct kvr_client_area *ar = kvr_ctl_area(sw->a->ctl, sw->worker);
+	struct kvr_load_progress *p = &ar->progress[ld->progress_plus1 - 1];
+	ld->published = ld->copy.groups_done;
+	if (atomic_load_explicit(&p->wire, memory_order_acquire) != ld->req.req_id)
+		return; /* the client gave the entry up (it failed this load on its side) */
+	atomic_store_explicit(&p->layers, ld->published, memory_order_release);
+	kvr_waiter_wake(&ar->waiter);
+}
+
 /* Start a job: pin its slots (from here until load_finish they cannot be evicted or
  * reused) and set up its copy. false when it was answered at once (nothing to copy). */
 static bool load_start(struct stage_worker *sw, struct load *ld, uint64_t now)
@@ -161,6 +198,9 @@ static bool load_start(struct stage_worker *sw, struct load *ld, uint64_t now)
 	const uint32_t *blocks = ld->blocks;
 	(void)stage_copy_start(&ld->copy, &sw, 1, KVR_XFER_SLOT_TO_KV, &blocks, ld->slot_offs, ld->n_ok, NULL,
 			       &ld->req.req_id);
+	ld->progress_plus1 = find_progress(sw, ld->req.req_id);
+	if (ld->progress_plus1 && stage_copy_layered(&ld->copy) == 1)
+		ld->progress_plus1 = 0; /* nothing to order by: the reply alone says it landed */
 	return true;
 }
 
@@ -261,6 +301,7 @@ static int window_pass(struct loader *l, uint64_t now)
 		}
 		while (stage_copy_reap(&ld->copy, false) == 1)
 			moved = true;
+		publish_layers(sw, ld);
 		if (stage_copy_over(&ld->copy)) {
 			load_finish(sw, ld);
 			window_remove(l, i);
@@ -279,6 +320,11 @@ static int window_pass(struct loader *l, uint64_t now)
 			if (stage_copy_submit(&ld->copy)) {
 				submitted++;
 				again = true;
+				if (ld->progress_plus1) { /* a layer may have landed (host: inside the submit): say so now */
+					while (stage_copy_reap(&ld->copy, false) == 1)
+						moved = true;
+					publish_layers(sw, ld);
+				}
 			}
 		}
 	}

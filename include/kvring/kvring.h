@@ -262,6 +262,26 @@ int kvr_lookup(struct kvr_client *c, uint64_t req_id, const uint32_t *tokens, si
 int kvr_load(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks);
 
 /*
+ * kvr_load, ordered by layer: the loader copies layer 0 of every block, then layer 1, ...,
+ * and says after each layer how many are in place, so the engine's forward pass can start
+ * on the first layers while later ones still copy (kvr_wait_layers). The completion is
+ * still the load's one result, as for kvr_load: a load that fails at any layer fails every
+ * block, and the engine recomputes them. Where the geometry has nothing to order by (a DCP
+ * rank, a cross-layer layout), and beyond 64 layered loads in flight on this client, it is
+ * a plain kvr_load whose layers are all in place at its completion.
+ */
+int kvr_load_layered(struct kvr_client *c, uint64_t req_id, const uint32_t *block_ids, size_t n_blocks);
+
+/*
+ * Wait until layers 0..n_layers-1 of every load in flight on this client are in place in
+ * the KV memory: a layered load's as its loader says, a plain load's (kvr_load) once it
+ * completed. A completed load counts as in place here whether it succeeded or not: its
+ * completion, from kvr_poll()/kvr_wait(), says which. Returns 0,
+ * -ETIMEDOUT (kvr_last_error names the layers), -EINTR, -EINVAL on a scheduler client.
+ */
+int kvr_wait_layers(struct kvr_client *c, uint32_t n_layers, int64_t timeout_ms);
+
+/*
  * Store the full blocks of tokens[0..n_tokens) from the engine's blocks block_ids (one per
  * full block). Blocks already stored on this rank's lane are not copied again. With
  * require_full, n_tokens must be a multiple of block_tokens (-EINVAL).

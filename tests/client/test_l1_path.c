@@ -148,6 +148,58 @@ ParameterizedTest(struct rt_param *p, client, roundtrip)
 	free(tokens);
 }
 
+/*
+ * A layered load through the real daemon (kvr_load_layered, 3 layers): kvr_wait_layers for
+ * the first layer and for all of them returns 0 within the timeout, the completion is the
+ * load's one result (every block, byte-exact, canaries untouched), and once it was collected
+ * a wait for every layer returns at once (nothing layered in flight). The loader copied
+ * layer by layer: XF_CHUNKS counts 2 chunks for each of the 3 layers.
+ */
+Test(client, layered_load_lands_and_wait_layers_returns)
+{
+	const struct ct_model m = {3, 2, 16, 2, 16, 1};
+	ct_start(&env, &m, NULL);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0, "attach: %s", kvr_last_error(NULL));
+	const uint32_t n = 5, src[5] = {1, 2, 3, 4, 5}, dst[5] = {12, 11, 10, 9, 8};
+	for (uint32_t i = 0; i < n; i++)
+		ct_fill(r, src[i], TAG(3, i));
+	uint32_t tokens[5 * 16];
+	ct_prompt(tokens, 5 * 16, 3);
+	store_ok(r, 1, tokens, 5 * 16, src, n, n, 0, env.lane_bytes);
+	cr_assert_eq(ct_lookup(r, 2, tokens, 5 * 16), n);
+	uint64_t chunks0 = ct_stat(&env, "loader.0", KVR_STAT_XF_CHUNKS);
+	cr_assert_eq(kvr_load_layered(r->c, 2, dst, n), 0, "%s", kvr_last_error(r->c));
+	cr_assert_eq(kvr_wait_layers(r->c, 1, 5000), 0, "layer 0: %s", kvr_last_error(r->c));
+	cr_assert_eq(kvr_wait_layers(r->c, 3, 5000), 0, "every layer: %s", kvr_last_error(r->c));
+	struct ct_done d;
+	ct_wait_done(r, &d, 5000);
+	cr_assert_eq(d.c.op, KVR_OP_LOAD_DONE);
+	cr_assert_eq(d.c.status, 0, "load: status %d, %u failed", d.c.status, d.c.n_failed);
+	cr_assert_eq(d.c.diag.bytes, (uint64_t)n * env.lane_bytes);
+	for (uint32_t i = 0; i < n; i++)
+		assert_holds(r, dst[i], TAG(3, i), "layered load");
+	assert_holds(r, 0, CT_CANARY, "canary below");
+	assert_holds(r, 6, CT_CANARY, "canary between");
+	assert_holds(r, 13, CT_CANARY, "canary above");
+	/* a lease is one lane (one block of every layer): a layer's chunk is 3 blocks of that
+	 * layer, so 5 blocks take 2 chunks a layer */
+	cr_assert_eq(ct_stat(&env, "loader.0", KVR_STAT_XF_CHUNKS) - chunks0, 3 * 2, "chunks of a layer at a time");
+	cr_assert_eq(kvr_wait_layers(r->c, 1000, 0), 0, "nothing layered in flight: in place at once");
+	cr_assert_eq(kvr_inflight(r->c), 0);
+	/* a plain load counts as in place only once it completed: its completion is there */
+	cr_assert_eq(ct_lookup(r, 3, tokens, 5 * 16), n);
+	cr_assert_eq(kvr_load(r->c, 3, src, n), 0, "%s", kvr_last_error(r->c));
+	cr_assert_eq(kvr_wait_layers(r->c, 1, 5000), 0, "plain load: %s", kvr_last_error(r->c));
+	struct kvr_completion comp;
+	cr_assert_eq(kvr_poll(r->c, &comp, 1), 1, "the plain load completed before wait_layers returned");
+	cr_assert_eq(comp.req_id, 3);
+	cr_assert_eq(comp.status, 0);
+	for (uint32_t i = 0; i < n; i++)
+		assert_holds(r, src[i], TAG(3, i), "plain load");
+	ct_assert_table_clean(&env);
+}
+
 /* ---- 2. commit quorum ------------------------------------------------------------------- */
 
 Test(client, quorum_visible_only_when_every_rank_stored)

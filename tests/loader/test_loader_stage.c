@@ -386,3 +386,133 @@ Test(loader_stage, a_full_reply_ring_holds_up_only_the_answers)
 	cr_assert_eq(kvr_ring_count(rep), 0);
 	cr_assert_eq(step_pass(&e, kvr_now_ns()), KVR_PASS_IDLE);
 }
+
+/* ---- layer-ordered loads ------------------------------------------------------------- */
+
+/* Layer `layer` (regions 2*layer, 2*layer+1: its K and V) of engine block `block` holds slot s's
+ * bytes for it (holds) or is still all zero (!holds). */
+static void assert_layer(uint32_t block, uint32_t s, unsigned layer, bool holds)
+{
+	const uint8_t *d = kvr_slot_data(st, e.act.arena_seg.base, s);
+	uint64_t at = 0;
+	for (unsigned r = 0; r < geom.n_regions; r++) {
+		struct kvr_region g = kvr_geometry_region(&geom, r);
+		const uint8_t *p = kv + g.offset + (uint64_t)block * g.stride;
+		if (r / 2 == layer) {
+			if (holds)
+				cr_assert_eq(memcmp(p, d + at, g.page_bytes), 0, "block %u layer %u region %u is not slot %u's",
+					     block, layer, r, s);
+			else
+				for (uint32_t b = 0; b < g.page_bytes; b++)
+					if (p[b])
+						cr_assert_fail("block %u layer %u region %u byte %u written early", block, layer,
+							       r, b);
+		}
+		at += g.page_bytes;
+	}
+}
+
+/* The client's side of kvr_load_layered: entry `ent` of its progress table names wire. */
+static struct kvr_load_progress *progress_entry(unsigned ent, uint64_t wire)
+{
+	struct kvr_load_progress *p = &kvr_ctl_area(e.act.ctl, 0)->progress[ent];
+	atomic_store(&p->layers, 0);
+	atomic_store(&p->wire, wire);
+	return p;
+}
+
+/* Four blocks whose wire id is in the progress table, one chunk per pass (a lease pool of
+ * one; a layer's chunk is 2 blocks: one lease's bytes): layer 0 of every block lands first
+ * while layer 1 stays untouched, the entry says 1, then 2, then the LOAD_DONE — byte-exact,
+ * unpinned, counted as any load. */
+Test(loader_stage, a_layered_load_lands_layer_by_layer)
+{
+	struct loader *l = e.act.data;
+	l->sw.pool_leases = 1;
+	uint32_t slots[4] = {1, 2, 3, 4}, blocks[4] = {7, 8, 20, 21};
+	struct kvr_msg_load_item items[4];
+	for (unsigned i = 0; i < 4; i++)
+		items[i] = (struct kvr_msg_load_item){.slot = slots[i], .epoch = commit_slot(slots[i]), .block = blocks[i]};
+	struct kvr_load_progress *p = progress_entry(5, kvr_wire_make(GEN, seq));
+	uint64_t wire = send_load(GEN, items, 4);
+	cr_assert_eq(atomic_load(&p->wire), wire);
+	cr_assert_geq(step_msgs(&e, req), 1);
+
+	cr_assert_eq(step_pass(&e, kvr_now_ns()), KVR_PASS_MOVED); /* layer 0 of blocks 7, 8 */
+	cr_assert_eq(atomic_load(&p->layers), 0);
+	assert_layer(7, 1, 0, true);
+	assert_layer(20, 3, 0, false);
+	assert_layer(7, 1, 1, false);
+	cr_assert_eq(step_pass(&e, kvr_now_ns()), KVR_PASS_MOVED); /* layer 0 of blocks 20, 21 */
+	cr_assert_eq(atomic_load(&p->layers), 1, "layer 0 of every block is in place");
+	for (unsigned i = 0; i < 4; i++) {
+		assert_layer(blocks[i], slots[i], 0, true);
+		assert_layer(blocks[i], slots[i], 1, false);
+		cr_assert_eq(kvr_slot_pins(st, slots[i]), 1, "pinned until the copy is over");
+	}
+	cr_assert_eq(done_count(), 0);
+	(void)step_pass(&e, kvr_now_ns());
+	cr_assert_eq(atomic_load(&p->layers), 1);
+	(void)step_pass(&e, kvr_now_ns());
+	cr_assert_eq(atomic_load(&p->layers), 2);
+	passes_until_answered(1);
+	uint32_t failed[4];
+	struct kvr_msg_load_done d = take_done(wire, failed);
+	cr_assert_eq(d.status, 0);
+	cr_assert_eq(d.n_failed, 0);
+	cr_assert_eq(d.bytes, 4 * lane_bytes);
+	for (unsigned i = 0; i < 4; i++) {
+		assert_block_holds(blocks[i], slots[i]);
+		cr_assert_eq(kvr_slot_pins(st, slots[i]), 0);
+		cr_assert_eq(kvr_slot_state(st, slots[i]), KVR_SLOT_COMMITTED);
+	}
+	cr_assert_eq(step_stat(&e, KVR_STAT_XF_BLOCKS), 4);
+	cr_assert_eq(step_stat(&e, KVR_STAT_XF_CHUNKS), 4, "4 chunks: 2 layers x 2 blocks' worth of one lease");
+	assert_block_zero(6);
+	assert_block_zero(22);
+}
+
+/* Cancelled once layer 0 is in place: the count stays 1 (layer 1 was never copied), the load
+ * fails whole (-ECANCELED, every block listed), unpinned. */
+Test(loader_stage, a_layered_load_cancelled_after_layer_0_fails_whole)
+{
+	struct loader *l = e.act.data;
+	l->sw.pool_leases = 1;
+	struct kvr_msg_load_item items[2] = {{.slot = 9, .epoch = commit_slot(9), .block = 11},
+					     {.slot = 10, .epoch = commit_slot(10), .block = 12}};
+	struct kvr_load_progress *p = progress_entry(0, kvr_wire_make(GEN, seq));
+	uint64_t wire = send_load(GEN, items, 2);
+	cr_assert_geq(step_msgs(&e, req), 1);
+	(void)step_pass(&e, kvr_now_ns()); /* layer 0 of both: one chunk */
+	cr_assert_eq(atomic_load(&p->layers), 1);
+	atomic_store(&kvr_ctl_area(e.act.ctl, 0)->cancel[3], wire);
+	passes_until_answered(1);
+	uint32_t failed[2];
+	struct kvr_msg_load_done d = take_done(wire, failed);
+	cr_assert_eq(d.status, -ECANCELED);
+	cr_assert_eq(d.n_failed, 2);
+	cr_assert_eq(atomic_load(&p->layers), 1, "layer 1 never landed");
+	assert_layer(11, 9, 0, true);
+	assert_layer(11, 9, 1, false);
+	assert_layer(12, 10, 1, false);
+	cr_assert_eq(kvr_slot_pins(st, 9), 0);
+	cr_assert_eq(kvr_slot_pins(st, 10), 0);
+	cr_assert_eq(step_stat(&e, KVR_STAT_XF_FENCED), 1);
+}
+
+/* An entry the client gave up (its wire id cleared, as libkvring does when it failed the load
+ * on its side) is never written; a load not in the table is copied whole, as before. */
+Test(loader_stage, a_given_up_entry_is_not_written)
+{
+	struct kvr_msg_load_item items[1] = {{.slot = 12, .epoch = commit_slot(12), .block = 50}};
+	struct kvr_load_progress *p = progress_entry(7, kvr_wire_make(GEN, seq));
+	uint64_t wire = send_load(GEN, items, 1);
+	cr_assert_geq(step_msgs(&e, req), 1);
+	atomic_store(&p->wire, 0); /* before the loader started it: copied whole, no progress */
+	passes_until_answered(1);
+	uint32_t failed[1];
+	cr_assert_eq(take_done(wire, failed).status, 0);
+	assert_block_holds(50, 12);
+	cr_assert_eq(atomic_load(&p->layers), 0);
+	cr_assert_eq(atomic_load(&p->wire), 0);
+}

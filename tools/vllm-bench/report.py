@@ -32,6 +32,7 @@ __all__ = ["plot", "summarize", "table"]
 LABEL = {
     "baseline": "baseline (no connector)",
     "kvring": "kvring",
+    "layered": "kvring, layered loads",
     "lmcache": "LMCache MP",
     "prefix": "vLLM prefix cache",
 }
@@ -162,7 +163,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     base_fresh = mean([base[p]["fresh_ttft_mean_s"] for p in ("run", "repeat") if p in base])
     if len(base) == 2:
         g["baseline_noise"] = base["repeat"]["fresh_ttft_mean_s"] / base["run"]["fresh_ttft_mean_s"] - 1
-    for name in ("kvring", "lmcache", "prefix"):
+    for name in ("kvring", "layered", "lmcache", "prefix"):
         ph = R.get(name, {}).get("phases", {})
         if "cold" in ph and "warm" in ph:
             cold8 = ph["cold"]["by_size"][big]["fresh_ttft_mean_s"]
@@ -191,6 +192,13 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
             "met": m["same"] == m["n"],
         }
     kv = R.get("kvring", {}).get("phases", {}).get("warm")
+    ly = R.get("layered", {}).get("phases", {}).get("warm")
+    if kv and ly:
+        # issue 26: layered loads' warm TTFT against whole loads (<= 1.0x: keep them), per size
+        g["layered_vs_kvring_warm"] = {
+            "value": ly["ttft_mean_s"] / kv["ttft_mean_s"],
+            "by_size": {s: ly["by_size"][s]["ttft_mean_s"] / kv["by_size"][s]["ttft_mean_s"] for s in kv["by_size"]},
+        }
     lm = R.get("lmcache", {}).get("phases", {}).get("warm")
     px = R.get("prefix", {}).get("phases", {}).get("warm")
     if kv and lm:
@@ -317,7 +325,12 @@ def table(doc: dict[str, Any]) -> str:
     def yes(x: dict[str, Any]) -> str:
         return "yes" if x["met"] else "**no**"
 
-    for name in ("kvring", "lmcache", "prefix"):
+    x = g.get("layered_vs_kvring_warm")
+    if x:
+        per = ", ".join(f"{int(s) // 1024}k {v:.3f}x" for s, v in x["by_size"].items())
+        out.append(f"| warm TTFT, layered loads / whole loads | {x['value']:.3f}x ({per}) | <= 1.0x | "
+                   f"{'yes' if x['value'] <= 1.0 else '**no**'} |")
+    for name in ("kvring", "layered", "lmcache", "prefix"):
         x = g.get(f"{name}_warm_speedup_{big}")
         if x:
             out.append(
@@ -342,7 +355,7 @@ def table(doc: dict[str, Any]) -> str:
             )
     if "baseline_noise" in g:
         out.append(f"| (noise) baseline repeat vs run, same prompts | {100 * g['baseline_noise']:+.1f} % | | |")
-    for name in ("baseline", "kvring", "lmcache", "prefix"):
+    for name in ("baseline", "kvring", "layered", "lmcache", "prefix"):
         x = g.get(f"{name}_token_match")
         if x:
             out.append(

@@ -72,9 +72,11 @@ import report
 from services import ForeignCpu, Kvringd, LmcacheServer, ServiceError, foreign_vllm, wait_for_quiet
 
 ROWS = ("baseline", "kvring", "lmcache", "prefix")
+EXTRA_ROWS = ("layered",)  # only when asked for (--rows): kvring with layered_loads on
 PHASES = {
     "baseline": ("run", "repeat"),
     "kvring": ("cold", "warm"),
+    "layered": ("cold", "warm"),
     "lmcache": ("cold", "warm"),
     "prefix": ("cold", "warm"),
 }
@@ -253,7 +255,7 @@ def run_row(row: str, args: argparse.Namespace, prompts: list[dict[str, Any]], w
             spec["llm"] = engine_kwargs(args, False, None)
         elif row == "prefix":
             spec["llm"] = engine_kwargs(args, True, None)
-        elif row == "kvring":
+        elif row in ("kvring", "layered"):
             g = bench_model.GEOMETRY
             service = Kvringd(
                 args.build,
@@ -271,6 +273,8 @@ def run_row(row: str, args: argparse.Namespace, prompts: list[dict[str, Any]], w
             service_info = {"config": service.config}
             extra = {"socket": service.socket}
             extra.update(json.loads(args.kvring_extra))
+            if row == "layered":
+                extra["layered_loads"] = "on"  # the kvring row: the default (off on CPU)
             spec["llm"] = engine_kwargs(
                 args,
                 False,
@@ -444,7 +448,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default_out = REPO / "build" / "vllm-bench-serve"
         png = "vllm-bench-serve.png"
     else:
-        allowed = ROWS
+        allowed = ROWS + EXTRA_ROWS
         args.rows = args.rows or ",".join(ROWS)
         default_out = REPO / "build" / "vllm-bench"
         png = "vllm-bench.png"

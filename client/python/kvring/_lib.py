@@ -246,6 +246,8 @@ _PROTOS: dict[str, tuple[object, list[object]]] = {
         [_client_p, _u64, _u32_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, _P(LookupResult)],
     ),
     "kvr_load": (ctypes.c_int, [_client_p, _u64, _u32_p, ctypes.c_size_t]),
+    "kvr_load_layered": (ctypes.c_int, [_client_p, _u64, _u32_p, ctypes.c_size_t]),
+    "kvr_wait_layers": (ctypes.c_int, [_client_p, _u32, _i64]),
     "kvr_store": (
         ctypes.c_int,
         [_client_p, _u64, _u32_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, _u32_p, ctypes.c_size_t],

@@ -420,12 +420,23 @@ class Worker(_Client):
         in flight (0: nothing to wait for)."""
         return self._check(self._fn("kvr_cancel")(self._handle(), req_id), f"cancel {req_id:#x}")
 
-    def load(self, req_id: int, block_ids: Sequence[int] | Any) -> None:
+    def load(self, req_id: int, block_ids: Sequence[int] | Any, layered: bool = False) -> None:
         """Load the first len(block_ids) matched blocks of req_id into those engine blocks
-        (asynchronous: completes through `poll`/`wait`)."""
+        (asynchronous: completes through `poll`/`wait`). With layered, the loader copies
+        them layer by layer and `wait_layers` can return before the load completed
+        (kvr_load_layered)."""
         p, n, keep = _u32_array(block_ids)
-        self._check(self._lib.kvr_load(self._handle(), req_id, p, n), "load")
+        if layered:
+            self._check(self._fn("kvr_load_layered")(self._handle(), req_id, p, n), "load_layered")
+        else:
+            self._check(self._lib.kvr_load(self._handle(), req_id, p, n), "load")
         del keep
+
+    def wait_layers(self, n_layers: int, timeout_ms: int) -> None:
+        """Wait until layers 0..n_layers-1 of every layered load in flight are in place, or
+        its load completed (its completion, from `poll`/`wait`, says how). Raises
+        KvringError(ETIMEDOUT) (kvr_wait_layers)."""
+        self._check(self._fn("kvr_wait_layers")(self._handle(), n_layers, timeout_ms), "wait_layers")
 
     def store(
         self,

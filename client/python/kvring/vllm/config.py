@@ -81,6 +81,7 @@ class ConnectorConfig:
     lease_ttl_ms: int = 30000
     reattach_interval_ms: int = 1000
     store_wait_ms: int = 1000
+    layered_loads: str = "auto"  # on | off | auto (the backend's default: LAYERED_DEFAULT)
     test_wrong_blocks: bool = False
 
     def __post_init__(self) -> None:
@@ -119,6 +120,12 @@ KEYS: dict[str, tuple[type, str]] = {
         "a request whose prefix a store in flight is writing (another engine's prefill, or a prefill whose "
         "kv_transfer_params it carries) waits up to this long for the commit instead of recomputing "
         "(0..600000; 0 = never wait)",
+    ),
+    "layered_loads": (
+        str,
+        "'on': a step's loads are copied layer by layer and the forward pass starts on a layer as soon as it is "
+        "in place (wait_for_layer_load); 'off': the step waits for its whole loads first; 'auto' (default): "
+        "what measured faster on the KV memory's backend (docs/vllm.md)",
     ),
     "test_wrong_blocks": (
         bool,
@@ -172,6 +179,8 @@ def parse(extra: dict[str, Any] | None) -> ConnectorConfig:
     for k, hi in (("timeout_ms", 600000), ("lease_ttl_ms", 3600000), ("reattach_interval_ms", 3600000)):
         if k in out and not 1 <= out[k] <= hi:
             raise _fail(k, f"out of range: {out[k]} (must be 1..{hi})")
+    if "layered_loads" in out and out["layered_loads"] not in ("on", "off", "auto"):
+        raise _fail("layered_loads", f"{out['layered_loads']!r} is not 'on', 'off' or 'auto'")
     if "store_wait_ms" in out and not 0 <= out["store_wait_ms"] <= 600000:
         raise _fail("store_wait_ms", f"out of range: {out['store_wait_ms']} (must be 0..600000)")
     return ConnectorConfig(**out)

@@ -146,7 +146,9 @@ class KvringConnector(KVConnectorBase_V1):
         self._w().start_load_kv(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv returns once the step's loads are in place
+        # layered loads: wait for this layer of the step's loads; else start_load_kv
+        # returned once they were in place and this returns at once
+        self._w().wait_for_layer_load(layer_name)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any

@@ -15,6 +15,10 @@ Life of a worker:
    right after, reading them). Blocks that did not load are reported by
    ``get_block_ids_with_load_errors()`` in the same step; vLLM then recomputes from the
    first of them.
+   With layered loads (``layered_loads``, docs/vllm.md) start_load_kv only submits them
+   (kvr_load_layered) and returns; ``wait_for_layer_load(layer)``, which vLLM calls before
+   each attention layer, waits until that layer of every load is in place, and the last
+   layer's wait collects the completions as the plain step does.
 4. Every step, ``wait_for_save()``, right after the forward pass: the prompts that pass
    completed are stored (the metadata's *saves*), in the step that computed them; on CUDA
    the store's event is recorded after the forward's kernels. Deferred stores (requests
@@ -68,6 +72,10 @@ from .metadata import KvringConnectorMetadata, LoadSpec, StoreSpec
 from .reattach import ReattachLog
 
 STATS_EVERY_S = 60  # a summary of the load steps at most this often (INFO)
+# layered_loads "auto": what measured faster per KV memory backend (docs/benchmarks.md,
+# "Layer-ordered loads"); CUDA: on, the reason the feature exists (the copy of later layers
+# overlaps the forward pass of earlier ones), not yet measured on a GPU
+LAYERED_DEFAULT = {"cpu": False, "cuda": True}
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -116,6 +124,14 @@ class WorkerSide:
         self._null = 0  # this step's null block
         self._stores_of: KvringConnectorMetadata | None = None  # the step whose deferred stores were submitted
         self.stats: collections.Counter[str] = collections.Counter()
+        # layered loads: on for this worker, the layer index of each KV layer name, and the
+        # step whose layered loads are in flight (its start and deadline), the layers of it
+        # known in place, whether vLLM called wait_for_layer_load in it
+        self._layered = False
+        self._layer_index: dict[str, int] = {}
+        self._layer_step: tuple[KvringConnectorMetadata, int, float] | None = None
+        self._layers_ready = 0
+        self._layer_waited = False
 
     # ---- KV memory and attach ----
 
@@ -178,6 +194,9 @@ class WorkerSide:
         else:
             raise KvLayoutError(f"KV cache on a {dev.type} device: kvring serves CPU and CUDA workers")
         log.info("kvring: TP rank %d/%d KV memory: %s", self.tp_rank, self.tp_size, self.derived.describe())
+        self._layer_index = {n: i for i, n in enumerate(self.derived.layer_names)}
+        mode = self.cfg.layered_loads
+        self._layered = mode == "on" or (mode == "auto" and LAYERED_DEFAULT.get(dev.type, False))
         try:
             self._client = self._new_client()
         except KvringError as e:
@@ -277,7 +296,7 @@ class WorkerSide:
                 r = c.lease_take(spec.lease_id)
                 n = min(r.matched_blocks, len(targets))
                 if n:
-                    c.load(spec.lease_id, targets[:n])
+                    c.load(spec.lease_id, targets[:n], layered=self._layered)
                 return n
             except KvringError as e:
                 if e.errno == errno.EPIPE:
@@ -306,12 +325,86 @@ class WorkerSide:
 
     def start_load_kv(self, meta: KvringConnectorMetadata) -> None:
         self._submit_deferred(meta)
-        if meta.loads:
+        if meta.loads and self._layered:
+            self._layered_begin(meta)
+        elif meta.loads:
             self._load(meta)
+
+    # ---- layered loads: submitted at the step's start, waited for layer by layer ----
+
+    def _layered_begin(self, meta: KvringConnectorMetadata) -> None:
+        t0 = time.perf_counter_ns()
+        self._step_bytes = self._step_copy_ns = 0
+        self._submit_loads(meta)
+        self._layer_step = (meta, t0, time.monotonic() + self.cfg.timeout_ms / 1000)
+        self._layers_ready = 0
+        self._layer_waited = False
+        if not self._waiting:
+            self._layered_end()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """vLLM, before the attention of layer_name: return once that layer of every load of
+        the step is in place. The last layer's call (or a layer kvring does not know) ends
+        the step's loads as a plain step does: completions collected, late loads cancelled."""
+        if self._layer_step is None:
+            return
+        self._layer_waited = True
+        self.stats["layer_waits"] += 1
+        i = self._layer_index.get(layer_name)
+        if i is None or i + 1 >= len(self._layer_index):
+            self._layered_end()
+            return
+        if i < self._layers_ready:
+            return
+        c = self._client
+        left_ms = int((self._layer_step[2] - time.monotonic()) * 1000)
+        if c is None or left_ms <= 0:
+            self._layered_end()
+            return
+        try:
+            c.wait_layers(i + 1, left_ms)
+            self._layers_ready = i + 1
+        except KvringError:
+            self._layered_end()  # timed out (it cancels) or kvringd went away
+
+    def _layered_end(self) -> None:
+        step = self._layer_step
+        if step is None:
+            return
+        self._layer_step = None
+        meta, t0, _ = step
+        if not self._layer_waited and self._waiting:
+            # vLLM ran this step's forward without asking for a layer (a backend that does
+            # not call wait_for_layer_load): what it read may not have landed. Fail the
+            # step's loaded blocks (vLLM recomputes them and drops the step's result for
+            # those requests) and load whole from now on.
+            log.error(
+                "kvring: TP rank %d: vLLM did not call wait_for_layer_load in a step with layered loads; "
+                "their blocks are recomputed and layered_loads is off from now on",
+                self.tp_rank,
+            )
+            for spec in self._waiting.values():
+                self._fail_blocks(self._targets(spec, meta.null_block), meta.null_block)
+            self._layered = False
+        elif not self.stats["layered_steps"]:
+            log.info(
+                "kvring: TP rank %d: layered loads: the first step's %d loads were waited for layer by layer "
+                "(%d layer waits, %d layers in place before the last)",
+                self.tp_rank,
+                len(self._waiting),
+                self.stats["layer_waits"],
+                self._layers_ready,
+            )
+        self.stats["layered_steps"] += 1
+        try:
+            self._collect_loads(meta, deadline=step[2])
+        finally:
+            self._load_done_step(meta, t0)
 
     def wait_for_save(self, meta: KvringConnectorMetadata) -> None:
         """After the step's forward pass: store the prompts it completed (in this step, not
         the next: a decode engine waiting for them waits for the copy alone)."""
+        self._layered_end()  # layered loads no layer wait ended (normally the last layer's did)
         self._submit_deferred(meta)
         if meta.saves:
             self._store(meta.saves, same_step=True)
@@ -328,26 +421,31 @@ class WorkerSide:
         t0 = time.perf_counter_ns()
         self._step_bytes = self._step_copy_ns = 0
         try:
-            self._load_step(meta)
+            self._submit_loads(meta)
+            self._collect_loads(meta, deadline=time.monotonic() + self.cfg.timeout_ms / 1000)
         finally:
-            self._waiting.clear()
-            dt = time.perf_counter_ns() - t0
-            self._load_ns.append(dt)
-            if len(self._load_ns) > 20000:
-                del self._load_ns[:10000]
-                self._stats_mark = max(0, self._stats_mark - 10000)
-            self.stats["load_bytes"] += self._step_bytes
-            # what a slow step was made of: under concurrency several prompts load in one step
-            log.debug(
-                "kvring: TP rank %d step: %d loads, %d blocks, %.1f MiB in %.2f ms (copy %.2f ms)",
-                self.tp_rank,
-                len(meta.loads),
-                sum(len(sp.block_ids) - sp.skip for sp in meta.loads),
-                self._step_bytes / (1 << 20),
-                dt / 1e6,
-                self._step_copy_ns / 1e6,
-            )
-            self._periodic()
+            self._load_done_step(meta, t0)
+
+    def _load_done_step(self, meta: KvringConnectorMetadata, t0: int) -> None:
+        """A step's loads are over: its time and bytes into the statistics."""
+        self._waiting.clear()
+        dt = time.perf_counter_ns() - t0
+        self._load_ns.append(dt)
+        if len(self._load_ns) > 20000:
+            del self._load_ns[:10000]
+            self._stats_mark = max(0, self._stats_mark - 10000)
+        self.stats["load_bytes"] += self._step_bytes
+        # what a slow step was made of: under concurrency several prompts load in one step
+        log.debug(
+            "kvring: TP rank %d step: %d loads, %d blocks, %.1f MiB in %.2f ms (copy %.2f ms)",
+            self.tp_rank,
+            len(meta.loads),
+            sum(len(sp.block_ids) - sp.skip for sp in meta.loads),
+            self._step_bytes / (1 << 20),
+            dt / 1e6,
+            self._step_copy_ns / 1e6,
+        )
+        self._periodic()
 
     def _periodic(self) -> None:
         """Every STATS_EVERY_S, what the last period's load steps took (vLLM kills its engine
@@ -374,7 +472,8 @@ class WorkerSide:
             self.stats["load_bytes"] / (1 << 20),
         )
 
-    def _load_step(self, meta: KvringConnectorMetadata) -> None:
+    def _submit_loads(self, meta: KvringConnectorMetadata) -> None:
+        """Take each lease of the step and submit its load; they wait in self._waiting."""
         self._null = meta.null_block
         waiting = self._waiting  # lease id -> spec; _handle() takes them out as they complete
         for spec in meta.loads:
@@ -385,7 +484,10 @@ class WorkerSide:
                 waiting[spec.lease_id] = spec
                 self.stats["loads"] += 1
                 self.stats["load_blocks"] += n - spec.skip
-        deadline = time.monotonic() + self.cfg.timeout_ms / 1000
+
+    def _collect_loads(self, meta: KvringConnectorMetadata, deadline: float) -> None:
+        """Wait for the step's loads until deadline; cancel (and wait for) what is late."""
+        waiting = self._waiting
         while waiting:
             left = int((deadline - time.monotonic()) * 1000)
             c = self._client
