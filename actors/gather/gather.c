@@ -319,6 +319,8 @@ static int gather_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struc
 			int rc = kvr_list_feed(&rk->store_asm, m);
 			if (rc < 0)
 				return -EBADMSG;
+			if (m->hdr.seq == 0) /* its arrival on the stage's clock: the one gather_tick's `now` is */
+				rk->store_asm.first_ns = kvr_actor_now(a);
 			if (rc == 1)
 				store_arrived(a, g, r);
 			return 0;
