@@ -237,6 +237,22 @@ KVR_EXPORT int kvr_poll(struct kvr_client *c, struct kvr_completion *ret, unsign
 	return (int)n;
 }
 
+/* Sleep on our area's waiter until something may have changed — a reply on our load or
+ * store ring, or (ready) a layer published — for at most WAIT_SLICE_NS and never past the
+ * deadline (the caller re-checks actor liveness between naps). 0, or -EINTR. */
+static int nap(struct kvr_client *c, uint64_t now, uint64_t deadline, bool (*ready)(struct kvr_client *, uint32_t),
+	       uint32_t arg)
+{
+	uint32_t seen = kvr_waiter_prepare(c->waiter);
+	int rc = 0;
+	if (!kvr_ring_count(c->ld_rep) && !kvr_ring_count(c->st_rep) && !(ready && ready(c, arg))) {
+		uint64_t left = deadline - now;
+		rc = kvr_waiter_wait(c->waiter, seen, (int64_t)(left < WAIT_SLICE_NS ? left : WAIT_SLICE_NS));
+	}
+	kvr_waiter_finish(c->waiter);
+	return rc == -EINTR ? -EINTR : 0;
+}
+
 KVR_EXPORT int kvr_wait(struct kvr_client *c, struct kvr_completion *ret, unsigned max, int64_t timeout_ms)
 {
 	uint64_t deadline = kvr_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
@@ -245,21 +261,9 @@ KVR_EXPORT int kvr_wait(struct kvr_client *c, struct kvr_completion *ret, unsign
 		if (n != 0 || !max)
 			return n;
 		uint64_t now = kvr_now_ns();
-		if (now >= deadline)
+		if (now >= deadline || c->sched) /* nothing ever completes on a scheduler client */
 			return 0;
-		uint32_t seen = kvr_waiter_prepare(c->waiter);
-		if (c->sched) {
-			kvr_waiter_finish(c->waiter);
-			return 0; /* nothing ever completes on a scheduler client */
-		}
-		if (kvr_ring_count(c->ld_rep) || kvr_ring_count(c->st_rep)) {
-			kvr_waiter_finish(c->waiter);
-			continue;
-		}
-		uint64_t left = deadline - now;
-		int rc = kvr_waiter_wait(c->waiter, seen, (int64_t)(left < WAIT_SLICE_NS ? left : WAIT_SLICE_NS));
-		kvr_waiter_finish(c->waiter);
-		if (rc == -EINTR)
+		if (nap(c, now, deadline, NULL, 0) == -EINTR)
 			return -EINTR;
 	}
 }
@@ -822,15 +826,7 @@ KVR_EXPORT int kvr_wait_layers(struct kvr_client *c, uint32_t n_layers, int64_t 
 		if (now >= deadline)
 			return client_fail(c, -ETIMEDOUT, "wait_layers: %u layers not in place within %lld ms", n_layers,
 					   (long long)timeout_ms);
-		uint32_t seen = kvr_waiter_prepare(c->waiter);
-		if (kvr_ring_count(c->ld_rep) || layers_in_place(c, n_layers)) {
-			kvr_waiter_finish(c->waiter);
-			continue;
-		}
-		uint64_t left = deadline - now;
-		int rc = kvr_waiter_wait(c->waiter, seen, (int64_t)(left < WAIT_SLICE_NS ? left : WAIT_SLICE_NS));
-		kvr_waiter_finish(c->waiter);
-		if (rc == -EINTR)
+		if (nap(c, now, deadline, layers_in_place, n_layers) == -EINTR)
 			return -EINTR;
 	}
 }
