@@ -235,6 +235,7 @@ static const char expected_text[] =
 Test(inspect, text_exact_from_read_only_mapping)
 {
 	char *txt = render(rctl, 8, 0);
+	cr_assert_not_null(txt);
 	if (strcmp(txt, expected_text) != 0)
 		fprintf(stderr, "---- got ----\n%s---- expected ----\n%s", txt, expected_text);
 	cr_assert_str_eq(txt, expected_text);
