@@ -501,7 +501,8 @@ Test(loader_stage, a_layered_load_cancelled_after_layer_0_fails_whole)
 }
 
 /* An entry the client gave up (its wire id cleared, as libkvring does when it failed the load
- * on its side) is never written; a load not in the table is copied whole, as before. */
+ * on its side) is never written: before the load started (then it is copied whole, as any
+ * load) and half-way (later layers land in the blocks, not in the entry). */
 Test(loader_stage, a_given_up_entry_is_not_written)
 {
 	struct kvr_msg_load_item items[1] = {{.slot = 12, .epoch = commit_slot(12), .block = 50}};
@@ -515,4 +516,25 @@ Test(loader_stage, a_given_up_entry_is_not_written)
 	assert_block_holds(50, 12);
 	cr_assert_eq(atomic_load(&p->layers), 0);
 	cr_assert_eq(atomic_load(&p->wire), 0);
+
+	/* given up half-way: layer 0 was published, the client then cleared the entry; layer 1
+	 * lands in its blocks (the load still completes) but is never published into it */
+	struct loader *l = e.act.data;
+	l->sw.pool_leases = 1;
+	struct kvr_msg_load_item two[2] = {{.slot = 13, .epoch = commit_slot(13), .block = 51},
+					   {.slot = 14, .epoch = commit_slot(14), .block = 52}};
+	p = progress_entry(7, kvr_wire_make(GEN, seq));
+	wire = send_load(GEN, two, 2);
+	cr_assert_geq(step_msgs(&e, req), 1);
+	(void)step_pass(&e, kvr_now_ns()); /* layer 0 of both: one chunk */
+	cr_assert_eq(atomic_load(&p->layers), 1);
+	atomic_store(&p->wire, 0);
+	passes_until_answered(1);
+	uint32_t failed2[2];
+	cr_assert_eq(take_done(wire, failed2).status, 0);
+	assert_block_holds(51, 13);
+	assert_block_holds(52, 14);
+	cr_assert_eq(atomic_load(&p->layers), 1, "layer 1 was published into an entry the client gave up");
+	cr_assert_eq(kvr_slot_pins(st, 13), 0);
+	cr_assert_eq(kvr_slot_pins(st, 14), 0);
 }
