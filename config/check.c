@@ -10,10 +10,13 @@
 #include "kvr_geometry.h"
 
 
-/* Fill the geometry from model.preset, refusing explicit values that contradict it. attention_set: whether
- * model.attention was given (else it is taken from the preset). */
-static int resolve_model(struct kvr_config *c, bool attention_set, char *err, size_t errlen)
+/* Fill the geometry from model.preset, refusing explicit values that contradict it. set: which keys were given
+ * (NULL: none; model.attention given must match the preset, else it is taken from it). No preset and no geometry:
+ * no model (bound at the first attach), and the keys that describe one must not be given. */
+static int resolve_model(struct kvr_config *c, const bool *set, char *err, size_t errlen)
 {
+	static const char *const shape[] = { "block_tokens", "tp_size", "attention", "kv_layout" };
+	bool attention_set = set && set[cfg_key_find("model", "attention") - cfg_keys];
 	struct {
 		const char *name;
 		uint32_t *v, preset;
@@ -28,6 +31,21 @@ static int resolve_model(struct kvr_config *c, bool attention_set, char *err, si
 	int attention_id;
 
 	if (c->model.preset[0] == '\0') {
+		/* no preset and no geometry at all: no model, bound at the first attach */
+		c->model.unbound = !c->model.layers && !c->model.kv_heads && !c->model.head_dim && !c->model.dtype_bytes;
+		/* given at other than its default (the defaults round-trip through kvr_config_to_json) */
+		struct kvr_config d;
+		cfg_table_defaults(&d);
+		const bool differs[] = { c->model.block_tokens != d.model.block_tokens, c->model.tp_size != d.model.tp_size,
+					 strcmp(c->model.attention, d.model.attention) != 0,
+					 strcmp(c->model.kv_layout, d.model.kv_layout) != 0 };
+		for (size_t i = 0; c->model.unbound && set && i < ARRAY_SIZE(shape); i++)
+			if (set[cfg_key_find("model", shape[i]) - cfg_keys] && differs[i])
+				return FAIL("$.model.%s: given without a model: set model.preset (or model.layers, "
+					    "kv_heads, head_dim, dtype_bytes), or leave it out and the instance takes the "
+					    "first worker's geometry", shape[i]);
+		if (c->model.unbound)
+			return 0;
 		for (size_t i = 0; i < ARRAY_SIZE(g); i++)
 			if (*g[i].v == 0)
 				return FAIL("$.model.%s: required when model.preset is empty", g[i].name);
@@ -101,15 +119,16 @@ bool cfg_listen_valid(const char *s)
 	return !memchr(s, ':', hlen) && !memchr(s, ' ', hlen) && !memchr(s, '[', hlen) && !memchr(s, ']', hlen);
 }
 
-/* The checks of sizes against one block: each staging pool holds a buffer, each L2 dir's share a block file. */
-static int check_sizes(const struct kvr_config *c, char *err, size_t errlen)
+/* The checks of sizes against one block of `block` bytes (one rank's): each staging pool holds a buffer, each L2
+ * dir's share a block file. block 0: no model yet (checked again when one binds). */
+static int check_sizes(const struct kvr_config *c, uint64_t block, char *err, size_t errlen)
 {
 	uint64_t buf, load, store, small;
 	const char *pool;
 
 	load = c->staging.ceiling_bytes * c->staging.load_percent / 100;
 	store = c->staging.ceiling_bytes - load;
-	buf = c->staging.buffer_bytes ? c->staging.buffer_bytes : block_bytes_per_rank(c);
+	buf = c->staging.buffer_bytes ? c->staging.buffer_bytes : block;
 	pool = load <= store ? "load" : "store";
 	small = load <= store ? load : store;
 	if (c->staging.buffer_bytes && buf > small)
@@ -122,8 +141,9 @@ static int check_sizes(const struct kvr_config *c, char *err, size_t errlen)
 		return FAIL("$.l2.capacity_bytes: required when l2.dirs is not empty");
 	/* each dir's share must hold one block file (a 4 KiB header + one rank's block, 4 KiB aligned: a lower
 	 * bound, the slot may be larger): else every write to it fails */
-	buf = block_bytes_per_rank(c);
-	buf = 4096 + (buf + 4095) / 4096 * 4096;
+	if (!block)
+		return 0;
+	buf = 4096 + (block + 4095) / 4096 * 4096;
 	if (c->l2.n_dirs > 0 && c->l2.capacity_bytes / c->l2.n_dirs < buf)
 		return FAIL("$.l2.capacity_bytes: %" PRIu64 " split over %" PRIu32 " l2.dirs leaves %" PRIu64
 			    " bytes a dir, less than one block file (%" PRIu64 " bytes)", c->l2.capacity_bytes,
@@ -156,17 +176,17 @@ int cfg_check_config(struct kvr_config *c, const bool *set, char *err, size_t er
 		return FAIL("$.supervisor.restart_backoff_initial_ms: %" PRIu32
 			    " exceeds supervisor.restart_backoff_max_ms (%" PRIu32 ")",
 			    c->supervisor.restart_backoff_initial_ms, c->supervisor.restart_backoff_max_ms);
-	r = resolve_model(c, set[cfg_key_find("model", "attention") - cfg_keys], err, errlen);
+	r = resolve_model(c, set, err, errlen);
 	if (r < 0)
 		return r;
 	cfg_derive(c); /* the model's attention is final: every check below reads the derived fields */
-	if (!c->model.mla && c->model.kv_heads % c->model.tp_size && c->model.tp_size % c->model.kv_heads)
+	if (!c->model.unbound && !c->model.mla && c->model.kv_heads % c->model.tp_size && c->model.tp_size % c->model.kv_heads)
 		return FAIL("$.model.tp_size: %" PRIu32 " neither divides model.kv_heads (%" PRIu32
 			    ") nor is a multiple of it", c->model.tp_size, c->model.kv_heads);
 	if (c->model.mla && c->model.kv_fused)
 		return FAIL("$.model.kv_layout: \"kv-fused\" is for K and V pages (mha); an mla layer has one latent "
 			    "page already");
-	if (c->model.tp_size > c->instance.max_workers)
+	if (!c->model.unbound && c->model.tp_size > c->instance.max_workers)
 		return FAIL("$.model.tp_size: %" PRIu32 " exceeds instance.max_workers (%" PRIu32 "): each rank of a "
 			    "TP group attaches as one worker, so no group could ever be complete",
 			    c->model.tp_size, c->instance.max_workers);
@@ -181,7 +201,7 @@ int cfg_check_config(struct kvr_config *c, const bool *set, char *err, size_t er
 	if (c->l1.capacity_bytes == 0 && c->l1.workload_tokens == 0)
 		return FAIL("$.l1.workload_tokens: required when l1.capacity_bytes is 0");
 
-	r = check_sizes(c, err, errlen);
+	r = check_sizes(c, c->model.unbound ? 0 : block_bytes_per_rank(c), err, errlen);
 	if (r < 0)
 		return r;
 	if (c->l2.read_only && c->l2.n_dirs == 0)
@@ -195,6 +215,11 @@ int cfg_check_config(struct kvr_config *c, const bool *set, char *err, size_t er
 	if (c->remote.password[0] == 0 && c->remote.user[0])
 		return FAIL("$.remote.user: \"%s\" needs remote.password", cfg_clean(c->remote.user, s, sizeof(s)));
 	return 0;
+}
+
+int kvr_config_check_block(const struct kvr_config *cfg, uint64_t lane_bytes, char *err, size_t errlen)
+{
+	return check_sizes(cfg, lane_bytes, err, errlen);
 }
 
 /* --- public -------------------------------------------------------------------------------------------------- */
@@ -217,7 +242,7 @@ void kvr_config_defaults(struct kvr_config *cfg)
 	char err[8];
 
 	cfg_table_defaults(cfg);
-	(void) resolve_model(cfg, false, err, sizeof(err)); /* the default preset always resolves (tested) */
+	(void) resolve_model(cfg, NULL, err, sizeof(err)); /* the default (no model) always resolves (tested) */
 	cfg_derive(cfg);
 }
 

@@ -110,8 +110,10 @@ const struct kvr_key cfg_keys[] = {
 	    "a connection to the socket that has not attached this long after it was accepted (or after its "
 	    "last DETACH) is closed; with 128 connections open, the oldest such is closed to admit a new one"),
 
-	ENUM("model.preset", model.preset, "qwen3-8b", NULL,
-	     "model preset that fills the geometry (see Model presets); \"\" = give the geometry below"),
+	ENUM("model.preset", model.preset, "", NULL,
+	     "model preset that fills the geometry (see Model presets); \"\" = give the geometry below, or none: "
+	     "without preset and geometry the instance has no model and lays L1 out for the geometry of the first "
+	     "worker that attaches"),
 	STR("model.model_id", model.model_id, 0, "",
 	    "model identity in the key namespace; \"\" = the preset's Hugging Face id"),
 	U32("model.layers", model.layers, 0, 0, 1024, "layers", "layers with a KV cache; 0 = from the preset"),
@@ -212,20 +214,26 @@ const char *const cfg_checks_doc[] = {
 	"`timeouts.reply_ms` < `timeouts.alloc_wait_ms` < `timeouts.lookup_call_ms`, and `timeouts.l2_answer_ms` < "
 	"`timeouts.lookup_call_ms`: each wait ends before the one waiting on it.",
 	"`supervisor.restart_backoff_initial_ms` <= `supervisor.restart_backoff_max_ms`.",
-	"`model.preset` \"\": `model.layers`, `model.kv_heads`, `model.head_dim` and `model.dtype_bytes` are required "
+	"`model.preset` \"\" and none of `model.layers`, `model.kv_heads`, `model.head_dim`, `model.dtype_bytes` "
+	"given: the instance has no model (the default) and lays L1 out for the first worker that attaches; every "
+	"engine must then name its model (the connector sends its weights' namespace), and `model.block_tokens`, "
+	"`model.tp_size`, `model.attention` and `model.kv_layout` other than their defaults are refused (they "
+	"would describe a model there is none of). `model.preset` \"\" and any of the four given: all are required "
 	"(> 0), `model.dtype_bytes` is 1, 2 or 4, and `model.model_id` is required (not \"\": it keeps two models "
 	"of one geometry apart in the key namespace). With a preset, each of them is 0 (taken from the preset) or "
 	"equal to the preset's value, "
 	"`model.attention` when given equals the preset's (else it is taken from the preset), and `model.model_id` "
 	"\"\" becomes the preset's Hugging Face id.",
 	"`model.tp_size` divides `model.kv_heads`, or is a multiple of it (each rank then holds one replicated head, "
-	"as vLLM does), unless `model.attention` is \"mla\".",
-	"`model.tp_size` <= `instance.max_workers`: every rank of a TP group attaches as one worker.",
+	"as vLLM does), unless `model.attention` is \"mla\" or there is no model.",
+	"`model.tp_size` <= `instance.max_workers`: every rank of a TP group attaches as one worker (no model: "
+	"checked against the first worker's TP size when it attaches).",
 	"`l1.capacity_bytes` not 0: `l1.workload_prompts` and `l1.workload_tokens` are 0 (they would be ignored).",
 	"`l1.capacity_bytes` 0: `l1.workload_prompts` and `l1.workload_tokens` are required (> 0).",
 	"Each staging pool (load: `staging.ceiling_bytes` x `staging.load_percent` / 100, store: the rest) holds at "
 	"least one buffer: `staging.buffer_bytes`, or when that is 0 one block of one rank "
-	"(layers x KV heads per rank x head_dim x dtype_bytes x block_tokens, x 2 for K and V unless MLA).",
+	"(layers x KV heads per rank x head_dim x dtype_bytes x block_tokens, x 2 for K and V unless MLA; with no "
+	"model: checked when the first worker attaches, against its block, and that attach refused naming the key).",
 	"`l2.dirs` are absolute and distinct once `//`, `.` components and a trailing `/` are dropped (`/x/l2`, "
 	"`/x/l2/` and `/x/./l2` are one directory); with at least one dir `l2.capacity_bytes` is > 0 (no unbounded "
 	"disk tier) and each dir's share (`l2.capacity_bytes` / number of dirs) holds at least one block file "

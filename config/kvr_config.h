@@ -83,6 +83,8 @@ struct kvr_config {
 		char kv_layout[16];          /* "kv-split" (K page, V page per layer) or "kv-fused" (one page) */
 		bool mla;                    /* derived: attention is "mla" */
 		bool kv_fused;               /* derived: kv_layout is "kv-fused" */
+		bool unbound;                /* derived: no preset and no geometry: kvringd lays L1 out for the
+					      * geometry of the first worker that attaches (docs/engines.md) */
 		char cache_salt[KVR_STR_MAX];
 	} model;
 	struct {
@@ -166,6 +168,12 @@ char *kvr_config_to_json(const struct kvr_config *cfg);
 
 /* docs/config.md body generated from the key table (markdown). Caller frees. */
 char *kvr_config_doc_markdown(void);
+
+/* The checks of sizes against one block of lane_bytes (one TP rank's block): each staging
+ * pool holds a buffer, each L2 dir's share a block file. kvr_config_parse makes them for the
+ * configured model; kvringd makes them again when an instance without a model binds to the
+ * first worker's geometry. 0 or -EINVAL with err naming the key and the sizes. */
+int kvr_config_check_block(const struct kvr_config *cfg, uint64_t lane_bytes, char *err, size_t errlen);
 
 /* A config duration in ms as CLOCK_MONOTONIC nanoseconds. */
 static inline uint64_t kvr_ms_to_ns(uint32_t ms)

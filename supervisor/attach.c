@@ -16,15 +16,18 @@
 #include "kvr_time.h"
 #include "sup.h"
 
-/* Compare one geometry field with the instance's model; fill rep on a mismatch. */
+/* Compare one geometry field with the instance's model; fill rep on a mismatch, naming the
+ * config key, or with no model section the worker L1 was laid out for. */
 #define GEOM_FIELD(field, key)                                                                                         \
 	do {                                                                                                           \
 		if (g->field != want.field) {                                                                          \
-			sup_rep_init(s, rep, -EINVAL, "geometry mismatch: " #field " %u, the instance serves %u (%s)", \
-				     g->field, want.field, key);                                                       \
+			sup_rep_init(s, rep, -EINVAL, "geometry mismatch: " #field " %u, the instance serves %u (%s%s)", \
+				     g->field, want.field, s->cfg.model.unbound ? BOUND_BY : key,                       \
+				     s->cfg.model.unbound ? s->bound_by : "");                                          \
 			return -EINVAL;                                                                                \
 		}                                                                                                      \
 	} while (0)
+#define BOUND_BY "one kvringd per geometry; L1 was laid out for "
 
 /*
  * The worker's KV memory descriptor, before any actor maps it: every loader and storer
@@ -106,8 +109,10 @@ static int geometry_matches(struct sup *s, const struct kvr_geometry *rank_g, co
 {
 	struct kvr_geometry want;
 	char why[KVR_GEOM_ERR_MAX + 64];
-	if (sup_model_geometry(&s->cfg, g->tp_rank < g->tp_size ? g->tp_rank : 0, g->num_blocks, &want, why,
-			       sizeof(why))) {
+	if (s->cfg.model.unbound) {
+		want = s->geom; /* the first worker's: field for field (the offsets are not compared) */
+	} else if (sup_model_geometry(&s->cfg, g->tp_rank < g->tp_size ? g->tp_rank : 0, g->num_blocks, &want, why,
+				      sizeof(why))) {
 		sup_rep_init(s, rep, -EINVAL, "%s", why);
 		return -EINVAL;
 	}
@@ -142,12 +147,45 @@ static int geometry_matches(struct sup *s, const struct kvr_geometry *rank_g, co
 	}
 	kvr_key ns;
 	if (kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns) || !kvr_key_eq(ns, s->ns)) {
-		sup_rep_init(s, rep, -EINVAL, "geometry mismatch: the page layout differs from the instance's model "
-			     "(model.kv_layout \"%s\": %u regions of %u bytes per block, this worker %u of %u)",
-			     s->cfg.model.kv_layout, s->geom.n_regions, s->geom.page_bytes[0], g->n_regions, g->page_bytes[0]);
+		if (s->cfg.model.unbound)
+			sup_rep_init(s, rep, -EINVAL, "geometry mismatch: the page layout differs from the instance's "
+				     "(%u regions of %u bytes per block, this worker %u of %u; " BOUND_BY "%s)",
+				     s->geom.n_regions, s->geom.page_bytes[0], g->n_regions, g->page_bytes[0], s->bound_by);
+		else
+			sup_rep_init(s, rep, -EINVAL, "geometry mismatch: the page layout differs from the instance's model "
+				     "(model.kv_layout \"%s\": %u regions of %u bytes per block, this worker %u of %u)",
+				     s->cfg.model.kv_layout, s->geom.n_regions, s->geom.page_bytes[0], g->n_regions,
+				     g->page_bytes[0]);
 		return -EINVAL;
 	}
 	return 0;
+}
+
+/* No model section: an engine must name its model, else two models of one geometry would
+ * share blocks (the namespace would hold the geometry alone). 0, or -EINVAL with rep. */
+static int engine_names_model(struct sup *s, const struct sup_engine_id *eng, struct kvr_proto_rep *rep)
+{
+	if (!s->cfg.model.unbound || eng->model_ns[0] || s->cfg.model.model_id[0])
+		return 0;
+	sup_rep_init(s, rep, -EINVAL, "engine \"%.40s\" names no model: with no model section each engine sends "
+		     "kvr_attach_opts.model_ns (the vLLM connector does), or set $.model.model_id", eng->id);
+	return -EINVAL;
+}
+
+/* No model section and L1 not laid out yet: lay it out for this worker's canonical block
+ * (sup_l1_bind). 0, or -errno with rep naming what does not fit. */
+static int bind_first(struct sup *s, const struct kvr_geometry *rank_g, const struct kvr_geometry *canon,
+		      const struct sup_engine_id *eng, pid_t pid, struct kvr_proto_rep *rep)
+{
+	char who[96], err[KVR_PROTO_REASON_MAX];
+	snprintf(who, sizeof(who), "engine \"%.40s\" rank %u pid %d", eng->id, rank_g->tp_rank, (int)pid);
+	int rc = sup_l1_bind(s, canon, who, err, sizeof(err));
+	if (rc) {
+		kvr_warn("cannot lay L1 out for %s (%llu bytes per block and lane, %u lanes): %s", who,
+			 (unsigned long long)kvr_geometry_lane_bytes(canon), kvr_geometry_lanes(canon), err);
+		sup_rep_init(s, rep, rc, "%s", err); /* it names the key and the sizes */
+	}
+	return rc;
 }
 
 /* Validate what an attaching worker sends — its geometry (payload) and its KV memory
@@ -157,8 +195,8 @@ static int geometry_matches(struct sup *s, const struct kvr_geometry *rank_g, co
 _Static_assert(sizeof(struct kvr_geometry) + sizeof(struct kvr_attach_engine) <= KVR_PROTO_PAYLOAD_MAX,
 	       "geometry and engine identity fit the attach payload");
 
-static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req *req, int *fds, unsigned n_fds,
-			   const struct sup_engine_id *eng, struct kvr_proto_rep *rep, kvr_key *ret_ns)
+static int attach_validate(struct sup *s, unsigned w, pid_t pid, const struct kvr_proto_req *req, int *fds,
+			   unsigned n_fds, const struct sup_engine_id *eng, struct kvr_proto_rep *rep, kvr_key *ret_ns)
 {
 	if (n_fds != 1) {
 		sup_rep_init(s, rep, -EBADF, "attach needs exactly one descriptor (the KV memory), got %u", n_fds);
@@ -184,6 +222,10 @@ static int attach_validate(struct sup *s, unsigned w, const struct kvr_proto_req
 		sup_rep_init(s, rep, -EINVAL, "geometry: %s", err);
 		return -EINVAL;
 	}
+	if (engine_names_model(s, eng, rep))
+		return -EINVAL;
+	if (!s->slots && (rc = bind_first(s, rank_g, &canon, eng, pid, rep)) != 0)
+		return rc;
 	rc = geometry_matches(s, rank_g, &canon, rep);
 	if (rc)
 		return rc;
@@ -350,7 +392,7 @@ void sup_handle_attach(struct sup *s, struct sup_conn *c, const struct kvr_proto
 	sup_rep_init(s, &rep, 0, NULL);
 	if (attach_engine(s, req, &eng, &rep))
 		goto reply;
-	if (attach_validate(s, (unsigned)w, req, fds, n_fds, &eng, &rep, &ns) || rep.status) {
+	if (attach_validate(s, (unsigned)w, c->pid, req, fds, n_fds, &eng, &rep, &ns) || rep.status) {
 		if (!rep.status)
 			rep.status = -EINVAL;
 		goto reply;
@@ -468,6 +510,13 @@ void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr
 	int slot = sched_slot(s, c, req, n_fds, &eng, &rep);
 	if (slot < 0)
 		goto reply;
+	if (!s->slots) {
+		sup_rep_init(s, &rep, -EAGAIN, "no worker has attached yet: this instance has no model section and lays "
+			     "L1 out for the first worker's geometry; a scheduler attaches once its engine's workers did");
+		goto reply;
+	}
+	if (engine_names_model(s, &eng, &rep))
+		goto reply;
 	int engine = sup_engine_join(s, &eng, why, sizeof(why));
 	if (engine < 0) {
 		sup_rep_init(s, &rep, engine, "%s", why);
@@ -500,7 +549,11 @@ void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr
 		kvr_warn("scheduler %d: attach reply not sent; it detaches when the connection closes", slot);
 	return;
 reply:
-	kvr_info("scheduler attach from pid %d refused: %s", (int)c->pid, rep.reason);
+	/* EAGAIN (no worker yet) is asked again every few ms while requests come: not logged each time */
+	if (rep.status == -EAGAIN)
+		kvr_debug("scheduler attach from pid %d refused: %s", (int)c->pid, rep.reason);
+	else
+		kvr_info("scheduler attach from pid %d refused: %s", (int)c->pid, rep.reason);
 	(void)sup_send_rep(c->fd, &rep, NULL, 0);
 }
 

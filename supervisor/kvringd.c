@@ -307,17 +307,25 @@ static int serve(struct sup *s)
 	}
 	if (sup_socket_listen(s) || sup_metrics_start(s))
 		goto out;
-	sup_prefault_start(s);
+	if (s->slots)
+		sup_prefault_start(s);
 
 	kvr_info("kvringd %s started (pid %d, generation %u, %u worker slots, %u rings)", KVR_VERSION, (int)getpid(),
 		 s->generation, s->cfg.instance.max_workers, atomic_load(&s->ctl->n_rings));
 	s->phase = PH_RUN;
 	s->next_health = kvr_now_ns() + (uint64_t)s->cfg.supervisor.health_interval_ms * MS;
-	sup_actor_start(s, &s->actors[SUP_ACTOR_LOOKUP]);
-	for (unsigned d = 0; d < s->cfg.l2.n_dirs; d++)
-		sup_actor_start(s, &s->actors[SUP_ACTOR_DISK(s->cfg.instance.max_workers, d)]);
-	if (SUP_N_REMOTE(&s->cfg))
-		sup_actor_start(s, &s->actors[SUP_ACTOR_REMOTE(&s->cfg)]);
+	if (s->slots) {
+		sup_actor_start(s, &s->actors[SUP_ACTOR_LOOKUP]);
+		for (unsigned d = 0; d < s->cfg.l2.n_dirs; d++)
+			sup_actor_start(s, &s->actors[SUP_ACTOR_DISK(s->cfg.instance.max_workers, d)]);
+		if (SUP_N_REMOTE(&s->cfg))
+			sup_actor_start(s, &s->actors[SUP_ACTOR_REMOTE(&s->cfg)]);
+	} else {
+		/* no model: nothing to start until the first worker attaches (sup_l1_bind); the
+		 * instance serves attaches from now on */
+		atomic_store(&s->ctl->state, KVR_INST_RUNNING);
+		(void)sup_notify("READY=1");
+	}
 	run(s);
 	if (s->phase == PH_DONE) {
 		code = 0;
@@ -394,6 +402,10 @@ int main(int argc, char **argv)
 			return 1;
 		printf("%s\n", json);
 		free(json);
+		if (s->cfg.model.unbound)
+			fprintf(stderr, "kvringd: no model section: L1 (%llu bytes) is laid out for the geometry of the first "
+				"worker that attaches, and every engine must name its model\n",
+				(unsigned long long)s->cfg.l1.capacity_bytes);
 		return 0;
 	}
 	if (load_config(config, &s->cfg))

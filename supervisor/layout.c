@@ -165,8 +165,8 @@ void sup_storer_rings_bind(struct sup *s, unsigned w, int storer)
 	}
 }
 
-static int l1_slots(const struct kvr_config *cfg, uint64_t lane_bytes, uint32_t lanes, uint32_t *ret, char *err,
-		    size_t errlen);
+static int l1_slots(const struct kvr_config *cfg, uint64_t lane_bytes, uint32_t lanes, uint32_t block_tokens,
+		    uint32_t *ret, char *err, size_t errlen);
 
 int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen)
 {
@@ -183,13 +183,17 @@ int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "$.instance.socket: must be an absolute path");
 		return -EINVAL;
 	}
-	/* the model must resolve to a geometry and L1 must hold at least one block of it */
+	/* the model must resolve to a geometry and L1 must hold at least one block of it (no
+	 * model: checked when the first worker attaches, sup_l1_bind) */
+	if (cfg->model.unbound)
+		return 0;
 	struct kvr_geometry g;
 	int rc = sup_model_geometry(cfg, 0, 1, &g, err, errlen);
 	if (rc)
 		return rc;
 	uint32_t n_slots;
-	return l1_slots(cfg, kvr_geometry_lane_bytes(&g), kvr_geometry_lanes(&g), &n_slots, err, errlen);
+	return l1_slots(cfg, kvr_geometry_lane_bytes(&g), kvr_geometry_lanes(&g), g.block_tokens, &n_slots, err,
+			errlen);
 }
 
 static void fill_actor_table(struct sup *s)
@@ -277,8 +281,8 @@ int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num
 }
 
 /* How many slots L1 has: l1.capacity_bytes / slot bytes, or the workload's blocks x lanes. */
-static int l1_slots(const struct kvr_config *cfg, uint64_t lane_bytes, uint32_t lanes, uint32_t *ret, char *err,
-		    size_t errlen)
+static int l1_slots(const struct kvr_config *cfg, uint64_t lane_bytes, uint32_t lanes, uint32_t block_tokens,
+		    uint32_t *ret, char *err, size_t errlen)
 {
 	uint64_t slot_bytes = kvr_slots_slot_bytes(lane_bytes), n;
 	if (cfg->l1.capacity_bytes) {
@@ -286,12 +290,12 @@ static int l1_slots(const struct kvr_config *cfg, uint64_t lane_bytes, uint32_t 
 		n = (cap > KVR_SLOTS_ARENA_DATA_OFF ? cap - KVR_SLOTS_ARENA_DATA_OFF : 0) / slot_bytes;
 		if (n < lanes)
 			return kvr_errf(err, errlen, -EINVAL,
-					"$.l1.capacity_bytes: %llu bytes hold %llu slots of %llu bytes, one block needs %u",
+					"$.l1.capacity_bytes: %llu bytes hold %llu slots of %llu bytes, one block needs %u "
+					"(%llu bytes with the arena's 4 KiB header): raise l1.capacity_bytes",
 					(unsigned long long)cap, (unsigned long long)n, (unsigned long long)slot_bytes,
-					lanes);
+					lanes, (unsigned long long)(slot_bytes * lanes + KVR_SLOTS_ARENA_DATA_OFF));
 	} else {
-		n = kvr_capacity_blocks(cfg->l1.workload_prompts, cfg->l1.workload_tokens, cfg->model.block_tokens) *
-		    lanes;
+		n = kvr_capacity_blocks(cfg->l1.workload_prompts, cfg->l1.workload_tokens, block_tokens) * lanes;
 	}
 	if (n > UINT32_MAX - 1 || !kvr_slots_memsize((uint32_t)n) || !kvr_slots_arena_memsize((uint32_t)n, lane_bytes))
 		return kvr_errf(err, errlen, -EINVAL, "$.l1: %llu slots of %llu bytes is more than one arena holds",
@@ -328,42 +332,34 @@ static void log_arena_pages(const struct sup *s)
 	}
 }
 
-static int create_l1(struct sup *s)
+/* L1 (slot table and arena) laid out for geometry g (rank 0's view), or a reason in err. */
+static int create_l1(struct sup *s, const struct kvr_geometry *g, char *err, size_t errlen)
 {
-	char err[KVR_GEOM_ERR_MAX + 64];
-	int rc = sup_model_geometry(&s->cfg, 0, 1, &s->geom, err, sizeof(err));
-	if (rc) {
-		kvr_err("%s", err);
-		return rc;
-	}
-	s->lane_bytes = kvr_geometry_lane_bytes(&s->geom);
-	s->lanes = kvr_geometry_lanes(&s->geom);
-	rc = kvr_geometry_namespace(&s->geom, s->cfg.model.model_id, s->cfg.model.cache_salt, &s->ns);
+	uint64_t lane_bytes = kvr_geometry_lane_bytes(g);
+	uint32_t lanes = kvr_geometry_lanes(g), n_slots;
+	kvr_key ns;
+	int rc = kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns);
+	if (rc)
+		return kvr_errf(err, errlen, rc, "no key namespace for this geometry");
+	rc = l1_slots(&s->cfg, lane_bytes, lanes, g->block_tokens, &n_slots, err, errlen);
 	if (rc)
 		return rc;
-	uint64_t slot_bytes = kvr_slots_slot_bytes(s->lane_bytes);
-	uint32_t n_slots;
-	rc = l1_slots(&s->cfg, s->lane_bytes, s->lanes, &n_slots, err, sizeof(err));
-	if (rc) {
-		kvr_err("%s", err);
-		return rc;
-	}
+	uint64_t slot_bytes = kvr_slots_slot_bytes(lane_bytes);
 	size_t tsize = kvr_slots_memsize((uint32_t)n_slots);
-	uint64_t asize = kvr_slots_arena_memsize((uint32_t)n_slots, s->lane_bytes);
+	uint64_t asize = kvr_slots_arena_memsize((uint32_t)n_slots, lane_bytes);
 	if (!tsize || !asize)
-		return -EOVERFLOW;
+		return kvr_errf(err, errlen, -EOVERFLOW, "$.l1: %u slots of %llu bytes overflow", n_slots,
+				(unsigned long long)slot_bytes);
 	rc = kvr_segment_create("kvring-slots", KVR_SEG_SLOTS, tsize, s->generation, 0, &s->slots_seg);
+	if (rc)
+		return kvr_errf(err, errlen, rc, "cannot create the slot table (%zu bytes): %s", tsize, strerror(-rc));
+	struct kvr_slots_config sc = {.n_slots = (uint32_t)n_slots, .lane_bytes = lane_bytes, .ns = ns,
+				      .block_tokens = g->block_tokens, .tp_size = g->tp_size, .quorum = lanes};
+	struct kvr_slot_table *slots;
+	rc = kvr_slots_init(s->slots_seg.base, s->slots_seg.size, &sc, &slots);
 	if (rc) {
-		kvr_err("cannot create the slot table (%zu bytes): %s", tsize, strerror(-rc));
-		return rc;
-	}
-	struct kvr_slots_config sc = {.n_slots = (uint32_t)n_slots, .lane_bytes = s->lane_bytes, .ns = s->ns,
-				      .block_tokens = s->cfg.model.block_tokens, .tp_size = s->geom.tp_size,
-				      .quorum = s->lanes};
-	rc = kvr_slots_init(s->slots_seg.base, s->slots_seg.size, &sc, &s->slots);
-	if (rc) {
-		kvr_err("cannot initialise the slot table: %s", strerror(-rc));
-		return rc;
+		kvr_segment_close(&s->slots_seg);
+		return kvr_errf(err, errlen, rc, "cannot initialise the slot table: %s", strerror(-rc));
 	}
 	/* huge pages need a 2 MiB multiple */
 	if (s->cfg.l1.huge_pages)
@@ -371,9 +367,19 @@ static int create_l1(struct sup *s)
 	rc = kvr_segment_create("kvring-arena", KVR_SEG_ARENA, asize, s->generation,
 				s->cfg.l1.huge_pages ? KVR_SEG_TRY_HUGE : 0, &s->arena_seg);
 	if (rc) {
-		kvr_err("cannot create the arena (%llu bytes): %s", (unsigned long long)asize, strerror(-rc));
-		return rc;
+		kvr_segment_close(&s->slots_seg);
+		return kvr_errf(err, errlen, rc, "cannot create the arena (%llu bytes): %s", (unsigned long long)asize,
+				strerror(-rc));
 	}
+	/* published: the loop reads s->slots as "L1 is laid out" */
+	s->geom = *g;
+	s->geom.tp_rank = 0;
+	s->lane_bytes = lane_bytes;
+	s->lanes = lanes;
+	s->ns = ns;
+	s->slots = slots;
+	s->ctl->arena_bytes = s->arena_seg.size;
+	s->ctl->arena_huge = (uint32_t)s->arena_seg.huge;
 	/* Nothing touches the arena here: kvringd is ready in the same time for 1 GiB or 1 TiB.
 	 * sup_prefault_start() faults it in afterwards, in the background. */
 	log_arena_pages(s);
@@ -382,6 +388,35 @@ static int create_l1(struct sup *s)
 		 (unsigned long long)n_slots, (unsigned long long)slot_bytes, (unsigned long long)(n_slots / s->lanes),
 		 s->lanes, (unsigned long long)s->arena_seg.size, s->arena_seg.huge ? " (huge pages)" : "",
 		 kvr_key_fmt(s->ns, nsbuf));
+	return 0;
+}
+
+int sup_l1_bind(struct sup *s, const struct kvr_geometry *g, const char *who, char *err, size_t errlen)
+{
+	if (s->slots)
+		return kvr_errf(err, errlen, -EALREADY, "L1 is laid out already");
+	if (g->tp_size > s->cfg.instance.max_workers)
+		return kvr_errf(err, errlen, -EINVAL, "tp_size %u exceeds $.instance.max_workers (%u): each rank of a TP "
+				"group attaches as one worker, so no group could ever be complete", g->tp_size,
+				s->cfg.instance.max_workers);
+	int rc = kvr_config_check_block(&s->cfg, kvr_geometry_lane_bytes(g), err, errlen);
+	if (rc)
+		return rc;
+	rc = create_l1(s, g, err, errlen);
+	if (rc)
+		return rc;
+	snprintf(s->bound_by, sizeof(s->bound_by), "%s", who);
+	kvr_info("L1 laid out for the geometry of %s: %u layers, %u KV heads per rank of %u, head_dim %u, %u-byte "
+		 "elements, %u-token blocks, %u regions", who, g->layers, g->kv_heads, g->tp_size, g->head_dim,
+		 g->dtype_bytes, g->block_tokens, g->n_regions);
+	/* what a model section starts at once (kvringd.c), started now that L1 exists */
+	sup_metrics_bind(s);
+	sup_prefault_start(s);
+	sup_actor_start(s, &s->actors[SUP_ACTOR_LOOKUP]);
+	for (unsigned d = 0; d < s->cfg.l2.n_dirs; d++)
+		sup_actor_start(s, &s->actors[SUP_ACTOR_DISK(s->cfg.instance.max_workers, d)]);
+	if (SUP_N_REMOTE(&s->cfg))
+		sup_actor_start(s, &s->actors[SUP_ACTOR_REMOTE(&s->cfg)]);
 	return 0;
 }
 
@@ -427,17 +462,28 @@ int sup_segments_create(struct sup *s)
 		goto fail;
 	}
 
-	rc = create_l1(s);
-	if (rc)
-		goto fail;
+	/* with a model section L1 is laid out now; without one at the first worker's attach
+	 * (sup_l1_bind) */
+	if (!s->cfg.model.unbound) {
+		char err[KVR_GEOM_ERR_MAX + 160];
+		struct kvr_geometry g;
+		rc = sup_model_geometry(&s->cfg, 0, 1, &g, err, sizeof(err));
+		if (!rc)
+			rc = create_l1(s, &g, err, sizeof(err));
+		if (rc) {
+			kvr_err("%s", err);
+			goto fail;
+		}
+	} else {
+		kvr_info("no model section: L1 (%llu bytes) is laid out for the geometry of the first worker that "
+			 "attaches", (unsigned long long)s->cfg.l1.capacity_bytes);
+	}
 
 	struct kvr_ctl *c = s->ctl;
 	atomic_store(&c->state, KVR_INST_STARTING);
 	c->supervisor_pid = getpid();
 	c->generation = s->generation;
 	c->started_ns = kvr_realtime_ns();
-	c->arena_bytes = s->arena_seg.size;
-	c->arena_huge = (uint32_t)s->arena_seg.huge;
 	snprintf(c->socket_path, sizeof(c->socket_path), "%s", s->cfg.instance.socket);
 	fill_actor_table(s);
 	return 0;

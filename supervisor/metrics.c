@@ -811,7 +811,7 @@ int sup_metrics_start(struct sup *s)
 	if (!m || m->d)
 		return 0;
 	pthread_mutex_lock(&m->lock);
-	m->view = (struct sup_metrics_view){.ctl = s->ctl, .slots = s->slots, .block_tokens = s->cfg.model.block_tokens,
+	m->view = (struct sup_metrics_view){.ctl = s->ctl, .slots = s->slots, .block_tokens = s->geom.block_tokens,
 					    .engines = m->engines, .n_engines = m->n_engines};
 	pthread_mutex_unlock(&m->lock);
 	int fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 3); /* MHD closes its copy when it stops */
@@ -874,5 +874,16 @@ void sup_metrics_engines(struct sup *s, const struct kvr_inspect_engine *t, unsi
 	memcpy(m->engines, t, n * sizeof(t[0]));
 	m->n_engines = n;
 	m->view.n_engines = n;
+	pthread_mutex_unlock(&m->lock);
+}
+
+void sup_metrics_bind(struct sup *s)
+{
+	struct sup_metrics *m = s->metrics;
+	if (!m)
+		return;
+	pthread_mutex_lock(&m->lock);
+	m->view.slots = s->slots;
+	m->view.block_tokens = s->geom.block_tokens;
 	pthread_mutex_unlock(&m->lock);
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -320,7 +321,9 @@ static void handle_inspect(struct sup *s, struct sup_conn *c)
 		return;
 	}
 	n++;
-	if ((fds[n] = reopen_ro(s->slots_seg.fd)) < 0) {
+	/* no slot table yet (no model section, no worker attached): an empty memfd in its place,
+	 * which maps as no slot table */
+	if ((fds[n] = s->slots ? reopen_ro(s->slots_seg.fd) : memfd_create("kvring-no-slots", MFD_CLOEXEC)) < 0) {
 		sup_rep_init(s, &rep, -errno, "cannot open a read-only view of the slot table: %s", strerror(errno));
 		(void)sup_send_rep(c->fd, &rep, NULL, 0);
 		goto out;

@@ -136,7 +136,8 @@ struct sup {
 	bool area_map_failed[KVR_CTL_MAX_WORKERS]; /* ... and we could not map it yet (logged once) */
 	struct kvr_ctl *ctl;
 	struct kvr_ctl_rings rings;       /* our views of its rings (built once the layout is set) */
-	struct kvr_slot_table *slots;
+	struct kvr_slot_table *slots;  /* NULL until L1 is laid out (no model section: at the first attach) */
+	char bound_by[96];             /* no model section: the worker whose geometry L1 was laid out for */
 	/* the instance's model, as rank 0 of its TP group sees it (layout.c) */
 	struct kvr_geometry geom;
 	kvr_key ns;              /* key namespace */
@@ -221,6 +222,13 @@ int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen);
  * Logs and returns -errno on failure (nothing left behind). */
 int sup_segments_create(struct sup *s);
 void sup_segments_close(struct sup *s);
+/* No model section: lay L1 out for geometry g (an attaching worker's canonical block, as
+ * rank 0 sees it), then start what a model section starts at once (lookup, disk and remote
+ * actors, prefault, /metrics' view of the slot table). `who` names the worker in logs and
+ * refusals. 0, or -errno with the reason in err naming the config key and sizes (a block
+ * that does not fit the arena or a staging pool, a TP size beyond max_workers); nothing is
+ * left half laid out. */
+int sup_l1_bind(struct sup *s, const struct kvr_geometry *g, const char *who, char *err, size_t errlen);
 /* The instance's geometry for TP rank `rank` (from model.* of the config). 0 or -errno,
  * with a reason in err naming the config key. */
 int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num_blocks, struct kvr_geometry *ret,
@@ -380,6 +388,9 @@ void sup_metrics_resume(struct sup *s);
 /* The main thread (sup_engine_publish): copy the engine table t[n] that /status and / show,
  * under the lock. No-op when /metrics is disabled. */
 void sup_metrics_engines(struct sup *s, const struct kvr_inspect_engine *t, unsigned n);
+/* The main thread, once L1 is laid out at the first attach (sup_l1_bind): the slot table and
+ * block size the pages read from then on, under the lock. No-op when /metrics is disabled. */
+void sup_metrics_bind(struct sup *s);
 
 /* What one scrape reads. The renderer keeps derived counters monotonic in it. */
 struct sup_metrics_view {

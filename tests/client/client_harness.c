@@ -104,12 +104,19 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 		 "\"health_interval_ms\": %u, \"drain_timeout_ms\": 3000%s",
 		 o->crash_loop_max ? o->crash_loop_max : 5, o->health_ms ? o->health_ms : 1000,
 		 o->sup_extra ? o->sup_extra : "");
+	char model[256];
+	if (o->no_model)
+		snprintf(model, sizeof(model), "{}");
+	else
+		snprintf(model, sizeof(model),
+			 "{\"preset\": \"\", \"model_id\": \"test/tiny\", \"layers\": %u, \"kv_heads\": %u,\n"
+			 "    \"head_dim\": %u, \"dtype_bytes\": %u, \"block_tokens\": %u, \"tp_size\": %u}",
+			 m->layers, m->kv_heads, m->head_dim, m->dtype_bytes, m->block_tokens, m->tp_size);
 	snprintf(sections, sizeof(sections),
-		 ",\n  \"model\": {\"preset\": \"\", \"model_id\": \"test/tiny\", \"layers\": %u, \"kv_heads\": %u,\n"
-		 "    \"head_dim\": %u, \"dtype_bytes\": %u, \"block_tokens\": %u, \"tp_size\": %u},\n"
+		 ",\n  \"model\": %s,\n"
 		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"%s\"%s},\n"
 		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}%s%s%s",
-		 m->layers, m->kv_heads, m->head_dim, m->dtype_bytes, m->block_tokens, m->tp_size,
+		 model,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * slot),
 		 o->eviction ? o->eviction : "lru", o->l1_extra ? o->l1_extra : "",
 		 (unsigned long long)(o->staging_ceiling ? o->staging_ceiling : 64 * e->lane_bytes),
@@ -117,7 +124,18 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 		 o->sections_extra ? o->sections_extra : "");
 	h_write_config_with(&e->h, NULL, o->max_workers ? o->max_workers : m->tp_size, sup, sections);
 	h_start(&e->h);
+	e->n_slots = n_slots;
+	h_daemon_ctl(&e->h, 1, &e->ctl_seg);
+	int rc = kvr_ctl_attach(&e->ctl_seg, &e->ctl, &e->rings);
+	cr_assert_eq(rc, 0);
+	if (!o->no_model)
+		ct_map_l1(e);
+}
+
+void ct_map_l1(struct ct_env *e)
+{
 	struct kvr_actor_ent *lk = h_actor(&e->h, "lookup");
+	(void)H_WAIT(atomic_load(&lk->state) == KVR_ACTOR_READY || atomic_load(&lk->state) == KVR_ACTOR_FAILED, 3000);
 	cr_assert(lk && atomic_load(&lk->state) == KVR_ACTOR_READY, "lookup not READY; log:\n%s",
 		  h_read_file(e->h.log));
 
@@ -127,18 +145,14 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 	cr_assert_eq(rc, 0, "map the slot table: %s", strerror(-rc));
 	rc = kvr_slots_attach(&e->slots_seg, &e->slots);
 	cr_assert_eq(rc, 0, "slot table: %s", strerror(-rc));
-	cr_assert_eq(e->slots->n_slots, n_slots * 1u, "slots sized from the lane (%llu bytes)",
+	cr_assert_eq(e->slots->n_slots, e->n_slots, "slots sized from the lane (%llu bytes)",
 		     (unsigned long long)e->lane_bytes);
-	cr_assert_eq(e->slots->slot_bytes, slot);
+	cr_assert_eq(e->slots->slot_bytes, kvr_slots_slot_bytes(e->lane_bytes));
 
 	fd = h_daemon_memfd(e->h.pid, "kvring-arena", O_RDONLY);
 	rc = kvr_segment_map(fd, KVR_SEG_ARENA, 0, &e->arena_seg);
 	close(fd);
 	cr_assert_eq(rc, 0, "map the arena: %s", strerror(-rc));
-
-	h_daemon_ctl(&e->h, 1, &e->ctl_seg);
-	rc = kvr_ctl_attach(&e->ctl_seg, &e->ctl, &e->rings);
-	cr_assert_eq(rc, 0);
 }
 
 /* ---- ranks -------------------------------------------------------------------------- */

@@ -56,6 +56,7 @@ struct ct_opts {
 	unsigned dcp_timeout_ms;   /* dcp.store_timeout_ms; 0 = the default */
 	const char *l1_extra;      /* spliced into the "l1" object, e.g. ", \"prefault\": \"off\"" */
 	const char *sections_extra; /* more top-level sections, e.g. ",\n  \"timeouts\": {...}" */
+	bool no_model;             /* "model": {} — L1 is laid out at the first attach: ct_map_l1 after it */
 };
 
 struct ct_env {
@@ -68,6 +69,7 @@ struct ct_env {
 	struct kvr_ctl *ctl;
 	struct kvr_ctl_rings rings; /* the test's views of its rings */
 	struct kvr_segment arena_seg;   /* read-only: the L1 bytes */
+	uint32_t n_slots;               /* what ct_start sized L1 for (with e->m's lane) */
 };
 
 struct ct_rank {
@@ -94,6 +96,10 @@ void ct_fini(struct ct_env *e);              /* fixture teardown: ranks, childre
 
 uint64_t ct_lane_bytes(const struct ct_model *m);
 void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *o);
+/* Map the slot table and the arena (ct_start does, unless o->no_model: then call it once the
+ * first worker attached and L1 exists); asserts the lookup actor is READY and the table holds
+ * the slots ct_start sized for e->m. */
+void ct_map_l1(struct ct_env *e);
 
 /* Attach rank `rank` with num_blocks engine blocks (head_dim 0 = the model's). Returns what
  * kvr_attach returned; on success *ret points at a rank the harness owns (ct_close_all

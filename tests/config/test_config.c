@@ -80,13 +80,14 @@ Test(config, defaults)
 	cr_assert_eq(d.supervisor.crash_loop_max_deaths, 5);
 	cr_assert_eq(d.supervisor.health_interval_ms, 1000);
 	cr_assert_eq(d.supervisor.drain_timeout_ms, 30000);
-	cr_assert_str_eq(d.model.preset, "qwen3-8b");
-	cr_assert_str_eq(d.model.model_id, "Qwen/Qwen3-8B");
-	/* Qwen3-8B: 36 layers, 8 KV heads, head_dim 128, bf16 */
-	cr_assert_eq(d.model.layers, 36);
-	cr_assert_eq(d.model.kv_heads, 8);
-	cr_assert_eq(d.model.head_dim, 128);
-	cr_assert_eq(d.model.dtype_bytes, 2);
+	/* no model: L1 is laid out for the first worker that attaches (docs/engines.md) */
+	cr_assert_str_eq(d.model.preset, "");
+	cr_assert_str_eq(d.model.model_id, "");
+	cr_assert(d.model.unbound);
+	cr_assert_eq(d.model.layers, 0);
+	cr_assert_eq(d.model.kv_heads, 0);
+	cr_assert_eq(d.model.head_dim, 0);
+	cr_assert_eq(d.model.dtype_bytes, 0);
 	cr_assert_eq(d.model.block_tokens, 128);
 	cr_assert_eq(d.model.tp_size, 1);
 	cr_assert_str_eq(d.model.attention, "mha");
@@ -331,15 +332,22 @@ static const struct bad_case bad_cases[] = {
 	  "$.supervisor.restart_backoff_initial_ms: 6000 exceeds supervisor.restart_backoff_max_ms (5000)" },
 	{ "{\"supervisor\": {\"restart_backoff_initial_ms\": 50, \"restart_backoff_max_ms\": 49}}",
 	  "$.supervisor.restart_backoff_initial_ms: 50 exceeds supervisor.restart_backoff_max_ms (49)" },
-	{ "{\"model\": {\"preset\": \"\"}}", "$.model.layers: required when model.preset is empty" },
+	{ "{\"model\": {\"preset\": \"\", \"layers\": 40}}", "$.model.kv_heads: required when model.preset is empty" },
+	/* no model: the keys that describe one are refused, not ignored */
+	{ "{\"model\": {\"attention\": \"mla\"}}",
+	  "$.model.attention: given without a model: set model.preset (or model.layers, kv_heads, head_dim, dtype_bytes), "
+	  "or leave it out and the instance takes the first worker's geometry" },
+	{ "{\"model\": {\"model_id\": \"org/m\", \"block_tokens\": 16}}",
+	  "$.model.block_tokens: given without a model: set model.preset (or model.layers, kv_heads, head_dim, "
+	  "dtype_bytes), or leave it out and the instance takes the first worker's geometry" },
 	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4}}",
 	  "$.model.head_dim: required when model.preset is empty" },
 	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128}}",
 	  "$.model.dtype_bytes: required when model.preset is empty" },
-	{ "{\"model\": {\"layers\": 40}}", "$.model.layers: 40 conflicts with model.preset \"qwen3-8b\" (36)" },
+	{ "{\"model\": {\"preset\": \"qwen3-8b\", \"layers\": 40}}", "$.model.layers: 40 conflicts with model.preset \"qwen3-8b\" (36)" },
 	{ "{\"model\": {\"preset\": \"llama-3.1-8b\", \"kv_heads\": 4}}",
 	  "$.model.kv_heads: 4 conflicts with model.preset \"llama-3.1-8b\" (8)" },
-	{ "{\"model\": {\"attention\": \"mla\"}}",
+	{ "{\"model\": {\"preset\": \"qwen3-8b\", \"attention\": \"mla\"}}",
 	  "$.model.attention: \"mla\" conflicts with model.preset \"qwen3-8b\" (mha)" },
 	{ "{\"model\": {\"preset\": \"\", \"layers\": 40, \"kv_heads\": 4, \"head_dim\": 128, \"dtype_bytes\": 3}}",
 	  "$.model.dtype_bytes: 3 is not 1, 2 or 4" },
@@ -356,13 +364,13 @@ static const struct bad_case bad_cases[] = {
 	  "connecting needs write permission" },
 	{ "{\"model\": {\"preset\": \"deepseek-v2-lite\", \"attention\": \"mha\"}}",
 	  "$.model.attention: \"mha\" conflicts with model.preset \"deepseek-v2-lite\" (mla)" },
-	{ "{\"model\": {\"tp_size\": 16}}",
+	{ "{\"model\": {\"preset\": \"qwen3-8b\", \"tp_size\": 16}}",
 	  "$.model.tp_size: 16 exceeds instance.max_workers (8): each rank of a TP group attaches as one worker, so no "
 	  "group could ever be complete" },
 	{ "{\"instance\": {\"max_workers\": 2}, \"model\": {\"preset\": \"deepseek-v2-lite\", \"tp_size\": 4}}",
 	  "$.model.tp_size: 4 exceeds instance.max_workers (2): each rank of a TP group attaches as one worker, so no "
 	  "group could ever be complete" },
-	{ "{\"model\": {\"tp_size\": 3}}",
+	{ "{\"model\": {\"preset\": \"qwen3-8b\", \"tp_size\": 3}}",
 	  "$.model.tp_size: 3 neither divides model.kv_heads (8) nor is a multiple of it" },
 	{ "{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 40, \"kv_heads\": 6, \"head_dim\": 128, "
 	  "\"dtype_bytes\": 2, \"tp_size\": 4}}",
@@ -380,17 +388,17 @@ static const struct bad_case bad_cases[] = {
 	{ "{\"staging\": {\"buffer_bytes\": \"100MiB\", \"load_percent\": 80}}",
 	  "$.staging.buffer_bytes: 104857600 does not fit the store pool (53687092 bytes)" },
 	/* qwen3-8b, one rank: 36 layers x 8 heads x 128 x 2 bytes x 128 tokens x (K, V) = 18874368 */
-	{ "{\"staging\": {\"ceiling_bytes\": \"16MiB\"}}",
+	{ "{\"model\": {\"preset\": \"qwen3-8b\"}, \"staging\": {\"ceiling_bytes\": \"16MiB\"}}",
 	  "$.staging.ceiling_bytes: the load pool (8388608 bytes) cannot hold one block (18874368 bytes)" },
 	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"]}}", "$.l2.capacity_bytes: required when l2.dirs is not empty" },
 	/* qwen3-8b: one block file is 4096 + 18874368 bytes; a dir whose share is smaller could store nothing */
-	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"], \"capacity_bytes\": \"16MiB\"}}",
+	{ "{\"model\": {\"preset\": \"qwen3-8b\"}, \"l2\": {\"dirs\": [\"/mnt/a\"], \"capacity_bytes\": \"16MiB\"}}",
 	  "$.l2.capacity_bytes: 16777216 split over 1 l2.dirs leaves 16777216 bytes a dir, less than one block file "
 	  "(18878464 bytes)" },
-	{ "{\"l2\": {\"dirs\": [\"/mnt/a\", \"/mnt/b\"], \"capacity_bytes\": 37756927}}",
+	{ "{\"model\": {\"preset\": \"qwen3-8b\"}, \"l2\": {\"dirs\": [\"/mnt/a\", \"/mnt/b\"], \"capacity_bytes\": 37756927}}",
 	  "$.l2.capacity_bytes: 37756927 split over 2 l2.dirs leaves 18878463 bytes a dir, less than one block file "
 	  "(18878464 bytes)" },
-	{ "{\"l2\": {\"dirs\": [\"/mnt/a\"], \"capacity_bytes\": 1, \"read_only\": true}}",
+	{ "{\"model\": {\"preset\": \"qwen3-8b\"}, \"l2\": {\"dirs\": [\"/mnt/a\"], \"capacity_bytes\": 1, \"read_only\": true}}",
 	  "$.l2.capacity_bytes: 1 split over 1 l2.dirs leaves 1 bytes a dir, less than one block file (18878464 bytes)" },
 	{ "{\"l2\": {\"read_only\": true}}", "$.l2.read_only: needs l2.dirs (there is no disk store to serve)" },
 	{ "{\"l2\": {\"dirs\": [], \"read_only\": true, \"capacity_bytes\": \"1GiB\"}}",
@@ -525,16 +533,16 @@ static const struct good_case good_cases[] = {
 	GSTR("{\"instance\": {\"max_workers\": 16}, \"model\": {\"preset\": \"deepseek-v2-lite\", \"tp_size\": 16}}",
 	     model.attention, "mla"),
 	/* as many workers as TP ranks is enough */
-	GU32("{\"instance\": {\"max_workers\": 2}, \"model\": {\"tp_size\": 2}}", model.tp_size, 2),
+	GU32("{\"instance\": {\"max_workers\": 2}, \"model\": {\"preset\": \"qwen3-8b\", \"tp_size\": 2}}", model.tp_size, 2),
 	GU32("{\"model\": {\"preset\": \"deepseek-v2-lite\", \"attention\": \"mla\"}}", model.head_dim, 576),
 	GSTR("{\"model\": {\"preset\": \"qwen3-32b\", \"model_id\": \"Qwen/Qwen3-32B-AWQ\"}}", model.model_id,
 	     "Qwen/Qwen3-32B-AWQ"),
 	GU32("{\"model\": {\"preset\": \"llama-3.1-8b\"}}", model.layers, 32),
 	GU32("{\"model\": {\"preset\": \"qwen3-8b\", \"layers\": 36, \"kv_heads\": 8}}", model.layers, 36),
-	GU32("{\"model\": {\"layers\": 0}}", model.layers, 36),
-	GU32("{\"model\": {\"tp_size\": 8}}", model.tp_size, 8),
-	GU32("{\"model\": {\"block_tokens\": 16}}", model.block_tokens, 16),
-	GSTR("{\"model\": {\"attention\": \"mha\"}}", model.attention, "mha"),
+	GU32("{\"model\": {\"preset\": \"qwen3-8b\", \"layers\": 0}}", model.layers, 36),
+	GU32("{\"model\": {\"preset\": \"qwen3-8b\", \"tp_size\": 8}}", model.tp_size, 8),
+	GU32("{\"model\": {\"preset\": \"qwen3-8b\", \"block_tokens\": 16}}", model.block_tokens, 16),
+	GSTR("{\"model\": {\"preset\": \"qwen3-8b\", \"attention\": \"mha\"}}", model.attention, "mha"),
 	GSTR("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, "
 	     "\"dtype_bytes\": 2, \"tp_size\": 4, \"attention\": \"mla\"}}", model.attention, "mla"),
 	GU32("{\"model\": {\"preset\": \"\", \"model_id\": \"m\", \"layers\": 27, \"kv_heads\": 1, \"head_dim\": 576, "
@@ -1203,7 +1211,7 @@ Test(config, enum_keys_are_parsed_once_into_typed_fields)
 	cr_assert_eq(c.l1.eviction_id, KVR_CFG_EVICT_S3FIFO);
 	cr_assert_eq(kvr_config_parse("{\"instance\": {\"log_level\": \"debug\"}, \"l1\": {\"prefault\": \"off\", "
 				      "\"eviction\": \"lru\"}, "
-				      "\"model\": {\"kv_layout\": \"kv-fused\"}, "
+				      "\"model\": {\"preset\": \"qwen3-8b\", \"kv_layout\": \"kv-fused\"}, "
 				      "\"l2\": {\"mode\": \"write-back\", \"durability\": \"none\"}}",
 				      &c, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(c.instance.log_level_id, KVR_LOG_DEBUG);

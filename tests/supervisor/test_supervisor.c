@@ -819,8 +819,9 @@ Test(supervisor, bad_config_exit_2)
 
 	/* an L1 too small for one block of the model is a bad config too, caught before start */
 	char small[512];
-	snprintf(small, sizeof(small), "{\"instance\": {\"socket\": \"%s\"}, \"l1\": {\"capacity_bytes\": \"1MiB\"}}",
-		 inst.sock);
+	snprintf(small, sizeof(small),
+		 "{\"instance\": {\"socket\": \"%s\"}, \"model\": {\"preset\": \"qwen3-8b\"}, "
+		 "\"l1\": {\"capacity_bytes\": \"1MiB\"}}", inst.sock);
 	h_write_config_raw(&inst, small);
 	cr_assert_eq(truncate(inst.log, 0), 0);
 	st = h_wait_exit(h_spawn_kvringd(&inst, chk), 3000);

@@ -143,7 +143,8 @@ def _die_with_parent() -> None:
 
 
 class Kvringd:
-    """kvringd as a child process with the tiny model's geometry on a private socket."""
+    """kvringd as a child process with the tiny model's geometry on a private socket (model=False:
+    no model section, the geometry comes from the first worker that attaches)."""
 
     def __init__(
         self,
@@ -155,6 +156,7 @@ class Kvringd:
         name: str = "kvringd",
         supervisor: dict[str, Any] | None = None,
         l1_bytes: str = "256MiB",
+        model: bool = True,
     ) -> None:
         self.workdir = workdir
         self.socket = str(workdir / f"{name}.sock")
@@ -183,6 +185,8 @@ class Kvringd:
             "l1": {"capacity_bytes": l1_bytes, "huge_pages": False, "eviction": "lru"},
             "metrics": {"enabled": True, "listen": f"127.0.0.1:{self.port}"},
         }
+        if not model:  # no model section: L1 is laid out for the first worker that attaches
+            del cfg["model"]
         cfg["supervisor"].update(supervisor or {})
         if l2_dir is not None:
             cfg["l2"] = {

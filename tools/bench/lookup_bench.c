@@ -65,7 +65,8 @@ int main(int argc, char **argv)
 		perror("kvring-lookup-bench: KV memory");
 		return 1;
 	}
-	struct kvr_attach_opts o = {.socket = sock, .geometry = &g, .kv_fd = fd, .kv_bytes = kv_bytes};
+	struct kvr_attach_opts o = {.socket = sock, .geometry = &g, .kv_fd = fd, .kv_bytes = kv_bytes,
+				    .model_ns = p->hf_id ? p->hf_id : p->name}; /* required without a model section */
 	struct kvr_client *c;
 	int rc = kvr_attach(&o, &c);
 	if (rc) {

@@ -708,8 +708,11 @@ static int kv_open(struct rank *r, const struct bench_layout *lay)
 	r->kv = kv;
 	r->kv_bytes = lay->kv_bytes;
 	memset(r->kv, 0, lay->kv_bytes); /* resident before anything is timed, as an engine's KV memory is */
+	/* the model named, as an engine does: an instance without a model section requires it */
+	const struct kvr_preset *pre = kvr_preset_find(o->model);
 	struct kvr_attach_opts ao = {.socket = r->x->socket, .geometry = &r->g, .kv_fd = r->kv_fd,
-				     .kv_bytes = lay->kv_bytes, .timeout_ms = o->timeout_ms};
+				     .kv_bytes = lay->kv_bytes, .timeout_ms = o->timeout_ms,
+				     .model_ns = pre && pre->hf_id ? pre->hf_id : o->model};
 	rc = kvr_attach(&ao, &r->c);
 	if (rc) {
 		note(r, "kvr_attach(%s, dcp %u, interleave %u): %s (%s)", r->x->socket ? r->x->socket : "the default socket",

@@ -456,6 +456,15 @@ __attribute__((format(printf, 2, 3))) static void pline(FILE *out, const char *f
 	fputc('\n', out);
 }
 
+/* No model section and no worker yet: kvringd laid no L1 out and started no lookup actor. */
+static bool lookup_never_started(const struct kvr_insp_snap *s)
+{
+	for (unsigned i = 0; i < s->n_actors; i++)
+		if (s->actors[i].kind == KVR_ACTOR_LOOKUP)
+			return s->actors[i].state == KVR_ACTOR_IDLE && !s->actors[i].started_ns;
+	return false;
+}
+
 static void text_instance(FILE *out, const struct kvr_insp_snap *s)
 {
 	char pid[16], up[16];
@@ -484,6 +493,8 @@ static void text_instance(FILE *out, const struct kvr_insp_snap *s)
 		pline(out, "  arena %.1f GiB%s  prefault %s  %.1f GiB in", kvr_fmt_gib(s->arena_bytes),
 		      s->arena_huge ? " (huge pages)" : "", s->prefault_state < 5 ? pf[s->prefault_state] : "?",
 		      kvr_fmt_gib(s->prefault_bytes));
+	} else if (lookup_never_started(s)) {
+		pline(out, "%s", "  L1 not laid out yet: no model section, it is laid out for the first worker that attaches");
 	}
 	/* what mapping it costs the actors: their page tables, and how far they populated */
 	uint64_t pt = 0, pt_max = 0, pop = 0, pop_total = 0;

@@ -59,6 +59,10 @@ __all__ = ["SchedulerSide", "request_extra"]
 
 log = logging.getLogger("vllm.kvring")  # under vllm: its handler and format
 
+# kvringd without a model section answers a scheduler EAGAIN until a worker attached: ask
+# again this soon, not after reattach_interval_ms (a worker attaches at its next load or store)
+EAGAIN_RETRY_S = 0.02
+
 
 def request_extra(request: Request) -> bytes | None:
     """Key bytes besides the tokens: what makes equal token ids hold different KV (a LoRA
@@ -130,9 +134,17 @@ class SchedulerSide:
                 timeout_ms=self.cfg.timeout_ms,
             )
         except KvringError as e:
-            if first:
+            # EAGAIN: kvringd has no model section and no worker attached yet (it lays L1 out
+            # for the first worker's geometry, after a restart too). The workers attach before
+            # the scheduler in vLLM, and again at their next load or store: one of this engine
+            # is about to, so this is no failure at start, and the next request asks again
+            # soon (EAGAIN_RETRY_S) rather than after reattach_interval_ms of misses.
+            if first and e.errno != errno.EAGAIN:
                 raise RuntimeError(f"kvring: scheduler cannot attach to kvringd at {self.cfg.socket}: {e}") from e
-            self._next_attach = time.monotonic() + self.cfg.reattach_interval_ms / 1000
+            wait = self.cfg.reattach_interval_ms / 1000
+            if e.errno == errno.EAGAIN:
+                wait = min(wait, EAGAIN_RETRY_S)
+            self._next_attach = time.monotonic() + wait
             self._reattach.failed(e)
             return None
         bt = c.block_tokens

@@ -711,6 +711,12 @@ class WorkerSide:
         while len(self._finished) > 65536:  # ids of requests that stored nothing
             self._finished.popitem(last=False)
         self._poll()
+        if self._client is None:
+            # kvringd went away (or restarted): attach again now (at most every
+            # reattach_interval_ms), not only at the next load or store. A restarted kvringd
+            # without a model section lays L1 out for the first worker that attaches, and
+            # answers this engine's scheduler only once one did.
+            self._get_client()
         if self._store_t:
             self._cancel_stores(self.cfg.timeout_ms / 1000)
         ready = {rid for rid in self._done if rid in self._finished}

@@ -1,0 +1,211 @@
+/* An instance with no model section (the embedded default): L1 is laid out for the first worker that attaches;
+ * refusals name the first worker, the config key and the sizes; L2 is adopted after a restart once bound again. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client_harness.h"
+
+static struct ct_env env;
+static char l2dir[256];
+
+static void setup(void)
+{
+	ct_init(&env);
+	snprintf(l2dir, sizeof(l2dir), "%s/l2", env.h.dir);
+	cr_assert_eq(mkdir(l2dir, 0700), 0);
+}
+
+static void teardown(void)
+{
+	if (env.h.pid > 0)
+		(void)kill(env.h.pid, SIGKILL);
+	ct_fini(&env);
+}
+
+TestSuite(no_model, .init = setup, .fini = teardown, .timeout = 90);
+
+#define BLOCKS 4
+#define BT 16 /* ct_tiny's block_tokens */
+#define TAG(prompt, i) (7000ull * (prompt) + (i) + 1)
+
+static uint32_t tokens[8][BLOCKS * BT];
+
+static void store_prompt(struct ct_rank *r, unsigned p)
+{
+	ct_prompt(tokens[p], BLOCKS * BT, 300 + p);
+	uint32_t blocks[BLOCKS];
+	for (uint32_t i = 0; i < BLOCKS; i++) {
+		blocks[i] = i;
+		ct_fill(r, i, TAG(p, i));
+	}
+	struct ct_done d;
+	ct_store(r, 1 + p, tokens[p], BLOCKS * BT, blocks, BLOCKS, &d);
+	cr_assert_eq(d.c.status, 0, "store %u: %d", p, d.c.status);
+	cr_assert_eq(d.c.n_stored, BLOCKS);
+}
+
+static int open_rank(unsigned rank, uint32_t head_dim, const char *engine, const char *model_ns, struct ct_rank **r)
+{
+	return ct_rank_open_engine(&env, rank, 16, head_dim, engine, model_ns, r);
+}
+
+/* Nothing is laid out or started before the first worker: the lookup actor idle, no arena; a
+ * scheduler and an engine that names no model are refused with what to do; the first worker
+ * lays L1 out for its own geometry (the slots ct_start sized for ct_tiny) and is served byte-exact. */
+Test(no_model, binds_at_the_first_attach_and_serves_byte_exact)
+{
+	struct ct_opts o = {.no_model = true};
+	ct_start(&env, &ct_tiny, &o);
+	cr_assert_eq(env.ctl->arena_bytes, 0, "no arena before the first attach");
+	cr_assert_eq(atomic_load(&h_actor(&env.h, "lookup")->state), KVR_ACTOR_IDLE, "lookup started before a model");
+	cr_assert_eq(atomic_load(&env.ctl->state), KVR_INST_RUNNING, "an instance without a model serves attaches");
+	cr_assert(h_log_contains(&env.h, "no model section: L1 (266240 bytes) is laid out for the geometry of the first "
+					 "worker that attaches"));
+
+	struct kvr_client *sc = NULL;
+	struct kvr_sched_opts so = {.socket = env.h.sock, .engine_id = "e1", .model_ns = "org/a", .timeout_ms = 5000};
+	cr_assert_eq(kvr_attach_scheduler(&so, &sc), -EAGAIN);
+	cr_assert(strstr(kvr_last_error(NULL), "no worker has attached yet"), "%s", kvr_last_error(NULL));
+
+	struct ct_rank *r;
+	cr_assert_eq(open_rank(0, 0, "e1", NULL, &r), -EINVAL);
+	cr_assert(strstr(kvr_last_error(NULL), "engine \"e1\" names no model"), "%s", kvr_last_error(NULL));
+	cr_assert_eq(env.ctl->arena_bytes, 0, "a refused attach lays nothing out");
+
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &r), 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env); /* 64 slots of ct_tiny's 4096-byte lane */
+	cr_assert_eq(env.slots->block_tokens, BT);
+	cr_assert_eq(env.slots->quorum, 1);
+	cr_assert_eq(env.ctl->arena_bytes, env.arena_seg.size);
+	cr_assert(h_log_contains(&env.h, "L1 laid out for the geometry of engine \"e1\" rank 0 pid"));
+
+	store_prompt(r, 0);
+	cr_assert_eq(ct_lookup_load_exact(r, 50, tokens[0], BLOCKS * BT, 8, TAG(0, 0)), BLOCKS);
+	cr_assert_eq(ct_count_state(&env, KVR_SLOT_COMMITTED), BLOCKS);
+
+	/* the scheduler of that engine attaches now, sees the bound block size and the blocks */
+	cr_assert_eq(kvr_attach_scheduler(&so, &sc), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(kvr_block_tokens(sc), BT);
+	struct kvr_lookup_result lr;
+	cr_assert_eq(kvr_lease(sc, 77, tokens[0], BLOCKS * BT, NULL, 0, NULL, &lr), 0, "%s", kvr_last_error(sc));
+	cr_assert_eq(lr.matched_blocks, BLOCKS);
+	cr_assert_eq(kvr_lease_release(sc, 77), 0);
+	kvr_detach(sc);
+	ct_assert_table_clean(&env);
+}
+
+/* Once bound, another geometry is refused naming the field and the first worker; another model
+ * of the same geometry attaches and shares nothing with the first (the namespace holds it). */
+Test(no_model, another_geometry_is_refused_naming_the_first_worker)
+{
+	struct ct_opts o = {.no_model = true, .max_workers = 3};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *a, *b, *c;
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env);
+	store_prompt(a, 0);
+
+	cr_assert_eq(open_rank(0, 32, "e2", "org/b", &b), -EINVAL);
+	const char *why = kvr_last_error(NULL);
+	cr_assert(strstr(why, "geometry mismatch: head_dim 32, the instance serves 16 (one kvringd per geometry; L1 "
+			      "was laid out for engine \"e1\" rank 0 pid"),
+		  "%s", why);
+
+	cr_assert_eq(open_rank(0, 0, "e3", "org/c", &c), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(ct_lookup(c, 60, tokens[0], BLOCKS * BT), 0, "another model's blocks must not match");
+	cr_assert_eq(ct_lookup_load_exact(a, 61, tokens[0], BLOCKS * BT, 8, TAG(0, 0)), BLOCKS);
+	ct_assert_table_clean(&env);
+}
+
+/* A first worker whose block cannot fit is refused naming the key and the sizes, and leaves
+ * nothing laid out: a worker that fits binds afterwards. */
+Test(no_model, a_block_that_does_not_fit_is_refused_naming_the_key)
+{
+	/* L1 of one 4 KiB slot: a head_dim-64 lane is 16 KiB */
+	struct ct_opts o = {.no_model = true, .l1_slots = 1, .max_workers = 2};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(open_rank(0, 64, "e1", "org/a", &r), -EINVAL);
+	const char *why = kvr_last_error(NULL);
+	cr_assert(strstr(why, "$.l1.capacity_bytes: 8192 bytes hold 0 slots of 16384 bytes, one block needs 1"), "%s",
+		  why);
+	cr_assert_eq(env.ctl->arena_bytes, 0);
+
+	/* the staging pools (64 lanes of 4 KiB, half for loads) cannot hold a head_dim-1024 block */
+	cr_assert_eq(open_rank(0, 1024, "e1", "org/a", &r), -EINVAL);
+	why = kvr_last_error(NULL);
+	cr_assert(strstr(why, "$.staging.ceiling_bytes: the load pool (131072 bytes) cannot hold one block (262144 "
+			      "bytes)"),
+		  "%s", why);
+	cr_assert_eq(env.ctl->arena_bytes, 0);
+
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &r), 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env);
+	/* one block: what an L1 of one slot holds */
+	ct_prompt(tokens[1], BT, 301);
+	ct_fill(r, 0, TAG(1, 0));
+	struct ct_done d;
+	uint32_t blk = 0;
+	ct_store(r, 2, tokens[1], BT, &blk, 1, &d);
+	cr_assert_eq(d.c.status, 0, "store: %d", d.c.status);
+	cr_assert_eq(ct_lookup_load_exact(r, 3, tokens[1], BT, 8, TAG(1, 0)), 1);
+	ct_assert_table_clean(&env);
+}
+
+/* With L2 on: stored, kvringd stopped and started again (no model again), the first worker
+ * binds the same geometry and every block comes back from the adopted files, byte-exact. */
+Test(no_model, l2_is_adopted_once_bound_again_after_a_restart)
+{
+	struct ct_opts o = {.no_model = true, .l1_slots = 4, .l2_dir = l2dir};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &r), 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env);
+	for (unsigned p = 0; p < 3; p++) {
+		store_prompt(r, p);
+		cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == (p + 1) * BLOCKS, 5000));
+	}
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), 3 * BLOCKS);
+
+	ct_close_all();
+	cr_assert_eq(kill(env.h.pid, SIGTERM), 0);
+	int st = h_wait_exit(env.h.pid, 10000);
+	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit %d", st);
+	env.h.pid = 0;
+	kvr_segment_close(&env.slots_seg);
+	kvr_segment_close(&env.ctl_seg);
+	kvr_segment_close(&env.arena_seg);
+	env.slots = NULL;
+
+	ct_start(&env, &ct_tiny, &o);
+	cr_assert_eq(env.ctl->arena_bytes, 0);
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), 3 * BLOCKS, "nothing adopted or removed before a geometry is known");
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &r), 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env);
+	for (unsigned p = 0; p < 3; p++)
+		cr_assert_eq(ct_lookup_load_exact(r, 90 + p, tokens[p], BLOCKS * BT, 8, TAG(p, 0)), BLOCKS,
+			     "prompt %u from the adopted L2", p);
+	cr_assert_geq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 3 * BLOCKS - 4);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
+	ct_close_all();
+	ct_assert_table_clean(&env);
+}
+
+/* --check-config on {} prints the defaults and says there is no model. */
+Test(no_model, check_config_of_an_empty_object_says_so)
+{
+	h_write_config_raw(&env.h, "{}");
+	const char *args[] = {"--check-config", env.h.cfg, NULL};
+	int st = h_wait_exit(h_spawn_kvringd(&env.h, args), 3000);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+	cr_assert(h_log_contains(&env.h, "\"preset\": \"\""));
+	cr_assert(h_log_contains(&env.h, "kvringd: no model section: L1 (1073741824 bytes) is laid out for the geometry "
+					 "of the first worker that attaches, and every engine must name its model"));
+}

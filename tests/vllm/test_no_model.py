@@ -1,0 +1,72 @@
+"""kvringd with no model section: the engine's own geometry is what L1 is laid out for.
+
+kvringd starts from a config that has an instance, L1 and L2 but no "model" (the embedded
+default binds none): nothing is laid out and no lookup actor runs until the engine's worker
+attaches with its KV geometry (vLLM's CPU layout, fp32, 16-token blocks). The cold run stores,
+the warm run hits every full block but the last, with the cold run's tokens and logprobs.
+kvringd is then stopped and started again, still without a model: after the restart a
+scheduler finds no geometry until a worker attaches again (the first request of the engine
+after the restart is a miss, docs/engines.md), so a first request of another prompt lets the
+worker attach; the warm run then hits from the adopted L2 files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kvtest as kt
+from kvtest import BLOCK, check
+
+
+def main(d: Path) -> None:
+    l2 = d / "l2"
+    l2.mkdir()
+    kv = kt.Kvringd(d, l2_dir=l2, model=False)
+    snap = kv.inspect()
+    check(snap["l1_slots"] is None, f"L1 laid out before any worker attached: {snap['l1_slots']}")
+    eng = kt.Engine(d, "nomodel", kv_transfer_config=kt.connector_config(kv.socket, reattach_interval_ms=200))
+    try:
+        p = kt.prompt(31, 9 * BLOCK + 3)
+        cold = eng.generate([p])[0]
+        check(cold["num_cached_tokens"] == 0, f"cold run hit {cold['num_cached_tokens']} tokens")
+        kv.wait_metric("kvring_store_blocks_total", 9, result="stored")
+        slots = kv.inspect()["l1_slots"]
+        check(slots is not None and slots["committed"] >= 9, f"L1 after the cold run: {slots}")
+        check("L1 laid out for the geometry of engine" in kv.log_tail(200), "kvringd did not log the binding")
+
+        warm = eng.generate([p])[0]
+        check(warm["num_cached_tokens"] == 9 * BLOCK, f"warm hit {warm['num_cached_tokens']}, want {9 * BLOCK}")
+        check(cold["tokens"] == warm["tokens"], f"warm tokens {warm['tokens']} != cold {cold['tokens']}")
+        delta = kt.max_logprob_delta(cold, warm)
+        check(delta <= 1e-4, f"logprobs differ by {delta:.3g} (> 1e-4)")
+
+        kv.wait_metric("kvring_l2_blocks_total", 9, op="write", result="ok")
+        rc = kv.stop()
+        check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
+        kv.start()
+        check(kv.inspect()["l1_slots"] is None, "the restarted kvringd laid L1 out before a worker attached")
+        eng.generate([kt.prompt(32, 2 * BLOCK + 1)])  # the worker attaches again (and binds L1)
+        again = eng.generate([p])[0]
+        check(
+            again["num_cached_tokens"] == 9 * BLOCK,
+            f"after the restart: hit {again['num_cached_tokens']}, want {9 * BLOCK} from L2",
+        )
+        reads = kv.metric("kvring_l2_blocks_total", op="read", result="ok")
+        check(reads >= 9, f"the restarted kvringd read {reads:.0f} blocks from L2, want >= 9")
+        check(again["tokens"] == cold["tokens"], f"tokens after the restart {again['tokens']} != cold")
+        delta2 = kt.max_logprob_delta(cold, again)
+        check(delta2 <= 1e-4, f"logprobs after the restart differ by {delta2:.3g} (> 1e-4)")
+        kv.wait_slots_quiet()
+        kt.log(
+            f"no model section: warm hit {warm['num_cached_tokens']}/{len(p)}, after a restart "
+            f"{again['num_cached_tokens']} from L2 ({reads:.0f} reads), tokens equal, max logprob delta "
+            f"{max(delta, delta2):.2g}"
+        )
+    finally:
+        eng.close()
+        rc = kv.stop()
+    check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
+
+
+if __name__ == "__main__":
+    kt.run(main)
