@@ -13,7 +13,8 @@
 #define ALIGN_AREA(x) (((x) + KVR_CTL_AREA_ALIGN - 1) & ~(size_t)(KVR_CTL_AREA_ALIGN - 1))
 
 struct plan {
-	size_t actors_off, workers_off, rings_off, stats_off, config_off, geom_off, areas_off, ring_area_off, total;
+	size_t actors_off, workers_off, rings_off, stats_off, config_off, geom_off, models_off, areas_off, ring_area_off,
+		total;
 	unsigned n_areas;
 	struct kvr_area_ent area[KVR_CTL_MAX_CLIENTS];
 };
@@ -47,6 +48,8 @@ static int plan_layout(unsigned max_actors, unsigned max_workers, const struct k
 	off = ALIGN64(off + config_cap);
 	p->geom_off = off;
 	off = ALIGN64(off + (size_t)max_workers * KVR_CTL_GEOM_BYTES);
+	p->models_off = off;
+	off = ALIGN64(off + (KVR_CTL_MAX_MODELS + 1) * sizeof(struct kvr_model_ent));
 	p->areas_off = off;
 	off = ALIGN64(off + p->n_areas * sizeof(struct kvr_area_ent));
 	p->ring_area_off = off;
@@ -163,6 +166,7 @@ int kvr_ctl_init(struct kvr_segment *seg, unsigned max_actors, unsigned max_work
 	c->stats_off = p.stats_off;
 	c->config_off = p.config_off;
 	c->geom_off = p.geom_off;
+	c->models_off = p.models_off;
 	c->ring_area_off = p.ring_area_off;
 	c->areas_off = p.areas_off;
 	c->n_areas = p.n_areas;
@@ -282,6 +286,7 @@ static int attach(const struct kvr_segment *seg, int only, struct kvr_ctl **ret_
 	    !region_ok(c->stats_off, (uint64_t)c->max_actors * sizeof(struct kvr_actor_stats), size, &end) ||
 	    !region_ok(c->config_off, c->config_cap, size, &end) ||
 	    !region_ok(c->geom_off, (uint64_t)c->max_workers * KVR_CTL_GEOM_BYTES, size, &end) ||
+	    !region_ok(c->models_off, (uint64_t)(KVR_CTL_MAX_MODELS + 1) * sizeof(struct kvr_model_ent), size, &end) ||
 	    c->n_areas > KVR_CTL_MAX_CLIENTS ||
 	    !region_ok(c->areas_off, (uint64_t)c->n_areas * sizeof(struct kvr_area_ent), size, &end) ||
 	    !region_ok(c->ring_area_off, 0, size, &end))

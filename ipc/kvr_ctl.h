@@ -151,6 +151,31 @@ enum kvr_client_kind {
 
 #define KVR_CTL_MAX_ENGINES 64 /* engines attached at once (engine indices 0..63) */
 
+/*
+ * Models: the model namespaces (model_ns) engines attached with, for per-model visibility
+ * (/metrics' `model` label, kvring-inspect's models table). kvringd gives a namespace the
+ * first free entry 1..KVR_CTL_MAX_MODELS when its first engine attaches and keeps it for the
+ * instance's life (a label never changes meaning); namespaces beyond that count under entry 0,
+ * "other". Each client entry carries its engine's model index (kvr_worker_ent.model); the
+ * lookup actor counts every lookup and store under it and tags the slots it allocates
+ * (kvr_slot.model), so L1 blocks and bytes per model are a count over the slot table.
+ */
+#define KVR_CTL_MAX_MODELS 16
+#define KVR_CTL_MODEL_OTHER 0u
+
+struct kvr_model_ent {
+	char name[64];                  /* the namespace ("" for "other" and for entries never used) */
+	_Atomic uint32_t engines;       /* engines attached with it now (kvringd) */
+	uint32_t reserved0;
+	/* the lookup actor's counters (monotonic; a restarted lookup actor goes on from them) */
+	_Atomic uint64_t lookups;       /* lookups and leases answered */
+	_Atomic uint64_t keys;          /* blocks asked for */
+	_Atomic uint64_t matched;       /* blocks matched (L1, L2 or the shared tier) */
+	_Atomic uint64_t stored;        /* slots allocated for its stores (lanes) */
+	uint8_t reserved[24];
+};
+_Static_assert(sizeof(struct kvr_model_ent) == 128, "model entry");
+
 enum kvr_worker_state {
 	KVR_WORKER_FREE = 0,
 	KVR_WORKER_ATTACHED = 1,
@@ -175,7 +200,8 @@ struct kvr_worker_ent {
 	_Atomic uint32_t gone_ack;
 	uint16_t engine;        /* engine index kvringd gave its engine (workers and schedulers) */
 	uint8_t kind;           /* enum kvr_client_kind */
-	uint8_t reserved[9];
+	uint8_t model;          /* its engine's model entry (kvr_ctl_model), KVR_CTL_MODEL_OTHER past 16 */
+	uint8_t reserved[8];
 };
 _Static_assert(sizeof(struct kvr_worker_ent) == 64, "worker entry");
 
@@ -472,9 +498,11 @@ struct kvr_ctl {
 	uint32_t arena_huge;           /* 1: huge pages back it */
 	uint32_t n_areas;              /* client areas: max_workers + max_schedulers */
 	uint64_t areas_off;            /* struct kvr_area_ent [n_areas] */
+	uint64_t models_off;           /* struct kvr_model_ent [KVR_CTL_MAX_MODELS + 1] */
+	uint8_t reserved[56];
 };
 _Static_assert(offsetof(struct kvr_ctl, geom_off) == 272, "ctl header: 4 bytes of padding after socket_path");
-_Static_assert(sizeof(struct kvr_ctl) == 320, "ctl header");
+_Static_assert(sizeof(struct kvr_ctl) == 384, "ctl header");
 
 static inline struct kvr_actor_ent *kvr_ctl_actor(const struct kvr_ctl *c, unsigned i)
 {
@@ -503,6 +531,11 @@ static inline struct kvr_ring_shm *kvr_ctl_ring_shm(const struct kvr_ctl *c, uns
 static inline struct kvr_actor_stats *kvr_ctl_stats(const struct kvr_ctl *c, unsigned i)
 {
 	return (struct kvr_actor_stats *)((uint8_t *)c + c->stats_off) + i;
+}
+/* Model entry i (0 = "other", 1..KVR_CTL_MAX_MODELS), or NULL past them. */
+static inline struct kvr_model_ent *kvr_ctl_model(const struct kvr_ctl *c, unsigned i)
+{
+	return i <= KVR_CTL_MAX_MODELS ? (struct kvr_model_ent *)((uint8_t *)c + c->models_off) + i : NULL;
 }
 static inline void *kvr_ctl_worker_geometry(const struct kvr_ctl *c, unsigned w)
 {

@@ -18,8 +18,9 @@
  */
 
 #define KVR_SEG_MAGIC 0x4745534752564b00ull /* "\0KVRSEG" little-endian-ish tag */
-#define KVR_LAYOUT_VERSION 4u /* 2: client areas in the control segment (kvr_ctl.h); 3: their cancel table;
-			       * 4: their layer-ordered loads' progress table */
+#define KVR_LAYOUT_VERSION 5u /* 2: client areas in the control segment (kvr_ctl.h); 3: their cancel table;
+			       * 4: their layer-ordered loads' progress table; 5: the model table and
+			       * each slot's model */
 
 enum kvr_seg_kind {
 	KVR_SEG_CTL = 1,   /* control: instance, actors, ring directory, rings, stats */

@@ -88,7 +88,7 @@ struct kvr_slot {
 	kvr_key key;              /* the block's key (zero when FREE) */
 	uint16_t lane;            /* TP rank whose shard this is */
 	uint8_t owner;            /* worker slot that wrote (or is writing) it, or KVR_SLOT_OWNER_LOOKUP */
-	uint8_t flags;            /* reserved, 0 */
+	uint8_t model;            /* model entry of the engine it was allocated for (kvr_ctl_model; 0 "other") */
 	uint32_t block_tokens;    /* block size it was stored under */
 	uint64_t last_access;     /* table clock at commit / last hit */
 	uint32_t commit_seq;      /* table commit sequence at commit */
@@ -185,6 +185,18 @@ uint64_t kvr_slots_tick(struct kvr_slot_table *t);
  * returned in *ret_epoch. */
 int kvr_slot_alloc(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t lane, uint8_t owner,
 		   uint32_t *ret_epoch);
+/* Slot i was allocated for model entry m (kvr_ctl.h's model table): per-model L1 counts. The
+ * lookup actor sets it right after kvr_slot_alloc; readers take it as a hint (one byte). */
+static inline void kvr_slot_set_model(struct kvr_slot_table *t, uint32_t i, uint8_t m)
+{
+	if (i < t->n_slots)
+		__atomic_store_n(&kvr_slot_at(t, i)->model, m, __ATOMIC_RELAXED);
+}
+static inline uint8_t kvr_slot_model(const struct kvr_slot_table *t, uint32_t i)
+{
+	return __atomic_load_n(&kvr_slot_at(t, i)->model, __ATOMIC_RELAXED);
+}
+
 /* WRITING -> COMMITTED; stamps last_access (clock) and commit_seq. */
 int kvr_slot_commit(struct kvr_slot_table *t, uint32_t i, uint32_t epoch);
 /* WRITING -> FREE (0), or WRITING -> DRAINING (1) while an I/O pin is held: the slot must

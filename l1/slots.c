@@ -150,7 +150,7 @@ static void make_free(struct kvr_slot *s)
 	s->key = (kvr_key){0, 0};
 	s->lane = 0;
 	s->owner = 0;
-	s->flags = 0;
+	s->model = 0;
 	s->block_tokens = 0;
 	s->last_access = 0;
 	s->commit_seq = 0;
@@ -169,7 +169,7 @@ int kvr_slot_alloc(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t l
 	s->key = key;
 	s->lane = lane;
 	s->owner = owner;
-	s->flags = 0;
+	s->model = 0;
 	s->block_tokens = t->block_tokens;
 	s->last_access = 0;
 	s->commit_seq = 0;

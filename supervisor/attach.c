@@ -334,6 +334,7 @@ static void worker_attached(struct sup *s, struct sup_conn *c, unsigned w, const
 	we->dcp_size = g->dcp_size;
 	we->attached_ns = kvr_now_ns();
 	we->engine = (uint16_t)engine;
+	we->model = s->engines[engine].model;
 	we->kind = KVR_CLIENT_WORKER;
 	s->worker_engine[w] = engine;
 	atomic_store(&kvr_ctl_area(s->ctl, w)->waiter.sleepers, 0);
@@ -489,6 +490,7 @@ static void sched_attached(struct sup *s, struct sup_conn *c, unsigned slot, int
 	se->dcp_size = 1;
 	se->attached_ns = kvr_now_ns();
 	se->engine = (uint16_t)engine;
+	se->model = s->engines[engine].model;
 	se->kind = KVR_CLIENT_SCHEDULER;
 	atomic_store(&kvr_ctl_area(s->ctl, s->ctl->max_workers + slot)->waiter.sleepers, 0);
 	atomic_store(&se->state, KVR_WORKER_ATTACHED);

@@ -1,5 +1,6 @@
 /* kvringd engines: which engine each worker and scheduler belongs to, and its key namespace. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -75,6 +76,25 @@ const char *sup_engine_model(const struct sup *s, const struct sup_engine_id *e)
 	return e->model_ns[0] ? e->model_ns : s->cfg.model.model_id;
 }
 
+/* The model entry of namespace ns: the one that holds it, else the first never used (named
+ * now, for the instance's life), else KVR_CTL_MODEL_OTHER. */
+static uint8_t model_entry(struct sup *s, const char *ns)
+{
+	for (unsigned i = 1; i <= KVR_CTL_MAX_MODELS; i++) {
+		struct kvr_model_ent *m = kvr_ctl_model(s->ctl, i);
+		if (!m->name[0]) {
+			/* a longer one (a model_id of up to 127 bytes) is cut */
+			size_t n = strnlen(ns, sizeof(m->name) - 1);
+			memcpy(m->name, ns, n);
+			m->name[n] = '\0';
+			return (uint8_t)i;
+		}
+		if (!strncmp(m->name, ns, sizeof(m->name) - 1))
+			return (uint8_t)i;
+	}
+	return KVR_CTL_MODEL_OTHER;
+}
+
 int sup_engine_join(struct sup *s, const struct sup_engine_id *e, char *why, size_t len)
 {
 	int free_ix = -1;
@@ -102,7 +122,10 @@ int sup_engine_join(struct sup *s, const struct sup_engine_id *e, char *why, siz
 	struct sup_engine *en = &s->engines[free_ix];
 	en->id = *e;
 	en->refs = 1;
-	kvr_info("engine %d: \"%s\", model namespace \"%s\"", free_ix, e->id, sup_engine_model(s, e));
+	en->model = model_entry(s, sup_engine_model(s, e));
+	atomic_fetch_add(&kvr_ctl_model(s->ctl, en->model)->engines, 1);
+	kvr_info("engine %d: \"%s\", model namespace \"%s\"%s", free_ix, e->id, sup_engine_model(s, e),
+		 en->model == KVR_CTL_MODEL_OTHER ? " (counted under model \"other\": the model table is full)" : "");
 	return free_ix;
 }
 
@@ -110,8 +133,10 @@ void sup_engine_leave(struct sup *s, int ix)
 {
 	if (ix < 0 || ix >= KVR_CTL_MAX_ENGINES || !s->engines[ix].refs)
 		return;
-	if (--s->engines[ix].refs == 0)
+	if (--s->engines[ix].refs == 0) {
+		atomic_fetch_sub(&kvr_ctl_model(s->ctl, s->engines[ix].model)->engines, 1);
 		kvr_info("engine %d (\"%s\"): no client attached any more", ix, s->engines[ix].id.id);
+	}
 }
 
 int sup_engine_namespace(const struct sup *s, int ix, const struct kvr_geometry *g, kvr_key *ret)

@@ -345,6 +345,70 @@ static void render_l1(FILE *f, const struct kvr_slot_table *t)
 	fprintf(f, "kvring_l1_slots{state=\"reading\"} %u\n", reading);
 }
 
+/* One sample of a per-model family: the model table's name, "other" for entry 0. */
+static void model_sample(FILE *f, const char *metric, const struct kvr_model_ent *m, unsigned i, uint64_t v)
+{
+	fprintf(f, "%s{model=\"", metric);
+	if (i == KVR_CTL_MODEL_OTHER)
+		fputs("other", f);
+	else
+		label_value(f, m->name, sizeof(m->name));
+	fprintf(f, "\"} %llu\n", (unsigned long long)v);
+}
+
+/* Per model namespace (kvr_ctl.h's model table: the first KVR_CTL_MAX_MODELS namespaces engines
+ * attached with, the rest under "other"): what its engines asked for and matched, what they
+ * stored, and what of it L1 holds (committed slots tagged with it, a scan of the slot table). */
+static void render_models(FILE *f, const struct kvr_ctl *c, const struct kvr_slot_table *t, uint32_t block_tokens)
+{
+	uint64_t l1[KVR_CTL_MAX_MODELS + 1] = {0};
+	bool used[KVR_CTL_MAX_MODELS + 1] = {false};
+	for (uint32_t i = 0; t && i < t->n_slots; i++)
+		if (kvr_slot_state(t, i) == KVR_SLOT_COMMITTED) {
+			unsigned m = kvr_slot_model(t, i);
+			l1[m <= KVR_CTL_MAX_MODELS ? m : KVR_CTL_MODEL_OTHER]++;
+		}
+	for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS; i++) {
+		const struct kvr_model_ent *m = kvr_ctl_model(c, i);
+		used[i] = i == KVR_CTL_MODEL_OTHER ? atomic_load(&((struct kvr_model_ent *)m)->lookups) ||
+							    atomic_load(&((struct kvr_model_ent *)m)->stored) || l1[i] ||
+							    atomic_load(&((struct kvr_model_ent *)m)->engines)
+						   : m->name[0] != '\0';
+	}
+	bool any = false;
+	for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS; i++)
+		any |= used[i];
+	if (!any)
+		return; /* no engine attached yet */
+	static const struct {
+		const char *name, *type, *help;
+	} fam[] = {
+		{"kvring_model_engines", "gauge", "Engines attached with this model namespace."},
+		{"kvring_model_lookups_total", "counter", "Lookups and leases of this model's engines."},
+		{"kvring_model_requested_tokens_total", "counter", "Tokens of full blocks its lookups and leases asked for."},
+		{"kvring_model_matched_tokens_total", "counter", "Tokens of those matched in L1, L2 or the shared tier."},
+		{"kvring_model_stored_lanes_total", "counter", "L1 slots allocated for its stores (one per block lane)."},
+		{"kvring_model_l1_slots", "gauge", "Committed L1 slots (block lanes) holding its blocks."},
+		{"kvring_model_l1_bytes", "gauge", "Bytes of those slots."},
+	};
+	for (size_t k = 0; k < sizeof(fam) / sizeof(fam[0]); k++) {
+		family(f, fam[k].name, fam[k].type, fam[k].help);
+		for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS; i++) {
+			struct kvr_model_ent *m = kvr_ctl_model(c, i);
+			if (!used[i])
+				continue;
+			uint64_t v = k == 0   ? atomic_load(&m->engines)
+				     : k == 1 ? atomic_load_explicit(&m->lookups, memory_order_relaxed)
+				     : k == 2 ? atomic_load_explicit(&m->keys, memory_order_relaxed) * block_tokens
+				     : k == 3 ? atomic_load_explicit(&m->matched, memory_order_relaxed) * block_tokens
+				     : k == 4 ? atomic_load_explicit(&m->stored, memory_order_relaxed)
+				     : k == 5 ? l1[i]
+						: l1[i] * (t ? t->slot_bytes : 0);
+			model_sample(f, fam[k].name, m, i, v);
+		}
+	}
+}
+
 static void ring_label(FILE *f, const char *metric, const struct kvr_ring_ent *e)
 {
 	fprintf(f, "%s{ring=\"", metric);
@@ -618,6 +682,7 @@ char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len)
 	render_remote(f, v->ctl);
 	if (v->slots)
 		render_l1(f, v->slots);
+	render_models(f, v->ctl, v->slots, v->block_tokens);
 	render_rings(f, v->ctl);
 	if (ferror(f)) {
 		fclose(f);

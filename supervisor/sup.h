@@ -87,6 +87,7 @@ struct sup_engine_id {
 struct sup_engine {
 	struct sup_engine_id id;
 	unsigned refs;           /* 0: the index is free */
+	uint8_t model;           /* its model entry (kvr_ctl_model) */
 };
 
 struct sup_conn {

@@ -576,6 +576,17 @@ static int rm_send_read(struct l2tier *t, uint64_t id, kvr_key k, unsigned lane,
  * A read that finds its ring full stalls the promotion too (never a wait in the send, which
  * held up every worker's lookup, never a prefix cut short by a busy disk) until
  * timeouts.alloc_wait_ms after the lookup began. */
+/* The model entry of a promotion's requester (a worker slot, or L2T_LEASE_REQUESTER of a
+ * scheduler slot): the slot it fills is counted under it (kvr_slot.model). */
+static uint8_t requester_model(const struct l2tier *t, unsigned worker)
+{
+	const struct kvr_ctl *c = t->a->ctl;
+	unsigned client = worker < c->max_workers
+				  ? worker
+				  : c->max_workers + (worker - c->max_workers) / t->a->slots->quorum;
+	return client < c->max_workers + c->max_schedulers ? kvr_ctl_worker(c, client)->model : KVR_CTL_MODEL_OTHER;
+}
+
 static void extend_more(struct l2tier *t, unsigned worker)
 {
 	struct pend *p = &t->pend[worker];
@@ -611,6 +622,8 @@ static void extend_more(struct l2tier *t, unsigned worker)
 			break;
 		}
 		kvr_actor_count(t->a, KVR_STAT_LK_EVICTED, st.evicted);
+		if (r.slot != KVR_INDEX_NOROOM)
+			kvr_slot_set_model(t->a->slots, r.slot, requester_model(t, worker));
 		if (r.slot == KVR_INDEX_NOROOM) {
 			if (t->write_back && now_of(t) < p->deadline &&
 			    (t->writes_inflight || l2t_demote(t, p->total - i))) {

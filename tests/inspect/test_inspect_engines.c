@@ -201,10 +201,25 @@ Test(inspect_engines, two_engines_then_one_leaves)
 	cr_assert_eq(client_engine(root, "workers", wb.worker), num(b, "index"));
 	cr_assert_eq(client_engine(root, "schedulers", sb.worker), num(b, "index"));
 	unsigned ia = (unsigned)num(a, "index"), ib = (unsigned)num(b, "index");
+	/* the model table: one entry per namespace, in the order they attached, nothing stored yet */
+	const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
+	cr_assert_eq(cJSON_GetArraySize(models), 2);
+	const cJSON *ma = cJSON_GetArrayItem(models, 0), *mb = cJSON_GetArrayItem(models, 1);
+	cr_assert_str_eq(str(ma, "namespace"), NS_A);
+	cr_assert_eq(num(ma, "engines"), 1);
+	cr_assert_str_eq(str(mb, "namespace"), NS_B);
+	cr_assert_eq(num(mb, "engines"), 1);
+	cr_assert_eq(num(mb, "lookups"), 0);
+	cr_assert_eq(num(mb, "l1_slots"), 0);
 	cJSON_Delete(root);
 
 	char *txt = run_inspect(NULL, NULL);
 	char want[512];
+	snprintf(want, sizeof(want), "\nmodels\n  %-32s %7s %8s %10s %8s %6s\n", "NAMESPACE", "ENGINES", "L1 SLOTS",
+		 "L1 BYTES", "LOOKUPS", "HIT");
+	cr_assert_not_null(strstr(txt, want), "%s", txt);
+	snprintf(want, sizeof(want), "\n  %-32s %7u %8u %10s %8u %6s\n", NS_B, 1u, 0u, "0 B", 0u, "-");
+	cr_assert_not_null(strstr(txt, want), "%s", txt);
 	/* NS_A does not fit beside the rest: a line of its own */
 	snprintf(want, sizeof(want), "\n  engine %u  \"vllm-a\"  workers 1  schedulers 0\n    namespace \"" NS_A "\"\n", ia);
 	cr_assert_not_null(strstr(txt, want), "%s", txt);

@@ -211,3 +211,86 @@ Test(metrics, restart_counted)
 	struct m_http r;
 	cr_assert_eq(m_http(port, "GET", "/metrics", &r), -ECONNREFUSED);
 }
+
+/* Per model namespace: engines, lookups, tokens asked for and matched, lanes stored, and what
+ * L1 holds of each (the slots the lookup actor tagged) — two engines of two namespaces on one
+ * instance, exact; a namespace keeps its label after its engine left; past KVR_CTL_MAX_MODELS
+ * namespaces the rest count as "other". */
+Test(metrics, per_model_counters_and_l1)
+{
+	uint16_t port = m_free_port();
+	m_start(&inst, true, port);
+	char *t = m_scrape(port);
+	double v;
+	cr_assert(!m_value(t, "kvring_model_engines{model=\"other\"}", &v), "model families before any engine");
+	free(t);
+
+	m_worker_attach_engine(&worker, inst.sock, "ea", "org/a");
+	m_workload(&worker); /* 3 lookups of 4 blocks (8 matched), 12 lanes stored */
+	struct m_worker b = {.kv_fd = -1};
+	m_worker_attach_engine(&b, inst.sock, "eb", "org/b");
+	uint32_t tok[M_PROMPT_TOKENS], ids[4] = {0, 1, 2, 3};
+	m_prompt(tok, 0); /* the same tokens: other keys in org/b's namespace */
+	cr_assert_eq(kvr_store(b.c, 1, tok, M_PROMPT_TOKENS, NULL, 0, ids, 4), 0, "%s", kvr_last_error(b.c));
+	struct kvr_completion done;
+	cr_assert_eq(kvr_wait(b.c, &done, 1, 5000), 1);
+	cr_assert_eq(done.n_stored, 4);
+	struct kvr_lookup_result lr;
+	m_prompt(tok, 1);
+	cr_assert_eq(kvr_lookup(b.c, 2, tok, M_PROMPT_TOKENS, NULL, 0, &lr), 0);
+	cr_assert_eq(lr.matched_blocks, 0, "org/b must not match org/a's blocks");
+
+	t = m_scrape(port);
+	cr_assert_eq(m_get(t, "kvring_model_engines{model=\"org/a\"}"), 1);
+	cr_assert_eq(m_get(t, "kvring_model_engines{model=\"org/b\"}"), 1);
+	cr_assert_eq(m_get(t, "kvring_model_lookups_total{model=\"org/a\"}"), 3);
+	cr_assert_eq(m_get(t, "kvring_model_lookups_total{model=\"org/b\"}"), 1);
+	cr_assert_eq(m_get(t, "kvring_model_requested_tokens_total{model=\"org/a\"}"), 12 * M_BLOCK_TOKENS);
+	cr_assert_eq(m_get(t, "kvring_model_matched_tokens_total{model=\"org/a\"}"), 8 * M_BLOCK_TOKENS);
+	cr_assert_eq(m_get(t, "kvring_model_requested_tokens_total{model=\"org/b\"}"), 4 * M_BLOCK_TOKENS);
+	cr_assert_eq(m_get(t, "kvring_model_matched_tokens_total{model=\"org/b\"}"), 0);
+	cr_assert_eq(m_get(t, "kvring_model_stored_lanes_total{model=\"org/a\"}"), 12);
+	cr_assert_eq(m_get(t, "kvring_model_stored_lanes_total{model=\"org/b\"}"), 4);
+	cr_assert_eq(m_get(t, "kvring_model_l1_slots{model=\"org/a\"}"), 12);
+	cr_assert_eq(m_get(t, "kvring_model_l1_slots{model=\"org/b\"}"), 4);
+	cr_assert_eq(m_get(t, "kvring_model_l1_bytes{model=\"org/a\"}"), 12 * M_LANE_BYTES);
+	cr_assert_eq(m_get(t, "kvring_model_l1_bytes{model=\"org/b\"}"), 4 * M_LANE_BYTES);
+	cr_assert(!m_value(t, "kvring_model_engines{model=\"other\"}", &v), "nothing counted under other yet");
+	char out[4096];
+	if (m_have_promtool())
+		cr_assert_eq(m_promtool(t, out, sizeof(out)), 0, "promtool: %s", out);
+	free(t);
+
+	/* org/b's engine leaves: its label stays (a counter never changes meaning), 0 engines */
+	m_worker_close(&b);
+	t = m_scrape(port);
+	cr_assert_eq(m_get(t, "kvring_model_engines{model=\"org/b\"}"), 0);
+	cr_assert_eq(m_get(t, "kvring_model_l1_slots{model=\"org/b\"}"), 4);
+	free(t);
+
+	/* 14 more namespaces fill the table (16 with org/a and org/b); the 15th is "other" */
+	for (unsigned i = 0; i < 15; i++) {
+		char ns[32], id[32];
+		snprintf(ns, sizeof(ns), "org/s%u", i);
+		snprintf(id, sizeof(id), "s%u", i);
+		struct kvr_sched_opts so = {.socket = inst.sock, .engine_id = id, .model_ns = ns, .timeout_ms = 5000};
+		struct kvr_client *sc;
+		cr_assert_eq(kvr_attach_scheduler(&so, &sc), 0, "%s", kvr_last_error(NULL));
+		m_prompt(tok, 0);
+		cr_assert_eq(kvr_lease(sc, 9, tok, M_PROMPT_TOKENS, NULL, 0, NULL, &lr), 0, "%s", kvr_last_error(sc));
+		t = m_scrape(port);
+		if (i < 14) {
+			cr_assert_eq(m_get(t, (snprintf(out, sizeof(out), "kvring_model_lookups_total{model=\"%s\"}", ns), out)),
+				     1);
+		} else {
+			cr_assert(!m_value(t, "kvring_model_engines{model=\"org/s14\"}", &v), "a 17th label");
+			cr_assert_eq(m_get(t, "kvring_model_engines{model=\"other\"}"), 1);
+			cr_assert_eq(m_get(t, "kvring_model_lookups_total{model=\"other\"}"), 1);
+			cr_assert_eq(m_get(t, "kvring_model_requested_tokens_total{model=\"other\"}"), 4 * M_BLOCK_TOKENS);
+		}
+		free(t);
+		kvr_detach(sc);
+	}
+	cr_assert(h_log_contains(&inst, "model namespace \"org/s14\" (counted under model \"other\": the model table is "
+					"full)"));
+}

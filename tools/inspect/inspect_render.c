@@ -213,6 +213,15 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 					      .dcp_size = w->dcp_size, .pid = LD(&w->pid), .attached_ns = w->attached_ns,
 					      .engine = w->engine};
 	}
+	for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS && c->models_off; i++) {
+		const struct kvr_model_ent *m = kvr_ctl_model(c, i);
+		struct kvr_insp_model o = {.index = i, .engines = LD(&m->engines), .lookups = LD(&m->lookups),
+					   .keys = LD(&m->keys), .matched = LD(&m->matched), .stored = LD(&m->stored)};
+		memcpy(o.name, m->name, sizeof(o.name) - 1);
+		o.name[sizeof(o.name) - 1] = '\0';
+		if (i == KVR_CTL_MODEL_OTHER ? (o.engines || o.lookups || o.stored) : o.name[0] != '\0')
+			s->models[s->n_models++] = o;
+	}
 	s->arena_bytes = c->arena_bytes;
 	s->arena_huge = c->arena_huge;
 	s->prefault_state = LD(&c->prefault_state);
@@ -537,7 +546,16 @@ void kvr_insp_snapshot_slots(struct kvr_insp_snap *s, const struct kvr_slot_tabl
 	s->n_slots = t->n_slots;
 	kvr_slots_counts(t, &s->slots);
 	memset(s->pins_by, 0, sizeof(s->pins_by));
+	for (unsigned m = 0; m < s->n_models; m++)
+		s->models[m].l1_slots = s->models[m].l1_bytes = 0;
 	for (uint32_t i = 0; i < t->n_slots; i++) {
+		if (kvr_slot_state(t, i) == KVR_SLOT_COMMITTED)
+			for (unsigned m = 0; m < s->n_models; m++)
+				if (s->models[m].index == kvr_slot_model(t, i)) {
+					s->models[m].l1_slots++;
+					s->models[m].l1_bytes += t->slot_bytes;
+					break;
+				}
 		for (unsigned w = 0; w < KVR_SLOT_MAX_WORKERS; w++)
 			s->pins_by[0] += kvr_slot_pins_of(t, i, KVR_PIN_WORKER(w));
 		s->pins_by[1] += kvr_slot_pins_of(t, i, KVR_PIN_LOOKUP);
@@ -681,6 +699,26 @@ static void text_engines(FILE *out, const struct kvr_insp_snap *s)
 		size_t room = fixed < KVR_INSP_COLUMNS ? KVR_INSP_COLUMNS - fixed : 0;
 		pline(out, "%s%s%s", head, cut_middle(e->id, room, id, sizeof(id)), tail);
 		pline(out, "    namespace \"%s\"", cut_middle(e->model_ns, KVR_INSP_COLUMNS - 16, ns, sizeof(ns)));
+	}
+	pline(out, "%s", "");
+}
+
+/* Model namespaces: engines, what L1 holds of each, and their hit rate (blocks matched of
+ * blocks asked for, lookups and leases both). A name too long for its column loses its middle. */
+static void text_models(FILE *out, const struct kvr_insp_snap *s)
+{
+	if (!s->n_models)
+		return;
+	pline(out, "models");
+	pline(out, "  %-32s %7s %8s %10s %8s %6s", "NAMESPACE", "ENGINES", "L1 SLOTS", "L1 BYTES", "LOOKUPS", "HIT");
+	for (unsigned i = 0; i < s->n_models; i++) {
+		const struct kvr_insp_model *m = &s->models[i];
+		char name[40], bytes[32], hit[16] = "-";
+		cut_middle(m->index == KVR_CTL_MODEL_OTHER ? "(other)" : m->name, 32, name, sizeof(name));
+		if (m->keys)
+			snprintf(hit, sizeof(hit), "%.1f%%", 100.0 * (double)m->matched / (double)m->keys);
+		pline(out, "  %-32s %7u %8" PRIu64 " %10s %8" PRIu64 " %6s", name, m->engines, m->l1_slots,
+		      kvr_fmt_bytes(m->l1_bytes, bytes, sizeof(bytes)), m->lookups, hit);
 	}
 	pline(out, "%s", "");
 }
@@ -967,6 +1005,7 @@ int kvr_insp_render_text(FILE *out, const struct kvr_insp_snap *cur, const struc
 	text_actors(out, cur);
 	pline(out, "%s", "");
 	text_engines(out, cur);
+	text_models(out, cur);
 	text_workers(out, cur);
 	text_leases(out, cur);
 	pline(out, "%s", "");
@@ -1255,6 +1294,22 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 	} else {
 		kvr_jw_null(&w, "engines");
 	}
+	kvr_jw_array(&w, "models");
+	for (unsigned i = 0; i < s->n_models; i++) {
+		const struct kvr_insp_model *m = &s->models[i];
+		kvr_jw_object(&w, NULL);
+		kvr_jw_str(&w, "namespace", m->index == KVR_CTL_MODEL_OTHER ? "" : m->name);
+		kvr_jw_bool(&w, "other", m->index == KVR_CTL_MODEL_OTHER);
+		kvr_jw_u64(&w, "engines", m->engines);
+		kvr_jw_u64(&w, "lookups", m->lookups);
+		kvr_jw_u64(&w, "requested_blocks", m->keys);
+		kvr_jw_u64(&w, "matched_blocks", m->matched);
+		kvr_jw_u64(&w, "stored_lanes", m->stored);
+		kvr_jw_u64(&w, "l1_slots", m->l1_slots);
+		kvr_jw_u64(&w, "l1_bytes", m->l1_bytes);
+		kvr_jw_end(&w);
+	}
+	kvr_jw_end(&w);
 	kvr_jw_object(&w, "arena");
 	kvr_jw_u64(&w, "bytes", s->arena_bytes);
 	kvr_jw_u64(&w, "huge_pages", s->arena_huge);

@@ -75,6 +75,16 @@ struct kvr_insp_actor {
 	bool page_tables_known;                      /* ... read from /proc: a running actor on this host */
 };
 
+/* A model namespace of kvringd's model table (kvr_ctl.h): its engines, the lookup actor's
+ * counters for them, and the committed L1 slots tagged with it (kvr_insp_snapshot_slots). */
+struct kvr_insp_model {
+	unsigned index;                 /* 0: "other" */
+	char name[64];
+	uint32_t engines;
+	uint64_t lookups, keys, matched, stored; /* blocks asked for, matched; lanes stored */
+	uint64_t l1_slots, l1_bytes;
+};
+
 struct kvr_insp_worker {
 	unsigned slot;
 	uint32_t state, uid, generation, tp_rank, tp_size, dcp_rank, dcp_size;
@@ -159,6 +169,9 @@ struct kvr_insp_snap {
 	int engines_error;   /* < 0: kvringd's table could not be had (text says why; JSON null) */
 	unsigned n_engines;
 	struct kvr_insp_engine engines[KVR_CTL_MAX_ENGINES];
+	/* model namespaces (kvringd's model table; entry 0 "other" only when it counted anything) */
+	unsigned n_models;
+	struct kvr_insp_model models[KVR_CTL_MAX_MODELS + 1];
 	/* lookup leases (the lookup actor's counters): held now, granted, taken, and ended by
 	 * reason: loaded, released, expired, refused, missing */
 	uint64_t leases, leases_granted, leases_taken, lease_ends[5];
