@@ -96,11 +96,13 @@ print("cfg_mode=" + str(c["instance"]["socket_mode"]))
 print("cfg_drain_ms=" + str(c["supervisor"]["drain_timeout_ms"]))
 print("cfg_metrics=" + ("on" if c["metrics"]["enabled"] else "off") + "," + c["metrics"]["listen"])
 print("cfg_l2=" + str(len(c["l2"]["dirs"])))
-print("cfg_block_tokens=" + str(c["model"]["block_tokens"]))
+print("cfg_no_model=" + ("yes" if c["model"]["preset"] == "" and c["model"]["layers"] == 0 else "no"))
 ' "$tmp/effective.json")"
 [ "$cfg_socket" = /run/kvring/kvring.sock ] || fail "the default config's socket is $cfg_socket, not /run/kvring/kvring.sock"
 [ "$cfg_metrics" = on,127.0.0.1:9464 ] || fail "the default config's metrics: $cfg_metrics, want on,127.0.0.1:9464"
 [ "$cfg_l2" = 0 ] || fail "the default config has $cfg_l2 L2 dirs, want an L1-only instance"
+[ "$cfg_no_model" = yes ] || fail "the default config names a model: it must serve whatever model attaches first"
+grep -q "no model section" "$tmp/check.err" || fail "--check-config does not say the default config has no model"
 say "default config: socket $cfg_socket (mode $cfg_mode), drain $cfg_drain_ms ms, metrics $cfg_metrics, L1 only"
 
 # ---- the unit ---------------------------------------------------------------------------
@@ -176,24 +178,26 @@ pid=$!
 # exited: a zombie child (state Z) or gone
 exited() { ! [ -e "/proc/$1" ] || [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -c1)" = Z ]; }
 inspect() { "$dest$bindir/kvring-inspect" --socket "$sock" --json; }
-# prints the instance's state; exit 0 once the lookup actor is ready
-lookup_ready() {
+# prints the instance's state; exit 0 once it serves attaches (no model: no L1 and no actor
+# before the first worker, the lookup actor not started yet)
+instance_running() {
 	python3 -c '
 import json, sys
 j = json.load(open(sys.argv[1]))
 print(j["instance"]["state"])
-sys.exit(0 if any(a["name"] == "lookup" and a["state"] == "ready" for a in j["actors"]) else 1)
+sys.exit(0 if j["instance"]["state"] == "running" and j["l1_slots"] is None and
+         all(a["state"] == "idle" for a in j["actors"]) else 1)
 ' "$tmp/inspect.json"
 }
 deadline=$(($(date +%s) + 20))
-until [ -S "$sock" ] && inspect >"$tmp/inspect.json" 2>"$tmp/inspect.err" && state=$(lookup_ready); do
+until [ -S "$sock" ] && inspect >"$tmp/inspect.json" 2>"$tmp/inspect.err" && state=$(instance_running); do
 	exited "$pid" && fail "kvringd exited before its socket answered"
 	[ "$(date +%s)" -lt "$deadline" ] || { cat "$tmp/inspect.err" >&2; fail "$sock did not answer within 20 s"; }
 	sleep 0.05
 done
-say "$sock answers kvring-inspect (instance $state, lookup ready)"
+say "$sock answers kvring-inspect (instance $state, L1 not laid out: no model section)"
 if [ -n "$notify" ]; then
-	# READY=1 is sent when the lookup actor is ready, before or as the socket answered
+	# READY=1 is sent once the instance serves attaches, before or as the socket answered
 	deadline=$(($(date +%s) + 5))
 	until grep -qx 'READY=1' "$tmp/notify.log"; do
 		[ "$(date +%s)" -lt "$deadline" ] || fail "Type=notify, but kvringd sent no READY=1 ($(cat "$tmp/notify.log"))"
@@ -207,16 +211,9 @@ fi
 [ "$(stat -c %a "$sock")" = "$(printf %o "$cfg_mode")" ] || [ "$(stat -c %a "$sock")" = "${cfg_mode#0}" ] ||
 	fail "the socket's mode is $(stat -c %a "$sock"), the config says $cfg_mode"
 
-# the actors kvringd started are the installed ones
-actors=$(cat "/proc/$pid/task/$pid/children")
-[ -n "$actors" ] || fail "kvringd has no child process"
-for a in $actors; do
-	exe=$(readlink "/proc/$a/exe")
-	case "$exe" in "$dest$libexecdir/kvring/"*) ;; *) fail "actor pid $a runs $exe, not an installed actor" ;; esac
-done
-
-# a scheduler attaches as the connector would: the socket from the connector's resolution
-# ($KVRING_SOCKET here), libkvring from the install
+# a worker attaches (the tiny model's kv-fused geometry, 32-token blocks): L1 is laid out for
+# it and the actors start; then a scheduler of its engine attaches as the connector would:
+# the socket from the connector's resolution ($KVRING_SOCKET here), libkvring from the install
 # a sanitizer build's libkvring needs its runtimes loaded first into python3 (whose own
 # allocations are not ours to leak-check): preload what the library links
 preload=""
@@ -225,7 +222,7 @@ for n in $(readelf -d "$dest$libdir/libkvring.so.0" | sed -n 's/.*Shared library
 done
 LD_PRELOAD=${preload# } ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 \
 KVRING_SOCKET=$sock KVRING_LIB=$dest$libdir/libkvring.so.0 PYTHONPATH=$src/client/python \
-	python3 - "$src/client/python/kvring/vllm/config.py" "$cfg_block_tokens" <<'PY' || fail "scheduler attach failed"
+	python3 - "$src/client/python/kvring/vllm/config.py" "$pid" "$dest$libexecdir/kvring/" <<'PY' ||
 import importlib.util, os, sys
 spec = importlib.util.spec_from_file_location("kvr_vllm_config", sys.argv[1])
 cfg = importlib.util.module_from_spec(spec)
@@ -235,11 +232,28 @@ c = cfg.parse({})
 assert c.socket == os.environ["KVRING_SOCKET"] and c.socket_from == "$KVRING_SOCKET", c
 import kvring
 assert kvring.library_path() == os.environ["KVRING_LIB"], kvring.library_path()
-with kvring.Scheduler(socket=c.socket, engine_id="service-test") as s:
-    bt = s.block_tokens
-assert bt == int(sys.argv[2]), bt
-print(f"test_service: a scheduler attached at {c.socket} ({c.socket_from}), {bt}-token blocks", file=sys.stderr)
+LAYERS, HEADS, HEAD_DIM, DT, BLOCK, NB = 2, 2, 64, 4, 32, 8
+PAGE = 2 * BLOCK * HEADS * HEAD_DIM * DT
+regions = [kvring.RegionSpec(offset=la * NB * PAGE, stride=PAGE, page_bytes=PAGE) for la in range(LAYERS)]
+geom = kvring.build_geometry(layers=LAYERS, kv_heads=HEADS, head_dim=HEAD_DIM, dtype_bytes=DT, block_tokens=BLOCK,
+                             num_blocks=NB, regions=regions)
+fd = os.memfd_create("kvring-service-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+os.ftruncate(fd, LAYERS * NB * PAGE)
+with kvring.Worker(geom, fd, LAYERS * NB * PAGE, socket=c.socket, engine_id="service-test",
+                   model_ns="service-test/tiny") as w:
+    # the actors kvringd started for it are the installed ones
+    kids = open(f"/proc/{sys.argv[2]}/task/{sys.argv[2]}/children").read().split()
+    assert kids, "kvringd started no actor for the first worker"
+    for a in kids:
+        exe = os.readlink(f"/proc/{a}/exe")
+        assert exe.startswith(sys.argv[3]), f"actor pid {a} runs {exe}, not an installed actor"
+    with kvring.Scheduler(socket=c.socket, engine_id="service-test", model_ns="service-test/tiny") as s:
+        bt = s.block_tokens
+assert bt == BLOCK, bt
+print(f"test_service: a worker and a scheduler attached at {c.socket} ({c.socket_from}), L1 laid out for "
+      f"{bt}-token blocks, {len(kids)} installed actors", file=sys.stderr)
 PY
+	fail "worker and scheduler attach failed"
 
 # metrics are on, where the config says
 python3 -c '
@@ -248,6 +262,8 @@ sys.exit(0 if b"kvring_" in urllib.request.urlopen(sys.argv[1], timeout=5).read(
 ' "http://127.0.0.1:$port/metrics" || fail "/metrics on 127.0.0.1:$port does not answer"
 
 # ---- stop = drain -----------------------------------------------------------------------
+actors=$(cat "/proc/$pid/task/$pid/children") # the lookup actor, at least: L1 is laid out
+[ -n "$actors" ] || fail "kvringd has no child process after a worker attached"
 kill -TERM "$pid"
 deadline=$(($(date +%s) + stop_s))
 until exited "$pid"; do
