@@ -135,6 +135,10 @@ const struct kvr_key cfg_keys[] = {
 
 	SIZE("l1.capacity_bytes", l1.capacity_bytes, 1 * GiB, 0,
 	     "arena bytes; 0 = derive from l1.workload_prompts x l1.workload_tokens"),
+	SIZE("l1.slot_bytes", l1.slot_bytes, 0, 0,
+	     "bytes of one L1 slot (one block lane, rounded up to 4 KiB); 0 = the lane of the model section's "
+	     "block, or without one of the first worker's: without a model section engines of other models share "
+	     "the slots when their lanes fit (docs/engines.md)"),
 	U32("l1.workload_prompts", l1.workload_prompts, 0, 0, 10000000, "prompts",
 	    "prompts to hold when the capacity is derived"),
 	U32("l1.workload_tokens", l1.workload_tokens, 0, 0, 100000000, "tokens",

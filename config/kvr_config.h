@@ -89,6 +89,7 @@ struct kvr_config {
 	} model;
 	struct {
 		uint64_t capacity_bytes;     /* arena bytes; 0 = derive from workload below */
+		uint64_t slot_bytes;         /* one slot (block lane); 0 = the model's or the first worker's lane */
 		uint32_t workload_prompts;   /* derive capacity: prompts x tokens */
 		uint32_t workload_tokens;
 		bool huge_pages;             /* try MFD_HUGETLB for the arena */

@@ -21,13 +21,11 @@
 #define GEOM_FIELD(field, key)                                                                                         \
 	do {                                                                                                           \
 		if (g->field != want.field) {                                                                          \
-			sup_rep_init(s, rep, -EINVAL, "geometry mismatch: " #field " %u, the instance serves %u (%s%s)", \
-				     g->field, want.field, s->cfg.model.unbound ? BOUND_BY : key,                       \
-				     s->cfg.model.unbound ? s->bound_by : "");                                          \
+			sup_rep_init(s, rep, -EINVAL, "geometry mismatch: " #field " %u, the instance serves %u (%s)", \
+				     g->field, want.field, key);                                                       \
 			return -EINVAL;                                                                                \
 		}                                                                                                      \
 	} while (0)
-#define BOUND_BY "one kvringd per geometry; L1 was laid out for "
 
 /*
  * The worker's KV memory descriptor, before any actor maps it: every loader and storer
@@ -104,13 +102,39 @@ static int kv_memory_check(struct sup *s, int fd, struct kvr_proto_rep *rep, uin
 /* The canonical block g of an attaching rank (rank_g) against the instance's model: the
  * fields, a DCP rank's rows per page, the bytes per lane and the page layout. 0, or
  * -EINVAL with rep naming the field and the numbers. */
+/* No model section: engines of any model share the slots, so what must agree is the slot
+ * format L1 was laid out with for the first worker — its block size and lane count (the
+ * commit quorum) — and a lane must fit a slot, and a staging pool hold one. 0, or -EINVAL
+ * with rep naming what differs and what to do. */
+static int slots_fit(struct sup *s, const struct kvr_geometry *g, struct kvr_proto_rep *rep)
+{
+	uint64_t lane = kvr_geometry_lane_bytes(g);
+	uint32_t lanes = kvr_geometry_lanes(g);
+	char err[KVR_PROTO_REASON_MAX];
+	if (g->block_tokens != s->geom.block_tokens)
+		sup_rep_init(s, rep, -EINVAL, "block_tokens %u: this instance's blocks have %u tokens (set by the first "
+			     "worker, %s)", g->block_tokens, s->geom.block_tokens, s->bound_by);
+	else if (lanes != s->lanes)
+		sup_rep_init(s, rep, -EINVAL, "%u lanes a block (TP %u): this instance's blocks have %u (set by the first "
+			     "worker, %s)", lanes, g->tp_size, s->lanes, s->bound_by);
+	else if (lane > s->slots->slot_bytes)
+		sup_rep_init(s, rep, -EINVAL, "a block lane of %llu bytes does not fit this instance's slots of %llu: set "
+			     "$.l1.slot_bytes to the largest model's lane", (unsigned long long)lane,
+			     (unsigned long long)s->slots->slot_bytes);
+	else if (kvr_config_check_block(&s->cfg, lane, err, sizeof(err)))
+		sup_rep_init(s, rep, -EINVAL, "%s", err);
+	else
+		return 0;
+	return -EINVAL;
+}
+
 static int geometry_matches(struct sup *s, const struct kvr_geometry *rank_g, const struct kvr_geometry *g,
 			    struct kvr_proto_rep *rep)
 {
 	struct kvr_geometry want;
 	char why[KVR_GEOM_ERR_MAX + 64];
 	if (s->cfg.model.unbound) {
-		want = s->geom; /* the first worker's: field for field (the offsets are not compared) */
+		return slots_fit(s, g, rep);
 	} else if (sup_model_geometry(&s->cfg, g->tp_rank < g->tp_size ? g->tp_rank : 0, g->num_blocks, &want, why,
 				      sizeof(why))) {
 		sup_rep_init(s, rep, -EINVAL, "%s", why);
@@ -147,15 +171,10 @@ static int geometry_matches(struct sup *s, const struct kvr_geometry *rank_g, co
 	}
 	kvr_key ns;
 	if (kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns) || !kvr_key_eq(ns, s->ns)) {
-		if (s->cfg.model.unbound)
-			sup_rep_init(s, rep, -EINVAL, "geometry mismatch: the page layout differs from the instance's "
-				     "(%u regions of %u bytes per block, this worker %u of %u; " BOUND_BY "%s)",
-				     s->geom.n_regions, s->geom.page_bytes[0], g->n_regions, g->page_bytes[0], s->bound_by);
-		else
-			sup_rep_init(s, rep, -EINVAL, "geometry mismatch: the page layout differs from the instance's model "
-				     "(model.kv_layout \"%s\": %u regions of %u bytes per block, this worker %u of %u)",
-				     s->cfg.model.kv_layout, s->geom.n_regions, s->geom.page_bytes[0], g->n_regions,
-				     g->page_bytes[0]);
+		sup_rep_init(s, rep, -EINVAL, "geometry mismatch: the page layout differs from the instance's model "
+			     "(model.kv_layout \"%s\": %u regions of %u bytes per block, this worker %u of %u)",
+			     s->cfg.model.kv_layout, s->geom.n_regions, s->geom.page_bytes[0], g->n_regions,
+			     g->page_bytes[0]);
 		return -EINVAL;
 	}
 	return 0;
@@ -361,7 +380,8 @@ static void attach_info(struct sup *s, unsigned w, const struct kvr_geometry *g,
 		.n_slots = s->slots->n_slots,
 		.block_tokens = s->geom.block_tokens,
 		.slot_bytes = s->slots->slot_bytes,
-		.lane_bytes = s->lane_bytes,
+		/* its own block's lane (without a model section the slots may be larger) */
+		.lane_bytes = g->dcp_size > 1 ? kvr_dcp_canonical_lane_bytes(g) : kvr_geometry_lane_bytes(g),
 		.kv_bytes = s->kv_bytes[w],
 		.loader_actor = SUP_ACTOR_LOADER(w),
 		.storer_actor = gather >= 0 ? (uint32_t)gather : SUP_ACTOR_STORER(w),
@@ -479,14 +499,14 @@ static int sched_slot(struct sup *s, struct sup_conn *c, const struct kvr_proto_
 /* Scheduler slot `slot`'s entry filled for c's process and its engine, then published:
  * ATTACHED is stored last. */
 static void sched_attached(struct sup *s, struct sup_conn *c, unsigned slot, int engine,
-			   const struct sup_engine_id *eng)
+			   const struct sup_engine_id *eng, uint32_t tp_size)
 {
 	struct kvr_worker_ent *se = kvr_ctl_sched(s->ctl, slot);
 	atomic_store(&se->pid, c->pid);
 	se->uid = c->uid;
 	se->generation++;
 	se->tp_rank = se->dcp_rank = 0;
-	se->tp_size = s->geom.tp_size;
+	se->tp_size = tp_size; /* its engine's: a lease's loaders by default */
 	se->dcp_size = 1;
 	se->attached_ns = kvr_now_ns();
 	se->engine = (uint16_t)engine;
@@ -524,12 +544,21 @@ void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr
 		sup_rep_init(s, &rep, engine, "%s", why);
 		goto reply;
 	}
-	if (sup_engine_namespace(s, engine, &s->geom, &ns)) {
+	/* its engine's geometry: the model section's, or without one a worker's of the engine
+	 * (engines of several models share such an instance) */
+	const struct kvr_geometry *eg = s->cfg.model.unbound ? sup_engine_geometry(s, engine) : &s->geom;
+	if (!eg) {
+		sup_engine_leave(s, engine);
+		sup_rep_init(s, &rep, -EAGAIN, "no worker of engine \"%.40s\" has attached yet: without a model section "
+			     "a scheduler takes its engine's geometry from one", eng.id);
+		goto reply;
+	}
+	if (sup_engine_namespace(s, engine, eg, &ns)) {
 		sup_engine_leave(s, engine);
 		sup_rep_init(s, &rep, -EINVAL, "no key namespace for engine \"%s\"", eng.id);
 		goto reply;
 	}
-	sched_attached(s, c, (unsigned)slot, engine, &eng);
+	sched_attached(s, c, (unsigned)slot, engine, &eng, eg->tp_size);
 
 	sup_rep_init(s, &rep, 0, NULL);
 	rep.worker = (uint32_t)slot;
@@ -541,7 +570,7 @@ void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr
 		.n_slots = s->slots->n_slots,
 		.block_tokens = s->geom.block_tokens,
 		.slot_bytes = s->slots->slot_bytes,
-		.lane_bytes = s->lane_bytes,
+		.lane_bytes = eg->dcp_size > 1 ? kvr_dcp_canonical_lane_bytes(eg) : kvr_geometry_lane_bytes(eg),
 		.lookup_actor = SUP_ACTOR_LOOKUP,
 		.group_ranks = 1,
 	};

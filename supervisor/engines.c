@@ -12,8 +12,9 @@
  * worker per (engine, TP rank, DCP rank)) and brings a model namespace: engines of one
  * model_ns share blocks (eight TP-1 replicas of a model keep one L1 copy of a prefix),
  * engines of different model_ns share none, because model_ns replaces model.model_id in
- * the key namespace (kvr_geometry_namespace). The instance's geometry still binds every
- * engine: slots have one size.
+ * the key namespace (kvr_geometry_namespace). With a model section the instance's geometry
+ * binds every engine; without one engines of any geometry share the slots (attach.c,
+ * slots_fit), and a scheduler takes its engine's geometry from one of its workers.
  *
  * Engine indices (0..KVR_CTL_MAX_ENGINES-1) are what the lookup actor sees (a lease is
  * keyed by (engine index, lease id)); an index is kept while any client of the engine is
@@ -137,6 +138,14 @@ void sup_engine_leave(struct sup *s, int ix)
 		atomic_fetch_sub(&kvr_ctl_model(s->ctl, s->engines[ix].model)->engines, 1);
 		kvr_info("engine %d (\"%s\"): no client attached any more", ix, s->engines[ix].id.id);
 	}
+}
+
+const struct kvr_geometry *sup_engine_geometry(const struct sup *s, int ix)
+{
+	for (unsigned w = 0; w < s->cfg.instance.max_workers; w++)
+		if (s->worker_engine[w] == ix && atomic_load(&kvr_ctl_worker(s->ctl, w)->state) == KVR_WORKER_ATTACHED)
+			return kvr_ctl_worker_geometry(s->ctl, w);
+	return NULL;
 }
 
 int sup_engine_namespace(const struct sup *s, int ix, const struct kvr_geometry *g, kvr_key *ret)

@@ -192,8 +192,12 @@ int sup_check_config(const struct kvr_config *cfg, char *err, size_t errlen)
 	if (rc)
 		return rc;
 	uint32_t n_slots;
-	return l1_slots(cfg, kvr_geometry_lane_bytes(&g), kvr_geometry_lanes(&g), g.block_tokens, &n_slots, err,
-			errlen);
+	uint64_t lane = kvr_geometry_lane_bytes(&g);
+	if (cfg->l1.slot_bytes && kvr_slots_slot_bytes(cfg->l1.slot_bytes) < lane)
+		return kvr_errf(err, errlen, -EINVAL, "$.l1.slot_bytes: %llu is smaller than one block lane of the model "
+				"(%llu bytes)", (unsigned long long)cfg->l1.slot_bytes, (unsigned long long)lane);
+	return l1_slots(cfg, cfg->l1.slot_bytes ? kvr_slots_slot_bytes(cfg->l1.slot_bytes) : lane,
+			kvr_geometry_lanes(&g), g.block_tokens, &n_slots, err, errlen);
 }
 
 static void fill_actor_table(struct sup *s)
@@ -335,10 +339,18 @@ static void log_arena_pages(const struct sup *s)
 /* L1 (slot table and arena) laid out for geometry g (rank 0's view), or a reason in err. */
 static int create_l1(struct sup *s, const struct kvr_geometry *g, char *err, size_t errlen)
 {
-	uint64_t lane_bytes = kvr_geometry_lane_bytes(g);
+	uint64_t model_lane = kvr_geometry_lane_bytes(g);
+	/* a slot holds l1.slot_bytes when given (a larger model's lanes fit it too) */
+	uint64_t lane_bytes = s->cfg.l1.slot_bytes ? kvr_slots_slot_bytes(s->cfg.l1.slot_bytes) : model_lane;
 	uint32_t lanes = kvr_geometry_lanes(g), n_slots;
+	if (lane_bytes < model_lane)
+		return kvr_errf(err, errlen, -EINVAL, "$.l1.slot_bytes: %llu is smaller than one block lane (%llu bytes)",
+				(unsigned long long)s->cfg.l1.slot_bytes, (unsigned long long)model_lane);
 	kvr_key ns;
-	int rc = kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns);
+	/* no model section: the slot format names the instance (engines of several models share it) */
+	int rc = s->cfg.model.unbound ? kvr_slots_namespace(kvr_slots_slot_bytes(lane_bytes), g->block_tokens, lanes,
+							    s->cfg.model.cache_salt, &ns)
+				      : kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns);
 	if (rc)
 		return kvr_errf(err, errlen, rc, "no key namespace for this geometry");
 	rc = l1_slots(&s->cfg, lane_bytes, lanes, g->block_tokens, &n_slots, err, errlen);
@@ -374,7 +386,7 @@ static int create_l1(struct sup *s, const struct kvr_geometry *g, char *err, siz
 	/* published: the loop reads s->slots as "L1 is laid out" */
 	s->geom = *g;
 	s->geom.tp_rank = 0;
-	s->lane_bytes = lane_bytes;
+	s->lane_bytes = model_lane;
 	s->lanes = lanes;
 	s->ns = ns;
 	s->slots = slots;

@@ -343,6 +343,9 @@ int sup_engine_join(struct sup *s, const struct sup_engine_id *e, char *why, siz
 void sup_engine_leave(struct sup *s, int ix);
 /* The model name that goes into engine e's key namespace. */
 const char *sup_engine_model(const struct sup *s, const struct sup_engine_id *e);
+/* The geometry of an attached worker of engine ix (any rank: a namespace does not depend
+ * on it), or NULL when none is attached. */
+const struct kvr_geometry *sup_engine_geometry(const struct sup *s, int ix);
 /* Key namespace of geometry g for engine ix (kvr_geometry_namespace with its model). */
 int sup_engine_namespace(const struct sup *s, int ix, const struct kvr_geometry *g, kvr_key *ret);
 /* The engines attached now, in index order, with their worker and scheduler slots attached

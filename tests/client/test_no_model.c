@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +31,8 @@ static void teardown(void)
 }
 
 TestSuite(no_model, .init = setup, .fini = teardown, .timeout = 90);
+
+#define MAX_PROMPTS 8
 
 #define BLOCKS 4
 #define BT 16 /* ct_tiny's block_tokens */
@@ -101,26 +104,151 @@ Test(no_model, binds_at_the_first_attach_and_serves_byte_exact)
 	ct_assert_table_clean(&env);
 }
 
-/* Once bound, another geometry is refused naming the field and the first worker; another model
- * of the same geometry attaches and shares nothing with the first (the namespace holds it). */
-Test(no_model, another_geometry_is_refused_naming_the_first_worker)
+/* Store prompt p on rank r from engine blocks 0..3 with tags TAG(p + salt, i). */
+static void store_tagged(struct ct_rank *r, unsigned p, uint64_t salt, uint64_t req)
+{
+	uint32_t blocks[BLOCKS];
+	for (uint32_t i = 0; i < BLOCKS; i++) {
+		blocks[i] = i;
+		ct_fill(r, i, TAG(p + salt, i));
+	}
+	struct ct_done d;
+	ct_store(r, req, tokens[p], BLOCKS * BT, blocks, BLOCKS, &d);
+	cr_assert_eq(d.c.status, 0, "store %u: %d", p, d.c.status);
+	cr_assert_eq(d.c.n_stored, BLOCKS, "store %u stored %u", p, d.c.n_stored);
+}
+
+/* Committed slots tagged with model entry m (kvr_slot.model). */
+static unsigned slots_of_model(unsigned m)
+{
+	unsigned n = 0;
+	for (uint32_t i = 0; i < env.slots->n_slots; i++)
+		n += kvr_slot_state(env.slots, i) == KVR_SLOT_COMMITTED && kvr_slot_model(env.slots, i) == m;
+	return n;
+}
+
+/* Two engines of two geometries (head_dim 16 and 8: lanes of 4 and 2 KiB) on one instance
+ * without a model section share its slots: L1 holds 8, each prompt takes 4, so every store
+ * evicts the other engine's older blocks; whatever is matched loads byte-exact into the
+ * engine's own layout, and neither engine ever matches the other's blocks. */
+Test(no_model, engines_of_two_geometries_share_the_slots_under_eviction)
+{
+	struct ct_opts o = {.no_model = true, .l1_slots = 8, .max_workers = 3};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *a, *b;
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env);
+	cr_assert_eq(open_rank(0, 8, "e2", "org/b", &b), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(env.slots->slot_bytes, 4096);
+	uint8_t ma = kvr_ctl_worker(env.ctl, a->worker)->model, mb = kvr_ctl_worker(env.ctl, b->worker)->model;
+	cr_assert(ma && mb && ma != mb, "models %u and %u", ma, mb);
+
+	for (unsigned p = 0; p < 5; p++) {
+		ct_prompt(tokens[p], BLOCKS * BT, 400 + p);
+		store_tagged(a, p, 0, 10 + p);
+		store_tagged(b, p, 100, 20 + p); /* the same tokens: other keys in org/b's namespace */
+		/* the two latest prompts fill L1: both load byte-exact, each in its own geometry */
+		cr_assert_eq(ct_lookup_load_exact(a, 30 + p, tokens[p], BLOCKS * BT, 8, TAG(p, 0)), BLOCKS, "a, prompt %u", p);
+		cr_assert_eq(ct_lookup_load_exact(b, 40 + p, tokens[p], BLOCKS * BT, 8, TAG(p + 100, 0)), BLOCKS,
+			     "b, prompt %u", p);
+		cr_assert_eq(slots_of_model(ma), BLOCKS);
+		cr_assert_eq(slots_of_model(mb), BLOCKS);
+	}
+	cr_assert_geq(ct_stat(&env, "lookup", KVR_STAT_LK_EVICTED), 4 * 2 * BLOCKS, "each store evicted the other's");
+	cr_assert_eq(ct_lookup(a, 50, tokens[0], BLOCKS * BT), 0, "prompt 0 was evicted");
+	struct kvr_model_ent *me = kvr_ctl_model(env.ctl, ma);
+	cr_assert_str_eq(me->name, "org/a");
+	cr_assert_eq(atomic_load(&me->stored), 5 * BLOCKS);
+	ct_close_all();
+	ct_assert_table_clean(&env);
+}
+
+/* What must agree with the slots: a lane that does not fit them, another block size and
+ * another lane count are refused naming the key or the first worker; l1.slot_bytes makes
+ * room for a larger model. */
+Test(no_model, what_does_not_fit_the_slots_is_refused_naming_it)
 {
 	struct ct_opts o = {.no_model = true, .max_workers = 3};
 	ct_start(&env, &ct_tiny, &o);
-	struct ct_rank *a, *b, *c;
+	struct ct_rank *a, *r;
 	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL));
 	ct_map_l1(&env);
-	store_prompt(a, 0);
 
-	cr_assert_eq(open_rank(0, 32, "e2", "org/b", &b), -EINVAL);
+	cr_assert_eq(open_rank(0, 32, "e2", "org/b", &r), -EINVAL);
 	const char *why = kvr_last_error(NULL);
-	cr_assert(strstr(why, "geometry mismatch: head_dim 32, the instance serves 16 (one kvringd per geometry; L1 "
-			      "was laid out for engine \"e1\" rank 0 pid"),
+	cr_assert(strstr(why, "a block lane of 8192 bytes does not fit this instance's slots of 4096: set "
+			      "$.l1.slot_bytes to the largest model's lane"),
 		  "%s", why);
 
-	cr_assert_eq(open_rank(0, 0, "e3", "org/c", &c), 0, "%s", kvr_last_error(NULL));
-	cr_assert_eq(ct_lookup(c, 60, tokens[0], BLOCKS * BT), 0, "another model's blocks must not match");
-	cr_assert_eq(ct_lookup_load_exact(a, 61, tokens[0], BLOCKS * BT, 8, TAG(0, 0)), BLOCKS);
+	struct ct_model keep = env.m;
+	env.m.block_tokens = 32;
+	int rc = open_rank(0, 8, "e3", "org/c", &r);
+	env.m = keep;
+	cr_assert_eq(rc, -EINVAL);
+	why = kvr_last_error(NULL);
+	cr_assert(strstr(why, "block_tokens 32: this instance's blocks have 16 tokens (set by the first worker, engine "
+			      "\"e1\" rank 0 pid"),
+		  "%s", why);
+
+	env.m = ct_tiny_tp2; /* one KV head a rank: 2 KiB lanes, but 2 lanes a block */
+	rc = open_rank(0, 0, "e4", "org/d", &r);
+	env.m = keep;
+	cr_assert_eq(rc, -EINVAL);
+	why = kvr_last_error(NULL);
+	cr_assert(strstr(why, "2 lanes a block (TP 2): this instance's blocks have 1"), "%s", why);
+	cr_assert_eq(kvr_ctl_worker(env.ctl, a->worker)->state, KVR_WORKER_ATTACHED);
+}
+
+Test(no_model, slot_bytes_makes_room_for_a_larger_model)
+{
+	struct ct_opts o = {.no_model = true, .max_workers = 3, .l1_extra = ", \"slot_bytes\": \"8KiB\""};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *a, *b;
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(open_rank(0, 32, "e2", "org/b", &b), 0, "%s", kvr_last_error(NULL));
+	int fd = h_daemon_memfd(env.h.pid, "kvring-slots", O_RDONLY);
+	cr_assert_eq(kvr_segment_map(fd, KVR_SEG_SLOTS, 0, &env.slots_seg), 0);
+	close(fd);
+	cr_assert_eq(kvr_slots_attach(&env.slots_seg, &env.slots), 0);
+	cr_assert_eq(env.slots->slot_bytes, 8192);
+	ct_prompt(tokens[0], BLOCKS * BT, 500);
+	store_tagged(a, 0, 0, 1);
+	store_tagged(b, 0, 100, 2);
+	cr_assert_eq(ct_lookup_load_exact(a, 3, tokens[0], BLOCKS * BT, 8, TAG(0, 0)), BLOCKS);
+	cr_assert_eq(ct_lookup_load_exact(b, 4, tokens[0], BLOCKS * BT, 8, TAG(100, 0)), BLOCKS);
+	ct_close_all();
+	ct_assert_table_clean(&env);
+}
+
+/* A scheduler takes its engine's geometry from one of its workers: before one attached it
+ * is refused (EAGAIN); after, it leases its engine's blocks and only those. */
+Test(no_model, a_scheduler_takes_its_engines_geometry)
+{
+	struct ct_opts o = {.no_model = true, .max_workers = 3};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *a, *b;
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env);
+	struct kvr_client *sc;
+	struct kvr_sched_opts so = {.socket = env.h.sock, .engine_id = "e2", .model_ns = "org/b", .timeout_ms = 5000};
+	cr_assert_eq(kvr_attach_scheduler(&so, &sc), -EAGAIN);
+	cr_assert(strstr(kvr_last_error(NULL), "no worker of engine \"e2\" has attached yet"), "%s",
+		  kvr_last_error(NULL));
+	cr_assert_eq(open_rank(0, 8, "e2", "org/b", &b), 0, "%s", kvr_last_error(NULL));
+	ct_prompt(tokens[0], BLOCKS * BT, 600);
+	store_tagged(a, 0, 0, 1);
+	store_tagged(b, 0, 100, 2);
+	ct_prompt(tokens[1], BLOCKS * BT, 601);
+	store_tagged(a, 1, 0, 3);
+	cr_assert_eq(kvr_attach_scheduler(&so, &sc), 0, "%s", kvr_last_error(NULL));
+	struct kvr_lookup_result lr;
+	cr_assert_eq(kvr_lease(sc, 7, tokens[0], BLOCKS * BT, NULL, 0, NULL, &lr), 0, "%s", kvr_last_error(sc));
+	cr_assert_eq(lr.matched_blocks, BLOCKS, "engine e2's own prompt");
+	cr_assert_eq(kvr_lease(sc, 8, tokens[1], BLOCKS * BT, NULL, 0, NULL, &lr), 0);
+	cr_assert_eq(lr.matched_blocks, 0, "engine e1's prompt must not match for e2");
+	cr_assert_eq(kvr_lease_release(sc, 7), 0);
+	kvr_detach(sc);
+	ct_close_all();
 	ct_assert_table_clean(&env);
 }
 
@@ -163,7 +291,7 @@ Test(no_model, a_block_that_does_not_fit_is_refused_naming_the_key)
  * binds the same geometry and every block comes back from the adopted files, byte-exact. */
 Test(no_model, l2_is_adopted_once_bound_again_after_a_restart)
 {
-	struct ct_opts o = {.no_model = true, .l1_slots = 4, .l2_dir = l2dir};
+	struct ct_opts o = {.no_model = true, .l1_slots = 4, .l2_dir = l2dir, .max_workers = 2};
 	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *r;
 	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &r), 0, "%s", kvr_last_error(NULL));
@@ -187,11 +315,16 @@ Test(no_model, l2_is_adopted_once_bound_again_after_a_restart)
 	ct_start(&env, &ct_tiny, &o);
 	cr_assert_eq(env.ctl->arena_bytes, 0);
 	cr_assert_eq(h_count_files(l2dir, ".kvb"), 3 * BLOCKS, "nothing adopted or removed before a geometry is known");
-	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &r), 0, "%s", kvr_last_error(NULL));
+	/* a worker of another geometry binds first this time: the slots (4 KiB) and so the L2
+	 * namespace are the same, and its engine shares the instance with the first one's */
+	struct ct_rank *b;
+	cr_assert_eq(open_rank(0, 8, "e2", "org/b", &b), 0, "%s", kvr_last_error(NULL));
 	ct_map_l1(&env);
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &r), 0, "%s", kvr_last_error(NULL));
 	for (unsigned p = 0; p < 3; p++)
 		cr_assert_eq(ct_lookup_load_exact(r, 90 + p, tokens[p], BLOCKS * BT, 8, TAG(p, 0)), BLOCKS,
 			     "prompt %u from the adopted L2", p);
+	cr_assert_eq(ct_lookup(b, 95, tokens[0], BLOCKS * BT), 0, "org/b must not match org/a's files");
 	cr_assert_geq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 3 * BLOCKS - 4);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
 	ct_close_all();
@@ -208,4 +341,12 @@ Test(no_model, check_config_of_an_empty_object_says_so)
 	cr_assert(h_log_contains(&env.h, "\"preset\": \"\""));
 	cr_assert(h_log_contains(&env.h, "kvringd: no model section: L1 (1073741824 bytes) is laid out for the geometry "
 					 "of the first worker that attaches, and every engine must name its model"));
+
+	/* with a model section, slots smaller than its block lane are a bad config */
+	h_write_config_raw(&env.h, "{\"model\": {\"preset\": \"qwen3-8b\"}, \"l1\": {\"slot_bytes\": \"1MiB\"}}");
+	cr_assert_eq(truncate(env.h.log, 0), 0);
+	st = h_wait_exit(h_spawn_kvringd(&env.h, args), 3000);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status 0x%x", st);
+	cr_assert(h_log_contains(&env.h, "kvringd: $.l1.slot_bytes: 1048576 is smaller than one block lane of the model "
+					 "(18874368 bytes)"));
 }

@@ -714,7 +714,7 @@ Test(config, to_json_keys)
 		}
 	}
 	cr_expect_eq(s, ARRAY_SIZE(sections));
-	cr_expect_eq(n, 59, "keys in the effective JSON: %zu", n);
+	cr_expect_eq(n, 60, "keys in the effective JSON: %zu", n);
 	cJSON_Delete(root);
 	free(j);
 	free(md);

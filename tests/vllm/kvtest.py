@@ -534,7 +534,14 @@ def tiny_model_seeded(seed: int) -> Path:
     safetensors header and size, other values), made once per seed like tiny_model()."""
     if seed == MODEL_SEED:
         return tiny_model()
-    key = hashlib.sha256(json.dumps([MODEL_CONFIG, seed], sort_keys=True).encode()).hexdigest()[:16]
+    return tiny_model_variant(seed)
+
+
+def tiny_model_variant(seed: int, **config: Any) -> Path:
+    """The tiny model with `config` changed (e.g. num_hidden_layers=4, head_dim=32: another KV
+    geometry) and the random weights of `seed`, made once per (config, seed)."""
+    mc = dict(MODEL_CONFIG, **config)
+    key = hashlib.sha256(json.dumps([mc, seed], sort_keys=True).encode()).hexdigest()[:16]
     d = BUILD / "vllm-test-models" / f"tiny-llama-{key}"
     if (d / "model.safetensors").exists() and (d / "config.json").exists():
         return d
@@ -543,15 +550,15 @@ def tiny_model_seeded(seed: int) -> Path:
 
     d.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="tiny-llama-", dir=d.parent))
-    cfg = LlamaConfig(**{k: v for k, v in MODEL_CONFIG.items() if k != "architectures"})
-    cfg.architectures = MODEL_CONFIG["architectures"]
+    cfg = LlamaConfig(**{k: v for k, v in mc.items() if k != "architectures"})
+    cfg.architectures = mc["architectures"]
     torch.manual_seed(seed)
     LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(tmp, safe_serialization=True)
     try:
         tmp.rename(d)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"made the test model (seed {seed}) in {d}")
+    log(f"made the test model (seed {seed}, {config or 'the tiny config'}) in {d}")
     return d
 
 
