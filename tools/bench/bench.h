@@ -45,6 +45,7 @@ struct bench_opts {
 	uint64_t l1_bytes;       /* --l1-bytes (spawn): 0 = workload + 25% */
 	int64_t timeout_ms;      /* per-call ceiling and per-batch completion wait */
 	bool evict;              /* --evict: small L1 + an L2 directory (with --spawn): both tiers serve */
+	bool no_model;           /* --no-model: the spawned kvringd has no model section */
 	uint32_t dcp;            /* --dcp: decode context parallel size D (divides tp; 1 = none) */
 	uint32_t interleave;     /* --interleave: DCP interleave I (block_tokens % (D * I) == 0) */
 	uint32_t load_dcp;       /* --load-dcp: the warm phase's D (0 = dcp): cross-layout loads */

@@ -50,6 +50,8 @@ void bench_usage(FILE *f)
 		"  --quiet              no table\n"
 		"  --dry-run            print the workload plan and exit; connects to nothing\n"
 		"  --evict              with --spawn: L1 a third of the workload + an L2 directory\n"
+		"  --no-model           with --spawn: a config without a model section (L1 laid out for\n"
+		"                       the first rank that attaches)\n"
 		"  --dcp N              decode context parallel size: groups of N consecutive TP ranks,\n"
 		"                       each rank holds 1/N of every block's tokens (default 1; divides --tp)\n"
 		"  --interleave N       DCP interleave: a rank holds runs of N consecutive tokens (default 1;\n"
@@ -211,7 +213,7 @@ enum {
 	OPT_SOCKET = 256, OPT_SPAWN, OPT_KVRINGD, OPT_L1_BYTES, OPT_MODEL, OPT_TP, OPT_BLOCK_TOKENS, OPT_PROMPTS,
 	OPT_INPUT_LEN, OPT_PREFIX_LEN, OPT_CONCURRENCY, OPT_SEED, OPT_PHASES, OPT_JSON, OPT_QUIET, OPT_DRY_RUN,
 	OPT_ALLOW_MISSES, OPT_COLD_ACTORS, OPT_TIMEOUT, OPT_EVICT, OPT_DCP, OPT_INTERLEAVE, OPT_LOAD_DCP, OPT_LOAD_INTERLEAVE, OPT_PLOT,
-	OPT_NO_PLOT, OPT_REMOTE, OPT_REMOTE_INFLIGHT, OPT_WARM_CONCURRENCY, OPT_HELP,
+	OPT_NO_PLOT, OPT_REMOTE, OPT_REMOTE_INFLIGHT, OPT_WARM_CONCURRENCY, OPT_NO_MODEL, OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -237,6 +239,7 @@ static const struct option long_opts[] = {
 	{"cold-actors", no_argument, NULL, OPT_COLD_ACTORS},
 	{"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
 	{"evict", no_argument, NULL, OPT_EVICT},
+	{"no-model", no_argument, NULL, OPT_NO_MODEL},
 	{"dcp", required_argument, NULL, OPT_DCP},
 	{"interleave", required_argument, NULL, OPT_INTERLEAVE},
 	{"load-dcp", required_argument, NULL, OPT_LOAD_DCP},
@@ -325,6 +328,7 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 				o.timeout_ms = (int64_t)v64;
 			break;
 		case OPT_EVICT: o.evict = true; break;
+		case OPT_NO_MODEL: o.no_model = true; break;
 		case OPT_DCP: rc = parse_u32(optarg, 1, KVR_DCP_MAX, &o.dcp); break;
 		case OPT_INTERLEAVE: rc = parse_u32(optarg, 1, 4096, &o.interleave); break;
 		case OPT_LOAD_DCP: rc = parse_u32(optarg, 1, KVR_DCP_MAX, &o.load_dcp); break;
@@ -353,6 +357,8 @@ int bench_opts_parse(int argc, char **argv, struct bench_opts *ret, FILE *out, c
 		return kvr_errf(err, errlen, -EINVAL, "unexpected argument \"%s\"", argv[optind]);
 	if (o.spawn && o.socket)
 		return kvr_errf(err, errlen, -EINVAL, "--socket and --spawn exclude each other");
+	if (o.no_model && !o.spawn)
+		return kvr_errf(err, errlen, -EINVAL, "--no-model needs --spawn: it writes the config kvringd starts from");
 	if (!o.spawn && (o.kvringd || o.l1_bytes))
 		return kvr_errf(err, errlen, -EINVAL, "%s needs --spawn", o.kvringd ? "--kvringd" : "--l1-bytes");
 	if (o.warm_concurrency > o.concurrency)

@@ -49,12 +49,14 @@ char *bench_server_config(const struct bench_opts *o, const struct bench_plan *p
 	bool relayout = pl->ld.dcp != pl->st.dcp || pl->ld.interleave != pl->st.interleave;
 	kvr_jw_u64(&w, "max_workers", relayout ? 2 * o->tp : o->tp);
 	kvr_jw_end(&w);
-	kvr_jw_object(&w, "model");
-	kvr_jw_str(&w, "preset", o->model);
-	kvr_jw_u64(&w, "block_tokens", o->block_tokens);
-	/* the canonical block: MLA as without DCP; MHA's tp_size is the number of lanes, tp / dcp */
-	kvr_jw_u64(&w, "tp_size", pl->preset->attention == KVR_ATTN_MLA ? o->tp : pl->lanes);
-	kvr_jw_end(&w);
+	if (!o->no_model) { /* --no-model: L1 laid out for the first rank that attaches */
+		kvr_jw_object(&w, "model");
+		kvr_jw_str(&w, "preset", o->model);
+		kvr_jw_u64(&w, "block_tokens", o->block_tokens);
+		/* the canonical block: MLA as without DCP; MHA's tp_size is the number of lanes, tp / dcp */
+		kvr_jw_u64(&w, "tp_size", pl->preset->attention == KVR_ATTN_MLA ? o->tp : pl->lanes);
+		kvr_jw_end(&w);
+	}
 	kvr_jw_object(&w, "l1");
 	kvr_jw_u64(&w, "capacity_bytes", cap);
 	kvr_jw_end(&w);
