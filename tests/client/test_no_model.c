@@ -40,18 +40,25 @@ TestSuite(no_model, .init = setup, .fini = teardown, .timeout = 90);
 
 static uint32_t tokens[8][BLOCKS * BT];
 
-static void store_prompt(struct ct_rank *r, unsigned p)
+/* Store prompt p on rank r from engine blocks 0..3 with tags TAG(p + salt, i). */
+static void store_tagged(struct ct_rank *r, unsigned p, uint64_t salt, uint64_t req)
 {
-	ct_prompt(tokens[p], BLOCKS * BT, 300 + p);
 	uint32_t blocks[BLOCKS];
 	for (uint32_t i = 0; i < BLOCKS; i++) {
 		blocks[i] = i;
-		ct_fill(r, i, TAG(p, i));
+		ct_fill(r, i, TAG(p + salt, i));
 	}
 	struct ct_done d;
-	ct_store(r, 1 + p, tokens[p], BLOCKS * BT, blocks, BLOCKS, &d);
+	ct_store(r, req, tokens[p], BLOCKS * BT, blocks, BLOCKS, &d);
 	cr_assert_eq(d.c.status, 0, "store %u: %d", p, d.c.status);
-	cr_assert_eq(d.c.n_stored, BLOCKS);
+	cr_assert_eq(d.c.n_stored, BLOCKS, "store %u stored %u", p, d.c.n_stored);
+}
+
+/* Prompt p of tokens from seed 300 + p, stored with tags TAG(p, i). */
+static void store_prompt(struct ct_rank *r, unsigned p)
+{
+	ct_prompt(tokens[p], BLOCKS * BT, 300 + p);
+	store_tagged(r, p, 0, 1 + p);
 }
 
 static int open_rank(unsigned rank, uint32_t head_dim, const char *engine, const char *model_ns, struct ct_rank **r)
@@ -102,20 +109,6 @@ Test(no_model, binds_at_the_first_attach_and_serves_byte_exact)
 	cr_assert_eq(kvr_lease_release(sc, 77), 0);
 	kvr_detach(sc);
 	ct_assert_table_clean(&env);
-}
-
-/* Store prompt p on rank r from engine blocks 0..3 with tags TAG(p + salt, i). */
-static void store_tagged(struct ct_rank *r, unsigned p, uint64_t salt, uint64_t req)
-{
-	uint32_t blocks[BLOCKS];
-	for (uint32_t i = 0; i < BLOCKS; i++) {
-		blocks[i] = i;
-		ct_fill(r, i, TAG(p + salt, i));
-	}
-	struct ct_done d;
-	ct_store(r, req, tokens[p], BLOCKS * BT, blocks, BLOCKS, &d);
-	cr_assert_eq(d.c.status, 0, "store %u: %d", p, d.c.status);
-	cr_assert_eq(d.c.n_stored, BLOCKS, "store %u stored %u", p, d.c.n_stored);
 }
 
 /* Committed slots tagged with model entry m (kvr_slot.model). */

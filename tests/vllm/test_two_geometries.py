@@ -21,16 +21,6 @@ from kvtest import BLOCK, check
 LANE = 64 * 1024  # both models: 2 x (2 x 32 x 2 x 64 x 4) = 4 x (2 x 32 x 2 x 32 x 4) bytes
 
 
-def warm_equal(eng: kt.Engine, name: str, p: list[int], cold: dict) -> dict:
-    warm = eng.generate([p])[0]
-    full = (len(p) // BLOCK) * BLOCK
-    check(warm["num_cached_tokens"] == full, f"{name}: warm hit {warm['num_cached_tokens']}, want {full}")
-    check(warm["tokens"] == cold["tokens"], f"{name}: warm tokens {warm['tokens']} != cold {cold['tokens']}")
-    delta = kt.max_logprob_delta(cold, warm)
-    check(delta <= 1e-4, f"{name}: logprobs differ by {delta:.3g} (> 1e-4)")
-    return warm
-
-
 def main(d: Path) -> None:
     l2 = d / "l2"
     l2.mkdir()
@@ -55,9 +45,9 @@ def main(d: Path) -> None:
         kv.wait_metric("kvring_l2_blocks_total", 27, op="write", result="ok")
         check(kv.metric("kvring_evictions_total", reason="capacity") >= 3, "27 blocks in 24 slots evicted nothing")
 
-        warm_equal(a, "A2", pa2, cold_a2)
-        warm_equal(b, "B1", pb1, cold_b1)
-        warm_equal(a, "A1", pa1, cold_a1)  # some of it back from L2
+        kt.warm_equal(a, "A2", pa2, cold_a2)
+        kt.warm_equal(b, "B1", pb1, cold_b1)
+        kt.warm_equal(a, "A1", pa1, cold_a1)  # some of it back from L2
         check(kv.metric("kvring_l2_blocks_total", op="read", result="ok") >= 1, "no block came back from L2")
         m = kv.metrics()
         for ns in (ns_a, ns_b):
@@ -70,8 +60,8 @@ def main(d: Path) -> None:
         a.generate([kt.prompt(73, 2 * BLOCK + 1)])  # the workers attach again
         b.generate([kt.prompt(74, 2 * BLOCK + 1)])
         reads0 = kv.metric("kvring_l2_blocks_total", op="read", result="ok")
-        warm_equal(b, "B1 after the restart", pb1, cold_b1)
-        warm_equal(a, "A2 after the restart", pa2, cold_a2)
+        kt.warm_equal(b, "B1 after the restart", pb1, cold_b1)
+        kt.warm_equal(a, "A2 after the restart", pa2, cold_a2)
         reads = kv.metric("kvring_l2_blocks_total", op="read", result="ok") - reads0
         check(reads >= 18, f"after the restart {reads:.0f} blocks came from L2, want >= 18")
         kv.wait_slots_quiet()
