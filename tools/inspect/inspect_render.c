@@ -503,7 +503,7 @@ static void text_instance(FILE *out, const struct kvr_insp_snap *s)
 		      s->arena_huge ? " (huge pages)" : "", s->prefault_state < 5 ? pf[s->prefault_state] : "?",
 		      kvr_fmt_gib(s->prefault_bytes));
 	} else if (lookup_never_started(s)) {
-		pline(out, "%s", "  L1 not laid out yet: no model section, it is laid out for the first worker that attaches");
+		pline(out, "%s", "  L1 not laid out yet: no model section; the first worker to attach lays it out");
 	}
 	/* what mapping it costs the actors: their page tables, and how far they populated */
 	uint64_t pt = 0, pt_max = 0, pop = 0, pop_total = 0;
