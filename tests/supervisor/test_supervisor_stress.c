@@ -35,7 +35,7 @@ static void write_lenient_config(unsigned drain_ms)
 		 "\"health_interval_ms\": 200, \"drain_timeout_ms\": %u",
 		 drain_ms);
 	h_write_config_with(&inst, NULL, 2, sup,
-			    ",\n  \"model\": {\"tp_size\": 2},\n  \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}");
+			    ",\n  \"model\": {\"preset\": \"qwen3-8b\", \"tp_size\": 2},\n  \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}");
 }
 
 static struct kvr_actor_ent *wait_ready(const char *name)
