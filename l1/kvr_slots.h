@@ -250,6 +250,10 @@ struct kvr_slot_counts {
 /* Count slots by state (a snapshot; safe on a read-only mapping). */
 void kvr_slots_counts(const struct kvr_slot_table *t, struct kvr_slot_counts *ret);
 
+/* Committed slots by model (kvr_slot.model): ret[m] for m < n, models >= n counted in ret[0]
+ * (the "other" entry). ret is zeroed first. A snapshot; safe on a read-only mapping. */
+void kvr_slots_model_counts(const struct kvr_slot_table *t, uint64_t *ret, unsigned n);
+
 /* "free", "writing", "committed", "evicting", "draining" or "invalid". */
 const char *kvr_slot_state_name(unsigned s);
 

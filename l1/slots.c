@@ -428,3 +428,13 @@ const char *kvr_slot_state_name(unsigned s)
 		return "invalid";
 	}
 }
+
+void kvr_slots_model_counts(const struct kvr_slot_table *t, uint64_t *ret, unsigned n)
+{
+	memset(ret, 0, n * sizeof(*ret));
+	for (uint32_t i = 0; n && i < t->n_slots; i++)
+		if (kvr_slot_state(t, i) == KVR_SLOT_COMMITTED) {
+			unsigned m = kvr_slot_model(t, i);
+			ret[m < n ? m : 0]++;
+		}
+}

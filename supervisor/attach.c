@@ -16,8 +16,7 @@
 #include "kvr_time.h"
 #include "sup.h"
 
-/* Compare one geometry field with the instance's model; fill rep on a mismatch, naming the
- * config key, or with no model section the worker L1 was laid out for. */
+/* Compare one geometry field with the instance's model; fill rep on a mismatch. */
 #define GEOM_FIELD(field, key)                                                                                         \
 	do {                                                                                                           \
 		if (g->field != want.field) {                                                                          \
@@ -99,9 +98,6 @@ static int kv_memory_check(struct sup *s, int fd, struct kvr_proto_rep *rep, uin
 	return 0;
 }
 
-/* The canonical block g of an attaching rank (rank_g) against the instance's model: the
- * fields, a DCP rank's rows per page, the bytes per lane and the page layout. 0, or
- * -EINVAL with rep naming the field and the numbers. */
 /* No model section: engines of any model share the slots, so what must agree is the slot
  * format L1 was laid out with for the first worker — its block size and lane count (the
  * commit quorum) — and a lane must fit a slot, and a staging pool hold one. 0, or -EINVAL
@@ -128,6 +124,10 @@ static int slots_fit(struct sup *s, const struct kvr_geometry *g, struct kvr_pro
 	return -EINVAL;
 }
 
+/* The canonical block g of an attaching rank (rank_g) against the instance's model: the
+ * fields, a DCP rank's rows per page, the bytes per lane and the page layout (no model section:
+ * slots_fit). 0, or
+ * -EINVAL with rep naming the field and the numbers. */
 static int geometry_matches(struct sup *s, const struct kvr_geometry *rank_g, const struct kvr_geometry *g,
 			    struct kvr_proto_rep *rep)
 {
@@ -381,7 +381,7 @@ static void attach_info(struct sup *s, unsigned w, const struct kvr_geometry *g,
 		.block_tokens = s->geom.block_tokens,
 		.slot_bytes = s->slots->slot_bytes,
 		/* its own block's lane (without a model section the slots may be larger) */
-		.lane_bytes = g->dcp_size > 1 ? kvr_dcp_canonical_lane_bytes(g) : kvr_geometry_lane_bytes(g),
+		.lane_bytes = kvr_dcp_canonical_lane_bytes(g),
 		.kv_bytes = s->kv_bytes[w],
 		.loader_actor = SUP_ACTOR_LOADER(w),
 		.storer_actor = gather >= 0 ? (uint32_t)gather : SUP_ACTOR_STORER(w),
@@ -570,7 +570,7 @@ void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr
 		.n_slots = s->slots->n_slots,
 		.block_tokens = s->geom.block_tokens,
 		.slot_bytes = s->slots->slot_bytes,
-		.lane_bytes = eg->dcp_size > 1 ? kvr_dcp_canonical_lane_bytes(eg) : kvr_geometry_lane_bytes(eg),
+		.lane_bytes = kvr_dcp_canonical_lane_bytes(eg), /* = its lane without DCP */
 		.lookup_actor = SUP_ACTOR_LOOKUP,
 		.group_ranks = 1,
 	};

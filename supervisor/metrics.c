@@ -361,28 +361,29 @@ static void model_sample(FILE *f, const char *metric, const struct kvr_model_ent
  * stored, and what of it L1 holds (committed slots tagged with it, a scan of the slot table). */
 static void render_models(FILE *f, const struct kvr_ctl *c, const struct kvr_slot_table *t, uint32_t block_tokens)
 {
-	uint64_t l1[KVR_CTL_MAX_MODELS + 1] = {0};
-	bool used[KVR_CTL_MAX_MODELS + 1] = {false};
-	for (uint32_t i = 0; t && i < t->n_slots; i++)
-		if (kvr_slot_state(t, i) == KVR_SLOT_COMMITTED) {
-			unsigned m = kvr_slot_model(t, i);
-			l1[m <= KVR_CTL_MAX_MODELS ? m : KVR_CTL_MODEL_OTHER]++;
-		}
-	for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS; i++) {
-		const struct kvr_model_ent *m = kvr_ctl_model(c, i);
-		used[i] = i == KVR_CTL_MODEL_OTHER ? atomic_load(&((struct kvr_model_ent *)m)->lookups) ||
-							    atomic_load(&((struct kvr_model_ent *)m)->stored) || l1[i] ||
-							    atomic_load(&((struct kvr_model_ent *)m)->engines)
-						   : m->name[0] != '\0';
-	}
-	bool any = false;
-	for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS; i++)
+	enum { N = KVR_CTL_MAX_MODELS + 1 };
+	uint64_t l1[N] = {0}, v[7][N];
+	bool used[N], any = false;
+	if (t)
+		kvr_slots_model_counts(t, l1, N);
+	for (unsigned i = 0; i < N; i++) {
+		struct kvr_model_ent *m = kvr_ctl_model(c, i);
+		v[0][i] = atomic_load(&m->engines);
+		v[1][i] = atomic_load_explicit(&m->lookups, memory_order_relaxed);
+		v[2][i] = atomic_load_explicit(&m->keys, memory_order_relaxed) * block_tokens;
+		v[3][i] = atomic_load_explicit(&m->matched, memory_order_relaxed) * block_tokens;
+		v[4][i] = atomic_load_explicit(&m->stored, memory_order_relaxed);
+		v[5][i] = l1[i];
+		v[6][i] = l1[i] * (t ? t->slot_bytes : 0);
+		/* a named entry from its first engine on; "other" once it counted anything */
+		used[i] = i == KVR_CTL_MODEL_OTHER ? v[0][i] || v[1][i] || v[4][i] || l1[i] : m->name[0] != '\0';
 		any |= used[i];
+	}
 	if (!any)
 		return; /* no engine attached yet */
 	static const struct {
 		const char *name, *type, *help;
-	} fam[] = {
+	} fam[7] = {
 		{"kvring_model_engines", "gauge", "Engines attached with this model namespace."},
 		{"kvring_model_lookups_total", "counter", "Lookups and leases of this model's engines."},
 		{"kvring_model_requested_tokens_total", "counter", "Tokens of full blocks its lookups and leases asked for."},
@@ -391,21 +392,11 @@ static void render_models(FILE *f, const struct kvr_ctl *c, const struct kvr_slo
 		{"kvring_model_l1_slots", "gauge", "Committed L1 slots (block lanes) holding its blocks."},
 		{"kvring_model_l1_bytes", "gauge", "Bytes of those slots."},
 	};
-	for (size_t k = 0; k < sizeof(fam) / sizeof(fam[0]); k++) {
+	for (size_t k = 0; k < 7; k++) {
 		family(f, fam[k].name, fam[k].type, fam[k].help);
-		for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS; i++) {
-			struct kvr_model_ent *m = kvr_ctl_model(c, i);
-			if (!used[i])
-				continue;
-			uint64_t v = k == 0   ? atomic_load(&m->engines)
-				     : k == 1 ? atomic_load_explicit(&m->lookups, memory_order_relaxed)
-				     : k == 2 ? atomic_load_explicit(&m->keys, memory_order_relaxed) * block_tokens
-				     : k == 3 ? atomic_load_explicit(&m->matched, memory_order_relaxed) * block_tokens
-				     : k == 4 ? atomic_load_explicit(&m->stored, memory_order_relaxed)
-				     : k == 5 ? l1[i]
-						: l1[i] * (t ? t->slot_bytes : 0);
-			model_sample(f, fam[k].name, m, i, v);
-		}
+		for (unsigned i = 0; i < N; i++)
+			if (used[i])
+				model_sample(f, fam[k].name, kvr_ctl_model(c, i), i, v[k][i]);
 	}
 }
 

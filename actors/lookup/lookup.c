@@ -375,11 +375,11 @@ static void alloc_try(struct kvr_actor *a, struct lookup *l, unsigned wi)
 				w->alloc_refs[i] = (struct kvr_index_ref){.slot = KVR_INDEX_NOROOM};
 		kvr_actor_count(a, KVR_STAT_LK_ALLOCATED, st.allocated);
 		kvr_actor_count(a, KVR_STAT_LK_PRESENT, st.present);
-		struct kvr_model_ent *m = client_model(a, wi);
-		atomic_fetch_add_explicit(&m->stored, st.allocated, memory_order_relaxed);
+		atomic_fetch_add_explicit(&client_model(a, wi)->stored, st.allocated, memory_order_relaxed);
+		uint8_t model = kvr_ctl_worker(a->ctl, wi)->model;
 		for (uint32_t i = first; i < q->total; i++)
 			if (w->alloc_refs[i].slot != KVR_INDEX_NOROOM && w->alloc_refs[i].slot != KVR_INDEX_PRESENT)
-				kvr_slot_set_model(l->slots, w->alloc_refs[i].slot, kvr_ctl_worker(a->ctl, wi)->model);
+				kvr_slot_set_model(l->slots, w->alloc_refs[i].slot, model);
 		kvr_actor_count(a, KVR_STAT_LK_EVICTED, st.evicted);
 		unsigned noroom = 0;
 		for (uint32_t i = first; i < q->total; i++)

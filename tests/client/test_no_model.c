@@ -112,12 +112,11 @@ Test(no_model, binds_at_the_first_attach_and_serves_byte_exact)
 }
 
 /* Committed slots tagged with model entry m (kvr_slot.model). */
-static unsigned slots_of_model(unsigned m)
+static uint64_t slots_of_model(unsigned m)
 {
-	unsigned n = 0;
-	for (uint32_t i = 0; i < env.slots->n_slots; i++)
-		n += kvr_slot_state(env.slots, i) == KVR_SLOT_COMMITTED && kvr_slot_model(env.slots, i) == m;
-	return n;
+	uint64_t n[KVR_CTL_MAX_MODELS + 1];
+	kvr_slots_model_counts(env.slots, n, KVR_CTL_MAX_MODELS + 1);
+	return n[m];
 }
 
 /* Two engines of two geometries (head_dim 16 and 8: lanes of 4 and 2 KiB) on one instance

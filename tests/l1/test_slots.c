@@ -485,3 +485,28 @@ Test(slots, release_worker_and_counts)
 	cr_assert_str_eq(kvr_slot_state_name(9), "invalid");
 	cr_assert_str_eq(kvr_slot_state_name(KVR_SLOT_EVICTING), "evicting");
 }
+
+/* Committed slots by model: a writing slot is not counted, a model past n counts in ret[0],
+ * a freed slot's model is gone with it. */
+Test(slots, model_counts)
+{
+	uint32_t e[4];
+	static const uint8_t model[4] = {1, 1, 2, 9};
+	for (uint32_t i = 0; i < 4; i++) {
+		cr_assert_eq(kvr_slot_alloc(t, i, (kvr_key){i + 1, 7}, 0, 0, &e[i]), 0);
+		kvr_slot_set_model(t, i, model[i]);
+		cr_assert_eq(kvr_slot_model(t, i), model[i]);
+	}
+	for (uint32_t i = 0; i < 4; i++)
+		if (i != 2)
+			cr_assert_eq(kvr_slot_commit(t, i, e[i]), 0);
+	uint64_t n[3] = {77, 77, 77};
+	kvr_slots_model_counts(t, n, 3);
+	cr_assert_eq(n[0], 1, "model 9 counts as other");
+	cr_assert_eq(n[1], 2);
+	cr_assert_eq(n[2], 0, "slot 2 of model 2 is still writing");
+	cr_assert_eq(kvr_slot_evict(t, 0, e[0]), 0);
+	cr_assert_eq(kvr_slot_model(t, 0), 0, "a freed slot keeps no model");
+	kvr_slots_model_counts(t, n, 3);
+	cr_assert_eq(n[1], 1);
+}

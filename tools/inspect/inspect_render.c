@@ -546,16 +546,13 @@ void kvr_insp_snapshot_slots(struct kvr_insp_snap *s, const struct kvr_slot_tabl
 	s->n_slots = t->n_slots;
 	kvr_slots_counts(t, &s->slots);
 	memset(s->pins_by, 0, sizeof(s->pins_by));
-	for (unsigned m = 0; m < s->n_models; m++)
-		s->models[m].l1_slots = s->models[m].l1_bytes = 0;
+	uint64_t by_model[KVR_CTL_MAX_MODELS + 1];
+	kvr_slots_model_counts(t, by_model, KVR_CTL_MAX_MODELS + 1);
+	for (unsigned m = 0; m < s->n_models; m++) {
+		s->models[m].l1_slots = by_model[s->models[m].index];
+		s->models[m].l1_bytes = by_model[s->models[m].index] * t->slot_bytes;
+	}
 	for (uint32_t i = 0; i < t->n_slots; i++) {
-		if (kvr_slot_state(t, i) == KVR_SLOT_COMMITTED)
-			for (unsigned m = 0; m < s->n_models; m++)
-				if (s->models[m].index == kvr_slot_model(t, i)) {
-					s->models[m].l1_slots++;
-					s->models[m].l1_bytes += t->slot_bytes;
-					break;
-				}
 		for (unsigned w = 0; w < KVR_SLOT_MAX_WORKERS; w++)
 			s->pins_by[0] += kvr_slot_pins_of(t, i, KVR_PIN_WORKER(w));
 		s->pins_by[1] += kvr_slot_pins_of(t, i, KVR_PIN_LOOKUP);
