@@ -34,7 +34,7 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["GEOMETRY", "SEED", "SPECIAL", "ensure_model", "ensure_tokenizer", "kv_bytes_per_token", "word"]
+__all__ = ["GEOMETRY", "GEOMETRY_B", "SEED", "SPECIAL", "ensure_model", "ensure_tokenizer", "kv_bytes_per_token", "word"]
 
 SEED = 1234
 GEOMETRY = {
@@ -47,20 +47,26 @@ GEOMETRY = {
     "vocab_size": 32000,
     "max_position_embeddings": 16384,
 }
+# A second model for one kvringd serving two (vllm-bench --serve --two-models): another
+# geometry (4 layers, head dim 32) with the same KV bytes a token, so its block lane fills
+# the same L1 slot; its own weights, so its own namespace.
+GEOMETRY_B = dict(GEOMETRY, num_hidden_layers=4, head_dim=32)
 STAMP = "kvring-bench-model.json"
 TOKENIZER_STAMP = "kvring-bench-tokenizer.json"
 SPECIAL = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: the config's bos_token_id 1, eos_token_id 2
 
 
-def kv_bytes_per_token(dtype_bytes: int = 4) -> int:
-    g = GEOMETRY
+def kv_bytes_per_token(dtype_bytes: int = 4, geometry: dict[str, int] | None = None) -> int:
+    g = geometry or GEOMETRY
     return g["num_hidden_layers"] * 2 * g["num_key_value_heads"] * g["head_dim"] * dtype_bytes
 
 
-def ensure_model(path: str | os.PathLike) -> str:
-    """Make the model in ``path`` unless a matching one is there; returns the path."""
+def ensure_model(path: str | os.PathLike, geometry: dict[str, int] | None = None) -> str:
+    """Make the model (GEOMETRY unless another is given) in ``path`` unless a matching one is
+    there; returns the path."""
     path = Path(path)
-    want = {"geometry": GEOMETRY, "seed": SEED}
+    geometry = geometry or GEOMETRY
+    want = {"geometry": geometry, "seed": SEED}
     stamp = path / STAMP
     if stamp.exists() and (path / "model.safetensors").exists():
         try:
@@ -74,7 +80,7 @@ def ensure_model(path: str | os.PathLike) -> str:
 
     torch.manual_seed(SEED)
     config = LlamaConfig(
-        **GEOMETRY,
+        **geometry,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
         tie_word_embeddings=False,

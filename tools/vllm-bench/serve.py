@@ -15,6 +15,11 @@ one seed): a cold pass, then a warm pass.
   pd        P and D servers, both KvringConnector -> one kvringd, a proxy in this
             process: the prompt to P with max_tokens=1, P's kv_transfer_params to D (--pd)
                                                                D's decode TTFT
+  two       two servers of two models (the bench model, A, and GEOMETRY_B: 4 layers, head
+            dim 32), both KvringConnector -> ONE kvringd started without a model section
+            (--two-models). B's cold pass runs first, then A's cold and warm passes (the
+            row's), then B's warm pass: A's warm TTFT against the kvring row's is the
+            price of sharing an instance with another model
 
 Before the cold pass each server answers warm-up requests (unrelated prompts, twice: the
 first forward of a fresh engine costs seconds; the second pass exercises the connector's
@@ -69,10 +74,11 @@ from services import (
 
 __all__ = ["SERVE_ROWS", "main"]
 
-SERVE_ROWS = ("baseline", "kvring", "lmcache", "prefix", "evict", "pd")
+SERVE_ROWS = ("baseline", "kvring", "lmcache", "prefix", "evict", "pd", "two")
 PASSES = ("cold", "warm")
 SERVED_NAME = "bench-llama"
-KVRING_ROWS = ("kvring", "evict", "pd")
+KVRING_ROWS = ("kvring", "evict", "pd", "two")
+OTHER_PASSES = ("other-cold", "other-warm")  # the two row's model B, before and after A's passes
 
 # kvringd counters a serving pass records: the one-request mode's and the tiers'
 SERVE_COUNTERS = dict(
@@ -389,11 +395,13 @@ def base_env(args: Any, bind: str) -> dict[str, str]:
     return env
 
 
-def serve_argv(args: Any, port: int, prefix_cache: bool, kv_transfer: dict[str, Any] | None) -> list[str]:
+def serve_argv(
+    args: Any, port: int, prefix_cache: bool, kv_transfer: dict[str, Any] | None, model: Path | None = None
+) -> list[str]:
     argv = [
         str(Path(sys.executable).parent / "vllm"),
         "serve",
-        str(args.model),
+        str(model or args.model),
         "--served-model-name",
         SERVED_NAME,
         "--host",
@@ -417,7 +425,7 @@ def serve_argv(args: Any, port: int, prefix_cache: bool, kv_transfer: dict[str, 
     return argv
 
 
-def bench_argv(args: Any, base_url: str, result_dir: Path, name: str) -> list[str]:
+def bench_argv(args: Any, base_url: str, result_dir: Path, name: str, model: Path | None = None) -> list[str]:
     return [
         str(Path(sys.executable).parent / "vllm"),
         "bench",
@@ -429,7 +437,7 @@ def bench_argv(args: Any, base_url: str, result_dir: Path, name: str) -> list[st
         "--model",
         SERVED_NAME,
         "--tokenizer",
-        str(args.model),
+        str(model or args.model),
         "--dataset-name",
         "random",
         "--random-input-len",
@@ -498,12 +506,15 @@ class Row:
         self.servers: list[VllmServer] = []
         self.proxy: PdProxy | None = None
         self.info: dict[str, Any] = {}
+        self.other_url: str | None = None  # the two row: model B's server
 
-    def server(self, tag: str, bind: str, prefix_cache: bool, kv: dict[str, Any] | None) -> VllmServer:
+    def server(
+        self, tag: str, bind: str, prefix_cache: bool, kv: dict[str, Any] | None, model: Path | None = None
+    ) -> VllmServer:
         port = free_port()
         s = VllmServer(
             f"{self.name}-{tag}",
-            serve_argv(self.args, port, prefix_cache, kv),
+            serve_argv(self.args, port, prefix_cache, kv, model),
             base_env(self.args, bind),
             self.args.out / "logs" / f"serve-{self.name}-{tag}.log",
             port,
@@ -533,7 +544,14 @@ class Row:
 
                     shutil.rmtree(l2)  # a warm pass must find only this run's stores
                 l2.mkdir(parents=True)
-            self.kvringd = Kvringd(a.build, self.dir / "kvringd", block_tokens=a.block_size, l1_bytes=l1, model=model, l2_dir=l2)
+            self.kvringd = Kvringd(
+                a.build,
+                self.dir / "kvringd",
+                block_tokens=a.block_size,
+                l1_bytes=l1,
+                model=None if self.name == "two" else model,  # two: no model section, any model
+                l2_dir=l2,
+            )
             self.kvringd.start()
             self.info["kvringd_config"] = self.kvringd.config
         if self.name == "baseline":
@@ -555,6 +573,11 @@ class Row:
                 "kv_connector_extra_config": {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": self.lmcache.port},
             }
             servers = [self.server("engine", a.bind, False, kv)]
+        elif self.name == "two":
+            assert self.kvringd is not None
+            kv = kvring_transfer(self.kvringd.socket, extra)
+            servers = [self.server("A", a.bind, False, kv), self.server("B", a.bind, False, kv, a.model_b)]
+            self.other_url = servers[1].url
         elif self.name == "pd":
             assert self.kvringd is not None
             kv = kvring_transfer(self.kvringd.socket, dict(extra, store_wait_ms=a.store_wait_ms))
@@ -598,13 +621,15 @@ class Row:
         return None
 
 
-def run_bench(args: Any, row: Row, url: str, name: str, cpu: ForeignCpu, disturbed: dict[int, str]) -> dict[str, Any]:
+def run_bench(
+    args: Any, row: Row, url: str, name: str, cpu: ForeignCpu, disturbed: dict[int, str], model: Path | None = None
+) -> dict[str, Any]:
     """One `vllm bench serve` pass; its result JSON plus counters around it."""
     rdir = args.out / "results"
     rdir.mkdir(parents=True, exist_ok=True)
     res_path = rdir / f"{row.name}-{name}.json"
     res_path.unlink(missing_ok=True)
-    argv = bench_argv(args, url, rdir, f"{row.name}-{name}")
+    argv = bench_argv(args, url, rdir, f"{row.name}-{name}", model)
     before = row.counters()
     t0 = time.monotonic()
     log_path = args.out / "logs" / f"bench-{row.name}-{name}.log"
@@ -672,28 +697,36 @@ def run_row(name: str, args: Any) -> dict[str, Any]:
         t = time.monotonic()
         warm = warmup_prompts(args)
         for _ in range(2):
-            for p in warm:
-                complete(url, p, args.output_len)
+            for u in filter(None, (url, row.other_url)):
+                for p in warm:
+                    complete(u, p, args.output_len)
             row.settle()
         if row.proxy is not None:
             row.proxy.take_records()
         res["warmup_s"] = round(time.monotonic() - t, 1)
-        for i, ph in enumerate(PASSES):
-            if i:
-                res["passes"][-1]["settle"] = row.settle()
+        plan = [(ph, url, res["passes"], None) for ph in PASSES]
+        if row.other_url is not None:  # model B: cold before A's passes, warm after them
+            res["other_passes"] = []
+            b_cold, b_warm = ((ph, row.other_url, res["other_passes"], args.model_b) for ph in OTHER_PASSES)
+            plan = [b_cold, *plan, b_warm]
+        last: list[dict[str, Any]] | None = None
+        for ph, u, into, model in plan:
+            if last:
+                last[-1]["settle"] = row.settle()
             say(f"  {ph} pass: {args.num_prompts} prompts x {args.input_len} tokens, concurrency {args.concurrency}")
-            rec = run_bench(args, row, url, ph, cpu, disturbed)
+            rec = run_bench(args, row, u, ph, cpu, disturbed, model)
             b = rec["bench"]
             say(
                 f"    mean TTFT {b['mean_ttft_ms']:.1f} ms, p99 {b['p99_ttft_ms']:.1f} ms, "
                 f"{b['completed']}/{args.num_prompts} completed in {b['duration']:.1f} s"
             )
-            res["passes"].append(rec)
+            into.append(rec)
+            last = into
             if b["completed"] != args.num_prompts:
                 errs = sorted({e for e in (b.get("errors") or []) if e})
                 raise ServiceError(f"{ph} pass: {b['completed']}/{args.num_prompts} requests completed: {errs[:3]}")
-        if row.kvringd is not None:
-            res["passes"][-1]["settle"] = row.settle()
+        if row.kvringd is not None and last:
+            last[-1]["settle"] = row.settle()
         res["ok"] = True
     except (ServiceError, OSError, ValueError) as e:
         res["error"] = f"{type(e).__name__}: {e}"
@@ -732,6 +765,11 @@ def main(args: Any, versions: dict[str, str], machine: dict[str, Any], command: 
     t_start = time.monotonic()
     bench_model.ensure_model(args.model)
     bench_model.ensure_tokenizer(args.model)
+    args.model_b = None
+    if "two" in args.rows:  # the second model: its own directory beside the first
+        args.model_b = args.model.with_name(args.model.name + "-b")
+        bench_model.ensure_model(args.model_b, bench_model.GEOMETRY_B)
+        bench_model.ensure_tokenizer(args.model_b)
     working_set = args.num_prompts * args.input_len * bench_model.kv_bytes_per_token()
     args.evict_l1_bytes = max(working_set // 3 // (1 << 20), 1) << 20
     say(
@@ -762,6 +800,7 @@ def main(args: Any, versions: dict[str, str], machine: dict[str, Any], command: 
             "seed": bench_model.SEED,
             "kv_bytes_per_token": bench_model.kv_bytes_per_token(),
             "working_set_bytes": working_set,
+            **({"geometry_b": bench_model.GEOMETRY_B} if args.model_b else {}),
         },
         "rows": results,
     }

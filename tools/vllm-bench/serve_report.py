@@ -42,7 +42,9 @@ LABEL = {
     "prefix": "vLLM prefix cache",
     "evict": "kvring, L1 1/3 + L2",
     "pd": "P/D (kvring)",
+    "two": "kvring, two models: A",
 }
+LABEL_OTHER = "kvring, two models: B"  # the two row's second model (its other_passes)
 GOAL_VS_PREFIX = 0.5
 GOAL_VS_LMCACHE = 0.25
 GOAL_COLD = 0.03
@@ -122,10 +124,22 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
             if name != "baseline" or i:
                 st["match_vs_baseline"] = compare(base_texts, p["bench"]["generated_texts"])
             rs["passes"][p["name"]] = st
+        other = res.get("other_passes")
+        if other is not None:  # the two row's model B: warm compared with its own cold pass
+            rs["other"] = {}
+            for i, p in enumerate(other):
+                st = pass_stats(name, p)
+                st["match_vs_baseline"] = None  # another model: no baseline ran it
+                if i:
+                    st["match_vs_cold"] = compare(other[0]["bench"]["generated_texts"], p["bench"]["generated_texts"])
+                rs["other"][p["name"]] = st
         ok = rs["ok"] and len(ps) == 2
         if ok:
             m = rs["passes"]["warm"]["match_vs_cold"]
             ok = m["same"] == m["n"] == n
+        if ok and other is not None:
+            m = rs["other"].get("other-warm", {}).get("match_vs_cold")
+            ok = bool(m) and m["same"] == m["n"] == n
         if not ok:
             out["all_ok"] = False
         out["rows"][name] = rs
@@ -191,6 +205,17 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
                 "d_hit_tokens": pp["pd"]["d_external_tokens"],
                 "prompt_tokens": pp["pd"]["prompt_tokens"],
             }
+    tw, bw = ph("two", "warm"), R.get("two", {}).get("other", {}).get("other-warm")
+    if tw and kw:
+        g["two_models_warm_vs_kvring_warm"] = {
+            "value": ratio(tw["ttft_mean_s"], kw["ttft_mean_s"]),
+            "p99": ratio(tw["ttft_p99_s"], kw["ttft_p99_s"]),
+            "two_ms": 1e3 * tw["ttft_mean_s"],
+            "kvring_ms": 1e3 * kw["ttft_mean_s"],
+            "b_warm_ms": 1e3 * bw["ttft_mean_s"] if bw else None,
+            "b_match": bw.get("match_vs_cold") if bw else None,
+            "b_hit_rate": bw.get("kvring", {}).get("hit_rate") if bw else None,
+        }
     if kc and kw:
         g["kvring_cold_over_warm"] = ratio(kc["ttft_mean_s"], kw["ttft_mean_s"])
     return out
@@ -230,10 +255,12 @@ def table(doc: dict[str, Any]) -> str:
         if not rs["passes"]:
             lines.append(f"| {LABEL.get(name, name)} | FAILED: {rs['error']} |" + " |" * (len(cols) - 2))
             continue
-        for p, st in rs["passes"].items():
+        listed = [(LABEL.get(name, name), p, st) for p, st in rs["passes"].items()]
+        listed += [(LABEL_OTHER, p, st) for p, st in rs.get("other", {}).items()]
+        for label, p, st in listed:
             k = st.get("kvring")
             cells = [
-                LABEL.get(name, name) + mark,
+                label + mark,
                 p,
                 ms(st["ttft_mean_s"]),
                 ms(st["ttft_p50_s"]),
@@ -256,7 +283,12 @@ def table(doc: dict[str, Any]) -> str:
     if dist:
         lines += ["", "\\* other processes took CPU during this row (timings disturbed): " + "; ".join(dist)]
 
-    tiers = [(n, p, st["kvring"]) for n, rs in S["rows"].items() for p, st in rs["passes"].items() if st.get("kvring")]
+    tiers = [
+        (LABEL.get(n, n) if p in rs["passes"] else LABEL_OTHER, p, st["kvring"])
+        for n, rs in S["rows"].items()
+        for p, st in {**rs["passes"], **rs.get("other", {})}.items()
+        if st.get("kvring")
+    ]
     if tiers:
         lines += [
             "",
@@ -264,9 +296,9 @@ def table(doc: dict[str, Any]) -> str:
             "| matched blocks: L1 hits + promoted from L2 | L1 evictions | L2 writes | load ms / request |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
-        for n, p, k in tiers:
+        for label, p, k in tiers:
             lines.append(
-                f"| {LABEL.get(n, n)} | {p} | {k['lookups']:.0f} | {k['matched_tokens']:.0f} / "
+                f"| {label} | {p} | {k['lookups']:.0f} | {k['matched_tokens']:.0f} / "
                 f"{k['requested_tokens']:.0f} | {k['loaded_blocks']:.0f} | {k.get('matched_blocks', 0):.0f}: "
                 f"{k['l1_hits']:.0f} + {k['l2_reads']:.0f}"
                 + (f" ({k['l2_read_failed']:.0f} failed)" if k.get("l2_read_failed") else "")
@@ -297,7 +329,7 @@ def table(doc: dict[str, Any]) -> str:
     def yes(x: dict[str, Any]) -> str:
         return "yes" if x["met"] else "**no**"
 
-    lines += ["", "| goal (issue 25) | measured | target | met |", "| --- | --- | --- | --- |"]
+    lines += ["", "| goal (issues 24 and 25) | measured | target | met |", "| --- | --- | --- | --- |"]
     for other in ("prefix", "lmcache"):
         x = g.get(f"kvring_vs_{other}_warm")
         if x:
@@ -328,6 +360,19 @@ def table(doc: dict[str, Any]) -> str:
             f"| warm from L2 (evict) / warm from L1 (kvring) TTFT | {x['value']:.2f}x ({x['evict_ms']:.1f} / "
             f"{x['kvring_ms']:.1f} ms; of {x.get('matched_blocks') or 0:.0f} matched blocks {x['l2_reads']:.0f} promoted from L2) | - | - |"
         )
+    x = g.get("two_models_warm_vs_kvring_warm")
+    if x:
+        b = ""
+        if x["b_warm_ms"] is not None:
+            hit = x["b_hit_rate"]
+            b = (
+                f"; B warm {x['b_warm_ms']:.1f} ms, outputs {frac(x['b_match'])} = its cold pass"
+                + (f", kvring hit {100 * hit:.1f} %" if hit is not None and not math.isnan(hit) else "")
+            )
+        lines.append(
+            f"| two models on one kvringd: A's warm TTFT / kvring row's warm TTFT | {x['value']:.2f}x "
+            f"({x['two_ms']:.1f} / {x['kvring_ms']:.1f} ms; p99 {x['p99']:.2f}x){b} | within noise | - |"
+        )
     for p in ("cold", "warm"):
         x = g.get(f"pd_{p}_decode_ttft")
         if x:
@@ -348,10 +393,12 @@ def plot(doc: dict[str, Any], png: Path, workdir: Path) -> str:
     S = doc["summary"]
     groups = []
     for name, rs in S["rows"].items():
-        for p, st in rs["passes"].items():
-            short = {"lmcache": "LMCache", "prefix": "prefix", "evict": "kvring L2", "pd": "P/D"}.get(
+        for p, st in {**rs["passes"], **rs.get("other", {})}.items():
+            short = {"lmcache": "LMCache", "prefix": "prefix", "evict": "kvring L2", "pd": "P/D", "two": "two: A"}.get(
                 name, LABEL.get(name, name)
             )
+            if p.startswith("other-"):
+                short, p = "two: B", p[len("other-") :]
             groups.append((f"{short}\\n{p}", [st["ttft_mean_s"] * 1e3, st["ttft_p99_s"] * 1e3]))
             if st.get("pd"):
                 d = st["pd"]

@@ -267,7 +267,8 @@ def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
 
 
 class Kvringd:
-    """kvringd with the bench model's geometry on a private socket, /metrics on."""
+    """kvringd with the bench model's geometry on a private socket, /metrics on; with model
+    None, no model section: it serves any engine that names its model (docs/engines.md)."""
 
     def __init__(
         self,
@@ -276,7 +277,7 @@ class Kvringd:
         *,
         block_tokens: int,
         l1_bytes: str,
-        model: dict[str, int],
+        model: dict[str, int] | None,
         l2_dir: Path | None = None,
         l2_bytes: str = "4GiB",
     ):
@@ -286,9 +287,9 @@ class Kvringd:
         self.socket = str(workdir / "kvring.sock")
         self.port = free_port()
         self.log_path = workdir / "kvringd.log"
-        self.config = {
-            "instance": {"socket": self.socket},
-            "model": {
+        self.config: dict[str, Any] = {"instance": {"socket": self.socket}}
+        if model is not None:
+            self.config["model"] = {
                 "preset": "",
                 "model_id": "bench-llama",
                 "layers": model["layers"],
@@ -298,10 +299,9 @@ class Kvringd:
                 "block_tokens": block_tokens,
                 "tp_size": 1,
                 "kv_layout": "kv-fused",
-            },
-            "l1": {"capacity_bytes": l1_bytes},
-            "metrics": {"enabled": True, "listen": f"127.0.0.1:{self.port}"},
-        }
+            }
+        self.config["l1"] = {"capacity_bytes": l1_bytes}
+        self.config["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{self.port}"}
         if l2_dir is not None:
             # the disk tier under L1: every committed block written through, so a block
             # evicted from L1 is promoted back from here (docs/l2.md)

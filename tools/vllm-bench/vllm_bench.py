@@ -41,10 +41,11 @@ OUT/logs/. Before each row it waits until no other vLLM process is running on th
 serve` (random dataset, --num-prompts x --input-len, --concurrency requests in flight), a
 cold pass then a warm pass; `--evict` adds a row whose kvringd holds a third of the
 working set in L1 over an L2 directory, `--pd` a prefill/decode row (two servers and a
-proxy). serve.py says what and how; it writes OUT/vllm-bench-serve.json and .png
+proxy), `--two-models` a row of two models' servers on one kvringd without a model
+section. serve.py says what and how; it writes OUT/vllm-bench-serve.json and .png
 (OUT defaults to build/vllm-bench-serve).
 
-    build/vllm-venv/bin/python tools/vllm-bench/vllm_bench.py --serve [--evict] [--pd]
+    build/vllm-venv/bin/python tools/vllm-bench/vllm_bench.py --serve [--evict] [--pd] [--two-models]
         [--rows baseline,kvring,lmcache,prefix] [--num-prompts 24] [--input-len 4096]
         [--output-len 4] [--concurrency 4] [--store-wait-ms 1000] [--pd-bind 0,1]
 """
@@ -415,6 +416,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sv.add_argument("--serve", action="store_true", help="measure real `vllm serve` with `vllm bench serve`")
     sv.add_argument("--evict", action="store_true", help="add the evict row (L1 a third of the working set, L2 on)")
     sv.add_argument("--pd", action="store_true", help="add the prefill/decode row (two servers, one kvringd, a proxy)")
+    sv.add_argument(
+        "--two-models",
+        action="store_true",
+        help="add the two row (two models' servers on one kvringd without a model section)",
+    )
     sv.add_argument("--num-prompts", type=int, default=24, help="vllm bench serve --num-prompts")
     sv.add_argument("--input-len", type=int, default=4096, help="--random-input-len (tokens per prompt)")
     sv.add_argument("--concurrency", type=int, default=4, help="--max-concurrency")
@@ -431,12 +437,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="measure nothing: summarize, print and plot an earlier run's JSON again",
     )
     args = ap.parse_args(argv)
-    args.serve = args.serve or args.evict or args.pd
+    args.serve = args.serve or args.evict or args.pd or args.two_models
     if args.serve:
         import serve
 
         allowed = serve.SERVE_ROWS
-        args.rows = args.rows or ",".join(ROWS) + (",evict" if args.evict else "") + (",pd" if args.pd else "")
+        args.rows = args.rows or ",".join(ROWS) + "".join(
+            f",{r}" for r, on in (("evict", args.evict), ("pd", args.pd), ("two", args.two_models)) if on
+        )
         if args.input_len < 2 * args.block_size:
             ap.error("--input-len must be at least two blocks")
         try:
