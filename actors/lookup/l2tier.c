@@ -225,7 +225,10 @@ static void sync_disk(struct l2tier *t, unsigned d)
 }
 
 /* The eviction veto: a block with a lane in the write queue stays (its write must find it),
- * and with write-back a block may leave L1 only once every lane is on disk. */
+ * and with write-back a block may leave L1 only once every lane it holds is on disk. A lane
+ * it does not hold (no rank stored it, or that store failed) has nothing to lose: waiting
+ * for it on disk kept such half-stored blocks in L1 for good, until an L1 full of them
+ * refused every store (demotion finds nothing left to write). */
 static bool evict_veto_hook(void *ctx, kvr_key key, const uint32_t *lane_slots)
 {
 	struct l2tier *t = ctx;
@@ -235,7 +238,7 @@ static bool evict_veto_hook(void *ctx, kvr_key key, const uint32_t *lane_slots)
 	if (!t->write_back)
 		return true;
 	for (unsigned l = 0; l < t->a->slots->quorum; l++)
-		if (!l2t_has(t, key, l))
+		if (lane_slots[l] != KVR_SLOT_NONE && !l2t_has(t, key, l))
 			return false;
 	return true;
 }

@@ -318,3 +318,25 @@ Test(l2, write_back_demotes_on_eviction)
 	cr_assert_gt(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
 }
+
+/* Write-back with blocks of two lanes of which only one was ever stored (the other rank's
+ * store failed, or it never stored that prompt): such a half-stored block leaves L1 once the
+ * lane it holds is on disk. Waiting for the missing lane too kept a full L1 of them for good,
+ * and every later store failed (-EIO, no room) — faults_two_models found it. */
+Test(l2, write_back_evicts_half_stored_blocks)
+{
+	struct ct_opts o = {.l1_slots = 4, .l2_dir = l2dir, .l2_mode = "write-back"};
+	ct_start(&env, &ct_tiny_tp2, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 1, 16, 0, &r), 0, "%s", kvr_last_error(NULL));
+	for (unsigned p = 0; p < 3; p++)
+		store_prompt(r, p, 2000 + p); /* lane 1 only: L1 is full of half blocks after the first */
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_NOROOM), 0);
+	uint64_t written = ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES);
+	cr_assert_eq(written, 2 * BLOCKS, "the first two prompts' lanes were written out: %llu",
+		     (unsigned long long)written);
+	cr_assert_eq(h_count_files(l2dir, ".kvb"), 2 * BLOCKS);
+	cr_assert_geq(ct_stat(&env, "lookup", KVR_STAT_LK_EVICTED), 2 * BLOCKS);
+	ct_close_all();
+	ct_assert_table_clean(&env);
+}

@@ -22,7 +22,10 @@
 #include "kvr_ctl.h"
 #include "l2file.h"
 
-/* ---- content ---------------------------------------------------------------------------- */
+/* ---- models and content ----------------------------------------------------------------- */
+
+const struct fh_model fh_model_default = {.name = "default", .layers = FH_LAYERS, .lane_heads = FH_LANE_HEADS,
+					  .head_dim = FH_HEAD_DIM, .dtype = FH_DTYPE, .tp = FH_TP};
 
 void fh_lane_content(kvr_key key, unsigned lane, uint8_t out[FH_LANE_BYTES])
 {
@@ -72,14 +75,14 @@ void fh_make_prompt(struct fh_prompt *p, unsigned n_blocks, uint64_t seed, kvr_k
 
 /* ---- ranks ------------------------------------------------------------------------------ */
 
-int fh_rank_prepare(struct fh_rank *r, unsigned tp_size, unsigned tp_rank, unsigned dcp_size, unsigned il,
-		    uint32_t num_blocks)
+/* The geometry of a rank of m: vLLM's layer-major pages, each region's blocks contiguous. */
+static int rank_geometry(struct kvr_geometry *g, const struct fh_model *m, unsigned tp_size, unsigned tp_rank,
+			 unsigned dcp_size, unsigned il, uint32_t num_blocks)
 {
-	memset(r, 0, sizeof(*r));
-	r->fd = -1;
 	uint32_t rt = FH_BT / dcp_size;
-	struct kvr_geometry *g = &r->g;
-	int rc = kvr_geometry_fill_vllm_layer_major(g, FH_LAYERS, FH_LANE_HEADS, FH_HEAD_DIM, FH_DTYPE, rt, num_blocks);
+	if (fh_model_lane_bytes(m) > FH_LANE_BYTES)
+		return -EINVAL;
+	int rc = kvr_geometry_fill_vllm_layer_major(g, m->layers, m->lane_heads, m->head_dim, m->dtype, rt, num_blocks);
 	if (rc)
 		return rc;
 	g->block_tokens = FH_BT;
@@ -88,15 +91,42 @@ int fh_rank_prepare(struct fh_rank *r, unsigned tp_size, unsigned tp_rank, unsig
 	g->dcp_size = dcp_size;
 	g->dcp_rank = tp_rank % dcp_size;
 	g->dcp_interleave = dcp_size > 1 ? il : 1;
-	uint64_t page = (uint64_t)rt * FH_ROW;
+	uint64_t page = (uint64_t)rt * fh_model_row(m);
 	for (unsigned l = 0; l < g->n_regions; l++) {
 		struct kvr_region reg = {.offset = (uint64_t)l * num_blocks * page, .stride = page,
 					 .page_bytes = (uint32_t)page, .sem_bytes = (uint32_t)page};
 		if ((rc = kvr_geometry_set_region(g, l, &reg)))
 			return rc;
 	}
+	return 0;
+}
+
+int fh_model_namespace(const struct fh_model *m, const char *model_id, kvr_key *ret_ns)
+{
+	struct kvr_geometry g;
+	memset(&g, 0, sizeof(g));
+	int rc = rank_geometry(&g, m, m->tp, 0, 1, 1, 1);
+	return rc ? rc : kvr_geometry_namespace(&g, m->model_ns ? m->model_ns : model_id, NULL, ret_ns);
+}
+
+int fh_rank_prepare(struct fh_rank *r, unsigned tp_size, unsigned tp_rank, unsigned dcp_size, unsigned il,
+		    uint32_t num_blocks)
+{
+	return fh_rank_prepare_model(r, &fh_model_default, NULL, tp_size, tp_rank, dcp_size, il, num_blocks);
+}
+
+int fh_rank_prepare_model(struct fh_rank *r, const struct fh_model *m, const char *engine, unsigned tp_size,
+			  unsigned tp_rank, unsigned dcp_size, unsigned il, uint32_t num_blocks)
+{
+	memset(r, 0, sizeof(*r));
+	r->fd = -1;
+	r->m = m;
+	r->engine = engine;
+	int rc = rank_geometry(&r->g, m, tp_size, tp_rank, dcp_size, il, num_blocks);
+	if (rc)
+		return rc;
 	r->lane = tp_rank / dcp_size;
-	r->bytes = kvr_geometry_kv_extent(g);
+	r->bytes = kvr_geometry_kv_extent(&r->g);
 	r->fd = memfd_create("fh-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (r->fd < 0 || ftruncate(r->fd, (off_t)r->bytes) < 0)
 		goto fail;
@@ -116,7 +146,7 @@ fail:
 int fh_rank_attach(struct fh_rank *r, const char *sock, int64_t timeout_ms)
 {
 	struct kvr_attach_opts o = {.socket = sock, .geometry = &r->g, .kv_fd = r->fd, .kv_bytes = r->bytes,
-				    .timeout_ms = timeout_ms};
+				    .timeout_ms = timeout_ms, .engine_id = r->engine, .model_ns = r->m->model_ns};
 	return kvr_attach(&o, &r->c);
 }
 
@@ -153,18 +183,19 @@ static bool owns(const struct fh_rank *r, uint32_t t)
 void fh_fill(const struct fh_rank *r, uint32_t block, kvr_key key)
 {
 	uint8_t lane[FH_LANE_BYTES];
+	const uint32_t row = fh_model_row(r->m);
 	fh_lane_content(key, r->lane, lane);
-	for (unsigned reg = 0; reg < FH_REGIONS; reg++) {
+	for (unsigned reg = 0; reg < r->g.n_regions; reg++) {
 		uint8_t *p = page_of(r, reg, block);
 		for (uint32_t t = 0, j = 0; t < FH_BT; t++)
 			if (owns(r, t))
-				memcpy(p + FH_ROW * j++, lane + (reg * FH_BT + t) * FH_ROW, FH_ROW);
+				memcpy(p + row * j++, lane + (reg * FH_BT + t) * row, row);
 	}
 }
 
 void fh_fill_canary(const struct fh_rank *r, uint32_t block)
 {
-	for (unsigned reg = 0; reg < FH_REGIONS; reg++)
+	for (unsigned reg = 0; reg < r->g.n_regions; reg++)
 		memset(page_of(r, reg, block), FH_CANARY, r->g.page_bytes[reg]);
 }
 
@@ -172,23 +203,24 @@ void fh_fill_canary(const struct fh_rank *r, uint32_t block)
 static uint64_t check_as(const struct fh_rank *r, uint32_t block, kvr_key key, unsigned ln, struct fh_bad *ret_bad)
 {
 	uint8_t lane[FH_LANE_BYTES];
+	const uint32_t row = fh_model_row(r->m);
 	fh_lane_content(key, ln, lane);
 	uint64_t wrong = 0;
 	bool canary = true;
 	struct fh_bad first = {0};
-	for (unsigned reg = 0; reg < FH_REGIONS; reg++) {
+	for (unsigned reg = 0; reg < r->g.n_regions; reg++) {
 		const uint8_t *p = page_of(r, reg, block);
 		for (uint32_t t = 0, j = 0; t < FH_BT; t++) {
 			if (!owns(r, t))
 				continue;
-			const uint8_t *got = p + FH_ROW * j++, *want = lane + (reg * FH_BT + t) * FH_ROW;
-			for (uint32_t k = 0; k < FH_ROW; k++) {
+			const uint8_t *got = p + row * j++, *want = lane + (reg * FH_BT + t) * row;
+			for (uint32_t k = 0; k < row; k++) {
 				canary &= got[k] == FH_CANARY;
 				if (got[k] == want[k])
 					continue;
 				if (!wrong++)
 					first = (struct fh_bad){.key = key, .lane = r->lane, .block = block,
-								.offset = (reg * FH_BT + t) * FH_ROW + k, .got = got[k],
+								.offset = (reg * FH_BT + t) * row + k, .got = got[k],
 								.want = want[k]};
 			}
 		}
@@ -210,7 +242,7 @@ int fh_identify(const struct fh_rank *r, uint32_t block, const struct fh_prompt 
 {
 	for (unsigned i = 0; i < n; i++)
 		for (unsigned b = 0; b < p[i].n; b++)
-			for (unsigned ln = 0; ln < FH_TP; ln++)
+			for (unsigned ln = 0; ln < r->m->tp; ln++)
 				if (!check_as(r, block, p[i].keys[b], ln, NULL)) {
 					*ret_block = b;
 					*ret_lane = ln;
@@ -274,12 +306,13 @@ static void *attach_thread(void *p)
 static int attach_all(struct wctx *w)
 {
 	const struct fh_role *ro = w->role;
+	const struct fh_model *m = ro->m ? ro->m : &fh_model_default;
 	int rc = 0;
 	for (unsigned i = 0; i < w->n_ranks && !rc; i++)
 		rc = ro->kind == FH_ROLE_TP
-			     ? fh_rank_prepare(&w->r[i], FH_TP, ro->tp_rank, 1, 1, w->cfg->num_blocks)
-			     : fh_rank_prepare(&w->r[i], FH_TP * w->cfg->dcp_size, ro->tp_rank + i, w->cfg->dcp_size,
-					       w->cfg->dcp_interleave, w->cfg->num_blocks);
+			     ? fh_rank_prepare_model(&w->r[i], m, ro->engine, m->tp, ro->tp_rank, 1, 1, w->cfg->num_blocks)
+			     : fh_rank_prepare_model(&w->r[i], m, ro->engine, m->tp * w->cfg->dcp_size, ro->tp_rank + i,
+						     w->cfg->dcp_size, w->cfg->dcp_interleave, w->cfg->num_blocks);
 	for (unsigned i = 0; i < w->n_ranks && !rc; i++) {
 		atomic_store(&w->sh->kv_fd[i], w->r[i].fd);
 		atomic_store(&w->sh->kv_bytes[i], w->r[i].bytes);
@@ -594,42 +627,127 @@ uint32_t fh_slots_offending(const struct kvr_slot_table *t, const struct kvr_ctl
 	return n;
 }
 
-uint32_t fh_l1_check(const struct kvr_slot_table *t, void *arena_base, uint32_t *ret_checked)
+/* ---- which model a key is ----------------------------------------------------------------- */
+
+static int key_cmp(kvr_key a, kvr_key b)
 {
-	uint32_t wrong = 0, checked = 0;
+	if (a.hi != b.hi)
+		return a.hi < b.hi ? -1 : 1;
+	return a.lo < b.lo ? -1 : a.lo > b.lo;
+}
+
+static int ent_cmp(const void *a, const void *b)
+{
+	return key_cmp(((const struct fh_keyent *)a)->key, ((const struct fh_keyent *)b)->key);
+}
+
+int fh_keymap_add(struct fh_keymap *km, const struct fh_model *m, const struct fh_prompt *p, unsigned n)
+{
+	unsigned mi = 0;
+	while (mi < km->n_models && km->models[mi] != m)
+		mi++;
+	if (mi == FH_MAX_MODELS)
+		return -E2BIG;
+	km->models[mi] = m;
+	km->n_models = mi == km->n_models ? mi + 1 : km->n_models;
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned b = 0; b < p[i].n; b++) {
+			if (km->n == km->cap) {
+				uint32_t cap = km->cap ? 2 * km->cap : 256;
+				struct fh_keyent *e = realloc(km->e, cap * sizeof(*e));
+				if (!e)
+					return -ENOMEM;
+				km->e = e;
+				km->cap = cap;
+			}
+			km->e[km->n++] = (struct fh_keyent){.key = p[i].keys[b], .model = mi};
+		}
+	qsort(km->e, km->n, sizeof(*km->e), ent_cmp);
+	return 0;
+}
+
+int fh_keymap_find(const struct fh_keymap *km, kvr_key key)
+{
+	const struct fh_keyent want = {.key = key};
+	const struct fh_keyent *e = bsearch(&want, km->e, km->n, sizeof(*km->e), ent_cmp);
+	return e ? (int)e->model : -1;
+}
+
+void fh_keymap_free(struct fh_keymap *km)
+{
+	free(km->e);
+	memset(km, 0, sizeof(*km));
+}
+
+/* The model of key (the default without a keymap): its index in *ret_mi; NULL when no prompt has it. */
+static const struct fh_model *model_of(const struct fh_keymap *km, kvr_key key, int *ret_mi)
+{
+	*ret_mi = km ? fh_keymap_find(km, key) : 0;
+	return !km ? &fh_model_default : *ret_mi >= 0 ? km->models[*ret_mi] : NULL;
+}
+
+/* ---- the L1 bytes ------------------------------------------------------------------------ */
+
+/* Slot i (COMMITTED when read) against its key's lane: 1 when wrong (printed), 0 when right,
+ * -1 when it moved on meanwhile (not judged). */
+static int l1_slot_check(const struct kvr_slot_table *t, void *arena_base, const struct fh_keymap *km, uint32_t i,
+			 int *ret_mi)
+{
+	const struct kvr_slot *s = kvr_slot_at(t, i);
+	kvr_key key = s->key;
+	unsigned lane = s->lane;
+	uint8_t tag = kvr_slot_model(t, i);
+	const struct fh_model *m = model_of(km, key, ret_mi);
+	uint32_t len = m ? fh_model_lane_bytes(m) : 0;
 	uint8_t want[FH_LANE_BYTES];
+	fh_lane_content(key, lane, want);
+	const uint8_t *got = kvr_slot_data(t, arena_base, i);
+	/* the slot may have moved on since we read its key: only a stable epoch counts */
+	uint32_t ep = kvr_slot_epoch(t, i);
+	bool bad = !m || memcmp(got, want, len) != 0;
+	bool bad_tag = m && km && km->tag[*ret_mi] && tag != km->tag[*ret_mi];
+	if (kvr_slot_state(t, i) != KVR_SLOT_COMMITTED || kvr_slot_epoch(t, i) != ep)
+		return -1;
+	if (!m)
+		fprintf(stderr, "  L1: slot %u (key %016llx%016llx lane %u, epoch %u) holds a key of no prompt\n", i,
+			(unsigned long long)key.hi, (unsigned long long)key.lo, lane, ep);
+	if (bad_tag)
+		fprintf(stderr, "  L1: slot %u (key %016llx%016llx of model %s) is tagged model entry %u, want %u\n", i,
+			(unsigned long long)key.hi, (unsigned long long)key.lo, m->name, tag, km->tag[*ret_mi]);
+	if (!m || !bad)
+		return !m || bad_tag;
+	uint32_t o = 0;
+	while (got[o] == want[o])
+		o++;
+	fprintf(stderr, "  L1: slot %u (key %016llx%016llx lane %u of model %s, epoch %u) holds wrong bytes from "
+		"offset %u of %u (0x%02x, want 0x%02x)\n", i, (unsigned long long)key.hi, (unsigned long long)key.lo,
+		lane, m->name, ep, o, len, got[o], want[o]);
+	return 1;
+}
+
+uint32_t fh_l1_check(const struct kvr_slot_table *t, void *arena_base, const struct fh_keymap *km,
+		     uint32_t *ret_checked)
+{
+	uint32_t wrong = 0, checked[FH_MAX_MODELS] = {0};
 	for (uint32_t i = 0; i < t->n_slots; i++) {
 		if (kvr_slot_state(t, i) != KVR_SLOT_COMMITTED)
 			continue;
-		const struct kvr_slot *s = kvr_slot_at(t, i);
-		kvr_key key = s->key;
-		unsigned lane = s->lane;
-		fh_lane_content(key, lane, want);
-		const uint8_t *got = kvr_slot_data(t, arena_base, i);
-		/* the slot may have moved on since we read its key: only a stable epoch counts */
-		uint32_t ep = kvr_slot_epoch(t, i);
-		bool bad = memcmp(got, want, FH_LANE_BYTES) != 0;
-		if (kvr_slot_state(t, i) != KVR_SLOT_COMMITTED || kvr_slot_epoch(t, i) != ep)
+		int mi, r = l1_slot_check(t, arena_base, km, i, &mi);
+		if (r < 0)
 			continue;
-		checked++;
-		if (!bad)
-			continue;
-		wrong++;
-		uint32_t o = 0;
-		while (got[o] == want[o])
-			o++;
-		fprintf(stderr, "  L1: slot %u (key %016llx%016llx lane %u, epoch %u) holds wrong bytes from offset %u "
-			"(0x%02x, want 0x%02x)\n", i, (unsigned long long)key.hi, (unsigned long long)key.lo, lane, ep,
-			o, got[o], want[o]);
+		if (mi >= 0)
+			checked[mi]++;
+		wrong += (uint32_t)r;
 	}
 	if (ret_checked)
-		*ret_checked = checked;
+		memcpy(ret_checked, checked, (km ? km->n_models : 1) * sizeof(*checked));
 	return wrong;
 }
 
 /* ---- L2 files ------------------------------------------------------------------------------ */
 
-static void scan_file(const char *path, const char *name, kvr_key ns, struct fh_l2_scan *acc)
+static void scan_file(const char *path, const char *name, kvr_key ns, const struct fh_keymap *km,
+		      struct fh_l2_scan *acc)
 {
 	kvr_key key;
 	uint32_t lane;
@@ -657,24 +775,31 @@ static void scan_file(const char *path, const char *name, kvr_key ns, struct fh_
 		free(buf);
 		return;
 	}
+	int mi;
+	const struct fh_model *m = model_of(km, key, &mi);
+	uint32_t len = m ? fh_model_lane_bytes(m) : 0;
 	uint8_t want[FH_LANE_BYTES];
 	fh_lane_content(key, lane, want);
-	acc->bytes += FH_LANE_BYTES;
+	acc->bytes += len;
 	const uint8_t *got = buf + KVR_L2_HDR_BYTES;
-	if (memcmp(got, want, FH_LANE_BYTES)) {
+	if (!m) {
+		acc->wrong++;
+		fprintf(stderr, "  L2: %s: valid header and checksum, the key of no prompt\n", path);
+	} else if (memcmp(got, want, len)) {
 		uint32_t o = 0;
 		while (got[o] == want[o])
 			o++;
 		acc->wrong++;
-		fprintf(stderr, "  L2: %s: valid header and checksum, wrong bytes from offset %u (0x%02x, want 0x%02x)\n",
-			path, o, got[o], want[o]);
+		fprintf(stderr, "  L2: %s: valid header and checksum, wrong bytes from offset %u of model %s's %u (0x%02x, "
+			"want 0x%02x)\n", path, o, m->name, len, got[o], want[o]);
 	} else {
 		acc->ok++;
+		acc->ok_by_model[mi]++;
 	}
 	free(buf);
 }
 
-void fh_l2_scan(const char *dir, kvr_key ns, struct fh_l2_scan *acc)
+void fh_l2_scan(const char *dir, kvr_key ns, const struct fh_keymap *km, struct fh_l2_scan *acc)
 {
 	char nsd[KVR_KEY_FMT_LEN], sub[512];
 	snprintf(sub, sizeof(sub), "%s/%s", dir, kvr_l2_ns_dir_fmt(ns, nsd));
@@ -687,7 +812,7 @@ void fh_l2_scan(const char *dir, kvr_key ns, struct fh_l2_scan *acc)
 			continue;
 		char path[800];
 		snprintf(path, sizeof(path), "%s/%s", sub, e->d_name);
-		scan_file(path, e->d_name, ns, acc);
+		scan_file(path, e->d_name, ns, km, acc);
 	}
 	closedir(d);
 }

@@ -14,17 +14,21 @@
 #include "kvr_slots.h"
 
 /*
- * One model for every fault test: MHA, 2 layers, 4 KV heads of 16 bf16 elements, 16-token
- * blocks, TP 2 (2 heads a lane). A lane of a block is 4 regions (layer 0 K, V, layer 1 K,
- * V) of 16 token rows of 64 bytes: 4096 bytes, one 4 KiB slot, one 8 KiB L2 file.
+ * The model every fault test has (fh_model_default, the FH_* constants): MHA, 2 layers, 4 KV
+ * heads of 16 bf16 elements, 16-token blocks, TP 2 (2 heads a lane). A lane of a block is 4
+ * regions (layer 0 K, V, layer 1 K, V) of 16 token rows of 64 bytes: 4096 bytes, one 4 KiB
+ * slot, one 8 KiB L2 file. A test may run engines of other models beside it (struct
+ * fh_model): same block tokens and lane count (an instance requires both), a lane of at most
+ * FH_LANE_BYTES, so every model's lane fits the 4 KiB slots.
  *
  * Bytes follow the block key (the chained hash of the block's tokens and everything before
- * them): byte o of the canonical lane `lane` of block `key` is fh_lane_content(key, lane)[o],
- * where o counts region by region, token row by token row (the slot's layout). A TP rank
- * holds that lane in its engine block as is; a DCP rank holds its tokens' rows of it (token
- * t belongs to rank (t / I) mod D, its rows in increasing t), computed here by brute force,
- * independent of kvr_dcp.c. So every byte a load restores, every committed slot and every
- * L2 payload can be checked against the key alone, whoever stored it.
+ * them, under the engine's model namespace): byte o of the canonical lane `lane` of block
+ * `key` is fh_lane_content(key, lane)[o] for o below the model's lane bytes, where o counts
+ * region by region, token row by token row (the slot's layout). A TP rank holds that lane in
+ * its engine block as is; a DCP rank holds its tokens' rows of it (token t belongs to rank
+ * (t / I) mod D, its rows in increasing t), computed here by brute force, independent of
+ * kvr_dcp.c. So every byte a load restores, every committed slot and every L2 payload can be
+ * checked against the key alone, whoever stored it.
  *
  * Nothing in this file asserts through Criterion: worker processes (fh_worker_run) use it
  * after fork; functions return 0 / -errno or counts.
@@ -38,13 +42,39 @@
 #define FH_TP 2u
 #define FH_ROW (FH_LANE_HEADS * FH_HEAD_DIM * FH_DTYPE) /* 64 bytes: one token of one region */
 #define FH_REGIONS (2u * FH_LAYERS)
-#define FH_LANE_BYTES (FH_REGIONS * FH_BT * FH_ROW)      /* 4096 */
+#define FH_LANE_BYTES (FH_REGIONS * FH_BT * FH_ROW)      /* 4096: the largest lane, the slot */
 #define FH_CANARY 0xa5u                                   /* a block no load was given */
+#define FH_MAX_MODELS 4u
 
-/* ct_model of this model (client_harness). */
+/* ct_model of the default model (client_harness). */
 #define FH_CT_MODEL {.layers = FH_LAYERS, .kv_heads = FH_LANE_HEADS * FH_TP, .head_dim = FH_HEAD_DIM, \
 		     .dtype_bytes = FH_DTYPE, .block_tokens = FH_BT, .tp_size = FH_TP}
 
+/* A model an engine attaches with: its geometry (FH_BT-token blocks, tp lanes of lane_heads
+ * KV heads) and the model namespace its engines name. */
+struct fh_model {
+	const char *name;     /* in messages: "A" */
+	const char *model_ns; /* what its workers name in kvr_attach_opts (NULL: none, the instance's model) */
+	uint32_t layers, lane_heads, head_dim, dtype, tp;
+};
+
+extern const struct fh_model fh_model_default; /* the FH_* model, no model_ns */
+
+static inline uint32_t fh_model_row(const struct fh_model *m)
+{
+	return m->lane_heads * m->head_dim * m->dtype;
+}
+
+static inline uint32_t fh_model_lane_bytes(const struct fh_model *m)
+{
+	return 2 * m->layers * FH_BT * fh_model_row(m);
+}
+
+/* The key namespace its TP ranks' blocks are keyed under: kvringd's (kvr_geometry_namespace
+ * of the rank's geometry, under model_ns or else model_id, no cache salt). 0 or -EINVAL. */
+int fh_model_namespace(const struct fh_model *m, const char *model_id, kvr_key *ret_ns);
+
+/* The first FH_LANE_BYTES of lane `lane` of key's content stream (a model's lane: its prefix). */
 void fh_lane_content(kvr_key key, unsigned lane, uint8_t out[FH_LANE_BYTES]);
 
 /* ---- prompts ------------------------------------------------------------------------ */
@@ -66,6 +96,8 @@ void fh_make_prompt(struct fh_prompt *p, unsigned n_blocks, uint64_t seed, kvr_k
 /* ---- ranks -------------------------------------------------------------------------- */
 
 struct fh_rank {
+	const struct fh_model *m;
+	const char *engine;  /* engine_id it attaches as (NULL: the default engine) */
 	struct kvr_client *c;
 	struct kvr_geometry g;
 	int fd;
@@ -75,11 +107,15 @@ struct fh_rank {
 	uint64_t next_req;
 };
 
-/* Geometry and KV memory (a memfd, every byte FH_CANARY), not attached. A TP rank of the
- * model: tp_size FH_TP, dcp_size 1. A DCP rank: TP 2 x dcp_size ranks, DCP rank
- * tp_rank mod dcp_size, interleave il. 0 or -errno. */
+/* Geometry and KV memory (a memfd, every byte FH_CANARY), not attached, of the default
+ * model. A TP rank of the model: tp_size FH_TP, dcp_size 1. A DCP rank: TP 2 x dcp_size
+ * ranks, DCP rank tp_rank mod dcp_size, interleave il. 0 or -errno. */
 int fh_rank_prepare(struct fh_rank *r, unsigned tp_size, unsigned tp_rank, unsigned dcp_size, unsigned il,
 		    uint32_t num_blocks);
+/* The same for a rank of model m (-EINVAL: its lane is larger than FH_LANE_BYTES); it
+ * attaches as engine `engine` naming m->model_ns. */
+int fh_rank_prepare_model(struct fh_rank *r, const struct fh_model *m, const char *engine, unsigned tp_size,
+			  unsigned tp_rank, unsigned dcp_size, unsigned il, uint32_t num_blocks);
 int fh_rank_attach(struct fh_rank *r, const char *sock, int64_t timeout_ms);
 void fh_rank_close(struct fh_rank *r); /* detach, unmap, close; safe on a closed rank */
 
@@ -152,6 +188,8 @@ struct fh_role {
 	const char *name;
 	unsigned kind;      /* enum fh_role_kind */
 	unsigned tp_rank;   /* TP: its rank; DCP: the first TP rank of the group */
+	const struct fh_model *m; /* NULL: fh_model_default */
+	const char *engine;       /* its engine_id (NULL: the default engine) */
 };
 
 struct fh_worker_cfg {
@@ -182,8 +220,29 @@ bool fh_slot_offends(const struct kvr_slot_table *t, uint32_t i);
 struct kvr_ctl;
 uint32_t fh_slots_offending(const struct kvr_slot_table *t, const struct kvr_ctl *ctl, bool dump, const char *what);
 
-/* Every COMMITTED slot against its key's content: wrong ones counted (and printed). */
-uint32_t fh_l1_check(const struct kvr_slot_table *t, void *arena_base, uint32_t *ret_checked);
+/* Which model each block key of a test's prompts belongs to (keys of two namespaces never
+ * meet), and the slot model tag (kvr_slot_model) each model's slots must carry (0: not
+ * checked). Filled once in the test process; fh_keymap_free releases it. */
+struct fh_keymap {
+	unsigned n_models;
+	const struct fh_model *models[FH_MAX_MODELS];
+	uint8_t tag[FH_MAX_MODELS];
+	uint32_t n, cap;
+	struct fh_keyent { kvr_key key; uint32_t model; } *e; /* sorted by key */
+};
+
+/* Add every key of prompts p[0..n) as model m's (added to models if new). 0 or -ENOMEM / -E2BIG. */
+int fh_keymap_add(struct fh_keymap *km, const struct fh_model *m, const struct fh_prompt *p, unsigned n);
+/* The model index of key, or -1. */
+int fh_keymap_find(const struct fh_keymap *km, kvr_key key);
+void fh_keymap_free(struct fh_keymap *km);
+
+/* Every COMMITTED slot against its key's content: wrong ones counted (and printed). km NULL:
+ * every slot holds a default-model lane, ret_checked[0] counts them; else each key's model
+ * gives the lane length and the tag the slot must carry, and ret_checked[k] counts model
+ * k's slots (a key of no prompt, or a wrong tag, is a wrong slot). */
+uint32_t fh_l1_check(const struct kvr_slot_table *t, void *arena_base, const struct fh_keymap *km,
+		     uint32_t *ret_checked);
 
 struct fh_l2_scan {
 	uint64_t files;          /* block files found under real names */
@@ -192,9 +251,12 @@ struct fh_l2_scan {
 	uint64_t damaged;        /* bad header, size or checksum under a real name */
 	uint64_t tmp;            /* temporary files left */
 	uint64_t bytes;          /* payload bytes compared */
+	uint64_t ok_by_model[FH_MAX_MODELS]; /* of ok, the files of each keymap model */
 };
 
-/* Read every block file under dir (the namespace's directory inside it) and check it. */
-void fh_l2_scan(const char *dir, kvr_key ns, struct fh_l2_scan *acc);
+/* Read every block file under dir (the directory of namespace ns inside it: the slot table's)
+ * and check it: header and checksum of a slot-sized payload (FH_LANE_BYTES), then the lane of
+ * the key's model (km NULL: the default model's) against the key's bytes. */
+void fh_l2_scan(const char *dir, kvr_key ns, const struct fh_keymap *km, struct fh_l2_scan *acc);
 
 #endif

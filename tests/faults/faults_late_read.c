@@ -291,7 +291,7 @@ Test(faults, late_read_after_owner_died)
 	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 5, 5000));
 	cr_assert_eq(ct_find_slot(&env, a.keys[0], 0), -1, "A is no longer in L1");
 	struct fh_l2_scan scan = {0};
-	fh_l2_scan(l2dir, env.slots->ns, &scan);
+	fh_l2_scan(l2dir, env.slots->ns, NULL, &scan);
 	cr_assert_eq(scan.ok, 5, "A and F on disk, intact");
 
 	/* 2. worker 1's lookup of A starts the promotion; the read stops at the gate */
@@ -368,12 +368,12 @@ Test(faults, late_read_after_owner_died)
 	bool clean = H_WAIT(fh_slots_offending(env.slots, NULL, false, NULL) == 0, 5000);
 	uint32_t leaked = fh_slots_offending(env.slots, env.h.ctl, !clean, "leaked");
 	cr_expect_eq(leaked, 0, "%u slots not FREE/COMMITTED or pinned once quiet", leaked);
-	uint32_t l1_checked, l1_wrong = fh_l1_check(env.slots, env.arena_seg.base, &l1_checked);
+	uint32_t l1_checked, l1_wrong = fh_l1_check(env.slots, env.arena_seg.base, NULL, &l1_checked);
 	cr_expect_eq(l1_wrong, 0, "%u of %u committed slots hold wrong bytes", l1_wrong, l1_checked);
 
 	/* every file on disk holds its key's bytes: A, F and B */
 	memset(&scan, 0, sizeof(scan));
-	fh_l2_scan(l2dir, env.slots->ns, &scan);
+	fh_l2_scan(l2dir, env.slots->ns, NULL, &scan);
 	fprintf(stderr, "faults_late_read: L2: %llu files, %llu intact, %llu wrong, %llu damaged\n",
 		(unsigned long long)scan.files, (unsigned long long)scan.ok, (unsigned long long)scan.wrong,
 		(unsigned long long)scan.damaged);
