@@ -21,7 +21,7 @@
  * Each rank sends its own STORE for the blocks the engine finished; the ranks run the
  * same schedule, so their requests list the same keys. The gather actor queues each
  * rank's request until every rank sent one with the same keys, then hands the group's
- * requests to its store pipe as one job (stage_store_pipe_*, store_path.c, D ranks): one
+ * requests to its store pipe as one job (stage_store_pipe_*, store_pipe.c, D ranks): one
  * slot per block, every rank's rows (and its page tail) copied into their places in the
  * canonical lane — every rank's copies of a chunk submitted before any is reaped — and
  * one commit. No handler waits for the lookup actor or a copy: the pipe moves on in

@@ -1,4 +1,4 @@
-/* The lookup actor's side of L2: the on-disk set, write-through, and promotions with deferred replies. */
+/* l2tier: the lookup actor's side of L2 — the on-disk set kept, write-through, promotions with deferred replies. */
 #include "l2tier.h"
 
 #include <errno.h>
@@ -13,18 +13,12 @@
 #include "kvr_ring_names.h"
 #include "kvr_slots.h"
 #include "kvr_time.h"
+#include "l2set.h"
 
 #define NO_LANE 0xffffu
 #define RM_DISK L2T_MAX_DISKS /* read.disk of a read from the shared tier */
 
 enum { B_OK = 0, B_WAIT = 1, B_FAIL = 2, B_PROMOTED = 3 }; /* per block of a promotion */
-
-/* (key, lane) set: open addressing, linear probing, tombstones. */
-struct l2ent {
-	uint64_t lo, hi;
-	uint16_t lane;
-	uint8_t used, dead;
-};
 
 struct pend {                 /* one promotion per worker (its client's lookup is synchronous) */
 	bool active;
@@ -97,8 +91,7 @@ struct l2tier {
 	uint32_t disk_gen[L2T_MAX_DISKS];
 	bool synced[L2T_MAX_DISKS];   /* the answer to our last L2_SYNC is complete */
 	bool sync_due[L2T_MAX_DISKS]; /* an L2_SYNC found disk.req full: sent again from the tick */
-	struct l2ent *set;
-	uint32_t set_cap, set_n, set_dead;
+	struct l2set set;             /* the (key, lane) pairs on disk */
 	struct pend *pend;
 	unsigned n_workers;
 	struct read *reads;
@@ -126,80 +119,9 @@ static uint64_t now_of(const struct l2tier *t)
 	return t->a->now_ns;
 }
 
-static uint64_t mix(kvr_key k, unsigned lane)
-{
-	uint64_t h = k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)lane << 48);
-	h ^= h >> 31;
-	return h * 0xbf58476d1ce4e5b9ull;
-}
-
-static struct l2ent *set_find(const struct l2tier *t, kvr_key k, unsigned lane, bool for_insert)
-{
-	if (!t->set_cap)
-		return NULL;
-	uint32_t mask = t->set_cap - 1, i = (uint32_t)mix(k, lane) & mask;
-	struct l2ent *tomb = NULL;
-	for (uint32_t n = 0; n < t->set_cap; n++, i = (i + 1) & mask) {
-		struct l2ent *e = &t->set[i];
-		if (!e->used)
-			return for_insert ? (tomb ? tomb : e) : NULL;
-		if (e->dead) {
-			if (!tomb)
-				tomb = e;
-			continue;
-		}
-		if (e->lo == k.lo && e->hi == k.hi && e->lane == lane)
-			return e;
-	}
-	return for_insert ? tomb : NULL;
-}
-
-static int set_grow(struct l2tier *t)
-{
-	uint32_t cap = t->set_cap ? t->set_cap * 2 : 1024;
-	struct l2ent *old = t->set, *n = calloc(cap, sizeof(*n));
-	if (!n)
-		return -ENOMEM;
-	uint32_t old_cap = t->set_cap;
-	t->set = n;
-	t->set_cap = cap;
-	t->set_n = t->set_dead = 0;
-	for (uint32_t i = 0; i < old_cap; i++)
-		if (old[i].used && !old[i].dead) {
-			struct l2ent *e = set_find(t, (kvr_key){old[i].lo, old[i].hi}, old[i].lane, true);
-			*e = old[i];
-			t->set_n++;
-		}
-	free(old);
-	return 0;
-}
-
-static void set_add(struct l2tier *t, kvr_key k, unsigned lane)
-{
-	if ((t->set_n + t->set_dead + 1) * 2 > t->set_cap && set_grow(t))
-		return; /* out of memory: the block is simply not known to be on disk */
-	struct l2ent *e = set_find(t, k, lane, true);
-	if (!e || (e->used && !e->dead))
-		return;
-	if (e->dead)
-		t->set_dead--;
-	*e = (struct l2ent){.lo = k.lo, .hi = k.hi, .lane = (uint16_t)lane, .used = 1};
-	t->set_n++;
-}
-
-static void set_del(struct l2tier *t, kvr_key k, unsigned lane)
-{
-	struct l2ent *e = set_find(t, k, lane, false);
-	if (!e)
-		return;
-	e->dead = 1;
-	t->set_n--;
-	t->set_dead++;
-}
-
 bool l2t_has(const struct l2tier *t, kvr_key key, unsigned lane)
 {
-	return t && set_find(t, key, lane, false) != NULL;
+	return t && l2set_has(&t->set, key, lane);
 }
 
 static unsigned route(const struct l2tier *t, kvr_key k)
@@ -342,7 +264,7 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->pend = calloc(t->n_workers, sizeof(*t->pend));
 	t->wq = calloc(t->n_slots, sizeof(*t->wq));
 	t->requeue = calloc(t->n_slots, sizeof(*t->requeue));
-	if (!t->pend || !t->wq || !t->requeue || set_grow(t)) {
+	if (!t->pend || !t->wq || !t->requeue || l2set_open(&t->set)) {
 		l2t_close(t);
 		return -ENOMEM;
 	}
@@ -406,7 +328,7 @@ void l2t_close(struct l2tier *t)
 	free(t->wq);
 	free(t->requeue);
 	free(t->reads);
-	free(t->set);
+	l2set_close(&t->set);
 	free(t);
 }
 
@@ -792,7 +714,7 @@ static int on_read_done(struct l2tier *t, unsigned d, const struct kvr_msg *m, c
 	    t->reads[ri].slot != b->slot || t->reads[ri].epoch != b->epoch || t->reads[ri].disk != d)
 		return 0; /* a read we already gave up on */
 	if (d != RM_DISK && (b->flags & KVR_L2F_GONE))
-		set_del(t, (kvr_key){b->key_lo, b->key_hi}, b->lane); /* missing or bad on disk: not there any more */
+		l2set_del(&t->set, (kvr_key){b->key_lo, b->key_hi}, b->lane); /* missing or bad on disk: not there any more */
 	return read_ended(t, ri, b->status, done) ? 2 : 0;
 }
 
@@ -818,15 +740,15 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 	switch (m->hdr.type) {
 	case KVR_MSG_L2_HAVE:
 		if (b.lane != NO_LANE)
-			set_add(t, k, b.lane);
+			l2set_add(&t->set, k, b.lane);
 		if (b.flags & KVR_L2F_LAST) {
 			t->synced[d] = true;
-			kvr_info("disk.%u synced: %u block lanes on disk in all", d, t->set_n);
+			kvr_info("disk.%u synced: %u block lanes on disk in all", d, t->set.n);
 			write_through_missing(t, d);
 		}
 		return 0;
 	case KVR_MSG_L2_GONE:
-		set_del(t, k, b.lane);
+		l2set_del(&t->set, k, b.lane);
 		kvr_index_remember_gone(t->idx, k); /* a later miss says "evicted", not "never stored" */
 		return 0;
 	case KVR_MSG_L2_WRITE_DONE: {
@@ -837,7 +759,7 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 		}
 		wq_pump(t, d);
 		if (b.status == 0) {
-			set_add(t, k, b.lane);
+			l2set_add(&t->set, k, b.lane);
 			kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES, ours ? 1 : 0);
 		} else if (ours) {
 			kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITE_FAILS, 1);

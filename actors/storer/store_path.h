@@ -98,7 +98,7 @@ void stage_store_fail(struct stage_store *ss, struct stage_worker *sw, const str
 
 #define STAGE_STORE_DEPTH_MAX 8
 
-struct stage_store_job; /* store_path.c */
+struct stage_store_job; /* store_pipe.c */
 
 struct stage_store_pipe {
 	struct stage_store *ss;

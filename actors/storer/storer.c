@@ -12,7 +12,7 @@
  * One storer per attached worker (a DCP rank's stores go to its group's gather actor,
  * which needs every rank's shard of a block). A STORE lists (block key, engine block id)
  * pairs of blocks the engine reported final; each complete STORE becomes a job of the
- * store pipe (stage_store_pipe_*, store_path.c beside this file): ALLOC, copy, COMMIT,
+ * store pipe (stage_store_pipe_*, store_pipe.c beside this file): ALLOC, copy, COMMIT,
  * STORE_DONE, driven by this loop — replies of the lookup actor arrive on commit.rep as
  * messages, the pipe moves on in on_pass, and a timer (the slow tick as a fallback) fires
  * deadlines and looks for a restart of the lookup actor while stores wait for it. Up to the pipe's depth (the store pool's leases,

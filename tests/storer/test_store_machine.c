@@ -1,4 +1,4 @@
-/* The storer's store pipe (actors/storer/store_path.c) stepped one message, pass, tick or timer at a time over an in-memory control segment, with an injected clock. */
+/* The storer's store pipe (actors/storer/store_pipe.c) stepped one message, pass, tick or timer at a time over an in-memory control segment, with an injected clock. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
@@ -1067,7 +1067,7 @@ Test(store_machine, a_commit_deadline_follows_the_injected_clock)
  * A RESET lost with the outbox (was a defect): a store whose COMMIT waits in the outbox (the
  * lookup actor took nothing from commit.req: alive but not reading it) fails at
  * lookup_call_ms and queues its RESET behind the COMMIT; on the next pass the outbox's own
- * timeout (kvr_outbox_flush in stage_store_pipe_pass, store_path.c:1062, same
+ * timeout (kvr_outbox_flush in stage_store_pipe_pass, store_pipe.c, same
  * lookup_call_ms) drops both. Its slots, allocated by an ALLOC the lookup actor did take,
  * stayed WRITING for good (and later ALLOCs of those keys were answered PRESENT: reported
  * present, never stored). Now anything the outbox drops makes the pipe reset the lane once
