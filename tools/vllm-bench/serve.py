@@ -19,7 +19,9 @@ one seed): a cold pass, then a warm pass.
             dim 32), both KvringConnector -> ONE kvringd started without a model section
             (--two-models). B's cold pass runs first, then A's cold and warm passes (the
             row's), then B's warm pass: A's warm TTFT against the kvring row's is the
-            price of sharing an instance with another model
+            price of a second model on the node
+  twosep    as two, but each server with a kvringd of its own (--two-models): two against
+            twosep is the price of sharing one kvringd, the second server's own load aside
 
 Before the cold pass each server answers warm-up requests (unrelated prompts, twice: the
 first forward of a fresh engine costs seconds; the second pass exercises the connector's
@@ -74,10 +76,11 @@ from services import (
 
 __all__ = ["SERVE_ROWS", "main"]
 
-SERVE_ROWS = ("baseline", "kvring", "lmcache", "prefix", "evict", "pd", "two")
+SERVE_ROWS = ("baseline", "kvring", "lmcache", "prefix", "evict", "pd", "two", "twosep")
 PASSES = ("cold", "warm")
 SERVED_NAME = "bench-llama"
-KVRING_ROWS = ("kvring", "evict", "pd", "two")
+KVRING_ROWS = ("kvring", "evict", "pd", "two", "twosep")
+TWO_ROWS = ("two", "twosep")
 OTHER_PASSES = ("other-cold", "other-warm")  # the two row's model B, before and after A's passes
 
 # kvringd counters a serving pass records: the one-request mode's and the tiers'
@@ -502,6 +505,7 @@ class Row:
         self.name, self.args = name, args
         self.dir = args.out / "rows" / name
         self.kvringd: Kvringd | None = None
+        self.kvringd_b: Kvringd | None = None  # the twosep row: model B's own kvringd
         self.lmcache: LmcacheServer | None = None
         self.servers: list[VllmServer] = []
         self.proxy: PdProxy | None = None
@@ -549,9 +553,14 @@ class Row:
                 self.dir / "kvringd",
                 block_tokens=a.block_size,
                 l1_bytes=l1,
-                model=None if self.name == "two" else model,  # two: no model section, any model
+                model=None if self.name in TWO_ROWS else model,  # no model section: any model
                 l2_dir=l2,
             )
+            if self.name == "twosep":
+                self.kvringd_b = Kvringd(
+                    a.build, self.dir / "kvringd-b", block_tokens=a.block_size, l1_bytes=l1, model=None
+                )
+                self.kvringd_b.start()
             self.kvringd.start()
             self.info["kvringd_config"] = self.kvringd.config
         if self.name == "baseline":
@@ -573,10 +582,11 @@ class Row:
                 "kv_connector_extra_config": {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": self.lmcache.port},
             }
             servers = [self.server("engine", a.bind, False, kv)]
-        elif self.name == "two":
+        elif self.name in TWO_ROWS:
             assert self.kvringd is not None
             kv = kvring_transfer(self.kvringd.socket, extra)
-            servers = [self.server("A", a.bind, False, kv), self.server("B", a.bind, False, kv, a.model_b)]
+            kv_b = kvring_transfer(self.kvringd_b.socket, extra) if self.kvringd_b else kv
+            servers = [self.server("A", a.bind, False, kv), self.server("B", a.bind, False, kv_b, a.model_b)]
             self.other_url = servers[1].url
         elif self.name == "pd":
             assert self.kvringd is not None
@@ -604,18 +614,24 @@ class Row:
             self.info.setdefault("exit_status", {})[s.name] = s.stop()
         if self.lmcache is not None:
             self.info["lmcache_exit_status"] = self.lmcache.stop()
-        if self.kvringd is not None:
-            self.info["kvringd_exit_status"] = self.kvringd.stop()
-            self.info["kvringd_log_tail"] = self.kvringd.log_tail(10)
+        for tag, k in (("", self.kvringd), ("_b", self.kvringd_b)):
+            if k is not None:
+                self.info[f"kvringd{tag}_exit_status"] = k.stop()
+                self.info[f"kvringd{tag}_log_tail"] = k.log_tail(10)
 
     def counters(self) -> dict[str, Any]:
         c: dict[str, Any] = {"vllm": {s.name: vllm_counters(s) for s in self.servers}}
         if self.kvringd is not None:
             c["kvringd"] = kvringd_counters(self.kvringd.metrics_url)
+        if self.kvringd_b is not None:  # the node's kvring: both instances' counters summed
+            b = kvringd_counters(self.kvringd_b.metrics_url)
+            c["kvringd"] = {k: v + b.get(k, 0.0) for k, v in c["kvringd"].items()}
         return c
 
     def settle(self) -> dict[str, Any] | None:
         time.sleep(self.args.settle)  # idle between passes, as the one-request mode does
+        if self.kvringd_b is not None:
+            wait_stores_settled(self.kvringd_b.metrics_url)
         if self.kvringd is not None:
             return wait_stores_settled(self.kvringd.metrics_url)
         return None
@@ -766,7 +782,7 @@ def main(args: Any, versions: dict[str, str], machine: dict[str, Any], command: 
     bench_model.ensure_model(args.model)
     bench_model.ensure_tokenizer(args.model)
     args.model_b = None
-    if "two" in args.rows:  # the second model: its own directory beside the first
+    if set(TWO_ROWS) & set(args.rows):  # the second model: its own directory beside the first
         args.model_b = args.model.with_name(args.model.name + "-b")
         bench_model.ensure_model(args.model_b, bench_model.GEOMETRY_B)
         bench_model.ensure_tokenizer(args.model_b)

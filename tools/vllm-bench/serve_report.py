@@ -43,8 +43,10 @@ LABEL = {
     "evict": "kvring, L1 1/3 + L2",
     "pd": "P/D (kvring)",
     "two": "kvring, two models: A",
+    "twosep": "kvring, two models, two kvringds: A",
 }
-LABEL_OTHER = "kvring, two models: B"  # the two row's second model (its other_passes)
+# the second model of the two rows (their other_passes)
+LABEL_OTHER = {"two": "kvring, two models: B", "twosep": "kvring, two models, two kvringds: B"}
 GOAL_VS_PREFIX = 0.5
 GOAL_VS_LMCACHE = 0.25
 GOAL_COLD = 0.03
@@ -205,7 +207,14 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
                 "d_hit_tokens": pp["pd"]["d_external_tokens"],
                 "prompt_tokens": pp["pd"]["prompt_tokens"],
             }
-    tw, bw = ph("two", "warm"), R.get("two", {}).get("other", {}).get("other-warm")
+    tw, bw, sw = ph("two", "warm"), R.get("two", {}).get("other", {}).get("other-warm"), ph("twosep", "warm")
+    if tw and sw:
+        g["two_shared_vs_separate_warm"] = {
+            "value": ratio(tw["ttft_mean_s"], sw["ttft_mean_s"]),
+            "p99": ratio(tw["ttft_p99_s"], sw["ttft_p99_s"]),
+            "two_ms": 1e3 * tw["ttft_mean_s"],
+            "twosep_ms": 1e3 * sw["ttft_mean_s"],
+        }
     if tw and kw:
         g["two_models_warm_vs_kvring_warm"] = {
             "value": ratio(tw["ttft_mean_s"], kw["ttft_mean_s"]),
@@ -256,7 +265,7 @@ def table(doc: dict[str, Any]) -> str:
             lines.append(f"| {LABEL.get(name, name)} | FAILED: {rs['error']} |" + " |" * (len(cols) - 2))
             continue
         listed = [(LABEL.get(name, name), p, st) for p, st in rs["passes"].items()]
-        listed += [(LABEL_OTHER, p, st) for p, st in rs.get("other", {}).items()]
+        listed += [(LABEL_OTHER[name], p, st) for p, st in rs.get("other", {}).items()]
         for label, p, st in listed:
             k = st.get("kvring")
             cells = [
@@ -284,7 +293,7 @@ def table(doc: dict[str, Any]) -> str:
         lines += ["", "\\* other processes took CPU during this row (timings disturbed): " + "; ".join(dist)]
 
     tiers = [
-        (LABEL.get(n, n) if p in rs["passes"] else LABEL_OTHER, p, st["kvring"])
+        (LABEL.get(n, n) if p in rs["passes"] else LABEL_OTHER[n], p, st["kvring"])
         for n, rs in S["rows"].items()
         for p, st in {**rs["passes"], **rs.get("other", {})}.items()
         if st.get("kvring")
@@ -371,7 +380,13 @@ def table(doc: dict[str, Any]) -> str:
             )
         lines.append(
             f"| two models on one kvringd: A's warm TTFT / kvring row's warm TTFT | {x['value']:.2f}x "
-            f"({x['two_ms']:.1f} / {x['kvring_ms']:.1f} ms; p99 {x['p99']:.2f}x){b} | within noise | - |"
+            f"({x['two_ms']:.1f} / {x['kvring_ms']:.1f} ms; p99 {x['p99']:.2f}x){b} | - | - |"
+        )
+    x = g.get("two_shared_vs_separate_warm")
+    if x:
+        lines.append(
+            f"| two models: A's warm TTFT, one shared kvringd / a kvringd each | {x['value']:.2f}x ({x['two_ms']:.1f} / "
+            f"{x['twosep_ms']:.1f} ms; p99 {x['p99']:.2f}x) | within noise | - |"
         )
     for p in ("cold", "warm"):
         x = g.get(f"pd_{p}_decode_ttft")
@@ -394,11 +409,16 @@ def plot(doc: dict[str, Any], png: Path, workdir: Path) -> str:
     groups = []
     for name, rs in S["rows"].items():
         for p, st in {**rs["passes"], **rs.get("other", {})}.items():
-            short = {"lmcache": "LMCache", "prefix": "prefix", "evict": "kvring L2", "pd": "P/D", "two": "two: A"}.get(
-                name, LABEL.get(name, name)
-            )
+            short = {
+                "lmcache": "LMCache",
+                "prefix": "prefix",
+                "evict": "kvring L2",
+                "pd": "P/D",
+                "two": "two: A",
+                "twosep": "two sep: A",
+            }.get(name, LABEL.get(name, name))
             if p.startswith("other-"):
-                short, p = "two: B", p[len("other-") :]
+                short, p = short[:-1] + "B", p[len("other-") :]
             groups.append((f"{short}\\n{p}", [st["ttft_mean_s"] * 1e3, st["ttft_p99_s"] * 1e3]))
             if st.get("pd"):
                 d = st["pd"]

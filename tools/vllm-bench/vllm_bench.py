@@ -419,7 +419,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sv.add_argument(
         "--two-models",
         action="store_true",
-        help="add the two row (two models' servers on one kvringd without a model section)",
+        help="add the two and twosep rows (two models' servers on one kvringd without a model section; on one each)",
     )
     sv.add_argument("--num-prompts", type=int, default=24, help="vllm bench serve --num-prompts")
     sv.add_argument("--input-len", type=int, default=4096, help="--random-input-len (tokens per prompt)")
@@ -443,7 +443,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
         allowed = serve.SERVE_ROWS
         args.rows = args.rows or ",".join(ROWS) + "".join(
-            f",{r}" for r, on in (("evict", args.evict), ("pd", args.pd), ("two", args.two_models)) if on
+            f",{r}" for r, on in (("evict", args.evict), ("pd", args.pd), ("two,twosep", args.two_models)) if on
         )
         if args.input_len < 2 * args.block_size:
             ap.error("--input-len must be at least two blocks")
