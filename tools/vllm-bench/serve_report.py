@@ -207,24 +207,24 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
                 "d_hit_tokens": pp["pd"]["d_external_tokens"],
                 "prompt_tokens": pp["pd"]["prompt_tokens"],
             }
+    def warm_vs(a: dict[str, Any], b: dict[str, Any], an: str, bn: str) -> dict[str, Any]:
+        return {
+            "value": ratio(a["ttft_mean_s"], b["ttft_mean_s"]),
+            "p99": ratio(a["ttft_p99_s"], b["ttft_p99_s"]),
+            f"{an}_ms": 1e3 * a["ttft_mean_s"],
+            f"{bn}_ms": 1e3 * b["ttft_mean_s"],
+        }
+
     tw, bw, sw = ph("two", "warm"), R.get("two", {}).get("other", {}).get("other-warm"), ph("twosep", "warm")
     if tw and sw:
-        g["two_shared_vs_separate_warm"] = {
-            "value": ratio(tw["ttft_mean_s"], sw["ttft_mean_s"]),
-            "p99": ratio(tw["ttft_p99_s"], sw["ttft_p99_s"]),
-            "two_ms": 1e3 * tw["ttft_mean_s"],
-            "twosep_ms": 1e3 * sw["ttft_mean_s"],
-        }
+        g["two_shared_vs_separate_warm"] = warm_vs(tw, sw, "two", "twosep")
     if tw and kw:
-        g["two_models_warm_vs_kvring_warm"] = {
-            "value": ratio(tw["ttft_mean_s"], kw["ttft_mean_s"]),
-            "p99": ratio(tw["ttft_p99_s"], kw["ttft_p99_s"]),
-            "two_ms": 1e3 * tw["ttft_mean_s"],
-            "kvring_ms": 1e3 * kw["ttft_mean_s"],
-            "b_warm_ms": 1e3 * bw["ttft_mean_s"] if bw else None,
-            "b_match": bw.get("match_vs_cold") if bw else None,
-            "b_hit_rate": bw.get("kvring", {}).get("hit_rate") if bw else None,
-        }
+        g["two_models_warm_vs_kvring_warm"] = dict(
+            warm_vs(tw, kw, "two", "kvring"),
+            b_warm_ms=1e3 * bw["ttft_mean_s"] if bw else None,
+            b_match=bw.get("match_vs_cold") if bw else None,
+            b_hit_rate=bw.get("kvring", {}).get("hit_rate") if bw else None,
+        )
     if kc and kw:
         g["kvring_cold_over_warm"] = ratio(kc["ttft_mean_s"], kw["ttft_mean_s"])
     return out
