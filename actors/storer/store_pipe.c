@@ -580,10 +580,14 @@ static bool copy_step(struct stage_store_pipe *p, uint64_t now, bool *copying)
 		step = false;
 		while (stage_copy_reap(&j->copy, false) == 1)
 			step = true;
-		while (stage_copy_submit(&j->copy))
+		/* a beat per chunk: the host backend copies inside submit, and a whole window of
+		 * chunks could outlast 5 health intervals of 10 ms on a busy machine (a 60,000-block
+		 * store did); busy, not stuck */
+		while (stage_copy_submit(&j->copy)) {
 			step = true;
+			kvr_actor_beat(p->ss->a);
+		}
 		moved |= step;
-		kvr_actor_beat(p->ss->a); /* a 60,000-block copy in one pass: busy, not stuck */
 	}
 	if (stage_copy_over(&j->copy)) {
 		copy_over(p, j, now);
