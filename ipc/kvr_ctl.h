@@ -125,7 +125,9 @@ struct kvr_actor_ent {
 	/* every ring this actor consumes points its consumer waiter here */
 	_Alignas(8) struct kvr_waiter waiter;
 	_Atomic uint32_t held;         /* requests accepted, not yet answered (drain waits for them) */
-	uint32_t reserved0;
+	/* health ticks kvringd did not count as missed pings: the actor waited for a CPU
+	 * since the last one (supervisor/actors.c), over the instance's life */
+	_Atomic uint32_t health_starved;
 	/* background populate (actors/runtime/populate.c): bytes of its mappings the actor has
 	 * faulted in since its start, of populate_total it registered */
 	_Atomic uint64_t populated;

@@ -77,6 +77,8 @@ struct sup_actor {
 	bool ping_outstanding;
 	unsigned missed;         /* pings missed in a row */
 	uint64_t beat_seen;      /* the actor's heartbeat at the last health tick */
+	uint64_t run_seen;       /* its time on a CPU (/proc/PID/schedstat, ns) at the last missed ping */
+	uint64_t starved;        /* health ticks not counted as missed: it waited for a CPU all along */
 };
 
 /* An engine (engines.c): its identity, and how many workers and schedulers of it are attached. */

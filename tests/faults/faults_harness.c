@@ -499,6 +499,24 @@ static int op_load(struct wctx *w, unsigned pi)
 	return errs;
 }
 
+/* The seal prompt after a restart, looked up and loaded until every block of it was restored
+ * on every rank of the role: the lookups of the other roles' promotions may cut one short
+ * (a lane another rank is promoting is a miss for now, L1 full of pinned slots too), never for
+ * long. What the last try restored and checked is counted. */
+static void verify_seal(struct wctx *w)
+{
+	const struct fh_prompt *p = &w->cfg->prompts[w->cfg->n_prompts];
+	uint64_t want = (uint64_t)p->n * w->n_ranks, got = 0;
+	for (unsigned t = 0; t < 50 && got < want && w->attached; t++) {
+		if (t)
+			usleep(20000);
+		uint64_t c0 = atomic_load(&w->sh->c[FH_C_BLOCKS_CHECKED]), k0 = atomic_load(&w->sh->c[FH_C_WRONG_BLOCKS]);
+		op_load(w, w->cfg->n_prompts);
+		got = atomic_load(&w->sh->c[FH_C_BLOCKS_CHECKED]) - c0 - (atomic_load(&w->sh->c[FH_C_WRONG_BLOCKS]) - k0);
+	}
+	count(w, FH_C_SEAL_RESTORED, got);
+}
+
 static void ack(struct wctx *w, unsigned state, uint32_t seq)
 {
 	atomic_store(&w->sh->state, state);
@@ -540,6 +558,8 @@ static __attribute__((noreturn)) void worker_main(const struct fh_worker_cfg *cf
 		case FH_CMD_VERIFY:
 			if (done_seq != seq) {
 				atomic_store(&sh->state, FH_W_RUNNING);
+				if (cfg->seal)
+					verify_seal(&w);
 				for (unsigned p = 0; p < cfg->n_prompts && w.attached; p++) {
 					op_load(&w, p);
 					count(&w, FH_C_VERIFIED, 1);
@@ -550,6 +570,20 @@ static __attribute__((noreturn)) void worker_main(const struct fh_worker_cfg *cf
 			}
 			ack(&w, FH_W_VERIFIED, seq);
 			(void)kvr_futex_wait(&sh->cmd_seq, seq, 100000000); /* until the next command */
+			break;
+		case FH_CMD_SEAL:
+			if (done_seq != seq) {
+				atomic_store(&sh->state, FH_W_RUNNING);
+				/* quiet: an error is a transient one (an actor still starting) */
+				for (unsigned t = 0; t < 50 && op_store(&w, cfg->n_prompts); t++)
+					usleep(20000);
+				if (!w.attached)
+					break;
+				count(&w, FH_C_SEAL_STORED, cfg->prompts[cfg->n_prompts].n * w.n_ranks);
+				done_seq = seq;
+			}
+			ack(&w, FH_W_SEALED, seq);
+			(void)kvr_futex_wait(&sh->cmd_seq, seq, 100000000);
 			break;
 		default: /* FH_CMD_QUIET: attached, doing nothing */
 			ack(&w, FH_W_IDLE, seq);

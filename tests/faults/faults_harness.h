@@ -142,8 +142,8 @@ uint64_t fh_rank_share(const struct fh_rank *r);
 
 /* ---- worker processes ----------------------------------------------------------------- */
 
-enum fh_cmd { FH_CMD_RUN = 1, FH_CMD_QUIET, FH_CMD_VERIFY, FH_CMD_EXIT };
-enum fh_wstate { FH_W_STARTING = 0, FH_W_ATTACHING, FH_W_RUNNING, FH_W_IDLE, FH_W_VERIFIED };
+enum fh_cmd { FH_CMD_RUN = 1, FH_CMD_QUIET, FH_CMD_VERIFY, FH_CMD_EXIT, FH_CMD_SEAL };
+enum fh_wstate { FH_W_STARTING = 0, FH_W_ATTACHING, FH_W_RUNNING, FH_W_IDLE, FH_W_VERIFIED, FH_W_SEALED };
 
 enum fh_counter {
 	FH_C_ATTACHES,       /* attaches that succeeded */
@@ -163,6 +163,8 @@ enum fh_counter {
 	FH_C_WRONG_BYTES,
 	FH_C_HANGS,          /* requests without a completion within the hang limit */
 	FH_C_VERIFIED,       /* prompts gone through by FH_CMD_VERIFY */
+	FH_C_SEAL_STORED,    /* blocks FH_CMD_SEAL stored (the seal prompt, every rank) */
+	FH_C_SEAL_RESTORED,  /* blocks of the seal prompt FH_CMD_VERIFY restored and checked */
 	FH_C_MAX,
 };
 
@@ -195,7 +197,8 @@ struct fh_role {
 struct fh_worker_cfg {
 	const char *sock;
 	const struct fh_prompt *prompts;
-	unsigned n_prompts;
+	unsigned n_prompts;                /* RUN's: prompts[0..n_prompts) */
+	bool seal;                         /* prompts[n_prompts] is the seal prompt (FH_CMD_SEAL) */
 	unsigned dcp_size, dcp_interleave; /* the DCP role's layout */
 	uint32_t num_blocks;               /* engine blocks a rank */
 	int64_t hang_ms;                   /* a request not completed by then is a hang */
@@ -206,7 +209,8 @@ struct fh_worker_cfg {
 
 /* Fork the process of `role`: it attaches, then follows sh->cmd (RUN: random stores and
  * loads, every restored byte checked; QUIET: idle, attached; VERIFY: every prompt looked up
- * and what hits loaded and checked, once; EXIT: detach and exit 0) until killed. It dies
+ * and what hits loaded and checked, once; SEAL: the seal prompt stored from every rank, once;
+ * EXIT: detach and exit 0) until killed. It dies
  * with its parent. Returns the pid or -errno. */
 pid_t fh_worker_spawn(const struct fh_worker_cfg *cfg, const struct fh_role *role, struct fh_wshared *sh,
 		      uint64_t seed);

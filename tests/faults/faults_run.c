@@ -54,6 +54,8 @@ static struct {
 	struct fh_l2_scan l2;
 	uint64_t v_blocks, v_bytes, v_wrong_bytes, v_wrong_blocks, v_missed, v_prompts, v_l2_reads;
 	uint64_t v_blocks_by_model[FH_MAX_MODELS];
+	uint64_t v_lookups_by_model[FH_MAX_MODELS], v_lookup_errs_by_model[FH_MAX_MODELS];
+	uint64_t v_loads_by_model[FH_MAX_MODELS], v_missed_by_model[FH_MAX_MODELS];
 } tot;
 
 static pid_t last_killed[KVR_CTL_MAX_ACTORS];
@@ -562,6 +564,12 @@ static void report(void)
 		(unsigned long long)tot.v_prompts, (unsigned long long)tot.v_blocks, (unsigned long long)tot.v_l2_reads,
 		(unsigned long long)tot.v_bytes, (unsigned long long)tot.v_wrong_bytes,
 		(unsigned long long)tot.v_wrong_blocks, (unsigned long long)tot.v_missed);
+	uint64_t want = 0;
+	for (unsigned i = 0; i < sc->n_roles; i++)
+		want += (uint64_t)prompts[role_model[i]][sc->n_prompts].n * (roles[i].kind == FH_ROLE_DCP ? 2 : 1);
+	fprintf(stderr, "  the seal prompt (stored write-through before a clean stop): %llu block lanes stored, %llu of %llu "
+		"restored after the restart\n", (unsigned long long)sum(FH_C_SEAL_STORED),
+		(unsigned long long)sum(FH_C_SEAL_RESTORED), (unsigned long long)want);
 }
 
 
@@ -571,14 +579,17 @@ static void report_models(void)
 	for (unsigned k = 0; sc->n_models > 1 && k < sc->n_models; k++)
 		fprintf(stderr, "  model %s (lane %u bytes): %llu stores (%llu blocks stored), %llu loads, %llu blocks "
 			"restored and checked, %llu wrong bytes; L1: %llu committed slots checked; L2: %llu files "
-			"intact; after the restart %llu blocks restored\n", sc->models[k]->name,
+			"intact; after the restart %llu lookups (%llu errors), %llu loads, %llu blocks restored, %llu "
+			"missed\n", sc->models[k]->name,
 			fh_model_lane_bytes(sc->models[k]), (unsigned long long)sum_model(FH_C_STORES, (int)k),
 			(unsigned long long)sum_model(FH_C_STORED_BLOCKS, (int)k),
 			(unsigned long long)sum_model(FH_C_LOADS, (int)k),
 			(unsigned long long)sum_model(FH_C_BLOCKS_CHECKED, (int)k),
 			(unsigned long long)sum_model(FH_C_WRONG_BYTES, (int)k),
 			(unsigned long long)tot.l1_checked_by_model[k], (unsigned long long)tot.l2.ok_by_model[k],
-			(unsigned long long)tot.v_blocks_by_model[k]);
+			(unsigned long long)tot.v_lookups_by_model[k], (unsigned long long)tot.v_lookup_errs_by_model[k],
+			(unsigned long long)tot.v_loads_by_model[k], (unsigned long long)tot.v_blocks_by_model[k],
+			(unsigned long long)tot.v_missed_by_model[k]);
 }
 
 /* ---- the test ------------------------------------------------------------------------------ */
@@ -620,13 +631,19 @@ static void prepare(struct rng *g)
 	const struct fh_model *m0 = sc->models[0];
 	model = (struct ct_model){.layers = m0->layers, .kv_heads = m0->lane_heads * m0->tp, .head_dim = m0->head_dim,
 				  .dtype_bytes = m0->dtype, .block_tokens = FH_BT, .tp_size = m0->tp};
-	cr_assert(sc->n_roles <= FR_MAX_ROLES && sc->n_prompts <= FR_MAX_PROMPTS && sc->n_models <= FH_MAX_MODELS);
+	/* one more: the seal prompt (verify_after_restart), never stored by the rounds */
+	cr_assert(sc->n_roles <= FR_MAX_ROLES && sc->n_prompts < FR_MAX_PROMPTS && sc->n_models <= FH_MAX_MODELS);
 	uint64_t t0 = kvr_now_ns();
 	for (unsigned k = 0; k < sc->n_models; k++) {
 		cr_assert_eq(fh_model_namespace(sc->models[k], TEST_MODEL_ID, &model_ns[k]), 0);
 		fh_make_prompts(prompts[k], sc->n_prompts, 8, 6, rng_next(g), model_ns[k]);
-		cr_assert_eq(fh_keymap_add(&keymap, sc->models[k], prompts[k], sc->n_prompts), 0);
+		/* the seal prompt: tokens of its own, no block shared with the rounds' prompts (a
+		 * lane already on disk is not written again, so it would keep its old place in L2's
+		 * LRU and could be evicted by the seal's own writes) */
+		fh_make_prompt(&prompts[k][sc->n_prompts], 6, rng_next(g), model_ns[k]);
+		cr_assert_eq(fh_keymap_add(&keymap, sc->models[k], prompts[k], sc->n_prompts + 1), 0);
 		wcfg[k] = (struct fh_worker_cfg){.sock = env.h.sock, .prompts = prompts[k], .n_prompts = sc->n_prompts,
+						 .seal = true,
 						 .dcp_size = 2, .dcp_interleave = 4, .num_blocks = 128, .hang_ms = 10000,
 						 .attach_timeout_ms = 3000, .think_us = 1000, .t0_ns = t0};
 	}
@@ -689,19 +706,43 @@ static bool verify_after_restart(void)
 	stop_workers();
 	(void)stop();
 	scan_l2("the last round");
+	/* What the faults left on disk for a model may be nothing it can be served from (a
+	 * write-back round ends with its blocks in L1, half-stored blocks have a lane on disk
+	 * only). The seal: every role stores one prompt no round used, write-through, and its
+	 * lanes reach the disk before a clean stop; after the restart it must be served whole. */
 	start("write-through");
 	spawn_all();
-	uint64_t b0[FH_MAX_MODELS];
-	for (unsigned k = 0; k < sc->n_models; k++)
+	uint32_t sseq = command(FH_CMD_SEAL);
+	cr_expect(wait_workers(FH_W_SEALED, sseq, 30000), "the workers did not store the seal prompt");
+	cr_expect(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES_QUEUED) == 0, 10000),
+		  "the seal's L2 writes did not finish (%llu queued)",
+		  (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES_QUEUED));
+	stop_workers();
+	(void)stop();
+	scan_l2("the seal");
+	start("write-through");
+	spawn_all();
+	uint64_t b0[FH_MAX_MODELS], l0[FH_MAX_MODELS], e0[FH_MAX_MODELS], d0[FH_MAX_MODELS], x0[FH_MAX_MODELS];
+	for (unsigned k = 0; k < sc->n_models; k++) {
 		b0[k] = sum_model(FH_C_BLOCKS_CHECKED, (int)k);
+		l0[k] = sum_model(FH_C_LOOKUPS, (int)k);
+		e0[k] = sum_model(FH_C_LOOKUP_ERRS, (int)k);
+		d0[k] = sum_model(FH_C_LOADS, (int)k);
+		x0[k] = sum_model(FH_C_BLOCKS_MISSED, (int)k);
+	}
 	uint64_t b = sum(FH_C_BLOCKS_CHECKED), y0 = sum(FH_C_BYTES), w0 = sum(FH_C_WRONG_BYTES),
 		 k0 = sum(FH_C_WRONG_BLOCKS), m0 = sum(FH_C_BLOCKS_MISSED), p0 = sum(FH_C_VERIFIED);
 	uint32_t seq = command(FH_CMD_VERIFY);
 	bool verified = wait_workers(FH_W_VERIFIED, seq, 60000);
 	cr_expect(verified, "the workers did not go through every prompt after the restart");
 	tot.v_blocks = sum(FH_C_BLOCKS_CHECKED) - b;
-	for (unsigned k = 0; k < sc->n_models; k++)
+	for (unsigned k = 0; k < sc->n_models; k++) {
 		tot.v_blocks_by_model[k] = sum_model(FH_C_BLOCKS_CHECKED, (int)k) - b0[k];
+		tot.v_lookups_by_model[k] = sum_model(FH_C_LOOKUPS, (int)k) - l0[k];
+		tot.v_lookup_errs_by_model[k] = sum_model(FH_C_LOOKUP_ERRS, (int)k) - e0[k];
+		tot.v_loads_by_model[k] = sum_model(FH_C_LOADS, (int)k) - d0[k];
+		tot.v_missed_by_model[k] = sum_model(FH_C_BLOCKS_MISSED, (int)k) - x0[k];
+	}
 	tot.v_bytes = sum(FH_C_BYTES) - y0;
 	tot.v_wrong_bytes = sum(FH_C_WRONG_BYTES) - w0;
 	tot.v_wrong_blocks = sum(FH_C_WRONG_BLOCKS) - k0;
@@ -711,6 +752,32 @@ static bool verify_after_restart(void)
 	bool ok = quiet_check("after the restart");
 	stop_workers();
 	return ok;
+}
+
+/* Model k was served nothing after the restart: its workers' last errors and what kvringd
+ * logged about its disks, for whoever reads the failure. */
+static void why_nothing_served(unsigned k)
+{
+	for (unsigned i = 0; i < sc->n_roles; i++)
+		if (role_model[i] == k)
+			fprintf(stderr, "%s: %s: last error: %s\n", sc->name, roles[i].name,
+				sh[i].last_err[0] ? sh[i].last_err : "none");
+	fprintf(stderr, "%s: lookup actor: %llu lookups, %llu keys, %llu matched, %llu L1 hits, %llu L2 reads (%llu failed), "
+		"%llu ring stalls\n", sc->name, (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_LOOKUPS),
+		(unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_KEYS),
+		(unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_MATCHED),
+		(unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L1_HITS),
+		(unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS),
+		(unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS),
+		(unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_RING_STALLS));
+	char *log = h_read_file(env.h.log);
+	char *from = NULL;
+	for (char *at = log ? strstr(log, "info: kvringd ") : NULL; at; at = strstr(at + 1, "info: kvringd "))
+		from = at;
+	while (from && from > log && from[-1] != '\n')
+		from--;
+	fprintf(stderr, "%s: kvringd's log since the restart:\n%s\n", sc->name, from ? from : "(none)");
+	free(log);
 }
 
 /* What every model must have done: stored, loaded checked bytes, left intact files in L2
@@ -723,7 +790,17 @@ static void expect_each_model(void)
 		cr_expect_gt(sum_model(FH_C_BLOCKS_CHECKED, (int)k), 0, "model %s: no load was ever checked", name);
 		cr_expect_gt(tot.l1_checked_by_model[k], 0, "model %s: no committed slot was ever checked", name);
 		cr_expect_gt(tot.l2.ok_by_model[k], 0, "model %s: no intact L2 file", name);
+		if (!tot.v_blocks_by_model[k])
+			why_nothing_served(k);
 		cr_expect_gt(tot.v_blocks_by_model[k], 0, "model %s: nothing served from L2 after the restart", name);
+	}
+	for (unsigned i = 0; i < sc->n_roles; i++) {
+		const struct fh_prompt *p = &prompts[role_model[i]][sc->n_prompts];
+		uint64_t want = (uint64_t)p->n * (roles[i].kind == FH_ROLE_DCP ? 2 : 1);
+		uint64_t got = atomic_load(&sh[i].c[FH_C_SEAL_RESTORED]);
+		cr_expect_eq(got, want, "%s: the seal prompt (%u blocks, stored write-through before a clean stop): %llu of "
+			     "%llu block lanes restored after the restart", roles[i].name, p->n, (unsigned long long)got,
+			     (unsigned long long)want);
 	}
 	if (!default_run)
 		return;

@@ -1,5 +1,7 @@
 /* kvringd process tests: layout, attach, restarts, crash loop, health, drain, socket take-over, config. */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <sched.h>
 #include <errno.h>
 #include <stddef.h>
 #include <fcntl.h>
@@ -18,6 +20,7 @@
 #include "kvr_geometry.h"
 #include "kvr_ring_names.h"
 #include "kvr_slots.h"
+#include "kvr_time.h"
 
 static struct h_inst inst;
 
@@ -343,7 +346,86 @@ Test(supervisor, missed_pings_kill)
 	cr_assert_eq(e->last_exit_signal, SIGKILL);
 	cr_assert_eq(atomic_load(&e->generation), gen0 + 1);
 	cr_assert_eq(e->restarts, 1);
-	cr_assert(h_log_contains(&inst, "missed 5 pings: killing it"));
+	cr_assert(h_log_contains(&inst, "missed 5 pings in a row"));
+}
+
+/* Every thread of process pid allowed only on CPU cpu (-1: on every CPU). */
+static void pin_threads(pid_t pid, int cpu)
+{
+	char dir[64];
+	snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(dir);
+	cr_assert(d, "cannot list %s", dir);
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	for (int c = 0; c < CPU_SETSIZE && c < sysconf(_SC_NPROCESSORS_ONLN); c++)
+		if (cpu < 0 || c == cpu)
+			CPU_SET(c, &set);
+	for (struct dirent *de; (de = readdir(d));)
+		if (de->d_name[0] != '.')
+			(void)sched_setaffinity((pid_t)atoi(de->d_name), sizeof(set), &set);
+	closedir(d);
+}
+
+/*
+ * An actor that waits for a CPU the whole time (a real-time spinner holds its core) is
+ * starved, not hung: kvringd does not count the pings it had no CPU to answer, and it lives
+ * through 14 health intervals (5 missed pings kill) — while a stopped one (missed_pings_kill)
+ * is still killed.
+ */
+Test(supervisor, starved_actor_is_not_killed)
+{
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		cr_skip_test("needs two CPUs: one to starve the actor on, one for kvringd");
+	h_write_config_with(&inst, NULL, 1,
+			    "\"ready_timeout_ms\": 2000, \"stable_after_ms\": 1000, \"health_interval_ms\": 50, "
+			    "\"drain_timeout_ms\": 3000",
+			    ",\n  \"l1\": {\"capacity_bytes\": \"64MiB\", \"huge_pages\": false}");
+	h_start(&inst);
+	struct kvr_actor_ent *e = wait_ready("lookup", 2000);
+	pid_t pid0 = atomic_load(&e->pid);
+	uint32_t gen0 = atomic_load(&e->generation), starved0 = atomic_load(&e->health_starved);
+	pin_threads(inst.pid, 1);
+	pin_threads(getpid(), 1);
+	pin_threads(pid0, 0);
+	int ready[2];
+	cr_assert_eq(pipe(ready), 0);
+	pid_t spin = fork();
+	cr_assert_geq(spin, 0);
+	if (spin == 0) {
+		/* CPU 0 at real-time priority for 700 ms (the RT budget is 950 ms a second): the
+		 * lookup actor, allowed only there, gets no CPU at all meanwhile */
+		cpu_set_t one;
+		CPU_ZERO(&one);
+		CPU_SET(0, &one);
+		struct sched_param sp = {.sched_priority = 1};
+		char ok = sched_setaffinity(0, sizeof(one), &one) == 0 && sched_setscheduler(0, SCHED_FIFO, &sp) == 0;
+		(void)!write(ready[1], &ok, 1);
+		uint64_t end = kvr_now_ns() + 700000000ull;
+		while (kvr_now_ns() < end)
+			;
+		_exit(0);
+	}
+	close(ready[1]);
+	char ok = 0;
+	cr_assert_eq(read(ready[0], &ok, 1), 1);
+	close(ready[0]);
+	int st;
+	cr_assert_eq(waitpid(spin, &st, 0), spin);
+	if (!ok)
+		cr_skip_test("cannot run a SCHED_FIFO spinner here (needs CAP_SYS_NICE)");
+	pin_threads(pid0, -1);
+	uint32_t starved = atomic_load(&e->health_starved) - starved0;
+	cr_expect_geq(starved, 5, "only %u health ticks found the lookup actor waiting for a CPU in 700 ms (14 ticks)",
+		      starved);
+	cr_expect_eq(atomic_load(&e->pid), pid0, "the starved lookup actor was replaced");
+	cr_expect_eq(atomic_load(&e->generation), gen0);
+	cr_expect_eq(e->restarts, 0);
+	cr_expect(!h_log_contains(&inst, "pings in a row"), "kvringd killed an actor for pings it could not answer");
+	/* and it answers again: its pong clears the outstanding ping */
+	cr_assert(H_WAIT(atomic_load(&e->heartbeat_ns) > kvr_now_ns() - 100000000ull, 2000),
+		  "the lookup actor's heartbeat did not move after the spinner ended");
+	cr_expect_eq(atomic_load(&e->state), KVR_ACTOR_READY);
 }
 
 /* ---- crash loop and ready timeout --------------------------------------------------- */
