@@ -329,6 +329,7 @@ enum kvr_stat_lookup {
 	KVR_STAT_LK_L1_HITS = KVR_STAT_LK_MISS_FIRST + 6, /* matched blocks that were in L1 when
 				       * asked for (the matched ones less those promoted from L2 or
 				       * the shared tier for the request) */
+	KVR_STAT_LK_L2_TOUCHES,       /* L2_TOUCHes sent: lanes on disk used in L1 since last looked at */
 	KVR_STAT_LK_END,
 };
 _Static_assert((int)KVR_STAT_LK_END <= (int)KVR_STAT_MAX, "lookup counters fit the stats");
@@ -382,6 +383,7 @@ enum kvr_stat_disk {
 	KVR_STAT_DK_READS_DISCARDED = KVR_STAT_DK_REJECTED_FIRST + KVR_STAT_DK_REASON_SLOTS,
 				      /* reads that completed into a slot the lookup actor had aborted
 				       * meanwhile (its I/O pin kept the slot from reuse): bytes discarded */
+	KVR_STAT_DK_TOUCHED,          /* L2_TOUCHes that moved a file to the recent end of the LRU */
 	KVR_STAT_DK_NEXT,
 };
 _Static_assert(KVR_STAT_DK_REASON_MAX - 1 <= KVR_STAT_DK_REASON_SLOTS, "disk adoption reasons fit their counters");

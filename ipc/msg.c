@@ -32,6 +32,7 @@ static const char *const type_names[KVR_MSG_TYPE_MAX] = {
 	[KVR_MSG_L2_SYNC] = "l2_sync",
 	[KVR_MSG_L2_HAVE] = "l2_have",
 	[KVR_MSG_L2_GONE] = "l2_gone",
+	[KVR_MSG_L2_TOUCH] = "l2_touch",
 	[KVR_MSG_LEASE] = "lease",
 	[KVR_MSG_LEASE_REP] = "lease_rep",
 	[KVR_MSG_LEASE_RELEASE] = "lease_release",
@@ -343,7 +344,7 @@ int kvr_msg_decode_lease_rep(const struct kvr_msg *m, struct kvr_msg_lookup_rep 
 int kvr_msg_decode_l2(const struct kvr_msg *m, unsigned type, struct kvr_msg_l2 *ret)
 {
 	struct kvr_msg_l2 b;
-	if (!m || (type && m->hdr.type != type) || m->hdr.type < KVR_MSG_L2_WRITE || m->hdr.type > KVR_MSG_L2_GONE)
+	if (!m || (type && m->hdr.type != type) || m->hdr.type < KVR_MSG_L2_WRITE || m->hdr.type > KVR_MSG_L2_TOUCH)
 		return -EBADMSG;
 	unsigned t = m->hdr.type;
 	if (t == KVR_MSG_L2_SYNC)

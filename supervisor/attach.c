@@ -108,11 +108,11 @@ static int slots_fit(struct sup *s, const struct kvr_geometry *g, struct kvr_pro
 	uint32_t lanes = kvr_geometry_lanes(g);
 	char err[KVR_PROTO_REASON_MAX];
 	if (g->block_tokens != s->geom.block_tokens)
-		sup_rep_init(s, rep, -EINVAL, "block_tokens %u: this instance's blocks have %u tokens (set by the first "
-			     "worker, %s)", g->block_tokens, s->geom.block_tokens, s->bound_by);
+		sup_rep_init(s, rep, -EINVAL, "block_tokens %u: this instance's blocks have %u tokens until kvringd "
+			     "restarts (set by the first worker, %s)", g->block_tokens, s->geom.block_tokens, s->bound_by);
 	else if (lanes != s->lanes)
-		sup_rep_init(s, rep, -EINVAL, "%u lanes a block (TP %u): this instance's blocks have %u (set by the first "
-			     "worker, %s)", lanes, g->tp_size, s->lanes, s->bound_by);
+		sup_rep_init(s, rep, -EINVAL, "%u lanes a block (TP %u): this instance's blocks have %u until kvringd "
+			     "restarts (set by the first worker, %s)", lanes, g->tp_size, s->lanes, s->bound_by);
 	else if (lane > s->slots->slot_bytes)
 		sup_rep_init(s, rep, -EINVAL, "a block lane of %llu bytes does not fit this instance's slots of %llu: set "
 			     "$.l1.slot_bytes to the largest model's lane", (unsigned long long)lane,

@@ -374,6 +374,7 @@ static void collect_disk(struct coll *k, cJSON *o, unsigned i)
 	u64(k, o, "capacity_bytes", kvr_mr_stat(c, i, KVR_STAT_DK_CAPACITY_BYTES));
 	u64(k, o, "files", kvr_mr_stat(c, i, KVR_STAT_DK_FILES));
 	u64(k, o, "evicted_files", kvr_mr_stat(c, i, KVR_STAT_DK_EVICTED));
+	u64(k, o, "touched_files", kvr_mr_stat(c, i, KVR_STAT_DK_TOUCHED));
 	u64(k, o, "read_failures", kvr_mr_stat(c, i, KVR_STAT_DK_READS_DAMAGED) +
 					   kvr_mr_stat(c, i, KVR_STAT_DK_READS_VANISHED) +
 					   kvr_mr_stat(c, i, KVR_STAT_DK_READS_IO_ERROR));

@@ -450,6 +450,10 @@ static int handle(struct disk *d, const struct kvr_msg *m, const struct kvr_msg_
 		return do_write(d, m->hdr.req_id, b);
 	case KVR_MSG_L2_READ:
 		return do_read(d, m->hdr.req_id, b);
+	case KVR_MSG_L2_TOUCH: /* no I/O, no answer: a lane gone meanwhile is nothing to touch */
+		if (kvr_l2_store_touch(d->store, (kvr_key){b->key_lo, b->key_hi}, b->lane))
+			kvr_actor_count(d->a, KVR_STAT_DK_TOUCHED, 1);
+		return 0;
 	default: /* KVR_MSG_L2_SYNC */
 		do_sync(d, m->hdr.req_id);
 		return 0;
@@ -491,7 +495,8 @@ static int disk_on_msg(struct kvr_actor *a, struct kvr_ring *ring, const struct 
 	struct kvr_msg_l2 b;
 	if (ring != d->in || kvr_msg_decode_l2(m, 0, &b))
 		return -EBADMSG;
-	if (m->hdr.type != KVR_MSG_L2_WRITE && m->hdr.type != KVR_MSG_L2_READ && m->hdr.type != KVR_MSG_L2_SYNC)
+	if (m->hdr.type != KVR_MSG_L2_WRITE && m->hdr.type != KVR_MSG_L2_READ && m->hdr.type != KVR_MSG_L2_SYNC &&
+	    m->hdr.type != KVR_MSG_L2_TOUCH)
 		return -EBADMSG; /* replies and notices only flow the other way */
 	/* behind older waiting requests, or no room now: it waits (arrival order is kept) */
 	if (kvr_backlog_offer(&d->wait, m, start, d)) { /* cannot happen: the input is held well before */

@@ -396,6 +396,15 @@ bool kvr_l2_store_contains(const struct kvr_l2_store *s, kvr_key key, uint32_t l
 	return idx != NONE && s->ents[idx].state == E_PRESENT;
 }
 
+bool kvr_l2_store_touch(struct kvr_l2_store *s, kvr_key key, uint32_t lane)
+{
+	uint32_t idx = s ? find(s, key, lane) : NONE;
+	if (idx == NONE || s->ents[idx].state != E_PRESENT)
+		return false;
+	lru_touch(s, idx);
+	return true;
+}
+
 bool kvr_l2_store_writing(const struct kvr_l2_store *s, kvr_key key, uint32_t lane)
 {
 	uint32_t idx = find(s, key, lane);

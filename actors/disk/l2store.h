@@ -175,6 +175,9 @@ int kvr_l2_store_get(struct kvr_l2_store *s, kvr_key key, uint32_t lane, void *d
 
 /* Whether (key, lane) is present (not being written or evicted). No recency change. */
 bool kvr_l2_store_contains(const struct kvr_l2_store *s, kvr_key key, uint32_t lane);
+/* (key, lane) was used where L2 cannot see it (a hit in L1): moved to the recent end of
+ * the LRU. true when it is present (false: not on disk, being written or evicted). */
+bool kvr_l2_store_touch(struct kvr_l2_store *s, kvr_key key, uint32_t lane);
 /* Whether a put of (key, lane) is in flight (its file not yet in place). */
 bool kvr_l2_store_writing(const struct kvr_l2_store *s, kvr_key key, uint32_t lane);
 

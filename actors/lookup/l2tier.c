@@ -102,6 +102,8 @@ struct l2tier {
 	struct wfifo fifo[L2T_MAX_DISKS];
 	uint32_t *requeue;            /* [n_slots] scratch: a dead disk actor's writes, sorted */
 	uint64_t last_scan_ns;        /* last look for lost answers */
+	uint64_t *seen_access;        /* [n_slots]: each slot's last_access when touch_used last looked */
+	uint32_t touch_cursor;        /* the slot touch_used looks at next */
 	uint32_t n_slots;
 	bool has_rm;              /* remote.cluster: the shared tier (remote actor) */
 	struct kvr_ring *rm_req, *rm_rep;
@@ -264,7 +266,9 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->pend = calloc(t->n_workers, sizeof(*t->pend));
 	t->wq = calloc(t->n_slots, sizeof(*t->wq));
 	t->requeue = calloc(t->n_slots, sizeof(*t->requeue));
-	if (!t->pend || !t->wq || !t->requeue || l2set_open(&t->set)) {
+	/* nothing to keep fresh on disks we never write (read-only) or without disks */
+	t->seen_access = n && !t->read_only ? calloc(t->n_slots, sizeof(*t->seen_access)) : NULL;
+	if (!t->pend || !t->wq || !t->requeue || (n && !t->read_only && !t->seen_access) || l2set_open(&t->set)) {
 		l2t_close(t);
 		return -ENOMEM;
 	}
@@ -327,6 +331,7 @@ void l2t_close(struct l2tier *t)
 	free(t->pend);
 	free(t->wq);
 	free(t->requeue);
+	free(t->seen_access);
 	free(t->reads);
 	l2set_close(&t->set);
 	free(t);
@@ -347,6 +352,13 @@ static void rm_write(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot
 	kvr_actor_count(t->a, sent ? KVR_STAT_LK_RM_WRITES : KVR_STAT_LK_RM_WRITES_SKIPPED, 1);
 }
 
+/* The slot's last use is one its file on disk already reflects (touch_used skips it). */
+static void seen_now(struct l2tier *t, uint32_t slot)
+{
+	if (t->seen_access && slot < t->n_slots)
+		t->seen_access[slot] = kvr_slot_at(t->a->slots, slot)->last_access;
+}
+
 void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, uint32_t epoch)
 {
 	if (!t)
@@ -354,7 +366,8 @@ void l2t_committed(struct l2tier *t, kvr_key key, unsigned lane, uint32_t slot, 
 	if (t->has_rm)
 		rm_write(t, key, lane, slot, epoch);
 	if (!t->n_disks || t->write_back || t->read_only || l2t_has(t, key, lane))
-		return;
+		return; /* on disk already: touch_used moves its file to the recent end */
+	seen_now(t, slot); /* its write makes the newest file: no touch for this commit */
 	write_lane(t, key, slot, epoch);
 }
 
@@ -675,6 +688,8 @@ static int read_ended(struct l2tier *t, uint32_t ri, int status, struct l2t_done
 		kvr_actor_count(t->a, rm ? KVR_STAT_LK_RM_READ_FAILS : KVR_STAT_LK_L2_READ_FAILS, 1);
 	}
 	t->reads[ri].used = false;
+	if (ok && !rm)
+		seen_now(t, rd.slot); /* the read made its file the newest: no touch for it */
 	if (ok && rm) { /* from the shared tier: keep it on this node's disk too */
 		const struct kvr_slot *s = kvr_slot_at(t->a->slots, rd.slot);
 		if (!t->write_back && !l2t_has(t, s->key, rd.lane))
@@ -804,6 +819,38 @@ static bool gen_lost_messages(uint32_t seen, uint32_t now)
 	return now != seen && !(seen == 0 && now == 1);
 }
 
+/*
+ * L2's LRU follows the reads it serves, and a lane used in L1 is never read from L2: on its
+ * own, the file of a prefix hot in L1 would age on disk and be among the first evicted — the
+ * hottest prefixes the ones a restart (L1 starts empty) no longer finds. So each tick looks
+ * at the next L2T_TOUCH_WINDOW slots of the table: a committed lane hit or committed again
+ * since the last look (its last_access moved) whose file is on disk is sent as an L2_TOUCH
+ * (the disk actor moves the file to the recent end; no answer). Off the lookup path: a hit
+ * costs nothing more than its last_access stamp; a table of 1M slots is gone through in 25 s
+ * at 10 ticks a second. A full disk ring ends the look; it goes on from there next tick.
+ */
+#define L2T_TOUCH_WINDOW 4096u
+
+static void touch_used(struct l2tier *t)
+{
+	if (!t->seen_access)
+		return;
+	struct kvr_slot_table *st = t->a->slots;
+	for (uint32_t k = 0; k < L2T_TOUCH_WINDOW && k < t->n_slots; k++) {
+		uint32_t s = t->touch_cursor;
+		const struct kvr_slot *sl = kvr_slot_at(st, s);
+		if (kvr_slot_state(st, s) == KVR_SLOT_COMMITTED && sl->last_access != t->seen_access[s]) {
+			if (l2t_has(t, sl->key, sl->lane)) {
+				if (send_l2(t, route(t, sl->key), KVR_MSG_L2_TOUCH, 0, sl->key, sl->lane, 0, 0))
+					return;
+				kvr_actor_count(t->a, KVR_STAT_LK_L2_TOUCHES, 1);
+			}
+			t->seen_access[s] = sl->last_access;
+		}
+		t->touch_cursor = s + 1 < t->n_slots ? s + 1 : 0;
+	}
+}
+
 int l2t_tick(struct l2tier *t, struct l2t_done *done)
 {
 	if (!t)
@@ -865,6 +912,7 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 			}
 		}
 	}
+	touch_used(t);
 	return lost_answers(t, now, done);
 }
 

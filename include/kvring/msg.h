@@ -54,6 +54,7 @@ enum kvr_msg_type {
 	KVR_MSG_L2_SYNC = 40,       /* lookup -> disk: list everything you hold (no body) */
 	KVR_MSG_L2_HAVE = 41,       /* disk -> lookup: (key, lane) is on disk; flags L2F_LAST ends a SYNC */
 	KVR_MSG_L2_GONE = 42,       /* disk -> lookup: (key, lane) left the disk (cap eviction, bad file) */
+	KVR_MSG_L2_TOUCH = 43,      /* lookup -> disk: (key, lane) was used in L1: the recent end of L2's LRU (no reply) */
 	/* lookup leases (scheduler <-> lookup on sched.req/rep.N; worker -> lookup on lookup.req.W) */
 	KVR_MSG_LEASE = 44,         /* scheduler: lease what the KVR_MSG_LOOKUP list of this wire id matches */
 	KVR_MSG_LEASE_REP = 45,     /* lookup -> scheduler: result (body struct kvr_msg_lookup_rep, no list) */

@@ -178,8 +178,8 @@ Test(no_model, what_does_not_fit_the_slots_is_refused_naming_it)
 	env.m = keep;
 	cr_assert_eq(rc, -EINVAL);
 	why = kvr_last_error(NULL);
-	cr_assert(strstr(why, "block_tokens 32: this instance's blocks have 16 tokens (set by the first worker, engine "
-			      "\"e1\" rank 0 pid"),
+	cr_assert(strstr(why, "block_tokens 32: this instance's blocks have 16 tokens until kvringd restarts (set by the "
+			      "first worker, engine \"e1\" rank 0 pid"),
 		  "%s", why);
 
 	env.m = ct_tiny_tp2; /* one KV head a rank: 2 KiB lanes, but 2 lanes a block */
@@ -187,7 +187,7 @@ Test(no_model, what_does_not_fit_the_slots_is_refused_naming_it)
 	env.m = keep;
 	cr_assert_eq(rc, -EINVAL);
 	why = kvr_last_error(NULL);
-	cr_assert(strstr(why, "2 lanes a block (TP 2): this instance's blocks have 1"), "%s", why);
+	cr_assert(strstr(why, "2 lanes a block (TP 2): this instance's blocks have 1 until kvringd restarts"), "%s", why);
 	cr_assert_eq(kvr_ctl_worker(env.ctl, a->worker)->state, KVR_WORKER_ATTACHED);
 }
 

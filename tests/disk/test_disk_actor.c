@@ -10,6 +10,7 @@
 
 #include "client_harness.h"
 #include "kvr_list.h"
+#include "l2file.h"
 #include "kvr_time.h"
 
 static struct ct_env env;
@@ -131,6 +132,73 @@ Test(disk_actor, eviction_reported_gone)
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0, "no read of a file known gone");
 	cr_assert_eq(ct_stat(&env, "disk.0", KVR_STAT_MALFORMED), 0);
+}
+
+/* Whether (key, lane 0)'s block file is in the L2 root's namespace directory. */
+static bool on_disk(kvr_key key)
+{
+	char name[KVR_L2_NAME_MAX], p[PATH_MAX];
+	kvr_l2_name_fmt(key, 0, name);
+	DIR *d = opendir(l2dir);
+	cr_assert_not_null(d);
+	bool found = false;
+	for (struct dirent *e; !found && (e = readdir(d));) {
+		snprintf(p, sizeof(p), "%s/%s/%s", l2dir, e->d_name, name);
+		found = e->d_name[0] != '.' && access(p, F_OK) == 0;
+	}
+	closedir(d);
+	return found;
+}
+
+/*
+ * L2 holds 6 files, L1 8 slots. A (4 blocks) is written first, C (2) after it: A's files
+ * are the least recent on disk. A is hot in L1 (a lookup hits all 4; its files are never
+ * read): the lookup actor's tick sends its 4 lanes as L2_TOUCH and the disk actor moves
+ * them to the recent end. B's 2 writes then evict C's 2 files, not A's — which, before
+ * the touch, were the first to go however hot A was.
+ */
+Test(disk_actor, a_lane_hot_in_l1_keeps_its_file)
+{
+	struct ct_opts o = {.l1_slots = 8, .l2_dir = l2dir, .l2_bytes = 6 * 8192};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r), 0, "attach: %s", kvr_last_error(NULL));
+	uint32_t a_src[4] = {1, 2, 3, 4}, c_src[2] = {5, 6}, b_src[2] = {7, 8};
+	for (uint32_t i = 0; i < 4; i++)
+		ct_fill(r, a_src[i], TAG(1, i));
+	for (uint32_t i = 0; i < 2; i++) {
+		ct_fill(r, c_src[i], TAG(3, i));
+		ct_fill(r, b_src[i], TAG(2, i));
+	}
+	store_prompt(r, 1, 101, a_src, 4);
+	cr_assert_eq(wait_files(l2dir, 4, 5000), 4);
+	store_prompt(r, 2, 303, c_src, 2);
+	cr_assert_eq(wait_files(l2dir, 6, 5000), 6);
+
+	uint32_t tokens[4 * 16];
+	kvr_key a[4], c[2];
+	ct_prompt(tokens, 4 * 16, 101);
+	ct_keys(&env, tokens, 4 * 16, a);
+	uint32_t ctok[2 * 16];
+	ct_prompt(ctok, 2 * 16, 303);
+	ct_keys(&env, ctok, 2 * 16, c);
+	uint64_t t0 = ct_stat(&env, "disk.0", KVR_STAT_DK_TOUCHED);
+	cr_assert_eq(ct_lookup(r, 3, tokens, 4 * 16), 4, "A in L1");
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 0, "hits in L1, no read");
+	cr_assert(H_WAIT(ct_stat(&env, "disk.0", KVR_STAT_DK_TOUCHED) - t0 >= 4, 5000),
+		  "A's 4 lanes were not touched on disk (%llu)",
+		  (unsigned long long)(ct_stat(&env, "disk.0", KVR_STAT_DK_TOUCHED) - t0));
+	cr_assert_eq(ct_stat(&env, "disk.0", KVR_STAT_DK_TOUCHED) - t0, 4, "touched once per use");
+
+	store_prompt(r, 4, 202, b_src, 2);
+	uint64_t end = kvr_now_ns() + 5000000000ull;
+	while (ct_stat(&env, "disk.0", KVR_STAT_DK_EVICTED) < 2 && kvr_now_ns() < end)
+		usleep(10000);
+	cr_assert_eq(ct_stat(&env, "disk.0", KVR_STAT_DK_EVICTED), 2);
+	for (unsigned i = 0; i < 4; i++)
+		cr_assert(on_disk(a[i]), "A's block %u was evicted from L2 though hot in L1", i);
+	/* the unlinks of the evicted files land behind the count */
+	cr_assert(H_WAIT(!on_disk(c[0]) && !on_disk(c[1]), 5000), "C's blocks (least recent) are still on disk");
 }
 
 /*

@@ -242,6 +242,23 @@ Test(l2store, cap_evicts_least_recent_first)
 	cr_assert_eq(get_wait(s, K(2), 0).res, -ENOENT);
 }
 
+/* A lane used in L1 (kvr_l2_store_touch, the disk actor's L2_TOUCH) moves to the recent end
+ * like a read: the cap evicts the others first. A lane not on disk is nothing to touch. */
+Test(l2store, a_touch_keeps_a_lane_used_in_l1)
+{
+	s = open_store(3, NULL);
+	for (unsigned i = 0; i < 3; i++)
+		cr_assert_eq(put_wait(s, K(i), 0, i), 0);
+	cr_assert(kvr_l2_store_touch(s, K(0), 0));
+	assert_lru((unsigned[]){1, 2, 0}, 3);
+	cr_assert(!kvr_l2_store_touch(s, K(9), 0), "not on disk");
+	cr_assert(!kvr_l2_store_touch(s, K(0), 1), "another lane of a block on disk");
+	cr_assert_eq(put_wait(s, K(3), 0, 3), 0);
+	assert_lru((unsigned[]){2, 0, 3}, 3);
+	cr_assert(kvr_l2_store_contains(s, K(0), 0), "the touched lane outlived the write");
+	cr_assert(!kvr_l2_store_contains(s, K(1), 0), "1 was the least recent");
+}
+
 Test(l2store, cap_smaller_than_a_file)
 {
 	struct kvr_l2_store_config cfg = config(&ID, 1);

@@ -201,6 +201,66 @@ static void l1_holds(unsigned p, unsigned n, struct kvr_index_ref *refs)
 		cr_assert_geq(kvr_index_commit(idx, 0, refs[i].slot, refs[i].epoch), 0);
 }
 
+/* The keys of the L2_TOUCHes waiting on disk.req, in order (at most n; fails on another type). */
+static unsigned touches(kvr_key *ret, unsigned n)
+{
+	unsigned k = 0;
+	struct kvr_msg m;
+	while (kvr_ring_try_dequeue(dreq, &m) == 0) {
+		struct kvr_msg_l2 b;
+		cr_assert_eq(m.hdr.type, KVR_MSG_L2_TOUCH, "sent a %s", kvr_msg_type_name(m.hdr.type));
+		cr_assert_eq(kvr_msg_decode_l2(&m, 0, &b), 0);
+		cr_assert_eq(b.lane, 0);
+		cr_assert_lt(k, n, "more touches than lanes used");
+		ret[k++] = (kvr_key){b.key_lo, b.key_hi};
+	}
+	return k;
+}
+
+/* A lane on disk that L1 serves is sent as an L2_TOUCH by the tick after each use (its
+ * commit, a hit), so L2's LRU does not age the files of what is hot in L1; a lane not on
+ * disk is not; a full disk ring ends the look and a later tick goes on from there. */
+Test(l2tier, lanes_used_in_l1_are_touched_on_disk_once_per_use)
+{
+	build(true, false, 2); /* prompt 0 blocks 0 and 1 on disk */
+	struct kvr_index_ref refs[3];
+	l1_holds(0, 3, refs); /* block 2 is in L1 only */
+	struct l2t_done done;
+	kvr_key got[4];
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	cr_assert_eq(touches(got, 4), 2, "the two committed lanes on disk");
+	cr_assert(!kvr_key_eq(got[0], got[1]) && (kvr_key_eq(got[0], key_of(0, 0)) || kvr_key_eq(got[0], key_of(0, 1))) &&
+		  (kvr_key_eq(got[1], key_of(0, 0)) || kvr_key_eq(got[1], key_of(0, 1))));
+	cr_assert_eq(stat(KVR_STAT_LK_L2_TOUCHES), 2);
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	cr_assert_eq(touches(got, 4), 0, "nothing was used since the last look");
+
+	kvr_key k1 = key_of(0, 1), k2 = key_of(0, 2);
+	struct kvr_index_ref r;
+	cr_assert_eq(kvr_index_match(idx, &k1, 1, 0, &r), 1);
+	cr_assert_eq(kvr_index_match(idx, &k2, 1, 0, &r), 1);
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	cr_assert_eq(touches(got, 4), 1, "one hit lane on disk (the other hit is in L1 only)");
+	cr_assert(kvr_key_eq(got[0], k1));
+
+	/* a full ring: nothing is lost, the look resumes once there is room */
+	cr_assert_eq(kvr_index_match(idx, &k1, 1, 0, &r), 1);
+	struct kvr_msg fill;
+	struct kvr_msg_l2 fb = {.lane = 0};
+	kvr_msg_build(&fill, KVR_MSG_L2_TOUCH, 0, 0, 0, &fb, sizeof(fb));
+	unsigned n_fill = 0;
+	while (kvr_ring_try_enqueue(dreq, &fill) == 0)
+		n_fill++;
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	cr_assert_eq(stat(KVR_STAT_LK_L2_TOUCHES), 3, "the ring was full: not sent");
+	for (unsigned i = 0; i < n_fill; i++)
+		cr_assert_eq(kvr_ring_try_dequeue(dreq, &fill), 0);
+	cr_assert_eq(l2t_tick(t, &done), 0);
+	cr_assert_eq(touches(got, 4), 1);
+	cr_assert(kvr_key_eq(got[0], k1));
+	cr_assert_eq(stat(KVR_STAT_LK_L2_TOUCHES), 4);
+}
+
 Test(l2tier, a_promotion_answers_the_verified_prefix_once_every_read_ended)
 {
 	build(true, false, 4);
