@@ -174,7 +174,11 @@ struct kvr_model_ent {
 	_Atomic uint64_t keys;          /* blocks asked for */
 	_Atomic uint64_t matched;       /* blocks matched (L1, L2 or the shared tier) */
 	_Atomic uint64_t stored;        /* slots allocated for its stores (lanes) */
-	uint8_t reserved[24];
+	/* gauge: block lanes on disk (L2) stored for it, as the lookup actor knows them: a file
+	 * adopted at a restart (or listed to a restarted lookup actor) counts for its model once
+	 * a lookup promoted it or it was written again; until then in KVR_STAT_LK_L2_UNATTRIBUTED */
+	_Atomic uint64_t l2_lanes;
+	uint8_t reserved[16];
 };
 _Static_assert(sizeof(struct kvr_model_ent) == 128, "model entry");
 
@@ -330,6 +334,7 @@ enum kvr_stat_lookup {
 				       * asked for (the matched ones less those promoted from L2 or
 				       * the shared tier for the request) */
 	KVR_STAT_LK_L2_TOUCHES,       /* L2_TOUCHes sent: lanes on disk used in L1 since last looked at */
+	KVR_STAT_LK_L2_UNATTRIBUTED,  /* gauge: lanes on disk no model is known for yet (kvr_model_ent.l2_lanes) */
 	KVR_STAT_LK_END,
 };
 _Static_assert((int)KVR_STAT_LK_END <= (int)KVR_STAT_MAX, "lookup counters fit the stats");

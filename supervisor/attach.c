@@ -108,11 +108,11 @@ static int slots_fit(struct sup *s, const struct kvr_geometry *g, struct kvr_pro
 	uint32_t lanes = kvr_geometry_lanes(g);
 	char err[KVR_PROTO_REASON_MAX];
 	if (g->block_tokens != s->geom.block_tokens)
-		sup_rep_init(s, rep, -EINVAL, "block_tokens %u: this instance's blocks have %u tokens until kvringd "
-			     "restarts (set by the first worker, %s)", g->block_tokens, s->geom.block_tokens, s->bound_by);
+		sup_rep_init(s, rep, -EINVAL, "block_tokens %u: this instance's blocks have %u tokens while an engine "
+			     "is attached (set by the first worker, %s)", g->block_tokens, s->geom.block_tokens, s->bound_by);
 	else if (lanes != s->lanes)
-		sup_rep_init(s, rep, -EINVAL, "%u lanes a block (TP %u): this instance's blocks have %u until kvringd "
-			     "restarts (set by the first worker, %s)", lanes, g->tp_size, s->lanes, s->bound_by);
+		sup_rep_init(s, rep, -EINVAL, "%u lanes a block (TP %u): this instance's blocks have %u while an engine "
+			     "is attached (set by the first worker, %s)", lanes, g->tp_size, s->lanes, s->bound_by);
 	else if (lane > s->slots->slot_bytes)
 		sup_rep_init(s, rep, -EINVAL, "a block lane of %llu bytes does not fit this instance's slots of %llu: set "
 			     "$.l1.slot_bytes to the largest model's lane", (unsigned long long)lane,
@@ -122,6 +122,29 @@ static int slots_fit(struct sup *s, const struct kvr_geometry *g, struct kvr_pro
 	else
 		return 0;
 	return -EINVAL;
+}
+
+/* No model section, and a worker whose block format (block size, lanes, or a lane larger than
+ * slots sized by the first worker) the slots do not take, while no client is attached: L1 is
+ * given up and laid out again for it. The slots serve nobody, and an operator who switched
+ * the node's engines expects the new ones served, not refused until kvringd restarts. The
+ * old format's L2 files stay in their own directory, adopted again when it comes back.
+ * true: rep says to attach again (-EAGAIN). */
+static bool rebind_when_idle(struct sup *s, unsigned w, const struct kvr_geometry *canon,
+			     const struct sup_engine_id *eng, struct kvr_proto_rep *rep)
+{
+	uint64_t lane = kvr_geometry_lane_bytes(canon);
+	bool other_format = canon->block_tokens != s->geom.block_tokens || kvr_geometry_lanes(canon) != s->lanes ||
+			    (!s->cfg.l1.slot_bytes && lane > s->slots->slot_bytes);
+	if (!s->cfg.model.unbound || !other_format || !sup_l1_idle(s, (int)w))
+		return false;
+	char why[256];
+	snprintf(why, sizeof(why), "engine \"%.40s\" attaches with %u-token blocks, %u lanes of %llu bytes, and no "
+		 "client is attached", eng->id, canon->block_tokens, kvr_geometry_lanes(canon), (unsigned long long)lane);
+	sup_l1_release_begin(s, why);
+	sup_rep_init(s, rep, -EAGAIN, "L1 is being laid out again for this worker's block format (no engine was "
+		     "attached): attach again in a moment");
+	return true;
 }
 
 /* The canonical block g of an attaching rank (rank_g) against the instance's model: the
@@ -243,9 +266,16 @@ static int attach_validate(struct sup *s, unsigned w, pid_t pid, const struct kv
 	}
 	if (engine_names_model(s, eng, rep))
 		return -EINVAL;
+	if (s->l1_releasing) {
+		sup_rep_init(s, rep, -EAGAIN, "L1 is being laid out again for another block format (no engine was "
+			     "attached): attach again in a moment");
+		return -EAGAIN;
+	}
 	if (!s->slots && (rc = bind_first(s, rank_g, &canon, eng, pid, rep)) != 0)
 		return rc;
 	rc = geometry_matches(s, rank_g, &canon, rep);
+	if (rc && rebind_when_idle(s, w, &canon, eng, rep))
+		return -EAGAIN;
 	if (rc)
 		return rc;
 	/* one worker per (engine, TP rank, DCP rank) (MLA: every rank loads the same lane, still
@@ -532,7 +562,7 @@ void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr
 	int slot = sched_slot(s, c, req, n_fds, &eng, &rep);
 	if (slot < 0)
 		goto reply;
-	if (!s->slots) {
+	if (!s->slots || s->l1_releasing) {
 		sup_rep_init(s, &rep, -EAGAIN, "no worker has attached yet: this instance has no model section and lays "
 			     "L1 out for the first worker's geometry; a scheduler attaches once its engine's workers did");
 		goto reply;

@@ -191,6 +191,7 @@ static void run(struct sup *s)
 		sup_accept_resume(s, now);
 		sup_conns_expire(s, now);
 		sup_workers_update(s);
+		sup_l1_release_update(s);
 		if (s->phase == PH_DRAIN) {
 			if (sup_drained(s))
 				begin_stop(s, "rings drained");

@@ -432,6 +432,65 @@ int sup_l1_bind(struct sup *s, const struct kvr_geometry *g, const char *who, ch
 	return 0;
 }
 
+bool sup_l1_idle(const struct sup *s, int except)
+{
+	if (!s->cfg.model.unbound || !s->slots || s->l1_releasing || s->phase != PH_RUN)
+		return false;
+	for (unsigned w = 0; w < s->cfg.instance.max_workers; w++)
+		if ((int)w != except && atomic_load(&kvr_ctl_worker(s->ctl, w)->state) != KVR_WORKER_FREE)
+			return false;
+	for (unsigned i = 0; i < s->cfg.instance.max_schedulers; i++)
+		if (atomic_load(&kvr_ctl_sched(s->ctl, i)->state) != KVR_WORKER_FREE)
+			return false;
+	return true;
+}
+
+/* The actors that serve L1 as a whole: what sup_l1_bind starts. */
+static unsigned l1_actors(const struct sup *s, struct sup_actor **ret)
+{
+	unsigned n = 0;
+	ret[n++] = (struct sup_actor *)&s->actors[SUP_ACTOR_LOOKUP];
+	for (unsigned d = 0; d < s->cfg.l2.n_dirs; d++)
+		ret[n++] = (struct sup_actor *)&s->actors[SUP_ACTOR_DISK(s->cfg.instance.max_workers, d)];
+	if (SUP_N_REMOTE(&s->cfg))
+		ret[n++] = (struct sup_actor *)&s->actors[SUP_ACTOR_REMOTE(&s->cfg)];
+	return n;
+}
+
+void sup_l1_release_begin(struct sup *s, const char *why)
+{
+	struct sup_actor *a[2 + KVR_L2_MAX_DIRS];
+	unsigned n = l1_actors(s, a);
+	kvr_info("L1 (laid out for %s) is given up: %s; the next worker lays it out for its format", s->bound_by, why);
+	s->l1_releasing = true;
+	s->ctl->arena_bytes = 0; /* readers: "L1 not laid out" from now on */
+	sup_prefault_stop(s);
+	for (unsigned i = 0; i < n; i++)
+		sup_actor_event(s, a[i], EV_STOP, 0);
+}
+
+void sup_l1_release_update(struct sup *s)
+{
+	if (!s->l1_releasing)
+		return;
+	struct sup_actor *a[2 + KVR_L2_MAX_DIRS];
+	unsigned n = l1_actors(s, a);
+	for (unsigned i = 0; i < n; i++)
+		if (a[i]->pid > 0 || atomic_load(&a[i]->ent->state) == KVR_ACTOR_STOPPING)
+			return;
+	s->slots = NULL;
+	sup_metrics_bind(s); /* /metrics stops reading the table before it goes (under its lock) */
+	kvr_segment_close(&s->slots_seg);
+	kvr_segment_close(&s->arena_seg);
+	memset(&s->geom, 0, sizeof(s->geom));
+	s->lanes = 0;
+	s->lane_bytes = 0;
+	s->ns = (kvr_key){0, 0};
+	s->bound_by[0] = '\0';
+	s->l1_releasing = false;
+	kvr_info("L1 released: the lookup, disk and remote actors stopped; laid out again at the next worker's attach");
+}
+
 int sup_segments_create(struct sup *s)
 {
 	static struct kvr_ctl_ring_spec specs[KVR_CTL_MAX_RINGS];

@@ -362,7 +362,7 @@ static void model_sample(FILE *f, const char *metric, const struct kvr_model_ent
 static void render_models(FILE *f, const struct kvr_ctl *c, const struct kvr_slot_table *t, uint32_t block_tokens)
 {
 	enum { N = KVR_CTL_MAX_MODELS + 1 };
-	uint64_t l1[N] = {0}, v[7][N];
+	uint64_t l1[N] = {0}, v[8][N];
 	bool used[N], any = false;
 	if (t)
 		kvr_slots_model_counts(t, l1, N);
@@ -375,15 +375,16 @@ static void render_models(FILE *f, const struct kvr_ctl *c, const struct kvr_slo
 		v[4][i] = atomic_load_explicit(&m->stored, memory_order_relaxed);
 		v[5][i] = l1[i];
 		v[6][i] = l1[i] * (t ? t->slot_bytes : 0);
+		v[7][i] = atomic_load_explicit(&m->l2_lanes, memory_order_relaxed) * (t ? t->slot_bytes : 0);
 		/* a named entry from its first engine on; "other" once it counted anything */
-		used[i] = i == KVR_CTL_MODEL_OTHER ? v[0][i] || v[1][i] || v[4][i] || l1[i] : m->name[0] != '\0';
+		used[i] = i == KVR_CTL_MODEL_OTHER ? v[0][i] || v[1][i] || v[4][i] || l1[i] || v[7][i] : m->name[0] != '\0';
 		any |= used[i];
 	}
 	if (!any)
 		return; /* no engine attached yet */
 	static const struct {
 		const char *name, *type, *help;
-	} fam[7] = {
+	} fam[8] = {
 		{"kvring_model_engines", "gauge", "Engines attached with this model namespace."},
 		{"kvring_model_lookups_total", "counter", "Lookups and leases of this model's engines."},
 		{"kvring_model_requested_tokens_total", "counter", "Tokens of full blocks its lookups and leases asked for."},
@@ -391,8 +392,10 @@ static void render_models(FILE *f, const struct kvr_ctl *c, const struct kvr_slo
 		{"kvring_model_stored_lanes_total", "counter", "L1 slots allocated for its stores (one per block lane)."},
 		{"kvring_model_l1_slots", "gauge", "Committed L1 slots (block lanes) holding its blocks."},
 		{"kvring_model_l1_bytes", "gauge", "Bytes of those slots."},
+		{"kvring_model_l2_bytes", "gauge",
+		 "Bytes of its block lanes on disk (one slot a file); files adopted at a restart count once a lookup promoted them."},
 	};
-	for (size_t k = 0; k < 7; k++) {
+	for (size_t k = 0; k < 8; k++) {
 		family(f, fam[k].name, fam[k].type, fam[k].help);
 		for (unsigned i = 0; i < N; i++)
 			if (used[i])

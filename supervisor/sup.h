@@ -141,6 +141,8 @@ struct sup {
 	struct kvr_ctl_rings rings;       /* our views of its rings (built once the layout is set) */
 	struct kvr_slot_table *slots;  /* NULL until L1 is laid out (no model section: at the first attach) */
 	char bound_by[96];             /* no model section: the worker whose geometry L1 was laid out for */
+	bool l1_releasing;             /* no model section, nothing attached: L1 is being given up for another
+					* format (sup_l1_release_begin); attaches are answered -EAGAIN meanwhile */
 	/* the instance's model, as rank 0 of its TP group sees it (layout.c) */
 	struct kvr_geometry geom;
 	kvr_key ns;              /* key namespace */
@@ -232,6 +234,16 @@ void sup_segments_close(struct sup *s);
  * that does not fit the arena or a staging pool, a TP size beyond max_workers); nothing is
  * left half laid out. */
 int sup_l1_bind(struct sup *s, const struct kvr_geometry *g, const char *who, char *err, size_t errlen);
+/* No model section, L1 laid out, and no client attached (no worker in a slot but `except`,
+ * DETACHING ones included; no scheduler): L1 may be given up for another slot format. */
+bool sup_l1_idle(const struct sup *s, int except);
+/* Give L1 up (sup_l1_idle held) so that the next worker lays it out for its own format: the
+ * lookup, disk and remote actors are stopped (they drain as at a shutdown), the prefault
+ * thread ends; sup_l1_release_update() finishes once they exited. `why` is logged. */
+void sup_l1_release_begin(struct sup *s, const char *why);
+/* Every loop turn: once the actors sup_l1_release_begin stopped are down, the slot table and
+ * the arena go (a client still mapping them keeps its copy) and L1 is unbound. */
+void sup_l1_release_update(struct sup *s);
 /* The instance's geometry for TP rank `rank` (from model.* of the config). 0 or -errno,
  * with a reason in err naming the config key. */
 int sup_model_geometry(const struct kvr_config *cfg, uint32_t rank, uint32_t num_blocks, struct kvr_geometry *ret,

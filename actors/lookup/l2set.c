@@ -36,17 +36,23 @@ void l2set_close(struct l2set *s)
 	*s = (struct l2set){0};
 }
 
-void l2set_add(struct l2set *s, kvr_key k, unsigned lane)
+void l2set_add(struct l2set *s, kvr_key k, unsigned lane, uint8_t model)
 {
 	if ((s->n + s->dead + 1) * 2 > s->cap && set_grow(s))
 		return; /* out of memory: the block is simply not known to be on disk */
 	struct l2ent *e = l2set_find(s, k, lane, true);
+	if (e && e->used && !e->dead && e->model == L2SET_UNKNOWN && model != L2SET_UNKNOWN) {
+		s->by_model[e->model]--;
+		s->by_model[model]++;
+		e->model = model; /* now we know whose it is */
+	}
 	if (!e || (e->used && !e->dead))
 		return;
 	if (e->dead)
 		s->dead--;
-	*e = (struct l2ent){.lo = k.lo, .hi = k.hi, .lane = (uint16_t)lane, .used = 1};
+	*e = (struct l2ent){.lo = k.lo, .hi = k.hi, .lane = (uint16_t)lane, .used = 1, .model = model};
 	s->n++;
+	s->by_model[model]++;
 }
 
 void l2set_del(struct l2set *s, kvr_key k, unsigned lane)
@@ -57,4 +63,5 @@ void l2set_del(struct l2set *s, kvr_key k, unsigned lane)
 	e->dead = 1;
 	s->n--;
 	s->dead++;
+	s->by_model[e->model]--;
 }

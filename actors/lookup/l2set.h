@@ -14,19 +14,25 @@ struct l2ent {
 	uint64_t lo, hi;
 	uint16_t lane;
 	uint8_t used, dead;
+	uint8_t model;            /* the model entry (kvr_ctl.h) it was stored for, or L2SET_UNKNOWN */
 };
+
+#define L2SET_UNKNOWN 0xffu       /* listed by the disk actor (adopted at a start): whose is not known */
 
 struct l2set {
 	struct l2ent *e;          /* cap entries, cap a power of two (0: not opened) */
 	uint32_t cap, n, dead;    /* n: pairs in the set; dead: tombstones */
+	uint64_t by_model[256];   /* pairs in the set by their model byte */
 };
 
 /* The first table (zeroes *s first). 0 or -ENOMEM. */
 int l2set_open(struct l2set *s);
 /* Free the table; a set that never opened is fine. */
 void l2set_close(struct l2set *s);
-/* Add (k, lane) (no-op when there). Out of memory the pair is simply not known to be on disk. */
-void l2set_add(struct l2set *s, kvr_key k, unsigned lane);
+/* Add (k, lane) stored for `model` (L2SET_UNKNOWN: not known). When there already, only an
+ * unknown model is replaced by a known one. Out of memory the pair is simply not known to be
+ * on disk. */
+void l2set_add(struct l2set *s, kvr_key k, unsigned lane, uint8_t model);
 /* Remove (k, lane) (no-op when absent). */
 void l2set_del(struct l2set *s, kvr_key k, unsigned lane);
 

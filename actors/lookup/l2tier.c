@@ -688,8 +688,12 @@ static int read_ended(struct l2tier *t, uint32_t ri, int status, struct l2t_done
 		kvr_actor_count(t->a, rm ? KVR_STAT_LK_RM_READ_FAILS : KVR_STAT_LK_L2_READ_FAILS, 1);
 	}
 	t->reads[ri].used = false;
-	if (ok && !rm)
+	if (ok && !rm) {
 		seen_now(t, rd.slot); /* the read made its file the newest: no touch for it */
+		/* promoted for a requester of this model: a file adopted at start is now known to be its */
+		const struct kvr_slot *s = kvr_slot_at(t->a->slots, rd.slot);
+		l2set_add(&t->set, s->key, rd.lane, s->model);
+	}
 	if (ok && rm) { /* from the shared tier: keep it on this node's disk too */
 		const struct kvr_slot *s = kvr_slot_at(t->a->slots, rd.slot);
 		if (!t->write_back && !l2t_has(t, s->key, rd.lane))
@@ -755,7 +759,7 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 	switch (m->hdr.type) {
 	case KVR_MSG_L2_HAVE:
 		if (b.lane != NO_LANE)
-			l2set_add(&t->set, k, b.lane);
+			l2set_add(&t->set, k, b.lane, L2SET_UNKNOWN); /* files say nothing of their model */
 		if (b.flags & KVR_L2F_LAST) {
 			t->synced[d] = true;
 			kvr_info("disk.%u synced: %u block lanes on disk in all", d, t->set.n);
@@ -774,7 +778,8 @@ int l2t_on_msg(struct l2tier *t, struct kvr_ring *ring, const struct kvr_msg *m,
 		}
 		wq_pump(t, d);
 		if (b.status == 0) {
-			l2set_add(&t->set, k, b.lane);
+			/* the slot still holds what we wrote (the veto kept it): its model is the lane's */
+			l2set_add(&t->set, k, b.lane, ours ? kvr_slot_at(t->a->slots, b.slot)->model : L2SET_UNKNOWN);
 			kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITES, ours ? 1 : 0);
 		} else if (ours) {
 			kvr_actor_count(t->a, KVR_STAT_LK_L2_WRITE_FAILS, 1);
@@ -851,6 +856,20 @@ static void touch_used(struct l2tier *t)
 	}
 }
 
+/* Each model's lanes on disk into its entry of the control segment's model table, the lanes
+ * of no known model into a gauge (kvring-inspect's models table, /metrics). */
+static void publish_models(struct l2tier *t)
+{
+	if (!t->n_disks)
+		return;
+	for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS; i++)
+		atomic_store_explicit(&kvr_ctl_model(t->a->ctl, i)->l2_lanes, t->set.by_model[i], memory_order_relaxed);
+	uint64_t unknown = t->set.by_model[L2SET_UNKNOWN];
+	for (unsigned i = KVR_CTL_MAX_MODELS + 1; i < L2SET_UNKNOWN; i++)
+		unknown += t->set.by_model[i]; /* none: slots carry model entries only */
+	atomic_store_explicit(&t->a->stats->c[KVR_STAT_LK_L2_UNATTRIBUTED], unknown, memory_order_relaxed);
+}
+
 int l2t_tick(struct l2tier *t, struct l2t_done *done)
 {
 	if (!t)
@@ -913,6 +932,7 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 		}
 	}
 	touch_used(t);
+	publish_models(t);
 	return lost_answers(t, now, done);
 }
 

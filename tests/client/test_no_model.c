@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "client_harness.h"
+#include "kvr_time.h"
 
 static struct ct_env env;
 static char l2dir[256];
@@ -178,8 +179,8 @@ Test(no_model, what_does_not_fit_the_slots_is_refused_naming_it)
 	env.m = keep;
 	cr_assert_eq(rc, -EINVAL);
 	why = kvr_last_error(NULL);
-	cr_assert(strstr(why, "block_tokens 32: this instance's blocks have 16 tokens until kvringd restarts (set by the "
-			      "first worker, engine \"e1\" rank 0 pid"),
+	cr_assert(strstr(why, "block_tokens 32: this instance's blocks have 16 tokens while an engine is attached (set by "
+			      "the first worker, engine \"e1\" rank 0 pid"),
 		  "%s", why);
 
 	env.m = ct_tiny_tp2; /* one KV head a rank: 2 KiB lanes, but 2 lanes a block */
@@ -187,7 +188,7 @@ Test(no_model, what_does_not_fit_the_slots_is_refused_naming_it)
 	env.m = keep;
 	cr_assert_eq(rc, -EINVAL);
 	why = kvr_last_error(NULL);
-	cr_assert(strstr(why, "2 lanes a block (TP 2): this instance's blocks have 1 until kvringd restarts"), "%s", why);
+	cr_assert(strstr(why, "2 lanes a block (TP 2): this instance's blocks have 1 while an engine is attached"), "%s", why);
 	cr_assert_eq(kvr_ctl_worker(env.ctl, a->worker)->state, KVR_WORKER_ATTACHED);
 }
 
@@ -293,6 +294,11 @@ Test(no_model, l2_is_adopted_once_bound_again_after_a_restart)
 		cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == (p + 1) * BLOCKS, 5000));
 	}
 	cr_assert_eq(h_count_files(l2dir, ".kvb"), 3 * BLOCKS);
+	/* each model's lanes on disk, in its entry of the model table (published every tick) */
+	struct kvr_model_ent *ma = kvr_ctl_model(env.ctl, kvr_ctl_worker(env.ctl, r->worker)->model);
+	cr_assert(H_WAIT(atomic_load(&ma->l2_lanes) == 3 * BLOCKS, 3000), "org/a: %llu lanes on disk",
+		  (unsigned long long)atomic_load(&ma->l2_lanes));
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_UNATTRIBUTED), 0);
 
 	ct_close_all();
 	cr_assert_eq(kill(env.h.pid, SIGTERM), 0);
@@ -313,12 +319,107 @@ Test(no_model, l2_is_adopted_once_bound_again_after_a_restart)
 	cr_assert_eq(open_rank(0, 8, "e2", "org/b", &b), 0, "%s", kvr_last_error(NULL));
 	ct_map_l1(&env);
 	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &r), 0, "%s", kvr_last_error(NULL));
+	/* the adopted files say nothing of their model: unattributed until promoted */
+	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_UNATTRIBUTED) == 3 * BLOCKS, 3000),
+		  "%llu lanes unattributed", (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_UNATTRIBUTED));
+	ma = kvr_ctl_model(env.ctl, kvr_ctl_worker(env.ctl, r->worker)->model);
+	struct kvr_model_ent *mb = kvr_ctl_model(env.ctl, kvr_ctl_worker(env.ctl, b->worker)->model);
+	cr_assert_eq(atomic_load(&ma->l2_lanes), 0);
 	for (unsigned p = 0; p < 3; p++)
 		cr_assert_eq(ct_lookup_load_exact(r, 90 + p, tokens[p], BLOCKS * BT, 8, TAG(p, 0)), BLOCKS,
 			     "prompt %u from the adopted L2", p);
 	cr_assert_eq(ct_lookup(b, 95, tokens[0], BLOCKS * BT), 0, "org/b must not match org/a's files");
-	cr_assert_geq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 3 * BLOCKS - 4);
+	uint64_t reads = ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS);
+	cr_assert_geq(reads, 3 * BLOCKS - 4);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
+	/* every promoted lane is org/a's now (its requester's model), the rest still unattributed */
+	cr_assert(H_WAIT(atomic_load(&ma->l2_lanes) == reads, 3000), "org/a: %llu lanes on disk after %llu promotions",
+		  (unsigned long long)atomic_load(&ma->l2_lanes), (unsigned long long)reads);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_UNATTRIBUTED), 3 * BLOCKS - reads);
+	cr_assert_eq(atomic_load(&mb->l2_lanes), 0, "org/b stored nothing");
+	ct_close_all();
+	ct_assert_table_clean(&env);
+}
+
+/* Every worker slot FREE (a detached worker's slot goes FREE once the lookup actor let it go). */
+static bool all_workers_free(void)
+{
+	for (unsigned w = 0; w < 2; w++)
+		if (atomic_load(&kvr_ctl_worker(env.ctl, w)->state) != KVR_WORKER_FREE)
+			return false;
+	return true;
+}
+
+/* Open rank `rank` of engine `engine` with the geometry of m, attaching again while kvringd
+ * answers -EAGAIN (L1 being laid out again); the last result. */
+static int open_rank_of(const struct ct_model *m, unsigned rank, const char *engine, const char *model_ns,
+			struct ct_rank **r, unsigned *eagains)
+{
+	struct ct_model keep = env.m;
+	env.m = *m;
+	int rc;
+	uint64_t end = kvr_now_ns() + 10000000000ull;
+	while ((rc = open_rank(rank, 0, engine, model_ns, r)) == -EAGAIN && kvr_now_ns() < end) {
+		cr_assert(strstr(kvr_last_error(NULL), "L1 is being laid out again"), "%s", kvr_last_error(NULL));
+		++*eagains;
+		usleep(20000);
+	}
+	env.m = keep;
+	return rc;
+}
+
+/*
+ * The block format (block size, lanes) is the first worker's while an engine is attached;
+ * once none is, a worker of another format lays L1 out again for itself: its attach is
+ * answered -EAGAIN while the lookup and disk actors stop, then it attaches. A TP-1 engine
+ * stores (L2 write-through), leaves; a TP-2 engine (2 lanes a block) comes, is served
+ * byte-exact, leaves; the TP-1 engine comes back, L1 is laid out for it again and its blocks
+ * come from the L2 files of its format, kept in their own directory all along.
+ */
+Test(no_model, l1_is_laid_out_again_for_another_format_once_nothing_is_attached)
+{
+	struct ct_opts o = {.no_model = true, .l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *a, *b0, *b1;
+	unsigned eagains = 0;
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env);
+	store_prompt(a, 0);
+	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == BLOCKS, 5000));
+	/* while e1 is attached, TP 2 is refused */
+	cr_assert_eq(open_rank_of(&ct_tiny_tp2, 0, "e2", "org/b", &b0, &eagains), -EINVAL);
+	cr_assert(strstr(kvr_last_error(NULL), "while an engine is attached"), "%s", kvr_last_error(NULL));
+	cr_assert_eq(eagains, 0);
+	ct_rank_close(a);
+	cr_assert(H_WAIT(all_workers_free(), 5000), "e1's worker slot never went FREE");
+	kvr_segment_close(&env.slots_seg); /* kvringd is about to drop this table */
+	kvr_segment_close(&env.arena_seg);
+	env.slots = NULL;
+
+	/* e2 (TP 2) now: L1 laid out again for 2 lanes a block */
+	uint32_t gen0 = atomic_load(&h_actor(&env.h, "lookup")->generation);
+	cr_assert_eq(open_rank_of(&ct_tiny_tp2, 0, "e2", "org/b", &b0, &eagains), 0, "%s", kvr_last_error(NULL));
+	cr_assert_geq(eagains, 1, "the first attach of the other format was answered -EAGAIN");
+	cr_assert_gt(atomic_load(&h_actor(&env.h, "lookup")->generation), gen0, "a new lookup actor for the new slots");
+	cr_assert_eq(open_rank_of(&ct_tiny_tp2, 1, "e2", "org/b", &b1, &eagains), 0, "%s", kvr_last_error(NULL));
+	cr_assert(h_log_contains(&env.h, "L1 released"));
+	ct_prompt(tokens[1], BLOCKS * BT, 301);
+	struct ct_rank *bs[2] = {b0, b1};
+	for (unsigned k = 0; k < 2; k++)
+		store_tagged(bs[k], 1, 50 + k, 60 + k);
+	for (unsigned k = 0; k < 2; k++)
+		cr_assert_eq(ct_lookup_load_exact(bs[k], 70 + k, tokens[1], BLOCKS * BT, 8, TAG(1 + 50 + k, 0)), BLOCKS,
+			     "e2 rank %u", k);
+	ct_rank_close(b0);
+	ct_rank_close(b1);
+	cr_assert(H_WAIT(all_workers_free(), 5000), "e2's worker slots never went FREE");
+
+	/* e1 again: its format once more, its blocks from the L2 files it left */
+	cr_assert_eq(open_rank_of(&ct_tiny, 0, "e1", "org/a", &a, &eagains), 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env);
+	cr_assert_eq(ct_lookup_load_exact(a, 80, tokens[0], BLOCKS * BT, 8, TAG(0, 0)), BLOCKS,
+		     "e1's prompt from its format's L2 directory");
+	cr_assert_geq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), BLOCKS);
 	ct_close_all();
 	ct_assert_table_clean(&env);
 }

@@ -215,10 +215,10 @@ Test(inspect_engines, two_engines_then_one_leaves)
 
 	char *txt = run_inspect(NULL, NULL);
 	char want[512];
-	snprintf(want, sizeof(want), "\nmodels\n  %-32s %7s %8s %10s %8s %6s\n", "NAMESPACE", "ENGINES", "L1 SLOTS",
-		 "L1 BYTES", "LOOKUPS", "HIT");
+	snprintf(want, sizeof(want), "\nmodels\n  %-26s %7s %8s %9s %9s %7s %6s\n", "NAMESPACE", "ENGINES", "L1 SLOTS",
+		 "L1 BYTES", "L2 BYTES", "LOOKUPS", "HIT");
 	cr_assert_not_null(strstr(txt, want), "%s", txt);
-	snprintf(want, sizeof(want), "\n  %-32s %7u %8u %10s %8u %6s\n", NS_B, 1u, 0u, "0 B", 0u, "-");
+	snprintf(want, sizeof(want), "\n  %-26s %7u %8u %9s %9s %7u %6s\n", NS_B, 1u, 0u, "0 B", "0 B", 0u, "-");
 	cr_assert_not_null(strstr(txt, want), "%s", txt);
 	/* NS_A does not fit beside the rest: a line of its own */
 	snprintf(want, sizeof(want), "\n  engine %u  \"vllm-a\"  workers 1  schedulers 0\n    namespace \"" NS_A "\"\n", ia);

@@ -216,10 +216,11 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 	for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS && c->models_off; i++) {
 		const struct kvr_model_ent *m = kvr_ctl_model(c, i);
 		struct kvr_insp_model o = {.index = i, .engines = LD(&m->engines), .lookups = LD(&m->lookups),
-					   .keys = LD(&m->keys), .matched = LD(&m->matched), .stored = LD(&m->stored)};
+					   .keys = LD(&m->keys), .matched = LD(&m->matched), .stored = LD(&m->stored),
+					   .l2_lanes = LD(&m->l2_lanes)};
 		memcpy(o.name, m->name, sizeof(o.name) - 1);
 		o.name[sizeof(o.name) - 1] = '\0';
-		if (i == KVR_CTL_MODEL_OTHER ? (o.engines || o.lookups || o.stored) : o.name[0] != '\0')
+		if (i == KVR_CTL_MODEL_OTHER ? (o.engines || o.lookups || o.stored || o.l2_lanes) : o.name[0] != '\0')
 			s->models[s->n_models++] = o;
 	}
 	s->arena_bytes = c->arena_bytes;
@@ -551,6 +552,7 @@ void kvr_insp_snapshot_slots(struct kvr_insp_snap *s, const struct kvr_slot_tabl
 	for (unsigned m = 0; m < s->n_models; m++) {
 		s->models[m].l1_slots = by_model[s->models[m].index];
 		s->models[m].l1_bytes = by_model[s->models[m].index] * t->slot_bytes;
+		s->models[m].l2_bytes = s->models[m].l2_lanes * t->slot_bytes; /* a file holds one slot */
 	}
 	for (uint32_t i = 0; i < t->n_slots; i++) {
 		for (unsigned w = 0; w < KVR_SLOT_MAX_WORKERS; w++)
@@ -707,15 +709,17 @@ static void text_models(FILE *out, const struct kvr_insp_snap *s)
 	if (!s->n_models)
 		return;
 	pline(out, "models");
-	pline(out, "  %-32s %7s %8s %10s %8s %6s", "NAMESPACE", "ENGINES", "L1 SLOTS", "L1 BYTES", "LOOKUPS", "HIT");
+	pline(out, "  %-26s %7s %8s %9s %9s %7s %6s", "NAMESPACE", "ENGINES", "L1 SLOTS", "L1 BYTES", "L2 BYTES",
+	      "LOOKUPS", "HIT");
 	for (unsigned i = 0; i < s->n_models; i++) {
 		const struct kvr_insp_model *m = &s->models[i];
-		char name[40], bytes[32], hit[16] = "-";
-		cut_middle(m->index == KVR_CTL_MODEL_OTHER ? "(other)" : m->name, 32, name, sizeof(name));
+		char name[40], bytes[32], l2[32], hit[16] = "-";
+		cut_middle(m->index == KVR_CTL_MODEL_OTHER ? "(other)" : m->name, 26, name, sizeof(name));
 		if (m->keys)
 			snprintf(hit, sizeof(hit), "%.1f%%", 100.0 * (double)m->matched / (double)m->keys);
-		pline(out, "  %-32s %7u %8" PRIu64 " %10s %8" PRIu64 " %6s", name, m->engines, m->l1_slots,
-		      kvr_fmt_bytes(m->l1_bytes, bytes, sizeof(bytes)), m->lookups, hit);
+		pline(out, "  %-26s %7u %8" PRIu64 " %9s %9s %7" PRIu64 " %6s", name, m->engines, m->l1_slots,
+		      kvr_fmt_bytes(m->l1_bytes, bytes, sizeof(bytes)), kvr_fmt_bytes(m->l2_bytes, l2, sizeof(l2)),
+		      m->lookups, hit);
 	}
 	pline(out, "%s", "");
 }
@@ -1304,6 +1308,8 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 		kvr_jw_u64(&w, "stored_lanes", m->stored);
 		kvr_jw_u64(&w, "l1_slots", m->l1_slots);
 		kvr_jw_u64(&w, "l1_bytes", m->l1_bytes);
+		kvr_jw_u64(&w, "l2_lanes", m->l2_lanes);
+		kvr_jw_u64(&w, "l2_bytes", m->l2_bytes);
 		kvr_jw_end(&w);
 	}
 	kvr_jw_end(&w);

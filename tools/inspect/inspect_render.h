@@ -83,6 +83,7 @@ struct kvr_insp_model {
 	uint32_t engines;
 	uint64_t lookups, keys, matched, stored; /* blocks asked for, matched; lanes stored */
 	uint64_t l1_slots, l1_bytes;
+	uint64_t l2_lanes, l2_bytes;  /* on disk, as the lookup actor knows them (kvr_model_ent.l2_lanes) */
 };
 
 struct kvr_insp_worker {

@@ -197,12 +197,20 @@ class WorkerSide:
         self._layer_index = {n: i for i, n in enumerate(self.derived.layer_names)}
         mode = self.cfg.layered_loads
         self._layered = mode == "on" or (mode == "auto" and LAYERED_DEFAULT.get(dev.type, False))
-        try:
-            self._client = self._new_client()
-        except KvringError as e:
-            raise RuntimeError(
-                f"kvring: TP rank {self.tp_rank} cannot attach to kvringd at {self.cfg.socket}: {e}"
-            ) from e
+        # EAGAIN: kvringd lays L1 out again for this engine's block format (no engine was
+        # attached, docs/engines.md), or lays it out for a sibling rank right now: a moment
+        deadline = time.monotonic() + max(self.cfg.timeout_ms, 10000) / 1000
+        while True:
+            try:
+                self._client = self._new_client()
+                break
+            except KvringError as e:
+                if e.errno == errno.EAGAIN and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                raise RuntimeError(
+                    f"kvring: TP rank {self.tp_rank} cannot attach to kvringd at {self.cfg.socket}: {e}"
+                ) from e
         log.info(
             "kvring: TP rank %d attached to %s as worker slot %d (engine %s)",
             self.tp_rank,
