@@ -178,7 +178,9 @@ struct kvr_model_ent {
 	 * adopted at a restart (or listed to a restarted lookup actor) counts for its model once
 	 * a lookup promoted it or it was written again; until then in KVR_STAT_LK_L2_UNATTRIBUTED */
 	_Atomic uint64_t l2_lanes;
-	uint8_t reserved[16];
+	/* keys and matched in tokens (each block with its requester's block size) */
+	_Atomic uint64_t tokens_asked;
+	_Atomic uint64_t tokens_matched;
 };
 _Static_assert(sizeof(struct kvr_model_ent) == 128, "model entry");
 
@@ -199,7 +201,10 @@ struct kvr_worker_ent {
 	/* the generation whose fresh client area the lookup actor has mapped (it writes it, before
 	 * gone_ack): kvringd then maps it too and closes the old one */
 	_Atomic uint32_t area_ack;
-	uint32_t reserved0;
+	/* tokens a block of its engine (kvringd, at attach; workers and schedulers): without a
+	 * model section engines of several block sizes share the slots, and the lookup actor
+	 * records it in each slot it allocates for this client (kvr_slot.block_tokens) */
+	uint32_t block_tokens;
 	/* the generation whose WORKER_GONE the lookup actor has handled (it writes it): kvringd
 	 * frees the worker slot only then, so a new worker in this slot never meets the abort
 	 * of its predecessor's slots */
@@ -335,7 +340,12 @@ enum kvr_stat_lookup {
 				       * the shared tier for the request) */
 	KVR_STAT_LK_L2_TOUCHES,       /* L2_TOUCHes sent: lanes on disk used in L1 since last looked at */
 	KVR_STAT_LK_L2_UNATTRIBUTED,  /* gauge: lanes on disk no model is known for yet (kvr_model_ent.l2_lanes) */
-	KVR_STAT_LK_END,
+	/* the same in tokens, each block counted with its requester's block size (engines of
+	 * several block sizes may share an instance without a model section) */
+	KVR_STAT_LK_TOKENS_ASKED,     /* KVR_STAT_LK_KEYS in tokens */
+	KVR_STAT_LK_TOKENS_MATCHED,   /* KVR_STAT_LK_MATCHED in tokens */
+	KVR_STAT_LK_MISS_TOKENS_FIRST,/* KVR_STAT_LK_MISS_FIRST in tokens, the same 6 reasons */
+	KVR_STAT_LK_END = KVR_STAT_LK_MISS_TOKENS_FIRST + 6,
 };
 _Static_assert((int)KVR_STAT_LK_END <= (int)KVR_STAT_MAX, "lookup counters fit the stats");
 

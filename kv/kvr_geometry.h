@@ -46,12 +46,13 @@ int kvr_geometry_namespace(const struct kvr_geometry *g, const char *model_id, c
 			   kvr_key *ret_ns);
 
 /* The namespace of an instance without a model section (its slot table's, its L2 directory's
- * and the shared tier's): the slot format, not a model — XXH3-128 over "kvring.slots.v1\0",
- * slot_bytes (two uint32, low first), block_tokens, lanes and cache_salt. Engines of several
- * models share such an instance; each block's own key still carries its engine's namespace
- * (kvr_geometry_namespace), so none is served another's. 0 or -EINVAL. */
-int kvr_slots_namespace(uint64_t slot_bytes, uint32_t block_tokens, uint32_t lanes, const char *cache_salt,
-			kvr_key *ret_ns);
+ * and the shared tier's): the slot format, not a model — XXH3-128 over "kvring.slots.v2\0",
+ * slot_bytes (two uint32, low first), lanes and cache_salt. Engines of several models and
+ * block sizes share such an instance; each block's own key still carries its engine's
+ * namespace (kvr_geometry_namespace: model, geometry, block size), so none is served
+ * another's, and each slot, L2 file and shared-tier value records its block size. (v1 also
+ * hashed one block size: an instance of v1 held one.) 0 or -EINVAL. */
+int kvr_slots_namespace(uint64_t slot_bytes, uint32_t lanes, const char *cache_salt, kvr_key *ret_ns);
 
 /* ---- capacity ------------------------------------------------------------------------- */
 

@@ -109,7 +109,7 @@ struct kvr_slot_table {
 	struct kvr_seg_hdr seg;   /* kind KVR_SEG_SLOTS */
 	uint64_t magic;           /* KVR_SLOTS_MAGIC, written last by kvr_slots_init */
 	uint32_t n_slots;
-	uint32_t block_tokens;
+	uint32_t block_tokens;    /* tokens a block; 0: each slot's own (kvr_slot.block_tokens; no model section) */
 	uint64_t slot_bytes;      /* bytes per slot in the arena, multiple of KVR_SLOT_ALIGN */
 	uint64_t arena_data_off;  /* offset of slot 0 in the arena segment */
 	uint64_t slots_off;       /* offset of slot 0's struct kvr_slot from this header */
@@ -129,7 +129,7 @@ struct kvr_slots_config {
 	uint64_t lane_bytes;      /* bytes one lane of a block needs; aligned up to KVR_SLOT_ALIGN */
 	uint64_t arena_data_off;  /* 0 = KVR_SLOTS_ARENA_DATA_OFF; else a multiple of KVR_SLOT_ALIGN */
 	kvr_key ns;
-	uint32_t block_tokens;    /* >= 1 */
+	uint32_t block_tokens;    /* 0: engines of several block sizes, each slot's its own */
 	uint32_t tp_size;         /* 1..KVR_SLOT_MAX_WORKERS */
 	uint32_t quorum;          /* 1..tp_size */
 };
@@ -191,6 +191,14 @@ static inline void kvr_slot_set_model(struct kvr_slot_table *t, uint32_t i, uint
 {
 	if (i < t->n_slots)
 		__atomic_store_n(&kvr_slot_at(t, i)->model, m, __ATOMIC_RELAXED);
+}
+/* Slot i holds a block of block_tokens tokens: on a table of mixed block sizes (block_tokens
+ * 0) the lookup actor sets it right after kvr_slot_alloc, before anyone can read the slot;
+ * on a table of one block size kvr_slot_alloc already wrote it and this does nothing. */
+static inline void kvr_slot_set_block_tokens(struct kvr_slot_table *t, uint32_t i, uint32_t block_tokens)
+{
+	if (!t->block_tokens && i < t->n_slots)
+		kvr_slot_at(t, i)->block_tokens = block_tokens;
 }
 static inline uint8_t kvr_slot_model(const struct kvr_slot_table *t, uint32_t i)
 {

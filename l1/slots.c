@@ -36,7 +36,7 @@ uint64_t kvr_slots_arena_memsize(uint32_t n_slots, uint64_t lane_bytes)
 
 int kvr_slots_init(void *mem, size_t mem_size, const struct kvr_slots_config *cfg, struct kvr_slot_table **ret)
 {
-	if (!mem || !cfg || !ret || !cfg->n_slots || !cfg->lane_bytes || !cfg->block_tokens || !cfg->tp_size ||
+	if (!mem || !cfg || !ret || !cfg->n_slots || !cfg->lane_bytes || !cfg->tp_size ||
 	    cfg->tp_size > KVR_SLOT_MAX_WORKERS || !cfg->quorum || cfg->quorum > cfg->tp_size ||
 	    cfg->arena_data_off % KVR_SLOT_ALIGN)
 		return -EINVAL;
@@ -78,7 +78,7 @@ int kvr_slots_attach(const struct kvr_segment *seg, struct kvr_slot_table **ret)
 	/* pairs with the release store in kvr_slots_init */
 	if (__atomic_load_n(&t->magic, __ATOMIC_ACQUIRE) != KVR_SLOTS_MAGIC)
 		return -EPROTO;
-	if (!t->n_slots || t->slots_off < sizeof(*t) || t->slots_off % 64 || !t->block_tokens || !t->slot_bytes ||
+	if (!t->n_slots || t->slots_off < sizeof(*t) || t->slots_off % 64 || !t->slot_bytes ||
 	    t->slot_bytes % KVR_SLOT_ALIGN || t->arena_data_off % KVR_SLOT_ALIGN || !t->tp_size ||
 	    t->tp_size > KVR_SLOT_MAX_WORKERS || !t->quorum || t->quorum > t->tp_size)
 		return -EBADMSG;

@@ -98,8 +98,8 @@ static int kv_memory_check(struct sup *s, int fd, struct kvr_proto_rep *rep, uin
 	return 0;
 }
 
-/* No model section: engines of any model share the slots, so what must agree is the slot
- * format L1 was laid out with for the first worker — its block size and lane count (the
+/* No model section: engines of any model and block size share the slots, so what must
+ * agree is the slot format L1 was laid out with for the first worker — its lane count (the
  * commit quorum) — and a lane must fit a slot, and a staging pool hold one. 0, or -EINVAL
  * with rep naming what differs and what to do. */
 static int slots_fit(struct sup *s, const struct kvr_geometry *g, struct kvr_proto_rep *rep)
@@ -107,10 +107,7 @@ static int slots_fit(struct sup *s, const struct kvr_geometry *g, struct kvr_pro
 	uint64_t lane = kvr_geometry_lane_bytes(g);
 	uint32_t lanes = kvr_geometry_lanes(g);
 	char err[KVR_PROTO_REASON_MAX];
-	if (g->block_tokens != s->geom.block_tokens)
-		sup_rep_init(s, rep, -EINVAL, "block_tokens %u: this instance's blocks have %u tokens while an engine "
-			     "is attached (set by the first worker, %s)", g->block_tokens, s->geom.block_tokens, s->bound_by);
-	else if (lanes != s->lanes)
+	if (lanes != s->lanes)
 		sup_rep_init(s, rep, -EINVAL, "%u lanes a block (TP %u): this instance's blocks have %u while an engine "
 			     "is attached (set by the first worker, %s)", lanes, g->tp_size, s->lanes, s->bound_by);
 	else if (lane > s->slots->slot_bytes)
@@ -134,8 +131,7 @@ static bool rebind_when_idle(struct sup *s, unsigned w, const struct kvr_geometr
 			     const struct sup_engine_id *eng, struct kvr_proto_rep *rep)
 {
 	uint64_t lane = kvr_geometry_lane_bytes(canon);
-	bool other_format = canon->block_tokens != s->geom.block_tokens || kvr_geometry_lanes(canon) != s->lanes ||
-			    (!s->cfg.l1.slot_bytes && lane > s->slots->slot_bytes);
+	bool other_format = kvr_geometry_lanes(canon) != s->lanes || (!s->cfg.l1.slot_bytes && lane > s->slots->slot_bytes);
 	if (!s->cfg.model.unbound || !other_format || !sup_l1_idle(s, (int)w))
 		return false;
 	char why[256];
@@ -384,6 +380,7 @@ static void worker_attached(struct sup *s, struct sup_conn *c, unsigned w, const
 	we->attached_ns = kvr_now_ns();
 	we->engine = (uint16_t)engine;
 	we->model = s->engines[engine].model;
+	we->block_tokens = g->block_tokens; /* a DCP rank's: its group's canonical block */
 	we->kind = KVR_CLIENT_WORKER;
 	s->worker_engine[w] = engine;
 	atomic_store(&kvr_ctl_area(s->ctl, w)->waiter.sleepers, 0);
@@ -408,7 +405,7 @@ static void attach_info(struct sup *s, unsigned w, const struct kvr_geometry *g,
 		.lane = kvr_dcp_lane(g),
 		.lanes = s->lanes,
 		.n_slots = s->slots->n_slots,
-		.block_tokens = s->geom.block_tokens,
+		.block_tokens = g->block_tokens, /* its own (without a model section, engines' differ) */
 		.slot_bytes = s->slots->slot_bytes,
 		/* its own block's lane (without a model section the slots may be larger) */
 		.lane_bytes = kvr_dcp_canonical_lane_bytes(g),
@@ -529,7 +526,7 @@ static int sched_slot(struct sup *s, struct sup_conn *c, const struct kvr_proto_
 /* Scheduler slot `slot`'s entry filled for c's process and its engine, then published:
  * ATTACHED is stored last. */
 static void sched_attached(struct sup *s, struct sup_conn *c, unsigned slot, int engine,
-			   const struct sup_engine_id *eng, uint32_t tp_size)
+			   const struct sup_engine_id *eng, uint32_t tp_size, uint32_t block_tokens)
 {
 	struct kvr_worker_ent *se = kvr_ctl_sched(s->ctl, slot);
 	atomic_store(&se->pid, c->pid);
@@ -541,6 +538,7 @@ static void sched_attached(struct sup *s, struct sup_conn *c, unsigned slot, int
 	se->attached_ns = kvr_now_ns();
 	se->engine = (uint16_t)engine;
 	se->model = s->engines[engine].model;
+	se->block_tokens = block_tokens;
 	se->kind = KVR_CLIENT_SCHEDULER;
 	atomic_store(&kvr_ctl_area(s->ctl, s->ctl->max_workers + slot)->waiter.sleepers, 0);
 	atomic_store(&se->state, KVR_WORKER_ATTACHED);
@@ -588,7 +586,7 @@ void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr
 		sup_rep_init(s, &rep, -EINVAL, "no key namespace for engine \"%s\"", eng.id);
 		goto reply;
 	}
-	sched_attached(s, c, (unsigned)slot, engine, &eng, eg->tp_size);
+	sched_attached(s, c, (unsigned)slot, engine, &eng, eg->tp_size, eg->block_tokens);
 
 	sup_rep_init(s, &rep, 0, NULL);
 	rep.worker = (uint32_t)slot;
@@ -598,7 +596,7 @@ void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr
 		.ns_hi = ns.hi,
 		.lanes = s->lanes,
 		.n_slots = s->slots->n_slots,
-		.block_tokens = s->geom.block_tokens,
+		.block_tokens = eg->block_tokens, /* its engine's */
 		.slot_bytes = s->slots->slot_bytes,
 		.lane_bytes = kvr_dcp_canonical_lane_bytes(eg), /* = its lane without DCP */
 		.lookup_actor = SUP_ACTOR_LOOKUP,

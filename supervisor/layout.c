@@ -348,8 +348,8 @@ static int create_l1(struct sup *s, const struct kvr_geometry *g, char *err, siz
 				(unsigned long long)s->cfg.l1.slot_bytes, (unsigned long long)model_lane);
 	kvr_key ns;
 	/* no model section: the slot format names the instance (engines of several models share it) */
-	int rc = s->cfg.model.unbound ? kvr_slots_namespace(kvr_slots_slot_bytes(lane_bytes), g->block_tokens, lanes,
-							    s->cfg.model.cache_salt, &ns)
+	int rc = s->cfg.model.unbound ? kvr_slots_namespace(kvr_slots_slot_bytes(lane_bytes), lanes, s->cfg.model.cache_salt,
+							    &ns)
 				      : kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns);
 	if (rc)
 		return kvr_errf(err, errlen, rc, "no key namespace for this geometry");
@@ -365,8 +365,10 @@ static int create_l1(struct sup *s, const struct kvr_geometry *g, char *err, siz
 	rc = kvr_segment_create("kvring-slots", KVR_SEG_SLOTS, tsize, s->generation, 0, &s->slots_seg);
 	if (rc)
 		return kvr_errf(err, errlen, rc, "cannot create the slot table (%zu bytes): %s", tsize, strerror(-rc));
+	/* no model section: engines of any block size share the slots, each slot records its own */
 	struct kvr_slots_config sc = {.n_slots = (uint32_t)n_slots, .lane_bytes = lane_bytes, .ns = ns,
-				      .block_tokens = g->block_tokens, .tp_size = g->tp_size, .quorum = lanes};
+				      .block_tokens = s->cfg.model.unbound ? 0 : g->block_tokens, .tp_size = g->tp_size,
+				      .quorum = lanes};
 	struct kvr_slot_table *slots;
 	rc = kvr_slots_init(s->slots_seg.base, s->slots_seg.size, &sc, &slots);
 	if (rc) {

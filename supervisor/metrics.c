@@ -206,10 +206,11 @@ static void render_lookup(FILE *f, struct sup_metrics_view *v)
 		keys);
 	counter(f, "kvring_lookup_matched_blocks_total", "Blocks of the longest stored prefix returned by lookups.",
 		matched);
-	counter(f, "kvring_requested_tokens_total", "Tokens asked for by lookups (requested blocks x block_tokens).",
-		keys * v->block_tokens);
-	counter(f, "kvring_matched_tokens_total", "Tokens matched by lookups (matched blocks x block_tokens).",
-		matched * v->block_tokens);
+	counter(f, "kvring_requested_tokens_total",
+		"Tokens asked for by lookups (requested blocks x their engine's block_tokens).",
+		kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_TOKENS_ASKED));
+	counter(f, "kvring_matched_tokens_total", "Tokens matched by lookups (matched blocks x their engine's block_tokens).",
+		kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_TOKENS_MATCHED));
 	counter(f, "kvring_l1_hits_total", "Matched blocks lookups found in L1 (not promoted from L2 or the shared tier).",
 		kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_L1_HITS));
 	counter(f, "kvring_l1_misses_total", "Blocks lookups asked for and did not find in L1.", v->l1_misses);
@@ -241,8 +242,7 @@ static void render_lookup(FILE *f, struct sup_metrics_view *v)
 	       "(enum kvr_miss_reason: never_stored, evicted, in_flight, quorum, l2_failed, no_room).");
 	for (unsigned r = KVR_MISS_NEVER_STORED; r < KVR_MISS_REASONS; r++)
 		fprintf(f, "kvring_miss_tokens_total{reason=\"%s\"} %llu\n", kvr_miss_reason_name(r),
-			(unsigned long long)(kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MISS_FIRST + r - 1) *
-					     v->block_tokens));
+			(unsigned long long)kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MISS_TOKENS_FIRST + r - 1));
 }
 
 #define KIND(k) (1u << (k)) /* a kind in histogram()'s mask */
@@ -359,7 +359,7 @@ static void model_sample(FILE *f, const char *metric, const struct kvr_model_ent
 /* Per model namespace (kvr_ctl.h's model table: the first KVR_CTL_MAX_MODELS namespaces engines
  * attached with, the rest under "other"): what its engines asked for and matched, what they
  * stored, and what of it L1 holds (committed slots tagged with it, a scan of the slot table). */
-static void render_models(FILE *f, const struct kvr_ctl *c, const struct kvr_slot_table *t, uint32_t block_tokens)
+static void render_models(FILE *f, const struct kvr_ctl *c, const struct kvr_slot_table *t)
 {
 	enum { N = KVR_CTL_MAX_MODELS + 1 };
 	uint64_t l1[N] = {0}, v[8][N];
@@ -370,8 +370,8 @@ static void render_models(FILE *f, const struct kvr_ctl *c, const struct kvr_slo
 		struct kvr_model_ent *m = kvr_ctl_model(c, i);
 		v[0][i] = atomic_load(&m->engines);
 		v[1][i] = atomic_load_explicit(&m->lookups, memory_order_relaxed);
-		v[2][i] = atomic_load_explicit(&m->keys, memory_order_relaxed) * block_tokens;
-		v[3][i] = atomic_load_explicit(&m->matched, memory_order_relaxed) * block_tokens;
+		v[2][i] = atomic_load_explicit(&m->tokens_asked, memory_order_relaxed);
+		v[3][i] = atomic_load_explicit(&m->tokens_matched, memory_order_relaxed);
 		v[4][i] = atomic_load_explicit(&m->stored, memory_order_relaxed);
 		v[5][i] = l1[i];
 		v[6][i] = l1[i] * (t ? t->slot_bytes : 0);
@@ -676,7 +676,7 @@ char *sup_metrics_render(struct sup_metrics_view *v, size_t *ret_len)
 	render_remote(f, v->ctl);
 	if (v->slots)
 		render_l1(f, v->slots);
-	render_models(f, v->ctl, v->slots, v->block_tokens);
+	render_models(f, v->ctl, v->slots);
 	render_rings(f, v->ctl);
 	if (ferror(f)) {
 		fclose(f);
@@ -870,7 +870,7 @@ int sup_metrics_start(struct sup *s)
 	if (!m || m->d)
 		return 0;
 	pthread_mutex_lock(&m->lock);
-	m->view = (struct sup_metrics_view){.ctl = s->ctl, .slots = s->slots, .block_tokens = s->geom.block_tokens,
+	m->view = (struct sup_metrics_view){.ctl = s->ctl, .slots = s->slots,
 					    .engines = m->engines, .n_engines = m->n_engines};
 	pthread_mutex_unlock(&m->lock);
 	int fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 3); /* MHD closes its copy when it stops */
@@ -943,6 +943,5 @@ void sup_metrics_bind(struct sup *s)
 		return;
 	pthread_mutex_lock(&m->lock);
 	m->view.slots = s->slots;
-	m->view.block_tokens = s->geom.block_tokens;
 	pthread_mutex_unlock(&m->lock);
 }

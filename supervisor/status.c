@@ -215,8 +215,8 @@ static void collect_hits(struct coll *k, cJSON *doc)
 	u64(k, o, "lookups", kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_LOOKUPS));
 	u64(k, o, "requested_blocks", keys);
 	u64(k, o, "matched_blocks", matched);
-	u64(k, o, "requested_tokens", keys * k->v->block_tokens);
-	u64(k, o, "matched_tokens", matched * k->v->block_tokens);
+	u64(k, o, "requested_tokens", kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_TOKENS_ASKED));
+	u64(k, o, "matched_tokens", kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_TOKENS_MATCHED));
 	u64(k, o, "l1_hits", kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_L1_HITS));
 	u64(k, o, "l1_misses", kvr_mr_kind_sum(c, KVR_ACTOR_LOOKUP, KVR_STAT_LK_MISSED));
 	ratio(k, o, "ratio", matched, keys);

@@ -414,7 +414,6 @@ void sup_metrics_bind(struct sup *s);
 struct sup_metrics_view {
 	const struct kvr_ctl *ctl;          /* required */
 	const struct kvr_slot_table *slots; /* NULL: no kvring_l1_slots series */
-	uint32_t block_tokens;              /* tokens per block, for the token counters */
 	uint64_t l1_misses;                 /* last kvring_l1_misses_total rendered */
 	/* /status: the engines attached (kvringd's own table, copied by sup_metrics_engines()
 	 * under the lock); NULL: unknown ("engines": null) */

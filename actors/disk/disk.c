@@ -263,9 +263,13 @@ static int settle_all(struct disk *d)
 /* Queue through the store (put or get). -EAGAIN only while something the store waits for
  * is in flight (the request then waits for a completion); a store that says -EAGAIN with
  * nothing in flight cannot make room by waiting: that answer goes to the requester. */
-static int submit(struct disk *d, bool put, kvr_key key, uint32_t lane, void *buf, uint32_t r)
+static int submit(struct disk *d, bool put, kvr_key key, uint32_t lane, uint32_t slot, void *buf, uint32_t r)
 {
-	int rc = put ? kvr_l2_store_put(d->store, key, lane, buf, r) : kvr_l2_store_get(d->store, key, lane, buf, r);
+	/* the slot's block size goes into a written file's header, and a read file's must say
+	 * it (an instance of several block sizes; of one, the store's identity says it) */
+	uint32_t bt = d->slots->block_tokens ? 0 : kvr_slot_at(d->slots, slot)->block_tokens;
+	int rc = put ? kvr_l2_store_put_as(d->store, key, lane, bt, buf, r)
+		     : kvr_l2_store_get_as(d->store, key, lane, bt, buf, r);
 	if (rc == -EAGAIN && !kvr_l2_store_pending(d->store))
 		return -EBUSY;
 	return rc;
@@ -361,7 +365,7 @@ static int start_io(struct disk *d, uint64_t req_id, const struct kvr_msg_l2 *b,
 				       .lane = b->lane, .type = type, .next_free = DISK_REQ_NONE};
 	void *data = kvr_slot_data(d->slots, d->a->arena_seg.base, b->slot);
 	io_gate(b, type == KVR_MSG_L2_WRITE);
-	rc = submit(d, type == KVR_MSG_L2_WRITE, key, b->lane, data, r);
+	rc = submit(d, type == KVR_MSG_L2_WRITE, key, b->lane, b->slot, data, r);
 	if (rc) {
 		req_put(d, r);
 		(void)kvr_slot_unpin(d->slots, b->slot, KVR_PIN_IO);
@@ -528,9 +532,13 @@ static void log_read_only(struct disk *d, const char *dir, const struct kvr_l2_s
 			  const struct kvr_l2_adopt_stats *ad, const struct kvr_l2_store_stats *st)
 {
 	if (ad->no_dir) {
-		kvr_warn("l2 %s: read-only and %s does not exist: nothing to serve (no block of this model, geometry "
-			 "and block size of %u tokens is stored here)", dir, kvr_l2_store_dir(d->store),
-			 sc->ident.block_tokens);
+		if (sc->ident.block_tokens)
+			kvr_warn("l2 %s: read-only and %s does not exist: nothing to serve (no block of this model, "
+				 "geometry and block size of %u tokens is stored here)", dir, kvr_l2_store_dir(d->store),
+				 sc->ident.block_tokens);
+		else
+			kvr_warn("l2 %s: read-only and %s does not exist: nothing to serve (no block of this slot "
+				 "format is stored here)", dir, kvr_l2_store_dir(d->store));
 		return;
 	}
 	char why[512] = "";

@@ -189,7 +189,8 @@ enum kvr_l2_reason kvr_l2_hdr_check(const struct kvr_l2_hdr *h, const struct kvr
 		return KVR_L2_R_NS;
 	if (!kvr_key_eq(h->key, key) || h->lane != lane)
 		return KVR_L2_R_KEY;
-	if (h->block_tokens != ident->block_tokens)
+	/* ident.block_tokens 0: a store of several block sizes, any one */
+	if (ident->block_tokens ? h->block_tokens != ident->block_tokens : !h->block_tokens)
 		return KVR_L2_R_BLOCK_TOKENS;
 	if (h->lane_bytes != ident->lane_bytes)
 		return KVR_L2_R_LANE_BYTES;

@@ -311,7 +311,16 @@ static void issue_unlinks(struct kvr_l2_store *s)
 
 int kvr_l2_store_put(struct kvr_l2_store *s, kvr_key key, uint32_t lane, const void *src, uint64_t tag)
 {
+	return kvr_l2_store_put_as(s, key, lane, 0, src, tag);
+}
+
+int kvr_l2_store_put_as(struct kvr_l2_store *s, kvr_key key, uint32_t lane, uint32_t block_tokens, const void *src,
+			uint64_t tag)
+{
 	if (!s || !src || lane >= s->cfg.lanes)
+		return -EINVAL;
+	uint32_t own = s->cfg.ident.block_tokens; /* 0: a store of several block sizes */
+	if (own ? block_tokens && block_tokens != own : !block_tokens)
 		return -EINVAL;
 	if (s->cfg.read_only) {
 		s->st.puts_refused++;
@@ -355,7 +364,7 @@ int kvr_l2_store_put(struct kvr_l2_store *s, kvr_key key, uint32_t lane, const v
 		return rc;
 	idx = ent_new(s, key, lane, E_WRITING);
 	uint32_t r = req_new(s, R_PUT, idx, tag);
-	rc = kvr_l2io_write(s->io, key, lane, src, r);
+	rc = kvr_l2io_write_as(s->io, key, lane, block_tokens, src, r);
 	if (rc) {
 		req_free(s, r);
 		ent_free(s, idx);
@@ -367,6 +376,12 @@ int kvr_l2_store_put(struct kvr_l2_store *s, kvr_key key, uint32_t lane, const v
 }
 
 int kvr_l2_store_get(struct kvr_l2_store *s, kvr_key key, uint32_t lane, void *dst, uint64_t tag)
+{
+	return kvr_l2_store_get_as(s, key, lane, 0, dst, tag);
+}
+
+int kvr_l2_store_get_as(struct kvr_l2_store *s, kvr_key key, uint32_t lane, uint32_t block_tokens, void *dst,
+			uint64_t tag)
 {
 	if (!s || !dst || lane >= s->cfg.lanes)
 		return -EINVAL;
@@ -380,7 +395,7 @@ int kvr_l2_store_get(struct kvr_l2_store *s, kvr_key key, uint32_t lane, void *d
 	if (!engine_free(s))
 		return -EAGAIN;
 	uint32_t r = req_new(s, R_GET, idx, tag);
-	int rc = kvr_l2io_read(s->io, key, lane, dst, r);
+	int rc = kvr_l2io_read_as(s->io, key, lane, block_tokens, dst, r);
 	if (rc) {
 		req_free(s, r);
 		return rc;

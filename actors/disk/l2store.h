@@ -167,11 +167,19 @@ void kvr_l2_store_close(struct kvr_l2_store *s);
  * (capacity_bytes is smaller than one file), -EINVAL (lane >= lanes, bad buffer), -EROFS
  * (a read-only store: nothing queued). */
 int kvr_l2_store_put(struct kvr_l2_store *s, kvr_key key, uint32_t lane, const void *src, uint64_t tag);
+/* kvr_l2_store_put of a lane of block_tokens tokens: required by a store of several block
+ * sizes (ident.block_tokens 0), which writes it into the file's header; 0 or the store's
+ * own for a store of one (-EINVAL otherwise). */
+int kvr_l2_store_put_as(struct kvr_l2_store *s, kvr_key key, uint32_t lane, uint32_t block_tokens, const void *src,
+			uint64_t tag);
 
 /* Read one lane into dst (writable for the padded length; 4096-aligned in direct mode).
  * Returns 0 (queued: completion from poll), -ENOENT (not in L2: a miss, no completion),
  * -EAGAIN (engine busy), -EINVAL. */
 int kvr_l2_store_get(struct kvr_l2_store *s, kvr_key key, uint32_t lane, void *dst, uint64_t tag);
+/* kvr_l2_store_get whose file must say block_tokens (0: the store's identity decides). */
+int kvr_l2_store_get_as(struct kvr_l2_store *s, kvr_key key, uint32_t lane, uint32_t block_tokens, void *dst,
+			uint64_t tag);
 
 /* Whether (key, lane) is present (not being written or evicted). No recency change. */
 bool kvr_l2_store_contains(const struct kvr_l2_store *s, kvr_key key, uint32_t lane);

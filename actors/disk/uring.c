@@ -335,17 +335,29 @@ static unsigned step_error(const struct op *op, bool open_only, int *ret_res)
 	return KVR_L2_R_IO;
 }
 
+/* What op's header must say: the store's identity, with op's block size where the store
+ * holds several (ident.block_tokens 0: a read then expects the one asked for, if any). */
+static const struct kvr_l2_ident *op_ident(const struct kvr_l2io *io, const struct op *op, struct kvr_l2_ident *buf)
+{
+	if (io->ident.block_tokens || !op->block_tokens)
+		return &io->ident;
+	*buf = io->ident;
+	buf->block_tokens = op->block_tokens;
+	return buf;
+}
+
 static int finish_read(struct kvr_l2io *io, struct op *op)
 {
 	int res = 0;
 	unsigned reason = KVR_L2_OK;
 	const struct kvr_l2_hdr *h = (const struct kvr_l2_hdr *)hdr_buf(io, op);
+	struct kvr_l2_ident id;
 	if (op->err) {
 		reason = step_error(op, true, &res);
 	} else if (!(op->ok & BIT(S_HDR))) {
 		res = -EBADMSG;
 		reason = KVR_L2_R_SHORT;
-	} else if ((reason = kvr_l2_hdr_check(h, &io->ident, op->key, op->lane)) != KVR_L2_OK) {
+	} else if ((reason = kvr_l2_hdr_check(h, op_ident(io, op, &id), op->key, op->lane)) != KVR_L2_OK) {
 		res = -EBADMSG;
 	} else if (!(op->ok & BIT(S_PAY))) {
 		res = -EBADMSG;
@@ -573,8 +585,17 @@ static void op_abandon(struct kvr_l2io *io, struct op *op)
 
 int kvr_l2io_write(struct kvr_l2io *io, kvr_key key, uint32_t lane, const void *src, uint64_t tag)
 {
+	return kvr_l2io_write_as(io, key, lane, 0, src, tag);
+}
+
+int kvr_l2io_write_as(struct kvr_l2io *io, kvr_key key, uint32_t lane, uint32_t block_tokens, const void *src,
+		      uint64_t tag)
+{
 	struct op *op;
 	if (!io || !src)
+		return -EINVAL;
+	/* a header names one block size: the store's, or (a store of several) the caller's */
+	if (io->ident.block_tokens ? block_tokens && block_tokens != io->ident.block_tokens : !block_tokens)
 		return -EINVAL;
 	if (io->read_only)
 		return -EROFS;
@@ -585,8 +606,10 @@ int kvr_l2io_write(struct kvr_l2io *io, kvr_key key, uint32_t lane, const void *
 		return rc;
 	op->buf = (uint8_t *)src;
 	op->buf_index = buf_lookup(io, src, io->pay_bytes);
+	op->block_tokens = block_tokens;
 	kvr_l2_tmp_name_fmt(key, lane, io->pid, io->tmp_seq++, op->tmp);
-	kvr_l2_hdr_build((struct kvr_l2_hdr *)hdr_buf(io, op), &io->ident, key, lane,
+	struct kvr_l2_ident id;
+	kvr_l2_hdr_build((struct kvr_l2_hdr *)hdr_buf(io, op), op_ident(io, op, &id), key, lane,
 			 kvr_l2_payload_hash(src, io->ident.lane_bytes));
 	rc = write_chain(io, op);
 	if (rc) {
@@ -601,6 +624,12 @@ int kvr_l2io_write(struct kvr_l2io *io, kvr_key key, uint32_t lane, const void *
 
 int kvr_l2io_read(struct kvr_l2io *io, kvr_key key, uint32_t lane, void *dst, uint64_t tag)
 {
+	return kvr_l2io_read_as(io, key, lane, 0, dst, tag);
+}
+
+int kvr_l2io_read_as(struct kvr_l2io *io, kvr_key key, uint32_t lane, uint32_t block_tokens, void *dst,
+		     uint64_t tag)
+{
 	struct op *op;
 	if (!io || !dst)
 		return -EINVAL;
@@ -609,6 +638,7 @@ int kvr_l2io_read(struct kvr_l2io *io, kvr_key key, uint32_t lane, void *dst, ui
 	int rc = op_new(io, KVR_L2IO_READ, key, lane, tag, &op);
 	if (rc)
 		return rc;
+	op->block_tokens = block_tokens;
 	op->buf = dst;
 	op->buf_index = buf_lookup(io, dst, io->pay_bytes);
 	rc = reserve(io, 4);

@@ -157,7 +157,15 @@ void kvr_l2io_close(struct kvr_l2io *io);
  * -EINVAL (lane > KVR_L2_MAX_LANE, misaligned buffer in direct mode, name too long),
  * -EROFS (write and unlinks of a read-only engine: nothing queued). */
 int kvr_l2io_write(struct kvr_l2io *io, kvr_key key, uint32_t lane, const void *src, uint64_t tag);
+/* The same for a lane of block_tokens tokens: a store of one block size (ident.block_tokens)
+ * takes 0 or that size (else -EINVAL); a store of several (ident.block_tokens 0, an instance
+ * without a model section) needs it, and writes it into the file's header. */
+int kvr_l2io_write_as(struct kvr_l2io *io, kvr_key key, uint32_t lane, uint32_t block_tokens, const void *src,
+		      uint64_t tag);
 int kvr_l2io_read(struct kvr_l2io *io, kvr_key key, uint32_t lane, void *dst, uint64_t tag);
+/* The same, the file's header to say block_tokens (0: whatever the store's identity says). */
+int kvr_l2io_read_as(struct kvr_l2io *io, kvr_key key, uint32_t lane, uint32_t block_tokens, void *dst,
+		     uint64_t tag);
 int kvr_l2io_unlink(struct kvr_l2io *io, kvr_key key, uint32_t lane, uint64_t tag);
 /* Unlink by name (a leftover temporary file); key/lane in the completion are those given. */
 int kvr_l2io_unlink_name(struct kvr_l2io *io, const char *name, kvr_key key, uint32_t lane, uint64_t tag);

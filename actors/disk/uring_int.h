@@ -28,6 +28,7 @@ struct op {
 	int err_step;
 	int fin_res;
 	uint32_t lane;
+	uint32_t block_tokens; /* a write's (its header's); a read's expected; 0: the ident's */
 	kvr_key key;
 	uint64_t tag;
 	uint8_t *buf;          /* payload source or destination */

@@ -391,8 +391,9 @@ static int rebuild_slot(struct kvr_index *idx, struct kvr_slot_table *t, uint32_
 		st = KVR_SLOT_COMMITTED;
 	if (st != KVR_SLOT_WRITING && st != KVR_SLOT_COMMITTED)
 		return 0;
-	/* a promotion of a lookup actor that died: nobody waits for it any more */
-	if (sl->lane >= idx->lanes || sl->block_tokens != t->block_tokens ||
+	/* a promotion of a lookup actor that died: nobody waits for it any more; a slot of
+	 * another block size than the table's (mixed: any, but one was set) is not ours */
+	if (sl->lane >= idx->lanes || (t->block_tokens ? sl->block_tokens != t->block_tokens : !sl->block_tokens) ||
 	    (st == KVR_SLOT_WRITING && sl->owner == KVR_SLOT_OWNER_LOOKUP)) {
 		release_stray(t, s);
 		return 0;

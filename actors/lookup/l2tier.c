@@ -516,13 +516,23 @@ static int rm_send_read(struct l2tier *t, uint64_t id, kvr_key k, unsigned lane,
  * timeouts.alloc_wait_ms after the lookup began. */
 /* The model entry of a promotion's requester (a worker slot, or L2T_LEASE_REQUESTER of a
  * scheduler slot): the slot it fills is counted under it (kvr_slot.model). */
-static uint8_t requester_model(const struct l2tier *t, unsigned worker)
+/* The client entry of requester `worker` (a worker, or a lease's lane of a scheduler:
+ * L2T_LEASE_REQUESTER), NULL if out of range. */
+static const struct kvr_worker_ent *requester(const struct l2tier *t, unsigned worker)
 {
 	const struct kvr_ctl *c = t->a->ctl;
 	unsigned client = worker < c->max_workers
 				  ? worker
 				  : c->max_workers + (worker - c->max_workers) / t->a->slots->quorum;
-	return client < c->max_workers + c->max_schedulers ? kvr_ctl_worker(c, client)->model : KVR_CTL_MODEL_OTHER;
+	return client < c->max_workers + c->max_schedulers ? kvr_ctl_worker(c, client) : NULL;
+}
+
+/* A promotion's slot tagged with its requester's model and block size. */
+static void tag_slot(struct l2tier *t, uint32_t slot, unsigned worker)
+{
+	const struct kvr_worker_ent *e = requester(t, worker);
+	kvr_slot_set_model(t->a->slots, slot, e ? e->model : KVR_CTL_MODEL_OTHER);
+	kvr_slot_set_block_tokens(t->a->slots, slot, e ? e->block_tokens : 0);
 }
 
 static void extend_more(struct l2tier *t, unsigned worker)
@@ -561,7 +571,7 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		}
 		kvr_actor_count(t->a, KVR_STAT_LK_EVICTED, st.evicted);
 		if (r.slot != KVR_INDEX_NOROOM)
-			kvr_slot_set_model(t->a->slots, r.slot, requester_model(t, worker));
+			tag_slot(t, r.slot, worker);
 		if (r.slot == KVR_INDEX_NOROOM) {
 			if (t->write_back && now_of(t) < p->deadline &&
 			    (t->writes_inflight || l2t_demote(t, p->total - i))) {

@@ -244,13 +244,27 @@ static struct kvr_model_ent *client_model(const struct kvr_actor *a, unsigned cl
 	return m ? m : kvr_ctl_model(a->ctl, KVR_CTL_MODEL_OTHER);
 }
 
-static void count_model(const struct kvr_actor *a, unsigned client, uint64_t lookups, uint64_t keys,
-			uint64_t matched)
+/* Tokens a block of client's engine (its own block size; engines of several share an
+ * instance without a model section). */
+static uint64_t client_block_tokens(const struct kvr_actor *a, unsigned client)
+{
+	uint32_t bt = kvr_ctl_worker(a->ctl, client)->block_tokens;
+	return bt ? bt : a->slots->block_tokens ? a->slots->block_tokens : 1;
+}
+
+/* What client asked for and matched, into its model's entry and the token counters (the
+ * block counters KVR_STAT_LK_KEYS and _MATCHED are counted where they happen). */
+static void count_model(struct kvr_actor *a, unsigned client, uint64_t lookups, uint64_t keys, uint64_t matched)
 {
 	struct kvr_model_ent *m = client_model(a, client);
+	uint64_t bt = client_block_tokens(a, client);
 	atomic_fetch_add_explicit(&m->lookups, lookups, memory_order_relaxed);
 	atomic_fetch_add_explicit(&m->keys, keys, memory_order_relaxed);
 	atomic_fetch_add_explicit(&m->matched, matched, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->tokens_asked, keys * bt, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->tokens_matched, matched * bt, memory_order_relaxed);
+	kvr_actor_count(a, KVR_STAT_LK_TOKENS_ASKED, keys * bt);
+	kvr_actor_count(a, KVR_STAT_LK_TOKENS_MATCHED, matched * bt);
 }
 
 /* A lookup that waited for promotions from L2 is answered now. */
@@ -376,10 +390,12 @@ static void alloc_try(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		kvr_actor_count(a, KVR_STAT_LK_ALLOCATED, st.allocated);
 		kvr_actor_count(a, KVR_STAT_LK_PRESENT, st.present);
 		atomic_fetch_add_explicit(&client_model(a, wi)->stored, st.allocated, memory_order_relaxed);
-		uint8_t model = kvr_ctl_worker(a->ctl, wi)->model;
+		const struct kvr_worker_ent *we = kvr_ctl_worker(a->ctl, wi);
 		for (uint32_t i = first; i < q->total; i++)
-			if (w->alloc_refs[i].slot != KVR_INDEX_NOROOM && w->alloc_refs[i].slot != KVR_INDEX_PRESENT)
-				kvr_slot_set_model(l->slots, w->alloc_refs[i].slot, model);
+			if (w->alloc_refs[i].slot != KVR_INDEX_NOROOM && w->alloc_refs[i].slot != KVR_INDEX_PRESENT) {
+				kvr_slot_set_model(l->slots, w->alloc_refs[i].slot, we->model);
+				kvr_slot_set_block_tokens(l->slots, w->alloc_refs[i].slot, we->block_tokens);
+			}
 		kvr_actor_count(a, KVR_STAT_LK_EVICTED, st.evicted);
 		unsigned noroom = 0;
 		for (uint32_t i = first; i < q->total; i++)
@@ -572,8 +588,11 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 		kvr_actor_count(a, KVR_STAT_LK_L1_HITS, (uint64_t)got - promoted);
 		uint32_t pending = blocks_in_flight(l, keys + got, total - (uint32_t)got);
 		unsigned why = (uint32_t)got < total ? miss_reason(l, sc, keys[got]) : KVR_MISS_NONE;
-		if (why)
+		if (why) {
 			kvr_actor_count(a, KVR_STAT_LK_MISS_FIRST + why - 1, total - (uint64_t)got);
+			kvr_actor_count(a, KVR_STAT_LK_MISS_TOKENS_FIRST + why - 1,
+					(total - (uint64_t)got) * client_block_tokens(a, a->ctl->max_workers + si));
+		}
 		send_lease_rep(a, l, si, sc->hdr_wire, 0, (uint32_t)got, promoted, pending, why, dt);
 	}
 }

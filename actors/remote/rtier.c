@@ -135,6 +135,17 @@ static void slot_map(struct remote *r, uint32_t slot)
 	(void)kvr_populate(kvr_slot_data(r->slots, r->a->arena_seg.base, slot), r->id.lane_bytes); /* best effort */
 }
 
+/* The identity a value of slot's block must carry: the instance's, with the slot's block
+ * size where the instance holds several (no model section: r->id.block_tokens 0). */
+static const struct kvr_l2_ident *slot_ident(const struct remote *r, uint32_t slot, struct kvr_l2_ident *buf)
+{
+	if (r->id.block_tokens)
+		return &r->id;
+	*buf = r->id;
+	buf->block_tokens = kvr_slot_at(r->slots, slot)->block_tokens;
+	return buf;
+}
+
 /* Is q's slot still the allocation it asked for? Our pin kept it from reuse; the lookup
  * actor may have aborted it meanwhile. */
 static bool slot_current(const struct remote *r, const struct rreq *q)
@@ -184,7 +195,8 @@ void rm_get_wrote(void *ctx, size_t len)
 		return;
 	/* the header is in: every check but the payload checksum, before a byte reaches the slot */
 	unsigned reason;
-	if (kvr_rv_check_hdr(&q->vhdr, n->sink_len, &n->r->id, q->key, q->lane, &reason)) {
+	struct kvr_l2_ident id;
+	if (kvr_rv_check_hdr(&q->vhdr, n->sink_len, slot_ident(n->r, q->slot, &id), q->key, q->lane, &reason)) {
 		q->landed = LAND_BAD;
 		q->reason = (uint8_t)reason;
 	} else if (!slot_current(n->r, q)) {
@@ -278,7 +290,8 @@ static int req_send(struct remote *r, uint32_t i)
 		e->payload_len = r->id.lane_bytes;
 		e->pinned = true;
 		e->slot = q->slot;
-		kvr_rv_hdr_build(&e->hdr, &r->id, q->key, q->lane, e->payload);
+		struct kvr_l2_ident id;
+		kvr_rv_hdr_build(&e->hdr, slot_ident(r, q->slot, &id), q->key, q->lane, e->payload);
 		int w = snprintf(e->pre + e->pre_len, RM_PRE_MAX - e->pre_len, "*%d\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%llu\r\n",
 				 r->ttl[0] ? 5 : 3, len, name,
 				 (unsigned long long)(KVR_RV_HDR_BYTES + r->id.lane_bytes));

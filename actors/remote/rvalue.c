@@ -81,8 +81,8 @@ static enum kvr_rv_reason hdr_check(const struct kvr_rv_hdr *h, const struct kvr
 		return KVR_RV_R_HDR_CSUM;
 	if (h->version != KVR_RV_VERSION || h->hdr_bytes != KVR_RV_HDR_BYTES || !reserved_zero(h))
 		return KVR_RV_R_VERSION;
-	if (!kvr_key_eq(h->ns, id->ns) || !kvr_key_eq(h->fingerprint, id->fingerprint) ||
-	    h->block_tokens != id->block_tokens)
+	if (!kvr_key_eq(h->ns, id->ns) || !kvr_key_eq(h->fingerprint, id->fingerprint) || !h->block_tokens ||
+	    (id->block_tokens && h->block_tokens != id->block_tokens))
 		return KVR_RV_R_NS;
 	if (!kvr_key_eq(h->key, key) || h->lane != lane)
 		return KVR_RV_R_KEY;

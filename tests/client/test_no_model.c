@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "client_harness.h"
+#include "l2file.h"
 #include "kvr_time.h"
 
 static struct ct_env env;
@@ -92,7 +93,7 @@ Test(no_model, binds_at_the_first_attach_and_serves_byte_exact)
 
 	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &r), 0, "%s", kvr_last_error(NULL));
 	ct_map_l1(&env); /* 64 slots of ct_tiny's 4096-byte lane */
-	cr_assert_eq(env.slots->block_tokens, BT);
+	cr_assert_eq(env.slots->block_tokens, 0, "each slot records its engine's block size");
 	cr_assert_eq(env.slots->quorum, 1);
 	cr_assert_eq(env.ctl->arena_bytes, env.arena_seg.size);
 	cr_assert(h_log_contains(&env.h, "L1 laid out for the geometry of engine \"e1\" rank 0 pid"));
@@ -156,9 +157,8 @@ Test(no_model, engines_of_two_geometries_share_the_slots_under_eviction)
 	ct_assert_table_clean(&env);
 }
 
-/* What must agree with the slots: a lane that does not fit them, another block size and
- * another lane count are refused naming the key or the first worker; l1.slot_bytes makes
- * room for a larger model. */
+/* What must agree with the slots: a lane that does not fit them and another lane count are
+ * refused naming the key or the first worker (another block size is served: below). */
 Test(no_model, what_does_not_fit_the_slots_is_refused_naming_it)
 {
 	struct ct_opts o = {.no_model = true, .max_workers = 3};
@@ -174,22 +174,159 @@ Test(no_model, what_does_not_fit_the_slots_is_refused_naming_it)
 		  "%s", why);
 
 	struct ct_model keep = env.m;
-	env.m.block_tokens = 32;
-	int rc = open_rank(0, 8, "e3", "org/c", &r);
-	env.m = keep;
-	cr_assert_eq(rc, -EINVAL);
-	why = kvr_last_error(NULL);
-	cr_assert(strstr(why, "block_tokens 32: this instance's blocks have 16 tokens while an engine is attached (set by "
-			      "the first worker, engine \"e1\" rank 0 pid"),
-		  "%s", why);
-
 	env.m = ct_tiny_tp2; /* one KV head a rank: 2 KiB lanes, but 2 lanes a block */
-	rc = open_rank(0, 0, "e4", "org/d", &r);
+	int rc = open_rank(0, 0, "e4", "org/d", &r);
 	env.m = keep;
 	cr_assert_eq(rc, -EINVAL);
 	why = kvr_last_error(NULL);
 	cr_assert(strstr(why, "2 lanes a block (TP 2): this instance's blocks have 1 while an engine is attached"), "%s", why);
 	cr_assert_eq(kvr_ctl_worker(env.ctl, a->worker)->state, KVR_WORKER_ATTACHED);
+}
+
+#define BT2 32 /* the second engine's block size */
+
+/* The block size recorded in every L2 file under dir (its header): how many say 16, 32, other. */
+static void l2_block_sizes(const char *dir, unsigned *n16, unsigned *n32, unsigned *other)
+{
+	char cmd[512];
+	snprintf(cmd, sizeof(cmd), "find '%s' -name '*.kvb'", dir);
+	FILE *p = popen(cmd, "r");
+	cr_assert(p);
+	char path[1024];
+	*n16 = *n32 = *other = 0;
+	while (fgets(path, sizeof(path), p)) {
+		path[strcspn(path, "\n")] = 0;
+		struct kvr_l2_hdr h;
+		int fd = open(path, O_RDONLY);
+		cr_assert_geq(fd, 0, "%s", path);
+		cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+		close(fd);
+		cr_assert_eq(h.magic, KVR_L2_MAGIC, "%s", path);
+		*n16 += h.block_tokens == BT;
+		*n32 += h.block_tokens == BT2;
+		*other += h.block_tokens != BT && h.block_tokens != BT2;
+	}
+	pclose(p);
+}
+
+/* Committed slots holding blocks of n tokens. */
+static unsigned slots_of_block_size(uint32_t n)
+{
+	unsigned c = 0;
+	for (uint32_t i = 0; i < env.slots->n_slots; i++)
+		c += kvr_slot_state(env.slots, i) == KVR_SLOT_COMMITTED && kvr_slot_at(env.slots, i)->block_tokens == n;
+	return c;
+}
+
+/* Store n_blocks blocks of prompt `tok` (n_tokens) on rank r from engine blocks 0.. with tags tag0 + i. */
+static void store_blocks(struct ct_rank *r, uint64_t req, const uint32_t *tok, size_t n_tokens, uint64_t tag0)
+{
+	uint32_t blocks[BLOCKS];
+	for (uint32_t i = 0; i < BLOCKS; i++) {
+		blocks[i] = i;
+		ct_fill(r, i, tag0 + i);
+	}
+	struct ct_done d;
+	ct_store(r, req, tok, n_tokens, blocks, BLOCKS, &d);
+	cr_assert_eq(d.c.status, 0, "store %llu: %d", (unsigned long long)req, d.c.status);
+	cr_assert_eq(d.c.n_stored, BLOCKS);
+}
+
+/*
+ * Engines of 16- and 32-token blocks at the same time on one instance started from {}:
+ * each computes its keys with its own block size (attach says it), each slot and each L2
+ * file records the block size of its engine, a scheduler of the second engine matches in
+ * its block size, both load byte-exact; after a restart, with the 32-token engine attaching
+ * first this time, both are served from the adopted L2 files.
+ */
+Test(no_model, engines_of_two_block_sizes_are_served_at_once_from_l1_and_l2)
+{
+	struct ct_opts o = {.no_model = true, .l1_slots = 16, .l2_dir = l2dir, .max_workers = 3};
+	static uint32_t tb[2][BLOCKS * BT2];
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *a, *b;
+	struct ct_model keep = env.m, m32 = ct_tiny;
+	m32.block_tokens = BT2; /* with head_dim 8: the same 4 KiB lane as ct_tiny's */
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env);
+	cr_assert_eq(env.slots->block_tokens, 0, "a table of several block sizes");
+	env.m = m32;
+	int rc = open_rank(0, 8, "e2", "org/b", &b);
+	env.m = keep;
+	cr_assert_eq(rc, 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(kvr_block_tokens(a->c), BT);
+	cr_assert_eq(kvr_block_tokens(b->c), BT2);
+	cr_assert_eq(kvr_ctl_worker(env.ctl, b->worker)->block_tokens, BT2);
+
+	for (unsigned p = 0; p < 2; p++) {
+		ct_prompt(tokens[p], BLOCKS * BT, 800 + p);
+		ct_prompt(tb[p], BLOCKS * BT2, 900 + p);
+		store_blocks(a, 10 + p, tokens[p], BLOCKS * BT, TAG(p, 0));
+		store_blocks(b, 20 + p, tb[p], BLOCKS * BT2, TAG(p + 100, 0));
+	}
+	cr_assert_eq(slots_of_block_size(BT), 2 * BLOCKS);
+	cr_assert_eq(slots_of_block_size(BT2), 2 * BLOCKS);
+	for (unsigned p = 0; p < 2; p++) {
+		cr_assert_eq(ct_lookup_load_exact(a, 30 + p, tokens[p], BLOCKS * BT, 8, TAG(p, 0)), BLOCKS, "a %u", p);
+		cr_assert_eq(ct_lookup_load_exact(b, 40 + p, tb[p], BLOCKS * BT2, 8, TAG(p + 100, 0)), BLOCKS, "b %u", p);
+	}
+	/* 32 tokens of b's prompt are one block of b's, two of a's: never each other's keys */
+	cr_assert_eq(ct_lookup(a, 50, tb[0], BLOCKS * BT), 0);
+	cr_assert_eq(ct_lookup(b, 51, tokens[0], BLOCKS * BT), 0);
+
+	struct kvr_client *sc;
+	struct kvr_sched_opts so = {.socket = env.h.sock, .engine_id = "e2", .model_ns = "org/b", .timeout_ms = 5000};
+	cr_assert_eq(kvr_attach_scheduler(&so, &sc), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(kvr_block_tokens(sc), BT2, "a scheduler computes keys in its engine's block size");
+	struct kvr_lookup_result lr;
+	cr_assert_eq(kvr_lease(sc, 7, tb[1], BLOCKS * BT2, NULL, 0, NULL, &lr), 0, "%s", kvr_last_error(sc));
+	cr_assert_eq(lr.matched_blocks, BLOCKS);
+	cr_assert_eq(lr.matched_tokens, BLOCKS * BT2);
+	cr_assert_eq(kvr_lease_release(sc, 7), 0);
+	kvr_detach(sc);
+	/* tokens counted in each engine's own block size */
+	uint8_t ma = kvr_ctl_worker(env.ctl, a->worker)->model, mb = kvr_ctl_worker(env.ctl, b->worker)->model;
+	struct kvr_model_ent *ea = kvr_ctl_model(env.ctl, ma), *eb = kvr_ctl_model(env.ctl, mb);
+	cr_assert_eq(atomic_load(&ea->tokens_asked), atomic_load(&ea->keys) * BT);
+	cr_assert_eq(atomic_load(&eb->tokens_asked), atomic_load(&eb->keys) * BT2);
+	cr_assert_eq(atomic_load(&eb->tokens_matched), atomic_load(&eb->matched) * BT2);
+
+	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == 4 * BLOCKS, 5000), "%llu L2 writes",
+		  (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES));
+	unsigned n16, n32, other;
+	l2_block_sizes(l2dir, &n16, &n32, &other);
+	cr_assert(n16 == 2 * BLOCKS && n32 == 2 * BLOCKS && other == 0, "L2 files: %u of 16 tokens, %u of 32, %u other",
+		  n16, n32, other);
+
+	ct_close_all();
+	cr_assert_eq(kill(env.h.pid, SIGTERM), 0);
+	int st = h_wait_exit(env.h.pid, 10000);
+	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit %d", st);
+	env.h.pid = 0;
+	kvr_segment_close(&env.slots_seg);
+	kvr_segment_close(&env.ctl_seg);
+	kvr_segment_close(&env.arena_seg);
+	env.slots = NULL;
+
+	ct_start(&env, &ct_tiny, &o);
+	env.m = m32;
+	rc = open_rank(0, 8, "e2", "org/b", &b);
+	env.m = keep;
+	cr_assert_eq(rc, 0, "%s", kvr_last_error(NULL));
+	ct_map_l1(&env);
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL));
+	for (unsigned p = 0; p < 2; p++) {
+		cr_assert_eq(ct_lookup_load_exact(b, 60 + p, tb[p], BLOCKS * BT2, 8, TAG(p + 100, 0)), BLOCKS,
+			     "b %u from the adopted L2", p);
+		cr_assert_eq(ct_lookup_load_exact(a, 70 + p, tokens[p], BLOCKS * BT, 8, TAG(p, 0)), BLOCKS,
+			     "a %u from the adopted L2", p);
+	}
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 4 * BLOCKS);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
+	cr_assert_eq(slots_of_block_size(BT), 2 * BLOCKS, "promoted slots carry their requester's block size");
+	cr_assert_eq(slots_of_block_size(BT2), 2 * BLOCKS);
+	ct_close_all();
+	ct_assert_table_clean(&env);
 }
 
 Test(no_model, slot_bytes_makes_room_for_a_larger_model)

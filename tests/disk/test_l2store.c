@@ -2,7 +2,9 @@
  * damaged files, mtime order and cap at adoption, the directory lock, kill -9 mid-write. */
 #include <criterion/criterion.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include "disk_test.h"
@@ -682,3 +684,47 @@ Test(l2store, kill9_mid_write_none) { crash_case(KVR_L2_DUR_NONE); }
 Test(l2store, kill9_mid_write_batch) { crash_case(KVR_L2_DUR_BATCH); }
 
 DT_MAIN_NEEDS_URING
+
+/* A store of several block sizes (ident.block_tokens 0: an instance without a model
+ * section) writes each file with the block size its put names and needs one; a get that
+ * names one is served only a file that says it. A store of one block size takes no other. */
+Test(l2store, a_store_of_several_block_sizes_records_each_files_own)
+{
+	struct kvr_l2_ident mixed = ID;
+	mixed.block_tokens = 0;
+	struct kvr_l2_store_config cfg = config(&mixed, 8);
+	s = dt_store_open(&cfg, NULL);
+	dt_fill(dt_slot(&arena, 0), LANE_BYTES, K(1), 0, 3);
+	cr_assert_eq(kvr_l2_store_put(s, K(1), 0, dt_slot(&arena, 0), 1), -EINVAL, "a file must name its block size");
+	cr_assert_eq(kvr_l2_store_put_as(s, K(1), 0, 32, dt_slot(&arena, 0), 77), 0);
+	struct kvr_l2_done d = wait_one(s);
+	cr_assert(d.kind == KVR_L2_PUT && d.res == 0, "put: %d", d.res);
+
+	char path[512];
+	struct kvr_l2_hdr h;
+	char name[KVR_L2_NAME_MAX];
+	kvr_l2_name_fmt(K(1), 0, name);
+	snprintf(path, sizeof(path), "%s/%s", kvr_l2_store_dir(s), name);
+	int fd = open(path, O_RDONLY);
+	cr_assert_geq(fd, 0, "%s", path);
+	cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	close(fd);
+	cr_assert_eq(h.block_tokens, 32, "the header says the put's block size");
+
+	uint8_t *dst = dt_slot(&arena, N_SLOTS - 1);
+	cr_assert_eq(kvr_l2_store_get_as(s, K(1), 0, 32, dst, 88), 0);
+	d = wait_one(s);
+	cr_assert_eq(d.res, 0);
+	cr_assert_eq(dt_check(dst, LANE_BYTES, K(1), 0, 3), 0, "byte-exact");
+	cr_assert_eq(kvr_l2_store_get_as(s, K(1), 0, 16, dst, 89), 0);
+	d = wait_one(s);
+	cr_assert(d.res == -EBADMSG && d.reason == KVR_L2_R_BLOCK_TOKENS, "a get of 16-token blocks: %d, %s", d.res,
+		  kvr_l2_reason_name(d.reason));
+	kvr_l2_store_close(s);
+
+	/* a store of one block size: its own, or 0 */
+	cfg = config(&ID, 8);
+	s = dt_store_open(&cfg, NULL);
+	cr_assert_eq(kvr_l2_store_put_as(s, K(2), 0, 32, dt_slot(&arena, 0), 1), -EINVAL);
+	cr_assert_eq(put_wait(s, K(2), 0, 0), 0);
+}

@@ -75,7 +75,7 @@ Test(slots, init_rejects_bad_config)
 	struct kvr_slots_config bad[] = {c, c, c, c, c, c, c};
 	bad[0].n_slots = 0;
 	bad[1].lane_bytes = 0;
-	bad[2].block_tokens = 0;
+	bad[2].tp_size = 0;
 	bad[3].tp_size = 17;
 	bad[4].quorum = 3;
 	bad[5].quorum = 0;
@@ -84,6 +84,31 @@ Test(slots, init_rejects_bad_config)
 		cr_assert_eq(kvr_slots_init(mem, sizeof(mem), &bad[i], &r), -EINVAL, "bad config %d", i);
 	c.n_slots = 5;
 	cr_assert_eq(kvr_slots_init(mem, sizeof(mem), &c, &r), -ENOSPC);
+}
+
+/* block_tokens 0: engines of several block sizes share the table, each slot carries its own
+ * (set right after the allocation); on a table of one block size the allocation sets it and
+ * kvr_slot_set_block_tokens changes nothing. */
+Test(slots, a_table_of_mixed_block_sizes_keeps_each_slots_own)
+{
+	uint8_t mem[256 + 64 * 4] = {0};
+	struct kvr_slot_table *m = NULL;
+	struct kvr_slots_config c = {.n_slots = 4, .lane_bytes = 4096, .block_tokens = 0, .tp_size = 1, .quorum = 1};
+	cr_assert_eq(kvr_slots_init(mem, sizeof(mem), &c, &m), 0);
+	cr_assert_eq(m->block_tokens, 0);
+	uint32_t ep;
+	cr_assert_eq(kvr_slot_alloc(m, 0, K1, 0, 0, &ep), 0);
+	cr_assert_eq(kvr_slot_at(m, 0)->block_tokens, 0, "nothing until the lookup actor says");
+	kvr_slot_set_block_tokens(m, 0, 32);
+	cr_assert_eq(kvr_slot_alloc(m, 1, K2, 0, 0, &ep), 0);
+	kvr_slot_set_block_tokens(m, 1, 16);
+	cr_assert_eq(kvr_slot_at(m, 0)->block_tokens, 32);
+	cr_assert_eq(kvr_slot_at(m, 1)->block_tokens, 16);
+
+	cr_assert_eq(kvr_slot_alloc(t, 3, K1, 0, 0, &ep), 0);
+	kvr_slot_set_block_tokens(t, 3, 32);
+	cr_assert_eq(kvr_slot_at(t, 3)->block_tokens, 16, "a table of one block size keeps its own");
+	cr_assert_eq(kvr_slot_abort(t, 3, ep), 0);
 }
 
 Test(slots, attach_validates)

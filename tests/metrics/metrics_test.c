@@ -60,6 +60,8 @@ void m_fake_init_config(struct m_fake *f, const char *json)
 	atomic_store(&lk->c[KVR_STAT_LK_LOOKUPS], 3);
 	atomic_store(&lk->c[KVR_STAT_LK_KEYS], 10);
 	atomic_store(&lk->c[KVR_STAT_LK_MATCHED], 6);
+	atomic_store(&lk->c[KVR_STAT_LK_TOKENS_ASKED], 10 * MF_BLOCK_TOKENS);
+	atomic_store(&lk->c[KVR_STAT_LK_TOKENS_MATCHED], 6 * MF_BLOCK_TOKENS);
 	atomic_store(&lk->c[KVR_STAT_LK_L1_HITS], 5); /* one of the 6 promoted from L2 */
 	atomic_store(&lk->c[KVR_STAT_LK_MISSED], 4);
 	atomic_store(&lk->c[KVR_STAT_LK_EVICTED], 2);

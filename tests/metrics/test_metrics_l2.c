@@ -406,7 +406,7 @@ Test(metrics_l2, adoption_after_restart)
 
 static char *render_fake(struct m_fake *f)
 {
-	struct sup_metrics_view v = {.ctl = f->ctl, .slots = f->slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = f->ctl, .slots = f->slots};
 	size_t len;
 	char *t = sup_metrics_render(&v, &len);
 	cr_assert_not_null(t);

@@ -39,7 +39,7 @@ Test(metrics_promtool, synthetic)
 {
 	struct m_fake f;
 	m_fake_init(&f);
-	struct sup_metrics_view v = {.ctl = f.ctl, .slots = f.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = f.ctl, .slots = f.slots};
 	size_t len;
 	char *t = sup_metrics_render(&v, &len);
 	cr_assert(t);
@@ -76,7 +76,7 @@ Test(metrics_promtool, l2_live_and_synthetic)
 	struct m_fake f;
 	m_fake_init_config(&f, MF_L2_CONFIG);
 	m_fake_add_disk(&f, 0, "disk.0");
-	struct sup_metrics_view v = {.ctl = f.ctl, .slots = f.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = f.ctl, .slots = f.slots};
 	size_t len;
 	t = sup_metrics_render(&v, &len);
 	cr_assert(t);

@@ -43,7 +43,7 @@ static void has_line(const char *text, const char *line)
 
 Test(metrics_render, instance_and_actors)
 {
-	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots};
 	char *t = render(&v);
 	has_line(t, "# TYPE kvring_instance_state gauge");
 	has_line(t, "kvring_instance_state{state=\"starting\"} 0");
@@ -72,7 +72,7 @@ Test(metrics_render, instance_and_actors)
 
 Test(metrics_render, lookup_transfer_l1_rings)
 {
-	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots};
 	char *t = render(&v);
 	has_line(t, "# TYPE kvring_lookup_requests_total counter");
 	has_line(t, "kvring_lookup_requests_total 3");
@@ -117,7 +117,7 @@ Test(metrics_render, lookup_transfer_l1_rings)
 
 Test(metrics_render, histograms_cumulative)
 {
-	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots};
 	char *t = render(&v);
 	/* observations 16000 ns (<= 16 us), 16001 ns (<= 32 us) and 1 s (over 524.288 ms) */
 	has_line(t, "# TYPE kvring_load_duration_seconds histogram");
@@ -163,7 +163,7 @@ Test(metrics_render, histogram_buckets_of_observe)
 
 Test(metrics_render, l2_counts_from_the_lookup_actor)
 {
-	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots};
 	struct kvr_actor_stats *lk = kvr_ctl_stats(fake.ctl, 0);
 	atomic_store(&lk->c[KVR_STAT_LK_L2_READS], 7);
 	atomic_store(&lk->c[KVR_STAT_LK_L2_WRITE_FAILS], 2);
@@ -180,7 +180,7 @@ Test(metrics_render, misses_are_the_lookup_actors_count)
 {
 	/* misses come from the lookup actor's own counter, not from keys - matched: a scrape
 	 * between its adds never shows a lookup's blocks as misses */
-	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots};
 	struct kvr_actor_stats *lk = kvr_ctl_stats(fake.ctl, 0);
 	atomic_store(&lk->c[KVR_STAT_LK_KEYS], 14);
 	char *t = render(&v);
@@ -200,7 +200,7 @@ Test(metrics_render, misses_are_the_lookup_actors_count)
 Test(metrics_render, remote_every_series_exact)
 {
 	m_fake_add_remote(&fake);
-	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots};
 	char *t = render(&v);
 	static const char *const lines[] = {
 		"# TYPE kvring_remote_blocks_total counter",
@@ -276,7 +276,7 @@ Test(metrics_render, remote_every_series_exact)
  * lookup's remote counters set; one that is not in use counts as none. */
 Test(metrics_render, no_remote_nothing_exported)
 {
-	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots};
 	struct kvr_actor_stats *lk = kvr_ctl_stats(fake.ctl, 0);
 	atomic_store(&lk->c[KVR_STAT_LK_RM_READS], 5);
 	char *t = render(&v);
@@ -297,7 +297,7 @@ Test(metrics_render, docs_list_every_family)
 	m_fake_init_config(&fake, MF_L2_CONFIG);
 	m_fake_add_disk(&fake, 0, "disk.0");
 	m_fake_add_remote(&fake);
-	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = fake.ctl, .slots = fake.slots};
 	char *t = render(&v);
 
 	const char *root = getenv("KVR_SOURCE_ROOT");

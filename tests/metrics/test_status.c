@@ -332,7 +332,7 @@ Test(status, synthetic_instance_every_section)
 	m_fake_init_config(&f, MF_L2_CONFIG);
 	m_fake_add_disk(&f, 0, "disk.0");
 	m_fake_add_remote(&f);
-	struct sup_metrics_view v = {.ctl = f.ctl, .slots = f.slots, .block_tokens = MF_BLOCK_TOKENS};
+	struct sup_metrics_view v = {.ctl = f.ctl, .slots = f.slots};
 	f.ctl->started_ns = 1700000000ull * 1000000000ull;
 	cJSON *doc = sup_status_collect(&v, f.ctl->started_ns + 90 * 1000000000ull);
 	cr_assert_not_null(doc);
