@@ -620,3 +620,90 @@ Test(remote, set_refusals_are_rate_limited)
 	cr_assert_eq(ct_stat(&A, "remote", KVR_STAT_RM_WRITES), 0);
 	(void)on_masters("CONFIG SET maxmemory 0", REDIS_REPLY_STATUS, &n);
 }
+
+/* Every value in the cluster: how many headers say 16 tokens a block, 32, something else. */
+static void cl_block_sizes(unsigned *n16, unsigned *n32, unsigned *other)
+{
+	*n16 = *n32 = *other = 0;
+	bool master[KVR_RC_MAX_NODES] = {false};
+	for (unsigned s = 0; s < KVR_RC_SLOTS; s++)
+		master[cmap.owner[s]] = true;
+	for (unsigned ni = 0; ni < cmap.n_nodes; ni++) {
+		if (!master[ni])
+			continue;
+		redisReply *keys = redisCommand(node_conn(ni), "KEYS *");
+		cr_assert(keys && keys->type == REDIS_REPLY_ARRAY);
+		for (size_t i = 0; i < keys->elements; i++) {
+			redisReply *v = cl_get(keys->element[i]->str);
+			cr_assert(v->type == REDIS_REPLY_STRING && v->len >= (size_t)KVR_RV_HDR_BYTES);
+			struct kvr_rv_hdr h;
+			memcpy(&h, v->str, sizeof(h));
+			*n16 += h.block_tokens == 16;
+			*n32 += h.block_tokens == 32;
+			*other += h.block_tokens != 16 && h.block_tokens != 32;
+			freeReplyObject(v);
+		}
+		freeReplyObject(keys);
+	}
+}
+
+/*
+ * Without a model section an instance serves engines of several block sizes, and so does the
+ * tier: on node A a 16-token engine and a 32-token one (another head size, the same lane)
+ * store; each value's header records its block's size; node B, with the same two engines
+ * attached (the 32-token one first: its slots, the same format), loads both byte-exact from
+ * the cluster.
+ */
+Test(remote, engines_of_two_block_sizes_share_the_tier_without_a_model_section)
+{
+	struct ct_opts o = {.no_model = true, .l1_slots = 64, .max_workers = 3, .sections_extra = remote_section};
+	static uint32_t t32[2][BLOCKS * 32];
+	struct ct_model keep = ct_tiny, m32 = ct_tiny;
+	m32.block_tokens = 32;
+	struct ct_rank *a16, *a32, *b16, *b32;
+	ct_start(&A, &ct_tiny, &o);
+	cr_assert_eq(ct_rank_open_engine(&A, 0, 16, 0, "e16", "org/a", &a16), 0, "%s", kvr_last_error(NULL));
+	A.m = m32;
+	cr_assert_eq(ct_rank_open_engine(&A, 0, 16, 8, "e32", "org/b", &a32), 0, "%s", kvr_last_error(NULL));
+	A.m = keep;
+	ct_map_l1(&A);
+	cr_assert(H_WAIT(ct_stat(&A, "remote", KVR_STAT_RM_SLOTS_COVERED) == KVR_RC_SLOTS, 5000));
+	uint64_t before = ct_stat(&A, "remote", KVR_STAT_RM_WRITES);
+	for (unsigned p = 0; p < 2; p++) {
+		store_prompt(a16, p);
+		ct_prompt(t32[p], BLOCKS * 32, 4300 + p);
+		uint32_t blocks[BLOCKS];
+		for (uint32_t i = 0; i < BLOCKS; i++) {
+			blocks[i] = i;
+			ct_fill(a32, i, TAG(p + 50, i));
+		}
+		struct ct_done d;
+		ct_store(a32, 10 + p, t32[p], BLOCKS * 32, blocks, BLOCKS, &d);
+		cr_assert(d.c.status == 0 && d.c.n_stored == BLOCKS, "store %u: %d", p, d.c.status);
+	}
+	cr_assert(H_WAIT(ct_stat(&A, "remote", KVR_STAT_RM_WRITES) == before + 4 * BLOCKS, 5000), "%llu writes",
+		  (unsigned long long)(ct_stat(&A, "remote", KVR_STAT_RM_WRITES) - before));
+	unsigned n16, n32, other;
+	cl_block_sizes(&n16, &n32, &other);
+	cr_assert(n16 == 2 * BLOCKS && n32 == 2 * BLOCKS && other == 0, "values: %u of 16 tokens, %u of 32, %u other",
+		  n16, n32, other);
+
+	ct_start(&B, &ct_tiny, &o);
+	B.m = m32;
+	cr_assert_eq(ct_rank_open_engine(&B, 0, 16, 8, "e32", "org/b", &b32), 0, "%s", kvr_last_error(NULL));
+	B.m = keep;
+	ct_map_l1(&B);
+	cr_assert_eq(ct_rank_open_engine(&B, 0, 16, 0, "e16", "org/a", &b16), 0, "%s", kvr_last_error(NULL));
+	cr_assert(H_WAIT(ct_stat(&B, "remote", KVR_STAT_RM_SLOTS_COVERED) == KVR_RC_SLOTS, 5000));
+	for (unsigned p = 0; p < 2; p++) {
+		cr_assert_eq(ct_lookup_load_exact(b32, 100 + p, t32[p], BLOCKS * 32, 0, TAG(p + 50, 0)), BLOCKS,
+			     "32-token prompt %u on B", p);
+		cr_assert_eq(ct_lookup_load_exact(b16, 110 + p, tokens[p], BLOCKS * BT, 0, TAG(p, 0)), BLOCKS,
+			     "16-token prompt %u on B", p);
+	}
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_HITS), 4 * BLOCKS);
+	cr_assert_eq(ct_stat(&B, "remote", KVR_STAT_RM_MISSES) + ct_stat(&B, "remote", KVR_STAT_RM_BAD_VALUES), 0);
+	ct_close_all();
+	ct_assert_table_clean(&A);
+	ct_assert_table_clean(&B);
+}
