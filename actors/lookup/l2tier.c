@@ -7,6 +7,7 @@
 
 #include <kvring/kvring.h>
 
+#include "clients.h"
 #include "kvr_grow.h"
 #include "kvr_list.h"
 #include "kvr_log.h"
@@ -516,23 +517,12 @@ static int rm_send_read(struct l2tier *t, uint64_t id, kvr_key k, unsigned lane,
  * timeouts.alloc_wait_ms after the lookup began. */
 /* The model entry of a promotion's requester (a worker slot, or L2T_LEASE_REQUESTER of a
  * scheduler slot): the slot it fills is counted under it (kvr_slot.model). */
-/* The client entry of requester `worker` (a worker, or a lease's lane of a scheduler:
- * L2T_LEASE_REQUESTER), NULL if out of range. */
-static const struct kvr_worker_ent *requester(const struct l2tier *t, unsigned worker)
+/* Requester `worker` as a client (clients.h): a worker, or the scheduler of a lease's lane
+ * (L2T_LEASE_REQUESTER). */
+static unsigned requester(const struct l2tier *t, unsigned worker)
 {
-	const struct kvr_ctl *c = t->a->ctl;
-	unsigned client = worker < c->max_workers
-				  ? worker
-				  : c->max_workers + (worker - c->max_workers) / t->a->slots->quorum;
-	return client < c->max_workers + c->max_schedulers ? kvr_ctl_worker(c, client) : NULL;
-}
-
-/* A promotion's slot tagged with its requester's model and block size. */
-static void tag_slot(struct l2tier *t, uint32_t slot, unsigned worker)
-{
-	const struct kvr_worker_ent *e = requester(t, worker);
-	kvr_slot_set_model(t->a->slots, slot, e ? e->model : KVR_CTL_MODEL_OTHER);
-	kvr_slot_set_block_tokens(t->a->slots, slot, e ? e->block_tokens : 0);
+	unsigned mw = t->a->ctl->max_workers;
+	return worker < mw ? worker : mw + (worker - mw) / t->a->slots->quorum;
 }
 
 static void extend_more(struct l2tier *t, unsigned worker)
@@ -571,7 +561,7 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		}
 		kvr_actor_count(t->a, KVR_STAT_LK_EVICTED, st.evicted);
 		if (r.slot != KVR_INDEX_NOROOM)
-			tag_slot(t, r.slot, worker);
+			lk_client_tag(t->a, r.slot, requester(t, worker));
 		if (r.slot == KVR_INDEX_NOROOM) {
 			if (t->write_back && now_of(t) < p->deadline &&
 			    (t->writes_inflight || l2t_demote(t, p->total - i))) {
@@ -866,20 +856,6 @@ static void touch_used(struct l2tier *t)
 	}
 }
 
-/* Each model's lanes on disk into its entry of the control segment's model table, the lanes
- * of no known model into a gauge (kvring-inspect's models table, /metrics). */
-static void publish_models(struct l2tier *t)
-{
-	if (!t->n_disks)
-		return;
-	for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS; i++)
-		atomic_store_explicit(&kvr_ctl_model(t->a->ctl, i)->l2_lanes, t->set.by_model[i], memory_order_relaxed);
-	uint64_t unknown = t->set.by_model[L2SET_UNKNOWN];
-	for (unsigned i = KVR_CTL_MAX_MODELS + 1; i < L2SET_UNKNOWN; i++)
-		unknown += t->set.by_model[i]; /* none: slots carry model entries only */
-	atomic_store_explicit(&t->a->stats->c[KVR_STAT_LK_L2_UNATTRIBUTED], unknown, memory_order_relaxed);
-}
-
 int l2t_tick(struct l2tier *t, struct l2t_done *done)
 {
 	if (!t)
@@ -942,7 +918,8 @@ int l2t_tick(struct l2tier *t, struct l2t_done *done)
 		}
 	}
 	touch_used(t);
-	publish_models(t);
+	if (t->n_disks)
+		lk_models_publish_l2(t->a, t->set.by_model, L2SET_UNKNOWN);
 	return lost_answers(t, now, done);
 }
 

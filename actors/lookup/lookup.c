@@ -7,6 +7,7 @@
 
 #include <kvring/kvring.h>
 
+#include "clients.h"
 #include "kvr_actor.h"
 #include "kvr_index.h"
 #include "kvr_list.h"
@@ -236,37 +237,6 @@ static void send_lookup_rep(struct kvr_actor *a, struct lookup *l, unsigned wi, 
 
 static void lease_l2_done(struct kvr_actor *a, struct lookup *l, unsigned si, const struct l2t_done *d);
 
-/* Per-model counters (kvr_ctl.h's model table) of client slot `client` (a worker slot, or
- * max_workers + a scheduler slot): the model its engine attached with. */
-static struct kvr_model_ent *client_model(const struct kvr_actor *a, unsigned client)
-{
-	struct kvr_model_ent *m = kvr_ctl_model(a->ctl, kvr_ctl_worker(a->ctl, client)->model);
-	return m ? m : kvr_ctl_model(a->ctl, KVR_CTL_MODEL_OTHER);
-}
-
-/* Tokens a block of client's engine (its own block size; engines of several share an
- * instance without a model section). */
-static uint64_t client_block_tokens(const struct kvr_actor *a, unsigned client)
-{
-	uint32_t bt = kvr_ctl_worker(a->ctl, client)->block_tokens;
-	return bt ? bt : a->slots->block_tokens ? a->slots->block_tokens : 1;
-}
-
-/* What client asked for and matched, into its model's entry and the token counters (the
- * block counters KVR_STAT_LK_KEYS and _MATCHED are counted where they happen). */
-static void count_model(struct kvr_actor *a, unsigned client, uint64_t lookups, uint64_t keys, uint64_t matched)
-{
-	struct kvr_model_ent *m = client_model(a, client);
-	uint64_t bt = client_block_tokens(a, client);
-	atomic_fetch_add_explicit(&m->lookups, lookups, memory_order_relaxed);
-	atomic_fetch_add_explicit(&m->keys, keys, memory_order_relaxed);
-	atomic_fetch_add_explicit(&m->matched, matched, memory_order_relaxed);
-	atomic_fetch_add_explicit(&m->tokens_asked, keys * bt, memory_order_relaxed);
-	atomic_fetch_add_explicit(&m->tokens_matched, matched * bt, memory_order_relaxed);
-	kvr_actor_count(a, KVR_STAT_LK_TOKENS_ASKED, keys * bt);
-	kvr_actor_count(a, KVR_STAT_LK_TOKENS_MATCHED, matched * bt);
-}
-
 /* A lookup that waited for promotions from L2 is answered now. */
 static void l2_done_reply(struct kvr_actor *a, struct lookup *l, const struct l2t_done *d)
 {
@@ -275,7 +245,7 @@ static void l2_done_reply(struct kvr_actor *a, struct lookup *l, const struct l2
 		return;
 	}
 	kvr_actor_count(a, KVR_STAT_LK_MATCHED, d->matched);
-	count_model(a, d->worker, 0, 0, d->matched);
+	lk_client_count(a, d->worker, 0, 0, d->matched);
 	send_lookup_rep_refs(a, l, d->worker, d->wire, 0, d->matched, d->promoted, d->lane, d->index_ns, d->refs);
 }
 
@@ -306,7 +276,7 @@ static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
 	}
 	kvr_actor_count(a, KVR_STAT_LK_LOOKUPS, 1);
 	kvr_actor_count(a, KVR_STAT_LK_KEYS, q->total);
-	count_model(a, wi, 1, q->total, 0);
+	lk_client_count(a, wi, 1, q->total, 0);
 	/* L1 hits and misses are counted on the L1 prefix; blocks L2 adds are counted as
 	 * matched when their promotion completes */
 	kvr_actor_count(a, KVR_STAT_LK_MISSED, q->total - (uint64_t)n);
@@ -315,7 +285,7 @@ static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
 	if (ext == -EINPROGRESS)
 		return; /* answered (and its matched blocks counted) when the promotions finish */
 	kvr_actor_count(a, KVR_STAT_LK_MATCHED, (uint64_t)ext);
-	count_model(a, wi, 0, 0, (uint64_t)ext);
+	lk_client_count(a, wi, 0, 0, (uint64_t)ext);
 	send_lookup_rep(a, l, wi, wire, 0, (uint32_t)ext, lane, dt);
 }
 
@@ -389,13 +359,10 @@ static void alloc_try(struct kvr_actor *a, struct lookup *l, unsigned wi)
 				w->alloc_refs[i] = (struct kvr_index_ref){.slot = KVR_INDEX_NOROOM};
 		kvr_actor_count(a, KVR_STAT_LK_ALLOCATED, st.allocated);
 		kvr_actor_count(a, KVR_STAT_LK_PRESENT, st.present);
-		atomic_fetch_add_explicit(&client_model(a, wi)->stored, st.allocated, memory_order_relaxed);
-		const struct kvr_worker_ent *we = kvr_ctl_worker(a->ctl, wi);
+		atomic_fetch_add_explicit(&lk_client_model(a, wi)->stored, st.allocated, memory_order_relaxed);
 		for (uint32_t i = first; i < q->total; i++)
-			if (w->alloc_refs[i].slot != KVR_INDEX_NOROOM && w->alloc_refs[i].slot != KVR_INDEX_PRESENT) {
-				kvr_slot_set_model(l->slots, w->alloc_refs[i].slot, we->model);
-				kvr_slot_set_block_tokens(l->slots, w->alloc_refs[i].slot, we->block_tokens);
-			}
+			if (w->alloc_refs[i].slot != KVR_INDEX_NOROOM && w->alloc_refs[i].slot != KVR_INDEX_PRESENT)
+				lk_client_tag(a, w->alloc_refs[i].slot, wi);
 		kvr_actor_count(a, KVR_STAT_LK_EVICTED, st.evicted);
 		unsigned noroom = 0;
 		for (uint32_t i = first; i < q->total; i++)
@@ -573,7 +540,7 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 	uint64_t dt = kvr_now_ns() - t0; /* matching every lane and pinning */
 	kvr_actor_count(a, KVR_STAT_LK_LOOKUPS, 1);
 	kvr_actor_count(a, KVR_STAT_LK_KEYS, total);
-	count_model(a, a->ctl->max_workers + si, 1, total, got > 0 ? (uint64_t)got : 0);
+	lk_client_count(a, a->ctl->max_workers + si, 1, total, got > 0 ? (uint64_t)got : 0);
 	/* counters before the reply: whoever reads them after the answer sees this lease */
 	lease_gauge(a, l);
 	if (got < 0) {
@@ -591,7 +558,7 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 		if (why) {
 			kvr_actor_count(a, KVR_STAT_LK_MISS_FIRST + why - 1, total - (uint64_t)got);
 			kvr_actor_count(a, KVR_STAT_LK_MISS_TOKENS_FIRST + why - 1,
-					(total - (uint64_t)got) * client_block_tokens(a, a->ctl->max_workers + si));
+					(total - (uint64_t)got) * lk_client_block_tokens(a, a->ctl->max_workers + si));
 		}
 		send_lease_rep(a, l, si, sc->hdr_wire, 0, (uint32_t)got, promoted, pending, why, dt);
 	}
