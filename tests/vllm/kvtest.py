@@ -490,11 +490,11 @@ class Engine:
 # ---- comparisons ---------------------------------------------------------------------------
 
 
-def warm_equal(eng: "Engine", name: str, p: list[int], cold: dict[str, Any]) -> dict[str, Any]:
-    """Run prompt p again on eng: it must hit every full block and give the cold run's tokens,
-    its logprobs within 1e-4. Returns the warm result."""
+def warm_equal(eng: "Engine", name: str, p: list[int], cold: dict[str, Any], block: int = BLOCK) -> dict[str, Any]:
+    """Run prompt p again on eng: it must hit every full block (of `block` tokens, eng's block
+    size) and give the cold run's tokens, its logprobs within 1e-4. Returns the warm result."""
     warm = eng.generate([p])[0]
-    full = (len(p) // BLOCK) * BLOCK
+    full = (len(p) // block) * block
     check(warm["num_cached_tokens"] == full, f"{name}: warm hit {warm['num_cached_tokens']}, want {full}")
     check(warm["tokens"] == cold["tokens"], f"{name}: warm tokens {warm['tokens']} != cold {cold['tokens']}")
     delta = max_logprob_delta(cold, warm)
