@@ -121,17 +121,22 @@ static int slots_fit(struct sup *s, const struct kvr_geometry *g, struct kvr_pro
 	return -EINVAL;
 }
 
-/* No model section, and a worker whose block format (block size, lanes, or a lane larger than
- * slots sized by the first worker) the slots do not take, while no client is attached: L1 is
- * given up and laid out again for it. The slots serve nobody, and an operator who switched
- * the node's engines expects the new ones served, not refused until kvringd restarts. The
- * old format's L2 files stay in their own directory, adopted again when it comes back.
- * true: rep says to attach again (-EAGAIN). */
+/* No model section, and a worker of another slot format (lanes a block, or — without
+ * l1.slot_bytes — a lane that rounds to another slot size than the first worker's) while no
+ * client is attached: L1 is given up and laid out again for it. The slots serve nobody, and an
+ * operator who switched the node's engines expects the new ones served as a restart would
+ * serve them: not refused until kvringd restarts, nor kept in slots of the old size away from
+ * their own L2 files. The old format's L2 files stay in their own directory, adopted again
+ * when it comes back. true: rep says to attach again (-EAGAIN). */
 static bool rebind_when_idle(struct sup *s, unsigned w, const struct kvr_geometry *canon,
 			     const struct sup_engine_id *eng, struct kvr_proto_rep *rep)
 {
 	uint64_t lane = kvr_geometry_lane_bytes(canon);
-	bool other_format = kvr_geometry_lanes(canon) != s->lanes || (!s->cfg.l1.slot_bytes && lane > s->slots->slot_bytes);
+	/* without l1.slot_bytes the slots are the first worker's lane: a lane that needs another
+	 * slot size (larger: it does not fit; smaller: its L2 files are in its own format's
+	 * directory) lays L1 out again, as a restart would */
+	bool other_format = kvr_geometry_lanes(canon) != s->lanes ||
+			    (!s->cfg.l1.slot_bytes && kvr_slots_slot_bytes(lane) != s->slots->slot_bytes);
 	if (!s->cfg.model.unbound || !other_format || !sup_l1_idle(s, (int)w))
 		return false;
 	char why[256];
@@ -269,9 +274,10 @@ static int attach_validate(struct sup *s, unsigned w, pid_t pid, const struct kv
 	}
 	if (!s->slots && (rc = bind_first(s, rank_g, &canon, eng, pid, rep)) != 0)
 		return rc;
-	rc = geometry_matches(s, rank_g, &canon, rep);
-	if (rc && rebind_when_idle(s, w, &canon, eng, rep))
+	/* idle and of another slot format: laid out again for it even where it would fit */
+	if (rebind_when_idle(s, w, &canon, eng, rep))
 		return -EAGAIN;
+	rc = geometry_matches(s, rank_g, &canon, rep);
 	if (rc)
 		return rc;
 	/* one worker per (engine, TP rank, DCP rank) (MLA: every rank loads the same lane, still

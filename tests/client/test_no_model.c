@@ -562,6 +562,53 @@ Test(no_model, l1_is_laid_out_again_for_another_format_once_nothing_is_attached)
 }
 
 /* --check-config on {} prints the defaults and says there is no model. */
+/*
+ * Without l1.slot_bytes the slots are the first worker's lane. A smaller lane shares them
+ * while an engine is attached (4 KiB lanes in 8 KiB slots); once nothing is attached, a
+ * worker whose lane rounds to another slot size lays L1 out again for itself, as a restart
+ * would (its first attach -EAGAIN), rather than being kept in slots of the old size.
+ */
+Test(no_model, a_smaller_lane_shares_the_slots_and_lays_them_out_again_when_idle)
+{
+	struct ct_opts o = {.no_model = true, .l1_slots = 8, .l2_dir = l2dir, .max_workers = 3};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *a, *b;
+	cr_assert_eq(open_rank(0, 32, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL)); /* 8 KiB lanes */
+	uint64_t lane0 = env.lane_bytes;
+	uint32_t n0 = env.n_slots;
+	env.lane_bytes = 2 * lane0; /* what ct_map_l1 expects: the L1 of 8 x 4 KiB in 8 KiB slots */
+	env.n_slots = n0 / 2;
+	ct_map_l1(&env);
+	cr_assert_eq(env.slots->slot_bytes, 8192);
+	cr_assert_eq(open_rank(0, 16, "e2", "org/b", &b), 0, "%s", kvr_last_error(NULL)); /* 4 KiB */
+	store_prompt(b, 0);
+	cr_assert_eq(ct_lookup_load_exact(b, 10, tokens[0], BLOCKS * BT, 8, TAG(0, 0)), BLOCKS);
+	ct_rank_close(b);
+	ct_rank_close(a);
+	cr_assert(H_WAIT(all_workers_free(), 5000), "the worker slots never went FREE");
+	kvr_segment_close(&env.slots_seg);
+	kvr_segment_close(&env.arena_seg);
+	env.slots = NULL;
+
+	int rc;
+	unsigned eagains = 0;
+	uint64_t end = kvr_now_ns() + 10000000000ull;
+	while ((rc = open_rank(0, 16, "e2", "org/b", &b)) == -EAGAIN && kvr_now_ns() < end) {
+		eagains++;
+		usleep(20000);
+	}
+	cr_assert_eq(rc, 0, "%s", kvr_last_error(NULL));
+	cr_assert_geq(eagains, 1, "laid out again: the first attach was answered -EAGAIN");
+	env.lane_bytes = lane0;
+	env.n_slots = n0;
+	ct_map_l1(&env);
+	cr_assert_eq(env.slots->slot_bytes, 4096, "slots of e2's own lane now");
+	store_prompt(b, 1);
+	cr_assert_eq(ct_lookup_load_exact(b, 11, tokens[1], BLOCKS * BT, 8, TAG(1, 0)), BLOCKS);
+	ct_close_all();
+	ct_assert_table_clean(&env);
+}
+
 Test(no_model, check_config_of_an_empty_object_says_so)
 {
 	h_write_config_raw(&env.h, "{}");
