@@ -44,33 +44,38 @@ static void random_tokens(uint32_t *t, size_t n, struct rng *g)
 		t[i] = rng_below(g, 151000);
 }
 
-void fh_make_prompts(struct fh_prompt *p, unsigned n, unsigned families, unsigned max_blk, uint64_t seed, kvr_key ns)
+void fh_make_prompts(struct fh_prompt *p, unsigned n, unsigned families, unsigned max_blk, uint64_t seed, kvr_key ns,
+		     uint32_t bt)
 {
 	struct rng g = {seed ^ 0x70726f6d707473ull};
-	static uint32_t base[64][FH_MAX_BLK * FH_BT];
+	static uint32_t base[64][FH_MAX_BLK * FH_MAX_BT];
 	if (families > 64)
 		families = 64;
 	if (max_blk > FH_MAX_BLK)
 		max_blk = FH_MAX_BLK;
+	if (!bt || bt > FH_MAX_BT)
+		bt = FH_BT;
 	for (unsigned f = 0; f < families; f++)
-		random_tokens(base[f], FH_MAX_BLK * FH_BT, &g);
+		random_tokens(base[f], FH_MAX_BLK * bt, &g);
 	for (unsigned i = 0; i < n; i++) {
 		struct fh_prompt *q = &p[i];
 		uint32_t pre = 1 + rng_below(&g, max_blk), suf = rng_below(&g, max_blk - pre + 1);
 		q->n = pre + suf;
-		memcpy(q->tokens, base[rng_below(&g, families)], pre * FH_BT * sizeof(uint32_t));
-		random_tokens(q->tokens + pre * FH_BT, suf * FH_BT, &g);
-		(void)kvr_keys_chain(ns, q->tokens, q->n * FH_BT, FH_BT, NULL, 0, q->keys, q->n);
+		q->bt = bt;
+		memcpy(q->tokens, base[rng_below(&g, families)], pre * bt * sizeof(uint32_t));
+		random_tokens(q->tokens + pre * bt, suf * bt, &g);
+		(void)kvr_keys_chain(ns, q->tokens, q->n * bt, bt, NULL, 0, q->keys, q->n);
 	}
 }
 
-void fh_make_prompt(struct fh_prompt *p, unsigned n_blocks, uint64_t seed, kvr_key ns)
+void fh_make_prompt(struct fh_prompt *p, unsigned n_blocks, uint64_t seed, kvr_key ns, uint32_t bt)
 {
 	struct rng g = {seed ^ 0x6f6e65ull};
 	memset(p, 0, sizeof(*p));
 	p->n = n_blocks < FH_MAX_BLK ? n_blocks : FH_MAX_BLK;
-	random_tokens(p->tokens, p->n * FH_BT, &g);
-	(void)kvr_keys_chain(ns, p->tokens, p->n * FH_BT, FH_BT, NULL, 0, p->keys, p->n);
+	p->bt = bt && bt <= FH_MAX_BT ? bt : FH_BT;
+	random_tokens(p->tokens, p->n * p->bt, &g);
+	(void)kvr_keys_chain(ns, p->tokens, p->n * p->bt, p->bt, NULL, 0, p->keys, p->n);
 }
 
 /* ---- ranks ------------------------------------------------------------------------------ */
@@ -79,13 +84,13 @@ void fh_make_prompt(struct fh_prompt *p, unsigned n_blocks, uint64_t seed, kvr_k
 static int rank_geometry(struct kvr_geometry *g, const struct fh_model *m, unsigned tp_size, unsigned tp_rank,
 			 unsigned dcp_size, unsigned il, uint32_t num_blocks)
 {
-	uint32_t rt = FH_BT / dcp_size;
-	if (fh_model_lane_bytes(m) > FH_LANE_BYTES)
+	uint32_t rt = fh_model_bt(m) / dcp_size;
+	if (fh_model_lane_bytes(m) > FH_LANE_BYTES || fh_model_bt(m) > FH_MAX_BT)
 		return -EINVAL;
 	int rc = kvr_geometry_fill_vllm_layer_major(g, m->layers, m->lane_heads, m->head_dim, m->dtype, rt, num_blocks);
 	if (rc)
 		return rc;
-	g->block_tokens = FH_BT;
+	g->block_tokens = fh_model_bt(m);
 	g->tp_size = tp_size;
 	g->tp_rank = tp_rank;
 	g->dcp_size = dcp_size;
@@ -183,13 +188,13 @@ static bool owns(const struct fh_rank *r, uint32_t t)
 void fh_fill(const struct fh_rank *r, uint32_t block, kvr_key key)
 {
 	uint8_t lane[FH_LANE_BYTES];
-	const uint32_t row = fh_model_row(r->m);
+	const uint32_t row = fh_model_row(r->m), bt = fh_model_bt(r->m);
 	fh_lane_content(key, r->lane, lane);
 	for (unsigned reg = 0; reg < r->g.n_regions; reg++) {
 		uint8_t *p = page_of(r, reg, block);
-		for (uint32_t t = 0, j = 0; t < FH_BT; t++)
+		for (uint32_t t = 0, j = 0; t < bt; t++)
 			if (owns(r, t))
-				memcpy(p + row * j++, lane + (reg * FH_BT + t) * row, row);
+				memcpy(p + row * j++, lane + (reg * bt + t) * row, row);
 	}
 }
 
@@ -203,24 +208,24 @@ void fh_fill_canary(const struct fh_rank *r, uint32_t block)
 static uint64_t check_as(const struct fh_rank *r, uint32_t block, kvr_key key, unsigned ln, struct fh_bad *ret_bad)
 {
 	uint8_t lane[FH_LANE_BYTES];
-	const uint32_t row = fh_model_row(r->m);
+	const uint32_t row = fh_model_row(r->m), bt = fh_model_bt(r->m);
 	fh_lane_content(key, ln, lane);
 	uint64_t wrong = 0;
 	bool canary = true;
 	struct fh_bad first = {0};
 	for (unsigned reg = 0; reg < r->g.n_regions; reg++) {
 		const uint8_t *p = page_of(r, reg, block);
-		for (uint32_t t = 0, j = 0; t < FH_BT; t++) {
+		for (uint32_t t = 0, j = 0; t < bt; t++) {
 			if (!owns(r, t))
 				continue;
-			const uint8_t *got = p + row * j++, *want = lane + (reg * FH_BT + t) * row;
+			const uint8_t *got = p + row * j++, *want = lane + (reg * bt + t) * row;
 			for (uint32_t k = 0; k < row; k++) {
 				canary &= got[k] == FH_CANARY;
 				if (got[k] == want[k])
 					continue;
 				if (!wrong++)
 					first = (struct fh_bad){.key = key, .lane = r->lane, .block = block,
-								.offset = (reg * FH_BT + t) * row + k, .got = got[k],
+								.offset = (reg * bt + t) * row + k, .got = got[k],
 								.want = want[k]};
 			}
 		}
@@ -394,7 +399,7 @@ static int op_store(struct wctx *w, unsigned pi)
 		for (uint32_t b = 0; b < p->n; b++)
 			fh_fill(&w->r[i], src[b], p->keys[b]);
 		req[i] = ++w->r[i].next_req;
-		int rc = kvr_store(w->r[i].c, req[i], p->tokens, p->n * FH_BT, NULL, 0, src, p->n);
+		int rc = kvr_store(w->r[i].c, req[i], p->tokens, p->n * p->bt, NULL, 0, src, p->n);
 		sent[i] = rc == 0;
 		if (rc) {
 			errs++;
@@ -429,7 +434,7 @@ static int op_load(struct wctx *w, unsigned pi)
 	for (unsigned i = 0; i < w->n_ranks; i++) {
 		struct kvr_lookup_result res;
 		req[i] = ++w->r[i].next_req;
-		int rc = kvr_lookup(w->r[i].c, req[i], p->tokens, p->n * FH_BT, NULL, 0, &res);
+		int rc = kvr_lookup(w->r[i].c, req[i], p->tokens, p->n * p->bt, NULL, 0, &res);
 		if (rc) {
 			errs++;
 			count(w, FH_C_LOOKUP_ERRS, 1);
@@ -740,8 +745,14 @@ static int l1_slot_check(const struct kvr_slot_table *t, void *arena_base, const
 	uint32_t ep = kvr_slot_epoch(t, i);
 	bool bad = !m || memcmp(got, want, len) != 0;
 	bool bad_tag = m && km && km->tag[*ret_mi] && tag != km->tag[*ret_mi];
+	/* a table of several block sizes (no model section): each slot says its model's */
+	uint32_t bt = s->block_tokens;
+	bool bad_bt = m && !t->block_tokens && bt != fh_model_bt(m);
 	if (kvr_slot_state(t, i) != KVR_SLOT_COMMITTED || kvr_slot_epoch(t, i) != ep)
 		return -1;
+	if (bad_bt)
+		fprintf(stderr, "  L1: slot %u (key %016llx%016llx of model %s) says %u-token blocks, want %u\n", i,
+			(unsigned long long)key.hi, (unsigned long long)key.lo, m->name, bt, fh_model_bt(m));
 	if (!m)
 		fprintf(stderr, "  L1: slot %u (key %016llx%016llx lane %u, epoch %u) holds a key of no prompt\n", i,
 			(unsigned long long)key.hi, (unsigned long long)key.lo, lane, ep);
@@ -749,7 +760,7 @@ static int l1_slot_check(const struct kvr_slot_table *t, void *arena_base, const
 		fprintf(stderr, "  L1: slot %u (key %016llx%016llx of model %s) is tagged model entry %u, want %u\n", i,
 			(unsigned long long)key.hi, (unsigned long long)key.lo, m->name, tag, km->tag[*ret_mi]);
 	if (!m || !bad)
-		return !m || bad_tag;
+		return !m || bad_tag || bad_bt;
 	uint32_t o = 0;
 	while (got[o] == want[o])
 		o++;
@@ -798,7 +809,11 @@ static void scan_file(const char *path, const char *name, kvr_key ns, const stru
 	ssize_t n = fd >= 0 && buf ? pread(fd, buf, size + 1, 0) : -1;
 	if (fd >= 0)
 		close(fd);
-	struct kvr_l2_ident id = {.ns = ns, .fingerprint = ns, .block_tokens = FH_BT, .lane_bytes = FH_LANE_BYTES};
+	int mi;
+	const struct fh_model *m = model_of(km, key, &mi);
+	/* the header must say the block size of the key's model (several share a table without a model section) */
+	struct kvr_l2_ident id = {.ns = ns, .fingerprint = ns, .block_tokens = m ? fh_model_bt(m) : FH_BT,
+				  .lane_bytes = FH_LANE_BYTES};
 	const struct kvr_l2_hdr *h = (const void *)buf;
 	enum kvr_l2_reason why = n != (ssize_t)size ? KVR_L2_R_SIZE : kvr_l2_hdr_check(h, &id, key, lane);
 	if (why == KVR_L2_OK)
@@ -809,8 +824,6 @@ static void scan_file(const char *path, const char *name, kvr_key ns, const stru
 		free(buf);
 		return;
 	}
-	int mi;
-	const struct fh_model *m = model_of(km, key, &mi);
 	uint32_t len = m ? fh_model_lane_bytes(m) : 0;
 	uint8_t want[FH_LANE_BYTES];
 	fh_lane_content(key, lane, want);

@@ -34,7 +34,8 @@
  * after fork; functions return 0 / -errno or counts.
  */
 
-#define FH_BT 16u
+#define FH_BT 16u     /* the default model's block size */
+#define FH_MAX_BT 32u /* the largest a model may have (fh_model.bt) */
 #define FH_LAYERS 2u
 #define FH_LANE_HEADS 2u
 #define FH_HEAD_DIM 16u
@@ -50,13 +51,19 @@
 #define FH_CT_MODEL {.layers = FH_LAYERS, .kv_heads = FH_LANE_HEADS * FH_TP, .head_dim = FH_HEAD_DIM, \
 		     .dtype_bytes = FH_DTYPE, .block_tokens = FH_BT, .tp_size = FH_TP}
 
-/* A model an engine attaches with: its geometry (FH_BT-token blocks, tp lanes of lane_heads
+/* A model an engine attaches with: its geometry (bt-token blocks, tp lanes of lane_heads
  * KV heads) and the model namespace its engines name. */
 struct fh_model {
 	const char *name;     /* in messages: "A" */
 	const char *model_ns; /* what its workers name in kvr_attach_opts (NULL: none, the instance's model) */
 	uint32_t layers, lane_heads, head_dim, dtype, tp;
+	uint32_t bt;          /* tokens a block, at most FH_MAX_BT; 0 = FH_BT */
 };
+
+static inline uint32_t fh_model_bt(const struct fh_model *m)
+{
+	return m->bt ? m->bt : FH_BT;
+}
 
 extern const struct fh_model fh_model_default; /* the FH_* model, no model_ns */
 
@@ -67,7 +74,7 @@ static inline uint32_t fh_model_row(const struct fh_model *m)
 
 static inline uint32_t fh_model_lane_bytes(const struct fh_model *m)
 {
-	return 2 * m->layers * FH_BT * fh_model_row(m);
+	return 2 * m->layers * fh_model_bt(m) * fh_model_row(m);
 }
 
 /* The key namespace its TP ranks' blocks are keyed under: kvringd's (kvr_geometry_namespace
@@ -82,16 +89,18 @@ void fh_lane_content(kvr_key key, unsigned lane, uint8_t out[FH_LANE_BYTES]);
 #define FH_MAX_BLK 8u
 
 struct fh_prompt {
-	uint32_t n; /* blocks */
-	uint32_t tokens[FH_MAX_BLK * FH_BT];
+	uint32_t n;  /* blocks */
+	uint32_t bt; /* tokens a block (its model's) */
+	uint32_t tokens[FH_MAX_BLK * FH_MAX_BT];
 	kvr_key keys[FH_MAX_BLK];
 };
 
-/* n prompts over `families` shared prefixes (1..max_blk blocks each) from seed, keyed under
- * ns (the instance's namespace: the slot table's). */
-void fh_make_prompts(struct fh_prompt *p, unsigned n, unsigned families, unsigned max_blk, uint64_t seed, kvr_key ns);
-/* One prompt of exactly n_blocks random blocks. */
-void fh_make_prompt(struct fh_prompt *p, unsigned n_blocks, uint64_t seed, kvr_key ns);
+/* n prompts of bt-token blocks over `families` shared prefixes (1..max_blk blocks each) from
+ * seed, keyed under ns (its model's namespace). */
+void fh_make_prompts(struct fh_prompt *p, unsigned n, unsigned families, unsigned max_blk, uint64_t seed, kvr_key ns,
+		     uint32_t bt);
+/* One prompt of exactly n_blocks random blocks of bt tokens. */
+void fh_make_prompt(struct fh_prompt *p, unsigned n_blocks, uint64_t seed, kvr_key ns, uint32_t bt);
 
 /* ---- ranks -------------------------------------------------------------------------- */
 

@@ -270,9 +270,9 @@ Test(faults, late_read_after_owner_died)
 	ct_start(&env, &tiny, &o);
 	static struct fh_prompt a, f, b;
 	struct rng g = {seed};
-	fh_make_prompt(&a, 1, rng_next(&g), env.slots->ns);
-	fh_make_prompt(&f, 4, rng_next(&g), env.slots->ns);
-	fh_make_prompt(&b, 4, rng_next(&g), env.slots->ns);
+	fh_make_prompt(&a, 1, rng_next(&g), env.slots->ns, FH_BT);
+	fh_make_prompt(&f, 4, rng_next(&g), env.slots->ns, FH_BT);
+	fh_make_prompt(&b, 4, rng_next(&g), env.slots->ns, FH_BT);
 
 	child = spawn_worker1(&a, &f);
 	struct w1_rep rep = w1_call(0);

@@ -630,17 +630,17 @@ static void prepare(struct rng *g)
 {
 	const struct fh_model *m0 = sc->models[0];
 	model = (struct ct_model){.layers = m0->layers, .kv_heads = m0->lane_heads * m0->tp, .head_dim = m0->head_dim,
-				  .dtype_bytes = m0->dtype, .block_tokens = FH_BT, .tp_size = m0->tp};
+				  .dtype_bytes = m0->dtype, .block_tokens = fh_model_bt(m0), .tp_size = m0->tp};
 	/* one more: the seal prompt (verify_after_restart), never stored by the rounds */
 	cr_assert(sc->n_roles <= FR_MAX_ROLES && sc->n_prompts < FR_MAX_PROMPTS && sc->n_models <= FH_MAX_MODELS);
 	uint64_t t0 = kvr_now_ns();
 	for (unsigned k = 0; k < sc->n_models; k++) {
 		cr_assert_eq(fh_model_namespace(sc->models[k], TEST_MODEL_ID, &model_ns[k]), 0);
-		fh_make_prompts(prompts[k], sc->n_prompts, 8, 6, rng_next(g), model_ns[k]);
+		fh_make_prompts(prompts[k], sc->n_prompts, 8, 6, rng_next(g), model_ns[k], fh_model_bt(sc->models[k]));
 		/* the seal prompt: tokens of its own, no block shared with the rounds' prompts (a
 		 * lane already on disk is not written again, so it would keep its old place in L2's
 		 * LRU and could be evicted by the seal's own writes) */
-		fh_make_prompt(&prompts[k][sc->n_prompts], 6, rng_next(g), model_ns[k]);
+		fh_make_prompt(&prompts[k][sc->n_prompts], 6, rng_next(g), model_ns[k], fh_model_bt(sc->models[k]));
 		cr_assert_eq(fh_keymap_add(&keymap, sc->models[k], prompts[k], sc->n_prompts + 1), 0);
 		wcfg[k] = (struct fh_worker_cfg){.sock = env.h.sock, .prompts = prompts[k], .n_prompts = sc->n_prompts,
 						 .seal = true,

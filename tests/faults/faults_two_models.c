@@ -9,10 +9,12 @@
  * evicts the other's blocks, and L2 on (two directories, one namespace directory of the slot
  * format for both models):
  *
- *   model A  faults_harness.h's model: 2 layers, 2 heads of 16 bf16 a lane, a 4096-byte lane;
- *   model B  1 layer, 2 heads of 8 bf16 a lane: a 1024-byte lane in the same 4 KiB slots.
+ *   model A  faults_harness.h's model: 2 layers, 2 heads of 16 bf16 a lane, 16-token blocks:
+ *            a 4096-byte lane;
+ *   model B  1 layer, 2 heads of 8 bf16 a lane, 32-token blocks: a 2048-byte lane in the same
+ *            4 KiB slots (another block size: each slot and each L2 file says its own).
  *
- * Both TP 2 with 16-token blocks (the instance requires equal block tokens and lane counts).
+ * Both TP 2 (the instance requires equal lane counts).
  * Workers, one process each: A's two TP ranks (engine "a"), B's two (engine "b"), and a DCP
  * group of A (TP ranks 2 and 3 of a TP 4, DCP 2 engine "a-dcp": it shares A's blocks, and
  * its stores go through a gather actor). Every kind of actor and every worker is killed;
@@ -25,7 +27,7 @@ static const struct fh_model model_a = {.name = "A", .model_ns = "org/a", .layer
 					.lane_heads = FH_LANE_HEADS, .head_dim = FH_HEAD_DIM, .dtype = FH_DTYPE,
 					.tp = FH_TP};
 static const struct fh_model model_b = {.name = "B", .model_ns = "org/b", .layers = 1, .lane_heads = FH_LANE_HEADS,
-					.head_dim = 8, .dtype = FH_DTYPE, .tp = FH_TP};
+					.head_dim = 8, .dtype = FH_DTYPE, .tp = FH_TP, .bt = 32};
 
 static const struct fh_role roles[] = {
 	{"a.tp0", FH_ROLE_TP, 0, &model_a, "a"},
