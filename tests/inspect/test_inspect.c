@@ -103,6 +103,7 @@ static void build_segment(void)
 	w->dcp_rank = 0;
 	w->dcp_size = 1;
 	w->generation = 1;
+	w->block_tokens = 16;
 
 	/* ring X = ctl.lookup.in: 6 messages through (head 6), then ping/pong/stop 7, 8, 9 in
 	 * flight: slots 6, 7, 0 (the third wraps) */
@@ -191,7 +192,7 @@ static const char expected_text[] =
 	"  storer.0                backoff  -              1  code 1     -\n"
 	"\n"
 	"workers\n"
-	"  client.0   pid 6001     attached   tp 0/2  dcp 0/1  engine 0\n"
+	"  client.0   pid 6001     attached   tp 0/2  dcp 0/1  16-token blocks  engine 0\n"
 	"\n"
 	"rings\n"
 	"  ctl.lookup.in  capacity 8\n"
@@ -647,7 +648,7 @@ Test(inspect, engines_text_and_json_exact)
 			      "    namespace \"tiny-llama-bb89e7b1cad4526e@54d0f074fc7c3d500fc7\"\n");
 	/* between the actors and the clients that name them */
 	cr_assert_not_null(strstr(txt, "schedulers 0\n    namespace \"tiny-llama-bb89e7b1cad4526e@54d0f074fc7c3d500fc7\"\n"
-				       "\nworkers\n  client.0   pid 6001     attached   tp 0/2  dcp 0/1  engine 0\n"),
+				       "\nworkers\n  client.0   pid 6001     attached   tp 0/2  dcp 0/1  16-token blocks  engine 0\n"),
 			   "%s", txt);
 	assert_80_printable(txt);
 	free(sec);

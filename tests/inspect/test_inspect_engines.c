@@ -200,6 +200,10 @@ Test(inspect_engines, two_engines_then_one_leaves)
 	cr_assert_eq(client_engine(root, "workers", wa.worker), num(a, "index"));
 	cr_assert_eq(client_engine(root, "workers", wb.worker), num(b, "index"));
 	cr_assert_eq(client_engine(root, "schedulers", sb.worker), num(b, "index"));
+	/* each client's engine's block size (qwen3-8b here with 128-token blocks) */
+	const cJSON *wl = cJSON_GetObjectItemCaseSensitive(root, "workers"), *sl = cJSON_GetObjectItemCaseSensitive(root, "schedulers");
+	cr_assert_eq(num(cJSON_GetArrayItem(wl, 0), "block_tokens"), 128);
+	cr_assert_eq(num(cJSON_GetArrayItem(sl, 0), "block_tokens"), 128);
 	unsigned ia = (unsigned)num(a, "index"), ib = (unsigned)num(b, "index");
 	/* the model table: one entry per namespace, in the order they attached, nothing stored yet */
 	const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
@@ -225,7 +229,7 @@ Test(inspect_engines, two_engines_then_one_leaves)
 	cr_assert_not_null(strstr(txt, want), "%s", txt);
 	snprintf(want, sizeof(want), "\n  engine %u  \"vllm-b\"  namespace \"" NS_B "\"  workers 1  schedulers 1\n", ib);
 	cr_assert_not_null(strstr(txt, want), "%s", txt);
-	snprintf(want, sizeof(want), "  client.%-3u pid %-7d  attached   tp 0/1  dcp 0/1  engine %u\n", wb.worker,
+	snprintf(want, sizeof(want), "  client.%-3u pid %-7d  attached   tp 0/1  dcp 0/1  128-token blocks  engine %u\n", wb.worker,
 		 (int)getpid(), ib);
 	cr_assert_not_null(strstr(txt, want), "%s", txt);
 	free(txt);

@@ -211,7 +211,7 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 		*o = (struct kvr_insp_worker){.slot = i, .state = st, .uid = w->uid, .generation = w->generation,
 					      .tp_rank = w->tp_rank, .tp_size = w->tp_size, .dcp_rank = w->dcp_rank,
 					      .dcp_size = w->dcp_size, .pid = LD(&w->pid), .attached_ns = w->attached_ns,
-					      .engine = w->engine};
+					      .engine = w->engine, .block_tokens = w->block_tokens};
 	}
 	for (unsigned i = 0; i <= KVR_CTL_MAX_MODELS && c->models_off; i++) {
 		const struct kvr_model_ent *m = kvr_ctl_model(c, i);
@@ -235,7 +235,8 @@ int kvr_insp_snapshot(const struct kvr_ctl *c, const struct kvr_insp_clock *now,
 			continue;
 		s->scheds[s->n_scheds++] = (struct kvr_insp_worker){.slot = i, .state = st, .uid = w->uid,
 								   .generation = w->generation, .pid = LD(&w->pid),
-								   .attached_ns = w->attached_ns, .engine = w->engine};
+								   .attached_ns = w->attached_ns, .engine = w->engine,
+								   .block_tokens = w->block_tokens};
 	}
 	for (unsigned i = 0; i < s->max_actors; i++) {
 		const struct kvr_actor_ent *a = kvr_ctl_actor(c, i);
@@ -645,10 +646,10 @@ static void text_workers(FILE *out, const struct kvr_insp_snap *s)
 	for (unsigned i = 0; i < s->n_workers; i++) {
 		const struct kvr_insp_worker *w = &s->workers[i];
 		char pid[16], tp[16], dcp[16];
-		pline(out, "  client.%-3u pid %-7s  %-9s  tp %s  dcp %s  engine %u", w->slot,
+		pline(out, "  client.%-3u pid %-7s  %-9s  tp %s  dcp %s  %u-token blocks  engine %u", w->slot,
 		      fmt_pid(w->pid, pid, sizeof(pid)), worker_state_name(w->state),
 		      fmt_pair(w->tp_rank, w->tp_size, tp, sizeof(tp)), fmt_pair(w->dcp_rank, w->dcp_size, dcp, sizeof(dcp)),
-		      w->engine);
+		      w->block_tokens, w->engine);
 	}
 }
 
@@ -729,9 +730,9 @@ static void text_leases(FILE *out, const struct kvr_insp_snap *s)
 {
 	for (unsigned i = 0; i < s->n_scheds; i++) {
 		char pid[16];
-		pline(out, "  sched.%-4u pid %-7s  %-9s  engine %u", s->scheds[i].slot,
+		pline(out, "  sched.%-4u pid %-7s  %-9s  %u-token blocks  engine %u", s->scheds[i].slot,
 		      fmt_pid(s->scheds[i].pid, pid, sizeof(pid)), worker_state_name(s->scheds[i].state),
-		      s->scheds[i].engine);
+		      s->scheds[i].block_tokens, s->scheds[i].engine);
 	}
 	bool any = s->leases || s->leases_granted || s->leases_taken;
 	for (unsigned k = 0; k < 5; k++)
@@ -1264,6 +1265,7 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 		kvr_jw_u64(&w, "dcp_rank", k->dcp_rank);
 		kvr_jw_u64(&w, "dcp_size", k->dcp_size);
 		kvr_jw_u64(&w, "engine", k->engine);
+		kvr_jw_u64(&w, "block_tokens", k->block_tokens);
 		kvr_jw_end(&w);
 	}
 	kvr_jw_end(&w);
@@ -1276,6 +1278,7 @@ int kvr_insp_render_json(FILE *out, const struct kvr_insp_snap *cur, const struc
 		kvr_jw_i64(&w, "pid", k->pid);
 		kvr_jw_u64(&w, "generation", k->generation);
 		kvr_jw_u64(&w, "engine", k->engine);
+		kvr_jw_u64(&w, "block_tokens", k->block_tokens);
 		kvr_jw_end(&w);
 	}
 	kvr_jw_end(&w);

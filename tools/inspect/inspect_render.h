@@ -90,6 +90,7 @@ struct kvr_insp_worker {
 	unsigned slot;
 	uint32_t state, uid, generation, tp_rank, tp_size, dcp_rank, dcp_size;
 	uint32_t engine;    /* engine index (kvringd's log names it) */
+	uint32_t block_tokens; /* its engine's block size (engines of several may share an instance) */
 	int32_t pid;
 	uint64_t attached_ns;
 };
