@@ -228,6 +228,19 @@ void ct_close_all(void)
 			ct_rank_close(&rank_pool[i]);
 }
 
+void ct_stop_clean(struct ct_env *e)
+{
+	ct_close_all();
+	cr_assert_eq(kill(e->h.pid, SIGTERM), 0);
+	int st = h_wait_exit(e->h.pid, 10000);
+	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit %d", st);
+	e->h.pid = 0;
+	kvr_segment_close(&e->slots_seg);
+	kvr_segment_close(&e->ctl_seg);
+	kvr_segment_close(&e->arena_seg);
+	e->slots = NULL;
+}
+
 /* ---- bytes -------------------------------------------------------------------------- */
 
 static inline uint64_t mix64(uint64_t x)

@@ -110,6 +110,9 @@ int ct_rank_open_engine(struct ct_env *e, unsigned rank, uint32_t num_blocks, ui
 			const char *engine_id, const char *model_ns, struct ct_rank **ret);
 void ct_rank_close(struct ct_rank *r);
 void ct_close_all(void);
+/* Every rank closed, kvringd stopped by SIGTERM (asserted: exit 0 within 10 s), the segments
+ * unmapped: ready for ct_start again (a restart). */
+void ct_stop_clean(struct ct_env *e);
 
 /* Remember a forked child: ct_fini kills it (SIGKILL) and reaps it. */
 void ct_track_child(pid_t pid);

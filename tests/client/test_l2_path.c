@@ -84,14 +84,7 @@ static void load_all_exact(struct ct_rank *r, uint64_t req0)
 
 static void stop_kvringd(void)
 {
-	ct_close_all();
-	cr_assert_eq(kill(env.h.pid, SIGTERM), 0);
-	int st = h_wait_exit(env.h.pid, 10000);
-	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit %d", st);
-	env.h.pid = 0;
-	kvr_segment_close(&env.slots_seg);
-	kvr_segment_close(&env.ctl_seg);
-	kvr_segment_close(&env.arena_seg);
+	ct_stop_clean(&env);
 }
 
 static void restart(const struct ct_opts *o)

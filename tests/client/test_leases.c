@@ -242,14 +242,7 @@ Test(leases, lease_promotes_from_l2_after_restart)
 	store_prompt(r0, 21, a, 3, 0);
 	store_prompt(r1, 21, a, 3, 0);
 	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 6, 10000), "write-through of 3 blocks x 2 lanes");
-	ct_close_all();
-	cr_assert_eq(kill(env.h.pid, SIGTERM), 0);
-	int st = h_wait_exit(env.h.pid, 10000);
-	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit %d", st);
-	env.h.pid = 0;
-	kvr_segment_close(&env.slots_seg);
-	kvr_segment_close(&env.ctl_seg);
-	kvr_segment_close(&env.arena_seg);
+	ct_stop_clean(&env);
 	ct_start(&env, &ct_tiny_tp2, &o);
 	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
 	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);

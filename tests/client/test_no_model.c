@@ -298,15 +298,7 @@ Test(no_model, engines_of_two_block_sizes_are_served_at_once_from_l1_and_l2)
 	cr_assert(n16 == 2 * BLOCKS && n32 == 2 * BLOCKS && other == 0, "L2 files: %u of 16 tokens, %u of 32, %u other",
 		  n16, n32, other);
 
-	ct_close_all();
-	cr_assert_eq(kill(env.h.pid, SIGTERM), 0);
-	int st = h_wait_exit(env.h.pid, 10000);
-	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit %d", st);
-	env.h.pid = 0;
-	kvr_segment_close(&env.slots_seg);
-	kvr_segment_close(&env.ctl_seg);
-	kvr_segment_close(&env.arena_seg);
-	env.slots = NULL;
+	ct_stop_clean(&env);
 
 	ct_start(&env, &ct_tiny, &o);
 	env.m = m32;
@@ -437,15 +429,7 @@ Test(no_model, l2_is_adopted_once_bound_again_after_a_restart)
 		  (unsigned long long)atomic_load(&ma->l2_lanes));
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_UNATTRIBUTED), 0);
 
-	ct_close_all();
-	cr_assert_eq(kill(env.h.pid, SIGTERM), 0);
-	int st = h_wait_exit(env.h.pid, 10000);
-	cr_assert(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvringd exit %d", st);
-	env.h.pid = 0;
-	kvr_segment_close(&env.slots_seg);
-	kvr_segment_close(&env.ctl_seg);
-	kvr_segment_close(&env.arena_seg);
-	env.slots = NULL;
+	ct_stop_clean(&env);
 
 	ct_start(&env, &ct_tiny, &o);
 	cr_assert_eq(env.ctl->arena_bytes, 0);

@@ -118,14 +118,21 @@ static void cl_set(const char *key, const void *val, size_t len)
 	freeReplyObject(r);
 }
 
+/* Which nodes of the map own a hash slot (the masters). */
+static void mark_masters(bool master[KVR_RC_MAX_NODES])
+{
+	memset(master, 0, KVR_RC_MAX_NODES * sizeof(bool));
+	for (unsigned s = 0; s < KVR_RC_SLOTS; s++)
+		master[cmap.owner[s]] = true;
+}
+
 /* cmd on every master of the map; returns the sum of its integer replies and the masters asked. */
 static long long on_masters(const char *cmd, unsigned reply_type, unsigned *ret_masters)
 {
 	long long sum = 0;
 	unsigned n = 0;
-	bool master[KVR_RC_MAX_NODES] = {false};
-	for (unsigned s = 0; s < KVR_RC_SLOTS; s++)
-		master[cmap.owner[s]] = true;
+	bool master[KVR_RC_MAX_NODES];
+	mark_masters(master);
 	for (unsigned ni = 0; ni < cmap.n_nodes; ni++) {
 		if (!master[ni])
 			continue;
@@ -625,9 +632,8 @@ Test(remote, set_refusals_are_rate_limited)
 static void cl_block_sizes(unsigned *n16, unsigned *n32, unsigned *other)
 {
 	*n16 = *n32 = *other = 0;
-	bool master[KVR_RC_MAX_NODES] = {false};
-	for (unsigned s = 0; s < KVR_RC_SLOTS; s++)
-		master[cmap.owner[s]] = true;
+	bool master[KVR_RC_MAX_NODES];
+	mark_masters(master);
 	for (unsigned ni = 0; ni < cmap.n_nodes; ni++) {
 		if (!master[ni])
 			continue;
