@@ -562,6 +562,36 @@ static void log_read_only(struct disk *d, const char *dir, const struct kvr_l2_s
 		 (unsigned long long)(sc->capacity_bytes >> 20), sc->queue_depth);
 }
 
+/* Namespace directories under root other than ours (32 hex characters): another model, slot
+ * format or kvring version wrote them, and this instance neither adopts, counts nor removes
+ * them. Logged once at start so an operator sees disk space no instance may be using. */
+static void log_other_namespaces(const char *root, const char *ours)
+{
+	DIR *dp = opendir(root);
+	if (!dp)
+		return;
+	unsigned n = 0;
+	char some[3][KVR_KEY_FMT_LEN];
+	struct dirent *e;
+	while ((e = readdir(dp))) {
+		size_t len = strlen(e->d_name);
+		if (len != KVR_KEY_FMT_LEN - 1 || strspn(e->d_name, "0123456789abcdef") != len || !strcmp(e->d_name, ours))
+			continue;
+		struct stat st;
+		if (fstatat(dirfd(dp), e->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISDIR(st.st_mode))
+			continue;
+		if (n < 3)
+			snprintf(some[n], sizeof(some[n]), "%s", e->d_name);
+		n++;
+	}
+	closedir(dp);
+	if (n)
+		kvr_info("l2 %s: %u other namespace director%s beside this instance's (%s%s%s%s%s%s), left alone and not "
+			 "counted in its capacity: another model, slot format or kvring version wrote them; remove those "
+			 "no instance uses", root, n, n == 1 ? "y" : "ies", some[0], n > 1 ? ", " : "", n > 1 ? some[1] : "",
+			 n > 2 ? ", " : "", n > 2 ? some[2] : "", n > 3 ? ", ..." : "");
+}
+
 static int open_store(struct disk *d, const char *dir, struct kvr_l2_store_config *sc)
 {
 	struct kvr_l2_adopt_stats ad;
@@ -582,6 +612,8 @@ static int open_store(struct disk *d, const char *dir, struct kvr_l2_store_confi
 	}
 	struct kvr_l2_store_stats st;
 	kvr_l2_store_stats(d->store, &st);
+	char ours[KVR_KEY_FMT_LEN];
+	log_other_namespaces(dir, kvr_l2_ns_dir_fmt(sc->ident.ns, ours));
 	kvr_actor_count(d->a, KVR_STAT_DK_ADOPTED, ad.adopted);
 	for (unsigned r = 1; r < KVR_L2_R_MAX; r++)
 		if (ad.rejected[r])

@@ -524,6 +524,9 @@ Test(no_model, l1_is_laid_out_again_for_another_format_once_nothing_is_attached)
 	cr_assert_gt(atomic_load(&h_actor(&env.h, "lookup")->generation), gen0, "a new lookup actor for the new slots");
 	cr_assert_eq(open_rank_of(&ct_tiny_tp2, 1, "e2", "org/b", &b1, &eagains), 0, "%s", kvr_last_error(NULL));
 	cr_assert(h_log_contains(&env.h, "L1 released"));
+	/* the TP-1 format's directory stays, and the new disk actor says so */
+	cr_assert(H_WAIT(h_log_contains(&env.h, "1 other namespace directory beside this instance's"), 3000), "%s",
+		  h_read_file(env.h.log));
 	ct_prompt(tokens[1], BLOCKS * BT, 301);
 	struct ct_rank *bs[2] = {b0, b1};
 	for (unsigned k = 0; k < 2; k++)
