@@ -212,7 +212,9 @@ struct kvr_worker_ent {
 	uint16_t engine;        /* engine index kvringd gave its engine (workers and schedulers) */
 	uint8_t kind;           /* enum kvr_client_kind */
 	uint8_t model;          /* its engine's model entry (kvr_ctl_model), KVR_CTL_MODEL_OTHER past 16 */
-	uint8_t reserved[8];
+	uint8_t lanes;          /* lanes a block of its engine (the commit quorum: TP size for MHA,
+				 * 1 for MLA; a DCP rank: its group's); kvringd, at attach */
+	uint8_t reserved[7];
 };
 _Static_assert(sizeof(struct kvr_worker_ent) == 64, "worker entry");
 

@@ -453,9 +453,9 @@ int kvr_capacity_bytes(const struct kvr_geometry *g, uint64_t prompts, uint64_t 
 	return 0;
 }
 
-int kvr_slots_namespace(uint64_t slot_bytes, uint32_t lanes, const char *cache_salt, kvr_key *ret_ns)
+int kvr_slots_namespace(uint64_t slot_bytes, const char *cache_salt, kvr_key *ret_ns)
 {
-	if (!slot_bytes || !lanes || !ret_ns || (cache_salt && strlen(cache_salt) > UINT32_MAX))
+	if (!slot_bytes || !ret_ns || (cache_salt && strlen(cache_salt) > UINT32_MAX))
 		return -EINVAL;
 	static const char tag[] = "kvring.slots.v2";
 	XXH3_state_t st;
@@ -464,7 +464,6 @@ int kvr_slots_namespace(uint64_t slot_bytes, uint32_t lanes, const char *cache_s
 	(void)XXH3_128bits_update(&st, tag, sizeof(tag)); /* with its NUL */
 	put_u32(&st, (uint32_t)slot_bytes);
 	put_u32(&st, (uint32_t)(slot_bytes >> 32));
-	put_u32(&st, lanes);
 	put_str(&st, cache_salt ? cache_salt : "");
 	XXH128_hash_t h = XXH3_128bits_digest(&st);
 	*ret_ns = (kvr_key){.lo = h.low64, .hi = h.high64};

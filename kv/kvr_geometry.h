@@ -47,12 +47,12 @@ int kvr_geometry_namespace(const struct kvr_geometry *g, const char *model_id, c
 
 /* The namespace of an instance without a model section (its slot table's, its L2 directory's
  * and the shared tier's): the slot format, not a model — XXH3-128 over "kvring.slots.v2\0",
- * slot_bytes (two uint32, low first), lanes and cache_salt. Engines of several models and
- * block sizes share such an instance; each block's own key still carries its engine's
- * namespace (kvr_geometry_namespace: model, geometry, block size), so none is served
- * another's, and each slot, L2 file and shared-tier value records its block size. (v1 also
- * hashed one block size: an instance of v1 held one.) 0 or -EINVAL. */
-int kvr_slots_namespace(uint64_t slot_bytes, uint32_t lanes, const char *cache_salt, kvr_key *ret_ns);
+ * slot_bytes (two uint32, low first) and cache_salt. Engines of several models, block sizes
+ * and TP sizes share such an instance; each block's own key still carries its engine's
+ * namespace (kvr_geometry_namespace: model, geometry, block size, TP size), so none is
+ * served another's, and each slot records its block's size and lanes. (v1 also hashed one
+ * block size and lane count: an instance of v1 held one of each.) 0 or -EINVAL. */
+int kvr_slots_namespace(uint64_t slot_bytes, const char *cache_salt, kvr_key *ret_ns);
 
 /* ---- capacity ------------------------------------------------------------------------- */
 

@@ -96,7 +96,8 @@ struct kvr_slot {
 	_Atomic uint8_t lk_pins;  /* KVR_PIN_LOOKUP */
 	_Atomic uint8_t io_pins;  /* KVR_PIN_IO */
 	_Atomic uint8_t rm_pins;  /* KVR_PIN_REMOTE */
-	uint8_t reserved;
+	uint8_t lanes;            /* lanes of its block (its engine's quorum) in a table of several
+				   * (quorum 0); 0 in a table of one */
 };
 _Static_assert(sizeof(struct kvr_slot) == 64, "a slot is one cache line");
 _Static_assert(offsetof(struct kvr_slot, key) == 8, "slot layout");
@@ -114,8 +115,9 @@ struct kvr_slot_table {
 	uint64_t arena_data_off;  /* offset of slot 0 in the arena segment */
 	uint64_t slots_off;       /* offset of slot 0's struct kvr_slot from this header */
 	kvr_key ns;               /* key namespace of every block in this table */
-	uint32_t tp_size;
-	uint32_t quorum;          /* lanes that must commit before a block is visible */
+	uint32_t tp_size;         /* lanes are below it (a table of several quorums: KVR_SLOT_MAX_WORKERS) */
+	uint32_t quorum;          /* lanes that must commit before a block is visible; 0: each block's own
+				   * (kvr_slot.lanes: engines of several TP sizes, no model section) */
 	_Atomic uint64_t clock;   /* logical clock for last_access (kvr_slots_tick) */
 	_Atomic uint32_t commit_seq; /* next commit sequence number */
 	uint32_t reserved0;
@@ -131,7 +133,7 @@ struct kvr_slots_config {
 	kvr_key ns;
 	uint32_t block_tokens;    /* 0: engines of several block sizes, each slot's its own */
 	uint32_t tp_size;         /* 1..KVR_SLOT_MAX_WORKERS */
-	uint32_t quorum;          /* 1..tp_size */
+	uint32_t quorum;          /* 1..tp_size; 0: each block's own (kvr_slot_set_lanes) */
 };
 
 /* Bytes of a slot-table segment (header included) with n_slots slots; 0 if n_slots is 0
@@ -151,7 +153,8 @@ uint64_t kvr_slots_arena_memsize(uint32_t n_slots, uint64_t lane_bytes);
 int kvr_slots_init(void *mem, size_t mem_size, const struct kvr_slots_config *cfg, struct kvr_slot_table **ret);
 
 /* Validate a mapped slot-table segment: kind, magic, n_slots and offsets inside the
- * segment, slot_bytes aligned, 1 <= quorum <= tp_size <= KVR_SLOT_MAX_WORKERS.
+ * segment, slot_bytes aligned, quorum <= tp_size <= KVR_SLOT_MAX_WORKERS (quorum 0: each
+ * block's own).
  * Returns 0 and *ret, or -EPROTO (not initialised / bad magic), -EMEDIUMTYPE (other
  * segment kind), -EBADMSG (fields out of range). Safe on a read-only mapping. */
 int kvr_slots_attach(const struct kvr_segment *seg, struct kvr_slot_table **ret);
@@ -192,6 +195,27 @@ static inline void kvr_slot_set_model(struct kvr_slot_table *t, uint32_t i, uint
 	if (i < t->n_slots)
 		__atomic_store_n(&kvr_slot_at(t, i)->model, m, __ATOMIC_RELAXED);
 }
+/* The most lanes a block of t has: its quorum, or (a table of several) tp_size. */
+static inline unsigned kvr_slots_lanes_max(const struct kvr_slot_table *t)
+{
+	return t->quorum ? t->quorum : t->tp_size;
+}
+
+/* Slot i holds a lane of a block of `lanes` lanes: on a table of several quorums (quorum 0)
+ * the index sets it right after kvr_slot_alloc, before anyone can read the slot; on a table
+ * of one this does nothing. */
+static inline void kvr_slot_set_lanes(struct kvr_slot_table *t, uint32_t i, unsigned lanes)
+{
+	if (!t->quorum && i < t->n_slots)
+		kvr_slot_at(t, i)->lanes = (uint8_t)lanes;
+}
+
+/* The lanes of slot i's block: the table's quorum, or the slot's own (0: not set). */
+static inline unsigned kvr_slot_block_lanes(const struct kvr_slot_table *t, uint32_t i)
+{
+	return t->quorum ? t->quorum : kvr_slot_at(t, i)->lanes;
+}
+
 /* Slot i holds a block of block_tokens tokens: on a table of mixed block sizes (block_tokens
  * 0) the lookup actor sets it right after kvr_slot_alloc, before anyone can read the slot;
  * on a table of one block size kvr_slot_alloc already wrote it and this does nothing. */

@@ -37,7 +37,7 @@ uint64_t kvr_slots_arena_memsize(uint32_t n_slots, uint64_t lane_bytes)
 int kvr_slots_init(void *mem, size_t mem_size, const struct kvr_slots_config *cfg, struct kvr_slot_table **ret)
 {
 	if (!mem || !cfg || !ret || !cfg->n_slots || !cfg->lane_bytes || !cfg->tp_size ||
-	    cfg->tp_size > KVR_SLOT_MAX_WORKERS || !cfg->quorum || cfg->quorum > cfg->tp_size ||
+	    cfg->tp_size > KVR_SLOT_MAX_WORKERS || cfg->quorum > cfg->tp_size ||
 	    cfg->arena_data_off % KVR_SLOT_ALIGN)
 		return -EINVAL;
 	uint64_t sb = kvr_slots_slot_bytes(cfg->lane_bytes);
@@ -80,7 +80,7 @@ int kvr_slots_attach(const struct kvr_segment *seg, struct kvr_slot_table **ret)
 		return -EPROTO;
 	if (!t->n_slots || t->slots_off < sizeof(*t) || t->slots_off % 64 || !t->slot_bytes ||
 	    t->slot_bytes % KVR_SLOT_ALIGN || t->arena_data_off % KVR_SLOT_ALIGN || !t->tp_size ||
-	    t->tp_size > KVR_SLOT_MAX_WORKERS || !t->quorum || t->quorum > t->tp_size)
+	    t->tp_size > KVR_SLOT_MAX_WORKERS || t->quorum > t->tp_size)
 		return -EBADMSG;
 	if (t->slots_off > seg->size || (seg->size - t->slots_off) / sizeof(struct kvr_slot) < t->n_slots)
 		return -EBADMSG;
@@ -152,6 +152,7 @@ static void make_free(struct kvr_slot *s)
 	s->owner = 0;
 	s->model = 0;
 	s->block_tokens = 0;
+	s->lanes = 0;
 	s->last_access = 0;
 	s->commit_seq = 0;
 }
@@ -171,6 +172,7 @@ int kvr_slot_alloc(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t l
 	s->owner = owner;
 	s->model = 0;
 	s->block_tokens = t->block_tokens;
+	s->lanes = 0;
 	s->last_access = 0;
 	s->commit_seq = 0;
 	set_state(s, KVR_SLOT_WRITING);

@@ -98,18 +98,17 @@ static int kv_memory_check(struct sup *s, int fd, struct kvr_proto_rep *rep, uin
 	return 0;
 }
 
-/* No model section: engines of any model and block size share the slots, so what must
- * agree is the slot format L1 was laid out with for the first worker — its lane count (the
- * commit quorum) — and a lane must fit a slot, and a staging pool hold one. 0, or -EINVAL
- * with rep naming what differs and what to do. */
+/* No model section: engines of any model, block size and TP size share the slots, so what
+ * must agree is the slot size L1 was laid out with for the first worker: a lane must fit a
+ * slot, and a staging pool hold one. 0, or -EINVAL with rep naming what differs and what to do. */
 static int slots_fit(struct sup *s, const struct kvr_geometry *g, struct kvr_proto_rep *rep)
 {
 	uint64_t lane = kvr_geometry_lane_bytes(g);
-	uint32_t lanes = kvr_geometry_lanes(g);
 	char err[KVR_PROTO_REASON_MAX];
-	if (lanes != s->lanes)
-		sup_rep_init(s, rep, -EINVAL, "%u lanes a block (TP %u): this instance's blocks have %u while an engine "
-			     "is attached (set by the first worker, %s)", lanes, g->tp_size, s->lanes, s->bound_by);
+	if (g->tp_size > s->cfg.instance.max_workers)
+		sup_rep_init(s, rep, -EINVAL, "tp_size %u exceeds $.instance.max_workers (%u): each rank of a TP group "
+			     "attaches as one worker, so no group could ever be complete", g->tp_size,
+			     s->cfg.instance.max_workers);
 	else if (lane > s->slots->slot_bytes)
 		sup_rep_init(s, rep, -EINVAL, "a block lane of %llu bytes does not fit this instance's slots of %llu: set "
 			     "$.l1.slot_bytes to the largest model's lane", (unsigned long long)lane,
@@ -121,9 +120,8 @@ static int slots_fit(struct sup *s, const struct kvr_geometry *g, struct kvr_pro
 	return -EINVAL;
 }
 
-/* No model section, and a worker of another slot format (lanes a block, or — without
- * l1.slot_bytes — a lane that rounds to another slot size than the first worker's) while no
- * client is attached: L1 is given up and laid out again for it. The slots serve nobody, and an
+/* No model section, and a worker of another slot format (without l1.slot_bytes: a lane that
+ * rounds to another slot size than the first worker's) while no client is attached: L1 is given up and laid out again for it. The slots serve nobody, and an
  * operator who switched the node's engines expects the new ones served as a restart would
  * serve them: not refused until kvringd restarts, nor kept in slots of the old size away from
  * their own L2 files. The old format's L2 files stay in their own directory, adopted again
@@ -135,8 +133,7 @@ static bool rebind_when_idle(struct sup *s, unsigned w, const struct kvr_geometr
 	/* without l1.slot_bytes the slots are the first worker's lane: a lane that needs another
 	 * slot size (larger: it does not fit; smaller: its L2 files are in its own format's
 	 * directory) lays L1 out again, as a restart would */
-	bool other_format = kvr_geometry_lanes(canon) != s->lanes ||
-			    (!s->cfg.l1.slot_bytes && kvr_slots_slot_bytes(lane) != s->slots->slot_bytes);
+	bool other_format = !s->cfg.l1.slot_bytes && kvr_slots_slot_bytes(lane) != s->slots->slot_bytes;
 	if (!s->cfg.model.unbound || !other_format || !sup_l1_idle(s, (int)w))
 		return false;
 	char why[256];
@@ -370,6 +367,14 @@ static int attach_engine(struct sup *s, const struct kvr_proto_req *req, struct 
 	return 0;
 }
 
+/* Lanes a block of rank g's engine (its commit quorum): TP size for MHA, 1 for MLA; a DCP
+ * rank's group stores the canonical block, whose TP size is tp_size / dcp_size. */
+static uint8_t block_lanes(const struct kvr_geometry *g)
+{
+	struct kvr_geometry canon;
+	return (uint8_t)kvr_geometry_lanes(kvr_dcp_canonical_geometry(g, &canon, NULL, 0) ? g : &canon);
+}
+
 /* Worker slot w's entry filled for c's process, the rank g describes and its engine, then
  * published: ATTACHED is stored last. */
 static void worker_attached(struct sup *s, struct sup_conn *c, unsigned w, const struct kvr_geometry *g, int engine,
@@ -387,6 +392,7 @@ static void worker_attached(struct sup *s, struct sup_conn *c, unsigned w, const
 	we->engine = (uint16_t)engine;
 	we->model = s->engines[engine].model;
 	we->block_tokens = g->block_tokens; /* a DCP rank's: its group's canonical block */
+	we->lanes = block_lanes(g);
 	we->kind = KVR_CLIENT_WORKER;
 	s->worker_engine[w] = engine;
 	atomic_store(&kvr_ctl_area(s->ctl, w)->waiter.sleepers, 0);
@@ -409,7 +415,7 @@ static void attach_info(struct sup *s, unsigned w, const struct kvr_geometry *g,
 		.ns_lo = ns.lo,
 		.ns_hi = ns.hi,
 		.lane = kvr_dcp_lane(g),
-		.lanes = s->lanes,
+		.lanes = block_lanes(g), /* its own engine's (without a model section engines' differ) */
 		.n_slots = s->slots->n_slots,
 		.block_tokens = g->block_tokens, /* its own (without a model section, engines' differ) */
 		.slot_bytes = s->slots->slot_bytes,
@@ -532,7 +538,7 @@ static int sched_slot(struct sup *s, struct sup_conn *c, const struct kvr_proto_
 /* Scheduler slot `slot`'s entry filled for c's process and its engine, then published:
  * ATTACHED is stored last. */
 static void sched_attached(struct sup *s, struct sup_conn *c, unsigned slot, int engine,
-			   const struct sup_engine_id *eng, uint32_t tp_size, uint32_t block_tokens)
+			   const struct sup_engine_id *eng, uint32_t tp_size, uint32_t block_tokens, uint8_t lanes)
 {
 	struct kvr_worker_ent *se = kvr_ctl_sched(s->ctl, slot);
 	atomic_store(&se->pid, c->pid);
@@ -545,6 +551,7 @@ static void sched_attached(struct sup *s, struct sup_conn *c, unsigned slot, int
 	se->engine = (uint16_t)engine;
 	se->model = s->engines[engine].model;
 	se->block_tokens = block_tokens;
+	se->lanes = lanes;
 	se->kind = KVR_CLIENT_SCHEDULER;
 	atomic_store(&kvr_ctl_area(s->ctl, s->ctl->max_workers + slot)->waiter.sleepers, 0);
 	atomic_store(&se->state, KVR_WORKER_ATTACHED);
@@ -592,7 +599,7 @@ void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr
 		sup_rep_init(s, &rep, -EINVAL, "no key namespace for engine \"%s\"", eng.id);
 		goto reply;
 	}
-	sched_attached(s, c, (unsigned)slot, engine, &eng, eg->tp_size, eg->block_tokens);
+	sched_attached(s, c, (unsigned)slot, engine, &eng, eg->tp_size, eg->block_tokens, block_lanes(eg));
 
 	sup_rep_init(s, &rep, 0, NULL);
 	rep.worker = (uint32_t)slot;
@@ -600,7 +607,7 @@ void sup_handle_attach_sched(struct sup *s, struct sup_conn *c, const struct kvr
 	struct kvr_attach_info info = {
 		.ns_lo = ns.lo,
 		.ns_hi = ns.hi,
-		.lanes = s->lanes,
+		.lanes = block_lanes(eg),
 		.n_slots = s->slots->n_slots,
 		.block_tokens = eg->block_tokens, /* its engine's */
 		.slot_bytes = s->slots->slot_bytes,

@@ -348,8 +348,7 @@ static int create_l1(struct sup *s, const struct kvr_geometry *g, char *err, siz
 				(unsigned long long)s->cfg.l1.slot_bytes, (unsigned long long)model_lane);
 	kvr_key ns;
 	/* no model section: the slot format names the instance (engines of several models share it) */
-	int rc = s->cfg.model.unbound ? kvr_slots_namespace(kvr_slots_slot_bytes(lane_bytes), lanes, s->cfg.model.cache_salt,
-							    &ns)
+	int rc = s->cfg.model.unbound ? kvr_slots_namespace(kvr_slots_slot_bytes(lane_bytes), s->cfg.model.cache_salt, &ns)
 				      : kvr_geometry_namespace(g, s->cfg.model.model_id, s->cfg.model.cache_salt, &ns);
 	if (rc)
 		return kvr_errf(err, errlen, rc, "no key namespace for this geometry");
@@ -365,10 +364,12 @@ static int create_l1(struct sup *s, const struct kvr_geometry *g, char *err, siz
 	rc = kvr_segment_create("kvring-slots", KVR_SEG_SLOTS, tsize, s->generation, 0, &s->slots_seg);
 	if (rc)
 		return kvr_errf(err, errlen, rc, "cannot create the slot table (%zu bytes): %s", tsize, strerror(-rc));
-	/* no model section: engines of any block size share the slots, each slot records its own */
+	/* no model section: engines of any block size and TP size share the slots, each slot
+	 * records its block's size and lanes (a lane of any rank up to KVR_SLOT_MAX_WORKERS) */
+	bool mixed = s->cfg.model.unbound;
 	struct kvr_slots_config sc = {.n_slots = (uint32_t)n_slots, .lane_bytes = lane_bytes, .ns = ns,
-				      .block_tokens = s->cfg.model.unbound ? 0 : g->block_tokens, .tp_size = g->tp_size,
-				      .quorum = lanes};
+				      .block_tokens = mixed ? 0 : g->block_tokens,
+				      .tp_size = mixed ? KVR_SLOT_MAX_WORKERS : g->tp_size, .quorum = mixed ? 0 : lanes};
 	struct kvr_slot_table *slots;
 	rc = kvr_slots_init(s->slots_seg.base, s->slots_seg.size, &sc, &slots);
 	if (rc) {
@@ -398,10 +399,16 @@ static int create_l1(struct sup *s, const struct kvr_geometry *g, char *err, siz
 	 * sup_prefault_start() faults it in afterwards, in the background. */
 	log_arena_pages(s);
 	char nsbuf[KVR_KEY_FMT_LEN];
-	kvr_info("L1: %llu slots of %llu bytes (%llu blocks x %u lanes), arena %llu bytes%s, namespace %s",
-		 (unsigned long long)n_slots, (unsigned long long)slot_bytes, (unsigned long long)(n_slots / s->lanes),
-		 s->lanes, (unsigned long long)s->arena_seg.size, s->arena_seg.huge ? " (huge pages)" : "",
-		 kvr_key_fmt(s->ns, nsbuf));
+	if (!s->slots->quorum)
+		kvr_info("L1: %llu slots of %llu bytes (block lanes of engines of any TP size), arena %llu bytes%s, "
+			 "namespace %s", (unsigned long long)n_slots, (unsigned long long)slot_bytes,
+			 (unsigned long long)s->arena_seg.size, s->arena_seg.huge ? " (huge pages)" : "",
+			 kvr_key_fmt(s->ns, nsbuf));
+	else
+		kvr_info("L1: %llu slots of %llu bytes (%llu blocks x %u lanes), arena %llu bytes%s, namespace %s",
+			 (unsigned long long)n_slots, (unsigned long long)slot_bytes,
+			 (unsigned long long)(n_slots / s->lanes), s->lanes, (unsigned long long)s->arena_seg.size,
+			 s->arena_seg.huge ? " (huge pages)" : "", kvr_key_fmt(s->ns, nsbuf));
 	return 0;
 }
 

@@ -644,7 +644,7 @@ static void store_config(const struct kvr_actor *a, const char *dir, struct kvr_
 		.root = dir,
 		.ident = {.ns = a->slots->ns, .fingerprint = a->slots->ns, .block_tokens = a->slots->block_tokens,
 			  .lane_bytes = a->slots->slot_bytes},
-		.lanes = a->slots->quorum,
+		.lanes = kvr_slots_lanes_max(a->slots),
 		.capacity_bytes = cfg->l2.capacity_bytes / cfg->l2.n_dirs,
 		.queue_depth = cfg->l2.queue_depth,
 		.io_mode = KVR_L2_IO_AUTO,

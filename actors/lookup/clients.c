@@ -25,6 +25,14 @@ uint64_t lk_client_block_tokens(const struct kvr_actor *a, unsigned client)
 	return a->slots->block_tokens ? a->slots->block_tokens : 1;
 }
 
+unsigned lk_client_lanes(const struct kvr_actor *a, unsigned client)
+{
+	const struct kvr_worker_ent *e = entry(a, client);
+	if (a->slots->quorum)
+		return a->slots->quorum;
+	return e ? e->lanes : 0; /* 0: not known, nothing is served */
+}
+
 void lk_client_tag(struct kvr_actor *a, uint32_t slot, unsigned client)
 {
 	const struct kvr_worker_ent *e = entry(a, client);

@@ -18,6 +18,9 @@ struct kvr_model_ent *lk_client_model(const struct kvr_actor *a, unsigned client
 /* Tokens a block of client's engine (without a model section engines of several block
  * sizes share the instance; with one, the instance's). */
 uint64_t lk_client_block_tokens(const struct kvr_actor *a, unsigned client);
+/* Lanes a block of client's engine (its commit quorum; engines of several TP sizes share an
+ * instance without a model section; with one, the instance's). */
+unsigned lk_client_lanes(const struct kvr_actor *a, unsigned client);
 /* Slot `slot`, just allocated for client (a store, or a promotion it asked for), tagged with
  * its model and block size (kvr_slot.model, .block_tokens). */
 void lk_client_tag(struct kvr_actor *a, uint32_t slot, unsigned client);

@@ -16,14 +16,15 @@ _Static_assert(KVR_INDEX_PRESENT == KVR_SLOT_PRESENT && KVR_INDEX_NOROOM == KVR_
 struct ent {
 	kvr_key key;
 	uint16_t alloc_mask, commit_mask;
+	uint16_t full;        /* commit_mask when visible: one bit per lane of the block */
 	uint32_t mark;        /* == idx->stamp while an alloc call protects it from eviction */
 	uint64_t last_access; /* rebuild only */
 };
 
 struct kvr_index {
 	struct kvr_slot_table *t;
-	uint32_t n_slots, lanes;
-	uint16_t full_mask;
+	uint32_t n_slots, lanes; /* lanes: the most a block has (kvr_slots_lanes_max), ent_slots' stride */
+	uint32_t quorum;         /* the table's, or 0: each block its own (ent.full) */
 	char policy_name[16];
 	struct kvr_policy *pol;
 
@@ -96,12 +97,23 @@ static void h_delete(struct kvr_index *idx, uint32_t e)
 	}
 }
 
-static uint32_t ent_new(struct kvr_index *idx, kvr_key key)
+static uint16_t lanes_mask(unsigned lanes)
+{
+	return (uint16_t)((1u << lanes) - 1);
+}
+
+static bool visible(const struct ent *en)
+{
+	return en->alloc_mask && en->commit_mask == en->full;
+}
+
+/* A new entry for a block of `lanes` lanes. */
+static uint32_t ent_new(struct kvr_index *idx, kvr_key key, unsigned lanes)
 {
 	if (!idx->n_free_ents)
 		return NONE;
 	uint32_t e = idx->free_ents[--idx->n_free_ents];
-	idx->ents[e] = (struct ent){.key = key};
+	idx->ents[e] = (struct ent){.key = key, .full = lanes_mask(lanes)};
 	for (unsigned l = 0; l < idx->lanes; l++)
 		*lane_slot(idx, e, l) = NONE;
 	h_insert(idx, e);
@@ -297,16 +309,16 @@ static int index_alloc_arrays(struct kvr_index *idx, uint32_t n_slots, uint32_t 
 
 int kvr_index_new(struct kvr_slot_table *t, const char *policy, struct kvr_index **ret)
 {
-	if (!t || !policy || !ret || !t->n_slots || t->n_slots >= NONE - 1 || !t->quorum ||
-	    t->quorum > KVR_INDEX_MAX_LANES || strlen(policy) >= sizeof(((struct kvr_index *)0)->policy_name))
+	if (!t || !policy || !ret || !t->n_slots || t->n_slots >= NONE - 1 || !kvr_slots_lanes_max(t) ||
+	    kvr_slots_lanes_max(t) > KVR_INDEX_MAX_LANES || strlen(policy) >= sizeof(((struct kvr_index *)0)->policy_name))
 		return -EINVAL;
 	struct kvr_index *idx = calloc(1, sizeof(*idx));
 	if (!idx)
 		return -ENOMEM;
 	idx->t = t;
 	idx->n_slots = t->n_slots;
-	idx->lanes = t->quorum;
-	idx->full_mask = (uint16_t)((1u << idx->lanes) - 1);
+	idx->lanes = kvr_slots_lanes_max(t);
+	idx->quorum = t->quorum;
 	strcpy(idx->policy_name, policy);
 	int rc = index_alloc_arrays(idx, idx->n_slots, idx->lanes);
 	if (rc < 0)
@@ -360,7 +372,8 @@ static int cmp_recency(const void *a, const void *b, void *arg)
 static int rebuild_reset(struct kvr_index *idx, struct kvr_slot_table *t)
 {
 	struct kvr_policy *pol;
-	uint32_t capacity = idx->n_slots / idx->lanes ? idx->n_slots / idx->lanes : 1; /* blocks */
+	unsigned q = idx->quorum ? idx->quorum : 1; /* several quorums: at most a block a slot */
+	uint32_t capacity = idx->n_slots / q ? idx->n_slots / q : 1; /* blocks */
 	int rc = kvr_policy_new(idx->policy_name, idx->n_slots, capacity, &pol);
 	if (rc < 0)
 		return rc;
@@ -392,16 +405,21 @@ static int rebuild_slot(struct kvr_index *idx, struct kvr_slot_table *t, uint32_
 	if (st != KVR_SLOT_WRITING && st != KVR_SLOT_COMMITTED)
 		return 0;
 	/* a promotion of a lookup actor that died: nobody waits for it any more; a slot of
-	 * another block size than the table's (mixed: any, but one was set) is not ours */
-	if (sl->lane >= idx->lanes || (t->block_tokens ? sl->block_tokens != t->block_tokens : !sl->block_tokens) ||
+	 * another block size than the table's (mixed: any, but one was set), or whose lane or
+	 * lane count does not fit (mixed: set, and the same for every lane of the block) is
+	 * not ours */
+	unsigned lanes = kvr_slot_block_lanes(t, s);
+	uint32_t e = h_find(idx, sl->key);
+	if (!lanes || lanes > idx->lanes || sl->lane >= lanes ||
+	    (t->block_tokens ? sl->block_tokens != t->block_tokens : !sl->block_tokens) ||
+	    (e != NONE && idx->ents[e].full != lanes_mask(lanes)) ||
 	    (st == KVR_SLOT_WRITING && sl->owner == KVR_SLOT_OWNER_LOOKUP)) {
 		release_stray(t, s);
 		return 0;
 	}
 	int made = 0;
-	uint32_t e = h_find(idx, sl->key);
 	if (e == NONE) {
-		e = ent_new(idx, sl->key);
+		e = ent_new(idx, sl->key, lanes);
 		made = 1;
 	} else if (*lane_slot(idx, e, sl->lane) != NONE) {
 		/* a second slot for the same key and lane: keep a committed one */
@@ -444,7 +462,7 @@ static int rebuild_policy(struct kvr_index *idx, uint32_t blocks)
 
 int kvr_index_rebuild(struct kvr_index *idx, struct kvr_slot_table *t)
 {
-	if (!idx || !t || t->n_slots != idx->n_slots || t->quorum != idx->lanes)
+	if (!idx || !t || t->n_slots != idx->n_slots || t->quorum != idx->quorum || kvr_slots_lanes_max(t) != idx->lanes)
 		return -EINVAL;
 	int rc = rebuild_reset(idx, t);
 	if (rc < 0)
@@ -475,7 +493,7 @@ int kvr_index_match(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 	for (i = 0; i < n; i++) {
 		progress(idx, i);
 		uint32_t e = h_find(idx, keys[i]);
-		if (e == NONE || idx->ents[e].commit_mask != idx->full_mask)
+		if (e == NONE || !visible(&idx->ents[e]) || !(idx->ents[e].full & (1u << lane)))
 			break;
 		uint32_t s = *lane_slot(idx, e, lane);
 		(void)kvr_slot_touch(idx->t, s, kvr_slots_tick(idx->t));
@@ -490,8 +508,14 @@ int kvr_index_match(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane, unsigned owner,
 		    struct kvr_index_ref *ret_slots, struct kvr_index_alloc_stats *ret_stats)
 {
-	if (!idx || lane >= idx->lanes || (owner >= KVR_SLOT_MAX_WORKERS && owner != KVR_SLOT_OWNER_LOOKUP) ||
-	    (n && (!keys || !ret_slots)))
+	return kvr_index_alloc_lanes(idx, keys, n, lane, idx ? idx->quorum : 0, owner, ret_slots, ret_stats);
+}
+
+int kvr_index_alloc_lanes(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane, unsigned lanes,
+			  unsigned owner, struct kvr_index_ref *ret_slots, struct kvr_index_alloc_stats *ret_stats)
+{
+	if (!idx || !lanes || lanes > idx->lanes || (idx->quorum && lanes != idx->quorum) || lane >= lanes ||
+	    (owner >= KVR_SLOT_MAX_WORKERS && owner != KVR_SLOT_OWNER_LOOKUP) || (n && (!keys || !ret_slots)))
 		return -EINVAL;
 	struct kvr_index_alloc_stats st = {0};
 	const uint16_t bit = (uint16_t)(1u << lane);
@@ -514,6 +538,14 @@ int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 			st.present++;
 			continue;
 		}
+		if (e != NONE && idx->ents[e].full != lanes_mask(lanes)) {
+			/* the key of a block of another lane count: keys chain from a namespace that
+			 * holds the TP size, so only a collision gets here; never mix the two */
+			ret_slots[i] = (struct kvr_index_ref){KVR_INDEX_NOROOM, 0};
+			st.noroom++;
+			gap = true;
+			continue;
+		}
 		uint32_t s = NONE, epoch = 0;
 		while (!gap && s == NONE) {
 			if (!idx->n_free_slots && idx->n_draining)
@@ -527,8 +559,10 @@ int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 				continue;
 			}
 			uint32_t c = idx->free_slots[--idx->n_free_slots];
-			if (kvr_slot_alloc(idx->t, c, keys[i], (uint16_t)lane, (uint8_t)owner, &epoch) == 0)
+			if (kvr_slot_alloc(idx->t, c, keys[i], (uint16_t)lane, (uint8_t)owner, &epoch) == 0) {
 				s = c; /* else the slot is not FREE in the table: drop it from the free list */
+				kvr_slot_set_lanes(idx->t, s, lanes);
+			}
 		}
 		if (s == NONE) {
 			ret_slots[i] = (struct kvr_index_ref){KVR_INDEX_NOROOM, 0};
@@ -537,7 +571,7 @@ int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 		}
 		if (e == NONE) {
 			/* cannot fail: every entry holds a slot and slot s is not tracked yet */
-			e = ent_new(idx, keys[i]);
+			e = ent_new(idx, keys[i], lanes);
 			if (e == NONE) {
 				slot_aborted(idx, s, kvr_slot_abort(idx->t, s, epoch));
 				ret_slots[i] = (struct kvr_index_ref){KVR_INDEX_NOROOM, 0};
@@ -592,9 +626,9 @@ int kvr_index_commit(struct kvr_index *idx, unsigned lane, uint32_t slot, uint32
 	if (rc < 0)
 		return rc;
 	struct ent *en = &idx->ents[e];
-	bool was = en->commit_mask == idx->full_mask;
+	bool was = visible(en);
 	en->commit_mask |= (uint16_t)(1u << l);
-	return !was && en->commit_mask == idx->full_mask;
+	return !was && visible(en);
 }
 
 int kvr_index_abort(struct kvr_index *idx, uint32_t slot, uint32_t epoch)
@@ -678,7 +712,7 @@ int kvr_index_get(const struct kvr_index *idx, kvr_key key, struct kvr_index_blo
 		return -ENOENT;
 	const struct ent *en = &idx->ents[e];
 	struct kvr_index_block b = {.key = en->key, .alloc_mask = en->alloc_mask, .commit_mask = en->commit_mask,
-				    .visible = en->commit_mask == idx->full_mask};
+				    .visible = visible(en), .lanes = (uint8_t)__builtin_popcount(en->full)};
 	for (unsigned l = 0; l < KVR_INDEX_MAX_LANES; l++)
 		b.slot[l] = l < idx->lanes ? *lane_slot(idx, e, l) : NONE;
 	*ret = b;
@@ -690,7 +724,7 @@ void kvr_index_stats(const struct kvr_index *idx, struct kvr_index_stats *ret)
 	struct kvr_index_stats s = {0};
 	s.blocks = idx->n_slots - idx->n_free_ents;
 	for (uint32_t e = 0; e < idx->n_slots; e++)
-		if (idx->ents[e].alloc_mask && idx->ents[e].commit_mask == idx->full_mask)
+		if (visible(&idx->ents[e]))
 			s.visible++;
 	s.free_slots = idx->n_free_slots;
 	s.lanes = idx->lanes;

@@ -14,8 +14,10 @@
  * survive a restart: kvr_index_rebuild() re-creates every entry from the slot table (the
  * source of truth), so a restarted lookup loses nothing committed.
  *
- * Lanes: a block has `lanes` = table quorum lanes (tp_size for MHA, 1 for MLA). It is
- * VISIBLE when every lane is committed. For MLA the caller maps every rank to lane 0.
+ * Lanes: a block has `lanes` = table quorum lanes (tp_size for MHA, 1 for MLA), or, on a
+ * table of several quorums (quorum 0, no model section), its own, given when it is first
+ * allocated (kvr_index_alloc_lanes). It is VISIBLE when every one of its lanes is
+ * committed. For MLA the caller maps every rank to lane 0.
  *
  * Every function that changes a slot does it through the kvr_slot_* transitions, so the
  * index and the table never disagree; the index is the table's single writer (the lookup
@@ -95,6 +97,13 @@ struct kvr_index_alloc_stats {
  * KVR_SLOT_MAX_WORKERS, NULL arrays with n > 0). */
 int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane, unsigned owner,
 		    struct kvr_index_ref *ret_slots, struct kvr_index_alloc_stats *ret_stats);
+/* kvr_index_alloc for blocks of `lanes` lanes (their quorum): on a table of several quorums
+ * (quorum 0: engines of several TP sizes) each block has its own, set when its entry is made
+ * and recorded in each of its slots (kvr_slot.lanes); a key whose block has another lane
+ * count is NOROOM. On a table of one, lanes must be its quorum. -EINVAL as kvr_index_alloc,
+ * and for lanes 0, above the table's most, or lane >= lanes. */
+int kvr_index_alloc_lanes(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane, unsigned lanes,
+			  unsigned owner, struct kvr_index_ref *ret_slots, struct kvr_index_alloc_stats *ret_stats);
 
 /* The lane in `slot` was written: WRITING -> COMMITTED. Returns 1 when the block became
  * visible with this commit, 0 when it is not (yet) visible, -ESTALE when (slot, epoch) is
@@ -125,6 +134,7 @@ struct kvr_index_block {
 	kvr_key key;
 	uint16_t alloc_mask, commit_mask;
 	bool visible;
+	uint8_t lanes;          /* lanes of the block (its quorum) */
 	uint32_t slot[KVR_INDEX_MAX_LANES]; /* KVR_SLOT_NONE where the lane has none */
 };
 

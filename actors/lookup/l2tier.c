@@ -157,12 +157,13 @@ static void sync_disk(struct l2tier *t, unsigned d)
 static bool evict_veto_hook(void *ctx, kvr_key key, const uint32_t *lane_slots)
 {
 	struct l2tier *t = ctx;
-	for (unsigned l = 0; l < t->a->slots->quorum; l++)
+	const unsigned lanes = kvr_slots_lanes_max(t->a->slots); /* NONE past the block's own */
+	for (unsigned l = 0; l < lanes; l++)
 		if (lane_slots[l] != KVR_SLOT_NONE && t->wq[lane_slots[l]].state != WQ_NONE)
 			return false;
 	if (!t->write_back)
 		return true;
-	for (unsigned l = 0; l < t->a->slots->quorum; l++)
+	for (unsigned l = 0; l < lanes; l++)
 		if (lane_slots[l] != KVR_SLOT_NONE && !l2t_has(t, key, l))
 			return false;
 	return true;
@@ -262,7 +263,7 @@ int l2t_open(struct kvr_actor *a, struct kvr_index *idx, struct l2tier **ret)
 	t->write_back = n && !t->read_only && a->cfg.l2.write_back;
 	/* requesters: worker slots, then one per (scheduler slot, lane): a lease promotes
 	 * every lane at once, each through its own entry (L2T_LEASE_REQUESTER) */
-	t->n_workers = a->ctl->max_workers + a->ctl->max_schedulers * a->slots->quorum;
+	t->n_workers = a->ctl->max_workers + a->ctl->max_schedulers * kvr_slots_lanes_max(a->slots);
 	t->n_slots = a->slots->n_slots;
 	t->pend = calloc(t->n_workers, sizeof(*t->pend));
 	t->wq = calloc(t->n_slots, sizeof(*t->wq));
@@ -515,20 +516,19 @@ static int rm_send_read(struct l2tier *t, uint64_t id, kvr_key k, unsigned lane,
  * A read that finds its ring full stalls the promotion too (never a wait in the send, which
  * held up every worker's lookup, never a prefix cut short by a busy disk) until
  * timeouts.alloc_wait_ms after the lookup began. */
-/* The model entry of a promotion's requester (a worker slot, or L2T_LEASE_REQUESTER of a
- * scheduler slot): the slot it fills is counted under it (kvr_slot.model). */
 /* Requester `worker` as a client (clients.h): a worker, or the scheduler of a lease's lane
- * (L2T_LEASE_REQUESTER). */
+ * (L2T_LEASE_REQUESTER, over the table's most lanes a block). Its model and block size tag
+ * the slots it is promoted into; its lanes are its blocks'. */
 static unsigned requester(const struct l2tier *t, unsigned worker)
 {
 	unsigned mw = t->a->ctl->max_workers;
-	return worker < mw ? worker : mw + (worker - mw) / t->a->slots->quorum;
+	return worker < mw ? worker : mw + (worker - mw) / kvr_slots_lanes_max(t->a->slots);
 }
 
 static void extend_more(struct l2tier *t, unsigned worker)
 {
 	struct pend *p = &t->pend[worker];
-	unsigned lanes = t->a->slots->quorum, lane = p->lane;
+	unsigned lanes = lk_client_lanes(t->a, requester(t, worker)), lane = p->lane;
 	p->stalled = false;
 	while (p->n < p->total) {
 		uint32_t i = p->n;
@@ -555,7 +555,8 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		struct kvr_index_alloc_stats st = {0};
 		/* the promotion slot is the lookup actor's, not the worker's: a worker that dies or
 		 * resets its storer cannot free a slot an L2 read is filling */
-		if (kvr_index_alloc(t->idx, &key, 1, lane, KVR_SLOT_OWNER_LOOKUP, &r, &st) || r.slot == KVR_INDEX_PRESENT) {
+		if (kvr_index_alloc_lanes(t->idx, &key, 1, lane, lanes, KVR_SLOT_OWNER_LOOKUP, &r, &st) ||
+		    r.slot == KVR_INDEX_PRESENT) {
 			p->why = KVR_MISS_IN_FLIGHT; /* PRESENT: a store or promotion holds this lane */
 			break;
 		}

@@ -62,6 +62,7 @@ struct lk_sched {
 	struct kvr_msg_lease hdr;     /* the LEASE that announced the key list */
 	uint64_t hdr_wire;            /* its wire id; 0 = none */
 	bool promoting;               /* waiting for l2tier: `lanes_busy` lanes still promote */
+	unsigned lanes;               /* lanes a block of its engine (lk_client_lanes), at its LEASE */
 	unsigned lanes_busy;
 	uint32_t promoted;            /* lane 0's blocks read from L2 for this lease */
 	unsigned why;                 /* enum kvr_miss_reason a lane's promotion stopped for (0: none) */
@@ -70,7 +71,7 @@ struct lk_sched {
 struct lookup {
 	struct kvr_index *idx;
 	struct kvr_slot_table *slots;
-	unsigned lanes;
+	unsigned lanes;               /* the most lanes a block has (kvr_slots_lanes_max): scratch, requester ids */
 	unsigned n_workers;
 	struct lk_worker *w;
 	struct kvr_index_ref *refs;
@@ -97,7 +98,7 @@ static int lookup_init(struct kvr_actor *a)
 	l->slots = a->slots;
 	if (!l->slots)
 		return -EINVAL;
-	l->lanes = l->slots->quorum;
+	l->lanes = kvr_slots_lanes_max(l->slots);
 	/* Lookup pins have one owner, us: whatever a predecessor left is its own (promotions
 	 * it was waiting for) and goes now, before the index looks at what is evictable. */
 	uint64_t dropped = 0;
@@ -259,7 +260,7 @@ static void do_lookup(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		send_lookup_rep(a, l, wi, wire, -ESTALE, 0, lane, 0);
 		return;
 	}
-	if (lane >= l->lanes) {
+	if (lane >= lk_client_lanes(a, wi)) {
 		send_lookup_rep(a, l, wi, wire, -EINVAL, 0, lane, 0);
 		return;
 	}
@@ -354,7 +355,8 @@ static void alloc_try(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		first++;
 	if (first < q->total) {
 		struct kvr_index_alloc_stats st = {0};
-		if (kvr_index_alloc(l->idx, keys + first, q->total - first, q->lane, wi, w->alloc_refs + first, &st))
+		if (kvr_index_alloc_lanes(l->idx, keys + first, q->total - first, q->lane, lk_client_lanes(a, wi), wi,
+					  w->alloc_refs + first, &st))
 			for (uint32_t i = first; i < q->total; i++)
 				w->alloc_refs[i] = (struct kvr_index_ref){.slot = KVR_INDEX_NOROOM};
 		kvr_actor_count(a, KVR_STAT_LK_ALLOCATED, st.allocated);
@@ -393,7 +395,7 @@ static void do_alloc(struct kvr_actor *a, struct lookup *l, unsigned wi)
 	}
 	for (uint32_t i = 0; i < q->total; i++)
 		w->alloc_refs[i] = (struct kvr_index_ref){.slot = KVR_INDEX_NOROOM};
-	if (q->lane >= l->lanes) {
+	if (q->lane >= lk_client_lanes(a, wi)) {
 		alloc_reply(a, l, wi);
 		return;
 	}
@@ -481,7 +483,7 @@ static uint32_t blocks_in_flight(const struct lookup *l, const kvr_key *keys, ui
  * but not every one (quorum), the reason this lease's promotion stopped (a failed read, no
  * room), on disk on some lanes only (quorum), remembered as evicted, or nothing at all.
  */
-static unsigned miss_reason(const struct lookup *l, const struct lk_sched *sc, kvr_key key)
+static unsigned miss_reason(const struct lookup *l, const struct lk_sched *sc, unsigned lanes, kvr_key key)
 {
 	struct kvr_index_block b;
 	if (kvr_index_get(l->idx, key, &b) == 0) {
@@ -494,9 +496,9 @@ static unsigned miss_reason(const struct lookup *l, const struct lk_sched *sc, k
 		      * gone by now: a damaged one is deleted), no room */
 		return sc->why;
 	unsigned on_disk = 0;
-	for (unsigned lane = 0; l->l2 && lane < l->lanes; lane++)
+	for (unsigned lane = 0; l->l2 && lane < lanes; lane++)
 		on_disk += l2t_has(l->l2, key, lane);
-	if (on_disk == l->lanes)
+	if (on_disk == lanes)
 		return KVR_MISS_L2_FAILED;
 	if (on_disk)
 		return KVR_MISS_QUORUM;
@@ -512,8 +514,9 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 	const kvr_key *keys = sc->keys.items;
 	uint32_t total = sc->keys.total;
 	uint16_t engine = kvr_ctl_sched(a->ctl, si)->engine;
+	const unsigned lanes = sc->lanes; /* its engine's blocks' */
 	sc->promoting = false;
-	size_t need = (size_t)l->lanes * total;
+	size_t need = (size_t)lanes * total;
 	if (need > l->cap_lease_refs) {
 		struct kvr_index_ref *r = realloc(l->lease_refs, need * sizeof(*r));
 		if (!r) {
@@ -525,17 +528,19 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 	}
 	uint64_t t0 = kvr_now_ns();
 	int n = (int)total;
-	for (unsigned lane = 0; lane < l->lanes && n > 0; lane++) {
+	if (!lanes)
+		n = 0;
+	for (unsigned lane = 0; lane < lanes && n > 0; lane++) {
 		int got = kvr_index_match(l->idx, keys, total, lane, l->lease_refs + (size_t)lane * total);
 		if (got < n)
 			n = got < 0 ? 0 : got;
 	}
 	/* the lanes were matched against one list length: compact to n blocks a lane */
-	for (unsigned lane = 1; lane < l->lanes && n > 0 && (uint32_t)n < total; lane++)
+	for (unsigned lane = 1; lane < lanes && n > 0 && (uint32_t)n < total; lane++)
 		memmove(l->lease_refs + (size_t)lane * (uint32_t)n, l->lease_refs + (size_t)lane * total,
 			(size_t)n * sizeof(*l->lease_refs));
 	uint64_t deadline = kvr_actor_now(a) + (uint64_t)sc->hdr.ttl_ms * 1000000ull;
-	int got = leases_grant(l->leases, engine, sc->hdr.lease_id, (uint32_t)n, l->lanes, l->lease_refs,
+	int got = leases_grant(l->leases, engine, sc->hdr.lease_id, (uint32_t)n, lanes ? lanes : 1, l->lease_refs,
 			       sc->hdr.loaders, deadline);
 	uint64_t dt = kvr_now_ns() - t0; /* matching every lane and pinning */
 	kvr_actor_count(a, KVR_STAT_LK_LOOKUPS, 1);
@@ -554,7 +559,7 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 		uint32_t promoted = sc->promoted < (uint32_t)got ? sc->promoted : (uint32_t)got;
 		kvr_actor_count(a, KVR_STAT_LK_L1_HITS, (uint64_t)got - promoted);
 		uint32_t pending = blocks_in_flight(l, keys + got, total - (uint32_t)got);
-		unsigned why = (uint32_t)got < total ? miss_reason(l, sc, keys[got]) : KVR_MISS_NONE;
+		unsigned why = (uint32_t)got < total ? miss_reason(l, sc, lanes, keys[got]) : KVR_MISS_NONE;
 		if (why) {
 			kvr_actor_count(a, KVR_STAT_LK_MISS_FIRST + why - 1, total - (uint64_t)got);
 			kvr_actor_count(a, KVR_STAT_LK_MISS_TOKENS_FIRST + why - 1,
@@ -575,7 +580,7 @@ static void lease_cancel(struct lookup *l, unsigned si)
 {
 	struct lk_sched *sc = &l->sched[si];
 	if (sc->promoting)
-		for (unsigned lane = 0; lane < l->lanes; lane++)
+		for (unsigned lane = 0; lane < sc->lanes; lane++)
 			l2t_cancel(l->l2, lease_requester(l, si, lane));
 	sc->promoting = false;
 	sc->lanes_busy = 0;
@@ -594,7 +599,7 @@ static bool lease_extend(struct lookup *l, unsigned si)
 	const kvr_key *keys = sc->keys.items;
 	uint32_t total = sc->keys.total;
 	sc->lanes_busy = 0;
-	for (unsigned lane = 0; lane < l->lanes; lane++) {
+	for (unsigned lane = 0; lane < sc->lanes; lane++) {
 		if (!refs(l, total))
 			break;
 		int n = kvr_index_match(l->idx, keys, total, lane, l->refs);
@@ -647,6 +652,7 @@ static void do_lease(struct kvr_actor *a, struct lookup *l, unsigned si)
 	}
 	sc->promoted = 0;
 	sc->why = KVR_MISS_NONE;
+	sc->lanes = lk_client_lanes(a, a->ctl->max_workers + si);
 	if (l->l2 && lease_extend(l, si))
 		return; /* lease_l2_done goes on */
 	lease_finish(a, l, si);

@@ -223,7 +223,7 @@ static void set_params(struct remote *r, struct kvr_actor *a)
 	r->map_dirty = true;
 	r->a = a;
 	r->slots = a->slots;
-	r->lanes = a->slots->quorum;
+	r->lanes = kvr_slots_lanes_max(a->slots); /* the most a block has: each read's own, q->lanes */
 	r->id = (struct kvr_l2_ident){.ns = a->slots->ns, .fingerprint = a->slots->ns,
 				      .block_tokens = a->slots->block_tokens, .lane_bytes = a->slots->slot_bytes};
 	r->timeout_ns = kvr_ms_to_ns(cfg->remote.timeout_ms);

@@ -88,6 +88,7 @@ struct rreq {
 	uint64_t sent_ns;         /* when its commands went to node */
 	uint32_t gen;             /* bumped per send and end: stale privdata is told apart */
 	uint8_t redirects;
+	uint8_t lanes;            /* a read: lanes of its block (its slot's), every one must be in the tier */
 	bool asking;
 	bool parked;              /* no usable node for it yet: sent again from the tick until
 				   * timeout_ms after first_ns (a failover, a map being refreshed) */

@@ -167,7 +167,7 @@ bool rm_get_begin(void *ctx, uint64_t len)
 	n->sink = h->req;
 	n->sink_off = 0;
 	n->sink_len = len;
-	q->landed = n->r->lanes > 1 && q->exists != (long long)n->r->lanes ? LAND_SKIP : LAND_NONE;
+	q->landed = q->lanes > 1 && q->exists != (long long)q->lanes ? LAND_SKIP : LAND_NONE;
 	return true;
 }
 
@@ -259,17 +259,17 @@ static int req_send(struct remote *r, uint32_t i)
 		e->kinds[e->n_kinds++] = K_ASKING;
 	}
 	if (q->type == KVR_MSG_L2_READ) {
-		if (r->lanes > 1) {
+		if (q->lanes > 1) {
 			const char *argv[1 + KVR_CTL_MAX_WORKERS];
 			size_t argl[1 + KVR_CTL_MAX_WORKERS];
 			char names[KVR_CTL_MAX_WORKERS][KVR_RV_KEY_MAX];
 			argv[0] = "EXISTS";
 			argl[0] = 6;
-			for (unsigned l = 0; l < r->lanes; l++) {
+			for (unsigned l = 0; l < q->lanes; l++) {
 				argl[1 + l] = kvr_rv_key_fmt(names[l], sizeof(names[l]), r->id.ns, q->key, l);
 				argv[1 + l] = names[l];
 			}
-			(void)rm_fmt_cmd(e->pre, &e->pre_len, 1 + r->lanes, argv, argl); /* RM_PRE_MAX holds it */
+			(void)rm_fmt_cmd(e->pre, &e->pre_len, 1 + q->lanes, argv, argl); /* RM_PRE_MAX holds it */
 			e->kinds[e->n_kinds++] = K_EXISTS;
 		}
 		const char *argv[2] = {"GET", name};
@@ -353,7 +353,7 @@ static void on_get(struct remote *r, uint32_t i, const redisReply *rp)
 			rm_req_fail(r, i, -EPROTO);
 		return;
 	}
-	if (rp->type == REDIS_REPLY_NIL || (r->lanes > 1 && q->exists != (long long)r->lanes)) {
+	if (rp->type == REDIS_REPLY_NIL || (q->lanes > 1 && q->exists != (long long)q->lanes)) {
 		rm_count(r, KVR_STAT_RM_MISSES, 1);
 		read_done(r, i, -ENOENT);
 		return;
@@ -469,6 +469,14 @@ static int handle(struct remote *r, const struct kvr_msg *m, const struct kvr_ms
 			(void)kvr_slot_unpin(r->slots, b->slot, KVR_PIN_REMOTE);
 			rm_count(r, KVR_STAT_RM_READ_ERRORS, 1);
 			rm_send_read_done(r, &t, -ESTALE);
+			return 0;
+		}
+		/* the block's lanes: the table's quorum, or (several) its slot's, set at allocation */
+		t.lanes = (uint8_t)kvr_slot_block_lanes(r->slots, b->slot);
+		if (!t.lanes || b->lane >= t.lanes) {
+			(void)kvr_slot_unpin(r->slots, b->slot, KVR_PIN_REMOTE);
+			rm_count(r, KVR_STAT_RM_READ_ERRORS, 1);
+			rm_send_read_done(r, &t, -EINVAL);
 			return 0;
 		}
 	}

@@ -94,7 +94,7 @@ Test(no_model, binds_at_the_first_attach_and_serves_byte_exact)
 	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &r), 0, "%s", kvr_last_error(NULL));
 	ct_map_l1(&env); /* 64 slots of ct_tiny's 4096-byte lane */
 	cr_assert_eq(env.slots->block_tokens, 0, "each slot records its engine's block size");
-	cr_assert_eq(env.slots->quorum, 1);
+	cr_assert_eq(env.slots->quorum, 0, "each block records its own lanes");
 	cr_assert_eq(env.ctl->arena_bytes, env.arena_seg.size);
 	cr_assert(h_log_contains(&env.h, "L1 laid out for the geometry of engine \"e1\" rank 0 pid"));
 
@@ -157,8 +157,8 @@ Test(no_model, engines_of_two_geometries_share_the_slots_under_eviction)
 	ct_assert_table_clean(&env);
 }
 
-/* What must agree with the slots: a lane that does not fit them and another lane count are
- * refused naming the key or the first worker (another block size is served: below). */
+/* What must agree with the slots: a lane that does not fit them is refused naming the key
+ * (another block size or TP size is served: below). */
 Test(no_model, what_does_not_fit_the_slots_is_refused_naming_it)
 {
 	struct ct_opts o = {.no_model = true, .max_workers = 3};
@@ -173,13 +173,6 @@ Test(no_model, what_does_not_fit_the_slots_is_refused_naming_it)
 			      "$.l1.slot_bytes to the largest model's lane"),
 		  "%s", why);
 
-	struct ct_model keep = env.m;
-	env.m = ct_tiny_tp2; /* one KV head a rank: 2 KiB lanes, but 2 lanes a block */
-	int rc = open_rank(0, 0, "e4", "org/d", &r);
-	env.m = keep;
-	cr_assert_eq(rc, -EINVAL);
-	why = kvr_last_error(NULL);
-	cr_assert(strstr(why, "2 lanes a block (TP 2): this instance's blocks have 1 while an engine is attached"), "%s", why);
 	cr_assert_eq(kvr_ctl_worker(env.ctl, a->worker)->state, KVR_WORKER_ATTACHED);
 }
 
@@ -465,7 +458,7 @@ Test(no_model, l2_is_adopted_once_bound_again_after_a_restart)
 /* Every worker slot FREE (a detached worker's slot goes FREE once the lookup actor let it go). */
 static bool all_workers_free(void)
 {
-	for (unsigned w = 0; w < 2; w++)
+	for (unsigned w = 0; w < env.ctl->max_workers; w++)
 		if (atomic_load(&kvr_ctl_worker(env.ctl, w)->state) != KVR_WORKER_FREE)
 			return false;
 	return true;
@@ -490,70 +483,103 @@ static int open_rank_of(const struct ct_model *m, unsigned rank, const char *eng
 }
 
 /*
- * The block format (block size, lanes) is the first worker's while an engine is attached;
- * once none is, a worker of another format lays L1 out again for itself: its attach is
- * answered -EAGAIN while the lookup and disk actors stop, then it attaches. A TP-1 engine
- * stores (L2 write-through), leaves; a TP-2 engine (2 lanes a block) comes, is served
- * byte-exact, leaves; the TP-1 engine comes back, L1 is laid out for it again and its blocks
- * come from the L2 files of its format, kept in their own directory all along.
+ * Engines of TP 1 and TP 2 at once (no model section: each block has its own lanes, its
+ * slots say how many): the TP-2 engine's block is visible only once both its ranks stored
+ * it, its scheduler leases both lanes; both are served byte-exact from L1, and after a
+ * restart (the TP-2 engine binding first this time) from the L2 files of both.
  */
-Test(no_model, l1_is_laid_out_again_for_another_format_once_nothing_is_attached)
+Test(no_model, engines_of_two_tp_sizes_share_the_slots_at_once)
 {
-	struct ct_opts o = {.no_model = true, .l1_slots = 8, .l2_dir = l2dir, .max_workers = 2};
+	struct ct_opts o = {.no_model = true, .l1_slots = 16, .l2_dir = l2dir, .max_workers = 3};
 	ct_start(&env, &ct_tiny, &o);
 	struct ct_rank *a, *b0, *b1;
 	unsigned eagains = 0;
 	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL));
 	ct_map_l1(&env);
-	store_prompt(a, 0);
-	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == BLOCKS, 5000));
-	/* while e1 is attached, TP 2 is refused */
-	cr_assert_eq(open_rank_of(&ct_tiny_tp2, 0, "e2", "org/b", &b0, &eagains), -EINVAL);
-	cr_assert(strstr(kvr_last_error(NULL), "while an engine is attached"), "%s", kvr_last_error(NULL));
-	cr_assert_eq(eagains, 0);
-	ct_rank_close(a);
-	cr_assert(H_WAIT(all_workers_free(), 5000), "e1's worker slot never went FREE");
-	kvr_segment_close(&env.slots_seg); /* kvringd is about to drop this table */
-	kvr_segment_close(&env.arena_seg);
-	env.slots = NULL;
-
-	/* e2 (TP 2) now: L1 laid out again for 2 lanes a block */
-	uint32_t gen0 = atomic_load(&h_actor(&env.h, "lookup")->generation);
+	cr_assert_eq(env.slots->quorum, 0, "a table of several quorums");
 	cr_assert_eq(open_rank_of(&ct_tiny_tp2, 0, "e2", "org/b", &b0, &eagains), 0, "%s", kvr_last_error(NULL));
-	cr_assert_geq(eagains, 1, "the first attach of the other format was answered -EAGAIN");
-	cr_assert_gt(atomic_load(&h_actor(&env.h, "lookup")->generation), gen0, "a new lookup actor for the new slots");
 	cr_assert_eq(open_rank_of(&ct_tiny_tp2, 1, "e2", "org/b", &b1, &eagains), 0, "%s", kvr_last_error(NULL));
-	cr_assert(h_log_contains(&env.h, "L1 released"));
-	/* the TP-1 format's directory stays, and the new disk actor says so */
-	cr_assert(H_WAIT(h_log_contains(&env.h, "1 other namespace directory beside this instance's"), 3000), "%s",
-		  h_read_file(env.h.log));
+	cr_assert_eq(eagains, 0, "served beside e1, not laid out again");
+	cr_assert_eq(kvr_ctl_worker(env.ctl, a->worker)->lanes, 1);
+	cr_assert_eq(kvr_ctl_worker(env.ctl, b1->worker)->lanes, 2);
+
+	store_prompt(a, 0);
+	cr_assert_eq(ct_lookup_load_exact(a, 10, tokens[0], BLOCKS * BT, 8, TAG(0, 0)), BLOCKS);
 	ct_prompt(tokens[1], BLOCKS * BT, 301);
+	store_tagged(b0, 1, 50, 60);
+	cr_assert_eq(ct_lookup(b0, 61, tokens[1], BLOCKS * BT), 0, "one lane of two: not visible");
+	store_tagged(b1, 1, 51, 62);
 	struct ct_rank *bs[2] = {b0, b1};
-	for (unsigned k = 0; k < 2; k++)
-		store_tagged(bs[k], 1, 50 + k, 60 + k);
 	for (unsigned k = 0; k < 2; k++)
 		cr_assert_eq(ct_lookup_load_exact(bs[k], 70 + k, tokens[1], BLOCKS * BT, 8, TAG(1 + 50 + k, 0)), BLOCKS,
 			     "e2 rank %u", k);
-	ct_rank_close(b0);
-	ct_rank_close(b1);
-	cr_assert(H_WAIT(all_workers_free(), 5000), "e2's worker slots never went FREE");
+	cr_assert_eq(ct_lookup(a, 72, tokens[1], BLOCKS * BT), 0, "e1 never matches e2's blocks");
+	struct kvr_client *sc;
+	struct kvr_sched_opts so = {.socket = env.h.sock, .engine_id = "e2", .model_ns = "org/b", .timeout_ms = 5000};
+	cr_assert_eq(kvr_attach_scheduler(&so, &sc), 0, "%s", kvr_last_error(NULL));
+	struct kvr_lookup_result lr;
+	cr_assert_eq(kvr_lease(sc, 7, tokens[1], BLOCKS * BT, NULL, 0, NULL, &lr), 0, "%s", kvr_last_error(sc));
+	cr_assert_eq(lr.matched_blocks, BLOCKS, "a lease over both lanes of e2's blocks");
+	cr_assert_eq(kvr_lease_release(sc, 7), 0);
+	kvr_detach(sc);
+	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == 3 * BLOCKS, 5000), "%llu L2 writes",
+		  (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES));
 
-	/* e1 again: its format once more, its blocks from the L2 files it left */
-	cr_assert_eq(open_rank_of(&ct_tiny, 0, "e1", "org/a", &a, &eagains), 0, "%s", kvr_last_error(NULL));
+	ct_stop_clean(&env);
+	ct_start(&env, &ct_tiny, &o);
+	cr_assert_eq(open_rank_of(&ct_tiny_tp2, 0, "e2", "org/b", &b0, &eagains), 0, "%s", kvr_last_error(NULL));
 	ct_map_l1(&env);
-	cr_assert_eq(ct_lookup_load_exact(a, 80, tokens[0], BLOCKS * BT, 8, TAG(0, 0)), BLOCKS,
-		     "e1's prompt from its format's L2 directory");
-	cr_assert_geq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), BLOCKS);
+	cr_assert_eq(open_rank_of(&ct_tiny_tp2, 1, "e2", "org/b", &b1, &eagains), 0, "%s", kvr_last_error(NULL));
+	cr_assert_eq(open_rank(0, 0, "e1", "org/a", &a), 0, "%s", kvr_last_error(NULL));
+	bs[0] = b0;
+	bs[1] = b1;
+	for (unsigned k = 0; k < 2; k++)
+		cr_assert_eq(ct_lookup_load_exact(bs[k], 80 + k, tokens[1], BLOCKS * BT, 8, TAG(1 + 50 + k, 0)), BLOCKS,
+			     "e2 rank %u from L2", k);
+	cr_assert_eq(ct_lookup_load_exact(a, 82, tokens[0], BLOCKS * BT, 8, TAG(0, 0)), BLOCKS, "e1 from L2");
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), 3 * BLOCKS);
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
+	unsigned two = 0;
+	for (uint32_t i = 0; i < env.slots->n_slots; i++)
+		two += kvr_slot_state(env.slots, i) == KVR_SLOT_COMMITTED && kvr_slot_at(env.slots, i)->lanes == 2;
+	cr_assert_eq(two, 2 * BLOCKS, "e2's promoted slots say 2 lanes");
 	ct_close_all();
 	ct_assert_table_clean(&env);
 }
 
-/* --check-config on {} prints the defaults and says there is no model. */
+/* Open rank 0 of engine `engine` (head_dim hd), attaching again while kvringd answers
+ * -EAGAIN (L1 being laid out again); asserts it attached, returns the -EAGAIN count. */
+static unsigned open_retry(uint32_t hd, const char *engine, const char *model_ns, struct ct_rank **r)
+{
+	int rc;
+	unsigned eagains = 0;
+	uint64_t end = kvr_now_ns() + 10000000000ull;
+	while ((rc = open_rank(0, hd, engine, model_ns, r)) == -EAGAIN && kvr_now_ns() < end) {
+		cr_assert(strstr(kvr_last_error(NULL), "L1 is being laid out again"), "%s", kvr_last_error(NULL));
+		eagains++;
+		usleep(20000);
+	}
+	cr_assert_eq(rc, 0, "%s", kvr_last_error(NULL));
+	return eagains;
+}
+
+/* Every client gone: drop our mappings of the slot table and arena kvringd is about to give up. */
+static void all_gone(void)
+{
+	ct_close_all();
+	cr_assert(H_WAIT(all_workers_free(), 5000), "the worker slots never went FREE");
+	kvr_segment_close(&env.slots_seg);
+	kvr_segment_close(&env.arena_seg);
+	env.slots = NULL;
+}
+
 /*
  * Without l1.slot_bytes the slots are the first worker's lane. A smaller lane shares them
  * while an engine is attached (4 KiB lanes in 8 KiB slots); once nothing is attached, a
  * worker whose lane rounds to another slot size lays L1 out again for itself, as a restart
- * would (its first attach -EAGAIN), rather than being kept in slots of the old size.
+ * would (its first attach -EAGAIN), rather than being kept in slots of the old size. Each
+ * slot size keeps its L2 files in its own directory: the 8 KiB engine, back last, is served
+ * its prompt from the files it left.
  */
 Test(no_model, a_smaller_lane_shares_the_slots_and_lays_them_out_again_when_idle)
 {
@@ -567,31 +593,33 @@ Test(no_model, a_smaller_lane_shares_the_slots_and_lays_them_out_again_when_idle
 	env.n_slots = n0 / 2;
 	ct_map_l1(&env);
 	cr_assert_eq(env.slots->slot_bytes, 8192);
+	ct_prompt(tokens[2], BLOCKS * BT, 302);
+	store_tagged(a, 2, 0, 5);
+	cr_assert(H_WAIT(ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES) == BLOCKS, 5000));
 	cr_assert_eq(open_rank(0, 16, "e2", "org/b", &b), 0, "%s", kvr_last_error(NULL)); /* 4 KiB */
 	store_prompt(b, 0);
 	cr_assert_eq(ct_lookup_load_exact(b, 10, tokens[0], BLOCKS * BT, 8, TAG(0, 0)), BLOCKS);
-	ct_rank_close(b);
-	ct_rank_close(a);
-	cr_assert(H_WAIT(all_workers_free(), 5000), "the worker slots never went FREE");
-	kvr_segment_close(&env.slots_seg);
-	kvr_segment_close(&env.arena_seg);
-	env.slots = NULL;
+	all_gone();
 
-	int rc;
-	unsigned eagains = 0;
-	uint64_t end = kvr_now_ns() + 10000000000ull;
-	while ((rc = open_rank(0, 16, "e2", "org/b", &b)) == -EAGAIN && kvr_now_ns() < end) {
-		eagains++;
-		usleep(20000);
-	}
-	cr_assert_eq(rc, 0, "%s", kvr_last_error(NULL));
-	cr_assert_geq(eagains, 1, "laid out again: the first attach was answered -EAGAIN");
+	cr_assert_geq(open_retry(16, "e2", "org/b", &b), 1, "laid out again: the first attach was answered -EAGAIN");
 	env.lane_bytes = lane0;
 	env.n_slots = n0;
 	ct_map_l1(&env);
 	cr_assert_eq(env.slots->slot_bytes, 4096, "slots of e2's own lane now");
+	/* the 8 KiB format's directory stays, and the new disk actor says so */
+	cr_assert(H_WAIT(h_log_contains(&env.h, "1 other namespace directory beside this instance's"), 3000), "%s",
+		  h_read_file(env.h.log));
 	store_prompt(b, 1);
 	cr_assert_eq(ct_lookup_load_exact(b, 11, tokens[1], BLOCKS * BT, 8, TAG(1, 0)), BLOCKS);
+	all_gone();
+
+	cr_assert_geq(open_retry(32, "e1", "org/a", &a), 1, "e1's slot size once more");
+	env.lane_bytes = 2 * lane0;
+	env.n_slots = n0 / 2;
+	ct_map_l1(&env);
+	cr_assert_eq(ct_lookup_load_exact(a, 12, tokens[2], BLOCKS * BT, 8, TAG(2, 0)), BLOCKS,
+		     "e1's prompt from its slot size's L2 directory");
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS), BLOCKS);
 	ct_close_all();
 	ct_assert_table_clean(&env);
 }

@@ -748,11 +748,17 @@ static int l1_slot_check(const struct kvr_slot_table *t, void *arena_base, const
 	/* a table of several block sizes (no model section): each slot says its model's */
 	uint32_t bt = s->block_tokens;
 	bool bad_bt = m && !t->block_tokens && bt != fh_model_bt(m);
+	/* ... and a table of several quorums: each slot says its block's lanes (the model's TP size) */
+	unsigned lanes = kvr_slot_block_lanes(t, i);
+	bool bad_lanes = m && !t->quorum && lanes != m->tp;
 	if (kvr_slot_state(t, i) != KVR_SLOT_COMMITTED || kvr_slot_epoch(t, i) != ep)
 		return -1;
 	if (bad_bt)
 		fprintf(stderr, "  L1: slot %u (key %016llx%016llx of model %s) says %u-token blocks, want %u\n", i,
 			(unsigned long long)key.hi, (unsigned long long)key.lo, m->name, bt, fh_model_bt(m));
+	if (bad_lanes)
+		fprintf(stderr, "  L1: slot %u (key %016llx%016llx of model %s) says %u lanes a block, want %u\n", i,
+			(unsigned long long)key.hi, (unsigned long long)key.lo, m->name, lanes, m->tp);
 	if (!m)
 		fprintf(stderr, "  L1: slot %u (key %016llx%016llx lane %u, epoch %u) holds a key of no prompt\n", i,
 			(unsigned long long)key.hi, (unsigned long long)key.lo, lane, ep);
@@ -760,7 +766,7 @@ static int l1_slot_check(const struct kvr_slot_table *t, void *arena_base, const
 		fprintf(stderr, "  L1: slot %u (key %016llx%016llx of model %s) is tagged model entry %u, want %u\n", i,
 			(unsigned long long)key.hi, (unsigned long long)key.lo, m->name, tag, km->tag[*ret_mi]);
 	if (!m || !bad)
-		return !m || bad_tag || bad_bt;
+		return !m || bad_tag || bad_bt || bad_lanes;
 	uint32_t o = 0;
 	while (got[o] == want[o])
 		o++;

@@ -78,7 +78,7 @@ Test(slots, init_rejects_bad_config)
 	bad[2].tp_size = 0;
 	bad[3].tp_size = 17;
 	bad[4].quorum = 3;
-	bad[5].quorum = 0;
+	bad[5].lane_bytes = UINT64_MAX; /* no slot size */
 	bad[6].arena_data_off = 100;
 	for (int i = 0; i < 7; i++)
 		cr_assert_eq(kvr_slots_init(mem, sizeof(mem), &bad[i], &r), -EINVAL, "bad config %d", i);

@@ -680,3 +680,55 @@ Test(index, rebuild_finishes_an_interrupted_eviction)
 	cr_assert_eq(cnt.by_state[KVR_SLOT_EVICTING], 0);
 	cr_assert_eq(cnt.by_state[KVR_SLOT_COMMITTED], 2);
 }
+
+/* Allocate and commit lane `lane` of key k for a block of `lanes` lanes (a table of several). */
+static void store_lanes(kvr_key k, unsigned lane, unsigned lanes)
+{
+	struct kvr_index_ref r;
+	struct kvr_index_alloc_stats st;
+	cr_assert_eq(kvr_index_alloc_lanes(idx, &k, 1, lane, lanes, 0, &r, &st), 0);
+	cr_assert_eq(st.allocated, 1);
+	cr_assert_eq(kvr_slot_at(t, r.slot)->lanes, lanes, "the slot records its block's lanes");
+	cr_assert_geq(kvr_index_commit(idx, lane, r.slot, r.epoch), 0);
+}
+
+/*
+ * A table of several quorums (quorum 0: engines of several TP sizes without a model
+ * section): each block is visible once its own lanes are committed, a key keeps the lane
+ * count it was first allocated with, and a rebuild gets every block's lane count back from
+ * its slots (a slot without one is a stray).
+ */
+Test(index, a_table_of_several_quorums_gives_each_block_its_own)
+{
+	make(16, KVR_SLOT_MAX_WORKERS, 0, "lru");
+	kvr_key a = l1_key(90, 0), b = l1_key(91, 0), c = l1_key(92, 0);
+	struct kvr_index_ref r;
+	cr_assert_eq(kvr_index_alloc(idx, &a, 1, 0, 0, &r, NULL), -EINVAL, "a block's lanes must be given");
+	cr_assert_eq(kvr_index_alloc_lanes(idx, &a, 1, 1, 1, 0, &r, NULL), -EINVAL, "lane 1 of a 1-lane block");
+	store_lanes(a, 0, 1); /* a TP-1 engine's block: visible with its one lane */
+	cr_assert_eq(kvr_index_match(idx, &a, 1, 0, NULL), 1);
+	cr_assert_eq(kvr_index_match(idx, &a, 1, 1, NULL), 0, "it has no lane 1");
+	store_lanes(b, 0, 2); /* a TP-2 engine's: not before both */
+	cr_assert_eq(kvr_index_match(idx, &b, 1, 0, NULL), 0);
+	store_lanes(b, 1, 2);
+	cr_assert_eq(kvr_index_match(idx, &b, 1, 0, NULL), 1);
+	cr_assert_eq(kvr_index_match(idx, &b, 1, 1, NULL), 1);
+	struct kvr_index_block blk;
+	cr_assert_eq(kvr_index_get(idx, b, &blk), 0);
+	cr_assert(blk.visible && blk.lanes == 2);
+	struct kvr_index_alloc_stats st;
+	cr_assert_eq(kvr_index_alloc_lanes(idx, &a, 1, 1, 2, 0, &r, &st), 0);
+	cr_assert(r.slot == KVR_INDEX_NOROOM && st.noroom == 1, "a key keeps its block's lane count");
+	store_lanes(c, 2, 4); /* one lane of four: stays invisible */
+
+	/* a WRITING slot the index never tagged (its lookup actor died between the two) */
+	uint32_t ep;
+	cr_assert_eq(kvr_slot_alloc(t, 15, l1_key(93, 0), 0, 0, &ep), 0);
+	cr_assert_eq(kvr_index_rebuild(idx, t), 3);
+	cr_assert_eq(kvr_index_match(idx, &a, 1, 0, NULL), 1);
+	cr_assert_eq(kvr_index_match(idx, &b, 1, 1, NULL), 1);
+	cr_assert_eq(kvr_index_match(idx, &c, 1, 2, NULL), 0);
+	cr_assert_eq(kvr_index_get(idx, c, &blk), 0);
+	cr_assert(!blk.visible && blk.lanes == 4);
+	cr_assert_eq(kvr_slot_state(t, 15), KVR_SLOT_FREE, "the untagged slot was released");
+}
