@@ -365,11 +365,12 @@ static int create_l1(struct sup *s, const struct kvr_geometry *g, char *err, siz
 	if (rc)
 		return kvr_errf(err, errlen, rc, "cannot create the slot table (%zu bytes): %s", tsize, strerror(-rc));
 	/* no model section: engines of any block size and TP size share the slots, each slot
-	 * records its block's size and lanes (a lane of any rank up to KVR_SLOT_MAX_WORKERS) */
+	 * records its block's size and lanes; a TP group has at most instance.max_workers ranks
+	 * (attach refuses more), so no block has more lanes (the index's stride: kept small) */
 	bool mixed = s->cfg.model.unbound;
 	struct kvr_slots_config sc = {.n_slots = (uint32_t)n_slots, .lane_bytes = lane_bytes, .ns = ns,
 				      .block_tokens = mixed ? 0 : g->block_tokens,
-				      .tp_size = mixed ? KVR_SLOT_MAX_WORKERS : g->tp_size, .quorum = mixed ? 0 : lanes};
+				      .tp_size = mixed ? s->cfg.instance.max_workers : g->tp_size, .quorum = mixed ? 0 : lanes};
 	struct kvr_slot_table *slots;
 	rc = kvr_slots_init(s->slots_seg.base, s->slots_seg.size, &sc, &slots);
 	if (rc) {
