@@ -133,7 +133,7 @@ struct kvr_slots_config {
 	kvr_key ns;
 	uint32_t block_tokens;    /* 0: engines of several block sizes, each slot's its own */
 	uint32_t tp_size;         /* 1..KVR_SLOT_MAX_WORKERS */
-	uint32_t quorum;          /* 1..tp_size; 0: each block's own (kvr_slot_set_lanes) */
+	uint32_t quorum;          /* 1..tp_size; 0: each block's own (kvr_slot.lanes, kvr_slot_alloc_tagged) */
 };
 
 /* Bytes of a slot-table segment (header included) with n_slots slots; 0 if n_slots is 0
@@ -184,30 +184,28 @@ uint64_t kvr_slots_tick(struct kvr_slot_table *t);
  * return -EINVAL for a slot index >= n_slots, a pin owner >= KVR_PIN_OWNERS or a lane
  * >= tp_size. ---------------------------------------------------------------------------- */
 
-/* FREE -> WRITING for `owner` (a worker slot or KVR_SLOT_OWNER_LOOKUP) on `lane`; epoch+1
- * returned in *ret_epoch. */
-int kvr_slot_alloc(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t lane, uint8_t owner,
-		   uint32_t *ret_epoch);
-/* Slot i was allocated for model entry m (kvr_ctl.h's model table): per-model L1 counts. The
- * lookup actor sets it right after kvr_slot_alloc; readers take it as a hint (one byte). */
-static inline void kvr_slot_set_model(struct kvr_slot_table *t, uint32_t i, uint8_t m)
+/* What a slot records of the engine it is allocated for, beside its key and lane. A field
+ * the table fixes for every slot (a model section's block size and quorum) is ignored. */
+struct kvr_slot_tag {
+	uint32_t block_tokens;    /* its block size, on a table of mixed sizes (block_tokens 0) */
+	uint8_t lanes;            /* its block's lanes, on a table of several quorums (quorum 0) */
+	uint8_t model;            /* its engine's model entry (kvr_ctl.h's model table; 0 "other") */
+};
+
+/* FREE -> WRITING for `owner` (a worker slot or KVR_SLOT_OWNER_LOOKUP) on `lane`, tagged with
+ * *tag (NULL: untagged — model 0, no lanes or block size of its own); epoch+1 returned in
+ * *ret_epoch. The tag is written before the state, so whoever sees WRITING sees it. */
+int kvr_slot_alloc_tagged(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t lane, uint8_t owner,
+			  const struct kvr_slot_tag *tag, uint32_t *ret_epoch);
+static inline int kvr_slot_alloc(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t lane, uint8_t owner,
+				 uint32_t *ret_epoch)
 {
-	if (i < t->n_slots)
-		__atomic_store_n(&kvr_slot_at(t, i)->model, m, __ATOMIC_RELAXED);
+	return kvr_slot_alloc_tagged(t, i, key, lane, owner, NULL, ret_epoch);
 }
 /* The most lanes a block of t has: its quorum, or (a table of several) tp_size. */
 static inline unsigned kvr_slots_lanes_max(const struct kvr_slot_table *t)
 {
 	return t->quorum ? t->quorum : t->tp_size;
-}
-
-/* Slot i holds a lane of a block of `lanes` lanes: on a table of several quorums (quorum 0)
- * the index sets it right after kvr_slot_alloc, before anyone can read the slot; on a table
- * of one this does nothing. */
-static inline void kvr_slot_set_lanes(struct kvr_slot_table *t, uint32_t i, unsigned lanes)
-{
-	if (!t->quorum && i < t->n_slots)
-		kvr_slot_at(t, i)->lanes = (uint8_t)lanes;
 }
 
 /* The lanes of slot i's block: the table's quorum, or the slot's own (0: not set). */
@@ -216,14 +214,6 @@ static inline unsigned kvr_slot_block_lanes(const struct kvr_slot_table *t, uint
 	return t->quorum ? t->quorum : kvr_slot_at(t, i)->lanes;
 }
 
-/* Slot i holds a block of block_tokens tokens: on a table of mixed block sizes (block_tokens
- * 0) the lookup actor sets it right after kvr_slot_alloc, before anyone can read the slot;
- * on a table of one block size kvr_slot_alloc already wrote it and this does nothing. */
-static inline void kvr_slot_set_block_tokens(struct kvr_slot_table *t, uint32_t i, uint32_t block_tokens)
-{
-	if (!t->block_tokens && i < t->n_slots)
-		kvr_slot_at(t, i)->block_tokens = block_tokens;
-}
 static inline uint8_t kvr_slot_model(const struct kvr_slot_table *t, uint32_t i)
 {
 	return __atomic_load_n(&kvr_slot_at(t, i)->model, __ATOMIC_RELAXED);

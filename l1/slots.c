@@ -157,8 +157,8 @@ static void make_free(struct kvr_slot *s)
 	s->commit_seq = 0;
 }
 
-int kvr_slot_alloc(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t lane, uint8_t owner,
-		   uint32_t *ret_epoch)
+int kvr_slot_alloc_tagged(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t lane, uint8_t owner,
+			  const struct kvr_slot_tag *tag, uint32_t *ret_epoch)
 {
 	if (!t || i >= t->n_slots || lane >= t->tp_size || (owner >= KVR_SLOT_MAX_WORKERS && owner != KVR_SLOT_OWNER_LOOKUP))
 		return -EINVAL;
@@ -170,12 +170,12 @@ int kvr_slot_alloc(struct kvr_slot_table *t, uint32_t i, kvr_key key, uint16_t l
 	s->key = key;
 	s->lane = lane;
 	s->owner = owner;
-	s->model = 0;
-	s->block_tokens = t->block_tokens;
-	s->lanes = 0;
+	s->model = tag ? tag->model : 0;
+	s->block_tokens = t->block_tokens || !tag ? t->block_tokens : tag->block_tokens;
+	s->lanes = t->quorum || !tag ? 0 : tag->lanes;
 	s->last_access = 0;
 	s->commit_seq = 0;
-	set_state(s, KVR_SLOT_WRITING);
+	set_state(s, KVR_SLOT_WRITING); /* release: the fields above first */
 	if (ret_epoch)
 		*ret_epoch = epoch;
 	return 0;

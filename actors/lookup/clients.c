@@ -3,7 +3,6 @@
 
 #include <stdatomic.h>
 
-#include "kvr_slots.h"
 
 static const struct kvr_worker_ent *entry(const struct kvr_actor *a, unsigned client)
 {
@@ -33,11 +32,14 @@ unsigned lk_client_lanes(const struct kvr_actor *a, unsigned client)
 	return e ? e->lanes : 0; /* 0: not known, nothing is served */
 }
 
-void lk_client_tag(struct kvr_actor *a, uint32_t slot, unsigned client)
+struct kvr_slot_tag lk_client_tag(const struct kvr_actor *a, unsigned client)
 {
 	const struct kvr_worker_ent *e = entry(a, client);
-	kvr_slot_set_model(a->slots, slot, e ? e->model : KVR_CTL_MODEL_OTHER);
-	kvr_slot_set_block_tokens(a->slots, slot, e ? e->block_tokens : 0);
+	return (struct kvr_slot_tag){
+		.block_tokens = e ? e->block_tokens : 0,
+		.lanes = (uint8_t)lk_client_lanes(a, client),
+		.model = e ? e->model : KVR_CTL_MODEL_OTHER,
+	};
 }
 
 void lk_client_count(struct kvr_actor *a, unsigned client, uint64_t lookups, uint64_t keys, uint64_t matched)

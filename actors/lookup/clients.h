@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "kvr_actor.h"
+#include "kvr_slots.h"
 
 /*
  * A client is a worker slot (0..max_workers-1) or max_workers + a scheduler slot: its entry
@@ -21,9 +22,9 @@ uint64_t lk_client_block_tokens(const struct kvr_actor *a, unsigned client);
 /* Lanes a block of client's engine (its commit quorum; engines of several TP sizes share an
  * instance without a model section; with one, the instance's). */
 unsigned lk_client_lanes(const struct kvr_actor *a, unsigned client);
-/* Slot `slot`, just allocated for client (a store, or a promotion it asked for), tagged with
- * its model and block size (kvr_slot.model, .block_tokens). */
-void lk_client_tag(struct kvr_actor *a, uint32_t slot, unsigned client);
+/* What a slot allocated for client (a store, or a promotion it asked for) records: its
+ * engine's model, block size and lanes (kvr_index_alloc_tagged). */
+struct kvr_slot_tag lk_client_tag(const struct kvr_actor *a, unsigned client);
 /* What client asked for and matched into its model's entry (lookups, blocks and tokens) and
  * the instance's token counters (the block counters KVR_STAT_LK_KEYS and _MATCHED are
  * counted where they happen). */

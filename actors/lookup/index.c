@@ -508,12 +508,15 @@ int kvr_index_match(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsi
 int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane, unsigned owner,
 		    struct kvr_index_ref *ret_slots, struct kvr_index_alloc_stats *ret_stats)
 {
-	return kvr_index_alloc_lanes(idx, keys, n, lane, idx ? idx->quorum : 0, owner, ret_slots, ret_stats);
+	const struct kvr_slot_tag tag = {.lanes = idx ? (uint8_t)idx->quorum : 0};
+	return kvr_index_alloc_tagged(idx, keys, n, lane, &tag, owner, ret_slots, ret_stats);
 }
 
-int kvr_index_alloc_lanes(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane, unsigned lanes,
-			  unsigned owner, struct kvr_index_ref *ret_slots, struct kvr_index_alloc_stats *ret_stats)
+int kvr_index_alloc_tagged(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane,
+			   const struct kvr_slot_tag *tag, unsigned owner, struct kvr_index_ref *ret_slots,
+			   struct kvr_index_alloc_stats *ret_stats)
 {
+	const unsigned lanes = tag ? tag->lanes : 0;
 	if (!idx || !lanes || lanes > idx->lanes || (idx->quorum && lanes != idx->quorum) || lane >= lanes ||
 	    (owner >= KVR_SLOT_MAX_WORKERS && owner != KVR_SLOT_OWNER_LOOKUP) || (n && (!keys || !ret_slots)))
 		return -EINVAL;
@@ -559,10 +562,8 @@ int kvr_index_alloc_lanes(struct kvr_index *idx, const kvr_key *keys, uint32_t n
 				continue;
 			}
 			uint32_t c = idx->free_slots[--idx->n_free_slots];
-			if (kvr_slot_alloc(idx->t, c, keys[i], (uint16_t)lane, (uint8_t)owner, &epoch) == 0) {
+			if (kvr_slot_alloc_tagged(idx->t, c, keys[i], (uint16_t)lane, (uint8_t)owner, tag, &epoch) == 0)
 				s = c; /* else the slot is not FREE in the table: drop it from the free list */
-				kvr_slot_set_lanes(idx->t, s, lanes);
-			}
 		}
 		if (s == NONE) {
 			ret_slots[i] = (struct kvr_index_ref){KVR_INDEX_NOROOM, 0};

@@ -16,7 +16,7 @@
  *
  * Lanes: a block has `lanes` = table quorum lanes (tp_size for MHA, 1 for MLA), or, on a
  * table of several quorums (quorum 0, no model section), its own, given when it is first
- * allocated (kvr_index_alloc_lanes). It is VISIBLE when every one of its lanes is
+ * allocated (kvr_index_alloc_tagged). It is VISIBLE when every one of its lanes is
  * committed. For MLA the caller maps every rank to lane 0.
  *
  * Every function that changes a slot does it through the kvr_slot_* transitions, so the
@@ -97,13 +97,15 @@ struct kvr_index_alloc_stats {
  * KVR_SLOT_MAX_WORKERS, NULL arrays with n > 0). */
 int kvr_index_alloc(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane, unsigned owner,
 		    struct kvr_index_ref *ret_slots, struct kvr_index_alloc_stats *ret_stats);
-/* kvr_index_alloc for blocks of `lanes` lanes (their quorum): on a table of several quorums
- * (quorum 0: engines of several TP sizes) each block has its own, set when its entry is made
- * and recorded in each of its slots (kvr_slot.lanes); a key whose block has another lane
- * count is NOROOM. On a table of one, lanes must be its quorum. -EINVAL as kvr_index_alloc,
- * and for lanes 0, above the table's most, or lane >= lanes. */
-int kvr_index_alloc_lanes(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane, unsigned lanes,
-			  unsigned owner, struct kvr_index_ref *ret_slots, struct kvr_index_alloc_stats *ret_stats);
+/* kvr_index_alloc for an engine's blocks, every slot allocated tagged with *tag (its model,
+ * block size and lanes: kvr_slot_alloc_tagged). tag->lanes is the blocks' lane count (their
+ * quorum): on a table of several quorums (quorum 0: engines of several TP sizes) each block
+ * has its own, set when its entry is made; a key whose block has another lane count is
+ * NOROOM. On a table of one, it must be the table's quorum. -EINVAL as kvr_index_alloc, and
+ * for a NULL tag, lanes 0, above the table's most, or lane >= lanes. */
+int kvr_index_alloc_tagged(struct kvr_index *idx, const kvr_key *keys, uint32_t n, unsigned lane,
+			   const struct kvr_slot_tag *tag, unsigned owner, struct kvr_index_ref *ret_slots,
+			   struct kvr_index_alloc_stats *ret_stats);
 
 /* The lane in `slot` was written: WRITING -> COMMITTED. Returns 1 when the block became
  * visible with this commit, 0 when it is not (yet) visible, -ESTALE when (slot, epoch) is

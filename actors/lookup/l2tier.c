@@ -517,8 +517,8 @@ static int rm_send_read(struct l2tier *t, uint64_t id, kvr_key k, unsigned lane,
  * held up every worker's lookup, never a prefix cut short by a busy disk) until
  * timeouts.alloc_wait_ms after the lookup began. */
 /* Requester `worker` as a client (clients.h): a worker, or the scheduler of a lease's lane
- * (L2T_LEASE_REQUESTER, over the table's most lanes a block). Its model and block size tag
- * the slots it is promoted into; its lanes are its blocks'. */
+ * (L2T_LEASE_REQUESTER, over the table's most lanes a block). Its model, block size and
+ * lanes tag the slots it is promoted into (lk_client_tag). */
 static unsigned requester(const struct l2tier *t, unsigned worker)
 {
 	unsigned mw = t->a->ctl->max_workers;
@@ -528,7 +528,8 @@ static unsigned requester(const struct l2tier *t, unsigned worker)
 static void extend_more(struct l2tier *t, unsigned worker)
 {
 	struct pend *p = &t->pend[worker];
-	unsigned lanes = lk_client_lanes(t->a, requester(t, worker)), lane = p->lane;
+	const struct kvr_slot_tag tag = lk_client_tag(t->a, requester(t, worker));
+	unsigned lanes = tag.lanes, lane = p->lane;
 	p->stalled = false;
 	while (p->n < p->total) {
 		uint32_t i = p->n;
@@ -555,14 +556,12 @@ static void extend_more(struct l2tier *t, unsigned worker)
 		struct kvr_index_alloc_stats st = {0};
 		/* the promotion slot is the lookup actor's, not the worker's: a worker that dies or
 		 * resets its storer cannot free a slot an L2 read is filling */
-		if (kvr_index_alloc_lanes(t->idx, &key, 1, lane, lanes, KVR_SLOT_OWNER_LOOKUP, &r, &st) ||
+		if (kvr_index_alloc_tagged(t->idx, &key, 1, lane, &tag, KVR_SLOT_OWNER_LOOKUP, &r, &st) ||
 		    r.slot == KVR_INDEX_PRESENT) {
 			p->why = KVR_MISS_IN_FLIGHT; /* PRESENT: a store or promotion holds this lane */
 			break;
 		}
 		kvr_actor_count(t->a, KVR_STAT_LK_EVICTED, st.evicted);
-		if (r.slot != KVR_INDEX_NOROOM)
-			lk_client_tag(t->a, r.slot, requester(t, worker));
 		if (r.slot == KVR_INDEX_NOROOM) {
 			if (t->write_back && now_of(t) < p->deadline &&
 			    (t->writes_inflight || l2t_demote(t, p->total - i))) {

@@ -355,16 +355,14 @@ static void alloc_try(struct kvr_actor *a, struct lookup *l, unsigned wi)
 		first++;
 	if (first < q->total) {
 		struct kvr_index_alloc_stats st = {0};
-		if (kvr_index_alloc_lanes(l->idx, keys + first, q->total - first, q->lane, lk_client_lanes(a, wi), wi,
-					  w->alloc_refs + first, &st))
+		const struct kvr_slot_tag tag = lk_client_tag(a, wi);
+		if (kvr_index_alloc_tagged(l->idx, keys + first, q->total - first, q->lane, &tag, wi, w->alloc_refs + first,
+					   &st))
 			for (uint32_t i = first; i < q->total; i++)
 				w->alloc_refs[i] = (struct kvr_index_ref){.slot = KVR_INDEX_NOROOM};
 		kvr_actor_count(a, KVR_STAT_LK_ALLOCATED, st.allocated);
 		kvr_actor_count(a, KVR_STAT_LK_PRESENT, st.present);
 		atomic_fetch_add_explicit(&lk_client_model(a, wi)->stored, st.allocated, memory_order_relaxed);
-		for (uint32_t i = first; i < q->total; i++)
-			if (w->alloc_refs[i].slot != KVR_INDEX_NOROOM && w->alloc_refs[i].slot != KVR_INDEX_PRESENT)
-				lk_client_tag(a, w->alloc_refs[i].slot, wi);
 		kvr_actor_count(a, KVR_STAT_LK_EVICTED, st.evicted);
 		unsigned noroom = 0;
 		for (uint32_t i = first; i < q->total; i++)
@@ -528,8 +526,6 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 	}
 	uint64_t t0 = kvr_now_ns();
 	int n = (int)total;
-	if (!lanes)
-		n = 0;
 	for (unsigned lane = 0; lane < lanes && n > 0; lane++) {
 		int got = kvr_index_match(l->idx, keys, total, lane, l->lease_refs + (size_t)lane * total);
 		if (got < n)
@@ -540,7 +536,7 @@ static void lease_finish(struct kvr_actor *a, struct lookup *l, unsigned si)
 		memmove(l->lease_refs + (size_t)lane * (uint32_t)n, l->lease_refs + (size_t)lane * total,
 			(size_t)n * sizeof(*l->lease_refs));
 	uint64_t deadline = kvr_actor_now(a) + (uint64_t)sc->hdr.ttl_ms * 1000000ull;
-	int got = leases_grant(l->leases, engine, sc->hdr.lease_id, (uint32_t)n, lanes ? lanes : 1, l->lease_refs,
+	int got = leases_grant(l->leases, engine, sc->hdr.lease_id, (uint32_t)n, lanes, l->lease_refs,
 			       sc->hdr.loaders, deadline);
 	uint64_t dt = kvr_now_ns() - t0; /* matching every lane and pinning */
 	kvr_actor_count(a, KVR_STAT_LK_LOOKUPS, 1);
@@ -653,6 +649,12 @@ static void do_lease(struct kvr_actor *a, struct lookup *l, unsigned si)
 	sc->promoted = 0;
 	sc->why = KVR_MISS_NONE;
 	sc->lanes = lk_client_lanes(a, a->ctl->max_workers + si);
+	if (!sc->lanes) {
+		/* an engine with no lane count (kvringd writes it before the entry is ATTACHED) */
+		kvr_actor_count(a, KVR_STAT_LK_LEASES_REFUSED, 1);
+		send_lease_rep(a, l, si, wire, -EINVAL, 0, 0, 0, 0, 0);
+		return;
+	}
 	if (l->l2 && lease_extend(l, si))
 		return; /* lease_l2_done goes on */
 	lease_finish(a, l, si);

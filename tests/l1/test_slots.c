@@ -86,28 +86,32 @@ Test(slots, init_rejects_bad_config)
 	cr_assert_eq(kvr_slots_init(mem, sizeof(mem), &c, &r), -ENOSPC);
 }
 
-/* block_tokens 0: engines of several block sizes share the table, each slot carries its own
- * (set right after the allocation); on a table of one block size the allocation sets it and
- * kvr_slot_set_block_tokens changes nothing. */
+/* block_tokens 0 and quorum 0: engines of several block sizes and TP sizes share the table,
+ * each slot carries its own block size and lanes, written with its model by the allocation
+ * (kvr_slot_alloc_tagged) before the slot reads WRITING; an untagged allocation has none. On
+ * a table of one block size and quorum the tag's block size and lanes are ignored. */
 Test(slots, a_table_of_mixed_block_sizes_keeps_each_slots_own)
 {
 	uint8_t mem[256 + 64 * 4] = {0};
 	struct kvr_slot_table *m = NULL;
-	struct kvr_slots_config c = {.n_slots = 4, .lane_bytes = 4096, .block_tokens = 0, .tp_size = 1, .quorum = 1};
+	struct kvr_slots_config c = {.n_slots = 4, .lane_bytes = 4096, .block_tokens = 0, .tp_size = 2, .quorum = 0};
 	cr_assert_eq(kvr_slots_init(mem, sizeof(mem), &c, &m), 0);
 	cr_assert_eq(m->block_tokens, 0);
 	uint32_t ep;
 	cr_assert_eq(kvr_slot_alloc(m, 0, K1, 0, 0, &ep), 0);
-	cr_assert_eq(kvr_slot_at(m, 0)->block_tokens, 0, "nothing until the lookup actor says");
-	kvr_slot_set_block_tokens(m, 0, 32);
-	cr_assert_eq(kvr_slot_alloc(m, 1, K2, 0, 0, &ep), 0);
-	kvr_slot_set_block_tokens(m, 1, 16);
-	cr_assert_eq(kvr_slot_at(m, 0)->block_tokens, 32);
-	cr_assert_eq(kvr_slot_at(m, 1)->block_tokens, 16);
+	cr_assert(kvr_slot_at(m, 0)->block_tokens == 0 && kvr_slot_block_lanes(m, 0) == 0 && kvr_slot_model(m, 0) == 0,
+		  "an untagged slot has no block size, lanes or model of its own");
+	cr_assert_eq(kvr_slot_abort(m, 0, ep), 0);
+	const struct kvr_slot_tag a = {.block_tokens = 32, .lanes = 2, .model = 3}, b = {.block_tokens = 16, .lanes = 1, .model = 4};
+	cr_assert_eq(kvr_slot_alloc_tagged(m, 0, K1, 1, 0, &a, &ep), 0);
+	cr_assert_eq(kvr_slot_alloc_tagged(m, 1, K2, 0, 0, &b, &ep), 0);
+	cr_assert(kvr_slot_at(m, 0)->block_tokens == 32 && kvr_slot_block_lanes(m, 0) == 2 && kvr_slot_model(m, 0) == 3);
+	cr_assert(kvr_slot_at(m, 1)->block_tokens == 16 && kvr_slot_block_lanes(m, 1) == 1 && kvr_slot_model(m, 1) == 4);
 
-	cr_assert_eq(kvr_slot_alloc(t, 3, K1, 0, 0, &ep), 0);
-	kvr_slot_set_block_tokens(t, 3, 32);
+	cr_assert_eq(kvr_slot_alloc_tagged(t, 3, K1, 0, 0, &a, &ep), 0);
 	cr_assert_eq(kvr_slot_at(t, 3)->block_tokens, 16, "a table of one block size keeps its own");
+	cr_assert_eq(kvr_slot_block_lanes(t, 3), t->quorum, "and one quorum its own");
+	cr_assert_eq(kvr_slot_model(t, 3), 3, "the model is every slot's own");
 	cr_assert_eq(kvr_slot_abort(t, 3, ep), 0);
 }
 
@@ -518,8 +522,8 @@ Test(slots, model_counts)
 	uint32_t e[4];
 	static const uint8_t model[4] = {1, 1, 2, 9};
 	for (uint32_t i = 0; i < 4; i++) {
-		cr_assert_eq(kvr_slot_alloc(t, i, (kvr_key){i + 1, 7}, 0, 0, &e[i]), 0);
-		kvr_slot_set_model(t, i, model[i]);
+		const struct kvr_slot_tag tag = {.model = model[i]};
+		cr_assert_eq(kvr_slot_alloc_tagged(t, i, (kvr_key){i + 1, 7}, 0, 0, &tag, &e[i]), 0);
 		cr_assert_eq(kvr_slot_model(t, i), model[i]);
 	}
 	for (uint32_t i = 0; i < 4; i++)

@@ -686,9 +686,11 @@ static void store_lanes(kvr_key k, unsigned lane, unsigned lanes)
 {
 	struct kvr_index_ref r;
 	struct kvr_index_alloc_stats st;
-	cr_assert_eq(kvr_index_alloc_lanes(idx, &k, 1, lane, lanes, 0, &r, &st), 0);
+	const struct kvr_slot_tag tag = {.lanes = (uint8_t)lanes, .block_tokens = 16, .model = 2};
+	cr_assert_eq(kvr_index_alloc_tagged(idx, &k, 1, lane, &tag, 0, &r, &st), 0);
 	cr_assert_eq(st.allocated, 1);
 	cr_assert_eq(kvr_slot_at(t, r.slot)->lanes, lanes, "the slot records its block's lanes");
+	cr_assert(kvr_slot_at(t, r.slot)->block_tokens == 16 && kvr_slot_model(t, r.slot) == 2, "and the rest of its tag");
 	cr_assert_geq(kvr_index_commit(idx, lane, r.slot, r.epoch), 0);
 }
 
@@ -704,7 +706,9 @@ Test(index, a_table_of_several_quorums_gives_each_block_its_own)
 	kvr_key a = l1_key(90, 0), b = l1_key(91, 0), c = l1_key(92, 0);
 	struct kvr_index_ref r;
 	cr_assert_eq(kvr_index_alloc(idx, &a, 1, 0, 0, &r, NULL), -EINVAL, "a block's lanes must be given");
-	cr_assert_eq(kvr_index_alloc_lanes(idx, &a, 1, 1, 1, 0, &r, NULL), -EINVAL, "lane 1 of a 1-lane block");
+	const struct kvr_slot_tag one = {.lanes = 1}, two = {.lanes = 2};
+	cr_assert_eq(kvr_index_alloc_tagged(idx, &a, 1, 1, &one, 0, &r, NULL), -EINVAL, "lane 1 of a 1-lane block");
+	cr_assert_eq(kvr_index_alloc_tagged(idx, &a, 1, 0, NULL, 0, &r, NULL), -EINVAL, "no tag");
 	store_lanes(a, 0, 1); /* a TP-1 engine's block: visible with its one lane */
 	cr_assert_eq(kvr_index_match(idx, &a, 1, 0, NULL), 1);
 	cr_assert_eq(kvr_index_match(idx, &a, 1, 1, NULL), 0, "it has no lane 1");
@@ -717,7 +721,7 @@ Test(index, a_table_of_several_quorums_gives_each_block_its_own)
 	cr_assert_eq(kvr_index_get(idx, b, &blk), 0);
 	cr_assert(blk.visible && blk.lanes == 2);
 	struct kvr_index_alloc_stats st;
-	cr_assert_eq(kvr_index_alloc_lanes(idx, &a, 1, 1, 2, 0, &r, &st), 0);
+	cr_assert_eq(kvr_index_alloc_tagged(idx, &a, 1, 1, &two, 0, &r, &st), 0);
 	cr_assert(r.slot == KVR_INDEX_NOROOM && st.noroom == 1, "a key keeps its block's lane count");
 	store_lanes(c, 2, 4); /* one lane of four: stays invisible */
 

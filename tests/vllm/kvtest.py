@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +326,12 @@ class Kvringd:
             self.proc.wait()
         self.proc = None
 
+    def restart(self) -> None:
+        """Stop (SIGTERM: drain; it must exit 0) and start again on the same socket and files."""
+        rc = self.stop()
+        check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{self.log_tail()}")
+        self.start()
+
 
 # ---- vLLM engines ---------------------------------------------------------------------------
 
@@ -487,7 +495,26 @@ class Engine:
             self.proc.wait()
 
 
+@contextmanager
+def serving(kv: Kvringd, eng: "Engine") -> Iterator["Engine"]:
+    """A test's body with kv and eng running. On the way out eng is closed and kvringd stopped
+    (SIGTERM: drain); where the body passed, kvringd must have exited 0."""
+    try:
+        yield eng
+    finally:
+        eng.close()
+        rc = kv.stop()
+    check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
+
+
 # ---- comparisons ---------------------------------------------------------------------------
+
+
+def cold_run(eng: "Engine", p: list[int], name: str = "cold run") -> dict[str, Any]:
+    """Prompt p's first run on eng: nothing of it may come from a cache. Returns the result."""
+    cold = eng.generate([p])[0]
+    check(cold["num_cached_tokens"] == 0, f"{name} hit {cold['num_cached_tokens']} tokens")
+    return cold
 
 
 def warm_equal(eng: "Engine", name: str, p: list[int], cold: dict[str, Any], block: int = BLOCK) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from kvtest import BLOCK, check
 def main(d: Path) -> None:
     kv = kt.Kvringd(d)
     eng = kt.Engine(d, "a", kv_transfer_config=kt.connector_config(kv.socket))
-    try:
+    with kt.serving(kv, eng):
         p1 = kt.prompt(1, 10 * BLOCK + 7)
         p2 = kt.prompt(2, 6 * BLOCK + 20)
         p3 = kt.prompt(3, 4 * BLOCK)
@@ -54,10 +54,6 @@ def main(d: Path) -> None:
             f"half-shared prompt hit {h['num_cached_tokens']} tokens, want {5 * BLOCK}",
         )
         kt.log(f"half-shared prompt hit {h['num_cached_tokens']}/{len(half)}")
-    finally:
-        eng.close()
-        rc = kv.stop()
-    check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
 
 
 if __name__ == "__main__":

@@ -25,10 +25,9 @@ def main(d: Path) -> None:
     snap = kv.inspect()
     check(snap["l1_slots"] is None, f"L1 laid out before any worker attached: {snap['l1_slots']}")
     eng = kt.Engine(d, "nomodel", kv_transfer_config=kt.connector_config(kv.socket, reattach_interval_ms=200))
-    try:
+    with kt.serving(kv, eng):
         p = kt.prompt(31, 9 * BLOCK + 3)
-        cold = eng.generate([p])[0]
-        check(cold["num_cached_tokens"] == 0, f"cold run hit {cold['num_cached_tokens']} tokens")
+        cold = kt.cold_run(eng, p)
         kv.wait_metric("kvring_store_blocks_total", 9, result="stored")
         slots = kv.inspect()["l1_slots"]
         check(slots is not None and slots["committed"] >= 9, f"L1 after the cold run: {slots}")
@@ -37,9 +36,7 @@ def main(d: Path) -> None:
         warm = kt.warm_equal(eng, "warm", p, cold)
 
         kv.wait_metric("kvring_l2_blocks_total", 9, op="write", result="ok")
-        rc = kv.stop()
-        check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
-        kv.start()
+        kv.restart()
         check(kv.inspect()["l1_slots"] is None, "the restarted kvringd laid L1 out before a worker attached")
         eng.generate([kt.prompt(32, 2 * BLOCK + 1)])  # the worker attaches again (and binds L1)
         again = kt.warm_equal(eng, "after the restart", p, cold)
@@ -50,10 +47,6 @@ def main(d: Path) -> None:
             f"no model section: warm hit {warm['num_cached_tokens']}/{len(p)}, after a restart "
             f"{again['num_cached_tokens']} from L2 ({reads:.0f} reads), tokens and logprobs equal"
         )
-    finally:
-        eng.close()
-        rc = kv.stop()
-    check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
 
 
 if __name__ == "__main__":

@@ -25,8 +25,7 @@ def main(d: Path) -> None:
     p, q = kt.prompt(41, 8 * BLOCK + 3), kt.prompt(42, 8 * BLOCK + 3)  # 8 blocks of 32, 4 of 64
     eng = kt.Engine(d, "a", kv_transfer_config=cfg)
     try:
-        cold_a = eng.generate([p])[0]
-        check(cold_a["num_cached_tokens"] == 0, f"A's cold run hit {cold_a['num_cached_tokens']} tokens")
+        cold_a = kt.cold_run(eng, p, "A's cold run")
         kt.warm_equal(eng, "A warm", p, cold_a)
         kv.wait_metric("kvring_l2_blocks_total", 8, op="write", result="ok")
     finally:
@@ -35,13 +34,12 @@ def main(d: Path) -> None:
     try:
         log = kv.log_tail(400)
         check("is given up" in log and "L1 released" in log, f"kvringd did not lay L1 out again for B:\n{log}")
-        cold_b = eng.generate([q])[0]
-        check(cold_b["num_cached_tokens"] == 0, f"B's cold run hit {cold_b['num_cached_tokens']} tokens")
+        cold_b = kt.cold_run(eng, q, "B's cold run")
         warm_b = kt.warm_equal(eng, "B warm (64-token blocks)", q, cold_b)
     finally:
         eng.close()
     eng = kt.Engine(d, "a2", kv_transfer_config=cfg)
-    try:
+    with kt.serving(kv, eng):
         again = kt.warm_equal(eng, "A again, from its format's L2 files", p, cold_a)
         reads = kv.metric("kvring_l2_blocks_total", op="read", result="ok")
         check(reads >= 8, f"A's prompt came back with {reads:.0f} L2 reads, want >= 8")
@@ -51,10 +49,6 @@ def main(d: Path) -> None:
             f"{warm_b['num_cached_tokens']}/{len(q)}, A again {again['num_cached_tokens']}/{len(p)} from L2 "
             f"({reads:.0f} reads), tokens and logprobs equal"
         )
-    finally:
-        eng.close()
-        rc = kv.stop()
-    check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
 
 
 if __name__ == "__main__":

@@ -20,27 +20,19 @@ from kvtest import BLOCK, check
 def main(d: Path) -> None:
     kv = kt.Kvringd(d, tp_size=2)
     eng = kt.Engine(d, "tp2", kv_transfer_config=kt.connector_config(kv.socket), tp=2)
-    try:
+    with kt.serving(kv, eng):
         ranks = sorted((w["tp_rank"], w["tp_size"]) for w in kv.worker_slots())
         check(ranks == [(0, 2), (1, 2)], f"attached workers (tp_rank, tp_size): {ranks}, want both ranks of 2")
         p = kt.prompt(41, 7 * BLOCK + 11)
-        cold = eng.generate([p])[0]
-        check(cold["num_cached_tokens"] == 0, f"cold run hit {cold['num_cached_tokens']} tokens")
+        cold = kt.cold_run(eng, p)
         kv.wait_metric("kvring_store_blocks_total", 2 * 7, result="stored")
-        warm = eng.generate([p])[0]
-        check(warm["num_cached_tokens"] == 7 * BLOCK, f"warm run hit {warm['num_cached_tokens']}, want {7 * BLOCK}")
+        warm = kt.warm_equal(eng, "warm", p, cold)
         loaded = kv.wait_metric("kvring_load_blocks_total", 2 * 7, result="loaded")
-        check(cold["tokens"] == warm["tokens"], f"warm tokens {warm['tokens']} != cold {cold['tokens']}")
         delta = kt.max_logprob_delta(cold, warm)
-        check(delta <= 1e-4, f"logprobs differ by {delta:.3g} (> 1e-4)")
         kt.log(
             f"TP 2: hit {warm['num_cached_tokens']}/{len(p)}, {loaded:.0f} lanes loaded (both ranks), "
             f"tokens equal, max logprob delta {delta:.2g}"
         )
-    finally:
-        eng.close()
-        rc = kv.stop()
-    check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
 
 
 if __name__ == "__main__":

@@ -21,10 +21,9 @@ from kvtest import BLOCK, check
 def main(d: Path) -> None:
     kv = kt.Kvringd(d)
     eng = kt.Engine(d, "wrong", kv_transfer_config=kt.connector_config(kv.socket, test_wrong_blocks=True))
-    try:
+    with kt.serving(kv, eng):
         p = kt.prompt(11, 8 * BLOCK + 5)
-        cold = eng.generate([p])[0]
-        check(cold["num_cached_tokens"] == 0, f"cold run hit {cold['num_cached_tokens']} tokens")
+        cold = kt.cold_run(eng, p)
         kv.wait_metric("kvring_store_blocks_total", 8, result="stored")
         warm = eng.generate([p])[0]
         check(
@@ -43,10 +42,6 @@ def main(d: Path) -> None:
             f"wrong blocks: tokens {'differ' if cold['tokens'] != warm['tokens'] else 'equal'}, "
             f"max logprob delta {delta:.3g} (the check fails, as it must)"
         )
-    finally:
-        eng.close()
-        rc = kv.stop()
-    check(rc == 0, f"kvringd exited {rc} after SIGTERM:\n{kv.log_tail()}")
 
 
 if __name__ == "__main__":
