@@ -73,6 +73,9 @@ def test_pool() -> None:
         again = torch.zeros(64, dtype=torch.int8)
     check(torch.zeros is orig, "torch.zeros not restored")
     check(pool.fd is not None and pool.nbytes == 1 << 20, f"pool: fd {pool.fd}, {pool.nbytes} bytes")
+    # allocated up front, before anything touched it (a load never lands on a fresh page)
+    held = os.fstat(pool.fd).st_blocks * 512
+    check(held == 1 << 20 and pool.prefault_s is not None, f"the memfd holds {held} bytes of pages, want 1 MiB")
     check(kv.data_ptr() == pool.base and kv.numel() == 1 << 20 and not kv.any(), "the KV tensor is not the memfd's")
     check(
         other.dtype == torch.float32 and again.numel() == 64 and again.data_ptr() != pool.base,

@@ -179,6 +179,13 @@ class WorkerSide:
                 tp_rank=self.tp_rank,
             )
             self._attach_kw = dict(kv_fd=pool.fd, kv_bytes=size, cuda_kv=None)
+            if pool.prefault_s is not None:
+                log.info(
+                    "kvring: TP rank %d: %d MiB of KV memory allocated up front in %.0f ms",
+                    self.tp_rank,
+                    size >> 20,
+                    pool.prefault_s * 1e3,
+                )
         elif dev.type == "cuda":
             cuda_kv, where, size = self._export_cuda(kv_caches, dev)
             self.derived = derive_geometry(
