@@ -237,13 +237,19 @@ class SchedulerSide:
         if self._wait_for_store(request, r, cap):
             self._drop_lease(rid)
             return None, False  # vLLM asks again on a later step; nothing is computed meanwhile
-        if r.miss_reason and log.isEnabledFor(logging.DEBUG):
+        if log.isEnabledFor(logging.DEBUG):
+            # what a lease cost the scheduler's step: promotions from L2 are waited for here
             log.debug(
-                "kvring: request %s: %d of %d tokens matched; the next block: %s",
+                "kvring: request %s: %d of %d tokens matched (%d blocks promoted from L2) in %.2f ms "
+                "(hashing %.2f ms, lookup actor %.2f ms)%s",
                 rid,
                 r.matched_tokens,
                 cap,
-                r.miss,
+                r.l2_blocks,
+                r.roundtrip_ns / 1e6,
+                r.hash_ns / 1e6,
+                r.index_ns / 1e6,
+                f"; the next block: {r.miss}" if r.miss_reason else "",
             )
         # at least the last token is vLLM's to compute; the block holding it is loaded whole
         matched = min(r.matched_tokens, cap, request.num_tokens - 1)
