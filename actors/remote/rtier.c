@@ -465,18 +465,13 @@ static int handle(struct remote *r, const struct kvr_msg *m, const struct kvr_ms
 			rm_send_read_done(r, &t, -ESTALE);
 			return 0;
 		}
-		if (!slot_holds(r, &t)) {
-			(void)kvr_slot_unpin(r->slots, b->slot, KVR_PIN_REMOTE);
-			rm_count(r, KVR_STAT_RM_READ_ERRORS, 1);
-			rm_send_read_done(r, &t, -ESTALE);
-			return 0;
-		}
 		/* the block's lanes: the table's quorum, or (several) its slot's, set at allocation */
 		t.lanes = (uint8_t)kvr_slot_block_lanes(r->slots, b->slot);
-		if (!t.lanes || b->lane >= t.lanes) {
+		int bad = !slot_holds(r, &t) ? -ESTALE : !t.lanes || b->lane >= t.lanes ? -EINVAL : 0;
+		if (bad) {
 			(void)kvr_slot_unpin(r->slots, b->slot, KVR_PIN_REMOTE);
 			rm_count(r, KVR_STAT_RM_READ_ERRORS, 1);
-			rm_send_read_done(r, &t, -EINVAL);
+			rm_send_read_done(r, &t, bad);
 			return 0;
 		}
 	}

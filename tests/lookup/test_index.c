@@ -725,7 +725,7 @@ Test(index, a_table_of_several_quorums_gives_each_block_its_own)
 	cr_assert(r.slot == KVR_INDEX_NOROOM && st.noroom == 1, "a key keeps its block's lane count");
 	store_lanes(c, 2, 4); /* one lane of four: stays invisible */
 
-	/* a WRITING slot the index never tagged (its lookup actor died between the two) */
+	/* a WRITING slot allocated untagged (not by the index: no lane count of its own) */
 	uint32_t ep;
 	cr_assert_eq(kvr_slot_alloc(t, 15, l1_key(93, 0), 0, 0, &ep), 0);
 	cr_assert_eq(kvr_index_rebuild(idx, t), 3);
