@@ -637,6 +637,25 @@ static const char *worker_now(const struct kvr_ctl *ctl, unsigned w, char *buf, 
 	return buf;
 }
 
+void fh_slot_describe(const struct kvr_slot_table *t, const struct kvr_ctl *ctl, uint32_t i, char *buf, size_t len)
+{
+	const struct kvr_slot *s = kvr_slot_at(t, i);
+	char pins[160] = "";
+	size_t off = 0;
+	for (unsigned o = 0; o < KVR_PIN_OWNERS; o++) {
+		unsigned v = kvr_slot_pins_of(t, i, o);
+		const char *who = o == KVR_PIN_LOOKUP ? "lookup" : o == KVR_PIN_IO ? "io" : o == KVR_PIN_REMOTE ? "remote" : "w";
+		if (v && off < sizeof(pins))
+			off += o < KVR_SLOT_MAX_WORKERS ? (size_t)snprintf(pins + off, sizeof(pins) - off, " %s%u:%u", who, o, v)
+							: (size_t)snprintf(pins + off, sizeof(pins) - off, " %s:%u", who, v);
+	}
+	char who[96];
+	snprintf(buf, len, "slot %u %s epoch %u key %016llx%016llx lane %u owner %u (%s) pins%s", i,
+		 kvr_slot_state_name(kvr_slot_state(t, i)), kvr_slot_epoch(t, i), (unsigned long long)s->key.hi,
+		 (unsigned long long)s->key.lo, s->lane, s->owner, worker_now(ctl, s->owner, who, sizeof(who)),
+		 off ? pins : " none");
+}
+
 uint32_t fh_slots_offending(const struct kvr_slot_table *t, const struct kvr_ctl *ctl, bool dump, const char *what)
 {
 	uint32_t n = 0;
@@ -646,22 +665,9 @@ uint32_t fh_slots_offending(const struct kvr_slot_table *t, const struct kvr_ctl
 		n++;
 		if (!dump)
 			continue;
-		const struct kvr_slot *s = kvr_slot_at(t, i);
-		char pins[160] = "";
-		size_t off = 0;
-		for (unsigned o = 0; o < KVR_PIN_OWNERS; o++) {
-			unsigned v = kvr_slot_pins_of(t, i, o);
-			const char *who = o == KVR_PIN_LOOKUP ? "lookup" : o == KVR_PIN_IO ? "io" : o == KVR_PIN_REMOTE ? "remote" : "w";
-			if (v && off < sizeof(pins))
-				off += o < KVR_SLOT_MAX_WORKERS
-					       ? (size_t)snprintf(pins + off, sizeof(pins) - off, " %s%u:%u", who, o, v)
-					       : (size_t)snprintf(pins + off, sizeof(pins) - off, " %s:%u", who, v);
-		}
-		char who[96];
-		fprintf(stderr, "  %s: slot %u %s epoch %u key %016llx%016llx lane %u owner %u (%s) pins%s\n", what, i,
-			kvr_slot_state_name(kvr_slot_state(t, i)), kvr_slot_epoch(t, i), (unsigned long long)s->key.hi,
-			(unsigned long long)s->key.lo, s->lane, s->owner, worker_now(ctl, s->owner, who, sizeof(who)),
-			off ? pins : " none");
+		char d[320];
+		fh_slot_describe(t, ctl, i, d, sizeof(d));
+		fprintf(stderr, "  %s: %s\n", what, d);
 	}
 	return n;
 }

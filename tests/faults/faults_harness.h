@@ -232,6 +232,8 @@ bool fh_slot_offends(const struct kvr_slot_table *t, uint32_t i);
  * worker slot is now, from ctl when not NULL — and pins by index) when dump. */
 struct kvr_ctl;
 uint32_t fh_slots_offending(const struct kvr_slot_table *t, const struct kvr_ctl *ctl, bool dump, const char *what);
+/* Slot i as the dump prints it, into buf. */
+void fh_slot_describe(const struct kvr_slot_table *t, const struct kvr_ctl *ctl, uint32_t i, char *buf, size_t len);
 
 /* Which model each block key of a test's prompts belongs to (keys of two namespaces never
  * meet), and the slot model tag (kvr_slot_model) each model's slots must carry (0: not

@@ -48,6 +48,7 @@ static struct {
 	unsigned rounds, rounds_failed;
 	char failed_rounds[256];
 	uint64_t quiet_checks, leaked_slots;
+	char first_leak[400];         /* the first leaked slot and when (the summary and the assertion say it) */
 	uint64_t l1_checked, l1_wrong;
 	uint64_t not_idle, not_settled, worker_crashes, unclean_stops, restarts;
 	uint64_t l1_checked_by_model[FH_MAX_MODELS];
@@ -451,6 +452,12 @@ static bool quiet_check(const char *when)
 	if (!H_WAIT(fh_slots_offending(env.slots, NULL, false, NULL) == 0, QUIET_MS)) {
 		fprintf(stderr, "%s: %s: slots not FREE/COMMITTED or pinned after %d ms:\n", sc->name, when, QUIET_MS);
 		tot.leaked_slots += fh_slots_offending(env.slots, env.h.ctl, true, "leaked");
+		for (uint32_t i = 0; i < env.slots->n_slots && !tot.first_leak[0]; i++)
+			if (fh_slot_offends(env.slots, i)) {
+				char d[320];
+				fh_slot_describe(env.slots, env.h.ctl, i, d, sizeof(d));
+				snprintf(tot.first_leak, sizeof(tot.first_leak), "%s: %s", when, d);
+			}
 		ok = false;
 	}
 	read_tags();
@@ -555,6 +562,8 @@ static void report(void)
 		(unsigned long long)tot.l1_checked, (unsigned long long)tot.l1_wrong, (unsigned long long)tot.not_idle,
 		(unsigned long long)tot.not_settled, (unsigned long long)tot.worker_crashes,
 		(unsigned long long)tot.unclean_stops, (unsigned long long)tot.restarts);
+	if (tot.first_leak[0])
+		fprintf(stderr, "  the first leaked slot, %s\n", tot.first_leak);
 	fprintf(stderr, "  L2 files read: %llu (%llu intact, %llu wrong, %llu damaged, %llu temporary), %llu bytes "
 		"compared\n",
 		(unsigned long long)tot.l2.files, (unsigned long long)tot.l2.ok, (unsigned long long)tot.l2.wrong,
@@ -815,8 +824,8 @@ static void expect_all(bool ok)
 	uint64_t wrong = sum(FH_C_WRONG_BYTES);
 	cr_expect_eq(wrong, 0, "%llu wrong bytes in %llu blocks that loads reported restored", (unsigned long long)wrong,
 		     (unsigned long long)sum(FH_C_WRONG_BLOCKS));
-	cr_expect_eq(tot.leaked_slots, 0, "%llu slots leaked (not FREE/COMMITTED or pinned once quiet)",
-		     (unsigned long long)tot.leaked_slots);
+	cr_expect_eq(tot.leaked_slots, 0, "%llu slots leaked (not FREE/COMMITTED or pinned once quiet); the first, %s",
+		     (unsigned long long)tot.leaked_slots, tot.first_leak);
 	cr_expect_eq(tot.l1_wrong, 0, "%llu committed L1 slots held wrong bytes", (unsigned long long)tot.l1_wrong);
 	cr_expect_eq(tot.l2.wrong, 0, "%llu L2 files with a valid checksum held wrong bytes",
 		     (unsigned long long)tot.l2.wrong);

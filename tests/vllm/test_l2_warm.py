@@ -11,13 +11,10 @@ pass (seed 004's "evict" validation: both tiers active, each counted).
 Then the disk actor is killed while it holds a promotion: the disk actor's read gate
 (KVRING_TEST_READ_GATE, actors/disk/disk.c) makes the next L2 read wait on a FIFO, the
 test sees it held (held.log), kills the disk actor (SIGKILL) and removes the FIFO. The
-lookup actor ends the promotion (-EPIPE). The connector's lease does not wait for
-promotions (KVR_LEASE_NOWAIT): it asks again while they are pending, and the lease after
-the kill either promotes the prompt through the restarted disk actor (served whole, every
-block read again after the kill) or finds it unreadable for now and vLLM recomputes:
-either way the request completes with the cold pass's tokens, nothing hangs, the slot
-table ends quiet, kvringd restarted the disk actor, and a later warm request is served
-from L2 again.
+lookup actor ends the promotion (-EPIPE), the lease covers only what is resident, vLLM
+recomputes the rest: the request completes with the cold pass's tokens, nothing hangs,
+the slot table ends quiet, kvringd restarted the disk actor, and a later warm request is
+served from L2 again.
 """
 
 from __future__ import annotations
@@ -76,7 +73,6 @@ def main(d: Path) -> None:
         disk_pid = kv.actor_pid("disk.0")
         held = gate / "held.log"  # every L2 read appends a line, held or not: count the new ones
         before = len(held.read_text().splitlines()) if held.exists() else 0
-        reads_before = kv.metric("kvring_l2_blocks_total", op="read", result="ok")
         os.mkfifo(gate / "gate")
         eng.submit([prompts[0]])  # on disk only: the warm pass's later prompts took L1
         deadline = time.monotonic() + 60
@@ -88,13 +84,10 @@ def main(d: Path) -> None:
         out = eng.result()
         check(out[0]["tokens"] == cold[0]["tokens"], f"after the kill: tokens {out[0]['tokens']} != cold")
         check(kt.max_logprob_delta(cold[0], out[0]) <= 1e-4, "after the kill: logprobs differ")
-        hit = out[0]["num_cached_tokens"]
-        if hit == FULL * BLOCK:  # asked again: promoted by the restarted disk actor
-            after = kv.metric("kvring_l2_blocks_total", op="read", result="ok") - reads_before
-            check(after >= FULL, f"served whole after the kill, but only {after:.0f} of {FULL} blocks were read again")
-            outcome = f"served from L2 by the restarted disk actor ({after:.0f} reads)"
-        else:
-            outcome = f"recomputed (hit {hit})"
+        check(
+            out[0]["num_cached_tokens"] < FULL * BLOCK,
+            f"the request hit {out[0]['num_cached_tokens']} tokens although its promotion was killed",
+        )
         kv.wait_slots_quiet()
         deadline = time.monotonic() + 30
         while True:
@@ -111,7 +104,7 @@ def main(d: Path) -> None:
         check(again["tokens"] == cold[1]["tokens"], "after the restart: tokens differ")
         kv.wait_slots_quiet()
         kt.log(
-            f"disk actor killed holding a promotion: the request {outcome}, "
+            f"disk actor killed holding a promotion: the request recomputed (hit {out[0]['num_cached_tokens']}), "
             "tokens equal, slot table quiet; the restarted disk actor serves L2 again"
         )
     finally:

@@ -118,9 +118,8 @@ KEYS: dict[str, tuple[type, str]] = {
     "store_wait_ms": (
         int,
         "a request whose prefix a store in flight is writing (another engine's prefill, or a prefill whose "
-        "kv_transfer_params it carries) or a promotion from L2 is reading waits up to this long for the commit "
-        "instead of recomputing, without holding the scheduler's step (0..600000; 0 = never wait: a lease then "
-        "holds the step until its promotions landed)",
+        "kv_transfer_params it carries) waits up to this long for the commit instead of recomputing "
+        "(0..600000; 0 = never wait)",
     ),
     "layered_loads": (
         str,

@@ -81,7 +81,7 @@ def request_extra(request: Request) -> bytes | None:
 
 
 STATS_EVERY_S = 60  # lease statistics at most this often (INFO)
-WAIT_POLL_S = 0.002  # a request waiting for a store or promotion leases again at most this often (vLLM asks every step)
+WAIT_POLL_S = 0.002  # a request waiting for a store leases again at most this often (vLLM asks every step)
 
 
 @dataclass
@@ -221,17 +221,7 @@ class SchedulerSide:
                 return 0, False
             t0 = time.perf_counter_ns()
             try:
-                # with waiting on (store_wait_ms), a lease does not hold the step while its
-                # blocks are promoted from L2: they are pending, vLLM asks again, and the
-                # promotions of every request of the step are in flight together
-                r = c.lease(
-                    lid,
-                    tokens,
-                    extra,
-                    loaders=self.loaders,
-                    ttl_ms=self.cfg.lease_ttl_ms,
-                    wait=self.cfg.store_wait_ms <= 0,
-                )
+                r = c.lease(lid, tokens, extra, loaders=self.loaders, ttl_ms=self.cfg.lease_ttl_ms)
                 break
             except KvringError as e:
                 if e.errno == errno.EPIPE and self._gone(e) and attempt == 0:
@@ -271,9 +261,8 @@ class SchedulerSide:
 
     def _wait_for_store(self, request: Request, r: Any, cap: int) -> bool:
         """Whether to answer "ask again later" instead of recomputing what a store in flight
-        is about to make visible (prefill/decode on one node, docs/vllm.md) or a promotion
-        from L2 is reading now: the lease found blocks right after its match being written
-        (r.pending_blocks), or the
+        is about to make visible (prefill/decode on one node, docs/vllm.md): the lease found
+        blocks right after its match that a store is writing now (r.pending_blocks), or the
         request names, in its kv_transfer_params, a prefill engine's store that covers more
         than the lease matched. Bounded by store_wait_ms from the first time it waited; a
         producer that died leaves the blocks uncommitted, and the request then recomputes."""
@@ -294,7 +283,7 @@ class SchedulerSide:
                 self._wait_poll.pop(rid, None)
                 self.wait_stats["served"] += 1
                 log.debug(
-                    "kvring: request %s waited %.1f ms for a store or promotion in flight: %d tokens matched",
+                    "kvring: request %s waited %.1f ms for a store in flight: %d tokens matched",
                     rid,
                     (time.monotonic() - since) * 1e3,
                     r.matched_tokens,
@@ -306,8 +295,7 @@ class SchedulerSide:
             self._waiting[rid] = now
             self.wait_stats["waited"] += 1
             log.debug(
-                "kvring: request %s: %d tokens matched, %d blocks being stored or promoted, %d tokens announced: "
-                "waiting",
+                "kvring: request %s: %d tokens matched, %d blocks being stored, %d tokens announced: waiting",
                 rid,
                 r.matched_tokens,
                 r.pending_blocks,
@@ -511,8 +499,7 @@ class SchedulerSide:
         w = self.wait_stats
         if w["waited"]:
             log.info(
-                "kvring: %d requests waited for a store or promotion in flight: %d served from it, %d gave up after "
-                "store_wait_ms",
+                "kvring: %d requests waited for a store in flight: %d served from it, %d gave up after store_wait_ms",
                 w["waited"],
                 w["served"],
                 w["timed_out"],
