@@ -228,24 +228,31 @@ Test(leases, engines_share_one_model_and_isolate_others)
 	ct_assert_table_clean(&env);
 }
 
+/* TP 2, L2 on: prompt p (3 blocks, both ranks) written through, kvringd restarted: the
+ * prompt is on disk only; both ranks attached again. */
+static void on_disk_only(unsigned p, uint32_t *a, struct ct_rank **r0, struct ct_rank **r1)
+{
+	struct ct_opts o = {.l1_slots = 32, .l2_dir = l2dir, .max_workers = 2};
+	ct_start(&env, &ct_tiny_tp2, &o);
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, r0), 0);
+	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, r1), 0);
+	ct_prompt(a, 3 * BT, p);
+	store_prompt(*r0, p, a, 3, 0);
+	store_prompt(*r1, p, a, 3, 0);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 6, 10000), "write-through of 3 blocks x 2 lanes");
+	ct_stop_clean(&env);
+	ct_start(&env, &ct_tiny_tp2, &o);
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, r0), 0);
+	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, r1), 0);
+}
+
 /* With L2, a lease after a restart promotes from disk first (every lane), then loads
  * byte-exact from the leased slots. */
 Test(leases, lease_promotes_from_l2_after_restart)
 {
-	struct ct_opts o = {.l1_slots = 32, .l2_dir = l2dir, .max_workers = 2};
-	ct_start(&env, &ct_tiny_tp2, &o);
 	struct ct_rank *r0, *r1;
-	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
-	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
 	uint32_t a[3 * BT];
-	ct_prompt(a, 3 * BT, 21);
-	store_prompt(r0, 21, a, 3, 0);
-	store_prompt(r1, 21, a, 3, 0);
-	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 6, 10000), "write-through of 3 blocks x 2 lanes");
-	ct_stop_clean(&env);
-	ct_start(&env, &ct_tiny_tp2, &o);
-	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
-	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
+	on_disk_only(21, a, &r0, &r1);
 	struct kvr_client *s = sched_open(NULL, NULL);
 	struct kvr_lookup_result res;
 	cr_assert_eq(kvr_lease(s, 9, a, 3 * BT, NULL, 0, NULL, &res), 0, "%s", kvr_last_error(s));
@@ -268,20 +275,9 @@ Test(leases, lease_promotes_from_l2_after_restart)
  */
 Test(leases, a_lease_that_does_not_wait_answers_at_once_and_its_reads_land)
 {
-	struct ct_opts o = {.l1_slots = 32, .l2_dir = l2dir, .max_workers = 2};
-	ct_start(&env, &ct_tiny_tp2, &o);
 	struct ct_rank *r0, *r1;
-	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
-	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
 	uint32_t a[3 * BT];
-	ct_prompt(a, 3 * BT, 22);
-	store_prompt(r0, 22, a, 3, 0);
-	store_prompt(r1, 22, a, 3, 0);
-	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 6, 10000), "write-through of 3 blocks x 2 lanes");
-	ct_stop_clean(&env);
-	ct_start(&env, &ct_tiny_tp2, &o);
-	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
-	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
+	on_disk_only(22, a, &r0, &r1);
 	struct kvr_client *s = sched_open(NULL, NULL);
 	struct kvr_lease_opts nowait = {.flags = KVR_LEASE_NOWAIT};
 	struct kvr_lookup_result res;
