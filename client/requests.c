@@ -508,8 +508,6 @@ KVR_EXPORT int kvr_lease(struct kvr_client *c, uint64_t lease_id, const uint32_t
 	/* every TP rank loads (MLA: each the same lane) */
 	uint32_t loaders = opts && opts->loaders ? opts->loaders : kvr_ctl_sched(c->ctl, c->worker)->tp_size;
 	uint32_t ttl = opts && opts->ttl_ms ? opts->ttl_ms : 30000;
-	if (opts && (opts->flags & ~KVR_LEASE_NOWAIT))
-		return client_fail(c, -EINVAL, "lease: unknown flags %#x", opts->flags & ~KVR_LEASE_NOWAIT);
 	if (loaders > KVR_MSG_LEASE_MAX_LOADERS || ttl > KVR_MSG_LEASE_MAX_TTL_MS)
 		return client_fail(c, -EINVAL, "lease: loaders %u (at most %u) or ttl_ms %u (at most %u) out of range", loaders,
 				   KVR_MSG_LEASE_MAX_LOADERS, ttl, KVR_MSG_LEASE_MAX_TTL_MS);
@@ -527,8 +525,7 @@ KVR_EXPORT int kvr_lease(struct kvr_client *c, uint64_t lease_id, const uint32_t
 	if ((rc = lookup_actor_gen(c, "lease", &gen)))
 		return rc;
 	uint64_t wire = client_wire_id(c, gen), deadline = t1 + (uint64_t)c->timeout_ns;
-	struct kvr_msg_lease b = {.lease_id = lease_id, .ttl_ms = ttl, .loaders = loaders, .n_keys = (uint32_t)nk,
-				  .flags = opts && (opts->flags & KVR_LEASE_NOWAIT) ? KVR_LEASEF_NOWAIT : 0};
+	struct kvr_msg_lease b = {.lease_id = lease_id, .ttl_ms = ttl, .loaders = loaders, .n_keys = (uint32_t)nk};
 	struct kvr_msg m;
 	kvr_msg_build(&m, KVR_MSG_LEASE, 0, wire, 0, &b, sizeof(b));
 	if ((rc = send_msg(c, c->lk_req, &m, deadline)) ||

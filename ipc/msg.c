@@ -314,9 +314,9 @@ int kvr_msg_decode_lease(const struct kvr_msg *m, unsigned type, struct kvr_msg_
 	if (type > KVR_MSG_LEASE_DONE || check_fixed(m, type, 0, sizeof(b)))
 		return -EBADMSG;
 	memcpy(&b, m->body, sizeof(b));
-	bool lease = type == KVR_MSG_LEASE, worker = type == KVR_MSG_LEASE_TAKE || type == KVR_MSG_LEASE_DONE;
-	if (b.reserved2 || (b.flags & ~(lease ? KVR_LEASEF_NOWAIT : 0u)))
+	if (b.reserved || b.reserved2)
 		return -EBADMSG;
+	bool lease = type == KVR_MSG_LEASE, worker = type == KVR_MSG_LEASE_TAKE || type == KVR_MSG_LEASE_DONE;
 	if (lease ? (!b.ttl_ms || b.ttl_ms > KVR_MSG_LEASE_MAX_TTL_MS || !b.loaders ||
 		     b.loaders > KVR_MSG_LEASE_MAX_LOADERS || !b.n_keys || b.n_keys > KVR_MSG_MAX_LIST)
 		  : (b.ttl_ms || b.loaders || b.n_keys))

@@ -655,13 +655,8 @@ static void do_lease(struct kvr_actor *a, struct lookup *l, unsigned si)
 		send_lease_rep(a, l, si, wire, -EINVAL, 0, 0, 0, 0, 0);
 		return;
 	}
-	if (l->l2 && lease_extend(l, si)) {
-		if (!(sc->hdr.flags & KVR_LEASEF_NOWAIT))
-			return; /* lease_l2_done goes on */
-		/* the scheduler asks again: its reads go on without the lease and commit their
-		 * slots; the lease is the resident prefix, the blocks being read are pending */
-		lease_cancel(l, si);
-	}
+	if (l->l2 && lease_extend(l, si))
+		return; /* lease_l2_done goes on */
 	lease_finish(a, l, si);
 }
 

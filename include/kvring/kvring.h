@@ -158,15 +158,7 @@ int kvr_attach_scheduler(const struct kvr_sched_opts *opts, struct kvr_client **
 struct kvr_lease_opts {
 	uint32_t loaders;      /* workers that will load it (e.g. TP ranks); 0 = the model's tp_size */
 	uint32_t ttl_ms;       /* lease ends this long after it was granted; 0 = 30000 */
-	uint32_t flags;        /* KVR_LEASE_NOWAIT or 0 */
 };
-
-/* kvr_lease_opts.flags: do not wait for promotions from L2. The lease answers at once with
- * the prefix resident in L1 now; the blocks after it that it started reading from disk (or
- * that a store is writing) are ret->pending_blocks, and go on being read without it. Ask
- * again shortly: a scheduler that leases its waiting requests this way has all of their
- * promotions in flight together instead of one request's after another's. */
-#define KVR_LEASE_NOWAIT 0x1u
 
 /*
  * Look tokens up and lease the longest visible prefix (blocks on L2 are promoted to L1

@@ -273,15 +273,12 @@ struct kvr_msg_lease {
 	uint32_t loaders;       /* LEASE: 1..KVR_MSG_LEASE_MAX_LOADERS; else 0 */
 	uint32_t n_keys;        /* LEASE: the key list that follows, 1..KVR_MSG_MAX_LIST; else 0 */
 	uint16_t lane;          /* TAKE, DONE: the worker's lane; else 0 */
-	uint16_t flags;         /* LEASE: KVR_LEASEF_*; else 0 */
+	uint16_t reserved;
 	int32_t status;         /* DONE: the load's status (0 or -errno); else 0 */
 	uint32_t reserved2;
 };
 _Static_assert(sizeof(struct kvr_msg_lease) == 32, "lease body");
 #define KVR_MSG_LEASE_MAX_LOADERS 256u
-/* LEASE: answer at once with the prefix resident now; blocks the lease started promoting
- * from L2 go on being read without it and count as pending (the scheduler asks again) */
-#define KVR_LEASEF_NOWAIT 0x1u
 #define KVR_MSG_LEASE_MAX_TTL_MS 3600000u
 
 /* Validate a LEASE, LEASE_RELEASE, LEASE_TAKE or LEASE_DONE message of that type: the

@@ -228,31 +228,24 @@ Test(leases, engines_share_one_model_and_isolate_others)
 	ct_assert_table_clean(&env);
 }
 
-/* TP 2, L2 on: prompt p (3 blocks, both ranks) written through, kvringd restarted: the
- * prompt is on disk only; both ranks attached again. */
-static void on_disk_only(unsigned p, uint32_t *a, struct ct_rank **r0, struct ct_rank **r1)
-{
-	struct ct_opts o = {.l1_slots = 32, .l2_dir = l2dir, .max_workers = 2};
-	ct_start(&env, &ct_tiny_tp2, &o);
-	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, r0), 0);
-	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, r1), 0);
-	ct_prompt(a, 3 * BT, p);
-	store_prompt(*r0, p, a, 3, 0);
-	store_prompt(*r1, p, a, 3, 0);
-	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 6, 10000), "write-through of 3 blocks x 2 lanes");
-	ct_stop_clean(&env);
-	ct_start(&env, &ct_tiny_tp2, &o);
-	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, r0), 0);
-	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, r1), 0);
-}
-
 /* With L2, a lease after a restart promotes from disk first (every lane), then loads
  * byte-exact from the leased slots. */
 Test(leases, lease_promotes_from_l2_after_restart)
 {
+	struct ct_opts o = {.l1_slots = 32, .l2_dir = l2dir, .max_workers = 2};
+	ct_start(&env, &ct_tiny_tp2, &o);
 	struct ct_rank *r0, *r1;
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
+	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
 	uint32_t a[3 * BT];
-	on_disk_only(21, a, &r0, &r1);
+	ct_prompt(a, 3 * BT, 21);
+	store_prompt(r0, 21, a, 3, 0);
+	store_prompt(r1, 21, a, 3, 0);
+	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_WRITES) == 6, 10000), "write-through of 3 blocks x 2 lanes");
+	ct_stop_clean(&env);
+	ct_start(&env, &ct_tiny_tp2, &o);
+	cr_assert_eq(ct_rank_open(&env, 0, 32, 0, &r0), 0);
+	cr_assert_eq(ct_rank_open(&env, 1, 32, 0, &r1), 0);
 	struct kvr_client *s = sched_open(NULL, NULL);
 	struct kvr_lookup_result res;
 	cr_assert_eq(kvr_lease(s, 9, a, 3 * BT, NULL, 0, NULL, &res), 0, "%s", kvr_last_error(s));
@@ -262,42 +255,6 @@ Test(leases, lease_promotes_from_l2_after_restart)
 	take_load_exact(r0, 9, 3, 10, 21);
 	take_load_exact(r1, 9, 3, 10, 21);
 	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES_LOADED) == 1, 5000));
-	ct_assert_table_clean(&env);
-	kvr_detach(s);
-}
-
-/*
- * A lease that does not wait (KVR_LEASE_NOWAIT, issue 25: a scheduler that asks for several
- * requests leases them without holding its step for each one's promotions): over blocks on
- * disk only it answers at once with nothing matched and every block pending (their reads
- * in flight, the miss reason IN_FLIGHT); the reads land without it; the same lease asked
- * again matches every block from L1, reads nothing twice, and both ranks load the bytes.
- */
-Test(leases, a_lease_that_does_not_wait_answers_at_once_and_its_reads_land)
-{
-	struct ct_rank *r0, *r1;
-	uint32_t a[3 * BT];
-	on_disk_only(22, a, &r0, &r1);
-	struct kvr_client *s = sched_open(NULL, NULL);
-	struct kvr_lease_opts nowait = {.flags = KVR_LEASE_NOWAIT};
-	struct kvr_lookup_result res;
-	cr_assert_eq(kvr_lease(s, 9, a, 3 * BT, NULL, 0, &nowait, &res), 0, "%s", kvr_last_error(s));
-	cr_assert_eq(res.matched_blocks, 0, "nothing resident yet: nothing leased");
-	cr_assert_eq(res.pending_blocks, 3, "every block is being read from L2");
-	cr_assert_eq(res.miss_reason, KVR_MISS_IN_FLIGHT);
-	cr_assert_eq(res.l2_blocks, 0);
-	cr_assert(H_WAIT(lk(KVR_STAT_LK_L2_READS) == 6, 5000), "the reads of both lanes land without the lease (%llu)",
-		  (unsigned long long)lk(KVR_STAT_LK_L2_READS));
-	cr_assert_eq(kvr_lease(s, 9, a, 3 * BT, NULL, 0, &nowait, &res), 0, "%s", kvr_last_error(s));
-	cr_assert_eq(res.matched_blocks, 3, "asked again: every block from L1");
-	cr_assert_eq(res.pending_blocks, 0);
-	cr_assert_eq(res.miss_reason, KVR_MISS_NONE);
-	cr_assert_eq(lk(KVR_STAT_LK_L2_READS), 6, "nothing read twice");
-	take_load_exact(r0, 9, 3, 10, 22);
-	take_load_exact(r1, 9, 3, 10, 22);
-	cr_assert(H_WAIT(lk(KVR_STAT_LK_LEASES_LOADED) == 1, 5000));
-	struct kvr_lease_opts bad = {.flags = 0x8};
-	cr_assert_eq(kvr_lease(s, 10, a, 3 * BT, NULL, 0, &bad, &res), -EINVAL, "an unknown flag is refused");
 	ct_assert_table_clean(&env);
 	kvr_detach(s);
 }

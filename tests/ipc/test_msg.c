@@ -290,26 +290,6 @@ Test(msg, malformed_messages_rejected)
 	cr_assert_geq(checked, 130, "only %u malformed cases ran", checked);
 }
 
-/* A LEASE may carry KVR_LEASEF_NOWAIT; an unknown flag, or any flag on another lease
- * message, is malformed. */
-Test(msg, lease_flags)
-{
-	struct kvr_msg m;
-	struct kvr_msg_lease b = {.lease_id = 3, .ttl_ms = 1000, .loaders = 1, .n_keys = 2, .flags = KVR_LEASEF_NOWAIT}, out;
-	kvr_msg_build(&m, KVR_MSG_LEASE, 0, 1, 0, &b, sizeof(b));
-	cr_assert_eq(kvr_msg_decode_lease(&m, KVR_MSG_LEASE, &out), 0);
-	cr_assert_eq(out.flags, KVR_LEASEF_NOWAIT);
-	b.flags = 0x2;
-	kvr_msg_build(&m, KVR_MSG_LEASE, 0, 1, 0, &b, sizeof(b));
-	cr_assert_eq(kvr_msg_decode_lease(&m, KVR_MSG_LEASE, &out), -EBADMSG, "an unknown flag");
-	b = (struct kvr_msg_lease){.lease_id = 3, .flags = KVR_LEASEF_NOWAIT};
-	kvr_msg_build(&m, KVR_MSG_LEASE_TAKE, 0, 1, 0, &b, sizeof(b));
-	cr_assert_eq(kvr_msg_decode_lease(&m, KVR_MSG_LEASE_TAKE, &out), -EBADMSG, "a flag on a TAKE");
-	b.flags = 0;
-	kvr_msg_build(&m, KVR_MSG_LEASE_TAKE, 0, 1, 0, &b, sizeof(b));
-	cr_assert_eq(kvr_msg_decode_lease(&m, KVR_MSG_LEASE_TAKE, &out), 0);
-}
-
 /* ---- lists -------------------------------------------------------------------------- */
 
 static const unsigned list_types[] = {KVR_MSG_LOOKUP, KVR_MSG_ALLOC, KVR_MSG_SLOTS, KVR_MSG_ALLOC_REP,

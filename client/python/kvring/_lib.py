@@ -176,10 +176,7 @@ class SchedOpts(ctypes.Structure):
 class LeaseOpts(ctypes.Structure):
     """struct kvr_lease_opts."""
 
-    _fields_ = [("loaders", _u32), ("ttl_ms", _u32), ("flags", _u32)]
-
-
-LEASE_NOWAIT = 0x1  # KVR_LEASE_NOWAIT
+    _fields_ = [("loaders", _u32), ("ttl_ms", _u32)]
 
 
 class LookupResult(ctypes.Structure):

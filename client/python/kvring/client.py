@@ -539,15 +539,12 @@ class Scheduler(_Client):
         *,
         loaders: int = 0,
         ttl_ms: int = 0,
-        wait: bool = True,
     ) -> LookupResult:
         """Look tokens up and pin the longest stored prefix under lease_id for `loaders`
-        workers (0 = the model's tp_size), for at most ttl_ms (0 = 30 s). wait=False
-        (KVR_LEASE_NOWAIT): answer at once with the prefix in L1 now; blocks being promoted
-        from L2 go on being read and are `pending_blocks` (lease again shortly)."""
+        workers (0 = the model's tp_size), for at most ttl_ms (0 = 30 s)."""
         p, n, keep = _u32_array(tokens)
         e, elen = _extra(extra)
-        opts = _lib.LeaseOpts(loaders=loaders, ttl_ms=ttl_ms, flags=0 if wait else _lib.LEASE_NOWAIT)
+        opts = _lib.LeaseOpts(loaders=loaders, ttl_ms=ttl_ms)
         r = _lib.LookupResult()
         self._check(
             self._fn("kvr_lease")(self._handle(), lease_id, p, n, e, elen, ctypes.byref(opts), ctypes.byref(r)),
