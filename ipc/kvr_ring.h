@@ -181,6 +181,13 @@ int kvr_ring_try_dequeue(struct kvr_ring *r, void *ret_msg);
 int kvr_ring_enqueue(struct kvr_ring *r, const void *msg, int64_t timeout_ns);
 int kvr_ring_dequeue(struct kvr_ring *r, void *ret_msg, int64_t timeout_ns);
 
+/* Quiet: kvr_ring_try_enqueue without waking the consumer. A producer that sends a batch
+ * one message at a time wakes the consumer once after it (kvr_ring_wake_consumer), before
+ * it sleeps or waits for an answer: where both share a CPU, a wake per message hands the
+ * CPU to the consumer per message (a context switch each way for every message). */
+int kvr_ring_try_enqueue_quiet(struct kvr_ring *r, const void *msg);
+void kvr_ring_wake_consumer(struct kvr_ring *r);
+
 /* Bursts: copy up to n messages; return how many (0..n). Never block. */
 unsigned kvr_ring_enqueue_burst(struct kvr_ring *r, const void *msgs, unsigned n);
 unsigned kvr_ring_dequeue_burst(struct kvr_ring *r, void *ret_msgs, unsigned n);

@@ -342,7 +342,7 @@ uint32_t kvr_ring_shm_count(const struct kvr_ring_shm *r)
 	return fill_of(t, h, r->capacity);
 }
 
-unsigned kvr_ring_enqueue_burst(struct kvr_ring *r, const void *msgs, unsigned n)
+static unsigned enqueue(struct kvr_ring *r, const void *msgs, unsigned n, bool wake)
 {
 	uint32_t t = atomic_load_explicit(&r->shm->tail, memory_order_relaxed);
 	/* acquire pairs with the consumer's release store of head: slots it freed are read out */
@@ -358,8 +358,24 @@ unsigned kvr_ring_enqueue_burst(struct kvr_ring *r, const void *msgs, unsigned n
 	/* release pairs with the consumer's acquire load of tail: the copies are visible first */
 	atomic_store_explicit(&r->shm->tail, t + n, memory_order_release);
 	bump(&r->shm->enqueued, n);
-	kvr_waiter_wake(kvr_ring_consumer_waiter(r));
+	if (wake)
+		kvr_waiter_wake(kvr_ring_consumer_waiter(r));
 	return n;
+}
+
+unsigned kvr_ring_enqueue_burst(struct kvr_ring *r, const void *msgs, unsigned n)
+{
+	return enqueue(r, msgs, n, true);
+}
+
+int kvr_ring_try_enqueue_quiet(struct kvr_ring *r, const void *msg)
+{
+	return enqueue(r, msg, 1, false) ? 0 : -EAGAIN;
+}
+
+void kvr_ring_wake_consumer(struct kvr_ring *r)
+{
+	kvr_waiter_wake(kvr_ring_consumer_waiter(r));
 }
 
 unsigned kvr_ring_dequeue_burst(struct kvr_ring *r, void *ret_msgs, unsigned n)

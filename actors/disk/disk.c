@@ -71,6 +71,7 @@ struct disk {
 	struct kvr_l2_done done[DISK_POLL_MAX];
 	uint64_t send_timeout_ns;   /* an answer waits at most this for room in disk.rep */
 	struct kvr_outbox out_q;    /* answers that found disk.rep full: no handler waits for room */
+	bool batching;              /* pump: answers are deferred into out_q and flushed together */
 	bool read_only;             /* l2.read_only */
 	uint64_t refused;           /* L2_WRITEs refused (read-only) */
 	const char *root;           /* l2.dirs[i] */
@@ -80,6 +81,17 @@ struct disk {
 	uint64_t write_fail_log_ns;
 	int watch;                  /* the store's completion eventfd watch */
 	struct kvr_backlog wait;    /* requests that found no room, in arrival order */
+	struct parked *parked;      /* reads done, payload checksum not yet compared (2 qd) */
+	unsigned n_parked;
+};
+
+/* A read whose I/O completed (header checked, payload whole) and whose payload checksum is
+ * compared only once the requests that waited for its request slot are on their way to the
+ * disk (progress): a batch's checksums then cost no disk time. Its slot keeps the I/O pin
+ * and nobody hears of it until the comparison (read_answer). */
+struct parked {
+	struct disk_req q;
+	struct kvr_l2_done c;
 };
 
 #define DISK_FAIL_LOG_NS (10ull * 1000000000ull)
@@ -116,8 +128,10 @@ static void send_l2(struct disk *d, unsigned type, uint64_t req_id, kvr_key key,
 	};
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, status < 0 ? KVR_MSGF_ERROR : 0, req_id, 0, &b, sizeof(b));
-	/* never waits: a full ring queues the answer, on_pass sends it as room appears */
-	if (kvr_outbox_send(&d->out_q, &m, kvr_now_ns())) {
+	/* never waits: a full ring queues the answer, on_pass sends it as room appears; the
+	 * answers of one batch of completions go out together (pump) */
+	uint64_t now = kvr_now_ns();
+	if (d->batching ? kvr_outbox_defer(&d->out_q, &m, now) : kvr_outbox_send(&d->out_q, &m, now)) {
 		if (d->out_q.dropped == 1) /* the first drop: out_q.dropped counts them all */
 			kvr_warn("disk.rep: %s dropped (%s)", kvr_msg_type_name(type), strerror(ENOBUFS));
 		return;
@@ -176,6 +190,9 @@ static void write_failed(struct disk *d, kvr_key key, unsigned lane, int rc)
 	d->write_fail_log_ns = now;
 }
 
+static void read_answer(struct disk *d, const struct disk_req *q, const struct kvr_l2_done *c);
+static void verify_parked(struct disk *d);
+
 static void on_done(struct disk *d, const struct kvr_l2_done *c)
 {
 	if (c->kind == KVR_L2_GONE) {
@@ -195,35 +212,64 @@ static void on_done(struct disk *d, const struct kvr_l2_done *c)
 		if (c->res < 0)
 			write_failed(d, q.key, q.lane, c->res);
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, 0, c->res);
+	} else if (c->unverified) {
+		if (d->n_parked == 2 * d->qd)
+			verify_parked(d); /* never expected: progress empties it once per loop */
+		d->parked[d->n_parked++] = (struct parked){.q = q, .c = *c};
 	} else {
-		/* res 0 only after the engine verified header and payload checksum */
-		if (c->res == -ENOENT)
-			kvr_actor_count(d->a, KVR_STAT_DK_READS_VANISHED, 1);
-		if (c->res && c->res != -ENOENT) {
-			char name[KVR_L2_NAME_MAX];
-			bool io = c->reason == KVR_L2_R_IO;
-			kvr_actor_count(d->a, io ? KVR_STAT_DK_READS_IO_ERROR : KVR_STAT_DK_READS_DAMAGED, 1);
-			/* once per file: the store has dropped it from its index */
-			kvr_warn("l2 %s/%s: %s (%s): a miss; %s", kvr_l2_store_dir(d->store),
-				 kvr_l2_name_fmt(q.key, q.lane, name), kvr_l2_reason_name(c->reason), strerror(-c->res),
-				 d->read_only ? "left on disk (l2.read_only), not served again" : "removed");
-			if (d->read_only)
-				kvr_actor_count(d->a, KVR_STAT_DK_BAD_KEPT, 1);
-		}
-		/* the store no longer serves the file: vanished, damaged or unreadable */
-		uint16_t flags = c->res == -ENOENT || (c->res < 0 && c->reason != KVR_L2_OK) ? KVR_L2F_GONE : 0;
-		int res = c->res;
-		/* checked again at completion: the slot must still be the WRITING allocation the
-		 * read was started for (our I/O pin kept it from being reused, but the lookup actor
-		 * may have aborted it meanwhile: then the bytes are discarded with the slot) */
-		if (res == 0 && (kvr_slot_state(d->slots, q.slot) != KVR_SLOT_WRITING ||
-				 kvr_slot_epoch(d->slots, q.slot) != q.epoch || !slot_is(d, q.slot, q.key, q.lane))) {
-			kvr_actor_count(d->a, KVR_STAT_DK_READS_DISCARDED, 1);
-			res = -ESTALE;
-		}
-		(void)kvr_slot_unpin(d->slots, q.slot, KVR_PIN_IO);
-		send_l2(d, KVR_MSG_L2_READ_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, flags, res);
+		read_answer(d, &q, c);
 	}
+}
+
+/* A read's answer: res 0 only once header and payload checksum were compared. */
+static void read_answer(struct disk *d, const struct disk_req *q, const struct kvr_l2_done *c)
+{
+	if (c->res == -ENOENT)
+		kvr_actor_count(d->a, KVR_STAT_DK_READS_VANISHED, 1);
+	if (c->res && c->res != -ENOENT) {
+		char name[KVR_L2_NAME_MAX];
+		bool io = c->reason == KVR_L2_R_IO;
+		kvr_actor_count(d->a, io ? KVR_STAT_DK_READS_IO_ERROR : KVR_STAT_DK_READS_DAMAGED, 1);
+		/* once per file: the store has dropped it from its index */
+		kvr_warn("l2 %s/%s: %s (%s): a miss; %s", kvr_l2_store_dir(d->store), kvr_l2_name_fmt(q->key, q->lane, name),
+			 kvr_l2_reason_name(c->reason), strerror(-c->res),
+			 d->read_only ? "left on disk (l2.read_only), not served again" : "removed");
+		if (d->read_only)
+			kvr_actor_count(d->a, KVR_STAT_DK_BAD_KEPT, 1);
+	}
+	/* the store no longer serves the file: vanished, damaged or unreadable */
+	uint16_t flags = c->res == -ENOENT || (c->res < 0 && c->reason != KVR_L2_OK) ? KVR_L2F_GONE : 0;
+	int res = c->res;
+	/* checked again at completion: the slot must still be the WRITING allocation the read
+	 * was started for (our I/O pin kept it from being reused, but the lookup actor may have
+	 * aborted it meanwhile: then the bytes are discarded with the slot) */
+	if (res == 0 && (kvr_slot_state(d->slots, q->slot) != KVR_SLOT_WRITING ||
+			 kvr_slot_epoch(d->slots, q->slot) != q->epoch || !slot_is(d, q->slot, q->key, q->lane))) {
+		kvr_actor_count(d->a, KVR_STAT_DK_READS_DISCARDED, 1);
+		res = -ESTALE;
+	}
+	(void)kvr_slot_unpin(d->slots, q->slot, KVR_PIN_IO);
+	send_l2(d, KVR_MSG_L2_READ_DONE, q->req_id, q->key, q->lane, q->slot, q->epoch, flags, res);
+}
+
+/* Compare the parked reads' payload checksums (the slot still holds what was read: our I/O
+ * pin keeps it) and answer them, in one burst. */
+static void verify_parked(struct disk *d)
+{
+	bool was = d->batching;
+	d->batching = true;
+	for (unsigned i = 0; i < d->n_parked; i++) {
+		struct parked *p = &d->parked[i];
+		int rc = kvr_l2_store_verify(d->store, &p->c, kvr_slot_data(d->slots, d->a->arena_seg.base, p->q.slot));
+		if (rc)
+			kvr_err("l2 %s: dropping a file that failed its checksum: %s", kvr_l2_store_dir(d->store),
+				strerror(-rc));
+		read_answer(d, &p->q, &p->c);
+	}
+	d->n_parked = 0;
+	d->batching = was;
+	if (!was)
+		(void)flush_out(d, kvr_now_ns());
 }
 
 /* Collect completions (waiting for at least min_done) and answer them. Returns how many
@@ -239,8 +285,14 @@ static int pump(struct disk *d, unsigned min_done)
 		}
 		if (n)
 			publish(d); /* before the replies: they may tell someone to look */
+		/* the answers in one burst, one wake of the lookup actor: a wake per answer hands
+		 * it the CPU per answer where the two share one */
+		d->batching = true;
 		for (int i = 0; i < n; i++)
 			on_done(d, &d->done[i]);
+		d->batching = false;
+		if (n)
+			(void)flush_out(d, kvr_now_ns());
 		total += n;
 		if ((unsigned)n < DISK_POLL_MAX)
 			return total;
@@ -251,13 +303,20 @@ static int pump(struct disk *d, unsigned min_done)
 /* Everything in flight finished and answered (internal unlinks included). */
 static int settle_all(struct disk *d)
 {
-	int rc = kvr_l2_store_flush(d->store);
-	if (rc) {
-		kvr_err("l2 flush: %s", strerror(-rc));
-		return rc;
-	}
-	rc = pump(d, 0);
-	return rc < 0 ? rc : 0;
+	int rc;
+	do {
+		rc = kvr_l2_store_flush(d->store);
+		if (rc) {
+			kvr_err("l2 flush: %s", strerror(-rc));
+			return rc;
+		}
+		rc = pump(d, 0);
+		if (rc < 0)
+			return rc;
+		rc = (int)d->n_parked; /* a checksum that failed queues the file's unlink */
+		verify_parked(d);
+	} while (rc);
+	return 0;
 }
 
 /* Queue through the store (put or get). -EAGAIN only while something the store waits for
@@ -475,10 +534,12 @@ static int start(void *ctx, const struct kvr_msg *m)
 /* What is accepted and not answered, for kvringd's drain. */
 static void account(struct disk *d)
 {
-	kvr_actor_set_held(d->a, d->inflight + d->wait.n);
+	kvr_actor_set_held(d->a, d->inflight + d->wait.n + d->n_parked);
 }
 
-/* Hand the prepared I/O to the kernel, answer what completed, start what waited. */
+/* Hand the prepared I/O to the kernel, answer what completed, start what waited; only
+ * when nothing more can be started are the reads that completed meanwhile checked (their
+ * payload checksums) and answered, so the disk reads the next batch while we hash. */
 static void progress(struct disk *d)
 {
 	for (;;) {
@@ -486,8 +547,11 @@ static void progress(struct disk *d)
 		unsigned before = d->wait.n;
 		if (d->wait.n)
 			kvr_backlog_retry(&d->wait, start, d);
-		if (n <= 0 && d->wait.n == before)
+		if (n > 0 || d->wait.n != before)
+			continue;
+		if (!d->n_parked)
 			break;
+		verify_parked(d); /* then once more: a failed file's unlink, what completed meanwhile */
 	}
 	publish(d);
 	account(d);
@@ -654,6 +718,7 @@ static void store_config(const struct kvr_actor *a, const char *dir, struct kvr_
 		.slot_bytes = a->slots->slot_bytes,
 		.report_gone = true,
 		.read_only = cfg->l2.read_only,
+		.defer_verify = true, /* progress: checksums while the next reads are on the disk */
 	};
 	_Static_assert((int)KVR_CFG_DUR_NONE == (int)KVR_L2_DUR_NONE && (int)KVR_CFG_DUR_BLOCK == (int)KVR_L2_DUR_BLOCK &&
 			       (int)KVR_CFG_DUR_BATCH == (int)KVR_L2_DUR_BATCH, "l2.durability as parsed is the engine's");
@@ -674,7 +739,8 @@ static int disk_queues(struct disk *d, unsigned idx, uint32_t qd)
 	kvr_outbox_init(&d->out_q, d->out);
 	d->qd = qd ? qd : 1;
 	d->reqs = calloc(d->qd, sizeof(*d->reqs));
-	if (!d->reqs)
+	d->parked = calloc(2 * (size_t)d->qd, sizeof(*d->parked));
+	if (!d->reqs || !d->parked)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < d->qd; i++)
 		d->reqs[i].next_free = i + 1 < d->qd ? i + 1 : DISK_REQ_NONE;
@@ -734,6 +800,7 @@ static int disk_init(struct kvr_actor *a)
 	if (rc) {
 		kvr_outbox_free(&d->out_q);
 		free(d->reqs);
+		free(d->parked);
 		free(d);
 		return rc;
 	}
@@ -761,6 +828,7 @@ static void disk_fini(struct kvr_actor *a)
 		kvr_warn("%llu L2 writes refused (l2.read_only)", (unsigned long long)d->refused);
 	kvr_l2_store_close(d->store);
 	free(d->reqs);
+	free(d->parked);
 	free(d);
 	kvr_actor_set_data(a, NULL);
 }

@@ -445,6 +445,49 @@ int kvr_l2_store_remove(struct kvr_l2_store *s, kvr_key key, uint32_t lane)
 	return 0;
 }
 
+static void get_failed(struct kvr_l2_store *s, unsigned reason)
+{
+	s->st.get_misses++;
+	s->st.dropped[reason < KVR_L2_R_MAX ? reason : KVR_L2_R_IO]++;
+}
+
+/* A get of present entry idx failed with res (-errno) for reason: counted, and the entry
+ * leaves the index. Gone behind our back: nothing to unlink; read-only: never served
+ * again, but the file stays where it is; else bad or unreadable: removed. */
+static int drop_after_read(struct kvr_l2_store *s, uint32_t idx, int res, unsigned reason)
+{
+	struct ent *e = &s->ents[idx];
+	get_failed(s, reason);
+	if (res == -ENOENT || s->cfg.read_only) {
+		if (res != -ENOENT)
+			s->st.bad_kept++;
+		int rc = report_gone(s, e, (uint8_t)reason);
+		if (rc)
+			return rc;
+		lru_remove(s, idx);
+		s->present--;
+		ent_free(s, idx);
+		return 0;
+	}
+	return evict(s, idx, (uint8_t)reason);
+}
+
+int kvr_l2_store_verify(struct kvr_l2_store *s, struct kvr_l2_done *d, const void *dst)
+{
+	if (!s || !d || !d->unverified)
+		return 0;
+	d->unverified = false;
+	if (kvr_l2_payload_hash(dst, s->cfg.ident.lane_bytes) == d->payload_xxh3)
+		return 0;
+	d->res = -EBADMSG;
+	d->reason = KVR_L2_R_PAYLOAD_CSUM;
+	s->st.get_hits--; /* counted a hit when it completed */
+	if (d->ent < s->n_ents && s->ents[d->ent].gen == d->ent_gen && s->ents[d->ent].state == E_PRESENT)
+		return drop_after_read(s, d->ent, d->res, d->reason);
+	get_failed(s, d->reason); /* the entry left the index meanwhile */
+	return 0;
+}
+
 /* One engine completion: update the index; queue the caller's completion if it has one. */
 static int on_io_done(struct kvr_l2_store *s, const struct kvr_l2io_done *d)
 {
@@ -471,27 +514,18 @@ static int on_io_done(struct kvr_l2_store *s, const struct kvr_l2io_done *d)
 		out.kind = KVR_L2_GET;
 		if (d->res == 0) {
 			s->st.get_hits++;
+			out.unverified = d->unverified;
+			out.payload_xxh3 = d->payload_xxh3;
+			out.ent = rq.ent;
+			out.ent_gen = rq.gen;
 			return fifo_push(&s->done, &out);
 		}
-		s->st.get_misses++;
-		s->st.dropped[d->reason < KVR_L2_R_MAX ? d->reason : KVR_L2_R_IO]++;
 		if (same && e->state == E_PRESENT) {
-			/* gone behind our back: nothing to unlink; read-only: never served again, but
-			 * the file stays where it is */
-			if (d->res == -ENOENT || s->cfg.read_only) {
-				if (d->res != -ENOENT)
-					s->st.bad_kept++;
-				int rc = report_gone(s, e, d->reason);
-				if (rc)
-					return rc;
-				lru_remove(s, rq.ent);
-				s->present--;
-				ent_free(s, rq.ent);
-			} else { /* bad or unreadable: never served again */
-				int rc = evict(s, rq.ent, d->reason);
-				if (rc)
-					return rc;
-			}
+			int rc = drop_after_read(s, rq.ent, d->res, d->reason);
+			if (rc)
+				return rc;
+		} else {
+			get_failed(s, d->reason);
 		}
 		return fifo_push(&s->done, &out);
 	case R_UNLINK:
@@ -640,6 +674,7 @@ static int open_io(struct kvr_l2_store *s, const struct kvr_l2_store_config *cfg
 		.arena_data_off = cfg->arena_data_off,
 		.slot_bytes = cfg->slot_bytes,
 		.read_only = cfg->read_only,
+		.defer_verify = cfg->defer_verify,
 	};
 	return kvr_l2io_open(&icfg, &s->io);
 }

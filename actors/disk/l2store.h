@@ -89,6 +89,10 @@ struct kvr_l2_store_config {
 				       * present (key, lane) that leaves the index: evicted for
 				       * capacity, removed, or dropped after a failed read */
 	bool read_only;               /* serve the directory, never change it (see above) */
+	bool defer_verify;            /* a get completes before its payload checksum is compared
+				       * (done.unverified): the caller first hands the store new
+				       * work, then calls kvr_l2_store_verify — the check of a
+				       * batch then runs while the disk reads the next one */
 };
 
 struct kvr_l2_adopt_stats {
@@ -121,9 +125,14 @@ struct kvr_l2_done {
 	uint32_t lane;
 	uint8_t kind;                 /* enum kvr_l2_kind */
 	uint8_t reason;               /* enum kvr_l2_reason, KVR_L2_OK when res == 0 */
-	uint16_t reserved;
+	bool unverified;              /* get with cfg.defer_verify, res 0: dst holds the payload as
+				       * read, its checksum not yet compared: kvr_l2_store_verify
+				       * before anything uses it */
+	uint8_t reserved;
 	int res;                      /* put: 0 or -errno (-ENOSPC...); get: 0 (dst holds the
 				       * verified payload), -ENOENT, -EBADMSG, -EIO... */
+	uint64_t payload_xxh3;        /* unverified: what the file's header says */
+	uint32_t ent, ent_gen;        /* unverified: the index entry read (kvr_l2_store_verify's) */
 };
 
 struct kvr_l2_store_stats {
@@ -197,6 +206,12 @@ int kvr_l2_store_remove(struct kvr_l2_store *s, kvr_key key, uint32_t lane);
  * at least min_done are there (or nothing is in flight). Internal work (evictions, unlinks
  * of bad files) is handled here too. Returns the number written or -errno. */
 int kvr_l2_store_poll(struct kvr_l2_store *s, struct kvr_l2_done *ret, unsigned max, unsigned min_done);
+/* An unverified get (d->unverified; anything else: 0 at once): compare the checksum of
+ * dst, the buffer the get read into. A match: d->unverified cleared, 0. A mismatch: d
+ * becomes the failed get it is (res -EBADMSG, reason PAYLOAD_CSUM) and the file leaves
+ * the index as after any bad read (removed; read-only: left on disk, counted in
+ * bad_kept); 0, or -errno when that could not be queued. */
+int kvr_l2_store_verify(struct kvr_l2_store *s, struct kvr_l2_done *d, const void *dst);
 
 /* Wait until every put, get and internal unlink has finished (their completions stay queued
  * for poll). 0 or -errno. */

@@ -111,6 +111,10 @@ struct kvr_l2io_config {
 	uint64_t arena_data_off;      /* first registered byte (slot 0); multiple of 4096 */
 	uint64_t slot_bytes;          /* pieces hold whole slots; 0 = pieces of KVR_L2IO_PIECE_MAX */
 	bool read_only;               /* never create, write, rename or unlink (see above) */
+	bool defer_verify;            /* a read completes once its header is checked and its payload
+				       * read whole, unverified: the caller compares the payload's
+				       * checksum later (after handing the engine new work) and never
+				       * uses the bytes before (kvr_l2_store_verify) */
 };
 
 struct kvr_l2io_done {
@@ -119,8 +123,11 @@ struct kvr_l2io_done {
 	uint32_t lane;
 	uint8_t op;                   /* enum kvr_l2io_op */
 	uint8_t reason;               /* enum kvr_l2_reason (KVR_L2_OK when res == 0) */
-	uint16_t reserved;
+	bool unverified;              /* a read with cfg.defer_verify: header checked, payload read
+				       * whole, its checksum not yet compared (kvr_l2_store_verify) */
+	uint8_t reserved;
 	int res;                      /* 0 or -errno (see the op table above) */
+	uint64_t payload_xxh3;        /* unverified: the checksum its header gives for the payload */
 	uint64_t size;                /* probe: st_size */
 	int64_t mtime_ns;             /* probe: st_mtime in ns */
 	uint32_t mode;                /* probe: the permission bits (st_mode & 07777) */

@@ -34,6 +34,8 @@ struct op {
 	uint8_t *buf;          /* payload source or destination */
 	int buf_index;         /* registered buffer index, -1 = plain */
 	uint64_t hdr_done, pay_done;
+	bool unverified;       /* a read done with defer_verify: payload checksum not compared */
+	uint64_t done_xxh3;    /* ...the checksum its header gave */
 	char name[KVR_L2_TMP_MAX];
 	char tmp[KVR_L2_TMP_MAX];
 	struct statx stx;
@@ -45,6 +47,7 @@ struct kvr_l2io {
 	bool ring_ok;
 	bool direct;
 	bool read_only;
+	bool defer_verify;
 	int dir_fd;
 	int efd;
 	pid_t pid;

@@ -92,6 +92,7 @@ struct l2tier {
 	uint32_t disk_gen[L2T_MAX_DISKS];
 	bool synced[L2T_MAX_DISKS];   /* the answer to our last L2_SYNC is complete */
 	bool sync_due[L2T_MAX_DISKS]; /* an L2_SYNC found disk.req full: sent again from the tick */
+	bool wake_due[L2T_MAX_DISKS]; /* sent to quietly since the last l2t_wake */
 	struct l2set set;             /* the (key, lane) pairs on disk */
 	struct pend *pend;
 	unsigned n_workers;
@@ -139,8 +140,22 @@ static int send_l2(struct l2tier *t, unsigned disk, unsigned type, uint64_t id, 
 	struct kvr_msg m;
 	kvr_msg_build(&m, type, 0, id, 0, type == KVR_MSG_L2_SYNC ? NULL : &b, type == KVR_MSG_L2_SYNC ? 0 : sizeof(b));
 	/* nothing waits for room: the write queue retries, a promotion stalls (extend_more),
-	 * an L2_SYNC is sent again from the tick (sync_disk) */
-	return kvr_ring_try_enqueue(t->req[disk], &m);
+	 * an L2_SYNC is sent again from the tick (sync_disk). Quiet: a promotion sends a read
+	 * per lane and block, and a wake each would hand the CPU to the disk actor per read
+	 * where the two share one; l2t_wake wakes it once, at the end of the pass. */
+	int rc = kvr_ring_try_enqueue_quiet(t->req[disk], &m);
+	if (rc == 0)
+		t->wake_due[disk] = true;
+	return rc;
+}
+
+void l2t_wake(struct l2tier *t)
+{
+	for (unsigned d = 0; t && d < t->n_disks; d++)
+		if (t->wake_due[d]) {
+			t->wake_due[d] = false;
+			kvr_ring_wake_consumer(t->req[d]);
+		}
 }
 
 /* Ask disk d for its list (at start, after its restart); again from the tick while its ring is full. */

@@ -96,6 +96,10 @@ void l2t_cancel(struct l2tier *t, unsigned worker);
 /* Housekeeping (the actor's tick): abort reads lost with a dead disk actor. May finish a
  * promotion: returns 1 and fills *done (call again until 0). */
 int l2t_tick(struct l2tier *t, struct l2t_done *done);
+/* Wake the disk actors sent to since the last call (requests are enqueued without a wake,
+ * so that a burst of them costs one): the lookup actor calls it at the end of every pass,
+ * after whatever sent in it. NULL: nothing. */
+void l2t_wake(struct l2tier *t);
 
 /* Write-back: L1 is full of blocks not on disk yet: write up to `want` of the least
  * recently used ones (they become evictable when their writes complete). Returns how many

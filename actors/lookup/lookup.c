@@ -940,6 +940,7 @@ static int lookup_on_pass(struct kvr_actor *a, uint64_t now)
 		queued += l->sched[i].out.queued;
 	}
 	atomic_store_explicit(&a->stats->c[KVR_STAT_LK_REPLIES_QUEUED], queued, memory_order_relaxed);
+	l2t_wake(l->l2); /* the L2 requests of this pass, one wake per disk actor */
 	return moved ? KVR_PASS_MOVED : pending ? KVR_PASS_WAITING : KVR_PASS_IDLE;
 }
 

@@ -43,6 +43,11 @@ void kvr_outbox_free(struct kvr_outbox *ob);
 /* Send or queue m. 0, or -ENOBUFS when it was dropped (outbox full, or out of memory). */
 int kvr_outbox_send(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns);
 
+/* Queue m behind what waits, without trying the ring: a sender answering a batch defers
+ * each answer and flushes once after it (kvr_outbox_flush / kvr_outbox_pass), so its
+ * reader is woken once per batch instead of once per answer. 0 or -ENOBUFS (dropped). */
+int kvr_outbox_defer(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns);
+
 /* A whole list of `total` items (kvr_msg_build_list) through the outbox. 0 or -ENOBUFS
  * (some message of it was dropped: the reader will see an incomplete list and fail it). */
 int kvr_outbox_send_list(struct kvr_outbox *ob, unsigned type, uint64_t req_id, uint8_t lane, uint8_t flags,

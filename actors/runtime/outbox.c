@@ -38,8 +38,9 @@ static int grow(struct kvr_outbox *ob)
 	return 0;
 }
 
-/* Queue m behind what waits already (the ring had no room for it). */
-static int queue(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns)
+/* Queue m behind what waits already (the ring had no room for it; or deferred, not
+ * counted in queued: it waits for the sender's flush, not for room). */
+static int put(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns, bool for_room)
 {
 	if (ob->n == ob->cap && grow(ob)) {
 		ob->dropped++;
@@ -49,8 +50,18 @@ static int queue(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns
 		ob->since_ns = now_ns;
 	ob->q[(ob->head + ob->n) % ob->cap] = *m;
 	ob->n++;
-	ob->queued++;
+	ob->queued += for_room;
 	return 0;
+}
+
+static int queue(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns)
+{
+	return put(ob, m, now_ns, true);
+}
+
+int kvr_outbox_defer(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns)
+{
+	return put(ob, m, now_ns, false);
 }
 
 int kvr_outbox_send(struct kvr_outbox *ob, const struct kvr_msg *m, uint64_t now_ns)

@@ -114,11 +114,11 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 			 m->layers, m->kv_heads, m->head_dim, m->dtype_bytes, m->block_tokens, m->tp_size);
 	snprintf(sections, sizeof(sections),
 		 ",\n  \"model\": %s,\n"
-		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": false, \"eviction\": \"%s\"%s},\n"
+		 "  \"l1\": {\"capacity_bytes\": %llu, \"huge_pages\": %s, \"eviction\": \"%s\"%s},\n"
 		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}%s%s%s",
 		 model,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * slot),
-		 o->eviction ? o->eviction : "lru", o->l1_extra ? o->l1_extra : "",
+		 o->huge_pages ? "true" : "false", o->eviction ? o->eviction : "lru", o->l1_extra ? o->l1_extra : "",
 		 (unsigned long long)(o->staging_ceiling ? o->staging_ceiling : 64 * e->lane_bytes),
 		 o->load_percent ? o->load_percent : 50, (unsigned long long)o->staging_buffer, l2, dcp,
 		 o->sections_extra ? o->sections_extra : "");

@@ -57,6 +57,8 @@ struct ct_opts {
 	const char *l1_extra;      /* spliced into the "l1" object, e.g. ", \"prefault\": \"off\"" */
 	const char *sections_extra; /* more top-level sections, e.g. ",\n  \"timeouts\": {...}" */
 	bool no_model;             /* "model": {} — L1 is laid out at the first attach: ct_map_l1 after it */
+	bool huge_pages;           /* l1.huge_pages true, as kvringd's default (hugetlb pages when the pool
+	                            * has them free, else THP where shmem_enabled allows); false = 4 KiB */
 };
 
 struct ct_env {

@@ -344,6 +344,75 @@ Test(l2store, bad_file_on_read_is_dropped)
 	cr_assert_eq(st.get_hits, 0);
 }
 
+/* defer_verify (the disk actor's mode): a get whose header checks out and whose payload
+ * was read whole completes unverified, res 0, the header's checksum with it; only
+ * kvr_l2_store_verify compares it. An intact lane stays a hit; a flipped payload byte
+ * becomes the PAYLOAD_CSUM miss it is, and the file leaves the index and the disk
+ * (read-only: the index only), counted as any bad read. A header fault is still caught
+ * before completion. */
+static void deferred_case(bool read_only)
+{
+	struct kvr_l2_store_config cfg = config(&ID, 100);
+	s = dt_store_open(&cfg, NULL);
+	for (unsigned i = 0; i < 3; i++)
+		cr_assert_eq(put_wait(s, K(i), 0, i), 0);
+	kvr_l2_store_close(s);
+	cfg.read_only = read_only;
+	cfg.defer_verify = true;
+	s = dt_store_open(&cfg, NULL);
+	/* damaged after adoption (which checks headers): only a read finds them */
+	char path[512], bad_hdr[512];
+	dt_path(kvr_l2_store_dir(s), K(1), 0, path);
+	cr_assert_eq(dt_flip(path, 4096 + 777), 0);
+	dt_path(kvr_l2_store_dir(s), K(2), 0, bad_hdr);
+	cr_assert_eq(dt_flip(bad_hdr, 200), 0);
+
+	uint8_t *dst = dt_slot(&arena, N_SLOTS - 1);
+	for (unsigned i = 0; i < 3; i++) {
+		memset(dst, 0xcc, arena.slot_bytes);
+		cr_assert_eq(kvr_l2_store_get(s, K(i), 0, dst, 88), 0);
+		struct kvr_l2_done d = wait_one(s);
+		cr_assert_eq(d.kind, KVR_L2_GET);
+		if (i == 2) { /* the header is checked before completion, as without defer_verify */
+			cr_assert_eq(d.res, -EBADMSG);
+			cr_assert_eq(d.reason, KVR_L2_R_HDR_CSUM);
+			cr_assert(!d.unverified);
+			continue;
+		}
+		cr_assert_eq(d.res, 0, "key %u: read whole, not yet compared", i);
+		cr_assert(d.unverified, "key %u", i);
+		cr_assert_eq(kvr_l2_store_verify(s, &d, dst), 0);
+		cr_assert(!d.unverified);
+		if (i == 0) {
+			cr_assert_eq(d.res, 0);
+			cr_assert_eq(dt_check(dst, LANE_BYTES, K(0), 0, 3), 0, "the verified hit is byte-exact");
+			cr_assert(kvr_l2_store_contains(s, K(0), 0));
+			continue;
+		}
+		cr_assert_eq(d.res, -EBADMSG);
+		cr_assert_eq(d.reason, KVR_L2_R_PAYLOAD_CSUM, "%s", kvr_l2_reason_name(d.reason));
+		cr_assert(!kvr_l2_store_contains(s, K(1), 0), "a failed checksum leaves the index");
+		cr_assert_eq(kvr_l2_store_verify(s, &d, dst), 0, "verified already: nothing more to do");
+		cr_assert_eq(d.res, -EBADMSG);
+	}
+	cr_assert_eq(kvr_l2_store_flush(s), 0);
+	cr_assert_eq(kvr_l2_store_pending(s), 0);
+	const char *dir = kvr_l2_store_dir(s);
+	cr_assert_eq(dt_exists(dir, strrchr(path, '/') + 1), read_only, "the damaged payload's file: %s",
+		     read_only ? "kept (read-only)" : "unlinked");
+	struct kvr_l2_store_stats st;
+	kvr_l2_store_stats(s, &st);
+	cr_assert_eq(st.files, 1, "key 0 alone is served");
+	cr_assert_eq(st.get_hits, 1);
+	cr_assert_eq(st.get_misses, 2);
+	cr_assert_eq(st.dropped[KVR_L2_R_PAYLOAD_CSUM], 1);
+	cr_assert_eq(st.dropped[KVR_L2_R_HDR_CSUM], 1);
+	cr_assert_eq(st.bad_kept, read_only ? 2 : 0);
+}
+
+Test(l2store, deferred_checksum_is_compared_before_a_hit) { deferred_case(false); }
+Test(l2store, deferred_checksum_read_only_keeps_the_file) { deferred_case(true); }
+
 /* A header whose reserved bytes are not all 0 (under a good checksum) is damaged: not adopted and removed
  * at start, a miss and removed when a read finds it; counted under its own reason either way. */
 Test(l2store, reserved_bytes_not_zero_are_damaged)
