@@ -264,8 +264,10 @@ static void verify_parked(struct disk *d)
 		if (rc)
 			kvr_err("l2 %s: dropping a file that failed its checksum: %s", kvr_l2_store_dir(d->store),
 				strerror(-rc));
-		read_answer(d, &p->q, &p->c);
 	}
+	publish(d); /* a dropped file out of the gauges before the answers: they may tell someone to look */
+	for (unsigned i = 0; i < d->n_parked; i++)
+		read_answer(d, &d->parked[i].q, &d->parked[i].c);
 	d->n_parked = 0;
 	d->batching = was;
 	if (!was)
