@@ -81,7 +81,8 @@ struct disk {
 	uint64_t write_fail_log_ns;
 	int watch;                  /* the store's completion eventfd watch */
 	struct kvr_backlog wait;    /* requests that found no room, in arrival order */
-	struct parked *parked;      /* reads done, payload checksum not yet compared (2 qd) */
+	struct parked *parked;      /* reads done, payload checksum not yet compared: room for two
+				     * batches of qd; on_done compares them early when it is full */
 	unsigned n_parked;
 };
 
@@ -214,7 +215,7 @@ static void on_done(struct disk *d, const struct kvr_l2_done *c)
 		send_l2(d, KVR_MSG_L2_WRITE_DONE, q.req_id, q.key, q.lane, q.slot, q.epoch, 0, c->res);
 	} else if (c->unverified) {
 		if (d->n_parked == 2 * d->qd)
-			verify_parked(d); /* never expected: progress empties it once per loop */
+			verify_parked(d); /* a progress loop whose disk keeps finishing batches: compare now */
 		d->parked[d->n_parked++] = (struct parked){.q = q, .c = *c};
 	} else {
 		read_answer(d, &q, c);
@@ -305,9 +306,8 @@ static int pump(struct disk *d, unsigned min_done)
 /* Everything in flight finished and answered (internal unlinks included). */
 static int settle_all(struct disk *d)
 {
-	int rc;
-	do {
-		rc = kvr_l2_store_flush(d->store);
+	for (;;) {
+		int rc = kvr_l2_store_flush(d->store);
 		if (rc) {
 			kvr_err("l2 flush: %s", strerror(-rc));
 			return rc;
@@ -315,10 +315,10 @@ static int settle_all(struct disk *d)
 		rc = pump(d, 0);
 		if (rc < 0)
 			return rc;
-		rc = (int)d->n_parked; /* a checksum that failed queues the file's unlink */
-		verify_parked(d);
-	} while (rc);
-	return 0;
+		if (!d->n_parked)
+			return 0;
+		verify_parked(d); /* a checksum that failed queues the file's unlink: settle it too */
+	}
 }
 
 /* Queue through the store (put or get). -EAGAIN only while something the store waits for

@@ -588,6 +588,35 @@ Test(ring, wake_needs_a_sleeper)
 	kvr_waiter_finish(kvr_ring_producer_waiter(r));
 }
 
+/* A quiet enqueue publishes the message but leaves an announced sleeper alone; the
+ * producer's one kvr_ring_wake_consumer after its batch wakes it, and the messages are
+ * all there, in order (the lookup actor's L2 requests: one wake per pass). */
+Test(ring, quiet_enqueue_wakes_only_when_asked)
+{
+	struct kvr_ring *r = make_ring(RING_OFF, 8, MSG, "quiet");
+	struct kvr_waiter *w = kvr_ring_consumer_waiter(r);
+	uint32_t seen = kvr_waiter_prepare(w);
+	uint8_t m[MSG];
+	for (uint8_t i = 0; i < 8; i++) {
+		memset(m, i, sizeof(m));
+		cr_assert_eq(kvr_ring_try_enqueue_quiet(r, m), 0);
+	}
+	memset(m, 9, sizeof(m));
+	cr_assert_eq(kvr_ring_try_enqueue_quiet(r, m), -EAGAIN, "a full ring takes nothing, quiet or not");
+	cr_assert_eq(kvr_ring_count(r), 8);
+	cr_assert_eq(atomic_load(&w->seq), seen, "no quiet enqueue woke the sleeper");
+	kvr_ring_wake_consumer(r);
+	cr_assert_eq(atomic_load(&w->seq), seen + 1, "the batch's wake did");
+	cr_assert_eq(kvr_waiter_wait(w, seen, 5000 * MS), 0, "a wait on the old seq returns at once");
+	kvr_waiter_finish(w);
+	for (uint8_t i = 0; i < 8; i++) {
+		cr_assert_eq(kvr_ring_try_dequeue(r, m), 0);
+		cr_assert_eq(m[0], i, "message %u in order", i);
+		cr_assert_eq(m[MSG - 1], i);
+	}
+	cr_assert_eq(kvr_ring_try_dequeue(r, m), -EAGAIN);
+}
+
 /* Count the FUTEX_WAKE syscalls a process makes: a seccomp filter traps every shared
  * (non-private) FUTEX_WAKE, the only kind kvr_waiter_wake issues, and the SIGSYS handler
  * counts it. The trapped call is not executed, which is fine: nobody really sleeps here. */
