@@ -721,6 +721,8 @@ static void store_config(const struct kvr_actor *a, const char *dir, struct kvr_
 		.report_gone = true,
 		.read_only = cfg->l2.read_only,
 		.defer_verify = true, /* progress: checksums while the next reads are on the disk */
+		/* L1 in huge pages: one vectored transfer per file (uring.c, "Joined transfers") */
+		.join_header = a->ctl->arena_huge != 0, /* set by kvringd before any actor starts */
 	};
 	_Static_assert((int)KVR_CFG_DUR_NONE == (int)KVR_L2_DUR_NONE && (int)KVR_CFG_DUR_BLOCK == (int)KVR_L2_DUR_BLOCK &&
 			       (int)KVR_CFG_DUR_BATCH == (int)KVR_L2_DUR_BATCH, "l2.durability as parsed is the engine's");

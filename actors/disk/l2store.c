@@ -675,6 +675,7 @@ static int open_io(struct kvr_l2_store *s, const struct kvr_l2_store_config *cfg
 		.slot_bytes = cfg->slot_bytes,
 		.read_only = cfg->read_only,
 		.defer_verify = cfg->defer_verify,
+		.join_header = cfg->join_header,
 	};
 	return kvr_l2io_open(&icfg, &s->io);
 }

@@ -93,6 +93,7 @@ struct kvr_l2_store_config {
 				       * (done.unverified): the caller first hands the store new
 				       * work, then calls kvr_l2_store_verify — the check of a
 				       * batch then runs while the disk reads the next one */
+	bool join_header;             /* the engine's cfg.join_header (uring.h) */
 };
 
 struct kvr_l2_adopt_stats {

@@ -32,9 +32,11 @@
  *           A short write is resumed where it stopped. On any error the chain is cleaned
  *           up (descriptor closed, temporary file unlinked): nothing remains under either
  *           name, and the op completes with the first error (-ENOSPC, -EIO, ...).
+ *           With cfg.join_header (O_DIRECT), header and payload are one vectored write.
  *   read    openat(name, O_RDONLY [|O_DIRECT]) -> read header -> read payload into dst
  *           (padded length: dst must be writable for kvr_l2_payload_bytes(lane_bytes)
- *           bytes) -> close; then the header is checked (kvr_l2_hdr_check) and the payload
+ *           bytes) -> close (cfg.join_header, O_DIRECT: both in one vectored read); then
+ *           the header is checked (kvr_l2_hdr_check) and the payload
  *           checksum verified BEFORE the op reports 0. Results: 0; -ENOENT (reason
  *           VANISHED: the file is gone, a miss); -EBADMSG with the reason (SHORT for a
  *           truncated file, HDR_CSUM, PAYLOAD_CSUM, NS, ...); another -errno (reason IO).
@@ -115,6 +117,11 @@ struct kvr_l2io_config {
 				       * read whole, unverified: the caller compares the payload's
 				       * checksum later (after handing the engine new work) and never
 				       * uses the bytes before (kvr_l2_store_verify) */
+	bool join_header;             /* O_DIRECT: a write or read moves header and payload in one
+				       * vectored transfer (one extent, one device request per
+				       * file) instead of two registered-buffer transfers; for
+				       * destinations in huge pages, where pinning per transfer is
+				       * cheap (uring.c, "Joined transfers") */
 };
 
 struct kvr_l2io_done {
@@ -139,7 +146,9 @@ struct kvr_l2io_stats {
 	uint64_t bytes_written;       /* payload bytes of successful writes */
 	uint64_t bytes_read;          /* payload bytes of successful reads */
 	uint64_t fixed_ios;           /* payload transfers through registered buffers */
-	uint64_t plain_ios;           /* payload transfers through unregistered memory */
+	uint64_t plain_ios;           /* payload transfers through unregistered memory (joined
+				       * ones included) */
+	uint64_t joined_ios;          /* header and payload moved in one vectored transfer */
 	uint64_t resumed;             /* short transfers resumed */
 	uint64_t cleanups;            /* failed writes whose temporary file was removed */
 	uint64_t fsyncs;              /* file fdatasyncs completed (BLOCK, BATCH) */

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/types.h>
 
 #include "uring.h"
@@ -34,6 +35,9 @@ struct op {
 	uint8_t *buf;          /* payload source or destination */
 	int buf_index;         /* registered buffer index, -1 = plain */
 	uint64_t hdr_done, pay_done;
+	bool joined;           /* the chain's S_HDR step moves header and payload in one vectored
+				* transfer (iov): one device request, one extent (joined_io) */
+	struct iovec iov[2];
 	bool unverified;       /* a read done with defer_verify: payload checksum not compared */
 	uint64_t done_xxh3;    /* ...the checksum its header gave */
 	char name[KVR_L2_TMP_MAX];
@@ -48,6 +52,7 @@ struct kvr_l2io {
 	bool direct;
 	bool read_only;
 	bool defer_verify;
+	bool join_header;
 	int dir_fd;
 	int efd;
 	pid_t pid;

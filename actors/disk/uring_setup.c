@@ -180,6 +180,7 @@ int kvr_l2io_open(const struct kvr_l2io_config *cfg, struct kvr_l2io **ret)
 	io->dur = cfg->durability;
 	io->read_only = cfg->read_only;
 	io->defer_verify = cfg->defer_verify;
+	io->join_header = cfg->join_header;
 	io->ops = calloc(io->qd, sizeof(*io->ops));
 	io->free_list = calloc(io->qd, sizeof(uint16_t));
 	io->done_q = calloc(io->qd, sizeof(uint16_t));
