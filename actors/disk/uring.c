@@ -37,6 +37,7 @@ enum phase {
 };
 
 #define BATCH_IDX 0xffffu
+#define KVR_L2IO_READ_GROUP 4u /* read chains handed to the kernel together (kvr_l2io_read_as) */
 #define MAX_RESUMES 8
 #define BIT(s) (1u << (s))
 
@@ -724,6 +725,12 @@ int kvr_l2io_read_as(struct kvr_l2io *io, kvr_key key, uint32_t lane, uint32_t b
 	sqe = sqe_get(io, op, S_CLOSE);
 	io_uring_prep_close_direct(sqe, op->idx);
 	op_commit(io);
+	/* A chain's open completes inline, but its linked read is queued only when the submitting
+	 * call returns: a batch of 32 chains in one call opened every file before the first read
+	 * reached the disk (0.08-0.1 ms a batch, block tracepoints). In groups, the disk starts on
+	 * the first reads while the next files are opened. */
+	if (++io->reads_unsubmitted >= KVR_L2IO_READ_GROUP)
+		(void)kvr_l2io_submit(io); /* an error shows again at the next submit or reap */
 	return 0;
 }
 
@@ -794,6 +801,7 @@ int kvr_l2io_probe(struct kvr_l2io *io, kvr_key key, uint32_t lane, uint64_t tag
 
 int kvr_l2io_submit(struct kvr_l2io *io)
 {
+	io->reads_unsubmitted = 0;
 	maybe_flush(io);
 	if (!io_uring_sq_ready(&io->ring))
 		return 0;

@@ -76,6 +76,7 @@ struct kvr_l2io {
 	int flush_err;
 	unsigned n_data_writes;      /* writes in P_DATA */
 	unsigned inflight;           /* CQEs expected (prepared or submitted) */
+	unsigned reads_unsubmitted;  /* read chains prepared since the last submission */
 	uint64_t tmp_seq;
 	struct kvr_l2io_stats st;
 };
