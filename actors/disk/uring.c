@@ -68,7 +68,7 @@ static inline uint8_t *hdr_buf(const struct kvr_l2io *io, const struct op *op)
  */
 static bool joined_io(const struct kvr_l2io *io, const struct op *op)
 {
-	return io->direct && io->join_header && !op->hdr_done && !op->pay_done && !(op->ok & (BIT(S_HDR) | BIT(S_PAY)));
+	return io->direct && io->join_header && !op->hdr_done && !op->pay_done; /* nothing moved yet */
 }
 
 static void joined_iov(struct kvr_l2io *io, struct op *op)

@@ -225,6 +225,73 @@ Test(l2io, queue_depth_bound)
 	cr_assert_eq(poll(&pfd, 1, 0), 0, "reap drained the eventfd");
 }
 
+/* Read chains go to the kernel in groups of four (a chain's linked read is queued only when
+ * the submitting call returns): the fourth read submits the four without kvr_l2io_submit. */
+Test(l2io, reads_submitted_in_groups)
+{
+	io = engine(dmode, KVR_L2_DUR_NONE, QD);
+	struct kvr_l2io_done d[8];
+	for (unsigned i = 0; i < 8; i++)
+		dt_fill(dt_slot(&arena, i), LANE_BYTES, dt_key(12, i), 0, 4);
+	for (unsigned i = 0; i < 8; i++)
+		cr_assert_eq(kvr_l2io_write(io, dt_key(12, i), 0, dt_slot(&arena, i), i), 0);
+	reap_n(io, d, 8);
+	struct kvr_l2io_stats a, b;
+	kvr_l2io_stats(io, &a);
+	for (unsigned i = 0; i < 3; i++)
+		cr_assert_eq(kvr_l2io_read(io, dt_key(12, i), 0, dt_slot(&arena, 8 + i), 100 + i), 0);
+	kvr_l2io_stats(io, &b);
+	cr_assert_eq(b.sqes, a.sqes, "three read chains wait for the fourth");
+	cr_assert_eq(kvr_l2io_read(io, dt_key(12, 3), 0, dt_slot(&arena, 11), 103), 0);
+	kvr_l2io_stats(io, &b);
+	unsigned chain = join && kvr_l2io_direct(io) ? 3 : 4; /* open, read(s), close */
+	cr_assert_eq(b.sqes - a.sqes, 4 * chain, "the fourth read submitted all four chains");
+	cr_assert_eq(b.enters, a.enters + 1);
+	reap_n(io, d, 4);
+	for (unsigned i = 0; i < 4; i++) {
+		cr_assert_eq(d[i].res, 0);
+		unsigned k = (unsigned)d[i].tag - 100;
+		cr_assert_eq(dt_check(dt_slot(&arena, 8 + k), LANE_BYTES, dt_key(12, k), 0, 4), 0, "read %u byte-exact", k);
+	}
+}
+
+/* A file written in two transfers reads back through one and the other way round: the
+ * format is the same (files of an older kvring, or of a kvringd on 4 KiB pages, stay good). */
+Test(l2io, joined_and_separate_transfers_read_each_others_files)
+{
+	struct kvr_l2io_done d[4];
+	for (unsigned pass = 0; pass < 2; pass++) {
+		join = pass == 1; /* writer */
+		io = engine(dmode, KVR_L2_DUR_NONE, QD);
+		for (unsigned i = 0; i < 4; i++) {
+			dt_fill(dt_slot(&arena, i), LANE_BYTES, dt_key(13 + pass, i), i, 6);
+			cr_assert_eq(kvr_l2io_write(io, dt_key(13 + pass, i), i, dt_slot(&arena, i), i), 0);
+		}
+		reap_n(io, d, 4);
+		for (unsigned i = 0; i < 4; i++)
+			cr_assert_eq(d[i].res, 0);
+		kvr_l2io_close(io);
+		join = !join; /* reader */
+		io = engine(dmode, KVR_L2_DUR_NONE, QD);
+		for (unsigned i = 0; i < 4; i++) {
+			memset(dt_slot(&arena, 4 + i), 0xcc, arena.slot_bytes);
+			cr_assert_eq(kvr_l2io_read(io, dt_key(13 + pass, i), i, dt_slot(&arena, 4 + i), i), 0);
+		}
+		reap_n(io, d, 4);
+		for (unsigned i = 0; i < 4; i++) {
+			cr_assert_eq(d[i].res, 0, "%s: %s", join ? "joined read" : "separate read", kvr_l2_reason_name(d[i].reason));
+			unsigned k = (unsigned)d[i].tag;
+			cr_assert_eq(dt_check(dt_slot(&arena, 4 + k), LANE_BYTES, dt_key(13 + pass, k), k, 6), 0,
+				     "pass %u: block %u byte-exact", pass, k);
+		}
+		struct kvr_l2io_stats st;
+		kvr_l2io_stats(io, &st);
+		cr_assert_eq(st.joined_ios, join && kvr_l2io_direct(io) ? 4 : 0);
+		kvr_l2io_close(io);
+		io = NULL;
+	}
+}
+
 /* Write one good block (slot 0) and return its path. */
 static const char *write_one(kvr_key key, uint32_t lane, char *path)
 {
