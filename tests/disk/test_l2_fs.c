@@ -1,5 +1,6 @@
 /* Filesystems the test mounts: a 1 MiB tmpfs (a write fails cleanly with -ENOSPC, temp file removed, nothing under
- * a real name, earlier blocks intact) and ramfs (no O_DIRECT: AUTO falls back to buffered I/O). 77: cannot mount. */
+ * a real name, earlier blocks intact; also with joined transfers, whose short write resumes in separate steps)
+ * and ramfs (no O_DIRECT: AUTO falls back to buffered I/O). 77: cannot mount. */
 #include <criterion/criterion.h>
 
 #include "disk_test.h"
@@ -32,7 +33,7 @@ static void teardown(void)
 
 TestSuite(l2full, .init = setup, .fini = teardown);
 
-static void engine_enospc(enum kvr_l2_iomode mode)
+static void engine_enospc(enum kvr_l2_iomode mode, bool join)
 {
 	if (mode == KVR_L2_IO_DIRECT && kvr_l2io_probe_direct(dir_fd) != 1)
 		cr_skip_test("this tmpfs does not take O_DIRECT (kernel < 6.6)");
@@ -42,6 +43,7 @@ static void engine_enospc(enum kvr_l2_iomode mode)
 		.queue_depth = 4,
 		.durability = KVR_L2_DUR_BLOCK,
 		.io_mode = mode,
+		.join_header = join,
 		DT_ARENA_CFG(arena),
 	};
 	struct kvr_l2io *io = NULL;
@@ -56,8 +58,16 @@ static void engine_enospc(enum kvr_l2_iomode mode)
 	kvr_l2io_stats(io, &st);
 	cr_assert_eq(st.cleanups, 1);
 	cr_assert_eq(st.failed[KVR_L2IO_WRITE], 1);
-	fprintf(stderr, "enospc (%s): %llu short writes resumed\n", mode == KVR_L2_IO_DIRECT ? "direct" : "buffered",
-		(unsigned long long)st.resumed);
+	fprintf(stderr, "enospc (%s%s): %llu short writes resumed\n", mode == KVR_L2_IO_DIRECT ? "direct" : "buffered",
+		join ? ", joined" : "", (unsigned long long)st.resumed);
+	if (join && mode == KVR_L2_IO_DIRECT) {
+		/* header and payload went out as one writev that the full disk cut short (4 KiB
+		 * + 2 MiB into 1 MiB); the rest resumed in the separate steps and failed there */
+		cr_assert_eq(st.joined_ios, 1, "one joined transfer, the first: %llu", (unsigned long long)st.joined_ios);
+		cr_assert_geq(st.resumed, 1, "the short joined write resumed");
+	} else {
+		cr_assert_eq(st.joined_ios, 0);
+	}
 	struct dt_listing l = dt_list(dir);
 	cr_assert_eq(l.real, 0, "nothing under a real name");
 	cr_assert_eq(l.tmp, 0, "the temporary file is removed");
@@ -65,10 +75,11 @@ static void engine_enospc(enum kvr_l2_iomode mode)
 	kvr_l2io_close(io);
 }
 
-Test(l2full, engine_direct) { engine_enospc(KVR_L2_IO_DIRECT); }
-Test(l2full, engine_buffered) { engine_enospc(KVR_L2_IO_BUFFERED); }
+Test(l2full, engine_direct) { engine_enospc(KVR_L2_IO_DIRECT, false); }
+Test(l2full, engine_buffered) { engine_enospc(KVR_L2_IO_BUFFERED, false); }
+Test(l2full, engine_direct_joined) { engine_enospc(KVR_L2_IO_DIRECT, true); }
 
-static void store_fills_up(enum kvr_l2_iomode mode)
+static void store_fills_up(enum kvr_l2_iomode mode, bool join)
 {
 	if (mode == KVR_L2_IO_DIRECT && kvr_l2io_probe_direct(dir_fd) != 1)
 		cr_skip_test("this tmpfs does not take O_DIRECT (kernel < 6.6)");
@@ -81,6 +92,7 @@ static void store_fills_up(enum kvr_l2_iomode mode)
 		.queue_depth = 4,
 		.durability = KVR_L2_DUR_BATCH,
 		.io_mode = mode,
+		.join_header = join,
 		DT_ARENA_CFG(arena),
 	};
 	struct kvr_l2_store *s = NULL;
@@ -121,11 +133,21 @@ static void store_fills_up(enum kvr_l2_iomode mode)
 	cr_assert_eq(kvr_l2_store_put(s, dt_key(2, 3), 0, dt_slot(&arena, 0), 9), 0);
 	cr_assert_eq(kvr_l2_store_poll(s, &d, 1, 1), 1);
 	cr_assert_eq(d.res, 0);
+	/* the block written into the freed room reads back exact */
+	cr_assert_eq(kvr_l2_store_get(s, dt_key(2, 3), 0, dt_slot(&arena, 1), 10), 0);
+	cr_assert_eq(kvr_l2_store_poll(s, &d, 1, 1), 1);
+	cr_assert_eq(d.res, 0);
+	cr_assert_eq(dt_check(dt_slot(&arena, 1), lane, dt_key(2, 3), 0, 3), 0);
+	kvr_l2_store_stats(s, &st);
+	/* joined (O_DIRECT): 4 writes whole + the one the disk stopped + 4 reads, one transfer each */
+	cr_assert_eq(st.io.joined_ios, join && st.direct ? 9 : 0, "joined transfers: %llu",
+		     (unsigned long long)st.io.joined_ios);
 	kvr_l2_store_close(s);
 }
 
-Test(l2full, store_direct) { store_fills_up(KVR_L2_IO_DIRECT); }
-Test(l2full, store_buffered) { store_fills_up(KVR_L2_IO_BUFFERED); }
+Test(l2full, store_direct) { store_fills_up(KVR_L2_IO_DIRECT, false); }
+Test(l2full, store_buffered) { store_fills_up(KVR_L2_IO_BUFFERED, false); }
+Test(l2full, store_direct_joined) { store_fills_up(KVR_L2_IO_DIRECT, true); }
 
 /* ---- ramfs: no O_DIRECT ---------------------------------------------------------------- */
 
