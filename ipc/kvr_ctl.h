@@ -401,6 +401,14 @@ enum kvr_stat_disk {
 				      /* reads that completed into a slot the lookup actor had aborted
 				       * meanwhile (its I/O pin kept the slot from reuse): bytes discarded */
 	KVR_STAT_DK_TOUCHED,          /* L2_TOUCHes that moved a file to the recent end of the LRU */
+	/* How the payloads of reads and writes went to and from the disk, one per transfer
+	 * (resumed short transfers count again): */
+	KVR_STAT_DK_XFER_JOINED,      /* header and payload in one vectored transfer: one device
+				       * request per file (O_DIRECT with L1 in huge pages) */
+	KVR_STAT_DK_XFER_REGISTERED,  /* the payload through a registered buffer, the header in a
+				       * transfer of its own */
+	KVR_STAT_DK_XFER_UNREGISTERED, /* the payload through memory not registered, the header
+				       * in a transfer of its own */
 	KVR_STAT_DK_NEXT,
 };
 _Static_assert(KVR_STAT_DK_REASON_MAX - 1 <= KVR_STAT_DK_REASON_SLOTS, "disk adoption reasons fit their counters");

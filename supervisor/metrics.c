@@ -537,6 +537,24 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 			fprintf(f, ",reason=\"%s\"} %llu\n", rf[k].reason,
 				(unsigned long long)kvr_mr_stat(c, i, rf[k].stat));
 		}
+	static const char xfer[] = "kvring_l2_transfers_total";
+	static const struct {
+		const char *how;
+		unsigned stat;
+	} xf[] = {
+		{"joined", KVR_STAT_DK_XFER_JOINED},
+		{"registered", KVR_STAT_DK_XFER_REGISTERED},
+		{"unregistered", KVR_STAT_DK_XFER_UNREGISTERED},
+	};
+	family(f, xfer, "counter",
+	       "Payload transfers of the disk actor's reads and writes, by how: joined (header and payload in one "
+	       "vectored transfer, one device request per file: O_DIRECT with L1 in huge pages), registered or "
+	       "unregistered (the payload alone, through a registered buffer or not; the header separately).");
+	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++)
+		for (size_t k = 0; is_disk(c, i) && k < sizeof(xf) / sizeof(xf[0]); k++) {
+			dir_label(f, xfer, kvr_ctl_actor(c, i), dirs);
+			fprintf(f, ",how=\"%s\"} %llu\n", xf[k].how, (unsigned long long)kvr_mr_stat(c, i, xf[k].stat));
+		}
 	per_dir(f, c, dirs, "kvring_l2_read_only_refused_writes_total", "counter",
 		"l2.read_only: L2 writes the disk actor refused (-EROFS, nothing written).",
 		KVR_STAT_DK_WRITES_REFUSED);

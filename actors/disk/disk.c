@@ -76,6 +76,7 @@ struct disk {
 	uint64_t refused;           /* L2_WRITEs refused (read-only) */
 	const char *root;           /* l2.dirs[i] */
 	uint64_t evictions_counted; /* store evictions already added to KVR_STAT_DK_EVICTED */
+	uint64_t joined_counted, fixed_counted, unregistered_counted; /* ...transfers to KVR_STAT_DK_XFER_* */
 	uint64_t write_fails;       /* failed L2 writes (each counted; logged at most every 10 s) */
 	uint64_t write_fails_logged;
 	uint64_t write_fail_log_ns;
@@ -104,7 +105,17 @@ static void gauge(struct disk *d, unsigned s, uint64_t v)
 	atomic_store_explicit(&d->a->stats->c[s], v, memory_order_relaxed);
 }
 
-/* The store's state into the stats page: gauges overwritten, new evictions added. */
+/* A counter of the store's (since it opened) added to stat s by what it grew since *counted
+ * (the stats page sums over the actor's starts). */
+static void count_since(struct disk *d, unsigned s, uint64_t now, uint64_t *counted)
+{
+	if (now > *counted) {
+		kvr_actor_count(d->a, s, now - *counted);
+		*counted = now;
+	}
+}
+
+/* The store's state into the stats page: gauges overwritten, new evictions and transfers added. */
 static void publish(struct disk *d)
 {
 	struct kvr_l2_store_stats st;
@@ -112,10 +123,10 @@ static void publish(struct disk *d)
 	gauge(d, KVR_STAT_DK_FILES, st.files);
 	gauge(d, KVR_STAT_DK_BYTES, st.files * st.file_bytes);
 	gauge(d, KVR_STAT_DK_CAPACITY_BYTES, st.capacity_bytes);
-	if (st.evictions > d->evictions_counted) {
-		kvr_actor_count(d->a, KVR_STAT_DK_EVICTED, st.evictions - d->evictions_counted);
-		d->evictions_counted = st.evictions;
-	}
+	count_since(d, KVR_STAT_DK_EVICTED, st.evictions, &d->evictions_counted);
+	count_since(d, KVR_STAT_DK_XFER_JOINED, st.io.joined_ios, &d->joined_counted);
+	count_since(d, KVR_STAT_DK_XFER_REGISTERED, st.io.fixed_ios, &d->fixed_counted);
+	count_since(d, KVR_STAT_DK_XFER_UNREGISTERED, st.io.plain_ios - st.io.joined_ios, &d->unregistered_counted);
 }
 
 /* ---- sending ----------------------------------------------------------------------------- */

@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,6 +119,56 @@ Test(l2, survives_restart_byte_exact)
 		      "served from L2 after the restart: %llu",
 		      (unsigned long long)ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS));
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
+}
+
+/* Whether files in dir can be opened O_DIRECT (the disk actor's l2 io mode "auto" then uses it). */
+static bool dir_takes_direct(const char *dir)
+{
+	char path[300];
+	snprintf(path, sizeof(path), "%s/.direct-probe", dir);
+	int fd = open(path, O_CREAT | O_RDWR | O_DIRECT, 0600);
+	if (fd >= 0) {
+		close(fd);
+		unlink(path);
+	}
+	return fd >= 0;
+}
+
+/* How the disk actor moved each payload (kvring_l2_transfers_total): with L1 in huge pages
+ * and O_DIRECT, every write and read is one joined transfer (header and payload, one device
+ * request); in 4 KiB pages each goes through the registered arena. Asked for huge pages,
+ * kvringd takes them where the machine has them free (vm.nr_hugepages) and falls back to
+ * 4 KiB pages otherwise: the counts must follow what it got. Every byte loaded is compared. */
+Test(l2, transfers_joined_exactly_when_l1_in_huge_pages)
+{
+	struct ct_opts o = {.l1_slots = 4, .l2_dir = l2dir, .huge_pages = true};
+	ct_start(&env, &ct_tiny, &o);
+	struct ct_rank *r;
+	cr_assert_eq(ct_rank_open(&env, 0, 16, 0, &r), 0);
+	store_prompts(r);
+	load_all_exact(r, 100);
+	uint64_t writes = ct_stat(&env, "lookup", KVR_STAT_LK_L2_WRITES);
+	uint64_t reads = ct_stat(&env, "lookup", KVR_STAT_LK_L2_READS);
+	cr_assert_eq(writes, PROMPTS * BLOCKS);
+	cr_assert_gt(reads, 0, "some blocks came from L2");
+	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
+	/* published before the replies the lookup actor counted */
+	uint64_t joined = ct_stat(&env, "disk.0", KVR_STAT_DK_XFER_JOINED);
+	uint64_t reg = ct_stat(&env, "disk.0", KVR_STAT_DK_XFER_REGISTERED);
+	uint64_t unreg = ct_stat(&env, "disk.0", KVR_STAT_DK_XFER_UNREGISTERED);
+	bool huge = env.ctl->arena_huge != 0, direct = dir_takes_direct(l2dir);
+	fprintf(stderr, "L1 in %s, %s: %llu writes, %llu reads: joined %llu, registered %llu, unregistered %llu\n",
+		huge ? "huge pages" : "4 KiB pages", direct ? "O_DIRECT" : "buffered", (unsigned long long)writes,
+		(unsigned long long)reads, (unsigned long long)joined, (unsigned long long)reg,
+		(unsigned long long)unreg);
+	cr_assert_eq(unreg, 0, "L1 slots are in the registered arena");
+	if (huge && direct) {
+		cr_assert_eq(joined, writes + reads, "one joined transfer per file each way");
+		cr_assert_eq(reg, 0);
+	} else {
+		cr_assert_eq(joined, 0, "nothing joins in 4 KiB pages or buffered I/O");
+		cr_assert_eq(reg, writes + reads);
+	}
 }
 
 /* A file damaged on disk is a miss, never served: the lookup stops before that block. */

@@ -121,6 +121,9 @@ void m_fake_add_disk(struct m_fake *f, unsigned index, const char *name)
 	atomic_store(&st->c[KVR_STAT_DK_WRITES_REFUSED], 4);
 	atomic_store(&st->c[KVR_STAT_DK_LEFT_IN_PLACE], 9);
 	atomic_store(&st->c[KVR_STAT_DK_BAD_KEPT], 6);
+	atomic_store(&st->c[KVR_STAT_DK_XFER_JOINED], 13);
+	atomic_store(&st->c[KVR_STAT_DK_XFER_REGISTERED], 14);
+	atomic_store(&st->c[KVR_STAT_DK_XFER_UNREGISTERED], 15);
 }
 
 void m_fake_add_remote(struct m_fake *f)

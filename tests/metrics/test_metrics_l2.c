@@ -204,6 +204,13 @@ static cJSON *inspect_l2_matches(const char *scrape, const cJSON **ret_l2)
 	const cJSON *kept = cJSON_GetObjectItemCaseSensitive(l, "read_only_kept_files");
 	cr_assert_eq(jnum(kept, "adoption"), 0);
 	cr_assert_eq(jnum(kept, "read"), 0);
+	const cJSON *xf = cJSON_GetObjectItemCaseSensitive(l, "transfers");
+	const char *const how[] = {"joined", "registered", "unregistered"};
+	for (unsigned i = 0; i < 3; i++) {
+		char more[40];
+		snprintf(more, sizeof(more), ",how=\"%s\"", how[i]);
+		cr_assert_eq(jnum(xf, how[i]), l2v(scrape, "kvring_l2_transfers_total", more), "transfers.%s", how[i]);
+	}
 	/* the slot table kvringd hands to INSPECT: states and pins agree with /metrics */
 	const cJSON *sl = cJSON_GetObjectItemCaseSensitive(doc, "l1_slots");
 	cr_assert(cJSON_IsObject(sl), "l1_slots missing");
@@ -257,6 +264,11 @@ Test(metrics_l2, gauges_and_evictions)
 	cr_assert_eq(l2v(t, "kvring_l2_read_only_kept_files_total", ",found=\"read\""), 0);
 	cr_assert_eq(h_stat(&inst, "disk.0", KVR_STAT_DK_FILES), 8);
 	cr_assert_eq(h_stat(&inst, "disk.0", KVR_STAT_DK_EVICTED), 4);
+	/* L1 in 4 KiB pages (l1.huge_pages false here): each write's payload went through the
+	 * registered arena, its header separately; nothing joined (operations.md, huge pages) */
+	cr_assert_eq(l2v(t, "kvring_l2_transfers_total", ",how=\"registered\""), WRITTEN);
+	cr_assert_eq(l2v(t, "kvring_l2_transfers_total", ",how=\"joined\""), 0);
+	cr_assert_eq(l2v(t, "kvring_l2_transfers_total", ",how=\"unregistered\""), 0);
 
 	char ns_path[256];
 	kvr_key ns;
@@ -287,6 +299,7 @@ Test(metrics_l2, gauges_and_evictions)
 	cr_assert(has_line(text, want), "no \"%s\" in:\n%s", want, text);
 	cr_assert(has_line(text, "    used 160.0 KiB of 160.0 KiB (100%)  files 8  evicted 4"), "text:\n%s", text);
 	cr_assert(has_line(text, "    adopted 0"), "text:\n%s", text);
+	cr_assert(has_line(text, "    transfers: joined 0, registered 12, unregistered 0"), "text:\n%s", text);
 	cr_assert(strstr(text, "\nL1 slots ") && strstr(text, "  pins: loaders 0  lookup 0  io 0  remote 0\n"),
 		  "no slot table in the text:\n%s", text);
 	free(text);
@@ -454,6 +467,9 @@ Test(metrics_l2_render, every_family_exact)
 		{"kvring_l2_read_only_refused_writes_total", "", 4},
 		{"kvring_l2_read_only_kept_files_total", ",found=\"adoption\"", 9},
 		{"kvring_l2_read_only_kept_files_total", ",found=\"read\"", 6},
+		{"kvring_l2_transfers_total", ",how=\"joined\"", 13},
+		{"kvring_l2_transfers_total", ",how=\"registered\"", 14},
+		{"kvring_l2_transfers_total", ",how=\"unregistered\"", 15},
 	};
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
 		char series[256];
@@ -466,6 +482,7 @@ Test(metrics_l2_render, every_family_exact)
 	cr_assert(strstr(t, "# TYPE kvring_l2_adoption_files_total counter\n"));
 	cr_assert(strstr(t, "# TYPE kvring_l2_evicted_files_total counter\n"));
 	cr_assert(strstr(t, "# TYPE kvring_l2_read_failures_total counter\n"));
+	cr_assert(strstr(t, "# TYPE kvring_l2_transfers_total counter\n"));
 	/* adopted + every reason but ok and payload_checksum */
 	unsigned n = 0;
 	for (const char *p = t; (p = strstr(p, "\nkvring_l2_adoption_files_total{")); p++)

@@ -123,6 +123,9 @@ static void snap_l2(const struct kvr_ctl *c, unsigned i, const struct kvr_config
 	o->writes_refused = LD(&st->c[KVR_STAT_DK_WRITES_REFUSED]);
 	o->left_in_place = LD(&st->c[KVR_STAT_DK_LEFT_IN_PLACE]);
 	o->bad_kept = LD(&st->c[KVR_STAT_DK_BAD_KEPT]);
+	o->xfer_joined = LD(&st->c[KVR_STAT_DK_XFER_JOINED]);
+	o->xfer_registered = LD(&st->c[KVR_STAT_DK_XFER_REGISTERED]);
+	o->xfer_unregistered = LD(&st->c[KVR_STAT_DK_XFER_UNREGISTERED]);
 }
 
 static void snap_remote(const struct kvr_ctl *c, unsigned i, struct kvr_insp_remote *o)
@@ -821,6 +824,9 @@ static void text_l2(FILE *out, const struct kvr_insp_snap *s)
 		if (l->writes_refused || l->left_in_place || l->bad_kept)
 			pline(out, "    read-only: %" PRIu64 " writes refused, kept %" PRIu64 " at adoption, %" PRIu64
 			      " after reads", l->writes_refused, l->left_in_place, l->bad_kept);
+		if (l->xfer_joined || l->xfer_registered || l->xfer_unregistered)
+			pline(out, "    transfers: joined %" PRIu64 ", registered %" PRIu64 ", unregistered %" PRIu64,
+			      l->xfer_joined, l->xfer_registered, l->xfer_unregistered);
 	}
 	pline(out, "%s", "");
 }
@@ -1126,6 +1132,11 @@ static void json_l2(struct kvr_jw *w, const struct kvr_insp_l2 *l)
 	kvr_jw_object(w, "read_only_kept_files");
 	kvr_jw_u64(w, "adoption", l->left_in_place);
 	kvr_jw_u64(w, "read", l->bad_kept);
+	kvr_jw_end(w);
+	kvr_jw_object(w, "transfers");
+	kvr_jw_u64(w, "joined", l->xfer_joined);
+	kvr_jw_u64(w, "registered", l->xfer_registered);
+	kvr_jw_u64(w, "unregistered", l->xfer_unregistered);
 	kvr_jw_end(w);
 	kvr_jw_end(w);
 }

@@ -131,6 +131,7 @@ struct kvr_insp_l2 {
 	uint64_t evicted;
 	uint64_t reads_damaged, reads_vanished, reads_io_error;
 	uint64_t writes_refused, left_in_place, bad_kept; /* l2.read_only */
+	uint64_t xfer_joined, xfer_registered, xfer_unregistered; /* payload transfers, by how */
 };
 
 /* The remote tier actor's stats (enum kvr_stat_remote in kvr_ctl.h) and the lookup's side. */
