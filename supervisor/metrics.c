@@ -480,6 +480,24 @@ static void per_dir(FILE *f, const struct kvr_ctl *c, const char *const *dirs, c
 		}
 }
 
+/* A counter family per disk actor with one more label: label="<value>" for each row of
+ * rows (ended by a NULL value), in that order. */
+struct per_dir_row {
+	const char *value;
+	unsigned stat;
+};
+
+static void per_dir_by(FILE *f, const struct kvr_ctl *c, const char *const *dirs, const char *name, const char *help,
+		       const char *label, const struct per_dir_row *rows)
+{
+	family(f, name, "counter", help);
+	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++)
+		for (const struct per_dir_row *r = rows; is_disk(c, i) && r->value; r++) {
+			dir_label(f, name, kvr_ctl_actor(c, i), dirs);
+			fprintf(f, ",%s=\"%s\"} %llu\n", label, r->value, (unsigned long long)kvr_mr_stat(c, i, r->stat));
+		}
+}
+
 static void render_l2(FILE *f, const struct kvr_ctl *c)
 {
 	bool any = false;
@@ -520,56 +538,37 @@ static void render_l2(FILE *f, const struct kvr_ctl *c)
 	per_dir(f, c, dirs, "kvring_l2_evicted_files_total", "counter",
 		"Files the disk actor deleted to make room for a write under its cap.", KVR_STAT_DK_EVICTED);
 
-	static const char fails[] = "kvring_l2_read_failures_total";
-	static const struct {
-		const char *reason;
-		unsigned stat;
-	} rf[] = {
+	static const struct per_dir_row rf[] = {
 		{"damaged", KVR_STAT_DK_READS_DAMAGED},
 		{"vanished", KVR_STAT_DK_READS_VANISHED},
 		{"io_error", KVR_STAT_DK_READS_IO_ERROR},
+		{NULL, 0},
 	};
-	family(f, fails, "counter",
-	       "Reads of indexed files that failed (a miss; the file is no longer served), by reason.");
-	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++)
-		for (size_t k = 0; is_disk(c, i) && k < sizeof(rf) / sizeof(rf[0]); k++) {
-			dir_label(f, fails, kvr_ctl_actor(c, i), dirs);
-			fprintf(f, ",reason=\"%s\"} %llu\n", rf[k].reason,
-				(unsigned long long)kvr_mr_stat(c, i, rf[k].stat));
-		}
-	static const char xfer[] = "kvring_l2_transfers_total";
-	static const struct {
-		const char *how;
-		unsigned stat;
-	} xf[] = {
+	per_dir_by(f, c, dirs, "kvring_l2_read_failures_total",
+		   "Reads of indexed files that failed (a miss; the file is no longer served), by reason.", "reason", rf);
+	static const struct per_dir_row xf[] = {
 		{"joined", KVR_STAT_DK_XFER_JOINED},
 		{"registered", KVR_STAT_DK_XFER_REGISTERED},
 		{"unregistered", KVR_STAT_DK_XFER_UNREGISTERED},
+		{NULL, 0},
 	};
-	family(f, xfer, "counter",
-	       "Payload transfers of the disk actor's reads and writes, by how: joined (header and payload in one "
-	       "vectored transfer, one device request per file: O_DIRECT with L1 in huge pages), registered or "
-	       "unregistered (the payload alone, through a registered buffer or not; the header separately).");
-	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++)
-		for (size_t k = 0; is_disk(c, i) && k < sizeof(xf) / sizeof(xf[0]); k++) {
-			dir_label(f, xfer, kvr_ctl_actor(c, i), dirs);
-			fprintf(f, ",how=\"%s\"} %llu\n", xf[k].how, (unsigned long long)kvr_mr_stat(c, i, xf[k].stat));
-		}
+	per_dir_by(f, c, dirs, "kvring_l2_transfers_total",
+		   "Payload transfers of the disk actor's reads and writes, by how: joined (header and payload in one "
+		   "vectored transfer, one device request per file: O_DIRECT with L1 in huge pages), registered or "
+		   "unregistered (the payload alone, through a registered buffer or not; the header separately).",
+		   "how", xf);
 	per_dir(f, c, dirs, "kvring_l2_read_only_refused_writes_total", "counter",
 		"l2.read_only: L2 writes the disk actor refused (-EROFS, nothing written).",
 		KVR_STAT_DK_WRITES_REFUSED);
-	static const char kept[] = "kvring_l2_read_only_kept_files_total";
-	family(f, kept, "counter",
-	       "l2.read_only: files not served but left on disk, by when they were found: at adoption (tmp, bad, "
-	       "other lanes, over the cap) or by a read (bad or unreadable).");
-	for (unsigned i = 0; i < kvr_mr_n_actors(c); i++)
-		if (is_disk(c, i)) {
-			dir_label(f, kept, kvr_ctl_actor(c, i), dirs);
-			fprintf(f, ",found=\"adoption\"} %llu\n",
-				(unsigned long long)kvr_mr_stat(c, i, KVR_STAT_DK_LEFT_IN_PLACE));
-			dir_label(f, kept, kvr_ctl_actor(c, i), dirs);
-			fprintf(f, ",found=\"read\"} %llu\n", (unsigned long long)kvr_mr_stat(c, i, KVR_STAT_DK_BAD_KEPT));
-		}
+	static const struct per_dir_row kept[] = {
+		{"adoption", KVR_STAT_DK_LEFT_IN_PLACE},
+		{"read", KVR_STAT_DK_BAD_KEPT},
+		{NULL, 0},
+	};
+	per_dir_by(f, c, dirs, "kvring_l2_read_only_kept_files_total",
+		   "l2.read_only: files not served but left on disk, by when they were found: at adoption (tmp, bad, "
+		   "other lanes, over the cap) or by a read (bad or unreadable).",
+		   "found", kept);
 }
 
 /* ---- the remote tier: the remote actor's stats page, and the lookup's view of it ------- */
