@@ -76,7 +76,7 @@ struct disk {
 	uint64_t refused;           /* L2_WRITEs refused (read-only) */
 	const char *root;           /* l2.dirs[i] */
 	uint64_t evictions_counted; /* store evictions already added to KVR_STAT_DK_EVICTED */
-	uint64_t joined_counted, fixed_counted, unregistered_counted; /* ...transfers to KVR_STAT_DK_XFER_* */
+	uint64_t joined_counted, fixed_counted, unregistered_counted; /* engine transfers already added to KVR_STAT_DK_XFER_* */
 	uint64_t write_fails;       /* failed L2 writes (each counted; logged at most every 10 s) */
 	uint64_t write_fails_logged;
 	uint64_t write_fail_log_ns;
@@ -126,7 +126,7 @@ static void publish(struct disk *d)
 	count_since(d, KVR_STAT_DK_EVICTED, st.evictions, &d->evictions_counted);
 	count_since(d, KVR_STAT_DK_XFER_JOINED, st.io.joined_ios, &d->joined_counted);
 	count_since(d, KVR_STAT_DK_XFER_REGISTERED, st.io.fixed_ios, &d->fixed_counted);
-	count_since(d, KVR_STAT_DK_XFER_UNREGISTERED, st.io.plain_ios - st.io.joined_ios, &d->unregistered_counted);
+	count_since(d, KVR_STAT_DK_XFER_UNREGISTERED, st.io.plain_ios, &d->unregistered_counted);
 }
 
 /* ---- sending ----------------------------------------------------------------------------- */

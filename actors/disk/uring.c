@@ -58,8 +58,8 @@ static inline uint8_t *hdr_buf(const struct kvr_l2io *io, const struct op *op)
  * extents that ext4 places apart. So with O_DIRECT, a write or read that starts from the
  * beginning moves both in one vectored transfer (the header from or into the engine's
  * header buffer, the payload from or into the caller's memory): one allocation, one device
- * request. The vectored opcodes take no registered buffer (counted in plain_ios): the
- * payload's pages are pinned per transfer. In huge pages that is one folio per lane and the
+ * request. The vectored opcodes take no registered buffer: the payload's pages are pinned
+ * per transfer. In huge pages that is one folio per lane and the
  * saved request wins (a lease of 128 KiB lanes from L2: 1.08x); in 4 KiB pages the pinning
  * costs more than the request saves (l2_bench, 512 KiB and 2 MiB lanes: reads 0.87-0.93x),
  * so it is the caller's choice (cfg.join_header: the disk actor's when L1 is in huge
@@ -499,7 +499,9 @@ static void rw_result(struct kvr_l2io *io, struct op *op, enum step s, int res)
 	op->pay_done += got;
 	if (op->pay_done == io->pay_bytes)
 		op->ok |= BIT(S_PAY);
-	if (op->buf_index >= 0 && !op->joined)
+	if (op->joined)
+		return; /* counted as joined above */
+	if (op->buf_index >= 0)
 		io->st.fixed_ios++;
 	else
 		io->st.plain_ios++;

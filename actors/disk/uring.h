@@ -145,10 +145,10 @@ struct kvr_l2io_stats {
 	uint64_t failed[5];           /* of which res != 0 */
 	uint64_t bytes_written;       /* payload bytes of successful writes */
 	uint64_t bytes_read;          /* payload bytes of successful reads */
-	uint64_t fixed_ios;           /* payload transfers through registered buffers */
-	uint64_t plain_ios;           /* payload transfers through unregistered memory (joined
-				       * ones included) */
-	uint64_t joined_ios;          /* header and payload moved in one vectored transfer */
+	/* payload transfers, each counted once, by how (a resumed short transfer again): */
+	uint64_t fixed_ios;           /* the payload alone, through a registered buffer */
+	uint64_t plain_ios;           /* the payload alone, through unregistered memory */
+	uint64_t joined_ios;          /* header and payload in one vectored transfer */
 	uint64_t resumed;             /* short transfers resumed */
 	uint64_t cleanups;            /* failed writes whose temporary file was removed */
 	uint64_t fsyncs;              /* file fdatasyncs completed (BLOCK, BATCH) */

@@ -248,7 +248,7 @@ static int throughput(const struct opts *o, const char *root)
 	}
 	printf("  last round: io_uring enters %" PRIu64 " for %" PRIu64 " requests; fixed-buffer transfers %" PRIu64
 	       " of %" PRIu64 "\n",
-	       st.io.enters, st.io.sqes, st.io.fixed_ios, st.io.fixed_ios + st.io.plain_ios);
+	       st.io.enters, st.io.sqes, st.io.fixed_ios, st.io.fixed_ios + st.io.plain_ios + st.io.joined_ios);
 	if (mfw < 0 && !o->skip_fio)
 		printf("  (fio did not run: is it installed?)\n");
 	else if (!o->skip_fio && (mkw / mfw < 0.9 || mkr / mfr < 0.9))
