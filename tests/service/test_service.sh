@@ -172,6 +172,15 @@ while True:
 	npid=$!
 	until [ -e "$tmp/notify.log" ]; do sleep 0.02; done
 fi
+# wait_notify LINE S: the listener wrote LINE down within S seconds, or fail (kvringd sends
+# before the event the caller saw; the listener may still be writing it down)
+wait_notify() {
+	local deadline=$(($(date +%s) + $2))
+	until grep -qx "$1" "$tmp/notify.log"; do
+		[ "$(date +%s)" -lt "$deadline" ] || fail "$3 ($(cat "$tmp/notify.log"))"
+		sleep 0.02
+	done
+}
 NOTIFY_SOCKET=$notify "$@" 2>"$log" &
 pid=$!
 
@@ -198,11 +207,7 @@ done
 say "$sock answers kvring-inspect (instance $state, L1 not laid out: no model section)"
 if [ -n "$notify" ]; then
 	# READY=1 is sent once the instance serves attaches, before or as the socket answered
-	deadline=$(($(date +%s) + 5))
-	until grep -qx 'READY=1' "$tmp/notify.log"; do
-		[ "$(date +%s)" -lt "$deadline" ] || fail "Type=notify, but kvringd sent no READY=1 ($(cat "$tmp/notify.log"))"
-		sleep 0.02
-	done
+	wait_notify READY=1 5 "Type=notify, but kvringd sent no READY=1"
 	for a in $(cat "/proc/$pid/task/$pid/children"); do
 		! tr '\0' '\n' <"/proc/$a/environ" | grep -q '^NOTIFY_SOCKET=' || fail "actor pid $a inherited NOTIFY_SOCKET"
 	done
@@ -279,12 +284,5 @@ for a in $actors; do
 	[ ! -e "/proc/$a" ] || fail "actor pid $a outlived kvringd"
 done
 grep -q 'draining' "$log" || fail "kvringd did not log its drain"
-if [ -n "$notify" ]; then
-	# sent before kvringd exited; the listener may still be writing it down
-	deadline=$(($(date +%s) + 10))
-	until grep -qx 'STOPPING=1' "$tmp/notify.log"; do
-		[ "$(date +%s)" -lt "$deadline" ] || fail "kvringd drained without STOPPING=1 ($(cat "$tmp/notify.log"))"
-		sleep 0.02
-	done
-fi
+[ -z "$notify" ] || wait_notify STOPPING=1 10 "kvringd drained without STOPPING=1" # sent before it exited
 say "ok: SIGTERM drained, exit 0, socket removed, no actor left"
