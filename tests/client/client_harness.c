@@ -118,7 +118,8 @@ void ct_start(struct ct_env *e, const struct ct_model *m, const struct ct_opts *
 		 "  \"staging\": {\"ceiling_bytes\": %llu, \"load_percent\": %u, \"buffer_bytes\": %llu}%s%s%s",
 		 model,
 		 (unsigned long long)(KVR_SLOTS_ARENA_DATA_OFF + (uint64_t)n_slots * slot),
-		 o->huge_pages ? "true" : "false", o->eviction ? o->eviction : "lru", o->l1_extra ? o->l1_extra : "",
+		 o->huge_pages || getenv("KVR_TEST_HUGE_PAGES") ? "true" : "false", o->eviction ? o->eviction : "lru",
+		 o->l1_extra ? o->l1_extra : "",
 		 (unsigned long long)(o->staging_ceiling ? o->staging_ceiling : 64 * e->lane_bytes),
 		 o->load_percent ? o->load_percent : 50, (unsigned long long)o->staging_buffer, l2, dcp,
 		 o->sections_extra ? o->sections_extra : "");

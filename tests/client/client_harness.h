@@ -58,7 +58,9 @@ struct ct_opts {
 	const char *sections_extra; /* more top-level sections, e.g. ",\n  \"timeouts\": {...}" */
 	bool no_model;             /* "model": {} — L1 is laid out at the first attach: ct_map_l1 after it */
 	bool huge_pages;           /* l1.huge_pages true, as kvringd's default (hugetlb pages when the pool
-	                            * has them free, else THP where shmem_enabled allows); false = 4 KiB */
+	                            * has them free, else THP where shmem_enabled allows); false = 4 KiB,
+	                            * unless KVR_TEST_HUGE_PAGES is set (tools/test.sh's rerun of the L2
+	                            * suite: the disk actor's joined transfers through every test) */
 };
 
 struct ct_env {

@@ -169,6 +169,7 @@ Test(l2, transfers_joined_exactly_when_l1_in_huge_pages)
 		cr_assert_eq(joined, 0, "nothing joins in 4 KiB pages or buffered I/O");
 		cr_assert_eq(reg, writes + reads);
 	}
+	ct_assert_table_clean(&env);
 }
 
 /* A file damaged on disk is a miss, never served: the lookup stops before that block. */
@@ -249,6 +250,7 @@ Test(l2, disk_actor_killed_mid_writes)
 		served += load_found_exact(r, 600 + p, p);
 	cr_assert_gt(served, 0);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0, "no damaged file was ever offered");
+	ct_assert_table_clean(&env);
 }
 
 /* L2 on a 64 KiB filesystem: write-throughs fail with ENOSPC after a few files; every store
@@ -337,6 +339,7 @@ Test(l2, kvringd_killed_mid_writes)
 		served += load_found_exact(r, 600 + p, p);
 	cr_assert_gt(served, 0);
 	cr_assert_eq(ct_stat(&env, "lookup", KVR_STAT_LK_L2_READ_FAILS), 0);
+	ct_assert_table_clean(&env);
 }
 
 /* Write-back: nothing is written while L1 has room; when a store finds L1 full, the least
